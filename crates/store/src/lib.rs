@@ -1,0 +1,92 @@
+//! Pincer's transcript store: Pi v3 session files as a `parentId` tree.
+//!
+//! This crate is the only code in Pincer that writes a transcript. Everything else asks it to append
+//! an entry and gets back the entry as written (id, parentId, timestamp), so disk and live events can
+//! never disagree.
+//!
+//! Layout:
+//! - [`parse`]: line scanning and the light per-line parse (type/id/parentId) used for indexing.
+//! - [`session`]: a whole file read and indexed as Pi reads it, with in-memory v1/v2 migration and a
+//!   list of the problems found; never modifies the file.
+//! - [`context`]: Pi's `buildSessionContext` over the active branch.
+//! - [`ids`]: ids and timestamps.
+
+pub mod context;
+pub mod ids;
+pub mod parse;
+pub mod session;
+
+pub use context::{build_context, Context};
+pub use session::{Kind, Leaf, Problem, Session};
+
+use serde_json::{json, Value};
+
+/// Which leaf to build a context at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeafArg {
+    /// The file's own leaf.
+    Default,
+    /// Before the first entry (`resetLeaf`).
+    Null,
+    /// A given entry id (`branch(id)`).
+    Id(String),
+}
+
+impl LeafArg {
+    /// `"null"` → [`LeafArg::Null`], anything else an id.
+    pub fn parse(s: &str) -> LeafArg {
+        if s == "null" {
+            LeafArg::Null
+        } else {
+            LeafArg::Id(s.to_owned())
+        }
+    }
+}
+
+/// `pincer transcript context` output: `{sessionId, leafId, entries, context}` (the same values as
+/// Pi's oracle prints), plus `warnings` when Pincer had to work around something Pi cannot read.
+pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<Value, StoreError> {
+    let leaf = match leaf {
+        LeafArg::Default => s.leaf.clone(),
+        LeafArg::Null => Leaf::Null,
+        LeafArg::Id(id) => match s.by_id.get(id.as_str()) {
+            Some(&i) => Leaf::Entry(i),
+            None => return Err(StoreError::UnknownEntry(id.clone())),
+        },
+    };
+    let ctx = build_context(s, &leaf);
+    let leaf_id = match &leaf {
+        Leaf::Entry(i) => s.entries[*i].id.as_deref().map(parse::key_to_value).unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    let mut out = json!({
+        "sessionId": s.session_id(),
+        "leafId": leaf_id,
+        "entries": s.entries.len(),
+        "context": ctx.to_json(),
+    });
+    let mut warnings = Vec::new();
+    if ctx.cycle {
+        warnings.push("a parent cycle is reachable from the leaf; the path was cut where it repeats".to_string());
+    }
+    for p in &s.problems {
+        match p {
+            Problem::NoHeader { reason, .. } => warnings.push(format!("no valid session header ({reason}): read as an empty session, as Pi does; `pincer transcript repair` can add one")),
+            Problem::NullLine { offset } => warnings.push(format!("a `null` line at byte {offset} was skipped (Pi cannot open this file)")),
+            _ => {}
+        }
+    }
+    if !warnings.is_empty() {
+        out["warnings"] = json!(warnings);
+    }
+    Ok(out)
+}
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("Entry {0} not found")]
+    UnknownEntry(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}

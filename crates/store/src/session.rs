@@ -1,0 +1,463 @@
+//! A session file read into memory and indexed the way Pi indexes it.
+//!
+//! [`Session::parse`] never changes the file it came from: v1/v2 files are migrated in memory only,
+//! header-less files read as empty (Pi would truncate them), `null` lines are skipped (Pi crashes),
+//! and everything unusual is recorded as a [`Problem`] for `verify`. Lines are indexed through the
+//! light parse of [`crate::parse`]; whole entries are decoded only when asked for.
+
+use crate::parse::{self, Key, LineValue, Parent};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+
+/// Entry types Pi and OpenClaw know; anything else is [`Kind::Other`] and is kept as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Session,
+    Message,
+    ThinkingLevelChange,
+    ModelChange,
+    Compaction,
+    BranchSummary,
+    Custom,
+    CustomMessage,
+    Label,
+    SessionInfo,
+    /// OpenClaw's leaf control (`targetId` moves the active leaf).
+    Leaf,
+    /// An unknown type, or none (`42`, an object without `type`).
+    Other,
+}
+
+impl Kind {
+    pub(crate) fn from_type(ty: &str) -> Kind {
+        match ty {
+            "session" => Kind::Session,
+            "message" => Kind::Message,
+            "thinking_level_change" => Kind::ThinkingLevelChange,
+            "model_change" => Kind::ModelChange,
+            "compaction" => Kind::Compaction,
+            "branch_summary" => Kind::BranchSummary,
+            "custom" => Kind::Custom,
+            "custom_message" => Kind::CustomMessage,
+            "label" => Kind::Label,
+            "session_info" => Kind::SessionInfo,
+            "leaf" => Kind::Leaf,
+            _ => Kind::Other,
+        }
+    }
+}
+
+/// Where an entry's full value lives.
+#[derive(Clone, Debug)]
+enum Source {
+    /// Bytes `start..end` of the file buffer.
+    Line(usize, usize),
+    /// A value built in memory (migration).
+    Value(Box<Value>),
+}
+
+/// One indexed entry (a non-header parsed line).
+#[derive(Clone, Debug)]
+pub struct EntryRec {
+    pub kind: Kind,
+    pub id: Option<Key>,
+    pub parent: Parent,
+    /// Byte offset of the line in the file (for reports).
+    pub offset: usize,
+    /// False for lines that are JSON but not objects (`42`).
+    pub is_object: bool,
+    source: Source,
+}
+
+/// The active leaf.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leaf {
+    /// No entries.
+    Empty,
+    /// Before the first entry (`resetLeaf`, or a `leaf` control with `targetId: null`).
+    Null,
+    /// The entry at this index of [`Session::entries`] (it may lack an id, as in Pi's F22a).
+    Entry(usize),
+}
+
+/// Something a reader had to work around.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// The file has entries but no valid header first (Pi would truncate it).
+    NoHeader { offset: usize, reason: String },
+    /// A line that is not JSON (Pi skips it).
+    Malformed { offset: usize },
+    /// The last line is cut off (no newline and not JSON): a write interrupted by a crash.
+    TornTail { offset: usize },
+    /// The last line is complete JSON but lacks its newline.
+    MissingNewline { offset: usize },
+    /// A `null` line (Pi crashes on it; skipped).
+    NullLine { offset: usize },
+    /// A line that is JSON but not an object (Pi keeps it as an id-less entry).
+    NotAnObject { offset: usize },
+    /// A second `session` header (Pi's duplicate-header bug); ignored.
+    ExtraHeader { offset: usize },
+    /// Two entries share an id; the later one wins.
+    DuplicateId { id: String, offset: usize },
+    /// `parentId` names no entry; the chain restarts there.
+    Orphan { id: String, parent: String, offset: usize },
+    /// Entries without a `parentId` key (v1 style or raw appends).
+    Linear { count: usize },
+    /// Following `parentId` from this entry comes back to it.
+    Cycle { ids: Vec<String> },
+    /// Header version below 3: migrated in memory.
+    OldVersion { version: u64 },
+    /// An entry without an `id` (it cannot be a parent).
+    MissingId { offset: usize },
+}
+
+/// A parsed, indexed session.
+pub struct Session {
+    buf: Vec<u8>,
+    /// The header (after in-memory migration), if the file has a valid one.
+    pub header: Option<Map<String, Value>>,
+    /// `header.version ?? 1` as found in the file; `None` without a valid header.
+    pub source_version: Option<u64>,
+    pub entries: Vec<EntryRec>,
+    pub by_id: HashMap<Key, usize>,
+    pub leaf: Leaf,
+    pub problems: Vec<Problem>,
+    /// True when a v1/v2 migration ran in memory.
+    pub migrated: bool,
+    /// Entries of a file without a valid header (Pi reads it as empty; `repair` can keep them).
+    pub headerless_entries: Vec<EntryRec>,
+}
+
+impl Session {
+    /// Parses a whole file. Never fails: what cannot be read becomes a [`Problem`].
+    pub fn parse(buf: Vec<u8>) -> Session {
+        let mut s = Session {
+            buf,
+            header: None,
+            source_version: None,
+            entries: Vec::new(),
+            by_id: HashMap::new(),
+            leaf: Leaf::Empty,
+            problems: Vec::new(),
+            migrated: false,
+            headerless_entries: Vec::new(),
+        };
+        let ranges = parse::line_ranges(&s.buf);
+        let last_range = ranges.last().copied();
+        let mut header_seen = false;
+        let mut first_value_seen = false;
+        let mut headerless = false;
+        let mut entries = Vec::with_capacity(ranges.len());
+        for (start, end) in ranges {
+            let line = &s.buf[start..end];
+            let Some(v) = parse::parse_line(line) else {
+                if Some((start, end)) == last_range && end == s.buf.len() {
+                    s.problems.push(Problem::TornTail { offset: start });
+                } else {
+                    s.problems.push(Problem::Malformed { offset: start });
+                }
+                continue;
+            };
+            if Some((start, end)) == last_range && end == s.buf.len() {
+                s.problems.push(Problem::MissingNewline { offset: start });
+            }
+            let first = !first_value_seen;
+            first_value_seen = true;
+            match v {
+                LineValue::Null => {
+                    s.problems.push(Problem::NullLine { offset: start });
+                    if first {
+                        headerless = true;
+                        s.problems.push(Problem::NoHeader {
+                            offset: start,
+                            reason: "the first JSON line is null".into(),
+                        });
+                    }
+                }
+                LineValue::Scalar => {
+                    s.problems.push(Problem::NotAnObject { offset: start });
+                    if first {
+                        headerless = true;
+                        s.problems.push(Problem::NoHeader {
+                            offset: start,
+                            reason: "the first JSON line is not an object".into(),
+                        });
+                    }
+                    entries.push(EntryRec {
+                        kind: Kind::Other,
+                        id: None,
+                        parent: Parent::Absent,
+                        offset: start,
+                        is_object: false,
+                        source: Source::Line(start, end),
+                    });
+                }
+                LineValue::Object(head) => {
+                    let kind = head.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
+                    if kind == Kind::Session {
+                        if first {
+                            match serde_json::from_slice::<Map<String, Value>>(line) {
+                                Ok(h) if h.get("id").is_some_and(Value::is_string) => {
+                                    s.source_version =
+                                        Some(h.get("version").and_then(Value::as_u64).unwrap_or(1));
+                                    s.header = Some(h);
+                                    header_seen = true;
+                                }
+                                _ => {
+                                    headerless = true;
+                                    s.problems.push(Problem::NoHeader {
+                                        offset: start,
+                                        reason: "the header's id is not a string".into(),
+                                    });
+                                }
+                            }
+                        } else {
+                            s.problems.push(Problem::ExtraHeader { offset: start });
+                        }
+                        continue;
+                    }
+                    if first {
+                        headerless = true;
+                        s.problems.push(Problem::NoHeader {
+                            offset: start,
+                            reason: "the first JSON line is not a session header".into(),
+                        });
+                    }
+                    entries.push(EntryRec {
+                        kind,
+                        id: head.id,
+                        parent: head.parent.unwrap_or(Parent::Absent),
+                        offset: start,
+                        is_object: true,
+                        source: Source::Line(start, end),
+                    });
+                }
+            }
+        }
+        if headerless || !header_seen {
+            // Pi reads such a file as an empty session. Keep what we found for `verify`/`repair`,
+            // but expose no entries.
+            s.header = None;
+            s.source_version = None;
+            s.entries = Vec::new();
+            s.leaf = Leaf::Empty;
+            if !entries.is_empty() && !headerless {
+                s.problems.push(Problem::NoHeader { offset: 0, reason: "no session header".into() });
+            }
+            s.stash_headerless(entries);
+            return s;
+        }
+        s.entries = entries;
+        if let Some(v) = s.source_version.filter(|v| *v < 3) {
+            s.problems.push(Problem::OldVersion { version: v });
+            s.migrate(v);
+        }
+        s.index();
+        s
+    }
+
+    /// Header-less files keep their entries aside so `repair` can add a header in front of them.
+    fn stash_headerless(&mut self, entries: Vec<EntryRec>) {
+        self.headerless_entries = entries;
+    }
+
+    /// Builds `by_id`, the leaf and the structural problems.
+    fn index(&mut self) {
+        self.by_id = HashMap::with_capacity(self.entries.len());
+        let mut linear = 0;
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(id) = &e.id {
+                if self.by_id.insert(id.clone(), i).is_some() {
+                    self.problems.push(Problem::DuplicateId { id: id.to_string(), offset: e.offset });
+                }
+            } else if e.is_object {
+                self.problems.push(Problem::MissingId { offset: e.offset });
+            }
+            if e.is_object && e.parent == Parent::Absent {
+                linear += 1;
+            }
+        }
+        if linear > 0 {
+            self.problems.push(Problem::Linear { count: linear });
+        }
+        for e in &self.entries {
+            if let (Parent::Id(p), Some(id)) = (&e.parent, &e.id) {
+                if !self.by_id.contains_key(p) {
+                    self.problems.push(Problem::Orphan {
+                        id: id.to_string(),
+                        parent: p.to_string(),
+                        offset: e.offset,
+                    });
+                }
+            }
+        }
+        self.leaf = self.leaf_from_tail();
+        if let Some(ids) = self.find_cycle() {
+            self.problems.push(Problem::Cycle { ids });
+        }
+    }
+
+    /// The leaf as Pi finds it (the last entry in file order), except that an OpenClaw `leaf`
+    /// control entry moves it to its `targetId`.
+    fn leaf_from_tail(&self) -> Leaf {
+        let Some(last) = self.entries.len().checked_sub(1) else {
+            return Leaf::Empty;
+        };
+        let e = &self.entries[last];
+        if e.kind == Kind::Leaf {
+            if let Some(v) = self.value(last) {
+                match v.get("targetId") {
+                    Some(Value::Null) => return Leaf::Null,
+                    Some(t) => {
+                        if let Some(i) = parse::value_key(t).and_then(|k| self.by_id.get(&k).copied()) {
+                            return Leaf::Entry(i);
+                        }
+                    }
+                    None => {}
+                }
+            }
+        }
+        Leaf::Entry(last)
+    }
+
+    /// The id chain of a parent cycle reachable from any entry, if one exists.
+    fn find_cycle(&self) -> Option<Vec<String>> {
+        // 0 = unvisited, 1 = on the current walk, 2 = known acyclic.
+        let mut state = vec![0u8; self.entries.len()];
+        for start in 0..self.entries.len() {
+            if state[start] != 0 {
+                continue;
+            }
+            let mut walk = Vec::new();
+            let mut cur = Some(start);
+            while let Some(i) = cur {
+                match state[i] {
+                    2 => break,
+                    1 => {
+                        let pos = walk.iter().position(|&w| w == i).unwrap_or(0);
+                        let mut ids: Vec<String> = walk[pos..]
+                            .iter()
+                            .map(|&w: &usize| self.entries[w].id.as_deref().unwrap_or("?").to_string())
+                            .collect();
+                        ids.push(self.entries[i].id.as_deref().unwrap_or("?").to_string());
+                        return Some(ids);
+                    }
+                    _ => {}
+                }
+                state[i] = 1;
+                walk.push(i);
+                cur = self.parent_index(i);
+            }
+            for w in walk {
+                state[w] = 2;
+            }
+        }
+        None
+    }
+
+    /// Index of the entry's parent, if it has one that exists.
+    pub fn parent_index(&self, i: usize) -> Option<usize> {
+        match &self.entries[i].parent {
+            Parent::Id(p) => self.by_id.get(p).copied(),
+            _ => None,
+        }
+    }
+
+    /// The full value of entry `i`, decoded on demand.
+    pub fn value(&self, i: usize) -> Option<Value> {
+        match &self.entries[i].source {
+            Source::Line(s, e) => serde_json::from_slice(&self.buf[*s..*e]).ok(),
+            Source::Value(v) => Some((**v).clone()),
+        }
+    }
+
+    /// The raw line of entry `i` when it is still the file's own bytes.
+    pub fn raw_line(&self, i: usize) -> Option<&[u8]> {
+        match &self.entries[i].source {
+            Source::Line(s, e) => Some(&self.buf[*s..*e]),
+            Source::Value(_) => None,
+        }
+    }
+
+    /// Root-first path from entry `leaf`, stopping before an id repeats (a cycle) or at a missing parent.
+    /// The flag is true when a cycle cut the walk.
+    pub fn path_from(&self, leaf: usize) -> (Vec<usize>, bool) {
+        let mut path = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut cur = Some(leaf);
+        let mut cycle = false;
+        while let Some(i) = cur {
+            if !seen.insert(i) {
+                cycle = true;
+                break;
+            }
+            path.push(i);
+            cur = self.parent_index(i);
+        }
+        path.reverse();
+        (path, cycle)
+    }
+
+    /// The printable leaf id (`null` when the leaf entry has no id, as Pi prints it).
+    pub fn leaf_id(&self) -> Option<&str> {
+        match self.leaf {
+            Leaf::Entry(i) => self.entries[i].id.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Pi's `sessionId` (the header id).
+    pub fn session_id(&self) -> Option<&str> {
+        self.header.as_ref().and_then(|h| h.get("id")).and_then(Value::as_str)
+    }
+
+    /// v1→v2→v3 migration in memory, exactly as Pi's `migrateToCurrentVersion` does it.
+    fn migrate(&mut self, version: u64) {
+        self.migrated = true;
+        let mut values: Vec<Option<Value>> = (0..self.entries.len()).map(|i| self.value(i)).collect();
+        if let Some(h) = self.header.as_mut() {
+            h.insert("version".into(), Value::from(3));
+        }
+        if version < 2 {
+            // `firstKeptEntryIndex` indexes the parsed array including the header at 0.
+            let ids: Vec<String> = values.iter().map(|_| crate::ids::short_id()).collect();
+            let mut prev: Option<String> = None;
+            for (i, v) in values.iter_mut().enumerate() {
+                let Some(Value::Object(obj)) = v else { continue };
+                obj.insert("id".into(), Value::String(ids[i].clone()));
+                obj.insert("parentId".into(), prev.clone().map(Value::String).unwrap_or(Value::Null));
+                prev = Some(ids[i].clone());
+                if obj.get("type").and_then(Value::as_str) == Some("compaction") {
+                    if let Some(idx) = obj.get("firstKeptEntryIndex").and_then(Value::as_f64) {
+                        // Index 0 is the header; only earlier entries have ids already.
+                        let target = idx as usize;
+                        if idx >= 1.0 && idx.fract() == 0.0 && target - 1 <= i {
+                            obj.insert("firstKeptEntryId".into(), Value::String(ids[target - 1].clone()));
+                        }
+                        obj.remove("firstKeptEntryIndex");
+                    }
+                }
+            }
+        }
+        for v in values.iter_mut() {
+            if let Some(Value::Object(obj)) = v {
+                if obj.get("type").and_then(Value::as_str) == Some("message") {
+                    if let Some(Value::Object(m)) = obj.get_mut("message") {
+                        if m.get("role").and_then(Value::as_str) == Some("hookMessage") {
+                            m.insert("role".into(), Value::String("custom".into()));
+                        }
+                    }
+                }
+            }
+        }
+        for (e, v) in self.entries.iter_mut().zip(values) {
+            if let Some(Value::Object(obj)) = &v {
+                e.id = obj.get("id").and_then(parse::value_key);
+                e.parent = parse::value_parent(obj);
+            }
+            if let Some(v) = v {
+                e.source = Source::Value(Box::new(v));
+            }
+        }
+    }
+}
