@@ -1,1 +1,35 @@
-//! placeholder
+//! Pincer's model providers and agent runs.
+//!
+//! Layout:
+//! - [`config`] — `[models.providers.*]` config and the [`Providers`] registry resolving
+//!   `"provider/model"` (always including the offline `pincer/echo`).
+//! - [`sse`] — a Server-Sent Events parser over a byte stream.
+//! - [`message`] — Pi message shapes: [`convert_to_llm`], the streamed assistant draft, usage and cost.
+//! - [`provider`] — one module per wire format (`openai-completions`, `openai-responses`,
+//!   `anthropic-messages`, echo) behind [`ModelStream`]; retries, timeouts and error classification.
+//! - [`tools`] — the tool trait, registry (JSON schema per tool) and the two built-in tools.
+//! - [`run`] — [`start_run`]: the model/tool loop, streaming [`RunEvent`]s, appending each
+//!   complete message through a [`TranscriptSink`], abort through a `CancellationToken`.
+//! - [`sink`] — [`TranscriptSink`] and the in-memory [`MemorySink`].
+//! - [`queue`] — [`SessionQueue`]: one run at a time per session, FIFO, cancellable waits.
+
+pub mod config;
+pub mod message;
+pub mod provider;
+pub mod queue;
+pub mod run;
+pub mod sink;
+pub mod sse;
+pub mod tools;
+
+pub use config::{
+    Api, ConfigError, ModelConfig, ModelCost, ProviderConfig, Providers, ResolvedModel,
+};
+pub use message::convert_to_llm;
+pub use provider::echo::ECHO_PREFIX;
+pub use provider::{ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec};
+pub use queue::{Cancelled, SessionGuard, SessionQueue};
+pub use run::{start_run, RunEvent, RunRequest};
+pub use sink::{MemorySink, TranscriptSink};
+pub use tokio_util::sync::CancellationToken;
+pub use tools::{CurrentTimeTool, ReadFileTool, Tool, ToolOutput, ToolRegistry};

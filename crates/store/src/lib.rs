@@ -10,11 +10,25 @@
 //!   list of the problems found; never modifies the file.
 //! - [`context`]: Pi's `buildSessionContext` over the active branch.
 //! - [`ids`]: ids and timestamps.
+//! - [`history`]: `chat.history` from a bounded tail read.
+//! - [`store`]: the append path (FIFO per file, group commit, lock file, O(1) in the file size).
+//! - [`lock`]: OpenClaw's lock-file protocol with proof-of-death recovery.
+//! - [`rewrite`]: atomic replacement with backup, and cutting a torn tail.
+//! - [`verify`]: `verify` and `repair`.
+//! - [`redact`]: secret redaction before anything is written.
 
 pub mod context;
+pub mod history;
 pub mod ids;
+pub mod lock;
 pub mod parse;
+pub mod redact;
+pub mod rewrite;
 pub mod session;
+pub mod store;
+pub mod verify;
+
+pub use store::{valid_session_id, Appended, NewEntry, ParentChoice, Store, StoreOptions};
 
 pub use context::{build_context, Context};
 pub use session::{Kind, Leaf, Problem, Session};
@@ -56,7 +70,11 @@ pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<Value, StoreError> 
     };
     let ctx = build_context(s, &leaf);
     let leaf_id = match &leaf {
-        Leaf::Entry(i) => s.entries[*i].id.as_deref().map(parse::key_to_value).unwrap_or(Value::Null),
+        Leaf::Entry(i) => s.entries[*i]
+            .id
+            .as_deref()
+            .map(parse::key_to_value)
+            .unwrap_or(Value::Null),
         _ => Value::Null,
     };
     let mut out = json!({
@@ -67,7 +85,10 @@ pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<Value, StoreError> 
     });
     let mut warnings = Vec::new();
     if ctx.cycle {
-        warnings.push("a parent cycle is reachable from the leaf; the path was cut where it repeats".to_string());
+        warnings.push(
+            "a parent cycle is reachable from the leaf; the path was cut where it repeats"
+                .to_string(),
+        );
     }
     for p in &s.problems {
         match p {
@@ -88,5 +109,33 @@ pub enum StoreError {
     #[error("Entry {0} not found")]
     UnknownEntry(String),
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Lock(#[from] lock::LockError),
+    #[error("{0}: the file has entries but no valid session header; run `pincer transcript repair` on it first")]
+    NoHeader(String),
+    #[error("invalid entry: {0}")]
+    InvalidEntry(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    /// A copy for each waiter of a failed group commit (io errors keep their kind and message).
+    pub fn duplicate(&self) -> StoreError {
+        match self {
+            StoreError::UnknownEntry(s) => StoreError::UnknownEntry(s.clone()),
+            StoreError::Io { path, source } => StoreError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            StoreError::Lock(e) => StoreError::Internal(e.to_string()),
+            StoreError::NoHeader(s) => StoreError::NoHeader(s.clone()),
+            StoreError::InvalidEntry(s) => StoreError::InvalidEntry(s.clone()),
+            StoreError::Internal(s) => StoreError::Internal(s.clone()),
+        }
+    }
 }

@@ -12,7 +12,11 @@ use std::fmt;
 /// Byte ranges of the lines Pi would try to parse: split on `\n`, blank lines skipped, a UTF-8 BOM at
 /// the start ignored. The ranges exclude the `\n` (a trailing `\r` is JSON whitespace and harmless).
 pub(crate) fn line_ranges(buf: &[u8]) -> Vec<(usize, usize)> {
-    let start = if buf.starts_with(b"\xEF\xBB\xBF") { 3 } else { 0 };
+    let start = if buf.starts_with(b"\xEF\xBB\xBF") {
+        3
+    } else {
+        0
+    };
     let mut out = Vec::with_capacity(buf.len() / 256 + 1);
     let mut pos = start;
     for nl in memchr::memchr_iter(b'\n', &buf[start..]) {
@@ -29,7 +33,8 @@ pub(crate) fn line_ranges(buf: &[u8]) -> Vec<(usize, usize)> {
 }
 
 pub(crate) fn is_blank(line: &[u8]) -> bool {
-    line.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c))
+    line.iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c))
 }
 
 /// An id or parent id as a map key. Strings are kept as they are; other JSON scalars (which Pi would

@@ -100,7 +100,11 @@ pub enum Problem {
     /// Two entries share an id; the later one wins.
     DuplicateId { id: String, offset: usize },
     /// `parentId` names no entry; the chain restarts there.
-    Orphan { id: String, parent: String, offset: usize },
+    Orphan {
+        id: String,
+        parent: String,
+        offset: usize,
+    },
     /// Entries without a `parentId` key (v1 style or raw appends).
     Linear { count: usize },
     /// Following `parentId` from this entry comes back to it.
@@ -111,9 +115,22 @@ pub enum Problem {
     MissingId { offset: usize },
 }
 
+/// What one non-blank line of the file turned out to be (for rewriting it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LineRole {
+    Header,
+    Entry(usize),
+    HeaderlessEntry(usize),
+    ExtraHeader,
+    Malformed,
+    Null,
+}
+
 /// A parsed, indexed session.
 pub struct Session {
     buf: Vec<u8>,
+    /// Every non-blank line: byte range and role.
+    pub(crate) lines: Vec<(usize, usize, LineRole)>,
     /// The header (after in-memory migration), if the file has a valid one.
     pub header: Option<Map<String, Value>>,
     /// `header.version ?? 1` as found in the file; `None` without a valid header.
@@ -133,6 +150,7 @@ impl Session {
     pub fn parse(buf: Vec<u8>) -> Session {
         let mut s = Session {
             buf,
+            lines: Vec::new(),
             header: None,
             source_version: None,
             entries: Vec::new(),
@@ -156,6 +174,7 @@ impl Session {
                 } else {
                     s.problems.push(Problem::Malformed { offset: start });
                 }
+                s.lines.push((start, end, LineRole::Malformed));
                 continue;
             };
             if Some((start, end)) == last_range && end == s.buf.len() {
@@ -165,6 +184,7 @@ impl Session {
             first_value_seen = true;
             match v {
                 LineValue::Null => {
+                    s.lines.push((start, end, LineRole::Null));
                     s.problems.push(Problem::NullLine { offset: start });
                     if first {
                         headerless = true;
@@ -183,6 +203,7 @@ impl Session {
                             reason: "the first JSON line is not an object".into(),
                         });
                     }
+                    s.lines.push((start, end, LineRole::Entry(entries.len())));
                     entries.push(EntryRec {
                         kind: Kind::Other,
                         id: None,
@@ -193,18 +214,24 @@ impl Session {
                     });
                 }
                 LineValue::Object(head) => {
-                    let kind = head.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
+                    let kind = head
+                        .ty
+                        .as_deref()
+                        .map(Kind::from_type)
+                        .unwrap_or(Kind::Other);
                     if kind == Kind::Session {
                         if first {
                             match serde_json::from_slice::<Map<String, Value>>(line) {
                                 Ok(h) if h.get("id").is_some_and(Value::is_string) => {
                                     s.source_version =
                                         Some(h.get("version").and_then(Value::as_u64).unwrap_or(1));
+                                    s.lines.push((start, end, LineRole::Header));
                                     s.header = Some(h);
                                     header_seen = true;
                                 }
                                 _ => {
                                     headerless = true;
+                                    s.lines.push((start, end, LineRole::ExtraHeader));
                                     s.problems.push(Problem::NoHeader {
                                         offset: start,
                                         reason: "the header's id is not a string".into(),
@@ -212,6 +239,7 @@ impl Session {
                                 }
                             }
                         } else {
+                            s.lines.push((start, end, LineRole::ExtraHeader));
                             s.problems.push(Problem::ExtraHeader { offset: start });
                         }
                         continue;
@@ -223,6 +251,7 @@ impl Session {
                             reason: "the first JSON line is not a session header".into(),
                         });
                     }
+                    s.lines.push((start, end, LineRole::Entry(entries.len())));
                     entries.push(EntryRec {
                         kind,
                         id: head.id,
@@ -242,7 +271,15 @@ impl Session {
             s.entries = Vec::new();
             s.leaf = Leaf::Empty;
             if !entries.is_empty() && !headerless {
-                s.problems.push(Problem::NoHeader { offset: 0, reason: "no session header".into() });
+                s.problems.push(Problem::NoHeader {
+                    offset: 0,
+                    reason: "no session header".into(),
+                });
+            }
+            for l in s.lines.iter_mut() {
+                if let LineRole::Entry(i) = l.2 {
+                    l.2 = LineRole::HeaderlessEntry(i);
+                }
             }
             s.stash_headerless(entries);
             return s;
@@ -268,7 +305,10 @@ impl Session {
         for (i, e) in self.entries.iter().enumerate() {
             if let Some(id) = &e.id {
                 if self.by_id.insert(id.clone(), i).is_some() {
-                    self.problems.push(Problem::DuplicateId { id: id.to_string(), offset: e.offset });
+                    self.problems.push(Problem::DuplicateId {
+                        id: id.to_string(),
+                        offset: e.offset,
+                    });
                 }
             } else if e.is_object {
                 self.problems.push(Problem::MissingId { offset: e.offset });
@@ -309,7 +349,9 @@ impl Session {
                 match v.get("targetId") {
                     Some(Value::Null) => return Leaf::Null,
                     Some(t) => {
-                        if let Some(i) = parse::value_key(t).and_then(|k| self.by_id.get(&k).copied()) {
+                        if let Some(i) =
+                            parse::value_key(t).and_then(|k| self.by_id.get(&k).copied())
+                        {
                             return Leaf::Entry(i);
                         }
                     }
@@ -337,7 +379,9 @@ impl Session {
                         let pos = walk.iter().position(|&w| w == i).unwrap_or(0);
                         let mut ids: Vec<String> = walk[pos..]
                             .iter()
-                            .map(|&w: &usize| self.entries[w].id.as_deref().unwrap_or("?").to_string())
+                            .map(|&w: &usize| {
+                                self.entries[w].id.as_deref().unwrap_or("?").to_string()
+                            })
                             .collect();
                         ids.push(self.entries[i].id.as_deref().unwrap_or("?").to_string());
                         return Some(ids);
@@ -398,6 +442,11 @@ impl Session {
         (path, cycle)
     }
 
+    /// 1-based line number of a byte offset.
+    pub fn line_of(&self, offset: usize) -> usize {
+        memchr::memchr_iter(b'\n', &self.buf[..offset.min(self.buf.len())]).count() + 1
+    }
+
     /// The printable leaf id (`null` when the leaf entry has no id, as Pi prints it).
     pub fn leaf_id(&self) -> Option<&str> {
         match self.leaf {
@@ -408,13 +457,126 @@ impl Session {
 
     /// Pi's `sessionId` (the header id).
     pub fn session_id(&self) -> Option<&str> {
-        self.header.as_ref().and_then(|h| h.get("id")).and_then(Value::as_str)
+        self.header
+            .as_ref()
+            .and_then(|h| h.get("id"))
+            .and_then(Value::as_str)
+    }
+
+    /// True when the file has entries and none of them carries a `parentId` key (v1 style, or
+    /// OpenClaw's raw appends): appending needs [`Session::link_linear`] first.
+    pub fn is_linear(&self) -> bool {
+        let mut objects = self.entries.iter().filter(|e| e.is_object).peekable();
+        objects.peek().is_some() && objects.all(|e| e.parent == Parent::Absent)
+    }
+
+    /// Links entries that have no `parentId` key to the entry before them, giving id-less ones an
+    /// 8-hex id (OpenClaw's linear → parent-linked migration). Existing ids and links are kept.
+    pub fn link_linear(&mut self) {
+        let mut prev: Option<Key> = None;
+        for i in 0..self.entries.len() {
+            if !self.entries[i].is_object {
+                continue;
+            }
+            if self.entries[i].parent == Parent::Absent || self.entries[i].id.is_none() {
+                let Some(Value::Object(mut obj)) = self.value(i) else {
+                    continue;
+                };
+                if self.entries[i].id.is_none() {
+                    let id = crate::ids::short_id();
+                    obj.insert("id".into(), Value::String(id.clone()));
+                    self.entries[i].id = Some(id.into());
+                }
+                if self.entries[i].parent == Parent::Absent {
+                    let p = prev
+                        .as_deref()
+                        .map(parse::key_to_value)
+                        .unwrap_or(Value::Null);
+                    obj.insert("parentId".into(), p);
+                    self.entries[i].parent = parse::value_parent(&obj);
+                }
+                self.entries[i].source = Source::Value(Box::new(Value::Object(obj)));
+            }
+            prev = self.entries[i].id.clone();
+        }
+        self.problems
+            .retain(|p| !matches!(p, Problem::Linear { .. } | Problem::MissingId { .. }));
+        self.by_id.clear();
+        self.index();
+    }
+
+    /// Gives a header-less file a fresh header and exposes the entries Pi would have discarded.
+    pub fn adopt_headerless(&mut self, header: Map<String, Value>) {
+        self.source_version = Some(3);
+        self.header = Some(header);
+        self.entries = std::mem::take(&mut self.headerless_entries);
+        for l in self.lines.iter_mut() {
+            if let LineRole::HeaderlessEntry(i) = l.2 {
+                l.2 = LineRole::Entry(i);
+            }
+        }
+        self.problems
+            .retain(|p| !matches!(p, Problem::NoHeader { .. }));
+        self.index();
+    }
+
+    /// The file as it should be after migration or repair: the (migrated or new) header first,
+    /// entries re-serialized where they changed and byte-identical where they did not, malformed
+    /// lines kept verbatim. With `repair`, a torn tail and `null` lines are dropped and the
+    /// result always ends in a newline.
+    pub fn render(&self, repair: bool) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.buf.len() + 256);
+        let mut header_written = false;
+        let push_header = |out: &mut Vec<u8>| {
+            if let Some(h) = &self.header {
+                if let Ok(b) = serde_json::to_vec(h) {
+                    out.extend_from_slice(&b);
+                    out.push(b'\n');
+                }
+            }
+        };
+        let torn = self.problems.iter().find_map(|p| match p {
+            Problem::TornTail { offset } => Some(*offset),
+            _ => None,
+        });
+        for &(start, end, role) in &self.lines {
+            let raw = trim_cr(&self.buf[start..end]);
+            match role {
+                LineRole::Header => {
+                    push_header(&mut out);
+                    header_written = true;
+                    continue;
+                }
+                LineRole::Entry(i) if self.header.is_some() => {
+                    if !header_written {
+                        push_header(&mut out);
+                        header_written = true;
+                    }
+                    match &self.entries[i].source {
+                        Source::Value(v) => match serde_json::to_vec(v) {
+                            Ok(b) => out.extend_from_slice(&b),
+                            Err(_) => out.extend_from_slice(raw),
+                        },
+                        Source::Line(..) => out.extend_from_slice(raw),
+                    }
+                }
+                LineRole::Null if repair => continue,
+                LineRole::Malformed if repair && torn == Some(start) => continue,
+                _ => out.extend_from_slice(raw),
+            }
+            out.push(b'\n');
+        }
+        if !header_written {
+            push_header(&mut out);
+        }
+        out
     }
 
     /// v1→v2→v3 migration in memory, exactly as Pi's `migrateToCurrentVersion` does it.
     fn migrate(&mut self, version: u64) {
         self.migrated = true;
-        let mut values: Vec<Option<Value>> = (0..self.entries.len()).map(|i| self.value(i)).collect();
+        let mut values: Vec<Option<Value>> =
+            (0..self.entries.len()).map(|i| self.value(i)).collect();
         if let Some(h) = self.header.as_mut() {
             h.insert("version".into(), Value::from(3));
         }
@@ -423,16 +585,24 @@ impl Session {
             let ids: Vec<String> = values.iter().map(|_| crate::ids::short_id()).collect();
             let mut prev: Option<String> = None;
             for (i, v) in values.iter_mut().enumerate() {
-                let Some(Value::Object(obj)) = v else { continue };
+                let Some(Value::Object(obj)) = v else {
+                    continue;
+                };
                 obj.insert("id".into(), Value::String(ids[i].clone()));
-                obj.insert("parentId".into(), prev.clone().map(Value::String).unwrap_or(Value::Null));
+                obj.insert(
+                    "parentId".into(),
+                    prev.clone().map(Value::String).unwrap_or(Value::Null),
+                );
                 prev = Some(ids[i].clone());
                 if obj.get("type").and_then(Value::as_str) == Some("compaction") {
                     if let Some(idx) = obj.get("firstKeptEntryIndex").and_then(Value::as_f64) {
                         // Index 0 is the header; only earlier entries have ids already.
                         let target = idx as usize;
                         if idx >= 1.0 && idx.fract() == 0.0 && target - 1 <= i {
-                            obj.insert("firstKeptEntryId".into(), Value::String(ids[target - 1].clone()));
+                            obj.insert(
+                                "firstKeptEntryId".into(),
+                                Value::String(ids[target - 1].clone()),
+                            );
                         }
                         obj.remove("firstKeptEntryIndex");
                     }
@@ -460,4 +630,9 @@ impl Session {
             }
         }
     }
+}
+
+/// A line without its trailing `\r` (CRLF files are rewritten with `\n`).
+fn trim_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
 }

@@ -1,0 +1,303 @@
+//! `anthropic-messages`: `POST {base_url}/v1/messages` with `stream: true`.
+//!
+//! Decodes `message_start` (id, input and cache usage), `content_block_start/delta/stop`
+//! (text, thinking with its signature, redacted thinking, tool use with `input_json_delta`),
+//! `message_delta` (stop reason, output usage), `message_stop`, `ping` and `error`.
+//! Tool results go back as `tool_result` blocks (images included) in one user message per run
+//! of consecutive results.
+
+use std::collections::VecDeque;
+
+use serde_json::{json, Map, Value};
+
+use super::openai_completions::invalid_json;
+use super::wire::{self, block_type, blocks, content_string, str_of};
+use super::{ErrorKind, Fault, ModelRequest, StreamDelta, WireRequest};
+use crate::config::ResolvedModel;
+use crate::message::{AssistantDraft, DraftBlock, StopReason};
+use crate::sse::SseEvent;
+
+/// `max_tokens` when the model config has none (the API requires one).
+pub const DEFAULT_MAX_TOKENS: u64 = 8192;
+const VERSION: &str = "2023-06-01";
+
+fn image_block(b: &Value) -> Value {
+    json!({"type": "image", "source": {"type": "base64", "media_type": str_of(b, "mimeType"), "data": str_of(b, "data")}})
+}
+
+fn user_parts(content: &[Value]) -> Vec<Value> {
+    content
+        .iter()
+        .filter_map(|b| match block_type(b) {
+            "text" if !str_of(b, "text").is_empty() => {
+                Some(json!({"type": "text", "text": str_of(b, "text")}))
+            }
+            "image" => Some(image_block(b)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Builds the request.
+pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest {
+    let mut messages: Vec<Value> = Vec::new();
+    let mut results: Vec<Value> = Vec::new();
+    let flush = |messages: &mut Vec<Value>, results: &mut Vec<Value>| {
+        if !results.is_empty() {
+            messages.push(json!({"role": "user", "content": std::mem::take(results)}));
+        }
+    };
+    for msg in wire::prepare(&req.messages) {
+        let role = wire::role(&msg);
+        if role != "toolResult" {
+            flush(&mut messages, &mut results);
+        }
+        match role {
+            "user" => {
+                if let Some(s) = content_string(&msg) {
+                    if !s.is_empty() {
+                        messages.push(json!({"role": "user", "content": s}));
+                    }
+                    continue;
+                }
+                let parts = user_parts(blocks(&msg));
+                if !parts.is_empty() {
+                    messages.push(json!({"role": "user", "content": parts}));
+                }
+            }
+            "assistant" => {
+                let same_api = str_of(&msg, "api") == "anthropic-messages";
+                let mut parts = Vec::new();
+                for b in blocks(&msg) {
+                    match block_type(b) {
+                        "thinking" if same_api => {
+                            let sig = str_of(b, "thinkingSignature");
+                            if b.get("redacted").and_then(Value::as_bool) == Some(true) {
+                                parts.push(json!({"type": "redacted_thinking", "data": sig}));
+                            } else if !sig.is_empty() {
+                                parts.push(json!({"type": "thinking", "thinking": str_of(b, "thinking"), "signature": sig}));
+                            }
+                        }
+                        "text" if !str_of(b, "text").is_empty() => {
+                            parts.push(json!({"type": "text", "text": str_of(b, "text")}));
+                        }
+                        "toolCall" => {
+                            let input = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
+                            parts.push(json!({"type": "tool_use", "id": str_of(b, "id"), "name": str_of(b, "name"), "input": input}));
+                        }
+                        _ => {}
+                    }
+                }
+                if !parts.is_empty() {
+                    messages.push(json!({"role": "assistant", "content": parts}));
+                }
+            }
+            "toolResult" => {
+                let mut content = user_parts(blocks(&msg));
+                if content.is_empty() {
+                    content.push(json!({"type": "text", "text": "(no output)"}));
+                }
+                results.push(json!({
+                    "type": "tool_result",
+                    "tool_use_id": str_of(&msg, "toolCallId"),
+                    "content": content,
+                    "is_error": msg.get("isError").and_then(Value::as_bool).unwrap_or(false),
+                }));
+            }
+            _ => {}
+        }
+    }
+    flush(&mut messages, &mut results);
+
+    let mut body = Map::new();
+    body.insert("model".into(), model.model.id.clone().into());
+    body.insert(
+        "max_tokens".into(),
+        model.model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).into(),
+    );
+    body.insert("stream".into(), true.into());
+    if let Some(system) = req.system_prompt.as_deref().filter(|s| !s.is_empty()) {
+        body.insert("system".into(), system.into());
+    }
+    body.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    let mut headers = vec![("anthropic-version".to_owned(), VERSION.to_owned())];
+    if let Some(key) = &model.provider.api_key {
+        headers.push(("x-api-key".to_owned(), key.clone()));
+    }
+    WireRequest {
+        url: format!("{}/v1/messages", model.provider.base_url),
+        headers,
+        body: Value::Object(body),
+    }
+}
+
+/// Stream decoder.
+#[derive(Debug, Default)]
+pub(crate) struct Decoder {
+    /// (content block index, draft block index).
+    slots: Vec<(u64, usize)>,
+    stop_reason: Option<String>,
+}
+
+fn error_fault(err: &Value) -> Fault {
+    let kind_str = str_of(err, "type");
+    let message = str_of(err, "message");
+    let kind = match kind_str {
+        "rate_limit_error" => ErrorKind::RateLimit,
+        _ if wire::is_context_length_message(message) => ErrorKind::ContextLength,
+        _ => ErrorKind::Unknown,
+    };
+    Fault::new(kind, format!("error event ({kind_str}): {message}"))
+}
+
+impl super::Decoder for Decoder {
+    fn event(
+        &mut self,
+        ev: &SseEvent,
+        draft: &mut AssistantDraft,
+        out: &mut VecDeque<StreamDelta>,
+    ) -> Result<bool, Fault> {
+        let data = ev.data.trim();
+        let v: Value = serde_json::from_str(data).map_err(|e| invalid_json(&e, data))?;
+        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let slot = self
+            .slots
+            .iter()
+            .find(|(k, _)| *k == index)
+            .map(|(_, i)| *i);
+        match str_of(&v, "type") {
+            "message_start" => {
+                let m = v.get("message").unwrap_or(&Value::Null);
+                if let Some(id) = m.get("id").and_then(Value::as_str) {
+                    draft.response_id = Some(id.to_owned());
+                }
+                apply_usage(m.get("usage"), draft);
+            }
+            "content_block_start" => {
+                let b = v.get("content_block").unwrap_or(&Value::Null);
+                let block = match str_of(b, "type") {
+                    "text" => {
+                        let t = str_of(b, "text");
+                        if !t.is_empty() {
+                            out.push_back(StreamDelta::Text(t.to_owned()));
+                        }
+                        DraftBlock::Text(t.to_owned())
+                    }
+                    "thinking" => DraftBlock::Thinking {
+                        thinking: str_of(b, "thinking").to_owned(),
+                        signature: None,
+                        redacted: false,
+                    },
+                    "redacted_thinking" => DraftBlock::Thinking {
+                        thinking: "[Reasoning redacted]".to_owned(),
+                        signature: Some(str_of(b, "data").to_owned()),
+                        redacted: true,
+                    },
+                    "tool_use" => DraftBlock::ToolCall {
+                        id: str_of(b, "id").to_owned(),
+                        name: str_of(b, "name").to_owned(),
+                        arguments: String::new(),
+                    },
+                    _ => return Ok(false),
+                };
+                draft.blocks.push(block);
+                self.slots.push((index, draft.blocks.len() - 1));
+            }
+            "content_block_delta" => {
+                let d = v.get("delta").unwrap_or(&Value::Null);
+                let Some(block) = slot.and_then(|i| draft.blocks.get_mut(i)) else {
+                    return Ok(false);
+                };
+                match (str_of(d, "type"), block) {
+                    ("text_delta", DraftBlock::Text(t)) => {
+                        let s = str_of(d, "text");
+                        t.push_str(s);
+                        out.push_back(StreamDelta::Text(s.to_owned()));
+                    }
+                    ("thinking_delta", DraftBlock::Thinking { thinking, .. }) => {
+                        let s = str_of(d, "thinking");
+                        thinking.push_str(s);
+                        out.push_back(StreamDelta::Thinking(s.to_owned()));
+                    }
+                    ("signature_delta", DraftBlock::Thinking { signature, .. }) => {
+                        signature
+                            .get_or_insert_with(String::new)
+                            .push_str(str_of(d, "signature"));
+                    }
+                    ("input_json_delta", DraftBlock::ToolCall { arguments, .. }) => {
+                        arguments.push_str(str_of(d, "partial_json"));
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(r) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop_reason = Some(r.to_owned());
+                }
+                apply_usage(v.get("usage"), draft);
+            }
+            "message_stop" => {
+                draft.stop_reason = Some(match self.stop_reason.as_deref() {
+                    Some("max_tokens") | Some("model_context_window_exceeded") => {
+                        StopReason::Length
+                    }
+                    Some("tool_use") => StopReason::ToolUse,
+                    Some("refusal") => {
+                        return Err(Fault::new(
+                            ErrorKind::Refusal,
+                            "the model refused to answer (stop_reason refusal)",
+                        ))
+                    }
+                    _ if draft
+                        .blocks
+                        .iter()
+                        .any(|b| matches!(b, DraftBlock::ToolCall { .. })) =>
+                    {
+                        StopReason::ToolUse
+                    }
+                    _ => StopReason::Stop,
+                });
+                return Ok(true);
+            }
+            "error" => return Err(error_fault(v.get("error").unwrap_or(&Value::Null))),
+            _ => {}
+        }
+        Ok(false)
+    }
+
+    fn eof(&mut self, _draft: &mut AssistantDraft) -> Result<(), Fault> {
+        Err(Fault::new(
+            ErrorKind::Unknown,
+            "stream ended before the response was complete (no message_stop)",
+        ))
+    }
+}
+
+/// Anthropic sends input and cache counts in `message_start` and cumulative counts in
+/// `message_delta`; a field present overrides the earlier value.
+fn apply_usage(u: Option<&Value>, draft: &mut AssistantDraft) {
+    let Some(u) = u.filter(|u| u.is_object()) else {
+        return;
+    };
+    let n = |k: &str| u.get(k).and_then(Value::as_u64);
+    if let Some(x) = n("input_tokens") {
+        draft.usage.input = x;
+    }
+    if let Some(x) = n("output_tokens") {
+        draft.usage.output = x;
+    }
+    if let Some(x) = n("cache_read_input_tokens") {
+        draft.usage.cache_read = x;
+    }
+    if let Some(x) = n("cache_creation_input_tokens") {
+        draft.usage.cache_write = x;
+    }
+}

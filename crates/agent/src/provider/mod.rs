@@ -1,0 +1,505 @@
+//! Model calls: one module per wire format, and the shared machinery around them.
+//!
+//! [`ModelStream::open`] sends the request (retrying HTTP 429/5xx and connect errors with
+//! backoff and `retry-after`, only before anything streamed), then [`ModelStream::next`] reads the
+//! body through the SSE parser and the wire format's decoder, which fills an [`AssistantDraft`]
+//! and yields text/thinking deltas. Every failure is a [`ProviderError`] naming the provider,
+//! the model and what happened, with an [`ErrorKind`] for the gateway's `errorKind`.
+//!
+//! - `openai_completions` — `POST {base}/chat/completions` (also local OpenAI-compatible servers)
+//! - `openai_responses` — `POST {base}/responses`
+//! - `anthropic` — `POST {base}/v1/messages`
+//! - `echo` — the offline `pincer/echo` model
+//! - `wire` — helpers shared by the three request mappers
+
+pub(crate) mod anthropic;
+pub mod echo;
+pub(crate) mod openai_completions;
+pub(crate) mod openai_responses;
+pub(crate) mod wire;
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use serde_json::Value;
+
+use crate::config::{Api, ResolvedModel};
+use crate::message::AssistantDraft;
+use crate::sse::{SseEvent, SseParser};
+
+/// What kind of failure ended a model call (the gateway's `errorKind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The model refused (content filter, Anthropic `refusal`).
+    Refusal,
+    /// Connect, first-byte or idle timeout.
+    Timeout,
+    /// HTTP 429 (after the retries).
+    RateLimit,
+    /// The prompt does not fit the context window: compaction can react.
+    ContextLength,
+    /// Anything else.
+    Unknown,
+}
+
+impl ErrorKind {
+    /// The gateway's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Refusal => "refusal",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::RateLimit => "rate_limit",
+            ErrorKind::ContextLength => "context_length",
+            ErrorKind::Unknown => "unknown",
+        }
+    }
+}
+
+/// A failed model call. Display: `provider <name> (<api>, model <id>): <what happened>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("provider {provider} ({api}, model {model}): {detail}")]
+pub struct ProviderError {
+    /// Provider name.
+    pub provider: String,
+    /// Wire format.
+    pub api: Api,
+    /// Model id.
+    pub model: String,
+    /// Classification.
+    pub kind: ErrorKind,
+    /// What happened.
+    pub detail: String,
+}
+
+/// A failure inside a decoder, before the provider name is attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fault {
+    pub kind: ErrorKind,
+    pub detail: String,
+}
+
+impl Fault {
+    pub(crate) fn new(kind: ErrorKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A tool as offered to the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// Name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON schema of the arguments object.
+    pub parameters: Value,
+}
+
+/// One model call's input.
+#[derive(Debug, Clone, Default)]
+pub struct ModelRequest {
+    /// System prompt.
+    pub system_prompt: Option<String>,
+    /// Pi context messages (`convert_to_llm` is applied by the mappers).
+    pub messages: Vec<Value>,
+    /// Tools offered.
+    pub tools: Vec<ToolSpec>,
+}
+
+/// Something streamed by the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamDelta {
+    /// Visible text appended.
+    Text(String),
+    /// Reasoning appended.
+    Thinking(String),
+}
+
+/// Decodes one wire format's SSE events into the draft.
+pub(crate) trait Decoder: Send {
+    /// Handles one event; pushes deltas; returns `true` when the response is complete.
+    fn event(
+        &mut self,
+        ev: &SseEvent,
+        draft: &mut AssistantDraft,
+        out: &mut VecDeque<StreamDelta>,
+    ) -> Result<bool, Fault>;
+    /// The body ended cleanly without a terminal event: `Ok` if the response is complete anyway.
+    fn eof(&mut self, draft: &mut AssistantDraft) -> Result<(), Fault>;
+}
+
+/// An HTTP request ready to send.
+pub(crate) struct WireRequest {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+struct HttpState {
+    body: ByteStream,
+    parser: SseParser,
+    decoder: Box<dyn Decoder>,
+    received: u64,
+}
+
+enum Inner {
+    Http(Box<HttpState>),
+    Echo(VecDeque<String>),
+    Done,
+}
+
+/// A model call in progress. Dropping it closes the connection.
+pub struct ModelStream {
+    model: ResolvedModel,
+    inner: Inner,
+    pending: VecDeque<StreamDelta>,
+    draft: AssistantDraft,
+}
+
+impl ModelStream {
+    /// Sends the request; retries 429/5xx/connect errors per the provider's policy.
+    pub async fn open(
+        model: &ResolvedModel,
+        request: &ModelRequest,
+    ) -> Result<ModelStream, ProviderError> {
+        let draft = AssistantDraft::new();
+        let (wire, decoder): (WireRequest, Box<dyn Decoder>) = match model.provider.api {
+            Api::PincerEcho => {
+                return Ok(ModelStream {
+                    model: model.clone(),
+                    inner: Inner::Echo(echo::reply_chunks(&request.messages)),
+                    pending: VecDeque::new(),
+                    draft,
+                })
+            }
+            Api::OpenaiCompletions => (
+                openai_completions::request(model, request),
+                Box::new(openai_completions::Decoder::default()),
+            ),
+            Api::OpenaiResponses => (
+                openai_responses::request(model, request),
+                Box::new(openai_responses::Decoder::default()),
+            ),
+            Api::AnthropicMessages => (
+                anthropic::request(model, request),
+                Box::new(anthropic::Decoder::default()),
+            ),
+        };
+        let response = send_with_retries(model, &wire).await?;
+        Ok(ModelStream {
+            model: model.clone(),
+            inner: Inner::Http(Box::new(HttpState {
+                body: Box::pin(response.bytes_stream()),
+                parser: SseParser::new(),
+                decoder,
+                received: 0,
+            })),
+            pending: VecDeque::new(),
+            draft,
+        })
+    }
+
+    /// The next delta; `Ok(None)` when the response is complete (see [`Self::draft`]).
+    pub async fn next(&mut self) -> Result<Option<StreamDelta>, ProviderError> {
+        loop {
+            if let Some(d) = self.pending.pop_front() {
+                return Ok(Some(d));
+            }
+            match &mut self.inner {
+                Inner::Done => return Ok(None),
+                Inner::Echo(chunks) => match chunks.pop_front() {
+                    Some(chunk) => {
+                        tokio::task::yield_now().await;
+                        self.draft.push_text(&chunk);
+                        return Ok(Some(StreamDelta::Text(chunk)));
+                    }
+                    None => {
+                        self.draft.stop_reason = Some(crate::message::StopReason::Stop);
+                        self.inner = Inner::Done;
+                    }
+                },
+                Inner::Http(state) => {
+                    let limit = if state.received == 0 {
+                        self.model.provider.timeouts.first_byte
+                    } else {
+                        self.model.provider.timeouts.idle
+                    };
+                    let chunk = match tokio::time::timeout(limit, state.body.next()).await {
+                        Err(_) => {
+                            let what = if state.received == 0 {
+                                format!(
+                                    "timed out after {} waiting for the first byte of the stream",
+                                    secs(limit)
+                                )
+                            } else {
+                                format!(
+                                    "stream stalled: nothing received for {} (idle timeout) after {} bytes",
+                                    secs(limit),
+                                    state.received
+                                )
+                            };
+                            return Err(self.fail(ErrorKind::Timeout, what));
+                        }
+                        Ok(c) => c,
+                    };
+                    match chunk {
+                        Some(Ok(bytes)) => {
+                            state.received += bytes.len() as u64;
+                            let events = match state.parser.push(&bytes) {
+                                Ok(ev) => ev,
+                                Err(e) => return Err(self.fail(ErrorKind::Unknown, e.to_string())),
+                            };
+                            for ev in &events {
+                                match state.decoder.event(ev, &mut self.draft, &mut self.pending) {
+                                    Ok(false) => {}
+                                    Ok(true) => {
+                                        self.inner = Inner::Done;
+                                        break;
+                                    }
+                                    Err(f) => return Err(self.fail(f.kind, f.detail)),
+                                }
+                            }
+                        }
+                        Some(Err(e)) => {
+                            let detail = format!(
+                                "stream cut after {} bytes, before the response was complete: {}",
+                                state.received,
+                                error_chain(&e)
+                            );
+                            return Err(self.fail(ErrorKind::Unknown, detail));
+                        }
+                        None => {
+                            if state.parser.has_partial() {
+                                let detail = format!(
+                                    "stream cut mid-event after {} bytes (connection closed)",
+                                    state.received
+                                );
+                                return Err(self.fail(ErrorKind::Unknown, detail));
+                            }
+                            if let Err(f) = state.decoder.eof(&mut self.draft) {
+                                return Err(self.fail(f.kind, f.detail));
+                            }
+                            self.inner = Inner::Done;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The assistant message so far.
+    pub fn draft(&self) -> &AssistantDraft {
+        &self.draft
+    }
+
+    /// Takes the draft out (after the stream ended or failed).
+    pub fn into_draft(self) -> AssistantDraft {
+        self.draft
+    }
+
+    fn fail(&mut self, kind: ErrorKind, detail: String) -> ProviderError {
+        self.inner = Inner::Done;
+        self.pending.clear();
+        provider_error(&self.model, kind, detail)
+    }
+}
+
+pub(crate) fn provider_error(
+    model: &ResolvedModel,
+    kind: ErrorKind,
+    detail: String,
+) -> ProviderError {
+    ProviderError {
+        provider: model.provider.name.clone(),
+        api: model.provider.api,
+        model: model.model.id.clone(),
+        kind,
+        detail,
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// `e` and its sources, joined with `: ` (reqwest's own Display hides the cause).
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out
+}
+
+const RETRYABLE: [u16; 6] = [429, 500, 502, 503, 504, 529];
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+async fn send_with_retries(
+    model: &ResolvedModel,
+    wire: &WireRequest,
+) -> Result<reqwest::Response, ProviderError> {
+    let p = &model.provider;
+    let body = match serde_json::to_vec(&wire.body) {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(provider_error(
+                model,
+                ErrorKind::Unknown,
+                format!("cannot encode request: {e}"),
+            ))
+        }
+    };
+    let mut attempt: u32 = 0;
+    loop {
+        let mut req = p
+            .client
+            .post(&wire.url)
+            .header("content-type", "application/json");
+        for (k, v) in &wire.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        for (k, v) in &p.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        let req = req.body(body.clone());
+        let attempts = || {
+            if attempt == 0 {
+                String::new()
+            } else {
+                format!(" (after {} attempts)", attempt + 1)
+            }
+        };
+        let (retry_detail, retry_after) =
+            match tokio::time::timeout(p.timeouts.first_byte, req.send()).await {
+                Err(_) => {
+                    let detail = format!(
+                        "no response from {} within {} (first-byte timeout){}",
+                        wire.url,
+                        secs(p.timeouts.first_byte),
+                        attempts()
+                    );
+                    return Err(provider_error(model, ErrorKind::Timeout, detail));
+                }
+                Ok(Err(e)) if e.is_connect() => {
+                    let timed_out = e.is_timeout();
+                    let what = if timed_out {
+                        format!(
+                            "connect timeout ({}) to {}",
+                            secs(p.timeouts.connect),
+                            wire.url
+                        )
+                    } else {
+                        format!("cannot connect to {}: {}", wire.url, error_chain(&e))
+                    };
+                    if attempt >= p.retry.max_retries {
+                        let kind = if timed_out {
+                            ErrorKind::Timeout
+                        } else {
+                            ErrorKind::Unknown
+                        };
+                        return Err(provider_error(model, kind, format!("{what}{}", attempts())));
+                    }
+                    (what, None)
+                }
+                Ok(Err(e)) => {
+                    let kind = if e.is_timeout() {
+                        ErrorKind::Timeout
+                    } else {
+                        ErrorKind::Unknown
+                    };
+                    let detail = format!(
+                        "request to {} failed: {}{}",
+                        wire.url,
+                        error_chain(&e),
+                        attempts()
+                    );
+                    return Err(provider_error(model, kind, detail));
+                }
+                Ok(Ok(resp)) if resp.status().is_success() => return Ok(resp),
+                Ok(Ok(resp)) => {
+                    let status = resp.status();
+                    let retry_after = parse_retry_after(resp.headers());
+                    let text = read_error_body(resp, p.timeouts.first_byte).await;
+                    let message = wire::error_message_from_body(&text);
+                    let kind = classify_http(status.as_u16(), &text);
+                    let what = format!("HTTP {status}: {message}");
+                    if !RETRYABLE.contains(&status.as_u16()) || attempt >= p.retry.max_retries {
+                        return Err(provider_error(model, kind, format!("{what}{}", attempts())));
+                    }
+                    (what, retry_after)
+                }
+            };
+        let backoff = p.retry.base_delay.saturating_mul(1u32 << attempt.min(16));
+        let delay = retry_after.unwrap_or(backoff);
+        if delay > p.retry.max_delay {
+            let kind = if retry_detail.contains("429") {
+                ErrorKind::RateLimit
+            } else {
+                ErrorKind::Unknown
+            };
+            let detail = format!(
+                "{retry_detail}; the server asks to wait {}, longer than retry_max_delay_ms ({})",
+                secs(delay),
+                secs(p.retry.max_delay)
+            );
+            return Err(provider_error(model, kind, detail));
+        }
+        tracing::warn!(provider = %p.name, model = %model.model.id, attempt, delay_ms = delay.as_millis() as u64,
+            "retrying model request: {retry_detail}");
+        tokio::time::sleep(delay).await;
+        attempt += 1;
+    }
+}
+
+/// `retry-after-ms` (OpenAI), else `retry-after` in seconds.
+fn parse_retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    }
+    get("retry-after")
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|s| Duration::from_secs_f64(s.clamp(0.0, 1e9)))
+}
+
+async fn read_error_body(resp: reqwest::Response, limit: Duration) -> String {
+    let mut body = resp.bytes_stream();
+    let mut buf = Vec::new();
+    let read = async {
+        while let Some(Ok(chunk)) = body.next().await {
+            buf.extend_from_slice(&chunk);
+            if buf.len() >= MAX_ERROR_BODY {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(limit, read).await;
+    buf.truncate(MAX_ERROR_BODY);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn classify_http(status: u16, body: &str) -> ErrorKind {
+    if status == 429 {
+        ErrorKind::RateLimit
+    } else if wire::is_context_length_message(body) {
+        ErrorKind::ContextLength
+    } else if status == 408 || status == 504 {
+        ErrorKind::Timeout
+    } else {
+        ErrorKind::Unknown
+    }
+}

@@ -1,0 +1,363 @@
+//! Agent runs: [`start_run`] drives model calls and the tool-call loop for one chat turn and
+//! streams [`RunEvent`]s.
+//!
+//! Order of effects in a run:
+//! 1. call the model on the context (system prompt, Pi context messages, tools), streaming
+//!    `TextDelta`/`ThinkingDelta` (each with the cumulative text of the current message);
+//! 2. when the message is complete, append it through the [`TranscriptSink`] and announce the
+//!    entry as written (`Usage`, then `Persisted`);
+//! 3. if it asked for tools: run them in call order, each announced by `ToolCallStart` and its
+//!    appended `toolResult` entry (`Persisted`), then go back to 1 (at most `max_turns` model
+//!    calls);
+//! 4. else end with `Final` (the last assistant entry).
+//!
+//! A failed model call appends the assistant message with `stopReason: "error"` and ends with
+//! `Error`. Cancelling the token at any point drops the stream (or the tool) and ends with
+//! `Aborted` carrying the partial text; the run appends nothing after that.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ResolvedModel;
+use crate::message::{now_ms, AssistantDraft, StopReason};
+use crate::provider::{ErrorKind, ModelRequest, ModelStream, StreamDelta};
+use crate::sink::TranscriptSink;
+use crate::tools::ToolRegistry;
+
+/// Everything a run needs.
+pub struct RunRequest {
+    /// The model to call.
+    pub model: ResolvedModel,
+    /// System prompt.
+    pub system_prompt: Option<String>,
+    /// Pi context messages (active branch, compaction applied), ending with the new user message.
+    pub messages: Vec<Value>,
+    /// Tools offered to the model.
+    pub tools: Arc<ToolRegistry>,
+    /// Where assistant and toolResult messages are appended.
+    pub sink: Arc<dyn TranscriptSink>,
+    /// Aborts the run.
+    pub cancel: CancellationToken,
+    /// Most model calls in this run (tool loops included); at least 1.
+    pub max_turns: usize,
+    /// For logs.
+    pub run_id: String,
+}
+
+/// What a run reports, in order. Every append is announced by `Persisted` with the entry as
+/// written; the run ends with exactly one of `Final`, `Error`, `Aborted`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEvent {
+    /// Text streamed: the new piece and the whole text of the current assistant message.
+    TextDelta {
+        /// New text.
+        delta: String,
+        /// Cumulative text of this assistant message.
+        text: String,
+    },
+    /// Reasoning streamed.
+    ThinkingDelta {
+        /// New reasoning.
+        delta: String,
+        /// Cumulative reasoning of this assistant message.
+        thinking: String,
+    },
+    /// A tool is about to run.
+    ToolCallStart {
+        /// Call id.
+        id: String,
+        /// Tool name.
+        name: String,
+        /// Arguments.
+        arguments: Value,
+    },
+    /// An assistant or toolResult message was appended; the entry as written.
+    Persisted {
+        /// `{type:"message",id,parentId,timestamp,message}`.
+        entry: Value,
+    },
+    /// Pi usage object of the assistant message just completed.
+    Usage(Value),
+    /// The run ended normally; the last assistant entry (already announced by `Persisted`).
+    Final {
+        /// The entry.
+        entry: Value,
+    },
+    /// The run failed.
+    Error {
+        /// The persisted assistant message with `stopReason: "error"`, if it could be appended.
+        entry: Option<Value>,
+        /// What happened, naming the provider.
+        message: String,
+        /// Classification for `errorKind`.
+        kind: ErrorKind,
+    },
+    /// The run was cancelled. Nothing of it is persisted by the run; the caller persists the partial.
+    Aborted {
+        /// Text of the assistant message in flight ("" when none).
+        partial_text: String,
+        /// That message with `stopReason: "aborted"`, when something had streamed.
+        partial_message: Option<Value>,
+    },
+}
+
+/// Capacity of the event channel; a slow reader slows the run rather than growing memory.
+pub const EVENT_BUFFER: usize = 256;
+
+/// Starts the run on the tokio runtime and returns its events. The run goes on if the
+/// receiver is dropped; cancel the token to stop it.
+pub fn start_run(req: RunRequest) -> mpsc::Receiver<RunEvent> {
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    tokio::spawn(run(req, tx));
+    rx
+}
+
+/// Runs to the end on the current task, sending events to `tx`.
+pub async fn run(req: RunRequest, tx: mpsc::Sender<RunEvent>) {
+    tracing::debug!(run_id = %req.run_id, model = %req.model.spec(), "run started");
+    let run_id = req.run_id.clone();
+    match (Runner { req, tx }).go().await {
+        RunEvent::Error { message, kind, .. } => {
+            tracing::warn!(run_id = %run_id, kind = kind.as_str(), "run failed: {message}");
+        }
+        other => tracing::debug!(run_id = %run_id, "run ended: {}", end_name(&other)),
+    }
+}
+
+fn end_name(ev: &RunEvent) -> &'static str {
+    match ev {
+        RunEvent::Final { .. } => "final",
+        RunEvent::Aborted { .. } => "aborted",
+        RunEvent::Error { .. } => "error",
+        RunEvent::TextDelta { .. }
+        | RunEvent::ThinkingDelta { .. }
+        | RunEvent::ToolCallStart { .. }
+        | RunEvent::Persisted { .. }
+        | RunEvent::Usage(_) => "other",
+    }
+}
+
+struct Runner {
+    req: RunRequest,
+    tx: mpsc::Sender<RunEvent>,
+}
+
+enum Step<T> {
+    Done(T),
+    Cancelled,
+}
+
+impl Runner {
+    async fn emit(&self, ev: RunEvent) {
+        let _ = self.tx.send(ev).await;
+    }
+
+    async fn unless_cancelled<T>(&self, fut: impl std::future::Future<Output = T>) -> Step<T> {
+        tokio::select! {
+            biased;
+            () = self.req.cancel.cancelled() => Step::Cancelled,
+            v = fut => Step::Done(v),
+        }
+    }
+
+    async fn aborted(&self, draft: Option<&AssistantDraft>) -> RunEvent {
+        let (partial_text, partial_message) = match draft.filter(|d| !d.is_empty()) {
+            Some(d) => (
+                d.text(),
+                Some(d.to_message(&self.req.model, StopReason::Aborted, None)),
+            ),
+            None => (String::new(), None),
+        };
+        let ev = RunEvent::Aborted {
+            partial_text,
+            partial_message,
+        };
+        self.emit(ev.clone()).await;
+        ev
+    }
+
+    /// Appends and announces; `Err` carries the terminal error event already emitted.
+    async fn persist(&self, message: Value) -> Result<Value, RunEvent> {
+        match self.req.sink.append_message(message).await {
+            Ok(entry) => {
+                self.emit(RunEvent::Persisted {
+                    entry: entry.clone(),
+                })
+                .await;
+                Ok(entry)
+            }
+            Err(e) => {
+                let ev = RunEvent::Error {
+                    entry: None,
+                    message: format!("cannot append to the transcript: {e}"),
+                    kind: ErrorKind::Unknown,
+                };
+                self.emit(ev.clone()).await;
+                Err(ev)
+            }
+        }
+    }
+
+    async fn fail(&self, draft: &AssistantDraft, message: String, kind: ErrorKind) -> RunEvent {
+        let msg = draft.to_message(&self.req.model, StopReason::Error, Some(&message));
+        let entry = match self.persist(msg).await {
+            Ok(entry) => entry,
+            Err(ev) => return ev,
+        };
+        let ev = RunEvent::Error {
+            entry: Some(entry),
+            message,
+            kind,
+        };
+        self.emit(ev.clone()).await;
+        ev
+    }
+
+    async fn go(self) -> RunEvent {
+        let mut context = self.req.messages.clone();
+        let specs = self.req.tools.specs();
+        let max_turns = self.req.max_turns.max(1);
+        for turn in 1..=max_turns {
+            let request = ModelRequest {
+                system_prompt: self.req.system_prompt.clone(),
+                messages: context.clone(),
+                tools: specs.clone(),
+            };
+            let opened = match self
+                .unless_cancelled(ModelStream::open(&self.req.model, &request))
+                .await
+            {
+                Step::Cancelled => return self.aborted(None).await,
+                Step::Done(r) => r,
+            };
+            let mut stream = match opened {
+                Ok(s) => s,
+                Err(e) => {
+                    return self
+                        .fail(&AssistantDraft::new(), e.to_string(), e.kind)
+                        .await
+                }
+            };
+            let (mut text, mut thinking) = (String::new(), String::new());
+            loop {
+                let next = match self.unless_cancelled(stream.next()).await {
+                    Step::Cancelled => return self.aborted(Some(stream.draft())).await,
+                    Step::Done(n) => n,
+                };
+                match next {
+                    Ok(Some(StreamDelta::Text(delta))) => {
+                        text.push_str(&delta);
+                        self.emit(RunEvent::TextDelta {
+                            delta,
+                            text: text.clone(),
+                        })
+                        .await;
+                    }
+                    Ok(Some(StreamDelta::Thinking(delta))) => {
+                        thinking.push_str(&delta);
+                        self.emit(RunEvent::ThinkingDelta {
+                            delta,
+                            thinking: thinking.clone(),
+                        })
+                        .await;
+                    }
+                    Ok(None) => break,
+                    Err(e) => return self.fail(stream.draft(), e.to_string(), e.kind).await,
+                }
+            }
+            if self.req.cancel.is_cancelled() {
+                return self.aborted(Some(stream.draft())).await;
+            }
+            let draft = stream.into_draft();
+            let stop = draft.stop_reason.unwrap_or(StopReason::Stop);
+            let message = draft.to_message(&self.req.model, stop, None);
+            self.emit(RunEvent::Usage(
+                message.get("usage").cloned().unwrap_or(Value::Null),
+            ))
+            .await;
+            let entry = match self.persist(message.clone()).await {
+                Ok(e) => e,
+                Err(ev) => return ev,
+            };
+            context.push(message);
+            let calls = draft.tool_calls();
+            if stop != StopReason::ToolUse || calls.is_empty() {
+                let ev = RunEvent::Final { entry };
+                self.emit(ev.clone()).await;
+                return ev;
+            }
+            for call in calls {
+                if self.req.cancel.is_cancelled() {
+                    return self.aborted(None).await;
+                }
+                self.emit(RunEvent::ToolCallStart {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                })
+                .await;
+                let outcome = match &call.arguments_error {
+                    Some(e) => Err(format!("Invalid arguments for {}: {e}", call.name)),
+                    None => match self
+                        .unless_cancelled(
+                            self.req.tools.execute(&call.name, call.arguments.clone()),
+                        )
+                        .await
+                    {
+                        Step::Cancelled => return self.aborted(None).await,
+                        Step::Done(o) => o,
+                    },
+                };
+                let result = tool_result_message(&call.id, &call.name, outcome);
+                if self.req.cancel.is_cancelled() {
+                    return self.aborted(None).await;
+                }
+                if let Err(ev) = self.persist(result.clone()).await {
+                    return ev;
+                }
+                context.push(result);
+            }
+            if turn == max_turns {
+                let message = format!(
+                    "turn limit reached: the model asked for tools again after {max_turns} model calls; send another message to continue"
+                );
+                return self
+                    .fail(&AssistantDraft::new(), message, ErrorKind::Unknown)
+                    .await;
+            }
+        }
+        // Unreachable: the loop returns on its last turn.
+        self.fail(
+            &AssistantDraft::new(),
+            "turn loop ended unexpectedly".to_owned(),
+            ErrorKind::Unknown,
+        )
+        .await
+    }
+}
+
+/// Pi's toolResult message.
+pub fn tool_result_message(
+    id: &str,
+    name: &str,
+    outcome: Result<crate::tools::ToolOutput, String>,
+) -> Value {
+    let (content, details, is_error) = match outcome {
+        Ok(out) => (Value::Array(out.content), out.details, false),
+        Err(e) => (serde_json::json!([{"type": "text", "text": e}]), None, true),
+    };
+    let mut m = Map::new();
+    m.insert("role".into(), "toolResult".into());
+    m.insert("toolCallId".into(), id.into());
+    m.insert("toolName".into(), name.into());
+    m.insert("content".into(), content);
+    if let Some(d) = details {
+        m.insert("details".into(), d);
+    }
+    m.insert("isError".into(), is_error.into());
+    m.insert("timestamp".into(), now_ms().into());
+    Value::Object(m)
+}

@@ -1,0 +1,187 @@
+//! `pincer transcript …`: context, append, verify, repair and history over one session file,
+//! all through the store library (the same code the gateway uses).
+
+use crate::Failure;
+use clap::Subcommand;
+use pincer_store::history::{
+    read_history, HistoryOptions, DEFAULT_LIMIT, DEFAULT_MAX_CHARS, MAX_LIMIT,
+};
+use pincer_store::{context_report, LeafArg, NewEntry, Session, Store, StoreError, StoreOptions};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Subcommand)]
+pub enum TranscriptCmd {
+    /// Print {sessionId, leafId, entries, context} as Pi builds it. Never modifies FILE.
+    Context {
+        file: PathBuf,
+        /// Build the context at this entry id instead of the file's leaf; `null` for before the first entry.
+        #[arg(long)]
+        leaf: Option<String>,
+    },
+    /// Append one message entry (lock, FIFO, chained to the leaf, fsync); creates FILE if missing.
+    Append {
+        file: PathBuf,
+        /// The message as JSON, e.g. '{"role":"user","content":"hi","timestamp":0}'.
+        #[arg(long)]
+        message: String,
+        /// Stored as message.idempotencyKey; an append whose key is already present writes nothing.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+        /// The session id for the header when FILE is created.
+        #[arg(long)]
+        session_id: Option<String>,
+    },
+    /// Check a file. Exit 0 healthy, 1 problems found, 2 unreadable.
+    Verify {
+        file: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fix what verify reports that can be fixed without guessing (atomically, keeping FILE.bak.<ts>).
+    Repair { file: PathBuf },
+    /// The messages chat.history would return for FILE.
+    History {
+        file: PathBuf,
+        #[arg(long, default_value_t = DEFAULT_LIMIT)]
+        limit: usize,
+        #[arg(long, default_value_t = DEFAULT_MAX_CHARS)]
+        max_chars: usize,
+    },
+}
+
+fn print_json(v: &Value) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)
+        .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
+    writeln!(out).map_err(|e| Failure::failed(format!("writing output: {e}")))
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|e| Failure::usage(format!("{}: cannot read: {e}", path.display())))
+}
+
+fn store_failure(e: StoreError) -> Failure {
+    match e {
+        StoreError::InvalidEntry(_) | StoreError::UnknownEntry(_) => Failure::usage(e.to_string()),
+        _ => Failure::failed(e.to_string()),
+    }
+}
+
+pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
+    match cmd {
+        TranscriptCmd::Context { file, leaf } => {
+            let session = Session::parse(read_file(&file)?);
+            let leaf = leaf
+                .as_deref()
+                .map(LeafArg::parse)
+                .unwrap_or(LeafArg::Default);
+            let report = context_report(&session, &leaf)
+                .map_err(|e| Failure::usage(format!("--leaf: {e}")))?;
+            if let Some(w) = report.get("warnings").and_then(Value::as_array) {
+                for w in w.iter().filter_map(Value::as_str) {
+                    eprintln!("pincer: warning: {}: {w}", file.display());
+                }
+            }
+            print_json(&report)?;
+            Ok(0)
+        }
+        TranscriptCmd::Append {
+            file,
+            message,
+            idempotency_key,
+            session_id,
+        } => {
+            let mut msg: Value = serde_json::from_str(&message)
+                .map_err(|e| Failure::usage(format!("--message is not valid JSON: {e}")))?;
+            let Some(obj) = msg.as_object_mut() else {
+                return Err(Failure::usage(
+                    "--message must be a JSON object (a Pi message with a `role`)",
+                ));
+            };
+            if !obj.get("role").is_some_and(Value::is_string) {
+                return Err(Failure::usage(
+                    "--message needs a string `role` (user, assistant, toolResult, …)",
+                ));
+            }
+            if let Some(k) = idempotency_key {
+                if k.trim().is_empty() {
+                    return Err(Failure::usage("--idempotency-key must not be empty"));
+                }
+                obj.insert("idempotencyKey".into(), json!(k));
+            }
+            if let Some(id) = &session_id {
+                if !pincer_store::valid_session_id(id) {
+                    return Err(Failure::usage(format!(
+                        "--session-id {id:?} must match ^[a-z0-9][a-z0-9._-]{{0,127}}$"
+                    )));
+                }
+            }
+            let store = Store::new(StoreOptions::default());
+            let a = store
+                .append_with(&file, NewEntry::message(msg), session_id.as_deref())
+                .map_err(store_failure)?;
+            print_json(
+                &json!({"id": a.entry["id"], "parentId": a.entry["parentId"], "appended": a.appended}),
+            )?;
+            Ok(0)
+        }
+        TranscriptCmd::Verify { file, json } => {
+            let report = pincer_store::verify::verify(&file)
+                .map_err(|e| Failure::usage(format!("{e} (is the path right?)")))?;
+            if json {
+                print_json(&report.to_json())?;
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(if report.healthy() { 0 } else { 1 })
+        }
+        TranscriptCmd::Repair { file } => {
+            if !file.exists() {
+                return Err(Failure::usage(format!("{}: no such file", file.display())));
+            }
+            let store = Store::new(StoreOptions::default());
+            let r = store.repair(&file).map_err(store_failure)?;
+            match &r.backup {
+                None => println!("{}: nothing to repair", file.display()),
+                Some(b) => {
+                    for p in &r.fixed {
+                        println!("fixed [{}] {}", p.kind(), p.message());
+                    }
+                    println!(
+                        "{}: repaired; the previous version is kept as {}",
+                        file.display(),
+                        b.display()
+                    );
+                }
+            }
+            for p in &r.remaining {
+                println!("still there [{}] {}", p.kind(), p.message());
+            }
+            Ok(if r.remaining.is_empty() { 0 } else { 1 })
+        }
+        TranscriptCmd::History {
+            file,
+            limit,
+            max_chars,
+        } => {
+            if limit == 0 || limit > MAX_LIMIT {
+                return Err(Failure::usage(format!(
+                    "--limit must be between 1 and {MAX_LIMIT}"
+                )));
+            }
+            if max_chars == 0 {
+                return Err(Failure::usage("--max-chars must be at least 1"));
+            }
+            if !file.exists() {
+                return Err(Failure::usage(format!("{}: no such file", file.display())));
+            }
+            let h = read_history(&file, HistoryOptions { limit, max_chars })
+                .map_err(|e| Failure::usage(format!("{}: cannot read: {e}", file.display())))?;
+            print_json(&json!({"sessionId": h.session_id, "messages": h.messages}))?;
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! `chat.history`: the active branch's last messages, read from a bounded tail of the file.
+//!
+//! Nothing here reads a whole large file: a window at the end of the file is indexed with the
+//! light parse, the leaf's `parentId` chain is walked inside it (the window grows ×4 up to
+//! [`MAX_WINDOW`] only while the chain leaves it before `limit` messages are found), and only the
+//! entries that are returned are decoded. The projection follows OpenClaw's gateway (§2.2, §4):
+//! compactions become a divider, images lose their data, long text is truncated, `details` and
+//! thinking signatures are dropped, oversized lines and messages become placeholders, and the whole
+//! answer stays under 6 MiB.
+
+use crate::context::truthy;
+use crate::ids::js_date_ms;
+use crate::parse::{self, Key, LineValue, Parent};
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Default and maximum number of messages.
+pub const DEFAULT_LIMIT: usize = 200;
+pub const MAX_LIMIT: usize = 1000;
+/// Default per-text truncation.
+pub const DEFAULT_MAX_CHARS: usize = 8000;
+/// Lines longer than this are not parsed.
+pub const MAX_LINE_BYTES: usize = 256 * 1024;
+/// A single projected message larger than this is replaced by a placeholder.
+pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;
+/// The whole answer.
+pub const MAX_RESPONSE_BYTES: usize = 6 * 1024 * 1024;
+const FIRST_WINDOW: u64 = 512 * 1024;
+/// The largest tail read.
+pub const MAX_WINDOW: u64 = 64 * 1024 * 1024;
+const OMITTED: &str = "[chat.history omitted: message too large]";
+
+/// Options of a history read.
+#[derive(Clone, Copy, Debug)]
+pub struct HistoryOptions {
+    pub limit: usize,
+    pub max_chars: usize,
+}
+
+impl Default for HistoryOptions {
+    fn default() -> Self {
+        HistoryOptions {
+            limit: DEFAULT_LIMIT,
+            max_chars: DEFAULT_MAX_CHARS,
+        }
+    }
+}
+
+/// What `chat.history` returns for one file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct History {
+    pub session_id: Option<String>,
+    pub messages: Vec<Value>,
+    pub thinking_level: Option<Value>,
+}
+
+struct Rec {
+    id: Option<Key>,
+    parent: Option<Parent>,
+    ty: RecType,
+    start: usize,
+    end: usize,
+    oversized: bool,
+    /// For `leaf` controls: `Some(None)` = before the first entry.
+    target: Option<Option<Key>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RecType {
+    Message,
+    Compaction,
+    Leaf,
+    Header,
+    ThinkingLevel,
+    Other,
+}
+
+/// Reads the history of `path`. A missing file has no history.
+pub fn read_history(path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
+    let limit = opts.limit.clamp(1, MAX_LIMIT);
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(History {
+                session_id: None,
+                messages: vec![],
+                thinking_level: None,
+            })
+        }
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let session_id = read_session_id(&file, len)?;
+    let mut window = FIRST_WINDOW;
+    loop {
+        let start = len.saturating_sub(window);
+        let mut buf = vec![0u8; (len - start) as usize];
+        file.read_exact_at(&mut buf, start)?;
+        let skip = if start > 0 {
+            memchr::memchr(b'\n', &buf)
+                .map(|p| p + 1)
+                .unwrap_or(buf.len())
+        } else {
+            0
+        };
+        let recs = index_window(&buf, skip);
+        let (picked, complete) = select(&recs, limit);
+        if complete || start == 0 || window >= MAX_WINDOW {
+            let thinking_level = picked_thinking(&recs, &buf);
+            let messages = project_all(&recs, &picked, &buf, limit, opts.max_chars);
+            return Ok(History {
+                session_id,
+                messages,
+                thinking_level,
+            });
+        }
+        window = window.saturating_mul(4);
+    }
+}
+
+fn read_session_id(file: &File, len: u64) -> std::io::Result<Option<String>> {
+    let n = len.min(64 * 1024) as usize;
+    let mut head = vec![0u8; n];
+    file.read_exact_at(&mut head, 0)?;
+    for (s, e) in parse::line_ranges(&head) {
+        if let Ok(v) = serde_json::from_slice::<Value>(&head[s..e]) {
+            if v.get("type").and_then(Value::as_str) == Some("session") {
+                return Ok(v.get("id").and_then(Value::as_str).map(str::to_owned));
+            }
+            return Ok(None);
+        }
+    }
+    Ok(None)
+}
+
+fn index_window(buf: &[u8], skip: usize) -> Vec<Rec> {
+    let mut recs = Vec::new();
+    for (s, e) in parse::line_ranges(&buf[skip..]) {
+        let (s, e) = (s + skip, e + skip);
+        let line = &buf[s..e];
+        if line.len() > MAX_LINE_BYTES {
+            // Too large to parse: take the keys from its first 64 KiB.
+            let head = &line[..64 * 1024];
+            let ty = extract(head, "type");
+            recs.push(Rec {
+                id: extract(head, "id").map(Into::into),
+                parent: match extract(head, "parentId") {
+                    Some(p) => Some(Parent::Id(p.into())),
+                    None if memchr::memmem::find(head, b"\"parentId\":null").is_some() => {
+                        Some(Parent::Root)
+                    }
+                    None => None,
+                },
+                ty: rec_type(ty.as_deref()),
+                start: s,
+                end: e,
+                oversized: true,
+                target: None,
+            });
+            continue;
+        }
+        let Some(LineValue::Object(h)) = parse::parse_line(line) else {
+            continue;
+        };
+        let ty = rec_type(h.ty.as_deref());
+        let target = if ty == RecType::Leaf {
+            serde_json::from_slice::<Value>(line)
+                .ok()
+                .and_then(|v| match v.get("targetId") {
+                    Some(Value::Null) => Some(None),
+                    Some(t) => parse::value_key(t).map(Some),
+                    None => None,
+                })
+        } else {
+            None
+        };
+        recs.push(Rec {
+            id: h.id,
+            parent: h.parent,
+            ty,
+            start: s,
+            end: e,
+            oversized: false,
+            target,
+        });
+    }
+    recs
+}
+
+fn rec_type(ty: Option<&str>) -> RecType {
+    match ty {
+        Some("message") => RecType::Message,
+        Some("compaction") => RecType::Compaction,
+        Some("leaf") => RecType::Leaf,
+        Some("session") => RecType::Header,
+        Some("thinking_level_change") => RecType::ThinkingLevel,
+        _ => RecType::Other,
+    }
+}
+
+/// `"key":"value"` from raw bytes (for oversized lines).
+fn extract(head: &[u8], key: &str) -> Option<String> {
+    let pat = format!("\"{key}\":\"");
+    let at = memchr::memmem::find(head, pat.as_bytes())? + pat.len();
+    let end = memchr::memchr(b'"', &head[at..])? + at;
+    std::str::from_utf8(&head[at..end]).ok().map(str::to_owned)
+}
+
+/// Indices of the records to show, oldest first, and whether the walk reached the branch's root
+/// (or found enough messages) inside the window.
+fn select(recs: &[Rec], limit: usize) -> (Vec<usize>, bool) {
+    let tree_linked = recs
+        .iter()
+        .any(|r| r.ty != RecType::Header && r.id.is_some() && r.parent.is_some());
+    let shown = |r: &Rec| matches!(r.ty, RecType::Message | RecType::Compaction);
+    if !tree_linked {
+        // Linear (legacy) file: file order.
+        let all: Vec<usize> = (0..recs.len()).filter(|&i| shown(&recs[i])).collect();
+        let complete = all.len() >= limit;
+        let from = all.len().saturating_sub(limit);
+        return (all[from..].to_vec(), complete);
+    }
+    let by_id: HashMap<&str, usize> = recs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.id.as_deref().map(|id| (id, i)))
+        .collect();
+    // Leaf: the last tree-linked record, or a leaf control's target.
+    let mut leaf = None;
+    for (i, r) in recs.iter().enumerate().rev() {
+        if r.ty == RecType::Header {
+            continue;
+        }
+        match (&r.ty, &r.target) {
+            (RecType::Leaf, Some(None)) => return (vec![], true),
+            (RecType::Leaf, Some(Some(t))) => match by_id.get(t.as_ref()) {
+                Some(&target) => {
+                    leaf = Some(target);
+                    break;
+                }
+                None => return (vec![], false),
+            },
+            _ => {}
+        }
+        if r.id.is_some() && r.parent.is_some() {
+            leaf = Some(i);
+            break;
+        }
+    }
+    let Some(mut cur) = leaf else {
+        return (vec![], true);
+    };
+    let mut path = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut count = 0;
+    loop {
+        if !seen.insert(cur) {
+            return (vec![], true); // a cycle: show nothing rather than loop
+        }
+        path.push(cur);
+        if shown(&recs[cur]) {
+            count += 1;
+            if count >= limit {
+                break;
+            }
+        }
+        match &recs[cur].parent {
+            Some(Parent::Id(p)) => match by_id.get(p.as_ref()) {
+                Some(&i) => cur = i,
+                // The chain leaves the window: read more, unless it is a real orphan at file start.
+                None => {
+                    path.reverse();
+                    return (
+                        path.into_iter().filter(|&i| shown(&recs[i])).collect(),
+                        false,
+                    );
+                }
+            },
+            _ => break,
+        }
+    }
+    path.reverse();
+    (
+        path.into_iter().filter(|&i| shown(&recs[i])).collect(),
+        true,
+    )
+}
+
+fn picked_thinking(recs: &[Rec], buf: &[u8]) -> Option<Value> {
+    let r = recs.iter().rev().find(|r| r.ty == RecType::ThinkingLevel)?;
+    let v: Value = serde_json::from_slice(&buf[r.start..r.end]).ok()?;
+    v.get("thinkingLevel").cloned()
+}
+
+fn project_all(
+    recs: &[Rec],
+    picked: &[usize],
+    buf: &[u8],
+    limit: usize,
+    max_chars: usize,
+) -> Vec<Value> {
+    let from = picked.len().saturating_sub(limit);
+    let mut out: Vec<Value> = Vec::with_capacity(picked.len() - from);
+    for &i in &picked[from..] {
+        let r = &recs[i];
+        if r.oversized {
+            out.push(
+                json!({"role": "assistant", "content": [{"type": "text", "text": OMITTED}],
+                "__openclaw": {"id": r.id.as_deref(), "truncated": true, "reason": "oversized"}}),
+            );
+            continue;
+        }
+        let Ok(entry) = serde_json::from_slice::<Value>(&buf[r.start..r.end]) else {
+            continue;
+        };
+        if let Some(m) = project_entry(&entry, max_chars) {
+            out.push(m);
+        }
+    }
+    for (n, m) in out.iter_mut().enumerate() {
+        if let Some(meta) = m.get_mut("__openclaw").and_then(Value::as_object_mut) {
+            meta.insert("seq".into(), json!(n + 1));
+        }
+    }
+    cap_total(out)
+}
+
+/// One entry as `chat.history` shows it (`None`: not shown).
+pub fn project_entry(entry: &Value, max_chars: usize) -> Option<Value> {
+    let id = entry.get("id").cloned().unwrap_or(Value::Null);
+    match entry.get("type").and_then(Value::as_str) {
+        Some("compaction") => Some(json!({
+            "role": "system",
+            "content": [{"type": "text", "text": "Compaction"}],
+            "timestamp": js_date_ms(entry.get("timestamp")),
+            "__openclaw": {"kind": "compaction", "id": id},
+        })),
+        Some("message") => {
+            let mut m = entry.get("message")?.clone();
+            let obj = m.as_object_mut()?;
+            let role = obj
+                .get("role")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            if role == "assistant" && is_silent(obj) {
+                return None;
+            }
+            project_message(obj, &role, max_chars);
+            let mut meta = Map::new();
+            meta.insert("id".into(), id);
+            if let Some(ms) = js_date_ms(entry.get("timestamp")) {
+                meta.insert("recordTimestampMs".into(), json!(ms));
+            }
+            obj.insert("__openclaw".into(), Value::Object(meta));
+            let size = serde_json::to_vec(&m).map(|b| b.len()).unwrap_or(0);
+            if size > MAX_MESSAGE_BYTES {
+                let ts = m.get("timestamp").cloned().unwrap_or(Value::Null);
+                return Some(json!({"role": role, "timestamp": ts,
+                    "content": [{"type": "text", "text": OMITTED}],
+                    "__openclaw": {"id": entry.get("id"), "truncated": true, "reason": "oversized"}}));
+            }
+            Some(m)
+        }
+        _ => None,
+    }
+}
+
+/// Display projection of one message, in place.
+pub fn project_message(obj: &mut Map<String, Value>, role: &str, max_chars: usize) {
+    obj.remove("details");
+    if role != "assistant" {
+        obj.remove("usage");
+    }
+    if let Some(Value::String(s)) = obj.get_mut("content") {
+        truncate(s, max_chars);
+    }
+    if let Some(Value::Array(blocks)) = obj.get_mut("content") {
+        for b in blocks.iter_mut() {
+            let Some(b) = b.as_object_mut() else { continue };
+            b.remove("thinkingSignature");
+            match b.get("type").and_then(Value::as_str) {
+                Some("image") => {
+                    if let Some(Value::String(d)) = b.remove("data") {
+                        b.insert("omitted".into(), json!(true));
+                        b.insert("bytes".into(), json!(d.len() / 4 * 3));
+                    }
+                }
+                Some("toolCall") => {
+                    if let Some(args) = b.get_mut("arguments") {
+                        let s = args.to_string();
+                        if s.chars().count() > max_chars {
+                            let mut s = s;
+                            truncate(&mut s, max_chars);
+                            *args = Value::String(s);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            for k in ["text", "thinking", "partialJson"] {
+                if let Some(Value::String(s)) = b.get_mut(k) {
+                    truncate(s, max_chars);
+                }
+            }
+        }
+    }
+}
+
+fn truncate(s: &mut String, max_chars: usize) {
+    if let Some((cut, _)) = s.char_indices().nth(max_chars) {
+        s.truncate(cut);
+        s.push_str("\n...(truncated)...");
+    }
+}
+
+/// An assistant row whose only visible text is the silent token.
+fn is_silent(obj: &Map<String, Value>) -> bool {
+    let Some(Value::Array(blocks)) = obj.get("content") else {
+        return false;
+    };
+    let texts: Vec<&str> = blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect();
+    !texts.is_empty()
+        && texts.concat().trim() == "NO_REPLY"
+        && !blocks
+            .iter()
+            .any(|b| b.get("type").and_then(Value::as_str) == Some("toolCall") && truthy(b))
+}
+
+/// Drops the oldest messages until the JSON array fits [`MAX_RESPONSE_BYTES`].
+fn cap_total(mut msgs: Vec<Value>) -> Vec<Value> {
+    let sizes: Vec<usize> = msgs
+        .iter()
+        .map(|m| serde_json::to_vec(m).map(|b| b.len() + 1).unwrap_or(0))
+        .collect();
+    let mut total: usize = sizes.iter().sum::<usize>() + 2;
+    let mut drop = 0;
+    while total > MAX_RESPONSE_BYTES && drop < msgs.len() {
+        total -= sizes[drop];
+        drop += 1;
+    }
+    msgs.drain(..drop);
+    msgs
+}

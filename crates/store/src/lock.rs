@@ -1,0 +1,363 @@
+//! OpenClaw's `<file>.lock` protocol, so Pincer and OpenClaw processes never write one file at once.
+//!
+//! The lock file is created exclusively (`O_CREAT|O_EXCL`, mode 0600) with the body
+//! `{"pid","createdAt","maxHoldMs","starttime"}` that OpenClaw writes and reads. While Pincer owns a
+//! lock it also holds an exclusive `flock` on it: the kernel drops that the instant the process dies,
+//! so a waiting Pincer proves the owner dead (flock obtainable *and* pid gone or recycled) and takes
+//! the lock over at once, instead of waiting out OpenClaw's 30-minute stale timeout. Lock files of
+//! live OpenClaw processes (which do not flock) are respected until the process is gone.
+//!
+//! Within one process the lock is re-entrant: a registry counts holders per path, so a holder that
+//! appends again never deadlocks on its own lock.
+
+use crate::ids::now_iso;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long to wait for a lock and what to write into it.
+#[derive(Clone, Debug)]
+pub struct LockOptions {
+    /// Give up after this long (OpenClaw's default: 60 s).
+    pub acquire_timeout: Duration,
+    /// Written into the lock body for OpenClaw's `hold-exceeded` report.
+    pub max_hold: Duration,
+    /// A lock file without a readable body is stale once it is this old (the creator died between
+    /// creating and writing it).
+    pub payload_grace: Duration,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            acquire_timeout: Duration::from_secs(60),
+            max_hold: Duration::from_secs(300),
+            payload_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why acquiring failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("session file locked (timeout {timeout_ms}ms): pid={pid} alive={alive} ageMs={age_ms} {path}")]
+    Timeout {
+        timeout_ms: u128,
+        pid: String,
+        alive: bool,
+        age_ms: u128,
+        path: String,
+    },
+    #[error("cannot create lock file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Locks this process holds, by lock-file path: (holder count, the flocked file).
+#[derive(Default, Clone)]
+pub struct LockRegistry {
+    held: Arc<Mutex<HashMap<PathBuf, (usize, File)>>>,
+}
+
+/// A held lock; dropping the last guard for a path removes the lock file.
+pub struct LockGuard {
+    registry: LockRegistry,
+    path: PathBuf,
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let mut held = match self.registry.held.lock() {
+            Ok(h) => h,
+            Err(p) => p.into_inner(),
+        };
+        let last = match held.get_mut(&self.path) {
+            Some((n, _)) => {
+                *n -= 1;
+                *n == 0
+            }
+            None => false,
+        };
+        if last {
+            // Unlink while still holding the flock, then close (which releases it).
+            if let Some((_, file)) = held.remove(&self.path) {
+                if same_file(&self.path, &file) {
+                    let _ = std::fs::remove_file(&self.path);
+                }
+                drop(file);
+            }
+        }
+    }
+}
+
+/// `<file>.lock` beside a transcript.
+pub fn lock_path_for(transcript: &Path) -> PathBuf {
+    let mut s = transcript.as_os_str().to_owned();
+    s.push(".lock");
+    PathBuf::from(s)
+}
+
+impl LockRegistry {
+    /// Takes the lock for `transcript`, waiting (with short, growing sleeps) while a live process holds it.
+    pub fn acquire(&self, transcript: &Path, opts: &LockOptions) -> Result<LockGuard, LockError> {
+        let path = lock_path_for(transcript);
+        let started = Instant::now();
+        let mut sleep = Duration::from_millis(1);
+        loop {
+            {
+                let mut held = match self.held.lock() {
+                    Ok(h) => h,
+                    Err(p) => p.into_inner(),
+                };
+                if let Some((n, _)) = held.get_mut(&path) {
+                    *n += 1;
+                    return Ok(LockGuard {
+                        registry: self.clone(),
+                        path,
+                    });
+                }
+                match create_lock(&path, opts) {
+                    Ok(file) => {
+                        held.insert(path.clone(), (1, file));
+                        return Ok(LockGuard {
+                            registry: self.clone(),
+                            path,
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(source) => {
+                        return Err(LockError::Io {
+                            path: path.display().to_string(),
+                            source,
+                        })
+                    }
+                }
+            }
+            match inspect(&path, opts, self) {
+                Holder::Gone => continue,
+                Holder::Stale => continue,
+                Holder::Live { pid, age_ms } => {
+                    if started.elapsed() >= opts.acquire_timeout {
+                        return Err(LockError::Timeout {
+                            timeout_ms: opts.acquire_timeout.as_millis(),
+                            pid,
+                            alive: true,
+                            age_ms,
+                            path: path.display().to_string(),
+                        });
+                    }
+                }
+            }
+            std::thread::sleep(sleep);
+            sleep = (sleep * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    fn holds(&self, path: &Path) -> bool {
+        match self.held.lock() {
+            Ok(h) => h.contains_key(path),
+            Err(p) => p.into_inner().contains_key(path),
+        }
+    }
+}
+
+fn create_lock(path: &Path, opts: &LockOptions) -> std::io::Result<File> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.lock()?;
+    let mut body = json!({
+        "pid": std::process::id(),
+        "createdAt": now_iso(),
+        "maxHoldMs": opts.max_hold.as_millis() as u64,
+    });
+    if let Some(st) = process_starttime(std::process::id()) {
+        body["starttime"] = json!(st);
+    }
+    file.write_all(body.to_string().as_bytes())?;
+    Ok(file)
+}
+
+enum Holder {
+    /// The lock file vanished: try again.
+    Gone,
+    /// The holder is proven dead (or the file is an orphan): it was removed.
+    Stale,
+    /// A live holder.
+    Live { pid: String, age_ms: u128 },
+}
+
+fn inspect(path: &Path, opts: &LockOptions, registry: &LockRegistry) -> Holder {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holder::Gone,
+        Err(_) => {
+            return Holder::Live {
+                pid: "?".into(),
+                age_ms: 0,
+            }
+        }
+    };
+    let age_ms = file
+        .metadata()
+        .ok()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| SystemTime::now().duration_since(t).ok())
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    // A Pincer owner holds the flock for as long as it lives.
+    if file.try_lock().is_err() {
+        return Holder::Live {
+            pid: read_pid(path).unwrap_or_else(|| "?".into()),
+            age_ms,
+        };
+    }
+    let mut body = String::new();
+    let _ = file.read_to_string(&mut body);
+    let parsed: Option<Value> = serde_json::from_str(&body).ok();
+    let pid = parsed
+        .as_ref()
+        .and_then(|v| v.get("pid"))
+        .and_then(Value::as_u64);
+    let stale = match pid {
+        None => age_ms >= opts.payload_grace.as_millis(),
+        Some(pid) if pid == u64::from(std::process::id()) => !registry.holds(path),
+        Some(pid) => {
+            let pid = pid as u32;
+            if !process_alive(pid) {
+                true
+            } else {
+                let want = parsed
+                    .as_ref()
+                    .and_then(|v| v.get("starttime"))
+                    .and_then(Value::as_u64);
+                matches!((want, process_starttime(pid)), (Some(w), Some(now)) if w != now)
+            }
+        }
+    };
+    if !stale {
+        return Holder::Live {
+            pid: pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
+            age_ms,
+        };
+    }
+    // Remove only the file we inspected (another process may have replaced it meanwhile).
+    if !same_file(path, &file) {
+        return Holder::Gone;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Holder::Stale,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Holder::Gone,
+        Err(_) => Holder::Live {
+            pid: pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
+            age_ms,
+        },
+    }
+}
+
+fn read_pid(path: &Path) -> Option<String> {
+    let body = std::fs::read_to_string(path).ok()?;
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v.get("pid").map(|p| p.to_string())
+}
+
+fn same_file(path: &Path, file: &File) -> bool {
+    match (std::fs::metadata(path), file.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// `kill(pid, 0)`: false only when the process does not exist.
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks for existence and permission; it sends nothing.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Field 22 of `/proc/<pid>/stat` (start time in clock ticks), as OpenClaw records it.
+pub fn process_starttime(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reentrant_and_removed_on_last_release() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t = dir.path().join("s.jsonl");
+        let reg = LockRegistry::default();
+        let opts = LockOptions::default();
+        let a = reg.acquire(&t, &opts).expect("first");
+        let b = reg.acquire(&t, &opts).expect("re-entrant");
+        let body: Value =
+            serde_json::from_str(&std::fs::read_to_string(lock_path_for(&t)).expect("body"))
+                .expect("json");
+        assert_eq!(body["pid"], json!(std::process::id()));
+        assert!(
+            body["createdAt"].is_string()
+                && body["maxHoldMs"].is_u64()
+                && body["starttime"].is_u64()
+        );
+        drop(a);
+        assert!(lock_path_for(&t).exists());
+        drop(b);
+        assert!(!lock_path_for(&t).exists());
+    }
+
+    #[test]
+    fn dead_owner_is_taken_over_and_live_openclaw_owner_is_respected() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t = dir.path().join("s.jsonl");
+        // A lock left by a process that no longer exists.
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("wait");
+        std::fs::write(
+            lock_path_for(&t),
+            json!({"pid": dead, "createdAt": now_iso()}).to_string(),
+        )
+        .expect("write");
+        let reg = LockRegistry::default();
+        let g = reg
+            .acquire(&t, &LockOptions::default())
+            .expect("stale lock taken over");
+        drop(g);
+        // A live process that does not flock (as OpenClaw): respected until the timeout.
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn");
+        std::fs::write(
+            lock_path_for(&t),
+            json!({"pid": sleeper.id(), "createdAt": now_iso(), "starttime": process_starttime(sleeper.id())}).to_string(),
+        )
+        .expect("write");
+        let opts = LockOptions {
+            acquire_timeout: Duration::from_millis(200),
+            ..LockOptions::default()
+        };
+        let err = reg.acquire(&t, &opts).err().expect("must time out");
+        assert!(err.to_string().contains("session file locked"), "{err}");
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        reg.acquire(&t, &opts)
+            .expect("taken once the owner is dead");
+    }
+}

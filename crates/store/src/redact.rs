@@ -1,0 +1,149 @@
+//! Secret redaction applied to every message before it is written (and usable for logs).
+//!
+//! The default patterns catch API keys and tokens of the common providers, bearer tokens and PEM
+//! private keys; more can be configured, and redaction can be turned off. Image data is never
+//! touched (base64 can look like anything).
+
+use regex::Regex;
+use serde_json::Value;
+
+/// Rewrites secrets inside a message before it reaches disk.
+pub trait Redactor: Send + Sync {
+    /// Redacts the strings of one message (or any entry payload) in place.
+    fn redact_value(&self, v: &mut Value);
+    /// Redacts one string (for logs).
+    fn redact_str(&self, s: &str) -> String;
+}
+
+/// No redaction at all (`redaction = "off"`).
+pub struct NoRedaction;
+
+impl Redactor for NoRedaction {
+    fn redact_value(&self, _: &mut Value) {}
+    fn redact_str(&self, s: &str) -> String {
+        s.to_owned()
+    }
+}
+
+/// Pattern-based redaction: each match keeps a short prefix so a reader can tell which key it was.
+pub struct SecretRedactor {
+    patterns: Vec<Regex>,
+}
+
+/// The built-in patterns.
+pub const DEFAULT_PATTERNS: &[&str] = &[
+    // PEM private keys (whole block).
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
+    // OpenAI / Anthropic / OpenRouter style keys.
+    r"\bsk-(?:ant-|proj-|or-)?[A-Za-z0-9_\-]{20,}",
+    // GitHub tokens.
+    r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}",
+    r"\bgithub_pat_[A-Za-z0-9_]{40,}",
+    // Slack tokens.
+    r"\bxox[abprs]-[A-Za-z0-9\-]{10,}",
+    // AWS access key ids.
+    r"\bAKIA[0-9A-Z]{16}\b",
+    // Google API keys.
+    r"\bAIza[0-9A-Za-z_\-]{35}",
+    // Groq, xAI, Hugging Face, Stripe-like keys.
+    r"\b(?:gsk|xai|hf|sk_live|rk_live)_[A-Za-z0-9]{20,}",
+    // Bearer tokens in pasted headers.
+    r"(?i)\bbearer\s+[A-Za-z0-9._~+/\-]{16,}=*",
+];
+
+impl SecretRedactor {
+    /// The default patterns plus `extra` ones; an invalid extra pattern is an error naming it.
+    pub fn new(extra: &[String]) -> Result<SecretRedactor, String> {
+        let mut patterns = Vec::new();
+        for p in DEFAULT_PATTERNS
+            .iter()
+            .map(|s| s.to_string())
+            .chain(extra.iter().cloned())
+        {
+            patterns
+                .push(Regex::new(&p).map_err(|e| format!("invalid redaction pattern {p:?}: {e}"))?);
+        }
+        Ok(SecretRedactor { patterns })
+    }
+}
+
+impl Default for SecretRedactor {
+    fn default() -> Self {
+        SecretRedactor::new(&[]).unwrap_or(SecretRedactor {
+            patterns: Vec::new(),
+        })
+    }
+}
+
+fn mask(m: &str) -> String {
+    if m.starts_with("-----BEGIN") {
+        return "[REDACTED PRIVATE KEY]".into();
+    }
+    let keep: String = m.chars().take(6).collect();
+    format!("{keep}…[REDACTED]")
+}
+
+impl Redactor for SecretRedactor {
+    fn redact_str(&self, s: &str) -> String {
+        let mut out = std::borrow::Cow::Borrowed(s);
+        for re in &self.patterns {
+            if re.is_match(&out) {
+                out = std::borrow::Cow::Owned(
+                    re.replace_all(&out, |c: &regex::Captures| mask(&c[0]))
+                        .into_owned(),
+                );
+            }
+        }
+        out.into_owned()
+    }
+
+    fn redact_value(&self, v: &mut Value) {
+        match v {
+            Value::String(s) => {
+                let r = self.redact_str(s);
+                if r != *s {
+                    *s = r;
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| self.redact_value(x)),
+            Value::Object(o) => {
+                let is_image = o.get("type").and_then(Value::as_str) == Some("image");
+                for (k, x) in o.iter_mut() {
+                    if is_image && k == "data" {
+                        continue;
+                    }
+                    self.redact_value(x);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn redacts_keys_but_not_images() {
+        let r = SecretRedactor::default();
+        let mut m = json!({"role":"user","content":[
+            {"type":"text","text":"my key is sk-ant-api03-abcdefghijklmnopqrstuvwxyz012345 ok"},
+            {"type":"image","data":"sk-abcdefghijklmnopqrstuvwxyz","mimeType":"image/png"}]});
+        r.redact_value(&mut m);
+        assert_eq!(m["content"][0]["text"], "my key is sk-ant…[REDACTED] ok");
+        assert_eq!(m["content"][1]["data"], "sk-abcdefghijklmnopqrstuvwxyz");
+        assert_eq!(
+            r.redact_str("Authorization: Bearer abcdefghijklmnopqrstuvwxyz"),
+            "Authorization: Bearer…[REDACTED]"
+        );
+        assert_eq!(r.redact_str("nothing here"), "nothing here");
+        assert!(SecretRedactor::new(&["(".into()]).is_err());
+        let custom = SecretRedactor::new(&["internal-[0-9]{4}".into()]).expect("valid");
+        assert_eq!(
+            custom.redact_str("id internal-1234"),
+            "id intern…[REDACTED]"
+        );
+    }
+}

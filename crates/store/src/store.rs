@@ -1,0 +1,961 @@
+//! The append path: the only code in Pincer that writes a transcript.
+//!
+//! One [`FileWriter`] per file serializes appends in FIFO order and commits them in groups: appends
+//! that queue up while a commit is under way are written together with one `write` and share one
+//! `fdatasync`. Each commit holds the cross-process lock file ([`crate::lock`]), checks with one
+//! `stat` whether another process changed the file (and reads only the new bytes if it grew),
+//! chains each entry's `parentId` to the cached leaf, and acknowledges only after the data is on
+//! disk. Nothing here reads the whole file on the append path: the leaf comes from a backwards
+//! scan of the tail when a file is first opened; the idempotency index is built once, on the first
+//! append that carries a key, and kept up to date from then on.
+
+use crate::ids::{new_entry_id, new_session_id, now_iso};
+use crate::lock::{LockGuard, LockOptions, LockRegistry};
+use crate::parse::{self, LineValue, Parent};
+use crate::redact::{Redactor, SecretRedactor};
+use crate::session::Session;
+use crate::StoreError;
+use serde_json::{json, Map, Value};
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Settings of a [`Store`].
+#[derive(Clone)]
+pub struct StoreOptions {
+    pub lock: LockOptions,
+    /// Applied to every message (and summary) before it is written.
+    pub redactor: Arc<dyn Redactor>,
+    /// `cwd` written into new headers.
+    pub cwd: String,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            lock: LockOptions::default(),
+            redactor: Arc::new(SecretRedactor::default()),
+            cwd: std::env::current_dir()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "/".into()),
+        }
+    }
+}
+
+/// Where a new entry hangs in the tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ParentChoice {
+    /// The current leaf (the normal case).
+    Leaf,
+    /// A new root (`parentId: null`).
+    Root,
+    /// A given entry (branching); it must exist.
+    Entry(String),
+}
+
+/// An entry to append; the store adds `id`, `parentId` and `timestamp`.
+#[derive(Clone, Debug)]
+pub struct NewEntry {
+    /// The entry `type` (`message`, `custom`, `compaction`, `leaf`, …).
+    pub kind: String,
+    /// The fields after the base ones, in the order they should be written.
+    pub payload: Map<String, Value>,
+    pub parent: ParentChoice,
+}
+
+impl NewEntry {
+    /// A `message` entry chained to the leaf.
+    pub fn message(message: Value) -> NewEntry {
+        let mut payload = Map::new();
+        payload.insert("message".into(), message);
+        NewEntry {
+            kind: "message".into(),
+            payload,
+            parent: ParentChoice::Leaf,
+        }
+    }
+
+    /// Any entry type chained to the leaf.
+    pub fn of(kind: &str, payload: Map<String, Value>) -> NewEntry {
+        NewEntry {
+            kind: kind.into(),
+            payload,
+            parent: ParentChoice::Leaf,
+        }
+    }
+
+    /// OpenClaw's `leaf` control entry: moves the active leaf to `target` (`None`: before the first entry).
+    pub fn move_leaf(target: Option<&str>) -> NewEntry {
+        let mut payload = Map::new();
+        payload.insert(
+            "targetId".into(),
+            target.map(Value::from).unwrap_or(Value::Null),
+        );
+        NewEntry {
+            kind: "leaf".into(),
+            payload,
+            parent: ParentChoice::Leaf,
+        }
+    }
+
+    fn idempotency_key(&self) -> Option<&str> {
+        self.payload.get("message")?.get("idempotencyKey")?.as_str()
+    }
+}
+
+/// The result of one append.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Appended {
+    /// The entry exactly as it is on disk.
+    pub entry: Value,
+    /// False when the idempotency key was already in the file (the existing entry is returned).
+    pub appended: bool,
+}
+
+impl Appended {
+    pub fn id(&self) -> Option<&str> {
+        self.entry.get("id").and_then(Value::as_str)
+    }
+}
+
+/// The transcript store. Cheap to clone; all clones share writers and locks.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    opts: StoreOptions,
+    locks: LockRegistry,
+    files: Mutex<HashMap<PathBuf, Arc<FileWriter>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Store {
+    pub fn new(opts: StoreOptions) -> Store {
+        Store {
+            inner: Arc::new(Inner {
+                opts,
+                locks: LockRegistry::default(),
+                files: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.inner.opts
+    }
+
+    fn writer(&self, path: &Path) -> Arc<FileWriter> {
+        let key = normalize(path);
+        lock(&self.inner.files)
+            .entry(key.clone())
+            .or_insert_with(|| {
+                Arc::new(FileWriter {
+                    path: key,
+                    queue: Mutex::new(Vec::new()),
+                    state: Mutex::new(FileState::default()),
+                })
+            })
+            .clone()
+    }
+
+    /// Appends one entry; returns it as written once it is durable.
+    pub fn append(&self, path: &Path, entry: NewEntry) -> Result<Appended, StoreError> {
+        self.append_with(path, entry, None)
+    }
+
+    /// Like [`Store::append`]; `session_id` names the header if the file has to be created
+    /// (default: the file stem when it is a valid session id, else a new uuid v7).
+    pub fn append_with(
+        &self,
+        path: &Path,
+        entry: NewEntry,
+        session_id: Option<&str>,
+    ) -> Result<Appended, StoreError> {
+        let w = self.writer(path);
+        let slot = Arc::new(Mutex::new(None));
+        lock(&w.queue).push(Pending {
+            entry,
+            session_id: session_id.map(str::to_owned),
+            slot: slot.clone(),
+        });
+        let mut st = lock(&w.state);
+        if let Some(r) = lock(&slot).take() {
+            return r;
+        }
+        let batch: Vec<Pending> = std::mem::take(&mut *lock(&w.queue));
+        w.commit(&mut st, batch, &self.inner);
+        drop(st);
+        let r = lock(&slot).take();
+        r.unwrap_or_else(|| Err(StoreError::Internal("append was not committed".into())))
+    }
+
+    /// Creates the file with its header if it does not exist yet (nothing else is written).
+    pub fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
+        let w = self.writer(path);
+        let mut st = lock(&w.state);
+        let _guard = self.inner.locks.acquire(&w.path, &self.inner.opts.lock)?;
+        st.refresh(&w.path)?;
+        if st.header == HeaderState::Missing {
+            let mut out = Vec::new();
+            let header = new_header(&w.path, session_id, &self.inner.opts.cwd);
+            out.extend_from_slice(
+                &serde_json::to_vec(&header).map_err(|e| StoreError::Internal(e.to_string()))?,
+            );
+            out.push(b'\n');
+            st.write_durably(&w.path, &out)?;
+            st.header = HeaderState::Valid;
+        }
+        Ok(())
+    }
+
+    /// The id new entries would be chained to (`None`: they would be roots).
+    pub fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
+        let w = self.writer(path);
+        let mut st = lock(&w.state);
+        st.refresh(&w.path)?;
+        Ok(st.leaf.clone())
+    }
+
+    /// Holds the cross-process lock of `path` (re-entrant: appends in this process still go through).
+    pub fn lock(&self, path: &Path) -> Result<LockGuard, StoreError> {
+        Ok(self
+            .inner
+            .locks
+            .acquire(&normalize(path), &self.inner.opts.lock)?)
+    }
+
+    /// `repair` under this store's locks; cached state of the file is dropped afterwards.
+    pub fn repair(&self, path: &Path) -> Result<crate::verify::Repaired, StoreError> {
+        let key = normalize(path);
+        let w = self.writer(&key);
+        let mut st = lock(&w.state);
+        let r = crate::verify::repair(&key, &self.inner.opts, &self.inner.locks);
+        st.loaded = false;
+        r
+    }
+
+    /// Forgets cached state of `path` (after it was replaced, e.g. archived by a reset).
+    pub fn forget(&self, path: &Path) {
+        lock(&self.inner.files).remove(&normalize(path));
+    }
+}
+
+/// Absolute, with the directory's symlinks resolved (the file itself may not exist yet).
+fn normalize(path: &Path) -> PathBuf {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(path))
+            .unwrap_or_else(|_| path.to_path_buf())
+    };
+    match (
+        abs.parent().and_then(|p| p.canonicalize().ok()),
+        abs.file_name(),
+    ) {
+        (Some(dir), Some(name)) => dir.join(name),
+        _ => abs,
+    }
+}
+
+type Slot = Arc<Mutex<Option<Result<Appended, StoreError>>>>;
+
+struct Pending {
+    entry: NewEntry,
+    session_id: Option<String>,
+    slot: Slot,
+}
+
+struct FileWriter {
+    path: PathBuf,
+    queue: Mutex<Vec<Pending>>,
+    state: Mutex<FileState>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum HeaderState {
+    /// Not looked at yet.
+    #[default]
+    Unknown,
+    /// No file, or an empty one: the next append writes the header first.
+    Missing,
+    Valid,
+    /// Entries but no valid header: appending is refused until `repair`.
+    Invalid,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Tail {
+    /// Empty, or ends with a newline.
+    #[default]
+    Clean,
+    /// The last line is complete JSON without its newline.
+    NeedsNewline,
+    /// The last line was cut off mid-write, starting at this offset.
+    Torn(u64),
+}
+
+/// What a writer knows about its file. Valid only while `(dev, ino, len)` match the file.
+#[derive(Default)]
+struct FileState {
+    loaded: bool,
+    file: Option<File>,
+    ident: (u64, u64),
+    len: u64,
+    /// Offset where the last line starts (for resuming a scan when the file grows).
+    last_line_start: u64,
+    header: HeaderState,
+    /// The parent for the next append.
+    leaf: Option<String>,
+    tail: Tail,
+    /// The file must be migrated (v1/v2) or linked (linear) before it can be appended to.
+    needs_rewrite: bool,
+    index: Option<FullIndex>,
+}
+
+/// Built on demand: idempotency keys and ids present in the file, as 64-bit hashes.
+#[derive(Default)]
+struct FullIndex {
+    /// Hash of `message.idempotencyKey` → offset of its line.
+    idem: HashMap<u64, u64>,
+    ids: HashSet<u64>,
+}
+
+fn hash_str(s: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Reads `len` bytes at `offset`.
+fn read_at(file: &File, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, offset)?;
+    Ok(buf)
+}
+
+const CHUNK: u64 = 256 * 1024;
+
+impl FileState {
+    /// Brings the cached state up to date with the file, reading only what changed.
+    fn refresh(&mut self, path: &Path) -> Result<(), StoreError> {
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                *self = FileState {
+                    loaded: true,
+                    header: HeaderState::Missing,
+                    ..FileState::default()
+                };
+                return Ok(());
+            }
+            Err(e) => return Err(io_err(path)(e)),
+        };
+        let ident = (meta.dev(), meta.ino());
+        if !self.loaded || self.file.is_none() || ident != self.ident || meta.len() < self.len {
+            return self.load(path);
+        }
+        if meta.len() > self.len {
+            let file = self
+                .file
+                .as_ref()
+                .ok_or_else(|| StoreError::Internal("no file handle".into()))?;
+            let from = self.last_line_start;
+            let bytes = read_at(file, from, (meta.len() - from) as usize).map_err(io_err(path))?;
+            self.scan_forward(&bytes, from, meta.len());
+            self.len = meta.len();
+        }
+        Ok(())
+    }
+
+    /// First look at a file: header from the head, leaf and tail state from a backwards scan.
+    fn load(&mut self, path: &Path) -> Result<(), StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(path)
+            .map_err(io_err(path))?;
+        let meta = file.metadata().map_err(io_err(path))?;
+        *self = FileState {
+            loaded: true,
+            ident: (meta.dev(), meta.ino()),
+            len: meta.len(),
+            last_line_start: meta.len(),
+            ..FileState::default()
+        };
+        // Header: the first line that parses.
+        let mut version = None;
+        self.header = HeaderState::Missing;
+        let mut pos = 0u64;
+        let mut carry = Vec::new();
+        'head: while pos < self.len {
+            let n = CHUNK.min(self.len - pos) as usize;
+            carry.extend_from_slice(&read_at(&file, pos, n).map_err(io_err(path))?);
+            pos += n as u64;
+            let complete = if pos == self.len {
+                carry.len()
+            } else {
+                memchr::memrchr(b'\n', &carry).unwrap_or(0)
+            };
+            for (s, e) in parse::line_ranges(&carry[..complete]) {
+                match parse::parse_line(&carry[s..e]) {
+                    None => continue,
+                    Some(LineValue::Object(h)) if h.ty.as_deref() == Some("session") => {
+                        match serde_json::from_slice::<Map<String, Value>>(&carry[s..e]) {
+                            Ok(obj) if obj.get("id").is_some_and(Value::is_string) => {
+                                self.header = HeaderState::Valid;
+                                version =
+                                    Some(obj.get("version").and_then(Value::as_u64).unwrap_or(1));
+                            }
+                            _ => self.header = HeaderState::Invalid,
+                        }
+                        break 'head;
+                    }
+                    Some(_) => {
+                        self.header = HeaderState::Invalid;
+                        break 'head;
+                    }
+                }
+            }
+            if complete > 0 {
+                carry.drain(..complete);
+            }
+        }
+        self.needs_rewrite = version.is_some_and(|v| v < 3);
+        // Tail: walk lines backwards until one decides the leaf.
+        let len = self.len;
+        let mut first = true;
+        let mut suspicious_linear = false;
+        let (mut tail, mut last_line_start, mut leaf) = (Tail::Clean, len, None);
+        scan_back(&file, len, |offset, line| {
+            let at_end = std::mem::take(&mut first);
+            if parse::is_blank(line) {
+                return false;
+            }
+            let parsed = parse::parse_line(line);
+            if at_end {
+                last_line_start = offset;
+                tail = if parsed.is_some() {
+                    Tail::NeedsNewline
+                } else {
+                    Tail::Torn(offset)
+                };
+            }
+            match parsed {
+                // Reached the header: nothing above it decides the leaf.
+                Some(LineValue::Object(h)) if h.ty.as_deref() == Some("session") => true,
+                Some(LineValue::Object(h)) => {
+                    suspicious_linear |= h.parent.is_none();
+                    match leaf_of(&h, line) {
+                        Some(l) => {
+                            leaf = l;
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                _ => false,
+            }
+        })
+        .map_err(io_err(path))?;
+        self.tail = tail;
+        self.last_line_start = last_line_start;
+        self.leaf = leaf;
+        if self.header == HeaderState::Valid && suspicious_linear && !self.needs_rewrite {
+            // The leaf has no parentId key: check whether the whole file is linear (rare, full read).
+            let data = std::fs::read(path).map_err(io_err(path))?;
+            self.needs_rewrite = Session::parse(data).is_linear();
+        }
+        if self.header == HeaderState::Missing && self.len > 0 {
+            // Only blank lines: treat as empty.
+            self.tail = Tail::Clean;
+        }
+        self.file = Some(file);
+        Ok(())
+    }
+
+    /// Applies lines appended by someone else: bytes `[from, new_len)`, `from` at a line start.
+    fn scan_forward(&mut self, bytes: &[u8], from: u64, new_len: u64) {
+        let ranges = parse::line_ranges(bytes);
+        let last = ranges.last().copied();
+        self.tail = Tail::Clean;
+        self.last_line_start = new_len;
+        for (s, e) in ranges {
+            let line = &bytes[s..e];
+            let abs = from + s as u64;
+            let parsed = parse::parse_line(line);
+            if Some((s, e)) == last && e == bytes.len() {
+                // The file does not end with a newline.
+                self.last_line_start = abs;
+                self.tail = if parsed.is_some() {
+                    Tail::NeedsNewline
+                } else {
+                    Tail::Torn(abs)
+                };
+            }
+            let Some(LineValue::Object(h)) = parsed else {
+                continue;
+            };
+            if h.ty.as_deref() == Some("session") {
+                if self.header == HeaderState::Missing {
+                    self.header = HeaderState::Valid;
+                }
+                continue;
+            }
+            if let Some(index) = self.index.as_mut() {
+                index_line(index, &h, line, abs);
+            }
+            if let Some(leaf) = leaf_of(&h, line) {
+                self.leaf = leaf;
+            }
+        }
+    }
+
+    /// Builds the idempotency/id index with one forward pass over the file.
+    fn ensure_index(&mut self, path: &Path) -> Result<(), StoreError> {
+        if self.index.is_some() {
+            return Ok(());
+        }
+        let mut index = FullIndex::default();
+        let Some(file) = self.file.as_ref() else {
+            // No file yet: nothing to index.
+            self.index = Some(index);
+            return Ok(());
+        };
+        let mut pos = 0u64;
+        let mut carry: Vec<u8> = Vec::new();
+        let mut carry_start = 0u64;
+        while pos < self.len {
+            let n = CHUNK.min(self.len - pos) as usize;
+            carry.extend_from_slice(&read_at(file, pos, n).map_err(io_err(path))?);
+            pos += n as u64;
+            let complete = if pos == self.len {
+                carry.len()
+            } else {
+                memchr::memrchr(b'\n', &carry).map(|p| p + 1).unwrap_or(0)
+            };
+            for (s, e) in parse::line_ranges(&carry[..complete]) {
+                if let Some(LineValue::Object(h)) = parse::parse_line(&carry[s..e]) {
+                    index_line(&mut index, &h, &carry[s..e], carry_start + s as u64);
+                }
+            }
+            carry.drain(..complete);
+            carry_start += complete as u64;
+        }
+        self.index = Some(index);
+        Ok(())
+    }
+
+    /// Reads the entry whose line starts at `offset`.
+    fn entry_at(&self, path: &Path, offset: u64) -> Result<Value, StoreError> {
+        let file = self
+            .file
+            .as_ref()
+            .ok_or_else(|| StoreError::Internal("no file handle".into()))?;
+        let mut line = Vec::new();
+        let mut pos = offset;
+        while pos < self.len {
+            let n = (64 * 1024).min(self.len - pos) as usize;
+            let chunk = read_at(file, pos, n).map_err(io_err(path))?;
+            if let Some(nl) = memchr::memchr(b'\n', &chunk) {
+                line.extend_from_slice(&chunk[..nl]);
+                break;
+            }
+            line.extend_from_slice(&chunk);
+            pos += n as u64;
+        }
+        serde_json::from_slice(&line)
+            .map_err(|e| StoreError::Internal(format!("entry at byte {offset}: {e}")))
+    }
+
+    /// Writes `bytes` at the end with one write call and makes them durable.
+    fn write_durably(&mut self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        let created = self.file.is_none();
+        if created {
+            if let Some(dir) = path.parent() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(io_err(path))?;
+            }
+            let f = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(io_err(path))?;
+            let meta = f.metadata().map_err(io_err(path))?;
+            self.ident = (meta.dev(), meta.ino());
+            self.len = meta.len();
+            self.file = Some(f);
+        }
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| StoreError::Internal("no file handle".into()))?;
+        let res = file.write_all(bytes).and_then(|_| {
+            if created {
+                file.sync_all()
+            } else {
+                file.sync_data()
+            }
+        });
+        if let Err(e) = res {
+            // What reached the file is unknown now: start over from the file next time.
+            self.loaded = false;
+            return Err(io_err(path)(e));
+        }
+        if created {
+            sync_dir(path).map_err(io_err(path))?;
+        }
+        // Every write ends with a newline.
+        self.len += bytes.len() as u64;
+        self.last_line_start = self.len;
+        self.tail = Tail::Clean;
+        Ok(())
+    }
+}
+
+/// Visits the file's lines from last to first (`offset`, bytes without the newline; the first
+/// visit is whatever follows the final newline, often empty) until `visit` returns true.
+fn scan_back(
+    file: &File,
+    len: u64,
+    mut visit: impl FnMut(u64, &[u8]) -> bool,
+) -> std::io::Result<()> {
+    let mut buf: Vec<u8> = Vec::new();
+    let mut buf_start = len;
+    loop {
+        match memchr::memrchr(b'\n', &buf) {
+            Some(p) => {
+                if visit(buf_start + p as u64 + 1, &buf[p + 1..]) {
+                    return Ok(());
+                }
+                buf.truncate(p);
+            }
+            None if buf_start == 0 => {
+                visit(0, &buf);
+                return Ok(());
+            }
+            None => {
+                let from = buf_start.saturating_sub(CHUNK);
+                let mut chunk = read_at(file, from, (buf_start - from) as usize)?;
+                chunk.extend_from_slice(&buf);
+                buf = chunk;
+                buf_start = from;
+            }
+        }
+    }
+}
+
+/// The leaf an entry line sets, if it decides one: its id, or a `leaf` control's target, or (for an
+/// entry without an id) its parent. `Some(None)` means "before the first entry".
+fn leaf_of(h: &parse::Head<'_>, line: &[u8]) -> Option<Option<String>> {
+    if h.ty.as_deref() == Some("leaf") {
+        let v: Value = serde_json::from_slice(line).ok()?;
+        return match v.get("targetId") {
+            Some(Value::String(t)) => Some(Some(t.clone())),
+            Some(Value::Null) => Some(None),
+            _ => h.id.as_deref().map(|id| Some(id.to_string())),
+        };
+    }
+    if let Some(id) = &h.id {
+        return Some(Some(id.to_string()));
+    }
+    match &h.parent {
+        Some(Parent::Id(p)) => Some(Some(p.to_string())),
+        _ => None,
+    }
+}
+
+fn index_line(index: &mut FullIndex, h: &parse::Head<'_>, line: &[u8], offset: u64) {
+    if let Some(id) = &h.id {
+        index.ids.insert(hash_str(id));
+    }
+    if memchr::memmem::find(line, b"\"idempotencyKey\"").is_some() {
+        if let Ok(v) = serde_json::from_slice::<Value>(line) {
+            if let Some(k) = v
+                .get("message")
+                .and_then(|m| m.get("idempotencyKey"))
+                .and_then(Value::as_str)
+            {
+                index.idem.insert(hash_str(k), offset);
+            }
+        }
+    }
+}
+
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(dir) => File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// A session id is valid when it matches `^[a-z0-9][a-z0-9._-]{0,127}$`.
+pub fn valid_session_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
+        })
+}
+
+/// A v3 header for a new file.
+pub fn new_header(path: &Path, session_id: Option<&str>, cwd: &str) -> Value {
+    let id = session_id.map(str::to_owned).unwrap_or_else(|| {
+        path.file_stem()
+            .and_then(|s| s.to_str())
+            .filter(|s| valid_session_id(s))
+            .map(str::to_owned)
+            .unwrap_or_else(new_session_id)
+    });
+    json!({"type": "session", "version": 3, "id": id, "timestamp": now_iso(), "cwd": cwd})
+}
+
+impl FileWriter {
+    /// Commits one batch under the cross-process lock; fills every pending slot.
+    fn commit(&self, st: &mut FileState, batch: Vec<Pending>, inner: &Inner) {
+        let fail_all = |batch: &[Pending], e: &StoreError| {
+            for p in batch {
+                *lock(&p.slot) = Some(Err(e.duplicate()));
+            }
+        };
+        let guard = match inner.locks.acquire(&self.path, &inner.opts.lock) {
+            Ok(g) => g,
+            Err(e) => return fail_all(&batch, &StoreError::from(e)),
+        };
+        if let Err(e) = self.prepare(st, inner) {
+            return fail_all(&batch, &e);
+        }
+        let mut out = Vec::new();
+        if st.tail == Tail::NeedsNewline {
+            out.push(b'\n');
+        }
+        if st.header == HeaderState::Missing {
+            let sid = batch.iter().find_map(|p| p.session_id.as_deref());
+            let header = new_header(&self.path, sid, &inner.opts.cwd);
+            match serde_json::to_vec(&header) {
+                Ok(b) => out.extend_from_slice(&b),
+                Err(e) => return fail_all(&batch, &StoreError::Internal(e.to_string())),
+            }
+            out.push(b'\n');
+        }
+        let leaf_before = st.leaf.clone();
+        let mut results: Vec<Result<Appended, StoreError>> = Vec::with_capacity(batch.len());
+        let mut batch_keys: HashMap<String, Value> = HashMap::new();
+        let mut batch_ids: HashSet<String> = HashSet::new();
+        let mut new_keys: Vec<(u64, u64)> = Vec::new();
+        for p in &batch {
+            results.push(self.build_one(
+                st,
+                &p.entry,
+                inner,
+                &mut out,
+                &mut batch_keys,
+                &mut batch_ids,
+                &mut new_keys,
+            ));
+        }
+        let wrote_entries = results.iter().any(|r| matches!(r, Ok(a) if a.appended));
+        if wrote_entries || (st.header == HeaderState::Missing && !out.is_empty()) {
+            if let Err(e) = st.write_durably(&self.path, &out) {
+                st.leaf = leaf_before;
+                st.loaded = false;
+                return fail_all(&batch, &e);
+            }
+            st.header = HeaderState::Valid;
+            if let Some(index) = st.index.as_mut() {
+                for (k, off) in new_keys {
+                    index.idem.insert(k, off);
+                }
+                for id in &batch_ids {
+                    index.ids.insert(hash_str(id));
+                }
+            }
+        }
+        drop(guard);
+        for (p, r) in batch.into_iter().zip(results) {
+            *lock(&p.slot) = Some(r);
+        }
+    }
+
+    /// Under the lock: refresh, refuse header-less files, migrate/link, cut a torn tail.
+    fn prepare(&self, st: &mut FileState, inner: &Inner) -> Result<(), StoreError> {
+        st.refresh(&self.path)?;
+        if st.header == HeaderState::Invalid {
+            return Err(StoreError::NoHeader(self.path.display().to_string()));
+        }
+        if st.needs_rewrite {
+            let data = std::fs::read(&self.path).map_err(io_err(&self.path))?;
+            let mut s = Session::parse(data);
+            if s.is_linear() {
+                s.link_linear();
+            }
+            crate::rewrite::replace_atomically(&self.path, &s.render(false))?;
+            st.loaded = false;
+            st.refresh(&self.path)?;
+        }
+        if let Tail::Torn(at) = st.tail {
+            crate::rewrite::cut_torn_tail(&self.path, st.file.as_ref(), at, st.len)?;
+            st.len = at;
+            st.tail = Tail::Clean;
+            st.last_line_start = at;
+            // The torn bytes may have been noticed as a "line" by nobody: the leaf is unaffected.
+        }
+        let _ = inner;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build_one(
+        &self,
+        st: &mut FileState,
+        entry: &NewEntry,
+        inner: &Inner,
+        out: &mut Vec<u8>,
+        batch_keys: &mut HashMap<String, Value>,
+        batch_ids: &mut HashSet<String>,
+        new_keys: &mut Vec<(u64, u64)>,
+    ) -> Result<Appended, StoreError> {
+        if entry.kind.is_empty() || entry.kind == "session" {
+            return Err(StoreError::InvalidEntry(format!(
+                "entry type {:?} cannot be appended",
+                entry.kind
+            )));
+        }
+        for k in ["type", "id", "parentId", "timestamp"] {
+            if entry.payload.contains_key(k) {
+                return Err(StoreError::InvalidEntry(format!(
+                    "`{k}` is set by the store, not the caller"
+                )));
+            }
+        }
+        if entry.kind == "message" && !entry.payload.get("message").is_some_and(Value::is_object) {
+            return Err(StoreError::InvalidEntry(
+                "a message entry needs a `message` object".into(),
+            ));
+        }
+        if let Some(key) = entry.idempotency_key() {
+            if let Some(v) = batch_keys.get(key) {
+                return Ok(Appended {
+                    entry: v.clone(),
+                    appended: false,
+                });
+            }
+            st.ensure_index(&self.path)?;
+            let hit = st
+                .index
+                .as_ref()
+                .and_then(|i| i.idem.get(&hash_str(key)).copied());
+            if let Some(off) = hit {
+                let existing = st.entry_at(&self.path, off)?;
+                if existing
+                    .get("message")
+                    .and_then(|m| m.get("idempotencyKey"))
+                    .and_then(Value::as_str)
+                    == Some(key)
+                {
+                    return Ok(Appended {
+                        entry: existing,
+                        appended: false,
+                    });
+                }
+            }
+        }
+        let parent = match &entry.parent {
+            ParentChoice::Leaf => st.leaf.clone(),
+            ParentChoice::Root => None,
+            ParentChoice::Entry(id) => {
+                if !batch_ids.contains(id) {
+                    st.ensure_index(&self.path)?;
+                    if !st
+                        .index
+                        .as_ref()
+                        .is_some_and(|i| i.ids.contains(&hash_str(id)))
+                    {
+                        return Err(StoreError::UnknownEntry(id.clone()));
+                    }
+                }
+                Some(id.clone())
+            }
+        };
+        if entry.kind == "leaf" {
+            if let Some(Value::String(t)) = entry.payload.get("targetId") {
+                if !batch_ids.contains(t) {
+                    st.ensure_index(&self.path)?;
+                    if !st
+                        .index
+                        .as_ref()
+                        .is_some_and(|i| i.ids.contains(&hash_str(t)))
+                    {
+                        return Err(StoreError::UnknownEntry(t.clone()));
+                    }
+                }
+            }
+        }
+        let id = new_entry_id();
+        let mut obj = Map::new();
+        obj.insert("type".into(), Value::String(entry.kind.clone()));
+        obj.insert("id".into(), Value::String(id.clone()));
+        obj.insert(
+            "parentId".into(),
+            parent.map(Value::String).unwrap_or(Value::Null),
+        );
+        obj.insert("timestamp".into(), Value::String(now_iso()));
+        for (k, v) in &entry.payload {
+            let mut v = v.clone();
+            if matches!(k.as_str(), "message" | "summary" | "content") {
+                inner.opts.redactor.redact_value(&mut v);
+            }
+            obj.insert(k.clone(), v);
+        }
+        let value = Value::Object(obj);
+        let line = serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?;
+        let offset = st.len + out.len() as u64;
+        out.extend_from_slice(&line);
+        out.push(b'\n');
+        if let Some(key) = entry.idempotency_key() {
+            batch_keys.insert(key.to_owned(), value.clone());
+            new_keys.push((hash_str(key), offset));
+        }
+        batch_ids.insert(id.clone());
+        st.leaf = if entry.kind == "leaf" {
+            entry
+                .payload
+                .get("targetId")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        } else {
+            Some(id)
+        };
+        Ok(Appended {
+            entry: value,
+            appended: true,
+        })
+    }
+}

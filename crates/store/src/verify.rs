@@ -1,0 +1,208 @@
+//! `verify` (what is wrong with a file, in words and as JSON) and `repair` (fix what can be fixed
+//! without guessing, atomically, keeping a backup).
+
+use crate::lock::LockRegistry;
+use crate::session::{Problem, Session};
+use crate::store::{new_header, StoreOptions};
+use crate::StoreError;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+impl Problem {
+    /// A stable kebab-case name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Problem::NoHeader { .. } => "no-header",
+            Problem::Malformed { .. } => "malformed-line",
+            Problem::TornTail { .. } => "torn-tail",
+            Problem::MissingNewline { .. } => "missing-newline",
+            Problem::NullLine { .. } => "null-line",
+            Problem::NotAnObject { .. } => "not-an-object",
+            Problem::ExtraHeader { .. } => "extra-header",
+            Problem::DuplicateId { .. } => "duplicate-id",
+            Problem::Orphan { .. } => "orphan",
+            Problem::Linear { .. } => "linear-entries",
+            Problem::Cycle { .. } => "parent-cycle",
+            Problem::OldVersion { .. } => "old-version",
+            Problem::MissingId { .. } => "missing-id",
+        }
+    }
+
+    /// Whether `repair` fixes it.
+    pub fn repairable(&self) -> bool {
+        matches!(
+            self,
+            Problem::NoHeader { .. }
+                | Problem::TornTail { .. }
+                | Problem::MissingNewline { .. }
+                | Problem::NullLine { .. }
+                | Problem::Linear { .. }
+                | Problem::OldVersion { .. }
+        )
+    }
+
+    fn offset(&self) -> Option<usize> {
+        match self {
+            Problem::NoHeader { offset, .. }
+            | Problem::Malformed { offset }
+            | Problem::TornTail { offset }
+            | Problem::MissingNewline { offset }
+            | Problem::NullLine { offset }
+            | Problem::NotAnObject { offset }
+            | Problem::ExtraHeader { offset }
+            | Problem::DuplicateId { offset, .. }
+            | Problem::Orphan { offset, .. }
+            | Problem::MissingId { offset } => Some(*offset),
+            Problem::Linear { .. } | Problem::Cycle { .. } | Problem::OldVersion { .. } => None,
+        }
+    }
+
+    /// One sentence saying what is wrong and what Pincer does about it.
+    pub fn message(&self) -> String {
+        match self {
+            Problem::NoHeader { reason, .. } => format!("no valid session header: {reason}; Pi would truncate this file, Pincer reads it as empty and `repair` adds a header keeping every entry"),
+            Problem::Malformed { .. } => "line is not valid JSON; skipped by readers".into(),
+            Problem::TornTail { .. } => "the last line was cut off mid-write (a crash); skipped by readers, `repair` removes it (kept in the backup)".into(),
+            Problem::MissingNewline { .. } => "the last line has no trailing newline".into(),
+            Problem::NullLine { .. } => "a `null` line; Pi crashes on it, Pincer skips it, `repair` removes it".into(),
+            Problem::NotAnObject { .. } => "a JSON value that is not an object; kept as an id-less entry, as Pi does".into(),
+            Problem::ExtraHeader { .. } => "a second session header (Pi's duplicate-header bug); ignored".into(),
+            Problem::DuplicateId { id, .. } => format!("id {id} appears more than once; the later entry wins"),
+            Problem::Orphan { id, parent, .. } => format!("entry {id} names parent {parent}, which is not in the file; its chain starts there"),
+            Problem::Linear { count } => format!("{count} entries have no parentId (linear, v1 style); `repair` links each to the one before"),
+            Problem::Cycle { ids } => format!("parent cycle {}; Pi would hang, Pincer cuts the path where it repeats", ids.join(" -> ")),
+            Problem::OldVersion { version } => format!("session format version {version}; migrated to 3 in memory, on disk by `repair` or the first append"),
+            Problem::MissingId { .. } => "entry has no id, so nothing can be chained to it".into(),
+        }
+    }
+}
+
+/// The result of `verify`.
+pub struct Report {
+    pub file: PathBuf,
+    pub session: Session,
+}
+
+impl Report {
+    pub fn healthy(&self) -> bool {
+        self.session.problems.is_empty()
+    }
+
+    pub fn to_json(&self) -> Value {
+        let problems: Vec<Value> = self
+            .session
+            .problems
+            .iter()
+            .map(|p| {
+                let mut v =
+                    json!({"kind": p.kind(), "message": p.message(), "repairable": p.repairable()});
+                if let Some(o) = p.offset() {
+                    v["line"] = json!(self.session.line_of(o));
+                    v["offset"] = json!(o);
+                }
+                v
+            })
+            .collect();
+        json!({
+            "file": self.file.display().to_string(),
+            "healthy": self.healthy(),
+            "sessionId": self.session.session_id(),
+            "version": self.session.source_version,
+            "entries": self.session.entries.len(),
+            "leafId": self.session.leaf_id(),
+            "problems": problems,
+        })
+    }
+
+    pub fn to_text(&self) -> String {
+        let f = self.file.display();
+        if self.healthy() {
+            return format!(
+                "{f}: healthy ({} entries, leaf {})\n",
+                self.session.entries.len(),
+                self.session.leaf_id().unwrap_or("none")
+            );
+        }
+        let mut out = format!("{f}: {} problem(s)\n", self.session.problems.len());
+        for p in &self.session.problems {
+            match p.offset() {
+                Some(o) => out.push_str(&format!(
+                    "  line {}: [{}] {}\n",
+                    self.session.line_of(o),
+                    p.kind(),
+                    p.message()
+                )),
+                None => out.push_str(&format!("  [{}] {}\n", p.kind(), p.message())),
+            }
+        }
+        if self.session.problems.iter().any(Problem::repairable) {
+            out.push_str(&format!(
+                "  run `pincer transcript repair {f}` to fix the repairable ones\n"
+            ));
+        }
+        out
+    }
+}
+
+/// Reads and checks a file (never changes it).
+pub fn verify(path: &Path) -> Result<Report, StoreError> {
+    let data = std::fs::read(path).map_err(|source| StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(Report {
+        file: path.to_path_buf(),
+        session: Session::parse(data),
+    })
+}
+
+/// What `repair` did.
+pub struct Repaired {
+    /// The problems that were fixed.
+    pub fixed: Vec<Problem>,
+    /// The backup of the old file (`None` when nothing needed fixing).
+    pub backup: Option<PathBuf>,
+    /// What is still wrong (cannot be fixed without guessing).
+    pub remaining: Vec<Problem>,
+}
+
+/// Fixes torn tails, missing newlines, `null` lines, linear entries, old versions and a missing
+/// header, under the session lock, atomically, keeping `<file>.bak.<timestamp>`.
+pub fn repair(
+    path: &Path,
+    opts: &StoreOptions,
+    locks: &LockRegistry,
+) -> Result<Repaired, StoreError> {
+    let _guard = locks.acquire(path, &opts.lock)?;
+    let report = verify(path)?;
+    let mut s = report.session;
+    let fixed: Vec<Problem> = s
+        .problems
+        .iter()
+        .filter(|p| p.repairable())
+        .cloned()
+        .collect();
+    if fixed.is_empty() {
+        return Ok(Repaired {
+            fixed,
+            backup: None,
+            remaining: s.problems,
+        });
+    }
+    if s.header.is_none() {
+        if let Value::Object(h) = new_header(path, None, &opts.cwd) {
+            s.adopt_headerless(h);
+        }
+    }
+    if s.is_linear() {
+        s.link_linear();
+    }
+    let content = s.render(true);
+    let backup = crate::rewrite::replace_atomically(path, &content)?;
+    let after = Session::parse(content);
+    Ok(Repaired {
+        fixed,
+        backup: Some(backup),
+        remaining: after.problems,
+    })
+}
