@@ -84,13 +84,7 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// A model with only an id.
     pub fn named(id: impl Into<String>) -> Self {
-        Self {
-            id: id.into(),
-            context_window: None,
-            max_tokens: None,
-            cost: None,
-            reasoning: None,
-        }
+        Self { id: id.into(), context_window: None, max_tokens: None, cost: None, reasoning: None }
     }
 }
 
@@ -153,10 +147,7 @@ impl fmt::Debug for ProviderConfig {
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("api_key_env", &self.api_key_env)
-            .field(
-                "headers",
-                &self.headers.as_ref().map(|h| h.keys().collect::<Vec<_>>()),
-            )
+            .field("headers", &self.headers.as_ref().map(|h| h.keys().collect::<Vec<_>>()))
             .field("models", &self.models)
             .finish_non_exhaustive()
     }
@@ -238,16 +229,8 @@ impl ResolvedModel {
                 base_url: String::new(),
                 api_key: None,
                 headers: BTreeMap::new(),
-                timeouts: Timeouts {
-                    connect: DEFAULT_CONNECT,
-                    first_byte: DEFAULT_FIRST_BYTE,
-                    idle: DEFAULT_IDLE,
-                },
-                retry: RetryPolicy {
-                    max_retries: 0,
-                    base_delay: Duration::ZERO,
-                    max_delay: Duration::ZERO,
-                },
+                timeouts: Timeouts { connect: DEFAULT_CONNECT, first_byte: DEFAULT_FIRST_BYTE, idle: DEFAULT_IDLE },
+                retry: RetryPolicy { max_retries: 0, base_delay: Duration::ZERO, max_delay: Duration::ZERO },
                 client: reqwest::Client::new(),
             }),
             model: ModelConfig {
@@ -348,36 +331,20 @@ impl Providers {
             let base_url = cfg.base_url.trim_end_matches('/').to_owned();
             match reqwest::Url::parse(&base_url) {
                 Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
-                _ => {
-                    return Err(ConfigError::BadBaseUrl {
-                        provider: name,
-                        url: cfg.base_url,
-                    })
-                }
+                _ => return Err(ConfigError::BadBaseUrl { provider: name, url: cfg.base_url }),
             }
             let api_key = match (&cfg.api_key, &cfg.api_key_env) {
                 (Some(k), _) => Some(k.clone()),
                 (None, Some(var)) => match std::env::var(var) {
                     Ok(v) if !v.is_empty() => Some(v),
-                    _ => {
-                        return Err(ConfigError::MissingKeyEnv {
-                            provider: name,
-                            var: var.clone(),
-                        })
-                    }
+                    _ => return Err(ConfigError::MissingKeyEnv { provider: name, var: var.clone() }),
                 },
                 (None, None) => None,
             };
             let timeouts = Timeouts {
-                connect: cfg
-                    .connect_timeout_ms
-                    .map_or(DEFAULT_CONNECT, Duration::from_millis),
-                first_byte: cfg
-                    .first_byte_timeout_ms
-                    .map_or(DEFAULT_FIRST_BYTE, Duration::from_millis),
-                idle: cfg
-                    .idle_timeout_ms
-                    .map_or(DEFAULT_IDLE, Duration::from_millis),
+                connect: cfg.connect_timeout_ms.map_or(DEFAULT_CONNECT, Duration::from_millis),
+                first_byte: cfg.first_byte_timeout_ms.map_or(DEFAULT_FIRST_BYTE, Duration::from_millis),
+                idle: cfg.idle_timeout_ms.map_or(DEFAULT_IDLE, Duration::from_millis),
             };
             let retry = RetryPolicy {
                 max_retries: cfg.max_retries.unwrap_or(2),
@@ -388,10 +355,7 @@ impl Providers {
                 .connect_timeout(timeouts.connect)
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build()
-                .map_err(|e| ConfigError::Client {
-                    provider: name.clone(),
-                    message: e.to_string(),
-                })?;
+                .map_err(|e| ConfigError::Client { provider: name.clone(), message: e.to_string() })?;
             let runtime = ProviderRuntime {
                 name: name.clone(),
                 api: cfg.api,
@@ -432,14 +396,8 @@ impl Providers {
     /// Resolves `"provider/model"`. The model part may itself contain `/` (`local/qwen/qwen3`).
     pub fn resolve(&self, spec: &str) -> Result<ResolvedModel, ConfigError> {
         let configured = || self.configured().join(", ");
-        let Some((provider, model)) = spec
-            .split_once('/')
-            .filter(|(p, m)| !p.is_empty() && !m.is_empty())
-        else {
-            return Err(ConfigError::BadSpec {
-                spec: spec.to_owned(),
-                configured: configured(),
-            });
+        let Some((provider, model)) = spec.split_once('/').filter(|(p, m)| !p.is_empty() && !m.is_empty()) else {
+            return Err(ConfigError::BadSpec { spec: spec.to_owned(), configured: configured() });
         };
         if provider == ECHO_PROVIDER && model == ECHO_MODEL {
             return Ok(ResolvedModel::echo());
@@ -461,19 +419,12 @@ impl Providers {
                         spec: spec.to_owned(),
                         provider: provider.to_owned(),
                         model: model.to_owned(),
-                        models: models
-                            .iter()
-                            .map(|m| m.id.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", "),
+                        models: models.iter().map(|m| m.id.as_str()).collect::<Vec<_>>().join(", "),
                     })
                 }
             }
         };
-        Ok(ResolvedModel {
-            provider: runtime.clone(),
-            model: model_cfg,
-        })
+        Ok(ResolvedModel { provider: runtime.clone(), model: model_cfg })
     }
 }
 
@@ -534,11 +485,7 @@ id = "claude-sonnet-4-5"
         );
         assert_eq!(
             m.provider.retry,
-            RetryPolicy {
-                max_retries: 2,
-                base_delay: Duration::from_secs(1),
-                max_delay: Duration::from_secs(60)
-            }
+            RetryPolicy { max_retries: 2, base_delay: Duration::from_secs(1), max_delay: Duration::from_secs(60) }
         );
         assert_eq!(
             m.model,
@@ -546,12 +493,7 @@ id = "claude-sonnet-4-5"
                 id: "llama3.2".into(),
                 context_window: Some(128000),
                 max_tokens: Some(8192),
-                cost: Some(ModelCost {
-                    input: 3.0,
-                    output: 15.0,
-                    cache_read: 0.3,
-                    cache_write: 3.75
-                }),
+                cost: Some(ModelCost { input: 3.0, output: 15.0, cache_read: 0.3, cache_write: 3.75 }),
                 reasoning: None,
             }
         );
@@ -560,10 +502,7 @@ id = "claude-sonnet-4-5"
     #[test]
     fn echo_always_resolves() {
         let m = Providers::default().resolve("pincer/echo").unwrap();
-        assert_eq!(
-            (m.provider.api, m.spec()),
-            (Api::PincerEcho, "pincer/echo".to_owned())
-        );
+        assert_eq!((m.provider.api, m.spec()), (Api::PincerEcho, "pincer/echo".to_owned()));
     }
 
     #[test]
@@ -588,23 +527,14 @@ id = "claude-sonnet-4-5"
         let root: Root = toml::from_str(TOML).unwrap();
         let cfg = format!("{:?}", root.models.providers);
         let runtime = format!("{:?}", providers().resolve("local/llama3.2").unwrap());
-        assert!(
-            !cfg.contains("sk-secret-value") && cfg.contains("<redacted>"),
-            "{cfg}"
-        );
-        assert!(
-            !runtime.contains("sk-secret-value") && runtime.contains("<redacted>"),
-            "{runtime}"
-        );
+        assert!(!cfg.contains("sk-secret-value") && cfg.contains("<redacted>"), "{cfg}");
+        assert!(!runtime.contains("sk-secret-value") && runtime.contains("<redacted>"), "{runtime}");
     }
 
     #[test]
     fn bad_config_is_refused_with_the_provider_named() {
         let mut m = BTreeMap::new();
-        m.insert(
-            "x".to_owned(),
-            ProviderConfig::new(Api::OpenaiCompletions, "localhost:11434"),
-        );
+        m.insert("x".to_owned(), ProviderConfig::new(Api::OpenaiCompletions, "localhost:11434"));
         assert_eq!(
             Providers::new(m).unwrap_err().to_string(),
             "provider x: base_url \"localhost:11434\" is not an http(s) URL"
@@ -617,23 +547,15 @@ id = "claude-sonnet-4-5"
             Providers::new(m).unwrap_err().to_string(),
             "provider y: api_key_env names PINCER_TEST_SURELY_UNSET_VAR, which is not set in the environment"
         );
-        let err =
-            toml::from_str::<ProviderConfig>("api = \"pincer-echo\"\nbase_url = \"http://x\"")
-                .unwrap_err();
+        let err = toml::from_str::<ProviderConfig>("api = \"pincer-echo\"\nbase_url = \"http://x\"").unwrap_err();
         assert!(err.to_string().contains("unknown variant"), "{err}");
     }
 
     #[test]
     fn empty_model_list_accepts_any_model() {
         let mut m = BTreeMap::new();
-        m.insert(
-            "openai".to_owned(),
-            ProviderConfig::new(Api::OpenaiResponses, "https://api.openai.com/v1"),
-        );
+        m.insert("openai".to_owned(), ProviderConfig::new(Api::OpenaiResponses, "https://api.openai.com/v1"));
         let p = Providers::new(m).unwrap();
-        assert_eq!(
-            p.resolve("openai/gpt-5").unwrap().model,
-            ModelConfig::named("gpt-5")
-        );
+        assert_eq!(p.resolve("openai/gpt-5").unwrap().model, ModelConfig::named("gpt-5"));
     }
 }

@@ -22,9 +22,7 @@ pub mod sink;
 pub mod sse;
 pub mod tools;
 
-pub use config::{
-    Api, ConfigError, ModelConfig, ModelCost, ProviderConfig, Providers, ResolvedModel,
-};
+pub use config::{Api, ConfigError, ModelConfig, ModelCost, ProviderConfig, Providers, ResolvedModel};
 pub use message::convert_to_llm;
 pub use provider::echo::ECHO_PREFIX;
 pub use provider::{ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec};

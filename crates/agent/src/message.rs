@@ -88,14 +88,8 @@ fn convert_one(msg: &Value) -> Option<Value> {
 }
 
 fn bash_execution_to_text(msg: &Value) -> String {
-    let command = msg
-        .get("command")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let output = msg
-        .get("output")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let command = msg.get("command").and_then(Value::as_str).unwrap_or_default();
+    let output = msg.get("output").and_then(Value::as_str).unwrap_or_default();
     let mut text = format!("Ran `{command}`\n");
     if output.is_empty() {
         text.push_str("(no output)");
@@ -112,11 +106,7 @@ fn bash_execution_to_text(msg: &Value) -> String {
         }
     }
     if msg.get("truncated").and_then(Value::as_bool) == Some(true) {
-        if let Some(path) = msg
-            .get("fullOutputPath")
-            .and_then(Value::as_str)
-            .filter(|p| !p.is_empty())
-        {
+        if let Some(path) = msg.get("fullOutputPath").and_then(Value::as_str).filter(|p| !p.is_empty()) {
             text.push_str(&format!("\n\n[Output truncated. Full output: {path}]"));
         }
     }
@@ -249,13 +239,7 @@ pub struct AssistantDraft {
 impl AssistantDraft {
     /// An empty draft stamped now.
     pub fn new() -> Self {
-        Self {
-            blocks: Vec::new(),
-            usage: Usage::default(),
-            stop_reason: None,
-            response_id: None,
-            timestamp: now_ms(),
-        }
+        Self { blocks: Vec::new(), usage: Usage::default(), stop_reason: None, response_id: None, timestamp: now_ms() }
     }
 
     /// Appends text, to the last block when it is text, else as a new block. Returns the
@@ -274,11 +258,7 @@ impl AssistantDraft {
         if let Some(DraftBlock::Thinking { thinking, .. }) = self.blocks.last_mut() {
             thinking.push_str(delta);
         } else {
-            self.blocks.push(DraftBlock::Thinking {
-                thinking: delta.to_owned(),
-                signature: None,
-                redacted: false,
-            });
+            self.blocks.push(DraftBlock::Thinking { thinking: delta.to_owned(), signature: None, redacted: false });
         }
         self.blocks.len() - 1
     }
@@ -304,18 +284,9 @@ impl AssistantDraft {
         self.blocks
             .iter()
             .filter_map(|b| match b {
-                DraftBlock::ToolCall {
-                    id,
-                    name,
-                    arguments,
-                } => {
+                DraftBlock::ToolCall { id, name, arguments } => {
                     let (args, err) = parse_arguments(arguments);
-                    Some(ToolCall {
-                        id: id.clone(),
-                        name: name.clone(),
-                        arguments: args,
-                        arguments_error: err,
-                    })
+                    Some(ToolCall { id: id.clone(), name: name.clone(), arguments: args, arguments_error: err })
                 }
                 _ => None,
             })
@@ -323,12 +294,7 @@ impl AssistantDraft {
     }
 
     /// Pi's assistant message. `stop` overrides the draft's stop reason (error/aborted).
-    pub fn to_message(
-        &self,
-        model: &ResolvedModel,
-        stop: StopReason,
-        error_message: Option<&str>,
-    ) -> Value {
+    pub fn to_message(&self, model: &ResolvedModel, stop: StopReason, error_message: Option<&str>) -> Value {
         let content: Vec<Value> = self
             .blocks
             .iter()
@@ -382,14 +348,8 @@ fn parse_arguments(raw: &str) -> (Value, Option<String>) {
     }
     match serde_json::from_str::<Value>(raw) {
         Ok(v @ Value::Object(_)) => (v, None),
-        Ok(_) => (
-            json!({}),
-            Some("tool arguments are not a JSON object".to_owned()),
-        ),
-        Err(e) => (
-            json!({}),
-            Some(format!("tool arguments are not valid JSON ({e})")),
-        ),
+        Ok(_) => (json!({}), Some("tool arguments are not a JSON object".to_owned())),
+        Err(e) => (json!({}), Some(format!("tool arguments are not valid JSON ({e})"))),
     }
 }
 
@@ -430,18 +390,8 @@ mod tests {
 
     #[test]
     fn usage_cost_from_prices() {
-        let u = Usage {
-            input: 1000,
-            output: 500,
-            cache_read: 2000,
-            cache_write: 100,
-        };
-        let prices = ModelCost {
-            input: 3.0,
-            output: 15.0,
-            cache_read: 0.3,
-            cache_write: 3.75,
-        };
+        let u = Usage { input: 1000, output: 500, cache_read: 2000, cache_write: 100 };
+        let prices = ModelCost { input: 3.0, output: 15.0, cache_read: 0.3, cache_write: 3.75 };
         assert_eq!(
             u.to_pi(Some(&prices)),
             json!({"input":1000,"output":500,"cacheRead":2000,"cacheWrite":100,"totalTokens":3600,
@@ -461,26 +411,14 @@ mod tests {
         d.push_thinking("b");
         d.push_text("x");
         d.push_text("y");
-        d.blocks.push(DraftBlock::ToolCall {
-            id: "1".into(),
-            name: "t".into(),
-            arguments: "{\"a\":".into(),
-        });
+        d.blocks.push(DraftBlock::ToolCall { id: "1".into(), name: "t".into(), arguments: "{\"a\":".into() });
         d.push_text("z");
         assert_eq!(
             d.blocks,
             vec![
-                DraftBlock::Thinking {
-                    thinking: "ab".into(),
-                    signature: None,
-                    redacted: false
-                },
+                DraftBlock::Thinking { thinking: "ab".into(), signature: None, redacted: false },
                 DraftBlock::Text("xy".into()),
-                DraftBlock::ToolCall {
-                    id: "1".into(),
-                    name: "t".into(),
-                    arguments: "{\"a\":".into()
-                },
+                DraftBlock::ToolCall { id: "1".into(), name: "t".into(), arguments: "{\"a\":".into() },
                 DraftBlock::Text("z".into()),
             ]
         );
@@ -488,10 +426,6 @@ mod tests {
         let calls = d.tool_calls();
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].arguments, json!({}));
-        assert!(calls[0]
-            .arguments_error
-            .as_deref()
-            .unwrap()
-            .starts_with("tool arguments are not valid JSON"));
+        assert!(calls[0].arguments_error.as_deref().unwrap().starts_with("tool arguments are not valid JSON"));
     }
 }

@@ -62,25 +62,14 @@ impl SessionQueue {
     }
 
     /// Waits for the session's turn. Returns [`Cancelled`] if `cancel` fires first.
-    pub async fn acquire(
-        &self,
-        session_key: &str,
-        cancel: &CancellationToken,
-    ) -> Result<SessionGuard, Cancelled> {
+    pub async fn acquire(&self, session_key: &str, cancel: &CancellationToken) -> Result<SessionGuard, Cancelled> {
         let (lock, user) = {
             let mut slots = self.slots.lock().map_err(|_| Cancelled)?;
-            let slot = slots.entry(session_key.to_owned()).or_insert_with(|| Slot {
-                lock: Arc::new(tokio::sync::Mutex::new(())),
-                users: 0,
-            });
+            let slot = slots
+                .entry(session_key.to_owned())
+                .or_insert_with(|| Slot { lock: Arc::new(tokio::sync::Mutex::new(())), users: 0 });
             slot.users += 1;
-            (
-                slot.lock.clone(),
-                UserCount {
-                    slots: self.slots.clone(),
-                    key: session_key.to_owned(),
-                },
-            )
+            (slot.lock.clone(), UserCount { slots: self.slots.clone(), key: session_key.to_owned() })
         };
         if cancel.is_cancelled() {
             return Err(Cancelled);
@@ -94,11 +83,7 @@ impl SessionQueue {
 
     /// Runs holding or waiting for this session (0 when idle).
     pub fn users(&self, session_key: &str) -> usize {
-        self.slots
-            .lock()
-            .ok()
-            .and_then(|s| s.get(session_key).map(|slot| slot.users))
-            .unwrap_or(0)
+        self.slots.lock().ok().and_then(|s| s.get(session_key).map(|slot| slot.users)).unwrap_or(0)
     }
 
     /// Number of sessions with a run active or waiting.

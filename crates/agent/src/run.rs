@@ -165,16 +165,10 @@ impl Runner {
 
     async fn aborted(&self, draft: Option<&AssistantDraft>) -> RunEvent {
         let (partial_text, partial_message) = match draft.filter(|d| !d.is_empty()) {
-            Some(d) => (
-                d.text(),
-                Some(d.to_message(&self.req.model, StopReason::Aborted, None)),
-            ),
+            Some(d) => (d.text(), Some(d.to_message(&self.req.model, StopReason::Aborted, None))),
             None => (String::new(), None),
         };
-        let ev = RunEvent::Aborted {
-            partial_text,
-            partial_message,
-        };
+        let ev = RunEvent::Aborted { partial_text, partial_message };
         self.emit(ev.clone()).await;
         ev
     }
@@ -183,10 +177,7 @@ impl Runner {
     async fn persist(&self, message: Value) -> Result<Value, RunEvent> {
         match self.req.sink.append_message(message).await {
             Ok(entry) => {
-                self.emit(RunEvent::Persisted {
-                    entry: entry.clone(),
-                })
-                .await;
+                self.emit(RunEvent::Persisted { entry: entry.clone() }).await;
                 Ok(entry)
             }
             Err(e) => {
@@ -207,11 +198,7 @@ impl Runner {
             Ok(entry) => entry,
             Err(ev) => return ev,
         };
-        let ev = RunEvent::Error {
-            entry: Some(entry),
-            message,
-            kind,
-        };
+        let ev = RunEvent::Error { entry: Some(entry), message, kind };
         self.emit(ev.clone()).await;
         ev
     }
@@ -226,20 +213,13 @@ impl Runner {
                 messages: context.clone(),
                 tools: specs.clone(),
             };
-            let opened = match self
-                .unless_cancelled(ModelStream::open(&self.req.model, &request))
-                .await
-            {
+            let opened = match self.unless_cancelled(ModelStream::open(&self.req.model, &request)).await {
                 Step::Cancelled => return self.aborted(None).await,
                 Step::Done(r) => r,
             };
             let mut stream = match opened {
                 Ok(s) => s,
-                Err(e) => {
-                    return self
-                        .fail(&AssistantDraft::new(), e.to_string(), e.kind)
-                        .await
-                }
+                Err(e) => return self.fail(&AssistantDraft::new(), e.to_string(), e.kind).await,
             };
             let (mut text, mut thinking) = (String::new(), String::new());
             loop {
@@ -250,19 +230,11 @@ impl Runner {
                 match next {
                     Ok(Some(StreamDelta::Text(delta))) => {
                         text.push_str(&delta);
-                        self.emit(RunEvent::TextDelta {
-                            delta,
-                            text: text.clone(),
-                        })
-                        .await;
+                        self.emit(RunEvent::TextDelta { delta, text: text.clone() }).await;
                     }
                     Ok(Some(StreamDelta::Thinking(delta))) => {
                         thinking.push_str(&delta);
-                        self.emit(RunEvent::ThinkingDelta {
-                            delta,
-                            thinking: thinking.clone(),
-                        })
-                        .await;
+                        self.emit(RunEvent::ThinkingDelta { delta, thinking: thinking.clone() }).await;
                     }
                     Ok(None) => break,
                     Err(e) => return self.fail(stream.draft(), e.to_string(), e.kind).await,
@@ -274,10 +246,7 @@ impl Runner {
             let draft = stream.into_draft();
             let stop = draft.stop_reason.unwrap_or(StopReason::Stop);
             let message = draft.to_message(&self.req.model, stop, None);
-            self.emit(RunEvent::Usage(
-                message.get("usage").cloned().unwrap_or(Value::Null),
-            ))
-            .await;
+            self.emit(RunEvent::Usage(message.get("usage").cloned().unwrap_or(Value::Null))).await;
             let entry = match self.persist(message.clone()).await {
                 Ok(e) => e,
                 Err(ev) => return ev,
@@ -301,15 +270,12 @@ impl Runner {
                 .await;
                 let outcome = match &call.arguments_error {
                     Some(e) => Err(format!("Invalid arguments for {}: {e}", call.name)),
-                    None => match self
-                        .unless_cancelled(
-                            self.req.tools.execute(&call.name, call.arguments.clone()),
-                        )
-                        .await
-                    {
-                        Step::Cancelled => return self.aborted(None).await,
-                        Step::Done(o) => o,
-                    },
+                    None => {
+                        match self.unless_cancelled(self.req.tools.execute(&call.name, call.arguments.clone())).await {
+                            Step::Cancelled => return self.aborted(None).await,
+                            Step::Done(o) => o,
+                        }
+                    }
                 };
                 let result = tool_result_message(&call.id, &call.name, outcome);
                 if self.req.cancel.is_cancelled() {
@@ -324,27 +290,16 @@ impl Runner {
                 let message = format!(
                     "turn limit reached: the model asked for tools again after {max_turns} model calls; send another message to continue"
                 );
-                return self
-                    .fail(&AssistantDraft::new(), message, ErrorKind::Unknown)
-                    .await;
+                return self.fail(&AssistantDraft::new(), message, ErrorKind::Unknown).await;
             }
         }
         // Unreachable: the loop returns on its last turn.
-        self.fail(
-            &AssistantDraft::new(),
-            "turn loop ended unexpectedly".to_owned(),
-            ErrorKind::Unknown,
-        )
-        .await
+        self.fail(&AssistantDraft::new(), "turn loop ended unexpectedly".to_owned(), ErrorKind::Unknown).await
     }
 }
 
 /// Pi's toolResult message.
-pub fn tool_result_message(
-    id: &str,
-    name: &str,
-    outcome: Result<crate::tools::ToolOutput, String>,
-) -> Value {
+pub fn tool_result_message(id: &str, name: &str, outcome: Result<crate::tools::ToolOutput, String>) -> Value {
     let (content, details, is_error) = match outcome {
         Ok(out) => (Value::Array(out.content), out.details, false),
         Err(e) => (serde_json::json!([{"type": "text", "text": e}]), None, true),

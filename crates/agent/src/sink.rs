@@ -12,10 +12,7 @@ use serde_json::{json, Value};
 pub trait TranscriptSink: Send + Sync {
     /// Appends one complete message (assistant or toolResult) as the child of the current leaf
     /// and returns the JSONL entry as written: `{type:"message",id,parentId,timestamp,message}`.
-    fn append_message(
-        &self,
-        message: Value,
-    ) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>>;
+    fn append_message(&self, message: Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>>;
 }
 
 /// In-memory transcript for tests and benches: 8-hex ids from a v4 uuid, chained by `parentId`.
@@ -45,23 +42,17 @@ impl MemorySink {
 }
 
 impl TranscriptSink for MemorySink {
-    fn append_message(
-        &self,
-        message: Value,
-    ) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>> {
+    fn append_message(&self, message: Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>> {
         let result = (|| {
             if let Some(msg) = self.fail_with.lock().map_err(|e| e.to_string())?.clone() {
                 return Err(msg);
             }
             let mut entries = self.entries.lock().map_err(|e| e.to_string())?;
-            let parent = entries
-                .last()
-                .and_then(|e| e.get("id"))
-                .cloned()
-                .unwrap_or(Value::Null);
+            let parent = entries.last().and_then(|e| e.get("id")).cloned().unwrap_or(Value::Null);
             let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
             let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-            let entry = json!({"type": "message", "id": id, "parentId": parent, "timestamp": timestamp, "message": message});
+            let entry =
+                json!({"type": "message", "id": id, "parentId": parent, "timestamp": timestamp, "message": message});
             entries.push(entry.clone());
             Ok(entry)
         })();

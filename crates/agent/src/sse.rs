@@ -142,11 +142,7 @@ impl SseParser {
         }
         self.has_data = false;
         out.push(SseEvent {
-            event: if event.is_empty() {
-                "message".to_owned()
-            } else {
-                event
-            },
+            event: if event.is_empty() { "message".to_owned() } else { event },
             data: std::mem::take(&mut self.data),
             id: self.last_id.clone(),
         });
@@ -160,11 +156,7 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     fn ev(event: &str, data: &str) -> SseEvent {
-        SseEvent {
-            event: event.into(),
-            data: data.into(),
-            id: None,
-        }
+        SseEvent { event: event.into(), data: data.into(), id: None }
     }
 
     fn parse_all(chunks: &[&[u8]]) -> (Vec<SseEvent>, bool) {
@@ -200,11 +192,7 @@ mod tests {
             for j in i..=bytes.len() {
                 let (a, rest) = bytes.split_at(i);
                 let (b, c) = rest.split_at(j - i);
-                assert_eq!(
-                    parse_all(&[a, b, c]),
-                    (expected(), false),
-                    "split at {i},{j}"
-                );
+                assert_eq!(parse_all(&[a, b, c]), (expected(), false), "split at {i},{j}");
             }
         }
     }
@@ -217,10 +205,7 @@ mod tests {
 
     #[test]
     fn event_without_blank_line_is_partial_and_not_dispatched() {
-        assert_eq!(
-            parse_all(&[b"data: {\"ok\":true}\n\ndata: {\"cut"]),
-            (vec![ev("message", "{\"ok\":true}")], true)
-        );
+        assert_eq!(parse_all(&[b"data: {\"ok\":true}\n\ndata: {\"cut"]), (vec![ev("message", "{\"ok\":true}")], true));
         assert_eq!(parse_all(&[b"data: complete line\n"]), (vec![], true));
         assert_eq!(parse_all(&[b": only a comment\n"]), (vec![], false));
     }
@@ -231,16 +216,8 @@ mod tests {
         assert_eq!(
             events,
             vec![
-                SseEvent {
-                    event: "a".into(),
-                    data: "1".into(),
-                    id: Some("7".into())
-                },
-                SseEvent {
-                    event: "message".into(),
-                    data: "2".into(),
-                    id: Some("7".into())
-                },
+                SseEvent { event: "a".into(), data: "1".into(), id: Some("7".into()) },
+                SseEvent { event: "message".into(), data: "2".into(), id: Some("7".into()) },
             ]
         );
         assert!(!partial);
@@ -248,9 +225,6 @@ mod tests {
 
     #[test]
     fn event_field_alone_dispatches_nothing() {
-        assert_eq!(
-            parse_all(&[b"event: lonely\n\ndata: x\n\n"]),
-            (vec![ev("message", "x")], false)
-        );
+        assert_eq!(parse_all(&[b"event: lonely\n\ndata: x\n\n"]), (vec![ev("message", "x")], false));
     }
 }

@@ -27,10 +27,7 @@ pub struct ToolOutput {
 impl ToolOutput {
     /// A single text block.
     pub fn text(text: impl Into<String>) -> Self {
-        Self {
-            content: vec![json!({"type": "text", "text": text.into()})],
-            details: None,
-        }
+        Self { content: vec![json!({"type": "text", "text": text.into()})], details: None }
     }
 }
 
@@ -102,13 +99,9 @@ impl ToolRegistry {
     pub async fn execute(&self, name: &str, arguments: Value) -> Result<ToolOutput, String> {
         let Some(tool) = self.tools.get(name) else {
             let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
-            return Err(format!(
-                "Tool {name} not found. Available tools: {}",
-                known.join(", ")
-            ));
+            return Err(format!("Tool {name} not found. Available tools: {}", known.join(", ")));
         };
-        validate(&tool.parameters(), &arguments)
-            .map_err(|e| format!("Invalid arguments for {name}: {e}"))?;
+        validate(&tool.parameters(), &arguments).map_err(|e| format!("Invalid arguments for {name}: {e}"))?;
         tool.call(arguments).await
     }
 }
@@ -118,11 +111,7 @@ pub fn validate(schema: &Value, args: &Value) -> Result<(), String> {
     let Some(obj) = args.as_object() else {
         return Err("arguments must be a JSON object".to_owned());
     };
-    for req in schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map_or(&[][..], Vec::as_slice)
-    {
+    for req in schema.get("required").and_then(Value::as_array).map_or(&[][..], Vec::as_slice) {
         if let Some(k) = req.as_str() {
             if !obj.contains_key(k) {
                 return Err(format!("missing required property {k:?}"));
@@ -131,11 +120,7 @@ pub fn validate(schema: &Value, args: &Value) -> Result<(), String> {
     }
     let props = schema.get("properties").and_then(Value::as_object);
     for (k, v) in obj {
-        let Some(expected) = props
-            .and_then(|p| p.get(k))
-            .and_then(|p| p.get("type"))
-            .and_then(Value::as_str)
-        else {
+        let Some(expected) = props.and_then(|p| p.get(k)).and_then(|p| p.get("type")).and_then(Value::as_str) else {
             continue;
         };
         let ok = match expected {
@@ -149,9 +134,7 @@ pub fn validate(schema: &Value, args: &Value) -> Result<(), String> {
             _ => true,
         };
         if !ok {
-            return Err(format!(
-                "property {k:?} must be of type {expected}, got {v}"
-            ));
+            return Err(format!("property {k:?} must be of type {expected}, got {v}"));
         }
     }
     Ok(())
@@ -174,9 +157,7 @@ impl Tool for CurrentTimeTool {
     fn call(&self, _arguments: Value) -> ToolFuture<'_> {
         let now = chrono::Utc::now();
         let out = ToolOutput {
-            content: vec![
-                json!({"type": "text", "text": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)}),
-            ],
+            content: vec![json!({"type": "text", "text": now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)})],
             details: Some(json!({"unixMs": now.timestamp_millis()})),
         };
         Box::pin(std::future::ready(Ok(out)))
@@ -195,9 +176,7 @@ impl ReadFileTool {
 
     /// Reads files under `workspace`.
     pub fn new(workspace: impl Into<PathBuf>) -> Self {
-        Self {
-            workspace: workspace.into(),
-        }
+        Self { workspace: workspace.into() }
     }
 
     /// Resolves `path` (relative to the workspace) to a canonical path inside it, or says why not.
@@ -207,26 +186,15 @@ impl ReadFileTool {
             return Err("path is empty".to_owned());
         }
         if rel.is_absolute() {
-            return Err(format!(
-                "{path}: absolute paths are refused; give a path relative to the workspace"
-            ));
+            return Err(format!("{path}: absolute paths are refused; give a path relative to the workspace"));
         }
         let root = tokio::fs::canonicalize(&self.workspace)
             .await
-            .map_err(|e| {
-                format!(
-                    "workspace {} is not available: {e}",
-                    self.workspace.display()
-                )
-            })?;
+            .map_err(|e| format!("workspace {} is not available: {e}", self.workspace.display()))?;
         // canonicalize resolves `..` and every symlink, so the prefix check sees the real location.
-        let real = tokio::fs::canonicalize(root.join(rel))
-            .await
-            .map_err(|e| format!("{path}: {e}"))?;
+        let real = tokio::fs::canonicalize(root.join(rel)).await.map_err(|e| format!("{path}: {e}"))?;
         if !real.starts_with(&root) {
-            return Err(format!(
-                "{path}: refused, it resolves outside the workspace"
-            ));
+            return Err(format!("{path}: refused, it resolves outside the workspace"));
         }
         Ok(real)
     }
@@ -249,27 +217,16 @@ impl Tool for ReadFileTool {
     }
     fn call(&self, arguments: Value) -> ToolFuture<'_> {
         Box::pin(async move {
-            let path = arguments
-                .get("path")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
+            let path = arguments.get("path").and_then(Value::as_str).unwrap_or_default().to_owned();
             let real = self.resolve(&path).await?;
-            let meta = tokio::fs::metadata(&real)
-                .await
-                .map_err(|e| format!("{path}: {e}"))?;
+            let meta = tokio::fs::metadata(&real).await.map_err(|e| format!("{path}: {e}"))?;
             if !meta.is_file() {
                 return Err(format!("{path}: not a regular file"));
             }
-            let bytes = tokio::fs::read(&real)
-                .await
-                .map_err(|e| format!("{path}: {e}"))?;
+            let bytes = tokio::fs::read(&real).await.map_err(|e| format!("{path}: {e}"))?;
             let total = bytes.len();
-            let (slice, cut) = if total > Self::MAX_BYTES {
-                (&bytes[..Self::MAX_BYTES], true)
-            } else {
-                (&bytes[..], false)
-            };
+            let (slice, cut) =
+                if total > Self::MAX_BYTES { (&bytes[..Self::MAX_BYTES], true) } else { (&bytes[..], false) };
             let mut text = match std::str::from_utf8(slice) {
                 Ok(s) => s.to_owned(),
                 Err(e) if cut && e.error_len().is_none() => {
@@ -278,15 +235,9 @@ impl Tool for ReadFileTool {
                 Err(_) => return Err(format!("{path}: not a UTF-8 text file")),
             };
             if cut {
-                text.push_str(&format!(
-                    "\n\n[File truncated: showing {} of {total} bytes]",
-                    Self::MAX_BYTES
-                ));
+                text.push_str(&format!("\n\n[File truncated: showing {} of {total} bytes]", Self::MAX_BYTES));
             }
-            Ok(ToolOutput {
-                content: vec![json!({"type": "text", "text": text})],
-                details: None,
-            })
+            Ok(ToolOutput { content: vec![json!({"type": "text", "text": text})], details: None })
         })
     }
 }
@@ -303,14 +254,9 @@ mod tests {
         let ws = tempfile::tempdir().unwrap();
         std::fs::create_dir(ws.path().join("sub")).unwrap();
         std::fs::write(ws.path().join("sub/notes.txt"), "hello notes").unwrap();
-        std::os::unix::fs::symlink(outside.path().join("secret.txt"), ws.path().join("escape"))
-            .unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret.txt"), ws.path().join("escape")).unwrap();
         std::os::unix::fs::symlink(outside.path(), ws.path().join("outdir")).unwrap();
-        std::os::unix::fs::symlink(
-            ws.path().join("sub/notes.txt"),
-            ws.path().join("inner-link"),
-        )
-        .unwrap();
+        std::os::unix::fs::symlink(ws.path().join("sub/notes.txt"), ws.path().join("inner-link")).unwrap();
         (ws, outside)
     }
 
@@ -319,44 +265,22 @@ mod tests {
         let (ws, outside) = workspace();
         let reg = ToolRegistry::with_builtins(ws.path());
         let read = |p: &str| reg.execute("read_file", json!({"path": p}));
-        assert_eq!(
-            read("sub/notes.txt").await,
-            Ok(ToolOutput::text("hello notes"))
-        );
-        assert_eq!(
-            read("sub/../inner-link").await,
-            Ok(ToolOutput::text("hello notes"))
-        );
-        assert_eq!(
-            read("escape").await,
-            Err("escape: refused, it resolves outside the workspace".to_owned())
-        );
+        assert_eq!(read("sub/notes.txt").await, Ok(ToolOutput::text("hello notes")));
+        assert_eq!(read("sub/../inner-link").await, Ok(ToolOutput::text("hello notes")));
+        assert_eq!(read("escape").await, Err("escape: refused, it resolves outside the workspace".to_owned()));
         assert_eq!(
             read("outdir/secret.txt").await,
             Err("outdir/secret.txt: refused, it resolves outside the workspace".to_owned())
         );
-        let dotdot = format!(
-            "../{}/secret.txt",
-            outside.path().file_name().unwrap().to_str().unwrap()
-        );
-        assert_eq!(
-            read(&dotdot).await,
-            Err(format!(
-                "{dotdot}: refused, it resolves outside the workspace"
-            ))
-        );
+        let dotdot = format!("../{}/secret.txt", outside.path().file_name().unwrap().to_str().unwrap());
+        assert_eq!(read(&dotdot).await, Err(format!("{dotdot}: refused, it resolves outside the workspace")));
         let abs = outside.path().join("secret.txt").display().to_string();
         assert_eq!(
             read(&abs).await,
-            Err(format!(
-                "{abs}: absolute paths are refused; give a path relative to the workspace"
-            ))
+            Err(format!("{abs}: absolute paths are refused; give a path relative to the workspace"))
         );
         assert_eq!(read("sub").await, Err("sub: not a regular file".to_owned()));
-        assert_eq!(
-            read("missing").await,
-            Err("missing: No such file or directory (os error 2)".to_owned())
-        );
+        assert_eq!(read("missing").await, Err("missing: No such file or directory (os error 2)".to_owned()));
     }
 
     #[tokio::test]
@@ -368,10 +292,7 @@ mod tests {
         );
         assert_eq!(
             reg.execute("read_file", json!({"path": 3})).await,
-            Err(
-                "Invalid arguments for read_file: property \"path\" must be of type string, got 3"
-                    .to_owned()
-            )
+            Err("Invalid arguments for read_file: property \"path\" must be of type string, got 3".to_owned())
         );
         assert_eq!(
             reg.execute("rm_rf", json!({})).await,
@@ -380,9 +301,7 @@ mod tests {
         let t = reg.execute("current_time", json!({})).await.unwrap();
         let text = t.content[0]["text"].as_str().unwrap();
         assert_eq!(
-            chrono::DateTime::parse_from_rfc3339(text)
-                .unwrap()
-                .timestamp_millis(),
+            chrono::DateTime::parse_from_rfc3339(text).unwrap().timestamp_millis(),
             t.details.unwrap()["unixMs"]
         );
     }

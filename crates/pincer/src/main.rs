@@ -1,5 +1,8 @@
 //! The `pincer` binary: parses the command line and hands each command to its module.
 
+// The binary is where output to the terminal belongs.
+#![allow(clippy::print_stdout)]
+
 mod transcript;
 
 use clap::{Parser, Subcommand};
@@ -29,16 +32,10 @@ pub struct Failure {
 
 impl Failure {
     pub fn usage(message: impl Into<String>) -> Failure {
-        Failure {
-            code: 2,
-            message: message.into(),
-        }
+        Failure { code: 2, message: message.into() }
     }
     pub fn failed(message: impl Into<String>) -> Failure {
-        Failure {
-            code: 1,
-            message: message.into(),
-        }
+        Failure { code: 1, message: message.into() }
     }
 }
 

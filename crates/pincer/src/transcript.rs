@@ -3,9 +3,7 @@
 
 use crate::Failure;
 use clap::Subcommand;
-use pincer_store::history::{
-    read_history, HistoryOptions, DEFAULT_LIMIT, DEFAULT_MAX_CHARS, MAX_LIMIT,
-};
+use pincer_store::history::{read_history, HistoryOptions, DEFAULT_LIMIT, DEFAULT_MAX_CHARS, MAX_LIMIT};
 use pincer_store::{context_report, LeafArg, NewEntry, Session, Store, StoreError, StoreOptions};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -54,8 +52,7 @@ pub enum TranscriptCmd {
 
 fn print_json(v: &Value) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, v)
-        .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
+    serde_json::to_writer_pretty(&mut out, v).map_err(|e| Failure::failed(format!("writing output: {e}")))?;
     writeln!(out).map_err(|e| Failure::failed(format!("writing output: {e}")))
 }
 
@@ -74,12 +71,8 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
     match cmd {
         TranscriptCmd::Context { file, leaf } => {
             let session = Session::parse(read_file(&file)?);
-            let leaf = leaf
-                .as_deref()
-                .map(LeafArg::parse)
-                .unwrap_or(LeafArg::Default);
-            let report = context_report(&session, &leaf)
-                .map_err(|e| Failure::usage(format!("--leaf: {e}")))?;
+            let leaf = leaf.as_deref().map(LeafArg::parse).unwrap_or(LeafArg::Default);
+            let report = context_report(&session, &leaf).map_err(|e| Failure::usage(format!("--leaf: {e}")))?;
             if let Some(w) = report.get("warnings").and_then(Value::as_array) {
                 for w in w.iter().filter_map(Value::as_str) {
                     eprintln!("pincer: warning: {}: {w}", file.display());
@@ -88,23 +81,14 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             print_json(&report)?;
             Ok(0)
         }
-        TranscriptCmd::Append {
-            file,
-            message,
-            idempotency_key,
-            session_id,
-        } => {
+        TranscriptCmd::Append { file, message, idempotency_key, session_id } => {
             let mut msg: Value = serde_json::from_str(&message)
                 .map_err(|e| Failure::usage(format!("--message is not valid JSON: {e}")))?;
             let Some(obj) = msg.as_object_mut() else {
-                return Err(Failure::usage(
-                    "--message must be a JSON object (a Pi message with a `role`)",
-                ));
+                return Err(Failure::usage("--message must be a JSON object (a Pi message with a `role`)"));
             };
             if !obj.get("role").is_some_and(Value::is_string) {
-                return Err(Failure::usage(
-                    "--message needs a string `role` (user, assistant, toolResult, …)",
-                ));
+                return Err(Failure::usage("--message needs a string `role` (user, assistant, toolResult, …)"));
             }
             if let Some(k) = idempotency_key {
                 if k.trim().is_empty() {
@@ -120,17 +104,13 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
                 }
             }
             let store = Store::new(StoreOptions::default());
-            let a = store
-                .append_with(&file, NewEntry::message(msg), session_id.as_deref())
-                .map_err(store_failure)?;
-            print_json(
-                &json!({"id": a.entry["id"], "parentId": a.entry["parentId"], "appended": a.appended}),
-            )?;
+            let a = store.append_with(&file, NewEntry::message(msg), session_id.as_deref()).map_err(store_failure)?;
+            print_json(&json!({"id": a.entry["id"], "parentId": a.entry["parentId"], "appended": a.appended}))?;
             Ok(0)
         }
         TranscriptCmd::Verify { file, json } => {
-            let report = pincer_store::verify::verify(&file)
-                .map_err(|e| Failure::usage(format!("{e} (is the path right?)")))?;
+            let report =
+                pincer_store::verify::verify(&file).map_err(|e| Failure::usage(format!("{e} (is the path right?)")))?;
             if json {
                 print_json(&report.to_json())?;
             } else {
@@ -150,11 +130,7 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
                     for p in &r.fixed {
                         println!("fixed [{}] {}", p.kind(), p.message());
                     }
-                    println!(
-                        "{}: repaired; the previous version is kept as {}",
-                        file.display(),
-                        b.display()
-                    );
+                    println!("{}: repaired; the previous version is kept as {}", file.display(), b.display());
                 }
             }
             for p in &r.remaining {
@@ -162,15 +138,9 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             }
             Ok(if r.remaining.is_empty() { 0 } else { 1 })
         }
-        TranscriptCmd::History {
-            file,
-            limit,
-            max_chars,
-        } => {
+        TranscriptCmd::History { file, limit, max_chars } => {
             if limit == 0 || limit > MAX_LIMIT {
-                return Err(Failure::usage(format!(
-                    "--limit must be between 1 and {MAX_LIMIT}"
-                )));
+                return Err(Failure::usage(format!("--limit must be between 1 and {MAX_LIMIT}")));
             }
             if max_chars == 0 {
                 return Err(Failure::usage("--max-chars must be at least 1"));

@@ -28,13 +28,7 @@ impl Context {
 }
 
 fn empty() -> Context {
-    Context {
-        messages: vec![],
-        thinking_level: json!("off"),
-        model: Value::Null,
-        path: vec![],
-        cycle: false,
-    }
+    Context { messages: vec![], thinking_level: json!("off"), model: Value::Null, path: vec![], cycle: false }
 }
 
 /// Builds the context at `leaf` (usually `session.leaf`).
@@ -44,26 +38,18 @@ pub fn build_context(s: &Session, leaf: &Leaf) -> Context {
         Leaf::Entry(i) => *i,
     };
     let (path, cycle) = s.path_from(start);
-    let values: Vec<Value> = path
-        .iter()
-        .map(|&i| s.value(i).unwrap_or(Value::Null))
-        .collect();
+    let values: Vec<Value> = path.iter().map(|&i| s.value(i).unwrap_or(Value::Null)).collect();
     let mut ctx = empty();
     ctx.cycle = cycle;
     let mut compaction: Option<usize> = None;
     for (pos, (&i, v)) in path.iter().zip(&values).enumerate() {
         match s.entries[i].kind {
-            Kind::ThinkingLevelChange => {
-                ctx.thinking_level = v.get("thinkingLevel").cloned().unwrap_or(Value::Null)
-            }
+            Kind::ThinkingLevelChange => ctx.thinking_level = v.get("thinkingLevel").cloned().unwrap_or(Value::Null),
             Kind::ModelChange => ctx.model = model_of(v.get("provider"), v.get("modelId")),
             Kind::Message => {
                 let m = v.get("message");
                 if m.and_then(|m| m.get("role")).and_then(Value::as_str) == Some("assistant") {
-                    ctx.model = model_of(
-                        m.and_then(|m| m.get("provider")),
-                        m.and_then(|m| m.get("model")),
-                    );
+                    ctx.model = model_of(m.and_then(|m| m.get("provider")), m.and_then(|m| m.get("model")));
                 }
             }
             Kind::Compaction => compaction = Some(pos),
@@ -127,9 +113,7 @@ fn insert_opt(m: &mut Map<String, Value>, key: &str, v: Option<&Value>) {
 
 /// `new Date(entry.timestamp).getTime()`, `NaN` printed as `null`.
 fn ts(entry: &Value) -> Value {
-    js_date_ms(entry.get("timestamp"))
-        .map(Value::from)
-        .unwrap_or(Value::Null)
+    js_date_ms(entry.get("timestamp")).map(Value::from).unwrap_or(Value::Null)
 }
 
 fn emit(kind: Kind, v: &Value, out: &mut Vec<Value>) {

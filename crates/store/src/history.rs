@@ -42,10 +42,7 @@ pub struct HistoryOptions {
 
 impl Default for HistoryOptions {
     fn default() -> Self {
-        HistoryOptions {
-            limit: DEFAULT_LIMIT,
-            max_chars: DEFAULT_MAX_CHARS,
-        }
+        HistoryOptions { limit: DEFAULT_LIMIT, max_chars: DEFAULT_MAX_CHARS }
     }
 }
 
@@ -84,11 +81,7 @@ pub fn read_history(path: &Path, opts: HistoryOptions) -> std::io::Result<Histor
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(History {
-                session_id: None,
-                messages: vec![],
-                thinking_level: None,
-            })
+            return Ok(History { session_id: None, messages: vec![], thinking_level: None })
         }
         Err(e) => return Err(e),
     };
@@ -99,23 +92,13 @@ pub fn read_history(path: &Path, opts: HistoryOptions) -> std::io::Result<Histor
         let start = len.saturating_sub(window);
         let mut buf = vec![0u8; (len - start) as usize];
         file.read_exact_at(&mut buf, start)?;
-        let skip = if start > 0 {
-            memchr::memchr(b'\n', &buf)
-                .map(|p| p + 1)
-                .unwrap_or(buf.len())
-        } else {
-            0
-        };
+        let skip = if start > 0 { memchr::memchr(b'\n', &buf).map(|p| p + 1).unwrap_or(buf.len()) } else { 0 };
         let recs = index_window(&buf, skip);
         let (picked, complete) = select(&recs, limit);
         if complete || start == 0 || window >= MAX_WINDOW {
             let thinking_level = picked_thinking(&recs, &buf);
             let messages = project_all(&recs, &picked, &buf, limit, opts.max_chars);
-            return Ok(History {
-                session_id,
-                messages,
-                thinking_level,
-            });
+            return Ok(History { session_id, messages, thinking_level });
         }
         window = window.saturating_mul(4);
     }
@@ -149,9 +132,7 @@ fn index_window(buf: &[u8], skip: usize) -> Vec<Rec> {
                 id: extract(head, "id").map(Into::into),
                 parent: match extract(head, "parentId") {
                     Some(p) => Some(Parent::Id(p.into())),
-                    None if memchr::memmem::find(head, b"\"parentId\":null").is_some() => {
-                        Some(Parent::Root)
-                    }
+                    None if memchr::memmem::find(head, b"\"parentId\":null").is_some() => Some(Parent::Root),
                     None => None,
                 },
                 ty: rec_type(ty.as_deref()),
@@ -167,25 +148,15 @@ fn index_window(buf: &[u8], skip: usize) -> Vec<Rec> {
         };
         let ty = rec_type(h.ty.as_deref());
         let target = if ty == RecType::Leaf {
-            serde_json::from_slice::<Value>(line)
-                .ok()
-                .and_then(|v| match v.get("targetId") {
-                    Some(Value::Null) => Some(None),
-                    Some(t) => parse::value_key(t).map(Some),
-                    None => None,
-                })
+            serde_json::from_slice::<Value>(line).ok().and_then(|v| match v.get("targetId") {
+                Some(Value::Null) => Some(None),
+                Some(t) => parse::value_key(t).map(Some),
+                None => None,
+            })
         } else {
             None
         };
-        recs.push(Rec {
-            id: h.id,
-            parent: h.parent,
-            ty,
-            start: s,
-            end: e,
-            oversized: false,
-            target,
-        });
+        recs.push(Rec { id: h.id, parent: h.parent, ty, start: s, end: e, oversized: false, target });
     }
     recs
 }
@@ -212,9 +183,7 @@ fn extract(head: &[u8], key: &str) -> Option<String> {
 /// Indices of the records to show, oldest first, and whether the walk reached the branch's root
 /// (or found enough messages) inside the window.
 fn select(recs: &[Rec], limit: usize) -> (Vec<usize>, bool) {
-    let tree_linked = recs
-        .iter()
-        .any(|r| r.ty != RecType::Header && r.id.is_some() && r.parent.is_some());
+    let tree_linked = recs.iter().any(|r| r.ty != RecType::Header && r.id.is_some() && r.parent.is_some());
     let shown = |r: &Rec| matches!(r.ty, RecType::Message | RecType::Compaction);
     if !tree_linked {
         // Linear (legacy) file: file order.
@@ -223,11 +192,8 @@ fn select(recs: &[Rec], limit: usize) -> (Vec<usize>, bool) {
         let from = all.len().saturating_sub(limit);
         return (all[from..].to_vec(), complete);
     }
-    let by_id: HashMap<&str, usize> = recs
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.id.as_deref().map(|id| (id, i)))
-        .collect();
+    let by_id: HashMap<&str, usize> =
+        recs.iter().enumerate().filter_map(|(i, r)| r.id.as_deref().map(|id| (id, i))).collect();
     // Leaf: the last tree-linked record, or a leaf control's target.
     let mut leaf = None;
     for (i, r) in recs.iter().enumerate().rev() {
@@ -273,20 +239,14 @@ fn select(recs: &[Rec], limit: usize) -> (Vec<usize>, bool) {
                 // The chain leaves the window: read more, unless it is a real orphan at file start.
                 None => {
                     path.reverse();
-                    return (
-                        path.into_iter().filter(|&i| shown(&recs[i])).collect(),
-                        false,
-                    );
+                    return (path.into_iter().filter(|&i| shown(&recs[i])).collect(), false);
                 }
             },
             _ => break,
         }
     }
     path.reverse();
-    (
-        path.into_iter().filter(|&i| shown(&recs[i])).collect(),
-        true,
-    )
+    (path.into_iter().filter(|&i| shown(&recs[i])).collect(), true)
 }
 
 fn picked_thinking(recs: &[Rec], buf: &[u8]) -> Option<Value> {
@@ -295,22 +255,14 @@ fn picked_thinking(recs: &[Rec], buf: &[u8]) -> Option<Value> {
     v.get("thinkingLevel").cloned()
 }
 
-fn project_all(
-    recs: &[Rec],
-    picked: &[usize],
-    buf: &[u8],
-    limit: usize,
-    max_chars: usize,
-) -> Vec<Value> {
+fn project_all(recs: &[Rec], picked: &[usize], buf: &[u8], limit: usize, max_chars: usize) -> Vec<Value> {
     let from = picked.len().saturating_sub(limit);
     let mut out: Vec<Value> = Vec::with_capacity(picked.len() - from);
     for &i in &picked[from..] {
         let r = &recs[i];
         if r.oversized {
-            out.push(
-                json!({"role": "assistant", "content": [{"type": "text", "text": OMITTED}],
-                "__openclaw": {"id": r.id.as_deref(), "truncated": true, "reason": "oversized"}}),
-            );
+            out.push(json!({"role": "assistant", "content": [{"type": "text", "text": OMITTED}],
+                "__openclaw": {"id": r.id.as_deref(), "truncated": true, "reason": "oversized"}}));
             continue;
         }
         let Ok(entry) = serde_json::from_slice::<Value>(&buf[r.start..r.end]) else {
@@ -341,11 +293,7 @@ pub fn project_entry(entry: &Value, max_chars: usize) -> Option<Value> {
         Some("message") => {
             let mut m = entry.get("message")?.clone();
             let obj = m.as_object_mut()?;
-            let role = obj
-                .get("role")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
+            let role = obj.get("role").and_then(Value::as_str).unwrap_or("").to_owned();
             if role == "assistant" && is_silent(obj) {
                 return None;
             }
@@ -429,17 +377,12 @@ fn is_silent(obj: &Map<String, Value>) -> bool {
         .collect();
     !texts.is_empty()
         && texts.concat().trim() == "NO_REPLY"
-        && !blocks
-            .iter()
-            .any(|b| b.get("type").and_then(Value::as_str) == Some("toolCall") && truthy(b))
+        && !blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("toolCall") && truthy(b))
 }
 
 /// Drops the oldest messages until the JSON array fits [`MAX_RESPONSE_BYTES`].
 fn cap_total(mut msgs: Vec<Value>) -> Vec<Value> {
-    let sizes: Vec<usize> = msgs
-        .iter()
-        .map(|m| serde_json::to_vec(m).map(|b| b.len() + 1).unwrap_or(0))
-        .collect();
+    let sizes: Vec<usize> = msgs.iter().map(|m| serde_json::to_vec(m).map(|b| b.len() + 1).unwrap_or(0)).collect();
     let mut total: usize = sizes.iter().sum::<usize>() + 2;
     let mut drop = 0;
     while total > MAX_RESPONSE_BYTES && drop < msgs.len() {

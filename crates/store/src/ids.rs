@@ -18,9 +18,7 @@ pub fn new_session_id() -> String {
 
 /// `new Date().toISOString()`.
 pub fn now_iso() -> String {
-    chrono::Utc::now()
-        .format("%Y-%m-%dT%H:%M:%S%.3fZ")
-        .to_string()
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 
 /// `Date.now()`.
@@ -33,20 +31,13 @@ pub fn now_ms() -> i64 {
 pub fn js_date_ms(v: Option<&serde_json::Value>) -> Option<i64> {
     use chrono::{DateTime, NaiveDate, NaiveDateTime};
     match v? {
-        serde_json::Value::Number(n) => n
-            .as_f64()
-            .filter(|f| f.is_finite())
-            .map(|f| f.trunc() as i64),
+        serde_json::Value::Number(n) => n.as_f64().filter(|f| f.is_finite()).map(|f| f.trunc() as i64),
         serde_json::Value::String(s) => {
             let s = s.trim();
             if let Ok(d) = DateTime::parse_from_rfc3339(s) {
                 return Some(d.timestamp_millis());
             }
-            for fmt in [
-                "%Y-%m-%dT%H:%M:%S%.f",
-                "%Y-%m-%dT%H:%M:%S",
-                "%Y-%m-%dT%H:%M",
-            ] {
+            for fmt in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"] {
                 if let Ok(d) = NaiveDateTime::parse_from_str(s, fmt) {
                     return Some(d.and_utc().timestamp_millis());
                 }
@@ -67,14 +58,8 @@ mod tests {
 
     #[test]
     fn js_dates() {
-        assert_eq!(
-            js_date_ms(Some(&json!("2025-02-02T09:00:05.000Z"))),
-            Some(1738486805000)
-        );
-        assert_eq!(
-            js_date_ms(Some(&json!("2025-02-02T10:00:05+01:00"))),
-            Some(1738486805000)
-        );
+        assert_eq!(js_date_ms(Some(&json!("2025-02-02T09:00:05.000Z"))), Some(1738486805000));
+        assert_eq!(js_date_ms(Some(&json!("2025-02-02T10:00:05+01:00"))), Some(1738486805000));
         assert_eq!(js_date_ms(Some(&json!(17))), Some(17));
         assert_eq!(js_date_ms(Some(&json!("nope"))), None);
         assert_eq!(js_date_ms(None), None);

@@ -70,11 +70,7 @@ pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<Value, StoreError> 
     };
     let ctx = build_context(s, &leaf);
     let leaf_id = match &leaf {
-        Leaf::Entry(i) => s.entries[*i]
-            .id
-            .as_deref()
-            .map(parse::key_to_value)
-            .unwrap_or(Value::Null),
+        Leaf::Entry(i) => s.entries[*i].id.as_deref().map(parse::key_to_value).unwrap_or(Value::Null),
         _ => Value::Null,
     };
     let mut out = json!({
@@ -85,10 +81,7 @@ pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<Value, StoreError> 
     });
     let mut warnings = Vec::new();
     if ctx.cycle {
-        warnings.push(
-            "a parent cycle is reachable from the leaf; the path was cut where it repeats"
-                .to_string(),
-        );
+        warnings.push("a parent cycle is reachable from the leaf; the path was cut where it repeats".to_string());
     }
     for p in &s.problems {
         match p {
@@ -109,10 +102,7 @@ pub enum StoreError {
     #[error("Entry {0} not found")]
     UnknownEntry(String),
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error(transparent)]
     Lock(#[from] lock::LockError),
     #[error("{0}: the file has entries but no valid session header; run `pincer transcript repair` on it first")]
@@ -128,10 +118,9 @@ impl StoreError {
     pub fn duplicate(&self) -> StoreError {
         match self {
             StoreError::UnknownEntry(s) => StoreError::UnknownEntry(s.clone()),
-            StoreError::Io { path, source } => StoreError::Io {
-                path: path.clone(),
-                source: std::io::Error::new(source.kind(), source.to_string()),
-            },
+            StoreError::Io { path, source } => {
+                StoreError::Io { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
             StoreError::Lock(e) => StoreError::Internal(e.to_string()),
             StoreError::NoHeader(s) => StoreError::NoHeader(s.clone()),
             StoreError::InvalidEntry(s) => StoreError::InvalidEntry(s.clone()),

@@ -46,18 +46,9 @@ impl Default for LockOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error("session file locked (timeout {timeout_ms}ms): pid={pid} alive={alive} ageMs={age_ms} {path}")]
-    Timeout {
-        timeout_ms: u128,
-        pid: String,
-        alive: bool,
-        age_ms: u128,
-        path: String,
-    },
+    Timeout { timeout_ms: u128, pid: String, alive: bool, age_ms: u128, path: String },
     #[error("cannot create lock file {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
 }
 
 /// Locks this process holds, by lock-file path: (holder count, the flocked file).
@@ -118,26 +109,15 @@ impl LockRegistry {
                 };
                 if let Some((n, _)) = held.get_mut(&path) {
                     *n += 1;
-                    return Ok(LockGuard {
-                        registry: self.clone(),
-                        path,
-                    });
+                    return Ok(LockGuard { registry: self.clone(), path });
                 }
                 match create_lock(&path, opts) {
                     Ok(file) => {
                         held.insert(path.clone(), (1, file));
-                        return Ok(LockGuard {
-                            registry: self.clone(),
-                            path,
-                        });
+                        return Ok(LockGuard { registry: self.clone(), path });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                    Err(source) => {
-                        return Err(LockError::Io {
-                            path: path.display().to_string(),
-                            source,
-                        })
-                    }
+                    Err(source) => return Err(LockError::Io { path: path.display().to_string(), source }),
                 }
             }
             match inspect(&path, opts, self) {
@@ -169,11 +149,7 @@ impl LockRegistry {
 }
 
 fn create_lock(path: &Path, opts: &LockOptions) -> std::io::Result<File> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
+    let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
     file.lock()?;
     let mut body = json!({
         "pid": std::process::id(),
@@ -200,12 +176,7 @@ fn inspect(path: &Path, opts: &LockOptions, registry: &LockRegistry) -> Holder {
     let mut file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Holder::Gone,
-        Err(_) => {
-            return Holder::Live {
-                pid: "?".into(),
-                age_ms: 0,
-            }
-        }
+        Err(_) => return Holder::Live { pid: "?".into(), age_ms: 0 },
     };
     let age_ms = file
         .metadata()
@@ -216,18 +187,12 @@ fn inspect(path: &Path, opts: &LockOptions, registry: &LockRegistry) -> Holder {
         .unwrap_or(0);
     // A Pincer owner holds the flock for as long as it lives.
     if file.try_lock().is_err() {
-        return Holder::Live {
-            pid: read_pid(path).unwrap_or_else(|| "?".into()),
-            age_ms,
-        };
+        return Holder::Live { pid: read_pid(path).unwrap_or_else(|| "?".into()), age_ms };
     }
     let mut body = String::new();
     let _ = file.read_to_string(&mut body);
     let parsed: Option<Value> = serde_json::from_str(&body).ok();
-    let pid = parsed
-        .as_ref()
-        .and_then(|v| v.get("pid"))
-        .and_then(Value::as_u64);
+    let pid = parsed.as_ref().and_then(|v| v.get("pid")).and_then(Value::as_u64);
     let stale = match pid {
         None => age_ms >= opts.payload_grace.as_millis(),
         Some(pid) if pid == u64::from(std::process::id()) => !registry.holds(path),
@@ -236,19 +201,13 @@ fn inspect(path: &Path, opts: &LockOptions, registry: &LockRegistry) -> Holder {
             if !process_alive(pid) {
                 true
             } else {
-                let want = parsed
-                    .as_ref()
-                    .and_then(|v| v.get("starttime"))
-                    .and_then(Value::as_u64);
+                let want = parsed.as_ref().and_then(|v| v.get("starttime")).and_then(Value::as_u64);
                 matches!((want, process_starttime(pid)), (Some(w), Some(now)) if w != now)
             }
         }
     };
     if !stale {
-        return Holder::Live {
-            pid: pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
-            age_ms,
-        };
+        return Holder::Live { pid: pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()), age_ms };
     }
     // Remove only the file we inspected (another process may have replaced it meanwhile).
     if !same_file(path, &file) {
@@ -257,10 +216,7 @@ fn inspect(path: &Path, opts: &LockOptions, registry: &LockRegistry) -> Holder {
     match std::fs::remove_file(path) {
         Ok(()) => Holder::Stale,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Holder::Gone,
-        Err(_) => Holder::Live {
-            pid: pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()),
-            age_ms,
-        },
+        Err(_) => Holder::Live { pid: pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into()), age_ms },
     }
 }
 
@@ -307,14 +263,9 @@ mod tests {
         let a = reg.acquire(&t, &opts).expect("first");
         let b = reg.acquire(&t, &opts).expect("re-entrant");
         let body: Value =
-            serde_json::from_str(&std::fs::read_to_string(lock_path_for(&t)).expect("body"))
-                .expect("json");
+            serde_json::from_str(&std::fs::read_to_string(lock_path_for(&t)).expect("body")).expect("json");
         assert_eq!(body["pid"], json!(std::process::id()));
-        assert!(
-            body["createdAt"].is_string()
-                && body["maxHoldMs"].is_u64()
-                && body["starttime"].is_u64()
-        );
+        assert!(body["createdAt"].is_string() && body["maxHoldMs"].is_u64() && body["starttime"].is_u64());
         drop(a);
         assert!(lock_path_for(&t).exists());
         drop(b);
@@ -329,35 +280,23 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().expect("spawn");
         let dead = child.id();
         child.wait().expect("wait");
-        std::fs::write(
-            lock_path_for(&t),
-            json!({"pid": dead, "createdAt": now_iso()}).to_string(),
-        )
-        .expect("write");
+        std::fs::write(lock_path_for(&t), json!({"pid": dead, "createdAt": now_iso()}).to_string()).expect("write");
         let reg = LockRegistry::default();
-        let g = reg
-            .acquire(&t, &LockOptions::default())
-            .expect("stale lock taken over");
+        let g = reg.acquire(&t, &LockOptions::default()).expect("stale lock taken over");
         drop(g);
         // A live process that does not flock (as OpenClaw): respected until the timeout.
-        let mut sleeper = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .expect("spawn");
+        let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().expect("spawn");
         std::fs::write(
             lock_path_for(&t),
-            json!({"pid": sleeper.id(), "createdAt": now_iso(), "starttime": process_starttime(sleeper.id())}).to_string(),
+            json!({"pid": sleeper.id(), "createdAt": now_iso(), "starttime": process_starttime(sleeper.id())})
+                .to_string(),
         )
         .expect("write");
-        let opts = LockOptions {
-            acquire_timeout: Duration::from_millis(200),
-            ..LockOptions::default()
-        };
+        let opts = LockOptions { acquire_timeout: Duration::from_millis(200), ..LockOptions::default() };
         let err = reg.acquire(&t, &opts).err().expect("must time out");
         assert!(err.to_string().contains("session file locked"), "{err}");
         let _ = sleeper.kill();
         let _ = sleeper.wait();
-        reg.acquire(&t, &opts)
-            .expect("taken once the owner is dead");
+        reg.acquire(&t, &opts).expect("taken once the owner is dead");
     }
 }

@@ -12,11 +12,7 @@ use std::fmt;
 /// Byte ranges of the lines Pi would try to parse: split on `\n`, blank lines skipped, a UTF-8 BOM at
 /// the start ignored. The ranges exclude the `\n` (a trailing `\r` is JSON whitespace and harmless).
 pub(crate) fn line_ranges(buf: &[u8]) -> Vec<(usize, usize)> {
-    let start = if buf.starts_with(b"\xEF\xBB\xBF") {
-        3
-    } else {
-        0
-    };
+    let start = if buf.starts_with(b"\xEF\xBB\xBF") { 3 } else { 0 };
     let mut out = Vec::with_capacity(buf.len() / 256 + 1);
     let mut pos = start;
     for nl in memchr::memchr_iter(b'\n', &buf[start..]) {
@@ -33,8 +29,7 @@ pub(crate) fn line_ranges(buf: &[u8]) -> Vec<(usize, usize)> {
 }
 
 pub(crate) fn is_blank(line: &[u8]) -> bool {
-    line.iter()
-        .all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c))
+    line.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c))
 }
 
 /// An id or parent id as a map key. Strings are kept as they are; other JSON scalars (which Pi would
@@ -270,8 +265,7 @@ mod tests {
 
     #[test]
     fn head_reads_keys_and_validates_the_rest() {
-        let Some(LineValue::Object(h)) =
-            parse_line(br#"{"type":"message","id":"ab","x":{"y":[1,2]},"parentId":null}"#)
+        let Some(LineValue::Object(h)) = parse_line(br#"{"type":"message","id":"ab","x":{"y":[1,2]},"parentId":null}"#)
         else {
             panic!("not an object")
         };
@@ -281,8 +275,7 @@ mod tests {
         assert!(parse_line(br#"{"type":"message","id":"ab","x":{"y":[1,2}}"#).is_none());
         assert!(matches!(parse_line(b"42"), Some(LineValue::Scalar)));
         assert!(matches!(parse_line(b"null"), Some(LineValue::Null)));
-        let Some(LineValue::Object(h)) = parse_line(br#"{"id":"a","id":"b","parentId":"p\u0041"}"#)
-        else {
+        let Some(LineValue::Object(h)) = parse_line(br#"{"id":"a","id":"b","parentId":"p\u0041"}"#) else {
             panic!("not an object")
         };
         assert_eq!(h.id.as_deref(), Some("b"));

@@ -55,13 +55,8 @@ impl SecretRedactor {
     /// The default patterns plus `extra` ones; an invalid extra pattern is an error naming it.
     pub fn new(extra: &[String]) -> Result<SecretRedactor, String> {
         let mut patterns = Vec::new();
-        for p in DEFAULT_PATTERNS
-            .iter()
-            .map(|s| s.to_string())
-            .chain(extra.iter().cloned())
-        {
-            patterns
-                .push(Regex::new(&p).map_err(|e| format!("invalid redaction pattern {p:?}: {e}"))?);
+        for p in DEFAULT_PATTERNS.iter().map(|s| s.to_string()).chain(extra.iter().cloned()) {
+            patterns.push(Regex::new(&p).map_err(|e| format!("invalid redaction pattern {p:?}: {e}"))?);
         }
         Ok(SecretRedactor { patterns })
     }
@@ -69,9 +64,7 @@ impl SecretRedactor {
 
 impl Default for SecretRedactor {
     fn default() -> Self {
-        SecretRedactor::new(&[]).unwrap_or(SecretRedactor {
-            patterns: Vec::new(),
-        })
+        SecretRedactor::new(&[]).unwrap_or(SecretRedactor { patterns: Vec::new() })
     }
 }
 
@@ -88,10 +81,7 @@ impl Redactor for SecretRedactor {
         let mut out = std::borrow::Cow::Borrowed(s);
         for re in &self.patterns {
             if re.is_match(&out) {
-                out = std::borrow::Cow::Owned(
-                    re.replace_all(&out, |c: &regex::Captures| mask(&c[0]))
-                        .into_owned(),
-                );
+                out = std::borrow::Cow::Owned(re.replace_all(&out, |c: &regex::Captures| mask(&c[0])).into_owned());
             }
         }
         out.into_owned()
@@ -141,9 +131,6 @@ mod tests {
         assert_eq!(r.redact_str("nothing here"), "nothing here");
         assert!(SecretRedactor::new(&["(".into()]).is_err());
         let custom = SecretRedactor::new(&["internal-[0-9]{4}".into()]).expect("valid");
-        assert_eq!(
-            custom.redact_str("id internal-1234"),
-            "id intern…[REDACTED]"
-        );
+        assert_eq!(custom.redact_str("id internal-1234"), "id intern…[REDACTED]");
     }
 }

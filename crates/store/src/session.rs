@@ -100,11 +100,7 @@ pub enum Problem {
     /// Two entries share an id; the later one wins.
     DuplicateId { id: String, offset: usize },
     /// `parentId` names no entry; the chain restarts there.
-    Orphan {
-        id: String,
-        parent: String,
-        offset: usize,
-    },
+    Orphan { id: String, parent: String, offset: usize },
     /// Entries without a `parentId` key (v1 style or raw appends).
     Linear { count: usize },
     /// Following `parentId` from this entry comes back to it.
@@ -188,10 +184,8 @@ impl Session {
                     s.problems.push(Problem::NullLine { offset: start });
                     if first {
                         headerless = true;
-                        s.problems.push(Problem::NoHeader {
-                            offset: start,
-                            reason: "the first JSON line is null".into(),
-                        });
+                        s.problems
+                            .push(Problem::NoHeader { offset: start, reason: "the first JSON line is null".into() });
                     }
                 }
                 LineValue::Scalar => {
@@ -214,17 +208,12 @@ impl Session {
                     });
                 }
                 LineValue::Object(head) => {
-                    let kind = head
-                        .ty
-                        .as_deref()
-                        .map(Kind::from_type)
-                        .unwrap_or(Kind::Other);
+                    let kind = head.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
                     if kind == Kind::Session {
                         if first {
                             match serde_json::from_slice::<Map<String, Value>>(line) {
                                 Ok(h) if h.get("id").is_some_and(Value::is_string) => {
-                                    s.source_version =
-                                        Some(h.get("version").and_then(Value::as_u64).unwrap_or(1));
+                                    s.source_version = Some(h.get("version").and_then(Value::as_u64).unwrap_or(1));
                                     s.lines.push((start, end, LineRole::Header));
                                     s.header = Some(h);
                                     header_seen = true;
@@ -271,10 +260,7 @@ impl Session {
             s.entries = Vec::new();
             s.leaf = Leaf::Empty;
             if !entries.is_empty() && !headerless {
-                s.problems.push(Problem::NoHeader {
-                    offset: 0,
-                    reason: "no session header".into(),
-                });
+                s.problems.push(Problem::NoHeader { offset: 0, reason: "no session header".into() });
             }
             for l in s.lines.iter_mut() {
                 if let LineRole::Entry(i) = l.2 {
@@ -305,10 +291,7 @@ impl Session {
         for (i, e) in self.entries.iter().enumerate() {
             if let Some(id) = &e.id {
                 if self.by_id.insert(id.clone(), i).is_some() {
-                    self.problems.push(Problem::DuplicateId {
-                        id: id.to_string(),
-                        offset: e.offset,
-                    });
+                    self.problems.push(Problem::DuplicateId { id: id.to_string(), offset: e.offset });
                 }
             } else if e.is_object {
                 self.problems.push(Problem::MissingId { offset: e.offset });
@@ -323,11 +306,7 @@ impl Session {
         for e in &self.entries {
             if let (Parent::Id(p), Some(id)) = (&e.parent, &e.id) {
                 if !self.by_id.contains_key(p) {
-                    self.problems.push(Problem::Orphan {
-                        id: id.to_string(),
-                        parent: p.to_string(),
-                        offset: e.offset,
-                    });
+                    self.problems.push(Problem::Orphan { id: id.to_string(), parent: p.to_string(), offset: e.offset });
                 }
             }
         }
@@ -349,9 +328,7 @@ impl Session {
                 match v.get("targetId") {
                     Some(Value::Null) => return Leaf::Null,
                     Some(t) => {
-                        if let Some(i) =
-                            parse::value_key(t).and_then(|k| self.by_id.get(&k).copied())
-                        {
+                        if let Some(i) = parse::value_key(t).and_then(|k| self.by_id.get(&k).copied()) {
                             return Leaf::Entry(i);
                         }
                     }
@@ -379,9 +356,7 @@ impl Session {
                         let pos = walk.iter().position(|&w| w == i).unwrap_or(0);
                         let mut ids: Vec<String> = walk[pos..]
                             .iter()
-                            .map(|&w: &usize| {
-                                self.entries[w].id.as_deref().unwrap_or("?").to_string()
-                            })
+                            .map(|&w: &usize| self.entries[w].id.as_deref().unwrap_or("?").to_string())
                             .collect();
                         ids.push(self.entries[i].id.as_deref().unwrap_or("?").to_string());
                         return Some(ids);
@@ -457,10 +432,7 @@ impl Session {
 
     /// Pi's `sessionId` (the header id).
     pub fn session_id(&self) -> Option<&str> {
-        self.header
-            .as_ref()
-            .and_then(|h| h.get("id"))
-            .and_then(Value::as_str)
+        self.header.as_ref().and_then(|h| h.get("id")).and_then(Value::as_str)
     }
 
     /// True when the file has entries and none of them carries a `parentId` key (v1 style, or
@@ -488,10 +460,7 @@ impl Session {
                     self.entries[i].id = Some(id.into());
                 }
                 if self.entries[i].parent == Parent::Absent {
-                    let p = prev
-                        .as_deref()
-                        .map(parse::key_to_value)
-                        .unwrap_or(Value::Null);
+                    let p = prev.as_deref().map(parse::key_to_value).unwrap_or(Value::Null);
                     obj.insert("parentId".into(), p);
                     self.entries[i].parent = parse::value_parent(&obj);
                 }
@@ -499,8 +468,7 @@ impl Session {
             }
             prev = self.entries[i].id.clone();
         }
-        self.problems
-            .retain(|p| !matches!(p, Problem::Linear { .. } | Problem::MissingId { .. }));
+        self.problems.retain(|p| !matches!(p, Problem::Linear { .. } | Problem::MissingId { .. }));
         self.by_id.clear();
         self.index();
     }
@@ -515,8 +483,7 @@ impl Session {
                 l.2 = LineRole::Entry(i);
             }
         }
-        self.problems
-            .retain(|p| !matches!(p, Problem::NoHeader { .. }));
+        self.problems.retain(|p| !matches!(p, Problem::NoHeader { .. }));
         self.index();
     }
 
@@ -575,8 +542,7 @@ impl Session {
     /// v1→v2→v3 migration in memory, exactly as Pi's `migrateToCurrentVersion` does it.
     fn migrate(&mut self, version: u64) {
         self.migrated = true;
-        let mut values: Vec<Option<Value>> =
-            (0..self.entries.len()).map(|i| self.value(i)).collect();
+        let mut values: Vec<Option<Value>> = (0..self.entries.len()).map(|i| self.value(i)).collect();
         if let Some(h) = self.header.as_mut() {
             h.insert("version".into(), Value::from(3));
         }
@@ -589,20 +555,14 @@ impl Session {
                     continue;
                 };
                 obj.insert("id".into(), Value::String(ids[i].clone()));
-                obj.insert(
-                    "parentId".into(),
-                    prev.clone().map(Value::String).unwrap_or(Value::Null),
-                );
+                obj.insert("parentId".into(), prev.clone().map(Value::String).unwrap_or(Value::Null));
                 prev = Some(ids[i].clone());
                 if obj.get("type").and_then(Value::as_str) == Some("compaction") {
                     if let Some(idx) = obj.get("firstKeptEntryIndex").and_then(Value::as_f64) {
                         // Index 0 is the header; only earlier entries have ids already.
                         let target = idx as usize;
                         if idx >= 1.0 && idx.fract() == 0.0 && target - 1 <= i {
-                            obj.insert(
-                                "firstKeptEntryId".into(),
-                                Value::String(ids[target - 1].clone()),
-                            );
+                            obj.insert("firstKeptEntryId".into(), Value::String(ids[target - 1].clone()));
                         }
                         obj.remove("firstKeptEntryIndex");
                     }

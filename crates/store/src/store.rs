@@ -40,9 +40,7 @@ impl Default for StoreOptions {
         StoreOptions {
             lock: LockOptions::default(),
             redactor: Arc::new(SecretRedactor::default()),
-            cwd: std::env::current_dir()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| "/".into()),
+            cwd: std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_else(|_| "/".into()),
         }
     }
 }
@@ -73,34 +71,40 @@ impl NewEntry {
     pub fn message(message: Value) -> NewEntry {
         let mut payload = Map::new();
         payload.insert("message".into(), message);
-        NewEntry {
-            kind: "message".into(),
-            payload,
-            parent: ParentChoice::Leaf,
-        }
+        NewEntry { kind: "message".into(), payload, parent: ParentChoice::Leaf }
     }
 
     /// Any entry type chained to the leaf.
     pub fn of(kind: &str, payload: Map<String, Value>) -> NewEntry {
-        NewEntry {
-            kind: kind.into(),
-            payload,
-            parent: ParentChoice::Leaf,
-        }
+        NewEntry { kind: kind.into(), payload, parent: ParentChoice::Leaf }
     }
 
     /// OpenClaw's `leaf` control entry: moves the active leaf to `target` (`None`: before the first entry).
     pub fn move_leaf(target: Option<&str>) -> NewEntry {
         let mut payload = Map::new();
-        payload.insert(
-            "targetId".into(),
-            target.map(Value::from).unwrap_or(Value::Null),
-        );
-        NewEntry {
-            kind: "leaf".into(),
-            payload,
-            parent: ParentChoice::Leaf,
+        payload.insert("targetId".into(), target.map(Value::from).unwrap_or(Value::Null));
+        NewEntry { kind: "leaf".into(), payload, parent: ParentChoice::Leaf }
+    }
+
+    /// Checks what can be checked without the file.
+    fn validate(&self) -> Result<(), StoreError> {
+        if self.kind.is_empty() || self.kind == "session" {
+            return Err(StoreError::InvalidEntry(format!("entry type {:?} cannot be appended", self.kind)));
         }
+        for k in ["type", "id", "parentId", "timestamp"] {
+            if self.payload.contains_key(k) {
+                return Err(StoreError::InvalidEntry(format!("`{k}` is set by the store, not the caller")));
+            }
+        }
+        if self.kind == "message" && !self.payload.get("message").is_some_and(Value::is_object) {
+            return Err(StoreError::InvalidEntry("a message entry needs a `message` object".into()));
+        }
+        if let Some(k) = self.payload.get("message").and_then(|m| m.get("idempotencyKey")) {
+            if !k.as_str().is_some_and(|k| !k.trim().is_empty()) {
+                return Err(StoreError::InvalidEntry("`idempotencyKey` must be a non-empty string".into()));
+            }
+        }
+        Ok(())
     }
 
     fn idempotency_key(&self) -> Option<&str> {
@@ -144,13 +148,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Store {
     pub fn new(opts: StoreOptions) -> Store {
-        Store {
-            inner: Arc::new(Inner {
-                opts,
-                locks: LockRegistry::default(),
-                files: Mutex::new(HashMap::new()),
-            }),
-        }
+        Store { inner: Arc::new(Inner { opts, locks: LockRegistry::default(), files: Mutex::new(HashMap::new()) }) }
     }
 
     pub fn options(&self) -> &StoreOptions {
@@ -178,19 +176,12 @@ impl Store {
 
     /// Like [`Store::append`]; `session_id` names the header if the file has to be created
     /// (default: the file stem when it is a valid session id, else a new uuid v7).
-    pub fn append_with(
-        &self,
-        path: &Path,
-        entry: NewEntry,
-        session_id: Option<&str>,
-    ) -> Result<Appended, StoreError> {
+    pub fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
+        entry.validate()?;
+        create_dir(path)?;
         let w = self.writer(path);
         let slot = Arc::new(Mutex::new(None));
-        lock(&w.queue).push(Pending {
-            entry,
-            session_id: session_id.map(str::to_owned),
-            slot: slot.clone(),
-        });
+        lock(&w.queue).push(Pending { entry, session_id: session_id.map(str::to_owned), slot: slot.clone() });
         let mut st = lock(&w.state);
         if let Some(r) = lock(&slot).take() {
             return r;
@@ -204,6 +195,7 @@ impl Store {
 
     /// Creates the file with its header if it does not exist yet (nothing else is written).
     pub fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
+        create_dir(path)?;
         let w = self.writer(path);
         let mut st = lock(&w.state);
         let _guard = self.inner.locks.acquire(&w.path, &self.inner.opts.lock)?;
@@ -211,9 +203,7 @@ impl Store {
         if st.header == HeaderState::Missing {
             let mut out = Vec::new();
             let header = new_header(&w.path, session_id, &self.inner.opts.cwd);
-            out.extend_from_slice(
-                &serde_json::to_vec(&header).map_err(|e| StoreError::Internal(e.to_string()))?,
-            );
+            out.extend_from_slice(&serde_json::to_vec(&header).map_err(|e| StoreError::Internal(e.to_string()))?);
             out.push(b'\n');
             st.write_durably(&w.path, &out)?;
             st.header = HeaderState::Valid;
@@ -231,10 +221,7 @@ impl Store {
 
     /// Holds the cross-process lock of `path` (re-entrant: appends in this process still go through).
     pub fn lock(&self, path: &Path) -> Result<LockGuard, StoreError> {
-        Ok(self
-            .inner
-            .locks
-            .acquire(&normalize(path), &self.inner.opts.lock)?)
+        Ok(self.inner.locks.acquire(&normalize(path), &self.inner.opts.lock)?)
     }
 
     /// `repair` under this store's locks; cached state of the file is dropped afterwards.
@@ -253,19 +240,24 @@ impl Store {
     }
 }
 
+/// Creates the transcript's directory (0700) if needed.
+fn create_dir(path: &Path) -> Result<(), StoreError> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io_err(path))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Absolute, with the directory's symlinks resolved (the file itself may not exist yet).
 fn normalize(path: &Path) -> PathBuf {
     let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
-        std::env::current_dir()
-            .map(|d| d.join(path))
-            .unwrap_or_else(|_| path.to_path_buf())
+        std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.to_path_buf())
     };
-    match (
-        abs.parent().and_then(|p| p.canonicalize().ok()),
-        abs.file_name(),
-    ) {
+    match (abs.parent().and_then(|p| p.canonicalize().ok()), abs.file_name()) {
         (Some(dir), Some(name)) => dir.join(name),
         _ => abs,
     }
@@ -341,10 +333,7 @@ fn hash_str(s: &str) -> u64 {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
-    move |source| StoreError::Io {
-        path: path.display().to_string(),
-        source,
-    }
+    move |source| StoreError::Io { path: path.display().to_string(), source }
 }
 
 /// Reads `len` bytes at `offset`.
@@ -362,11 +351,7 @@ impl FileState {
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                *self = FileState {
-                    loaded: true,
-                    header: HeaderState::Missing,
-                    ..FileState::default()
-                };
+                *self = FileState { loaded: true, header: HeaderState::Missing, ..FileState::default() };
                 return Ok(());
             }
             Err(e) => return Err(io_err(path)(e)),
@@ -376,10 +361,7 @@ impl FileState {
             return self.load(path);
         }
         if meta.len() > self.len {
-            let file = self
-                .file
-                .as_ref()
-                .ok_or_else(|| StoreError::Internal("no file handle".into()))?;
+            let file = self.file.as_ref().ok_or_else(|| StoreError::Internal("no file handle".into()))?;
             let from = self.last_line_start;
             let bytes = read_at(file, from, (meta.len() - from) as usize).map_err(io_err(path))?;
             self.scan_forward(&bytes, from, meta.len());
@@ -390,11 +372,7 @@ impl FileState {
 
     /// First look at a file: header from the head, leaf and tail state from a backwards scan.
     fn load(&mut self, path: &Path) -> Result<(), StoreError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .open(path)
-            .map_err(io_err(path))?;
+        let file = OpenOptions::new().read(true).append(true).open(path).map_err(io_err(path))?;
         let meta = file.metadata().map_err(io_err(path))?;
         *self = FileState {
             loaded: true,
@@ -412,11 +390,7 @@ impl FileState {
             let n = CHUNK.min(self.len - pos) as usize;
             carry.extend_from_slice(&read_at(&file, pos, n).map_err(io_err(path))?);
             pos += n as u64;
-            let complete = if pos == self.len {
-                carry.len()
-            } else {
-                memchr::memrchr(b'\n', &carry).unwrap_or(0)
-            };
+            let complete = if pos == self.len { carry.len() } else { memchr::memrchr(b'\n', &carry).unwrap_or(0) };
             for (s, e) in parse::line_ranges(&carry[..complete]) {
                 match parse::parse_line(&carry[s..e]) {
                     None => continue,
@@ -424,8 +398,7 @@ impl FileState {
                         match serde_json::from_slice::<Map<String, Value>>(&carry[s..e]) {
                             Ok(obj) if obj.get("id").is_some_and(Value::is_string) => {
                                 self.header = HeaderState::Valid;
-                                version =
-                                    Some(obj.get("version").and_then(Value::as_u64).unwrap_or(1));
+                                version = Some(obj.get("version").and_then(Value::as_u64).unwrap_or(1));
                             }
                             _ => self.header = HeaderState::Invalid,
                         }
@@ -455,11 +428,7 @@ impl FileState {
             let parsed = parse::parse_line(line);
             if at_end {
                 last_line_start = offset;
-                tail = if parsed.is_some() {
-                    Tail::NeedsNewline
-                } else {
-                    Tail::Torn(offset)
-                };
+                tail = if parsed.is_some() { Tail::NeedsNewline } else { Tail::Torn(offset) };
             }
             match parsed {
                 // Reached the header: nothing above it decides the leaf.
@@ -507,11 +476,7 @@ impl FileState {
             if Some((s, e)) == last && e == bytes.len() {
                 // The file does not end with a newline.
                 self.last_line_start = abs;
-                self.tail = if parsed.is_some() {
-                    Tail::NeedsNewline
-                } else {
-                    Tail::Torn(abs)
-                };
+                self.tail = if parsed.is_some() { Tail::NeedsNewline } else { Tail::Torn(abs) };
             }
             let Some(LineValue::Object(h)) = parsed else {
                 continue;
@@ -549,11 +514,8 @@ impl FileState {
             let n = CHUNK.min(self.len - pos) as usize;
             carry.extend_from_slice(&read_at(file, pos, n).map_err(io_err(path))?);
             pos += n as u64;
-            let complete = if pos == self.len {
-                carry.len()
-            } else {
-                memchr::memrchr(b'\n', &carry).map(|p| p + 1).unwrap_or(0)
-            };
+            let complete =
+                if pos == self.len { carry.len() } else { memchr::memrchr(b'\n', &carry).map(|p| p + 1).unwrap_or(0) };
             for (s, e) in parse::line_ranges(&carry[..complete]) {
                 if let Some(LineValue::Object(h)) = parse::parse_line(&carry[s..e]) {
                     index_line(&mut index, &h, &carry[s..e], carry_start + s as u64);
@@ -568,10 +530,7 @@ impl FileState {
 
     /// Reads the entry whose line starts at `offset`.
     fn entry_at(&self, path: &Path, offset: u64) -> Result<Value, StoreError> {
-        let file = self
-            .file
-            .as_ref()
-            .ok_or_else(|| StoreError::Internal("no file handle".into()))?;
+        let file = self.file.as_ref().ok_or_else(|| StoreError::Internal("no file handle".into()))?;
         let mut line = Vec::new();
         let mut pos = offset;
         while pos < self.len {
@@ -584,44 +543,22 @@ impl FileState {
             line.extend_from_slice(&chunk);
             pos += n as u64;
         }
-        serde_json::from_slice(&line)
-            .map_err(|e| StoreError::Internal(format!("entry at byte {offset}: {e}")))
+        serde_json::from_slice(&line).map_err(|e| StoreError::Internal(format!("entry at byte {offset}: {e}")))
     }
 
     /// Writes `bytes` at the end with one write call and makes them durable.
     fn write_durably(&mut self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         let created = self.file.is_none();
         if created {
-            if let Some(dir) = path.parent() {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir)
-                    .map_err(io_err(path))?;
-            }
-            let f = OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(io_err(path))?;
+            let f =
+                OpenOptions::new().read(true).append(true).create(true).mode(0o600).open(path).map_err(io_err(path))?;
             let meta = f.metadata().map_err(io_err(path))?;
             self.ident = (meta.dev(), meta.ino());
             self.len = meta.len();
             self.file = Some(f);
         }
-        let file = self
-            .file
-            .as_mut()
-            .ok_or_else(|| StoreError::Internal("no file handle".into()))?;
-        let res = file.write_all(bytes).and_then(|_| {
-            if created {
-                file.sync_all()
-            } else {
-                file.sync_data()
-            }
-        });
+        let file = self.file.as_mut().ok_or_else(|| StoreError::Internal("no file handle".into()))?;
+        let res = file.write_all(bytes).and_then(|_| if created { file.sync_all() } else { file.sync_data() });
         if let Err(e) = res {
             // What reached the file is unknown now: start over from the file next time.
             self.loaded = false;
@@ -640,11 +577,7 @@ impl FileState {
 
 /// Visits the file's lines from last to first (`offset`, bytes without the newline; the first
 /// visit is whatever follows the final newline, often empty) until `visit` returns true.
-fn scan_back(
-    file: &File,
-    len: u64,
-    mut visit: impl FnMut(u64, &[u8]) -> bool,
-) -> std::io::Result<()> {
+fn scan_back(file: &File, len: u64, mut visit: impl FnMut(u64, &[u8]) -> bool) -> std::io::Result<()> {
     let mut buf: Vec<u8> = Vec::new();
     let mut buf_start = len;
     loop {
@@ -696,11 +629,7 @@ fn index_line(index: &mut FullIndex, h: &parse::Head<'_>, line: &[u8], offset: u
     }
     if memchr::memmem::find(line, b"\"idempotencyKey\"").is_some() {
         if let Ok(v) = serde_json::from_slice::<Value>(line) {
-            if let Some(k) = v
-                .get("message")
-                .and_then(|m| m.get("idempotencyKey"))
-                .and_then(Value::as_str)
-            {
+            if let Some(k) = v.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str) {
                 index.idem.insert(hash_str(k), offset);
             }
         }
@@ -720,9 +649,7 @@ pub fn valid_session_id(id: &str) -> bool {
     !b.is_empty()
         && b.len() <= 128
         && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-        && b.iter().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
-        })
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-'))
 }
 
 /// A v3 header for a new file.
@@ -771,18 +698,10 @@ impl FileWriter {
         let mut batch_ids: HashSet<String> = HashSet::new();
         let mut new_keys: Vec<(u64, u64)> = Vec::new();
         for p in &batch {
-            results.push(self.build_one(
-                st,
-                &p.entry,
-                inner,
-                &mut out,
-                &mut batch_keys,
-                &mut batch_ids,
-                &mut new_keys,
-            ));
+            results.push(self.build_one(st, &p.entry, inner, &mut out, &mut batch_keys, &mut batch_ids, &mut new_keys));
         }
         let wrote_entries = results.iter().any(|r| matches!(r, Ok(a) if a.appended));
-        if wrote_entries || (st.header == HeaderState::Missing && !out.is_empty()) {
+        if wrote_entries {
             if let Err(e) = st.write_durably(&self.path, &out) {
                 st.leaf = leaf_before;
                 st.loaded = false;
@@ -842,48 +761,16 @@ impl FileWriter {
         batch_ids: &mut HashSet<String>,
         new_keys: &mut Vec<(u64, u64)>,
     ) -> Result<Appended, StoreError> {
-        if entry.kind.is_empty() || entry.kind == "session" {
-            return Err(StoreError::InvalidEntry(format!(
-                "entry type {:?} cannot be appended",
-                entry.kind
-            )));
-        }
-        for k in ["type", "id", "parentId", "timestamp"] {
-            if entry.payload.contains_key(k) {
-                return Err(StoreError::InvalidEntry(format!(
-                    "`{k}` is set by the store, not the caller"
-                )));
-            }
-        }
-        if entry.kind == "message" && !entry.payload.get("message").is_some_and(Value::is_object) {
-            return Err(StoreError::InvalidEntry(
-                "a message entry needs a `message` object".into(),
-            ));
-        }
         if let Some(key) = entry.idempotency_key() {
             if let Some(v) = batch_keys.get(key) {
-                return Ok(Appended {
-                    entry: v.clone(),
-                    appended: false,
-                });
+                return Ok(Appended { entry: v.clone(), appended: false });
             }
             st.ensure_index(&self.path)?;
-            let hit = st
-                .index
-                .as_ref()
-                .and_then(|i| i.idem.get(&hash_str(key)).copied());
+            let hit = st.index.as_ref().and_then(|i| i.idem.get(&hash_str(key)).copied());
             if let Some(off) = hit {
                 let existing = st.entry_at(&self.path, off)?;
-                if existing
-                    .get("message")
-                    .and_then(|m| m.get("idempotencyKey"))
-                    .and_then(Value::as_str)
-                    == Some(key)
-                {
-                    return Ok(Appended {
-                        entry: existing,
-                        appended: false,
-                    });
+                if existing.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str) == Some(key) {
+                    return Ok(Appended { entry: existing, appended: false });
                 }
             }
         }
@@ -893,11 +780,7 @@ impl FileWriter {
             ParentChoice::Entry(id) => {
                 if !batch_ids.contains(id) {
                     st.ensure_index(&self.path)?;
-                    if !st
-                        .index
-                        .as_ref()
-                        .is_some_and(|i| i.ids.contains(&hash_str(id)))
-                    {
+                    if !st.index.as_ref().is_some_and(|i| i.ids.contains(&hash_str(id))) {
                         return Err(StoreError::UnknownEntry(id.clone()));
                     }
                 }
@@ -908,11 +791,7 @@ impl FileWriter {
             if let Some(Value::String(t)) = entry.payload.get("targetId") {
                 if !batch_ids.contains(t) {
                     st.ensure_index(&self.path)?;
-                    if !st
-                        .index
-                        .as_ref()
-                        .is_some_and(|i| i.ids.contains(&hash_str(t)))
-                    {
+                    if !st.index.as_ref().is_some_and(|i| i.ids.contains(&hash_str(t))) {
                         return Err(StoreError::UnknownEntry(t.clone()));
                     }
                 }
@@ -922,10 +801,7 @@ impl FileWriter {
         let mut obj = Map::new();
         obj.insert("type".into(), Value::String(entry.kind.clone()));
         obj.insert("id".into(), Value::String(id.clone()));
-        obj.insert(
-            "parentId".into(),
-            parent.map(Value::String).unwrap_or(Value::Null),
-        );
+        obj.insert("parentId".into(), parent.map(Value::String).unwrap_or(Value::Null));
         obj.insert("timestamp".into(), Value::String(now_iso()));
         for (k, v) in &entry.payload {
             let mut v = v.clone();
@@ -945,17 +821,10 @@ impl FileWriter {
         }
         batch_ids.insert(id.clone());
         st.leaf = if entry.kind == "leaf" {
-            entry
-                .payload
-                .get("targetId")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
+            entry.payload.get("targetId").and_then(Value::as_str).map(str::to_owned)
         } else {
             Some(id)
         };
-        Ok(Appended {
-            entry: value,
-            appended: true,
-        })
+        Ok(Appended { entry: value, appended: true })
     }
 }

@@ -94,8 +94,7 @@ impl Report {
             .problems
             .iter()
             .map(|p| {
-                let mut v =
-                    json!({"kind": p.kind(), "message": p.message(), "repairable": p.repairable()});
+                let mut v = json!({"kind": p.kind(), "message": p.message(), "repairable": p.repairable()});
                 if let Some(o) = p.offset() {
                     v["line"] = json!(self.session.line_of(o));
                     v["offset"] = json!(o);
@@ -126,19 +125,14 @@ impl Report {
         let mut out = format!("{f}: {} problem(s)\n", self.session.problems.len());
         for p in &self.session.problems {
             match p.offset() {
-                Some(o) => out.push_str(&format!(
-                    "  line {}: [{}] {}\n",
-                    self.session.line_of(o),
-                    p.kind(),
-                    p.message()
-                )),
+                Some(o) => {
+                    out.push_str(&format!("  line {}: [{}] {}\n", self.session.line_of(o), p.kind(), p.message()))
+                }
                 None => out.push_str(&format!("  [{}] {}\n", p.kind(), p.message())),
             }
         }
         if self.session.problems.iter().any(Problem::repairable) {
-            out.push_str(&format!(
-                "  run `pincer transcript repair {f}` to fix the repairable ones\n"
-            ));
+            out.push_str(&format!("  run `pincer transcript repair {f}` to fix the repairable ones\n"));
         }
         out
     }
@@ -146,14 +140,8 @@ impl Report {
 
 /// Reads and checks a file (never changes it).
 pub fn verify(path: &Path) -> Result<Report, StoreError> {
-    let data = std::fs::read(path).map_err(|source| StoreError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    Ok(Report {
-        file: path.to_path_buf(),
-        session: Session::parse(data),
-    })
+    let data = std::fs::read(path).map_err(|source| StoreError::Io { path: path.display().to_string(), source })?;
+    Ok(Report { file: path.to_path_buf(), session: Session::parse(data) })
 }
 
 /// What `repair` did.
@@ -168,26 +156,13 @@ pub struct Repaired {
 
 /// Fixes torn tails, missing newlines, `null` lines, linear entries, old versions and a missing
 /// header, under the session lock, atomically, keeping `<file>.bak.<timestamp>`.
-pub fn repair(
-    path: &Path,
-    opts: &StoreOptions,
-    locks: &LockRegistry,
-) -> Result<Repaired, StoreError> {
+pub fn repair(path: &Path, opts: &StoreOptions, locks: &LockRegistry) -> Result<Repaired, StoreError> {
     let _guard = locks.acquire(path, &opts.lock)?;
     let report = verify(path)?;
     let mut s = report.session;
-    let fixed: Vec<Problem> = s
-        .problems
-        .iter()
-        .filter(|p| p.repairable())
-        .cloned()
-        .collect();
+    let fixed: Vec<Problem> = s.problems.iter().filter(|p| p.repairable()).cloned().collect();
     if fixed.is_empty() {
-        return Ok(Repaired {
-            fixed,
-            backup: None,
-            remaining: s.problems,
-        });
+        return Ok(Repaired { fixed, backup: None, remaining: s.problems });
     }
     if s.header.is_none() {
         if let Value::Object(h) = new_header(path, None, &opts.cwd) {
@@ -200,9 +175,5 @@ pub fn repair(
     let content = s.render(true);
     let backup = crate::rewrite::replace_atomically(path, &content)?;
     let after = Session::parse(content);
-    Ok(Repaired {
-        fixed,
-        backup: Some(backup),
-        remaining: after.problems,
-    })
+    Ok(Repaired { fixed, backup: Some(backup), remaining: after.problems })
 }

@@ -2,16 +2,9 @@
 //! same `{sessionId, leafId, entries, context}` as the library produced (nondeterministic paths skipped).
 
 use pincer_store::{context_report, LeafArg, Session};
+use pincer_testkit::fixtures_dir;
 use pretty_assertions::assert_eq;
 use serde_json::Value;
-use std::path::PathBuf;
-
-fn fixtures_dir() -> PathBuf {
-    let shared = std::env::var_os("PINCER_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    shared.join("pi-oracle/fixtures")
-}
 
 fn strip(v: &mut Value, path: &str) {
     let parts: Vec<&str> = path.split('.').collect();
@@ -31,8 +24,7 @@ fn strip(v: &mut Value, path: &str) {
 fn every_fixture_reads_like_pi() {
     let dir = fixtures_dir();
     let manifest: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
-            .expect("json");
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest")).expect("json");
     let mut checked = 0;
     for fx in manifest["fixtures"].as_array().expect("fixtures") {
         let name = fx["name"].as_str().expect("name");
@@ -42,11 +34,7 @@ fn every_fixture_reads_like_pi() {
         let pi_fails = fx["piFails"].as_bool().unwrap_or(false);
         for exp in fx["expected"].as_array().expect("expected") {
             let leaf = exp["leaf"].as_str().expect("leaf");
-            let leaf = if leaf.starts_with('(') {
-                LeafArg::Default
-            } else {
-                LeafArg::parse(leaf)
-            };
+            let leaf = if leaf.starts_with('(') { LeafArg::Default } else { LeafArg::parse(leaf) };
             let mut got = context_report(&session, &leaf).expect("context");
             if pi_fails {
                 // Pi crashes or hangs here; Pincer must give a usable context and say what it did.
@@ -54,10 +42,9 @@ fn every_fixture_reads_like_pi() {
                 checked += 1;
                 continue;
             }
-            let mut want: Value = serde_json::from_slice(
-                &std::fs::read(dir.join(exp["file"].as_str().expect("file"))).expect("read"),
-            )
-            .expect("json");
+            let mut want: Value =
+                serde_json::from_slice(&std::fs::read(dir.join(exp["file"].as_str().expect("file"))).expect("read"))
+                    .expect("json");
             want.as_object_mut().expect("object").remove("extra");
             got.as_object_mut().expect("object").remove("warnings");
             for p in fx["nondeterministic"].as_array().into_iter().flatten() {
@@ -67,22 +54,14 @@ fn every_fixture_reads_like_pi() {
             }
             if name.starts_with("10-") || name.starts_with("16-") {
                 // v1 ids are random on every read: check their shape instead.
-                let leaf =
-                    context_report(&session, &LeafArg::Default).expect("context")["leafId"].clone();
+                let leaf = context_report(&session, &LeafArg::Default).expect("context")["leafId"].clone();
                 let leaf = leaf.as_str().expect("v1 leaf id");
-                assert!(
-                    leaf.len() == 8 && leaf.chars().all(|c| c.is_ascii_hexdigit()),
-                    "{leaf}"
-                );
+                assert!(leaf.len() == 8 && leaf.chars().all(|c| c.is_ascii_hexdigit()), "{leaf}");
             }
             assert_eq!(got, want, "fixture {name} leaf {:?}", exp["leaf"]);
             checked += 1;
         }
-        assert_eq!(
-            std::fs::read(&file).expect("reread"),
-            before,
-            "{name} was modified"
-        );
+        assert_eq!(std::fs::read(&file).expect("reread"), before, "{name} was modified");
     }
     assert!(checked >= 30, "only {checked} expectations checked");
 }
@@ -97,15 +76,8 @@ fn pi_failures_are_handled_safely() {
 
     let cycle = Session::parse(std::fs::read(dir.join("22f-parent-cycle.jsonl")).expect("read"));
     let got = context_report(&cycle, &LeafArg::Default).expect("context");
-    let texts: Vec<&str> = got["context"]["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .filter_map(|m| m["content"].as_str())
-        .collect();
+    let texts: Vec<&str> =
+        got["context"]["messages"].as_array().expect("messages").iter().filter_map(|m| m["content"].as_str()).collect();
     assert_eq!(texts, vec!["a", "b"]);
-    assert!(cycle
-        .problems
-        .iter()
-        .any(|p| matches!(p, pincer_store::Problem::Cycle { .. })));
+    assert!(cycle.problems.iter().any(|p| matches!(p, pincer_store::Problem::Cycle { .. })));
 }

@@ -29,9 +29,7 @@ fn user_parts(content: &[Value]) -> Vec<Value> {
     content
         .iter()
         .filter_map(|b| match block_type(b) {
-            "text" if !str_of(b, "text").is_empty() => {
-                Some(json!({"type": "text", "text": str_of(b, "text")}))
-            }
+            "text" if !str_of(b, "text").is_empty() => Some(json!({"type": "text", "text": str_of(b, "text")})),
             "image" => Some(image_block(b)),
             _ => None,
         })
@@ -75,7 +73,9 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
                             if b.get("redacted").and_then(Value::as_bool) == Some(true) {
                                 parts.push(json!({"type": "redacted_thinking", "data": sig}));
                             } else if !sig.is_empty() {
-                                parts.push(json!({"type": "thinking", "thinking": str_of(b, "thinking"), "signature": sig}));
+                                parts.push(
+                                    json!({"type": "thinking", "thinking": str_of(b, "thinking"), "signature": sig}),
+                                );
                             }
                         }
                         "text" if !str_of(b, "text").is_empty() => {
@@ -111,10 +111,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
 
     let mut body = Map::new();
     body.insert("model".into(), model.model.id.clone().into());
-    body.insert(
-        "max_tokens".into(),
-        model.model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).into(),
-    );
+    body.insert("max_tokens".into(), model.model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).into());
     body.insert("stream".into(), true.into());
     if let Some(system) = req.system_prompt.as_deref().filter(|s| !s.is_empty()) {
         body.insert("system".into(), system.into());
@@ -132,11 +129,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
     if let Some(key) = &model.provider.api_key {
         headers.push(("x-api-key".to_owned(), key.clone()));
     }
-    WireRequest {
-        url: format!("{}/v1/messages", model.provider.base_url),
-        headers,
-        body: Value::Object(body),
-    }
+    WireRequest { url: format!("{}/v1/messages", model.provider.base_url), headers, body: Value::Object(body) }
 }
 
 /// Stream decoder.
@@ -168,11 +161,7 @@ impl super::Decoder for Decoder {
         let data = ev.data.trim();
         let v: Value = serde_json::from_str(data).map_err(|e| invalid_json(&e, data))?;
         let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
-        let slot = self
-            .slots
-            .iter()
-            .find(|(k, _)| *k == index)
-            .map(|(_, i)| *i);
+        let slot = self.slots.iter().find(|(k, _)| *k == index).map(|(_, i)| *i);
         match str_of(&v, "type") {
             "message_start" => {
                 let m = v.get("message").unwrap_or(&Value::Null);
@@ -228,9 +217,7 @@ impl super::Decoder for Decoder {
                         out.push_back(StreamDelta::Thinking(s.to_owned()));
                     }
                     ("signature_delta", DraftBlock::Thinking { signature, .. }) => {
-                        signature
-                            .get_or_insert_with(String::new)
-                            .push_str(str_of(d, "signature"));
+                        signature.get_or_insert_with(String::new).push_str(str_of(d, "signature"));
                     }
                     ("input_json_delta", DraftBlock::ToolCall { arguments, .. }) => {
                         arguments.push_str(str_of(d, "partial_json"));
@@ -246,23 +233,12 @@ impl super::Decoder for Decoder {
             }
             "message_stop" => {
                 draft.stop_reason = Some(match self.stop_reason.as_deref() {
-                    Some("max_tokens") | Some("model_context_window_exceeded") => {
-                        StopReason::Length
-                    }
+                    Some("max_tokens") | Some("model_context_window_exceeded") => StopReason::Length,
                     Some("tool_use") => StopReason::ToolUse,
                     Some("refusal") => {
-                        return Err(Fault::new(
-                            ErrorKind::Refusal,
-                            "the model refused to answer (stop_reason refusal)",
-                        ))
+                        return Err(Fault::new(ErrorKind::Refusal, "the model refused to answer (stop_reason refusal)"))
                     }
-                    _ if draft
-                        .blocks
-                        .iter()
-                        .any(|b| matches!(b, DraftBlock::ToolCall { .. })) =>
-                    {
-                        StopReason::ToolUse
-                    }
+                    _ if draft.blocks.iter().any(|b| matches!(b, DraftBlock::ToolCall { .. })) => StopReason::ToolUse,
                     _ => StopReason::Stop,
                 });
                 return Ok(true);
@@ -274,10 +250,7 @@ impl super::Decoder for Decoder {
     }
 
     fn eof(&mut self, _draft: &mut AssistantDraft) -> Result<(), Fault> {
-        Err(Fault::new(
-            ErrorKind::Unknown,
-            "stream ended before the response was complete (no message_stop)",
-        ))
+        Err(Fault::new(ErrorKind::Unknown, "stream ended before the response was complete (no message_stop)"))
     }
 }
 

@@ -14,10 +14,7 @@ pub const ECHO_PREFIX: &str =
 
 /// The reply for this context, split into streamable chunks (each word keeps its trailing space).
 pub(crate) fn reply_chunks(messages: &[Value]) -> VecDeque<String> {
-    let last_user = messages
-        .iter()
-        .rev()
-        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    let last_user = messages.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
     let said = match last_user {
         None => " There is no user message to echo.".to_owned(),
         Some(m) => {
@@ -25,10 +22,7 @@ pub(crate) fn reply_chunks(messages: &[Value]) -> VecDeque<String> {
                 Some(s) => (s.to_owned(), 0),
                 None => {
                     let content = blocks(m);
-                    (
-                        joined_text(content),
-                        content.iter().filter(|b| block_type(b) == "image").count(),
-                    )
+                    (joined_text(content), content.iter().filter(|b| block_type(b) == "image").count())
                 }
             };
             let images = match image_count {
@@ -68,12 +62,7 @@ mod tests {
             format!("{ECHO_PREFIX} You said: hello there (with 1 image)")
         );
         assert_eq!(
-            chunks
-                .iter()
-                .rev()
-                .take(3)
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
+            chunks.iter().rev().take(3).map(String::as_str).collect::<Vec<_>>(),
             vec![" image)", " 1", " (with"]
         );
     }

@@ -83,10 +83,7 @@ pub(crate) struct Fault {
 
 impl Fault {
     pub(crate) fn new(kind: ErrorKind, detail: impl Into<String>) -> Self {
-        Self {
-            kind,
-            detail: detail.into(),
-        }
+        Self { kind, detail: detail.into() }
     }
 }
 
@@ -166,10 +163,7 @@ pub struct ModelStream {
 
 impl ModelStream {
     /// Sends the request; retries 429/5xx/connect errors per the provider's policy.
-    pub async fn open(
-        model: &ResolvedModel,
-        request: &ModelRequest,
-    ) -> Result<ModelStream, ProviderError> {
+    pub async fn open(model: &ResolvedModel, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
         let draft = AssistantDraft::new();
         let (wire, decoder): (WireRequest, Box<dyn Decoder>) = match model.provider.api {
             Api::PincerEcho => {
@@ -180,18 +174,13 @@ impl ModelStream {
                     draft,
                 })
             }
-            Api::OpenaiCompletions => (
-                openai_completions::request(model, request),
-                Box::new(openai_completions::Decoder::default()),
-            ),
-            Api::OpenaiResponses => (
-                openai_responses::request(model, request),
-                Box::new(openai_responses::Decoder::default()),
-            ),
-            Api::AnthropicMessages => (
-                anthropic::request(model, request),
-                Box::new(anthropic::Decoder::default()),
-            ),
+            Api::OpenaiCompletions => {
+                (openai_completions::request(model, request), Box::new(openai_completions::Decoder::default()))
+            }
+            Api::OpenaiResponses => {
+                (openai_responses::request(model, request), Box::new(openai_responses::Decoder::default()))
+            }
+            Api::AnthropicMessages => (anthropic::request(model, request), Box::new(anthropic::Decoder::default())),
         };
         let response = send_with_retries(model, &wire).await?;
         Ok(ModelStream {
@@ -235,10 +224,7 @@ impl ModelStream {
                     let chunk = match tokio::time::timeout(limit, state.body.next()).await {
                         Err(_) => {
                             let what = if state.received == 0 {
-                                format!(
-                                    "timed out after {} waiting for the first byte of the stream",
-                                    secs(limit)
-                                )
+                                format!("timed out after {} waiting for the first byte of the stream", secs(limit))
                             } else {
                                 format!(
                                     "stream stalled: nothing received for {} (idle timeout) after {} bytes",
@@ -278,10 +264,8 @@ impl ModelStream {
                         }
                         None => {
                             if state.parser.has_partial() {
-                                let detail = format!(
-                                    "stream cut mid-event after {} bytes (connection closed)",
-                                    state.received
-                                );
+                                let detail =
+                                    format!("stream cut mid-event after {} bytes (connection closed)", state.received);
                                 return Err(self.fail(ErrorKind::Unknown, detail));
                             }
                             if let Err(f) = state.decoder.eof(&mut self.draft) {
@@ -312,11 +296,7 @@ impl ModelStream {
     }
 }
 
-pub(crate) fn provider_error(
-    model: &ResolvedModel,
-    kind: ErrorKind,
-    detail: String,
-) -> ProviderError {
+pub(crate) fn provider_error(model: &ResolvedModel, kind: ErrorKind, detail: String) -> ProviderError {
     ProviderError {
         provider: model.provider.name.clone(),
         api: model.provider.api,
@@ -348,27 +328,15 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 const RETRYABLE: [u16; 6] = [429, 500, 502, 503, 504, 529];
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-async fn send_with_retries(
-    model: &ResolvedModel,
-    wire: &WireRequest,
-) -> Result<reqwest::Response, ProviderError> {
+async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<reqwest::Response, ProviderError> {
     let p = &model.provider;
     let body = match serde_json::to_vec(&wire.body) {
         Ok(b) => b,
-        Err(e) => {
-            return Err(provider_error(
-                model,
-                ErrorKind::Unknown,
-                format!("cannot encode request: {e}"),
-            ))
-        }
+        Err(e) => return Err(provider_error(model, ErrorKind::Unknown, format!("cannot encode request: {e}"))),
     };
     let mut attempt: u32 = 0;
     loop {
-        let mut req = p
-            .client
-            .post(&wire.url)
-            .header("content-type", "application/json");
+        let mut req = p.client.post(&wire.url).header("content-type", "application/json");
         for (k, v) in &wire.headers {
             req = req.header(k.as_str(), v.as_str());
         }
@@ -383,74 +351,52 @@ async fn send_with_retries(
                 format!(" (after {} attempts)", attempt + 1)
             }
         };
-        let (retry_detail, retry_after) =
-            match tokio::time::timeout(p.timeouts.first_byte, req.send()).await {
-                Err(_) => {
-                    let detail = format!(
-                        "no response from {} within {} (first-byte timeout){}",
-                        wire.url,
-                        secs(p.timeouts.first_byte),
-                        attempts()
-                    );
-                    return Err(provider_error(model, ErrorKind::Timeout, detail));
+        let (retry_detail, retry_after) = match tokio::time::timeout(p.timeouts.first_byte, req.send()).await {
+            Err(_) => {
+                let detail = format!(
+                    "no response from {} within {} (first-byte timeout){}",
+                    wire.url,
+                    secs(p.timeouts.first_byte),
+                    attempts()
+                );
+                return Err(provider_error(model, ErrorKind::Timeout, detail));
+            }
+            Ok(Err(e)) if e.is_connect() => {
+                let timed_out = e.is_timeout();
+                let what = if timed_out {
+                    format!("connect timeout ({}) to {}", secs(p.timeouts.connect), wire.url)
+                } else {
+                    format!("cannot connect to {}: {}", wire.url, error_chain(&e))
+                };
+                if attempt >= p.retry.max_retries {
+                    let kind = if timed_out { ErrorKind::Timeout } else { ErrorKind::Unknown };
+                    return Err(provider_error(model, kind, format!("{what}{}", attempts())));
                 }
-                Ok(Err(e)) if e.is_connect() => {
-                    let timed_out = e.is_timeout();
-                    let what = if timed_out {
-                        format!(
-                            "connect timeout ({}) to {}",
-                            secs(p.timeouts.connect),
-                            wire.url
-                        )
-                    } else {
-                        format!("cannot connect to {}: {}", wire.url, error_chain(&e))
-                    };
-                    if attempt >= p.retry.max_retries {
-                        let kind = if timed_out {
-                            ErrorKind::Timeout
-                        } else {
-                            ErrorKind::Unknown
-                        };
-                        return Err(provider_error(model, kind, format!("{what}{}", attempts())));
-                    }
-                    (what, None)
+                (what, None)
+            }
+            Ok(Err(e)) => {
+                let kind = if e.is_timeout() { ErrorKind::Timeout } else { ErrorKind::Unknown };
+                let detail = format!("request to {} failed: {}{}", wire.url, error_chain(&e), attempts());
+                return Err(provider_error(model, kind, detail));
+            }
+            Ok(Ok(resp)) if resp.status().is_success() => return Ok(resp),
+            Ok(Ok(resp)) => {
+                let status = resp.status();
+                let retry_after = parse_retry_after(resp.headers());
+                let text = read_error_body(resp, p.timeouts.first_byte).await;
+                let message = wire::error_message_from_body(&text);
+                let kind = classify_http(status.as_u16(), &text);
+                let what = format!("HTTP {status}: {message}");
+                if !RETRYABLE.contains(&status.as_u16()) || attempt >= p.retry.max_retries {
+                    return Err(provider_error(model, kind, format!("{what}{}", attempts())));
                 }
-                Ok(Err(e)) => {
-                    let kind = if e.is_timeout() {
-                        ErrorKind::Timeout
-                    } else {
-                        ErrorKind::Unknown
-                    };
-                    let detail = format!(
-                        "request to {} failed: {}{}",
-                        wire.url,
-                        error_chain(&e),
-                        attempts()
-                    );
-                    return Err(provider_error(model, kind, detail));
-                }
-                Ok(Ok(resp)) if resp.status().is_success() => return Ok(resp),
-                Ok(Ok(resp)) => {
-                    let status = resp.status();
-                    let retry_after = parse_retry_after(resp.headers());
-                    let text = read_error_body(resp, p.timeouts.first_byte).await;
-                    let message = wire::error_message_from_body(&text);
-                    let kind = classify_http(status.as_u16(), &text);
-                    let what = format!("HTTP {status}: {message}");
-                    if !RETRYABLE.contains(&status.as_u16()) || attempt >= p.retry.max_retries {
-                        return Err(provider_error(model, kind, format!("{what}{}", attempts())));
-                    }
-                    (what, retry_after)
-                }
-            };
+                (what, retry_after)
+            }
+        };
         let backoff = p.retry.base_delay.saturating_mul(1u32 << attempt.min(16));
         let delay = retry_after.unwrap_or(backoff);
         if delay > p.retry.max_delay {
-            let kind = if retry_detail.contains("429") {
-                ErrorKind::RateLimit
-            } else {
-                ErrorKind::Unknown
-            };
+            let kind = if retry_detail.contains("429") { ErrorKind::RateLimit } else { ErrorKind::Unknown };
             let detail = format!(
                 "{retry_detail}; the server asks to wait {}, longer than retry_max_delay_ms ({})",
                 secs(delay),
@@ -471,9 +417,7 @@ fn parse_retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
     if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
         return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
     }
-    get("retry-after")
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|s| Duration::from_secs_f64(s.clamp(0.0, 1e9)))
+    get("retry-after").and_then(|v| v.parse::<f64>().ok()).map(|s| Duration::from_secs_f64(s.clamp(0.0, 1e9)))
 }
 
 async fn read_error_body(resp: reqwest::Response, limit: Duration) -> String {

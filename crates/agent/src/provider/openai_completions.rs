@@ -10,9 +10,7 @@ use std::collections::VecDeque;
 
 use serde_json::{json, Map, Value};
 
-use super::wire::{
-    self, block_type, blocks, content_string, data_url, images, joined_text, str_of,
-};
+use super::wire::{self, block_type, blocks, content_string, data_url, images, joined_text, str_of};
 use super::{ErrorKind, Fault, ModelRequest, StreamDelta, WireRequest};
 use crate::config::ResolvedModel;
 use crate::message::{AssistantDraft, DraftBlock, StopReason, Usage};
@@ -27,8 +25,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
     let mut pending_images: Vec<Value> = Vec::new();
     let flush_images = |messages: &mut Vec<Value>, pending: &mut Vec<Value>| {
         if !pending.is_empty() {
-            let mut content =
-                vec![json!({"type": "text", "text": "Attached image(s) from tool result:"})];
+            let mut content = vec![json!({"type": "text", "text": "Attached image(s) from tool result:"})];
             content.append(pending);
             messages.push(json!({"role": "user", "content": content}));
         }
@@ -53,9 +50,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
                     .iter()
                     .filter_map(|b| match block_type(b) {
                         "text" => Some(json!({"type": "text", "text": str_of(b, "text")})),
-                        "image" => {
-                            Some(json!({"type": "image_url", "image_url": {"url": data_url(b)}}))
-                        }
+                        "image" => Some(json!({"type": "image_url", "image_url": {"url": data_url(b)}})),
                         _ => None,
                     })
                     .collect();
@@ -78,14 +73,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
                 }
                 let mut m = Map::new();
                 m.insert("role".into(), "assistant".into());
-                m.insert(
-                    "content".into(),
-                    if text.is_empty() {
-                        Value::Null
-                    } else {
-                        text.into()
-                    },
-                );
+                m.insert("content".into(), if text.is_empty() { Value::Null } else { text.into() });
                 if !calls.is_empty() {
                     m.insert("tool_calls".into(), Value::Array(calls));
                 }
@@ -101,10 +89,8 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
                     (true, true) => "(no output)".to_owned(),
                 };
                 messages.push(json!({"role": "tool", "tool_call_id": str_of(&msg, "toolCallId"), "content": text}));
-                pending_images.extend(
-                    imgs.into_iter()
-                        .map(|i| json!({"type": "image_url", "image_url": {"url": data_url(i)}})),
-                );
+                pending_images
+                    .extend(imgs.into_iter().map(|i| json!({"type": "image_url", "image_url": {"url": data_url(i)}})));
             }
             _ => {}
         }
@@ -118,11 +104,8 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
     body.insert("stream_options".into(), json!({"include_usage": true}));
     if let Some(max) = model.model.max_tokens {
         // OpenAI itself wants the new name (required by its reasoning models); local servers know the old one.
-        let key = if model.provider.base_url.contains("api.openai.com") {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
+        let key =
+            if model.provider.base_url.contains("api.openai.com") { "max_completion_tokens" } else { "max_tokens" };
         body.insert(key.into(), max.into());
     }
     if !req.tools.is_empty() {
@@ -137,11 +120,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
     if let Some(key) = &model.provider.api_key {
         headers.push(("authorization".to_owned(), format!("Bearer {key}")));
     }
-    WireRequest {
-        url: format!("{}/chat/completions", model.provider.base_url),
-        headers,
-        body: Value::Object(body),
-    }
+    WireRequest { url: format!("{}/chat/completions", model.provider.base_url), headers, body: Value::Object(body) }
 }
 
 /// Stream decoder.
@@ -154,10 +133,7 @@ pub(crate) struct Decoder {
 
 impl Decoder {
     fn finish(&mut self, draft: &mut AssistantDraft) -> Result<(), Fault> {
-        let has_calls = draft
-            .blocks
-            .iter()
-            .any(|b| matches!(b, DraftBlock::ToolCall { .. }));
+        let has_calls = draft.blocks.iter().any(|b| matches!(b, DraftBlock::ToolCall { .. }));
         let stop = match self.finish.as_deref() {
             Some("length") => StopReason::Length,
             Some("content_filter") => {
@@ -197,11 +173,7 @@ impl super::Decoder for Decoder {
             return Err(Fault::new(kind, format!("error in stream: {message}")));
         }
         if draft.response_id.is_none() {
-            if let Some(id) = v
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-            {
+            if let Some(id) = v.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()) {
                 draft.response_id = Some(id.to_owned());
             }
         }
@@ -215,39 +187,22 @@ impl super::Decoder for Decoder {
                 cache_write: 0,
             };
         }
-        let Some(choice) = v
-            .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.first())
-        else {
+        let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|c| c.first()) else {
             return Ok(false);
         };
         if let Some(delta) = choice.get("delta") {
             let reasoning = ["reasoning_content", "reasoning", "reasoning_text"]
                 .iter()
-                .find_map(|k| {
-                    delta
-                        .get(*k)
-                        .and_then(Value::as_str)
-                        .filter(|s| !s.is_empty())
-                });
+                .find_map(|k| delta.get(*k).and_then(Value::as_str).filter(|s| !s.is_empty()));
             if let Some(r) = reasoning {
                 draft.push_thinking(r);
                 out.push_back(StreamDelta::Thinking(r.to_owned()));
             }
-            if let Some(t) = delta
-                .get("content")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-            {
+            if let Some(t) = delta.get("content").and_then(Value::as_str).filter(|s| !s.is_empty()) {
                 draft.push_text(t);
                 out.push_back(StreamDelta::Text(t.to_owned()));
             }
-            for tc in delta
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .map_or(&[][..], Vec::as_slice)
-            {
+            for tc in delta.get("tool_calls").and_then(Value::as_array).map_or(&[][..], Vec::as_slice) {
                 self.tool_call_delta(tc, draft);
             }
         }
@@ -274,30 +229,13 @@ impl Decoder {
         let key = match tc.get("index").and_then(Value::as_u64) {
             Some(i) => format!("#{i}"),
             None if !id.is_empty() => format!("id:{id}"),
-            None => self
-                .tool_slots
-                .last()
-                .map_or_else(|| "#0".to_owned(), |(k, _)| k.clone()),
+            None => self.tool_slots.last().map_or_else(|| "#0".to_owned(), |(k, _)| k.clone()),
         };
-        let name = tc
-            .pointer("/function/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let args = tc
-            .pointer("/function/arguments")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let slot = self
-            .tool_slots
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, i)| *i);
+        let name = tc.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+        let args = tc.pointer("/function/arguments").and_then(Value::as_str).unwrap_or_default();
+        let slot = self.tool_slots.iter().find(|(k, _)| *k == key).map(|(_, i)| *i);
         match slot.and_then(|i| draft.blocks.get_mut(i)) {
-            Some(DraftBlock::ToolCall {
-                id: bid,
-                name: bname,
-                arguments,
-            }) => {
+            Some(DraftBlock::ToolCall { id: bid, name: bname, arguments }) => {
                 if bid.is_empty() {
                     id.clone_into(bid);
                 }
@@ -307,16 +245,8 @@ impl Decoder {
                 arguments.push_str(args);
             }
             _ => {
-                let id = if id.is_empty() {
-                    format!("call_{}", self.tool_slots.len())
-                } else {
-                    id.to_owned()
-                };
-                draft.blocks.push(DraftBlock::ToolCall {
-                    id,
-                    name: name.to_owned(),
-                    arguments: args.to_owned(),
-                });
+                let id = if id.is_empty() { format!("call_{}", self.tool_slots.len()) } else { id.to_owned() };
+                draft.blocks.push(DraftBlock::ToolCall { id, name: name.to_owned(), arguments: args.to_owned() });
                 self.tool_slots.push((key, draft.blocks.len() - 1));
             }
         }
@@ -328,8 +258,5 @@ pub(crate) fn invalid_json(e: &serde_json::Error, data: &str) -> Fault {
     if snippet.len() < data.len() {
         snippet.push('…');
     }
-    Fault::new(
-        ErrorKind::Unknown,
-        format!("invalid JSON in stream event ({e}): {snippet}"),
-    )
+    Fault::new(ErrorKind::Unknown, format!("invalid JSON in stream event ({e}): {snippet}"))
 }

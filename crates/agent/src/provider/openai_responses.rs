@@ -11,9 +11,7 @@ use std::collections::VecDeque;
 use serde_json::{json, Map, Value};
 
 use super::openai_completions::invalid_json;
-use super::wire::{
-    self, block_type, blocks, content_string, data_url, images, joined_text, str_of,
-};
+use super::wire::{self, block_type, blocks, content_string, data_url, images, joined_text, str_of};
 use super::{ErrorKind, Fault, ModelRequest, StreamDelta, WireRequest};
 use crate::config::ResolvedModel;
 use crate::message::{AssistantDraft, DraftBlock, StopReason, Usage};
@@ -25,8 +23,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
     let mut pending_images: Vec<Value> = Vec::new();
     let flush_images = |input: &mut Vec<Value>, pending: &mut Vec<Value>| {
         if !pending.is_empty() {
-            let mut content =
-                vec![json!({"type": "input_text", "text": "Attached image(s) from tool result:"})];
+            let mut content = vec![json!({"type": "input_text", "text": "Attached image(s) from tool result:"})];
             content.append(pending);
             input.push(json!({"role": "user", "content": content}));
         }
@@ -88,10 +85,13 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
                     (true, false) => "(see attached image)".to_owned(),
                     (true, true) => "(no output)".to_owned(),
                 };
-                input.push(json!({"type": "function_call_output", "call_id": str_of(&msg, "toolCallId"), "output": output}));
-                pending_images.extend(imgs.into_iter().map(
-                    |i| json!({"type": "input_image", "detail": "auto", "image_url": data_url(i)}),
-                ));
+                input.push(
+                    json!({"type": "function_call_output", "call_id": str_of(&msg, "toolCallId"), "output": output}),
+                );
+                pending_images.extend(
+                    imgs.into_iter()
+                        .map(|i| json!({"type": "input_image", "detail": "auto", "image_url": data_url(i)})),
+                );
             }
             _ => {}
         }
@@ -125,11 +125,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
     if let Some(key) = &model.provider.api_key {
         headers.push(("authorization".to_owned(), format!("Bearer {key}")));
     }
-    WireRequest {
-        url: format!("{}/responses", model.provider.base_url),
-        headers,
-        body: Value::Object(body),
-    }
+    WireRequest { url: format!("{}/responses", model.provider.base_url), headers, body: Value::Object(body) }
 }
 
 /// Stream decoder.
@@ -145,12 +141,7 @@ impl Decoder {
         self.slots.iter().find(|(k, _)| k == key).map(|(_, i)| *i)
     }
 
-    fn block_for(
-        &mut self,
-        key: String,
-        draft: &mut AssistantDraft,
-        make: impl FnOnce() -> DraftBlock,
-    ) -> usize {
+    fn block_for(&mut self, key: String, draft: &mut AssistantDraft, make: impl FnOnce() -> DraftBlock) -> usize {
         if let Some(i) = self.slot(&key) {
             return i;
         }
@@ -183,11 +174,7 @@ fn error_fault(err: &Value, context: &str) -> Fault {
     } else {
         ErrorKind::Unknown
     };
-    let code = if code.is_empty() {
-        String::new()
-    } else {
-        format!(" ({code})")
-    };
+    let code = if code.is_empty() { String::new() } else { format!(" ({code})") };
     Fault::new(kind, format!("{context}{code}: {message}"))
 }
 
@@ -232,9 +219,7 @@ impl super::Decoder for Decoder {
                     _ => {}
                 }
             }
-            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta"
-                if !delta.is_empty() =>
-            {
+            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" if !delta.is_empty() => {
                 let i = self.block_for(format!("r{oi}"), draft, || DraftBlock::Thinking {
                     thinking: String::new(),
                     signature: None,
@@ -254,9 +239,8 @@ impl super::Decoder for Decoder {
             }
             "response.refusal.delta" => self.refusal.push_str(delta),
             "response.function_call_arguments.delta" => {
-                if let Some(DraftBlock::ToolCall { arguments, .. }) = self
-                    .slot(&format!("f{oi}"))
-                    .and_then(|i| draft.blocks.get_mut(i))
+                if let Some(DraftBlock::ToolCall { arguments, .. }) =
+                    self.slot(&format!("f{oi}")).and_then(|i| draft.blocks.get_mut(i))
                 {
                     arguments.push_str(delta);
                 }
@@ -266,9 +250,8 @@ impl super::Decoder for Decoder {
                 match str_of(item, "type") {
                     "function_call" => {
                         let final_args = str_of(item, "arguments");
-                        if let Some(DraftBlock::ToolCall { arguments, .. }) = self
-                            .slot(&format!("f{oi}"))
-                            .and_then(|i| draft.blocks.get_mut(i))
+                        if let Some(DraftBlock::ToolCall { arguments, .. }) =
+                            self.slot(&format!("f{oi}")).and_then(|i| draft.blocks.get_mut(i))
                         {
                             if !final_args.is_empty() {
                                 final_args.clone_into(arguments);
@@ -281,22 +264,11 @@ impl super::Decoder for Decoder {
                             signature: None,
                             redacted: false,
                         });
-                        if let Some(DraftBlock::Thinking {
-                            thinking,
-                            signature,
-                            ..
-                        }) = draft.blocks.get_mut(i)
-                        {
+                        if let Some(DraftBlock::Thinking { thinking, signature, .. }) = draft.blocks.get_mut(i) {
                             if thinking.is_empty() {
-                                let summary = item
-                                    .get("summary")
-                                    .and_then(Value::as_array)
-                                    .map_or(&[][..], Vec::as_slice);
-                                *thinking = summary
-                                    .iter()
-                                    .map(|s| str_of(s, "text"))
-                                    .collect::<Vec<_>>()
-                                    .join("\n\n");
+                                let summary =
+                                    item.get("summary").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+                                *thinking = summary.iter().map(|s| str_of(s, "text")).collect::<Vec<_>>().join("\n\n");
                             }
                             *signature = Some(item.to_string());
                         }
@@ -310,29 +282,20 @@ impl super::Decoder for Decoder {
                     draft.usage = u;
                 }
                 if !self.refusal.is_empty() {
-                    return Err(Fault::new(
-                        ErrorKind::Refusal,
-                        format!("the model refused: {}", self.refusal),
-                    ));
+                    return Err(Fault::new(ErrorKind::Refusal, format!("the model refused: {}", self.refusal)));
                 }
-                let has_calls = draft
-                    .blocks
-                    .iter()
-                    .any(|b| matches!(b, DraftBlock::ToolCall { .. }));
-                let reason = response
-                    .pointer("/incomplete_details/reason")
-                    .and_then(Value::as_str);
-                draft.stop_reason = Some(match (str_of(response, "status"), reason) {
-                    ("incomplete", Some("content_filter")) => {
-                        return Err(Fault::new(
+                let has_calls = draft.blocks.iter().any(|b| matches!(b, DraftBlock::ToolCall { .. }));
+                let reason = response.pointer("/incomplete_details/reason").and_then(Value::as_str);
+                draft.stop_reason =
+                    Some(match (str_of(response, "status"), reason) {
+                        ("incomplete", Some("content_filter")) => return Err(Fault::new(
                             ErrorKind::Refusal,
                             "the response was stopped by the provider's content filter (incomplete: content_filter)",
-                        ))
-                    }
-                    ("incomplete", _) => StopReason::Length,
-                    _ if has_calls => StopReason::ToolUse,
-                    _ => StopReason::Stop,
-                });
+                        )),
+                        ("incomplete", _) => StopReason::Length,
+                        _ if has_calls => StopReason::ToolUse,
+                        _ => StopReason::Stop,
+                    });
                 return Ok(true);
             }
             "response.failed" => {
@@ -349,9 +312,6 @@ impl super::Decoder for Decoder {
     }
 
     fn eof(&mut self, _draft: &mut AssistantDraft) -> Result<(), Fault> {
-        Err(Fault::new(
-            ErrorKind::Unknown,
-            "stream ended before the response was complete (no response.completed)",
-        ))
+        Err(Fault::new(ErrorKind::Unknown, "stream ended before the response was complete (no response.completed)"))
     }
 }

@@ -19,9 +19,7 @@ pub(crate) fn prepare(messages: &[Value]) -> Vec<Value> {
     let mut out = Vec::new();
     let mut pending: Vec<(String, String)> = Vec::new();
     let mut answered: BTreeSet<String> = BTreeSet::new();
-    let close_pending = |out: &mut Vec<Value>,
-                         pending: &mut Vec<(String, String)>,
-                         answered: &BTreeSet<String>| {
+    let close_pending = |out: &mut Vec<Value>, pending: &mut Vec<(String, String)>, answered: &BTreeSet<String>| {
         for (id, name) in pending.drain(..) {
             if !answered.contains(&id) {
                 out.push(json!({
@@ -34,10 +32,7 @@ pub(crate) fn prepare(messages: &[Value]) -> Vec<Value> {
     for msg in convert_to_llm(messages) {
         match role(&msg) {
             "assistant" => {
-                let stop = msg
-                    .get("stopReason")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
+                let stop = msg.get("stopReason").and_then(Value::as_str).unwrap_or_default();
                 if stop == "error" || stop == "aborted" {
                     continue;
                 }
@@ -45,10 +40,7 @@ pub(crate) fn prepare(messages: &[Value]) -> Vec<Value> {
                 answered.clear();
                 for block in blocks(&msg) {
                     if block.get("type").and_then(Value::as_str) == Some("toolCall") {
-                        pending.push((
-                            str_of(block, "id").to_owned(),
-                            str_of(block, "name").to_owned(),
-                        ));
+                        pending.push((str_of(block, "id").to_owned(), str_of(block, "name").to_owned()));
                     }
                 }
                 out.push(msg);
@@ -82,9 +74,7 @@ pub(crate) fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
 
 /// Content blocks; a string content is not a block list (see [`content_string`]).
 pub(crate) fn blocks(msg: &Value) -> &[Value] {
-    msg.get("content")
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
+    msg.get("content").and_then(Value::as_array).map_or(&[], Vec::as_slice)
 }
 
 /// The content when it is a plain string.
@@ -99,29 +89,17 @@ pub(crate) fn block_type(b: &Value) -> &str {
 
 /// Text blocks of a content list joined with `\n`.
 pub(crate) fn joined_text(content: &[Value]) -> String {
-    content
-        .iter()
-        .filter(|b| block_type(b) == "text")
-        .map(|b| str_of(b, "text"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    content.iter().filter(|b| block_type(b) == "text").map(|b| str_of(b, "text")).collect::<Vec<_>>().join("\n")
 }
 
 /// Image blocks of a content list.
 pub(crate) fn images(content: &[Value]) -> Vec<&Value> {
-    content
-        .iter()
-        .filter(|b| block_type(b) == "image")
-        .collect()
+    content.iter().filter(|b| block_type(b) == "image").collect()
 }
 
 /// `data:<mime>;base64,<data>` for an image block.
 pub(crate) fn data_url(image: &Value) -> String {
-    format!(
-        "data:{};base64,{}",
-        str_of(image, "mimeType"),
-        str_of(image, "data")
-    )
+    format!("data:{};base64,{}", str_of(image, "mimeType"), str_of(image, "data"))
 }
 
 /// The most useful message from an error body: `error.message` (OpenAI, Anthropic),
@@ -141,17 +119,9 @@ pub(crate) fn error_message_from_body(text: &str) -> String {
 
 /// The message inside a JSON error object, if it has one.
 pub(crate) fn error_message_from_value(v: &Value) -> Option<String> {
-    let candidates = [
-        v.pointer("/error/message"),
-        v.get("error").filter(|e| e.is_string()),
-        v.get("message"),
-        v.get("detail"),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find_map(|m| m.as_str())
-        .map(|m| shorten(m, 2000))
+    let candidates =
+        [v.pointer("/error/message"), v.get("error").filter(|e| e.is_string()), v.get("message"), v.get("detail")];
+    candidates.into_iter().flatten().find_map(|m| m.as_str()).map(|m| shorten(m, 2000))
 }
 
 fn shorten(s: &str, max: usize) -> String {
@@ -213,22 +183,11 @@ mod tests {
 
     #[test]
     fn error_bodies() {
-        assert_eq!(
-            error_message_from_body(r#"{"error":{"message":"bad key","type":"x"}}"#),
-            "bad key"
-        );
-        assert_eq!(
-            error_message_from_body(r#"{"error":"model not found"}"#),
-            "model not found"
-        );
+        assert_eq!(error_message_from_body(r#"{"error":{"message":"bad key","type":"x"}}"#), "bad key");
+        assert_eq!(error_message_from_body(r#"{"error":"model not found"}"#), "model not found");
         assert_eq!(error_message_from_body("  "), "(empty response body)");
-        assert_eq!(
-            error_message_from_body("<html>oops</html>"),
-            "<html>oops</html>"
-        );
-        assert!(is_context_length_message(
-            "prompt is too long: 208000 tokens > 200000 maximum"
-        ));
+        assert_eq!(error_message_from_body("<html>oops</html>"), "<html>oops</html>");
+        assert!(is_context_length_message("prompt is too long: 208000 tokens > 200000 maximum"));
         assert!(!is_context_length_message("Rate limit reached"));
     }
 }

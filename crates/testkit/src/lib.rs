@@ -1,0 +1,67 @@
+//! Test support shared by Pincer's crates: where `shared/` is, and the real Pi library (the oracle)
+//! run over a session file.
+//!
+//! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
+//! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
+//! fail with instructions when it is missing: they are never skipped.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `shared/` (beside the repository, or `PINCER_SHARED_DIR`).
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("PINCER_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("../shared"))
+}
+
+/// The Pi fixtures.
+pub fn fixtures_dir() -> PathBuf {
+    shared_dir().join("pi-oracle/fixtures")
+}
+
+/// The installed oracle (`PINCER_PI_ORACLE`, else `target/pi-oracle`).
+pub fn oracle_dir() -> PathBuf {
+    let dir =
+        std::env::var_os("PINCER_PI_ORACLE").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target/pi-oracle"));
+    assert!(
+        dir.join("node_modules/@mariozechner/pi-coding-agent").is_dir(),
+        "the Pi oracle is not installed at {}: run scripts/test (it copies shared/pi-oracle there and runs npm ci), \
+         or set PINCER_PI_ORACLE to an installed copy",
+        dir.display()
+    );
+    dir
+}
+
+/// Runs the real Pi library's `context.mjs` on `file` (optionally at `leaf`) and returns its JSON
+/// output (`{"error": …}` when Pi fails).
+pub fn oracle_context(file: &Path, leaf: Option<&str>) -> Value {
+    let mut cmd = Command::new("node");
+    cmd.arg(oracle_dir().join("context.mjs")).arg(file);
+    if let Some(l) = leaf {
+        cmd.arg(l);
+    }
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run node: {e}"));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "oracle output is not JSON ({e}): {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The keys `pincer transcript context` shares with the oracle.
+pub fn comparable(v: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    for k in ["sessionId", "leafId", "entries", "context"] {
+        if let Some(x) = v.get(k) {
+            out.insert(k.into(), x.clone());
+        }
+    }
+    Value::Object(out)
+}
