@@ -318,11 +318,12 @@ async fn play(mut sock: TcpStream, mut rx: mpsc::UnboundedReceiver<Step>, framin
     let head = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n{te}\r\n");
     sock.write_all(head.as_bytes()).await?;
     sock.flush().await?;
+    let mut scratch = [0u8; 64];
     loop {
         let step = tokio::select! {
             s = rx.recv() => s,
             // The client went away: stop.
-            r = sock.read(&mut [0u8; 64]) => match r { Ok(0) | Err(_) => return Ok(()), Ok(_) => continue },
+            r = sock.read(&mut scratch) => match r { Ok(0) | Err(_) => return Ok(()), Ok(_) => continue },
         };
         match step {
             Some(Step::Send(s)) => {

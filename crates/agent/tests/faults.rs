@@ -1,0 +1,342 @@
+//! Runs against the fake provider of each wire format: a normal stream, and every fault
+//! (429/5xx with retries, retry-after too long, context length, cut streams, invalid JSON,
+//! first-byte and idle timeouts, refused connections, missing terminal event), checking the
+//! events and the persisted transcript as whole values.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+use support::*;
+
+macro_rules! per_format {
+    ($($name:ident),* $(,)?) => { $(
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn openai_completions() { super::$name(Format::OpenaiCompletions).await }
+            #[tokio::test]
+            async fn openai_responses() { super::$name(Format::OpenaiResponses).await }
+            #[tokio::test]
+            async fn anthropic() { super::$name(Format::Anthropic).await }
+        }
+    )* };
+}
+
+per_format!(
+    text_and_thinking_stream,
+    length_stop,
+    retries_429_then_succeeds,
+    gives_up_after_retries_on_5xx,
+    retry_after_longer_than_allowed,
+    context_length_error,
+    no_retry_once_output_streamed,
+    invalid_json_event,
+    cut_mid_event_on_clean_eof,
+    ends_without_terminal_event,
+    idle_timeout,
+    first_byte_timeout_no_headers,
+    first_byte_timeout_no_body,
+    connection_refused,
+);
+
+fn prefix(f: Format) -> String {
+    format!("provider {} ({}, model {}): ", f.name(), f.api().as_str(), f.model_id())
+}
+
+fn zero_usage() -> Value {
+    pincer_agent::message::Usage::default().to_pi(None)
+}
+
+/// The error assistant message a run persists (normalized).
+fn error_message(f: Format, content: Value, usage: Value, response_id: bool, message: &str) -> Value {
+    let mut m = json!({"role":"assistant","content":content,"api":f.api().as_str(),"provider":f.name(),"model":f.model_id()});
+    if response_id {
+        m["responseId"] = json!(f.response_id());
+    }
+    m["usage"] = usage;
+    m["stopReason"] = json!("error");
+    m["timestamp"] = json!(0);
+    m["errorMessage"] = json!(message);
+    m
+}
+
+/// Usage known when a stream fails after its first events (Anthropic reports input in message_start).
+fn partial_usage(f: Format, t: &Turn) -> Value {
+    match f {
+        Format::Anthropic => json!({"input":t.usage.0,"output":1,"cacheRead":t.usage.2,"cacheWrite":0,
+            "totalTokens":t.usage.0+1+t.usage.2,"cost":{"input":t.usage.0 as f64 * 3.0 / 1e6,"output":0.000015,
+            "cacheRead":t.usage.2 as f64 * 0.3 / 1e6,"cacheWrite":0,"total":t.usage.0 as f64 * 3.0 / 1e6 + 0.000015 + t.usage.2 as f64 * 0.3 / 1e6}}),
+        Format::OpenaiCompletions | Format::OpenaiResponses => zero_usage(),
+    }
+}
+
+fn error_events(entry_msg: &Value, message: &str, kind: &str) -> Vec<Value> {
+    let entry = json!({"type":"message","id":"<id>","parentId":null,"timestamp":"<ts>","message":entry_msg});
+    vec![json!({"persisted": entry}), json!({"error": {"entry": entry, "message": message, "kind": kind}})]
+}
+
+fn hello() -> Turn {
+    turn(vec![text(&["Hel", "lo", " world"])], (10, 5, 2))
+}
+
+async fn text_and_thinking_stream(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let t = turn(vec![thinking(&["Let me ", "think."], "sig-abc"), text(&["Hel", "lo"])], (100, 20, 30));
+    fake.push(Reply::stream(script(f, &t)));
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    let expected = expected_assistant(f, &t);
+    let entry = json!({"type":"message","id":"<id>","parentId":null,"timestamp":"<ts>","message":expected.clone()});
+    assert_eq!(
+        events,
+        vec![
+            json!({"thinkingDelta":"Let me ","thinking":"Let me "}),
+            json!({"thinkingDelta":"think.","thinking":"Let me think."}),
+            json!({"textDelta":"Hel","text":"Hel"}),
+            json!({"textDelta":"lo","text":"Hello"}),
+            json!({"usage": expected["usage"]}),
+            json!({"persisted": entry}),
+            json!({"final": entry}),
+        ]
+    );
+    assert_eq!(messages, vec![expected.clone()]);
+    assert_eq!(
+        expected["usage"],
+        json!({"input":100,"output":20,"cacheRead":30,"cacheWrite":0,"totalTokens":150,
+               "cost":{"input":0.0003,"output":0.0003,"cacheRead":0.000009,"cacheWrite":0,"total":0.000609}})
+    );
+    let req = &fake.requests()[0];
+    let auth = match f {
+        Format::Anthropic => (req.headers.get("x-api-key").cloned(), req.headers.get("anthropic-version").cloned()),
+        _ => (req.headers.get("authorization").cloned(), None),
+    };
+    let expected_auth = match f {
+        Format::Anthropic => (Some("sk-test-key".to_owned()), Some("2023-06-01".to_owned())),
+        _ => (Some("Bearer sk-test-key".to_owned()), None),
+    };
+    assert_eq!((req.path.as_str(), auth, req.headers.get("x-pincer-test").cloned()), (f.path(), expected_auth, Some("1".into())));
+}
+
+async fn length_stop(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let mut t = hello();
+    t.end = End::Length;
+    fake.push(Reply::stream(script(f, &t)));
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    let expected = expected_assistant(f, &t);
+    assert_eq!(expected["stopReason"], "length");
+    assert_eq!(messages, vec![expected.clone()]);
+    assert_eq!(events.last().unwrap()["final"]["message"], expected);
+}
+
+async fn retries_429_then_succeeds(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    fake.push(Reply::Status {
+        status: 429,
+        headers: vec![("retry-after".into(), "0".into())],
+        body: f.error_body(429, "Rate limit reached"),
+    });
+    fake.push(Reply::Status { status: 503, headers: vec![], body: f.error_body(503, "busy") });
+    fake.push(Reply::stream(script(f, &hello())));
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    assert_eq!(messages, vec![expected_assistant(f, &hello())]);
+    assert_eq!(events.last().unwrap()["final"]["message"], expected_assistant(f, &hello()));
+    let bodies = fake.bodies();
+    assert_eq!(bodies.len(), 3);
+    assert!(bodies.iter().all(|b| *b == bodies[0]), "every retry sends the same body");
+}
+
+async fn gives_up_after_retries_on_5xx(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    for _ in 0..3 {
+        fake.push(Reply::Status { status: 503, headers: vec![], body: f.error_body(503, "The server is overloaded") });
+    }
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    let message = format!("{}HTTP 503 Service Unavailable: The server is overloaded (after 3 attempts)", prefix(f));
+    let msg = error_message(f, json!([]), zero_usage(), false, &message);
+    assert_eq!(events, error_events(&msg, &message, "unknown"));
+    assert_eq!(messages, vec![msg]);
+    assert_eq!(fake.requests().len(), 3);
+}
+
+async fn retry_after_longer_than_allowed(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    fake.push(Reply::Status {
+        status: 429,
+        headers: vec![("retry-after".into(), "3600".into())],
+        body: f.error_body(429, "Rate limit reached for requests"),
+    });
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    let message = format!(
+        "{}HTTP 429 Too Many Requests: Rate limit reached for requests; the server asks to wait 3600.0s, longer than retry_max_delay_ms (60.0s)",
+        prefix(f)
+    );
+    let msg = error_message(f, json!([]), zero_usage(), false, &message);
+    assert_eq!(events, error_events(&msg, &message, "rate_limit"));
+    assert_eq!(messages, vec![msg]);
+    assert_eq!(fake.requests().len(), 1);
+}
+
+async fn context_length_error(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    fake.push(Reply::Status { status: 400, headers: vec![], body: f.context_length_body() });
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    let detail = match f {
+        Format::Anthropic => "prompt is too long: 208310 tokens > 200000 maximum",
+        _ => "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.",
+    };
+    let message = format!("{}HTTP 400 Bad Request: {detail}", prefix(f));
+    let msg = error_message(f, json!([]), zero_usage(), false, &message);
+    assert_eq!(events, error_events(&msg, &message, "context_length"));
+    assert_eq!(messages, vec![msg]);
+    assert_eq!(fake.requests().len(), 1, "a 400 is not retried");
+}
+
+/// Output streamed, then the connection is cut (chunked body never finished): an error, and
+/// never a retry, with the partial text persisted in the error message.
+async fn no_retry_once_output_streamed(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let events = script(f, &hello());
+    let cut_at = split_after_first_text(f, &events);
+    let mut steps: Vec<Step> = events[..cut_at].iter().cloned().map(Step::Send).collect();
+    steps.push(Step::Send(events[cut_at][..events[cut_at].len() / 2].to_owned()));
+    steps.push(Step::Cut);
+    fake.push(Reply::Stream(steps, Framing::Chunked));
+    fake.push(Reply::stream(script(f, &hello()))); // would be used by a (wrong) retry
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    let err = &events.last().unwrap()["error"];
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!("{}stream cut after ", prefix(f)))
+            && message.contains("before the response was complete"),
+        "{message}"
+    );
+    let msg = error_message(f, json!([{"type":"text","text":"Hel"}]), partial_usage(f, &hello()), true, message);
+    assert_eq!(events[0], json!({"textDelta":"Hel","text":"Hel"}));
+    assert_eq!(events[1..], error_events(&msg, message, "unknown")[..]);
+    assert_eq!(messages, vec![msg]);
+    assert_eq!(fake.requests().len(), 1);
+}
+
+async fn invalid_json_event(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let events = script(f, &hello());
+    let cut_at = split_after_first_text(f, &events);
+    let mut evs: Vec<String> = events[..cut_at].to_vec();
+    evs.push("data: {\"type\": oops}\n\n".to_owned());
+    evs.extend(events[cut_at..].iter().cloned());
+    fake.push(Reply::stream(evs));
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    let message = format!("{}invalid JSON in stream event (expected value at line 1 column 10): {{\"type\": oops}}", prefix(f));
+    let msg = error_message(f, json!([{"type":"text","text":"Hel"}]), partial_usage(f, &hello()), true, &message);
+    let mut expected = vec![json!({"textDelta":"Hel","text":"Hel"})];
+    expected.extend(error_events(&msg, &message, "unknown"));
+    assert_eq!(events, expected);
+    assert_eq!(messages, vec![msg]);
+}
+
+/// A close-delimited body ending inside an event: the HTTP layer sees a clean EOF, the SSE
+/// parser sees the unfinished event.
+async fn cut_mid_event_on_clean_eof(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let events = script(f, &hello());
+    let cut_at = split_after_first_text(f, &events);
+    let mut steps: Vec<Step> = events[..cut_at].iter().cloned().map(Step::Send).collect();
+    steps.push(Step::Send("data: {\"partial\":".to_owned()));
+    fake.push(Reply::Stream(steps, Framing::CloseDelimited));
+    let (events, messages) = simple_run(&fake, fake.model()).await;
+    let sent: usize = script(f, &hello())[..cut_at].iter().map(String::len).sum::<usize>() + "data: {\"partial\":".len();
+    let message = format!("{}stream cut mid-event after {sent} bytes (connection closed)", prefix(f));
+    let msg = error_message(f, json!([{"type":"text","text":"Hel"}]), partial_usage(f, &hello()), true, &message);
+    let mut expected = vec![json!({"textDelta":"Hel","text":"Hel"})];
+    expected.extend(error_events(&msg, &message, "unknown"));
+    assert_eq!(events, expected);
+    assert_eq!(messages, vec![msg]);
+}
+
+/// Every event complete, but the terminal one never comes.
+async fn ends_without_terminal_event(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let events = script(f, &hello());
+    let cut_at = split_after_first_text(f, &events);
+    fake.push(Reply::stream(events[..cut_at].to_vec()));
+    let (events, _) = simple_run(&fake, fake.model()).await;
+    let detail = match f {
+        Format::OpenaiCompletions => "stream ended before the response was complete (no finish_reason and no [DONE])",
+        Format::OpenaiResponses => "stream ended before the response was complete (no response.completed)",
+        Format::Anthropic => "stream ended before the response was complete (no message_stop)",
+    };
+    assert_eq!(events.last().unwrap()["error"]["message"], format!("{}{detail}", prefix(f)));
+}
+
+async fn idle_timeout(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let events = script(f, &hello());
+    let cut_at = split_after_first_text(f, &events);
+    let mut steps: Vec<Step> = events[..cut_at].iter().cloned().map(Step::Send).collect();
+    steps.push(Step::Stall);
+    fake.push(Reply::Stream(steps, Framing::Chunked));
+    let model = fake.model_with(&Knobs { idle_ms: 200, ..Knobs::default() });
+    let (events, messages) = simple_run(&fake, model).await;
+    let err = &events.last().unwrap()["error"];
+    let message = err["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!("{}stream stalled: nothing received for 0.2s (idle timeout) after ", prefix(f))),
+        "{message}"
+    );
+    assert_eq!(err["kind"], "timeout");
+    assert_eq!(
+        messages,
+        vec![error_message(f, json!([{"type":"text","text":"Hel"}]), partial_usage(f, &hello()), true, message)]
+    );
+}
+
+async fn first_byte_timeout_no_headers(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    fake.push(Reply::NoResponse);
+    let model = fake.model_with(&Knobs { first_byte_ms: 200, ..Knobs::default() });
+    let (events, messages) = simple_run(&fake, model).await;
+    let message =
+        format!("{}no response from http://{}{} within 0.2s (first-byte timeout)", prefix(f), fake.addr, f.path());
+    let msg = error_message(f, json!([]), zero_usage(), false, &message);
+    assert_eq!(events, error_events(&msg, &message, "timeout"));
+    assert_eq!(messages, vec![msg]);
+}
+
+async fn first_byte_timeout_no_body(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    fake.push(Reply::Stream(vec![Step::Stall], Framing::Chunked));
+    let model = fake.model_with(&Knobs { first_byte_ms: 200, ..Knobs::default() });
+    let (events, _) = simple_run(&fake, model).await;
+    assert_eq!(
+        events.last().unwrap()["error"],
+        json!({"entry": events[0]["persisted"], "kind": "timeout",
+               "message": format!("{}timed out after 0.2s waiting for the first byte of the stream", prefix(f))})
+    );
+}
+
+async fn connection_refused(f: Format) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let base = match f {
+        Format::Anthropic => format!("http://{addr}"),
+        _ => format!("http://{addr}/v1"),
+    };
+    let model = model_at(f, &base, &Knobs { max_retries: 1, ..Knobs::default() });
+    let sink = std::sync::Arc::new(pincer_agent::MemorySink::new());
+    let rx = pincer_agent::start_run(run_request(
+        model,
+        vec![user("hi")],
+        pincer_agent::ToolRegistry::new(),
+        sink.clone(),
+        Default::default(),
+    ));
+    let events = events_json(&collect(rx).await);
+    let message = events.last().unwrap()["error"]["message"].as_str().unwrap().to_owned();
+    let url = format!("http://{addr}{}", f.path());
+    assert!(message.starts_with(&format!("{}cannot connect to {url}: ", prefix(f))), "{message}");
+    assert!(message.ends_with("(after 2 attempts)"), "{message}");
+    assert_eq!(chained_messages(&sink.entries()), vec![error_message(f, json!([]), zero_usage(), false, &message)]);
+}
