@@ -73,12 +73,15 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             let session = Session::parse(read_file(&file)?);
             let leaf = leaf.as_deref().map(LeafArg::parse).unwrap_or(LeafArg::Default);
             let report = context_report(&session, &leaf).map_err(|e| Failure::usage(format!("--leaf: {e}")))?;
-            if let Some(w) = report.get("warnings").and_then(Value::as_array) {
-                for w in w.iter().filter_map(Value::as_str) {
-                    eprintln!("pincer: warning: {}: {w}", file.display());
-                }
+            for w in &report.warnings {
+                eprintln!("pincer: warning: {}: {w}", file.display());
             }
-            print_json(&report)?;
+            // Messages are written as the raw JSON of the file: no re-encoding of large contexts.
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            serde_json::to_writer(&mut out, &report)
+                .and_then(|_| writeln!(out).map_err(serde_json::Error::io))
+                .and_then(|_| out.flush().map_err(serde_json::Error::io))
+                .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
             Ok(0)
         }
         TranscriptCmd::Append { file, message, idempotency_key, session_id } => {

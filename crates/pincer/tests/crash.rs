@@ -125,7 +125,7 @@ fn killed_writers_never_lose_or_duplicate_acknowledged_appends() {
 
     // Pi opens it and sees what Pincer sees.
     let session = Session::parse(text.into_bytes());
-    let ours = comparable(&context_report(&session, &LeafArg::Default).expect("context"));
+    let ours = comparable(&context_report(&session, &LeafArg::Default).expect("context").to_value());
     let pi = oracle_context(&file, None);
     assert_eq!(pi["extra"]["rewrittenOnOpen"], false);
     assert_eq!(ours, comparable(&pi));

@@ -6,12 +6,15 @@
 
 use crate::ids::js_date_ms;
 use crate::session::{Kind, Leaf, Session};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-/// The LLM context at one leaf.
-#[derive(Clone, Debug, PartialEq)]
+/// The LLM context at one leaf. Messages are kept as the raw JSON of the file (Pi pushes the
+/// stored objects verbatim), so building a context never materializes a `Value` tree per message.
+#[derive(Clone, Debug)]
 pub struct Context {
-    pub messages: Vec<Value>,
+    pub messages: Vec<Box<RawValue>>,
     pub thinking_level: Value,
     pub model: Value,
     /// Indices (into [`Session::entries`]) of the root→leaf path.
@@ -21,10 +24,51 @@ pub struct Context {
 }
 
 impl Context {
-    /// `{messages, thinkingLevel, model}` as Pi returns it.
+    /// `{messages, thinkingLevel, model}` as Pi returns it (for tests and small contexts).
     pub fn to_json(&self) -> Value {
-        json!({"messages": self.messages, "thinkingLevel": self.thinking_level, "model": self.model})
+        json!({"messages": self.message_values(), "thinkingLevel": self.thinking_level, "model": self.model})
     }
+
+    /// The messages decoded.
+    pub fn message_values(&self) -> Vec<Value> {
+        self.messages.iter().map(|m| serde_json::from_str(m.get()).unwrap_or(Value::Null)).collect()
+    }
+}
+
+/// The borrowed parts of a `message` entry that context building needs.
+#[derive(Deserialize)]
+struct MessageEntry<'a> {
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct MessageHead {
+    role: Option<Value>,
+    provider: Option<Value>,
+    model: Option<Value>,
+}
+
+fn raw(v: &Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(v).unwrap_or_else(|_| null_raw())
+}
+
+fn null_raw() -> Box<RawValue> {
+    RawValue::from_string("null".into()).unwrap_or_else(|_| unreachable_null())
+}
+
+#[allow(clippy::unwrap_used)]
+fn unreachable_null() -> Box<RawValue> {
+    // "null" is always valid JSON.
+    serde_json::value::to_raw_value(&Value::Null).unwrap()
+}
+
+/// One path entry, decoded as far as context building needs.
+enum Decoded {
+    /// A message entry: its raw message (taken when emitted).
+    Message(Option<Box<RawValue>>),
+    /// Any other entry, fully decoded.
+    Other(Value),
 }
 
 fn empty() -> Context {
@@ -38,34 +82,48 @@ pub fn build_context(s: &Session, leaf: &Leaf) -> Context {
         Leaf::Entry(i) => *i,
     };
     let (path, cycle) = s.path_from(start);
-    let values: Vec<Value> = path.iter().map(|&i| s.value(i).unwrap_or(Value::Null)).collect();
+    let mut values: Vec<Decoded> = path.iter().map(|&i| decode(s, i)).collect();
     let mut ctx = empty();
     ctx.cycle = cycle;
-    let mut compaction: Option<usize> = None;
-    for (pos, (&i, v)) in path.iter().zip(&values).enumerate() {
-        match s.entries[i].kind {
-            Kind::ThinkingLevelChange => ctx.thinking_level = v.get("thinkingLevel").cloned().unwrap_or(Value::Null),
-            Kind::ModelChange => ctx.model = model_of(v.get("provider"), v.get("modelId")),
-            Kind::Message => {
-                let m = v.get("message");
-                if m.and_then(|m| m.get("role")).and_then(Value::as_str) == Some("assistant") {
-                    ctx.model = model_of(m.and_then(|m| m.get("provider")), m.and_then(|m| m.get("model")));
-                }
+    // Last writer wins: the last thinking change, the last model change or assistant message, the
+    // last compaction. Scanning backwards stops decoding roles as soon as each is known.
+    let (mut thinking, mut model, mut compaction) = (None, None, None);
+    for (pos, (&i, v)) in path.iter().zip(&values).enumerate().rev() {
+        match (s.entries[i].kind, v) {
+            (Kind::ThinkingLevelChange, Decoded::Other(v)) if thinking.is_none() => {
+                thinking = Some(v.get("thinkingLevel").cloned().unwrap_or(Value::Null))
             }
-            Kind::Compaction => compaction = Some(pos),
+            (Kind::ModelChange, Decoded::Other(v)) if model.is_none() => {
+                model = Some(model_of(v.get("provider"), v.get("modelId")))
+            }
+            (Kind::Message, Decoded::Message(Some(raw))) if model.is_none() => model = assistant_model(raw),
+            (Kind::Compaction, _) if compaction.is_none() => compaction = Some(pos),
             _ => {}
         }
+        if thinking.is_some() && model.is_some() && compaction.is_some() {
+            break;
+        }
+    }
+    if let Some(t) = thinking {
+        ctx.thinking_level = t;
+    }
+    if let Some(m) = model {
+        ctx.model = m;
     }
     let mut messages = Vec::new();
     match compaction {
         Some(cpos) => {
-            let c = &values[cpos];
+            let c = match &values[cpos] {
+                Decoded::Other(v) => v.clone(),
+                Decoded::Message(_) => Value::Null,
+            };
+            let c = &c;
             let mut m = Map::new();
             m.insert("role".into(), json!("compactionSummary"));
             insert_opt(&mut m, "summary", c.get("summary"));
             insert_opt(&mut m, "tokensBefore", c.get("tokensBefore"));
             m.insert("timestamp".into(), ts(c));
-            messages.push(Value::Object(m));
+            messages.push(raw(&Value::Object(m)));
             // Pi finds the compaction again by id: the first compaction on the path with that id.
             let cid = s.entries[path[cpos]].id.clone();
             let cidx = path
@@ -79,16 +137,16 @@ pub fn build_context(s: &Session, leaf: &Leaf) -> Context {
                     found = true;
                 }
                 if found {
-                    emit(s.entries[path[pos]].kind, &values[pos], &mut messages);
+                    emit(s.entries[path[pos]].kind, &mut values[pos], &mut messages);
                 }
             }
             for pos in cidx + 1..path.len() {
-                emit(s.entries[path[pos]].kind, &values[pos], &mut messages);
+                emit(s.entries[path[pos]].kind, &mut values[pos], &mut messages);
             }
         }
         None => {
             for (pos, &i) in path.iter().enumerate() {
-                emit(s.entries[i].kind, &values[pos], &mut messages);
+                emit(s.entries[i].kind, &mut values[pos], &mut messages);
             }
         }
     }
@@ -116,9 +174,34 @@ fn ts(entry: &Value) -> Value {
     js_date_ms(entry.get("timestamp")).map(Value::from).unwrap_or(Value::Null)
 }
 
-fn emit(kind: Kind, v: &Value, out: &mut Vec<Value>) {
+/// `{provider, modelId}` when the raw message is an assistant's.
+fn assistant_model(msg: &RawValue) -> Option<Value> {
+    let h = serde_json::from_str::<MessageHead>(msg.get()).ok()?;
+    (h.role.as_ref().and_then(Value::as_str) == Some("assistant")).then(|| model_of(h.provider.as_ref(), h.model.as_ref()))
+}
+
+fn decode(s: &Session, i: usize) -> Decoded {
+    if s.entries[i].kind == Kind::Message {
+        if let Some(line) = s.raw_line(i) {
+            if let Ok(e) = serde_json::from_slice::<MessageEntry<'_>>(line) {
+                return Decoded::Message(Some(e.message.map(|m| m.to_owned()).unwrap_or_else(null_raw)));
+            }
+        }
+        let v = s.value(i).unwrap_or(Value::Null);
+        return Decoded::Message(Some(raw(v.get("message").unwrap_or(&Value::Null))));
+    }
+    Decoded::Other(s.value(i).unwrap_or(Value::Null))
+}
+
+fn emit(kind: Kind, v: &mut Decoded, out: &mut Vec<Box<RawValue>>) {
+    let v = match v {
+        Decoded::Message(m) => {
+            out.push(m.take().unwrap_or_else(null_raw));
+            return;
+        }
+        Decoded::Other(v) => &*v,
+    };
     match kind {
-        Kind::Message => out.push(v.get("message").cloned().unwrap_or(Value::Null)),
         Kind::CustomMessage => {
             let mut m = Map::new();
             m.insert("role".into(), json!("custom"));
@@ -126,7 +209,7 @@ fn emit(kind: Kind, v: &Value, out: &mut Vec<Value>) {
                 insert_opt(&mut m, k, v.get(k));
             }
             m.insert("timestamp".into(), ts(v));
-            out.push(Value::Object(m));
+            out.push(raw(&Value::Object(m)));
         }
         Kind::BranchSummary if v.get("summary").is_some_and(truthy) => {
             let mut m = Map::new();
@@ -134,7 +217,7 @@ fn emit(kind: Kind, v: &Value, out: &mut Vec<Value>) {
             insert_opt(&mut m, "summary", v.get("summary"));
             insert_opt(&mut m, "fromId", v.get("fromId"));
             m.insert("timestamp".into(), ts(v));
-            out.push(Value::Object(m));
+            out.push(raw(&Value::Object(m)));
         }
         _ => {}
     }

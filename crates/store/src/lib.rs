@@ -33,7 +33,7 @@ pub use store::{valid_session_id, Appended, NewEntry, ParentChoice, Store, Store
 pub use context::{build_context, Context};
 pub use session::{Kind, Leaf, Problem, Session};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Which leaf to build a context at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,7 +59,36 @@ impl LeafArg {
 
 /// `pincer transcript context` output: `{sessionId, leafId, entries, context}` (the same values as
 /// Pi's oracle prints), plus `warnings` when Pincer had to work around something Pi cannot read.
-pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<Value, StoreError> {
+#[derive(serde::Serialize)]
+pub struct ContextReport {
+    #[serde(rename = "sessionId")]
+    pub session_id: Option<String>,
+    #[serde(rename = "leafId")]
+    pub leaf_id: Value,
+    pub entries: usize,
+    pub context: ContextBody,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// `{messages, thinkingLevel, model}` with the messages as raw JSON.
+#[derive(serde::Serialize)]
+pub struct ContextBody {
+    pub messages: Vec<Box<serde_json::value::RawValue>>,
+    #[serde(rename = "thinkingLevel")]
+    pub thinking_level: Value,
+    pub model: Value,
+}
+
+impl ContextReport {
+    /// As a `Value` (decodes every message: for tests and small files).
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// Builds the [`ContextReport`] of a session at a leaf.
+pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<ContextReport, StoreError> {
     let leaf = match leaf {
         LeafArg::Default => s.leaf.clone(),
         LeafArg::Null => Leaf::Null,
@@ -73,27 +102,28 @@ pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<Value, StoreError> 
         Leaf::Entry(i) => s.entries[*i].id.as_deref().map(parse::key_to_value).unwrap_or(Value::Null),
         _ => Value::Null,
     };
-    let mut out = json!({
-        "sessionId": s.session_id(),
-        "leafId": leaf_id,
-        "entries": s.entries.len(),
-        "context": ctx.to_json(),
-    });
     let mut warnings = Vec::new();
     if ctx.cycle {
         warnings.push("a parent cycle is reachable from the leaf; the path was cut where it repeats".to_string());
     }
     for p in &s.problems {
         match p {
-            Problem::NoHeader { reason, .. } => warnings.push(format!("no valid session header ({reason}): read as an empty session, as Pi does; `pincer transcript repair` can add one")),
-            Problem::NullLine { offset } => warnings.push(format!("a `null` line at byte {offset} was skipped (Pi cannot open this file)")),
+            Problem::NoHeader { reason, .. } => warnings.push(format!(
+                "no valid session header ({reason}): read as an empty session, as Pi does; `pincer transcript repair` can add one"
+            )),
+            Problem::NullLine { offset } => {
+                warnings.push(format!("a `null` line at byte {offset} was skipped (Pi cannot open this file)"))
+            }
             _ => {}
         }
     }
-    if !warnings.is_empty() {
-        out["warnings"] = json!(warnings);
-    }
-    Ok(out)
+    Ok(ContextReport {
+        session_id: s.session_id().map(str::to_owned),
+        leaf_id,
+        entries: s.entries.len(),
+        context: ContextBody { messages: ctx.messages, thinking_level: ctx.thinking_level, model: ctx.model },
+        warnings,
+    })
 }
 
 /// Errors of the store.

@@ -156,16 +156,19 @@ impl Session {
             migrated: false,
             headerless_entries: Vec::new(),
         };
-        let ranges = parse::line_ranges(&s.buf);
+        // The buffer is moved out while lines borrow from it, and put back at the end.
+        let buf = std::mem::take(&mut s.buf);
+        let ranges = parse::line_ranges(&buf);
+        let parsed = parse_all(&buf, &ranges);
         let last_range = ranges.last().copied();
         let mut header_seen = false;
         let mut first_value_seen = false;
         let mut headerless = false;
         let mut entries = Vec::with_capacity(ranges.len());
-        for (start, end) in ranges {
-            let line = &s.buf[start..end];
-            let Some(v) = parse::parse_line(line) else {
-                if Some((start, end)) == last_range && end == s.buf.len() {
+        for (&(start, end), v) in ranges.iter().zip(parsed) {
+            let line = &buf[start..end];
+            let Some(v) = v else {
+                if Some((start, end)) == last_range && end == buf.len() {
                     s.problems.push(Problem::TornTail { offset: start });
                 } else {
                     s.problems.push(Problem::Malformed { offset: start });
@@ -173,7 +176,7 @@ impl Session {
                 s.lines.push((start, end, LineRole::Malformed));
                 continue;
             };
-            if Some((start, end)) == last_range && end == s.buf.len() {
+            if Some((start, end)) == last_range && end == buf.len() {
                 s.problems.push(Problem::MissingNewline { offset: start });
             }
             let first = !first_value_seen;
@@ -268,8 +271,10 @@ impl Session {
                 }
             }
             s.stash_headerless(entries);
+            s.buf = buf;
             return s;
         }
+        s.buf = buf;
         s.entries = entries;
         if let Some(v) = s.source_version.filter(|v| *v < 3) {
             s.problems.push(Problem::OldVersion { version: v });
@@ -402,11 +407,11 @@ impl Session {
     /// The flag is true when a cycle cut the walk.
     pub fn path_from(&self, leaf: usize) -> (Vec<usize>, bool) {
         let mut path = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = vec![false; self.entries.len()];
         let mut cur = Some(leaf);
         let mut cycle = false;
         while let Some(i) = cur {
-            if !seen.insert(i) {
+            if std::mem::replace(&mut seen[i], true) {
                 cycle = true;
                 break;
             }
@@ -595,4 +600,30 @@ impl Session {
 /// A line without its trailing `\r` (CRLF files are rewritten with `\n`).
 fn trim_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// The light parse of every line; large files are split over the available cores.
+fn parse_all<'a>(buf: &'a [u8], ranges: &[(usize, usize)]) -> Vec<Option<LineValue<'a>>> {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
+    if threads < 2 || ranges.len() < 8192 {
+        return ranges.iter().map(|&(s, e)| parse::parse_line(&buf[s..e])).collect();
+    }
+    let chunk = ranges.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = ranges
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || part.iter().map(|&(s, e)| parse::parse_line(&buf[s..e])).collect::<Vec<_>>())
+            })
+            .collect();
+        let mut out = Vec::with_capacity(ranges.len());
+        for (h, part) in handles.into_iter().zip(ranges.chunks(chunk)) {
+            match h.join() {
+                Ok(v) => out.extend(v),
+                // A panicking parser thread: parse that part here instead.
+                Err(_) => out.extend(part.iter().map(|&(s, e)| parse::parse_line(&buf[s..e]))),
+            }
+        }
+        out
+    })
 }

@@ -26,7 +26,7 @@ fn lines(path: &Path) -> Vec<Value> {
 fn context_texts(path: &Path) -> Vec<String> {
     let s = Session::parse(std::fs::read(path).expect("read"));
     build_context(&s, &s.leaf)
-        .messages
+        .message_values()
         .iter()
         .map(|m| m["content"].as_str().map(str::to_owned).unwrap_or_else(|| m["content"].to_string()))
         .collect()

@@ -35,7 +35,7 @@ fn every_fixture_reads_like_pi() {
         for exp in fx["expected"].as_array().expect("expected") {
             let leaf = exp["leaf"].as_str().expect("leaf");
             let leaf = if leaf.starts_with('(') { LeafArg::Default } else { LeafArg::parse(leaf) };
-            let mut got = context_report(&session, &leaf).expect("context");
+            let mut got = context_report(&session, &leaf).expect("context").to_value();
             if pi_fails {
                 // Pi crashes or hangs here; Pincer must give a usable context and say what it did.
                 assert!(got.get("warnings").is_some(), "{name}: no warning in {got}");
@@ -54,7 +54,7 @@ fn every_fixture_reads_like_pi() {
             }
             if name.starts_with("10-") || name.starts_with("16-") {
                 // v1 ids are random on every read: check their shape instead.
-                let leaf = context_report(&session, &LeafArg::Default).expect("context")["leafId"].clone();
+                let leaf = context_report(&session, &LeafArg::Default).expect("context").to_value()["leafId"].clone();
                 let leaf = leaf.as_str().expect("v1 leaf id");
                 assert!(leaf.len() == 8 && leaf.chars().all(|c| c.is_ascii_hexdigit()), "{leaf}");
             }
@@ -70,12 +70,12 @@ fn every_fixture_reads_like_pi() {
 fn pi_failures_are_handled_safely() {
     let dir = fixtures_dir();
     let null_line = Session::parse(std::fs::read(dir.join("22e-null-line.jsonl")).expect("read"));
-    let got = context_report(&null_line, &LeafArg::Default).expect("context");
+    let got = context_report(&null_line, &LeafArg::Default).expect("context").to_value();
     assert_eq!(got["context"]["messages"].as_array().map(Vec::len), Some(1));
     assert_eq!(got["context"]["messages"][0]["content"], "hi");
 
     let cycle = Session::parse(std::fs::read(dir.join("22f-parent-cycle.jsonl")).expect("read"));
-    let got = context_report(&cycle, &LeafArg::Default).expect("context");
+    let got = context_report(&cycle, &LeafArg::Default).expect("context").to_value();
     let texts: Vec<&str> =
         got["context"]["messages"].as_array().expect("messages").iter().filter_map(|m| m["content"].as_str()).collect();
     assert_eq!(texts, vec!["a", "b"]);

@@ -25,7 +25,7 @@ fn assistant(text: &str, model: &str) -> Value {
 fn assert_same_in_pi(file: &Path, leaf: Option<&str>) {
     let ours = Session::parse(std::fs::read(file).expect("read"));
     let arg = leaf.map(LeafArg::parse).unwrap_or(LeafArg::Default);
-    let mine = comparable(&context_report(&ours, &arg).expect("context"));
+    let mine = comparable(&context_report(&ours, &arg).expect("context").to_value());
     let pi = comparable(&oracle_context(file, leaf));
     assert_eq!(mine, pi, "leaf {leaf:?}");
 }

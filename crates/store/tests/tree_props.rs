@@ -80,7 +80,7 @@ proptest! {
         }
         want.reverse();
         let s = Session::parse(std::fs::read(&f).expect("read"));
-        let got: Vec<String> = build_context(&s, &s.leaf).messages.iter()
+        let got: Vec<String> = build_context(&s, &s.leaf).message_values().iter()
             .filter_map(|m| m["content"].as_str().map(str::to_owned)).collect();
         prop_assert_eq!(got, want);
         prop_assert!(s.problems.is_empty(), "problems: {:?}", s.problems);
