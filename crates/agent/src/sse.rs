@@ -125,11 +125,7 @@ impl SseParser {
                 self.data.push_str(&value);
                 self.has_data = true;
             }
-            b"id" => {
-                if !value.contains('\0') {
-                    self.last_id = Some(value.into_owned());
-                }
-            }
+            b"id" if !value.contains('\0') => self.last_id = Some(value.into_owned()),
             _ => {} // `retry` and unknown fields are ignored
         }
     }

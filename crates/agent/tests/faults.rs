@@ -51,7 +51,8 @@ fn zero_usage() -> Value {
 
 /// The error assistant message a run persists (normalized).
 fn error_message(f: Format, content: Value, usage: Value, response_id: bool, message: &str) -> Value {
-    let mut m = json!({"role":"assistant","content":content,"api":f.api().as_str(),"provider":f.name(),"model":f.model_id()});
+    let mut m =
+        json!({"role":"assistant","content":content,"api":f.api().as_str(),"provider":f.name(),"model":f.model_id()});
     if response_id {
         m["responseId"] = json!(f.response_id());
     }
@@ -115,7 +116,10 @@ async fn text_and_thinking_stream(f: Format) {
         Format::Anthropic => (Some("sk-test-key".to_owned()), Some("2023-06-01".to_owned())),
         _ => (Some("Bearer sk-test-key".to_owned()), None),
     };
-    assert_eq!((req.path.as_str(), auth, req.headers.get("x-pincer-test").cloned()), (f.path(), expected_auth, Some("1".into())));
+    assert_eq!(
+        (req.path.as_str(), auth, req.headers.get("x-pincer-test").cloned()),
+        (f.path(), expected_auth, Some("1".into()))
+    );
 }
 
 async fn length_stop(f: Format) {
@@ -228,7 +232,8 @@ async fn invalid_json_event(f: Format) {
     evs.extend(events[cut_at..].iter().cloned());
     fake.push(Reply::stream(evs));
     let (events, messages) = simple_run(&fake, fake.model()).await;
-    let message = format!("{}invalid JSON in stream event (expected value at line 1 column 10): {{\"type\": oops}}", prefix(f));
+    let message =
+        format!("{}invalid JSON in stream event (expected value at line 1 column 10): {{\"type\": oops}}", prefix(f));
     let msg = error_message(f, json!([{"type":"text","text":"Hel"}]), partial_usage(f, &hello()), true, &message);
     let mut expected = vec![json!({"textDelta":"Hel","text":"Hel"})];
     expected.extend(error_events(&msg, &message, "unknown"));
@@ -246,7 +251,8 @@ async fn cut_mid_event_on_clean_eof(f: Format) {
     steps.push(Step::Send("data: {\"partial\":".to_owned()));
     fake.push(Reply::Stream(steps, Framing::CloseDelimited));
     let (events, messages) = simple_run(&fake, fake.model()).await;
-    let sent: usize = script(f, &hello())[..cut_at].iter().map(String::len).sum::<usize>() + "data: {\"partial\":".len();
+    let sent: usize =
+        script(f, &hello())[..cut_at].iter().map(String::len).sum::<usize>() + "data: {\"partial\":".len();
     let message = format!("{}stream cut mid-event after {sent} bytes (connection closed)", prefix(f));
     let msg = error_message(f, json!([{"type":"text","text":"Hel"}]), partial_usage(f, &hello()), true, &message);
     let mut expected = vec![json!({"textDelta":"Hel","text":"Hel"})];

@@ -52,7 +52,9 @@ impl Tool for TestTool {
     }
     fn parameters(&self) -> Value {
         match self.0 {
-            "add" => json!({"type":"object","properties":{"a":{"type":"number"},"b":{"type":"number"}},"required":["a","b"]}),
+            "add" => {
+                json!({"type":"object","properties":{"a":{"type":"number"},"b":{"type":"number"}},"required":["a","b"]})
+            }
             _ => json!({"type":"object","properties":{}}),
         }
     }
@@ -62,7 +64,10 @@ impl Tool for TestTool {
                 "add" => Ok(ToolOutput::text(format!("{}", args["a"].as_f64().unwrap() + args["b"].as_f64().unwrap()))),
                 "hang" => std::future::pending().await,
                 "snap" => Ok(ToolOutput {
-                    content: vec![json!({"type":"text","text":"screenshot"}), json!({"type":"image","data":"iVBORw0KGgo=","mimeType":"image/png"})],
+                    content: vec![
+                        json!({"type":"text","text":"screenshot"}),
+                        json!({"type":"image","data":"iVBORw0KGgo=","mimeType":"image/png"}),
+                    ],
                     details: None,
                 }),
                 _ => Err("disk on fire".to_owned()),
@@ -105,7 +110,13 @@ async fn tool_loop_persists_in_order(f: Format) {
     fake.push(Reply::stream(script(f, &t1)));
     fake.push(Reply::stream(script(f, &t2)));
     let sink = Arc::new(MemorySink::new());
-    let rx = start_run(run_request(fake.model(), vec![user("go")], test_tools(ws.path()), sink.clone(), CancellationToken::new()));
+    let rx = start_run(run_request(
+        fake.model(),
+        vec![user("go")],
+        test_tools(ws.path()),
+        sink.clone(),
+        CancellationToken::new(),
+    ));
     let events = events_json(&collect(rx).await);
 
     let a1 = expected_assistant(f, &t1);
@@ -114,7 +125,12 @@ async fn tool_loop_persists_in_order(f: Format) {
         tool_result("call_1", "read_file", "buy milk", false),
         tool_result("call_2", "add", "5", false),
         tool_result("call_3", "fail", "disk on fire", true),
-        tool_result("call_4", "nope", "Tool nope not found. Available tools: add, current_time, fail, hang, read_file, snap", true),
+        tool_result(
+            "call_4",
+            "nope",
+            "Tool nope not found. Available tools: add, current_time, fail, hang, read_file, snap",
+            true,
+        ),
     ];
     let mut expected_events = vec![
         json!({"textDelta":"Checking.","text":"Checking."}),
@@ -155,10 +171,17 @@ async fn turn_limit_ends_with_error(f: Format) {
     let t1 = turn(vec![tool_call("c1", "add", &["{\"a\":1,\"b\":1}"])], (5, 5, 0));
     fake.push(Reply::stream(script(f, &t1)));
     let sink = Arc::new(MemorySink::new());
-    let mut req = run_request(fake.model(), vec![user("loop")], test_tools(std::path::Path::new(".")), sink.clone(), CancellationToken::new());
+    let mut req = run_request(
+        fake.model(),
+        vec![user("loop")],
+        test_tools(std::path::Path::new(".")),
+        sink.clone(),
+        CancellationToken::new(),
+    );
     req.max_turns = 1;
     let events = collect(start_run(req)).await;
-    let message = "turn limit reached: the model asked for tools again after 1 model calls; send another message to continue";
+    let message =
+        "turn limit reached: the model asked for tools again after 1 model calls; send another message to continue";
     let limit_msg = json!({"role":"assistant","content":[],"api":f.api().as_str(),"provider":f.name(),"model":f.model_id(),
         "usage": pincer_agent::message::Usage::default().to_pi(None),"stopReason":"error","timestamp":0,"errorMessage":message});
     assert_eq!(
@@ -191,7 +214,8 @@ async fn abort_mid_stream_returns_partial(f: Format) {
     let evs = script(f, &hello_turn());
     let sink = Arc::new(MemorySink::new());
     let cancel = CancellationToken::new();
-    let mut rx = start_run(run_request(fake.model(), vec![user("hi")], ToolRegistry::new(), sink.clone(), cancel.clone()));
+    let mut rx =
+        start_run(run_request(fake.model(), vec![user("hi")], ToolRegistry::new(), sink.clone(), cancel.clone()));
     // Release the stream one event at a time until the first text arrives.
     let mut released = 0;
     let first = loop {
@@ -211,7 +235,7 @@ async fn abort_mid_stream_returns_partial(f: Format) {
     partial["stopReason"] = json!("aborted");
     partial["usage"] = match f {
         Format::Anthropic => json!({"input":10,"output":1,"cacheRead":2,"cacheWrite":0,"totalTokens":13,
-            "cost":{"input":0.00003,"output":0.000015,"cacheRead":0.0000006,"cacheWrite":0,"total":0.0000456}}),
+            "cost":{"input":0.00003,"output":0.000015,"cacheRead":0.0000006,"cacheWrite":0,"total":0.00003f64 + 0.000015 + 0.0000006}}),
         _ => pincer_agent::message::Usage::default().to_pi(None),
     };
     assert_eq!(rest, vec![json!({"aborted":{"partialText":"Hello","partialMessage":partial}})]);
@@ -231,8 +255,13 @@ async fn abort_during_tool(f: Format) {
     fake.push(Reply::stream(script(f, &t1)));
     let sink = Arc::new(MemorySink::new());
     let cancel = CancellationToken::new();
-    let mut rx =
-        start_run(run_request(fake.model(), vec![user("hang")], test_tools(std::path::Path::new(".")), sink.clone(), cancel.clone()));
+    let mut rx = start_run(run_request(
+        fake.model(),
+        vec![user("hang")],
+        test_tools(std::path::Path::new(".")),
+        sink.clone(),
+        cancel.clone(),
+    ));
     loop {
         if let RunEvent::ToolCallStart { id, .. } = next_event(&mut rx).await {
             assert_eq!(id, "h1");
@@ -269,12 +298,21 @@ async fn abort_after_persist_between_turns(f: Format) {
     fake.push(Reply::NoResponse);
     let sink = Arc::new(MemorySink::new());
     let cancel = CancellationToken::new();
-    let rx = start_run(run_request(fake.model(), vec![user("add")], test_tools(std::path::Path::new(".")), sink.clone(), cancel.clone()));
+    let rx = start_run(run_request(
+        fake.model(),
+        vec![user("add")],
+        test_tools(std::path::Path::new(".")),
+        sink.clone(),
+        cancel.clone(),
+    ));
     fake.wait_requests(2).await;
     cancel.cancel();
     let events = collect(rx).await;
     assert_eq!(events.last().unwrap(), &RunEvent::Aborted { partial_text: String::new(), partial_message: None });
-    assert_eq!(chained_messages(&sink.entries()), vec![expected_assistant(f, &t1), tool_result("c1", "add", "3", false)]);
+    assert_eq!(
+        chained_messages(&sink.entries()),
+        vec![expected_assistant(f, &t1), tool_result("c1", "add", "3", false)]
+    );
 }
 
 // --- quirks of OpenAI-compatible local servers -------------------------------------------------
@@ -287,7 +325,13 @@ async fn run_chat_stream(events: Vec<String>) -> (Vec<Value>, Vec<Value>) {
     let fake = FakeProvider::start(Format::OpenaiCompletions).await;
     fake.push(Reply::stream(events));
     let sink = Arc::new(MemorySink::new());
-    let rx = start_run(run_request(fake.model(), vec![user("hi")], test_tools(std::path::Path::new(".")), sink.clone(), CancellationToken::new()));
+    let rx = start_run(run_request(
+        fake.model(),
+        vec![user("hi")],
+        test_tools(std::path::Path::new(".")),
+        sink.clone(),
+        CancellationToken::new(),
+    ));
     let events = events_json(&collect(rx).await);
     (events, chained_messages(&sink.entries()))
 }
@@ -341,7 +385,10 @@ async fn split_tool_call_deltas_by_index() {
     );
     expected["usage"] = json!({"input":7,"output":3,"cacheRead":0,"cacheWrite":0,"totalTokens":10,
         "cost":{"input":0.000021,"output":0.000045,"cacheRead":0,"cacheWrite":0,"total":0.000066}});
-    assert_eq!(messages[..3], [expected, tool_result("c0", "add", "4", false), tool_result("c1", "fail", "disk on fire", true)]);
+    assert_eq!(
+        messages[..3],
+        [expected, tool_result("c0", "add", "4", false), tool_result("c1", "fail", "disk on fire", true)]
+    );
 }
 
 #[tokio::test]
@@ -415,16 +462,26 @@ async fn in_stream_errors_of_responses_and_anthropic() {
 #[tokio::test]
 async fn echo_model_streams_offline() {
     let sink = Arc::new(MemorySink::new());
-    let msgs = vec![json!({"role":"user","content":[{"type":"text","text":"ping"},{"type":"image","data":"AA==","mimeType":"image/png"}],"timestamp":1})];
-    let rx = start_run(run_request(ResolvedModel::echo(), msgs, ToolRegistry::new(), sink.clone(), CancellationToken::new()));
+    let msgs = vec![
+        json!({"role":"user","content":[{"type":"text","text":"ping"},{"type":"image","data":"AA==","mimeType":"image/png"}],"timestamp":1}),
+    ];
+    let rx = start_run(run_request(
+        ResolvedModel::echo(),
+        msgs,
+        ToolRegistry::new(),
+        sink.clone(),
+        CancellationToken::new(),
+    ));
     let events = collect(rx).await;
     let deltas = events.iter().filter(|e| matches!(e, RunEvent::TextDelta { .. })).count();
     let text = format!("{ECHO_PREFIX} You said: ping (with 1 image)");
     assert!(deltas > 5, "streams word by word, got {deltas} deltas");
     assert_eq!(
         chained_messages(&sink.entries()),
-        vec![json!({"role":"assistant","content":[{"type":"text","text":text}],"api":"pincer-echo","provider":"pincer","model":"echo",
-                    "usage":pincer_agent::message::Usage::default().to_pi(None),"stopReason":"stop","timestamp":0})]
+        vec![
+            json!({"role":"assistant","content":[{"type":"text","text":text}],"api":"pincer-echo","provider":"pincer","model":"echo",
+                    "usage":pincer_agent::message::Usage::default().to_pi(None),"stopReason":"stop","timestamp":0})
+        ]
     );
 }
 
@@ -432,7 +489,13 @@ async fn echo_model_streams_offline() {
 async fn failed_append_ends_the_run_with_an_error() {
     let sink = Arc::new(MemorySink::new());
     sink.fail_appends("disk full");
-    let rx = start_run(run_request(ResolvedModel::echo(), vec![user("x")], ToolRegistry::new(), sink.clone(), CancellationToken::new()));
+    let rx = start_run(run_request(
+        ResolvedModel::echo(),
+        vec![user("x")],
+        ToolRegistry::new(),
+        sink.clone(),
+        CancellationToken::new(),
+    ));
     let events = collect(rx).await;
     assert_eq!(
         events.last().unwrap(),

@@ -1,1 +1,71 @@
-//! placeholder
+//! Pincer's gateway: the product a user meets (`pincer gateway`).
+//!
+//! Layout:
+//! - [`config`]: `pincer.toml` + environment → validated settings (token generated on first start).
+//! - [`server`]: binds, serves HTTP + WebSocket on one port, and shuts down gracefully.
+//! - [`http`]: the WebChat page, `/healthz`, the per-session SSE stream, the optional Control UI.
+//! - [`ws`]: one WebSocket connection: handshake, dispatch, event forwarding, slow consumers.
+//! - [`protocol`]: frames, errors and limits of OpenClaw's gateway protocol (v3/v4).
+//! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends.
+//! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
+//! - [`hub`]: the one in-process event bus with SSE catch-up logs.
+//! - [`state`]: shared state (store, runs, dedupe, queue).
+//! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
+
+pub mod chat;
+pub mod compact;
+pub mod config;
+pub mod device;
+pub mod hook;
+pub mod http;
+pub mod hub;
+pub mod methods;
+pub mod protocol;
+pub mod server;
+pub mod sessions;
+pub mod state;
+pub mod ws;
+
+pub use server::{serve, Listening};
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
+
+/// What a connection subscribed to.
+#[derive(Default)]
+pub struct Subs {
+    /// `sessions.subscribe`: `sessions.changed` events.
+    pub sessions: AtomicBool,
+    /// `sessions.messages.subscribe`: `session.message` events of these session keys.
+    pub messages: Mutex<HashSet<String>>,
+}
+
+/// The context of one request.
+pub struct Ctx {
+    pub conn_id: u64,
+    pub client_id: String,
+    pub subs: Arc<Subs>,
+    acks: Mutex<Vec<oneshot::Sender<()>>>,
+}
+
+impl Ctx {
+    pub fn new(conn_id: u64, client_id: String, subs: Arc<Subs>) -> Ctx {
+        Ctx { conn_id, client_id, subs, acks: Mutex::new(Vec::new()) }
+    }
+
+    /// Resolves once this request's response has been queued (so a run's events follow its ack).
+    pub fn after_response(&self) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        state::lock(&self.acks).push(tx);
+        rx
+    }
+
+    /// Called by the transport after queueing the response.
+    pub fn fire_acks(&self) {
+        for tx in state::lock(&self.acks).drain(..) {
+            let _ = tx.send(());
+        }
+    }
+}

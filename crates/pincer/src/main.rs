@@ -3,6 +3,7 @@
 // The binary is where output to the terminal belongs.
 #![allow(clippy::print_stdout)]
 
+mod gateway;
 mod transcript;
 
 use clap::{Parser, Subcommand};
@@ -18,9 +19,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the gateway: WebSocket RPC and the WebChat page on one port.
+    Gateway(gateway::GatewayArgs),
     /// Read, check, repair and append to session transcripts (Pi session format v3).
     #[command(subcommand)]
     Transcript(transcript::TranscriptCmd),
+    /// The sessions of a state directory.
+    #[command(subcommand)]
+    Sessions(SessionsCmd),
+}
+
+#[derive(Subcommand)]
+enum SessionsCmd {
+    /// List sessions, most recent first.
+    List(gateway::ListArgs),
 }
 
 /// A failure with the exit code it maps to (1: the operation failed, 2: bad usage or input).
@@ -41,8 +53,18 @@ impl Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PINCER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let result = match cli.command {
+        Command::Gateway(args) => gateway::run(args),
         Command::Transcript(cmd) => transcript::run(cmd),
+        Command::Sessions(SessionsCmd::List(args)) => gateway::list(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

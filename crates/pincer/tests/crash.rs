@@ -3,6 +3,7 @@
 //! fsync). Afterwards every acknowledged append is there exactly once, every parentId resolves, a
 //! retried key is never written twice, `verify` is clean after `repair` of at most a torn tail, and
 //! the real Pi library opens the file and builds the same context as Pincer.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
 
 use pincer_store::{context_report, LeafArg, Session};
 use pincer_testkit::{comparable, oracle_context};
@@ -67,7 +68,8 @@ fn killed_writers_never_lose_or_duplicate_acknowledged_appends() {
                     // until it is acknowledged, as a client would.
                     let mut attempt = 0;
                     loop {
-                        let kill = (attempt < 3 && rng.next() % 2 == 0).then(|| Duration::from_micros(rng.next() % 4000));
+                        let kill = (attempt < 3 && rng.next().is_multiple_of(2))
+                            .then(|| Duration::from_micros(rng.next() % 4000));
                         if kill.is_some() {
                             *kills.lock().expect("lock") += 1;
                         }
@@ -92,7 +94,8 @@ fn killed_writers_never_lose_or_duplicate_acknowledged_appends() {
     let pincer = env!("CARGO_BIN_EXE_pincer");
     let verify = Command::new(pincer).args(["transcript", "verify", "--json"]).arg(&file).output().expect("verify");
     let report: Value = serde_json::from_slice(&verify.stdout).expect("verify json");
-    let kinds: Vec<&str> = report["problems"].as_array().expect("problems").iter().filter_map(|p| p["kind"].as_str()).collect();
+    let kinds: Vec<&str> =
+        report["problems"].as_array().expect("problems").iter().filter_map(|p| p["kind"].as_str()).collect();
     assert!(kinds.iter().all(|k| *k == "torn-tail"), "unexpected problems: {report}");
     if !kinds.is_empty() {
         assert!(Command::new(pincer).args(["transcript", "repair"]).arg(&file).status().expect("repair").success());

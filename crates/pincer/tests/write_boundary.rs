@@ -1,6 +1,7 @@
 //! The transcript store is the only code that writes files: no source file outside `crates/store/src`
 //! may open a file for writing, create, rename, truncate or remove one. Other crates write through
 //! the store (`Store::append`, `pincer_store::fsutil`), so a transcript can never be written around it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
 
 use std::path::{Path, PathBuf};
 

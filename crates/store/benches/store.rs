@@ -5,6 +5,7 @@
 //! - context building of a 100k-entry file, and its throughput in MB/s on a ~100 MB file.
 //!
 //! Set `PINCER_BENCH_QUICK=1` for a short run. Data files are generated under `target/bench-data`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // benches fail loudly and print their figures
 
 use pincer_store::history::{read_history, HistoryOptions};
 use pincer_store::{build_context, NewEntry, Session, Store, StoreOptions};
@@ -86,7 +87,10 @@ fn bench_floor(dir: &Path, rounds: usize) -> Duration {
     let path = dir.join("floor.bin");
     let _ = std::fs::remove_file(&path);
     let mut f = OpenOptions::new().create(true).append(true).open(&path).expect("open");
-    let line = format!("{}\n", json!({"type":"message","id":"00000000-0000-0000-0000-000000000000","parentId":"00000000-0000-0000-0000-000000000000","timestamp":"2025-01-01T00:00:00.000Z","message":message(0)}));
+    let line = format!(
+        "{}\n",
+        json!({"type":"message","id":"00000000-0000-0000-0000-000000000000","parentId":"00000000-0000-0000-0000-000000000000","timestamp":"2025-01-01T00:00:00.000Z","message":message(0)})
+    );
     let mut samples = Vec::with_capacity(rounds);
     for _ in 0..rounds {
         let t = Instant::now();
@@ -108,12 +112,20 @@ fn main() {
     let _ = std::fs::remove_file(&small);
     make_file(&small, 1000, 200);
     make_file(&large, big, 200);
-    println!("== appends ({} entries vs {big} entries; {:.0} MB)", 1000, std::fs::metadata(&large).map(|m| m.len()).unwrap_or(0) as f64 / 1e6);
+    println!(
+        "== appends ({} entries vs {big} entries; {:.0} MB)",
+        1000,
+        std::fs::metadata(&large).map(|m| m.len()).unwrap_or(0) as f64 / 1e6
+    );
     let floor = bench_floor(&dir, rounds);
     let a1 = bench_appends(&small, "1k existing entries", rounds);
     let a2 = bench_appends(&large, &format!("{big} existing entries"), rounds);
-    println!("ratio append(1k)/floor {:.2}   append({big})/floor {:.2}   append({big})/append(1k) {:.2}",
-        ms(a1) / ms(floor), ms(a2) / ms(floor), ms(a2) / ms(a1));
+    println!(
+        "ratio append(1k)/floor {:.2}   append({big})/floor {:.2}   append({big})/append(1k) {:.2}",
+        ms(a1) / ms(floor),
+        ms(a2) / ms(floor),
+        ms(a2) / ms(a1)
+    );
 
     let h100k = dir.join("history-100k.jsonl");
     make_file(&h100k, 100_000, 200);
@@ -137,7 +149,12 @@ fn main() {
         let t_parse = t.elapsed();
         let c = build_context(&s, &s.leaf);
         if quick {
-            println!("   read {:.1} ms, index {:.1} ms, context {:.1} ms", ms(t_read), ms(t_parse - t_read), ms(t.elapsed() - t_parse));
+            println!(
+                "   read {:.1} ms, index {:.1} ms, context {:.1} ms",
+                ms(t_read),
+                ms(t_parse - t_read),
+                ms(t.elapsed() - t_parse)
+            );
         }
         samples.push(t.elapsed());
         assert_eq!(c.messages.len(), 100_000);

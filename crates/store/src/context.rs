@@ -177,7 +177,8 @@ fn ts(entry: &Value) -> Value {
 /// `{provider, modelId}` when the raw message is an assistant's.
 fn assistant_model(msg: &RawValue) -> Option<Value> {
     let h = serde_json::from_str::<MessageHead>(msg.get()).ok()?;
-    (h.role.as_ref().and_then(Value::as_str) == Some("assistant")).then(|| model_of(h.provider.as_ref(), h.model.as_ref()))
+    (h.role.as_ref().and_then(Value::as_str) == Some("assistant"))
+        .then(|| model_of(h.provider.as_ref(), h.model.as_ref()))
 }
 
 fn decode(s: &Session, i: usize) -> Decoded {

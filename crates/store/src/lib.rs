@@ -15,9 +15,11 @@
 //! - [`lock`]: OpenClaw's lock-file protocol with proof-of-death recovery.
 //! - [`rewrite`]: atomic replacement with backup, and cutting a torn tail.
 //! - [`verify`]: `verify` and `repair`.
+//! - [`fsutil`]: atomic private files (session index, token) and transcript archives.
 //! - [`redact`]: secret redaction before anything is written.
 
 pub mod context;
+pub mod fsutil;
 pub mod history;
 pub mod ids;
 pub mod lock;

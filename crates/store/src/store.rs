@@ -100,7 +100,7 @@ impl NewEntry {
             return Err(StoreError::InvalidEntry("a message entry needs a `message` object".into()));
         }
         if let Some(k) = self.payload.get("message").and_then(|m| m.get("idempotencyKey")) {
-            if !k.as_str().is_some_and(|k| !k.trim().is_empty()) {
+            if k.as_str().is_none_or(|k| k.trim().is_empty()) {
                 return Err(StoreError::InvalidEntry("`idempotencyKey` must be a non-empty string".into()));
             }
         }

@@ -1,5 +1,6 @@
 //! The append path through real files: chaining, idempotency, other writers, torn tails, migration,
 //! header-less files, branching, concurrency, permissions and redaction.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
 
 use pincer_store::{build_context, NewEntry, ParentChoice, Session, Store, StoreError, StoreOptions};
 use pretty_assertions::assert_eq;

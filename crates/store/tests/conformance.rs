@@ -1,5 +1,6 @@
 //! Conformance with the real Pi library: every fixture of `shared/pi-oracle` read by Pincer gives the
 //! same `{sessionId, leafId, entries, context}` as the library produced (nondeterministic paths skipped).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
 
 use pincer_store::{context_report, LeafArg, Session};
 use pincer_testkit::fixtures_dir;

@@ -1,5 +1,6 @@
 //! Property: any sequence of appends, branches and leaf moves, written through the store and read
 //! back from disk, gives the context an independent in-memory model of the tree predicts.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
 
 use pincer_store::{build_context, NewEntry, ParentChoice, Session, Store, StoreOptions};
 use proptest::prelude::*;

@@ -1,9 +1,16 @@
-//! Test support shared by Pincer's crates: where `shared/` is, and the real Pi library (the oracle)
-//! run over a session file.
+//! Test support shared by Pincer's crates: where `shared/` is, the real Pi library (the oracle) run
+//! over a session file, a fake OpenAI-compatible provider ([`fake_openai`]) and the gateway as a real
+//! process with a protocol client ([`gateway`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
 //! fail with instructions when it is missing: they are never skipped.
+
+// Test support fails loudly: a panic here is a failed test with its reason.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod fake_openai;
+pub mod gateway;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

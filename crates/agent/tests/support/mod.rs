@@ -365,7 +365,11 @@ pub fn thinking(chunks: &[&str], signature: &str) -> Part {
     Part::Thinking { chunks: chunks.iter().map(|s| (*s).to_owned()).collect(), signature: signature.to_owned() }
 }
 pub fn tool_call(id: &str, name: &str, arg_chunks: &[&str]) -> Part {
-    Part::ToolCall { id: id.into(), name: name.into(), arg_chunks: arg_chunks.iter().map(|s| (*s).to_owned()).collect() }
+    Part::ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arg_chunks: arg_chunks.iter().map(|s| (*s).to_owned()).collect(),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -476,8 +480,10 @@ fn script_responses(t: &Turn) -> Vec<String> {
                 let id = format!("msg_{oi}");
                 out.push(resp(json!({"type":"response.output_item.added","output_index":oi,
                     "item":{"id":id,"type":"message","status":"in_progress","role":"assistant","content":[]}})));
-                out.push(resp(json!({"type":"response.content_part.added","item_id":id,"output_index":oi,"content_index":0,
-                    "part":{"type":"output_text","text":"","annotations":[]}})));
+                out.push(resp(
+                    json!({"type":"response.content_part.added","item_id":id,"output_index":oi,"content_index":0,
+                    "part":{"type":"output_text","text":"","annotations":[]}}),
+                ));
                 for c in chunks {
                     out.push(resp(json!({"type":"response.output_text.delta","item_id":id,"output_index":oi,"content_index":0,"delta":c})));
                 }
@@ -508,8 +514,10 @@ fn script_responses(t: &Turn) -> Vec<String> {
         End::Length => ("response.incomplete", "incomplete", json!({"reason":"max_output_tokens"})),
         End::Stop | End::ToolUse => ("response.completed", "completed", Value::Null),
     };
-    out.push(resp(json!({"type":ty,"response":{"id":"resp_1","object":"response","status":status,"model":"gpt-resp-test",
-        "incomplete_details":details,"output":items,"usage":usage}})));
+    out.push(resp(
+        json!({"type":ty,"response":{"id":"resp_1","object":"response","status":status,"model":"gpt-resp-test",
+        "incomplete_details":details,"output":items,"usage":usage}}),
+    ));
     out
 }
 
@@ -527,16 +535,24 @@ fn script_anthropic(t: &Turn) -> Vec<String> {
     for (i, p) in t.parts.iter().enumerate() {
         match p {
             Part::Thinking { chunks, signature } => {
-                out.push(ant(json!({"type":"content_block_start","index":i,"content_block":{"type":"thinking","thinking":""}})));
+                out.push(ant(
+                    json!({"type":"content_block_start","index":i,"content_block":{"type":"thinking","thinking":""}}),
+                ));
                 for c in chunks {
-                    out.push(ant(json!({"type":"content_block_delta","index":i,"delta":{"type":"thinking_delta","thinking":c}})));
+                    out.push(ant(
+                        json!({"type":"content_block_delta","index":i,"delta":{"type":"thinking_delta","thinking":c}}),
+                    ));
                 }
                 out.push(ant(json!({"type":"content_block_delta","index":i,"delta":{"type":"signature_delta","signature":signature}})));
             }
             Part::Text(chunks) => {
-                out.push(ant(json!({"type":"content_block_start","index":i,"content_block":{"type":"text","text":""}})));
+                out.push(ant(
+                    json!({"type":"content_block_start","index":i,"content_block":{"type":"text","text":""}}),
+                ));
                 for c in chunks {
-                    out.push(ant(json!({"type":"content_block_delta","index":i,"delta":{"type":"text_delta","text":c}})));
+                    out.push(ant(
+                        json!({"type":"content_block_delta","index":i,"delta":{"type":"text_delta","text":c}}),
+                    ));
                 }
             }
             Part::ToolCall { id, name, arg_chunks } => {

@@ -1,0 +1,628 @@
+//! `chat.*`: the path this project exists for. `chat.send` validates, dedupes, acks, and then — in
+//! the session's queue, in order — writes the user turn through the store *before* the run starts,
+//! announces the very entry that was written, runs the agent, and streams `chat` deltas (throttled
+//! to one per 150 ms, flushed before tools and the final) and the persisted final. Aborts persist
+//! the partial exactly once; slash commands are answered without a model; `chat.inject` appends a
+//! gateway-injected row; `chat.history`/`chat.startup` read the active branch from a bounded tail.
+
+use crate::hook::{self, Decision};
+use crate::protocol::{int_param, required_str, str_param, RpcError};
+use crate::sessions::SessionRef;
+use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
+use crate::Ctx;
+use base64::Engine;
+use pincer_agent::{start_run, RunEvent, RunRequest, TranscriptSink};
+use pincer_store::history::{read_history, HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
+use pincer_store::ids::now_ms;
+use pincer_store::NewEntry;
+use serde_json::{json, Map, Value};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use unicode_normalization::UnicodeNormalization;
+
+/// Deltas go out at most this often per run.
+const DELTA_INTERVAL: Duration = Duration::from_millis(150);
+/// Largest decoded attachment, and all attachments of one message together.
+const MAX_ATTACHMENT_BYTES: usize = 5 * 1024 * 1024;
+const MAX_ATTACHMENTS_BYTES: usize = 20 * 1024 * 1024;
+const MAX_MESSAGE_CHARS: usize = 200_000;
+
+/// NFC, no NUL, control characters other than tab/newline/CR removed.
+pub fn sanitize_message(raw: &str) -> Result<String, RpcError> {
+    if raw.contains('\u{0}') {
+        return Err(RpcError::invalid("message must not contain null bytes"));
+    }
+    let s: String = raw.nfc().filter(|c| !c.is_control() || matches!(c, '\t' | '\n' | '\r')).collect();
+    if s.chars().count() > MAX_MESSAGE_CHARS {
+        return Err(RpcError::invalid(format!("message is longer than {MAX_MESSAGE_CHARS} characters")));
+    }
+    Ok(s)
+}
+
+/// Attachments as Pi image blocks. Only images are accepted; each is checked to be base64 and
+/// within the size limits.
+fn parse_attachments(params: &Value) -> Result<Vec<Value>, RpcError> {
+    let Some(list) = params.get("attachments") else { return Ok(vec![]) };
+    let Some(list) = list.as_array() else {
+        return Err(RpcError::invalid("attachments must be an array"));
+    };
+    let mut total = 0;
+    let mut out = Vec::new();
+    for (i, a) in list.iter().enumerate() {
+        let mime = a.get("mimeType").and_then(Value::as_str).unwrap_or("");
+        if !mime.starts_with("image/") {
+            return Err(RpcError::invalid(format!("attachments[{i}]: only images are supported (mimeType {mime:?})")));
+        }
+        let Some(content) = a.get("content").and_then(Value::as_str) else {
+            return Err(RpcError::invalid(format!("attachments[{i}].content must be a base64 string")));
+        };
+        let data = content.split_once(";base64,").map(|(_, d)| d).unwrap_or(content);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|e| RpcError::invalid(format!("attachments[{i}].content is not base64: {e}")))?;
+        if bytes.len() > MAX_ATTACHMENT_BYTES {
+            return Err(RpcError::invalid(format!("attachments[{i}] is larger than {MAX_ATTACHMENT_BYTES} bytes")));
+        }
+        total += bytes.len();
+        if total > MAX_ATTACHMENTS_BYTES {
+            return Err(RpcError::invalid(format!(
+                "attachments are larger than {MAX_ATTACHMENTS_BYTES} bytes together"
+            )));
+        }
+        out.push(json!({"type": "image", "data": data.trim(), "mimeType": mime}));
+    }
+    Ok(out)
+}
+
+fn is_stop(text: &str) -> bool {
+    matches!(text.trim().to_lowercase().as_str(), "/stop" | "/abort" | "stop" | "/cancel")
+}
+
+fn slash_command(text: &str) -> Option<&'static str> {
+    let first = text.split_whitespace().next()?.to_lowercase();
+    Some(match first.as_str() {
+        "/status" => "status",
+        "/new" | "/reset" => "new",
+        "/compact" => "compact",
+        "/help" => "help",
+        _ => return None,
+    })
+}
+
+/// `chat.send`.
+pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
+    let raw_key = required_str(params, "sessionKey")?;
+    let run_id = required_str(params, "idempotencyKey")?.to_owned();
+    let message = match params.get("message") {
+        Some(Value::String(s)) => sanitize_message(s)?,
+        None | Some(Value::Null) => String::new(),
+        Some(_) => return Err(RpcError::invalid("message must be a string")),
+    };
+    let images = parse_attachments(params)?;
+    if message.trim().is_empty() && images.is_empty() {
+        return Err(RpcError::invalid("message or attachment required"));
+    }
+    let session = gw.sessions.resolve(raw_key, true)?.ok_or_else(|| RpcError::invalid("session not found"))?;
+    if images.is_empty() && is_stop(&message) {
+        let ids = abort_session(gw, &session.key, None, "stop-command");
+        return Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}));
+    }
+    match gw.dedupe_begin(&format!("chat:{run_id}")) {
+        Some(Dedupe::InFlight) => return Ok(json!({"runId": run_id, "status": "in_flight"})),
+        Some(Dedupe::Done(r)) => return r,
+        None => {}
+    }
+    let run = gw.register_run(&run_id, &session.key, ctx.conn_id);
+    let acked = ctx.after_response();
+    let gw2 = gw.clone();
+    let turn = Turn { gw: gw2, session, run, text: message, images };
+    gw.tasks.spawn(async move {
+        let _ = acked.await; // the ack goes out before any event of the run
+        turn.execute().await;
+    });
+    Ok(json!({"runId": run_id, "status": "started"}))
+}
+
+/// Aborts the runs of a session (or one run); returns the ids that were aborted.
+pub fn abort_session(gw: &Gateway, session_key: &str, run_id: Option<&str>, origin: &'static str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for r in gw.runs_of(session_key) {
+        if run_id.is_none_or(|id| id == r.run_id) && !r.cancel.is_cancelled() {
+            r.abort(origin);
+            ids.push(r.run_id.clone());
+        }
+    }
+    ids
+}
+
+/// `chat.abort`.
+pub async fn abort(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let raw_key = required_str(params, "sessionKey")?;
+    let (key, _) = crate::sessions::canonical_key(raw_key)?;
+    let run_id = str_param(params, "runId");
+    if let Some(id) = run_id {
+        if let Some(r) = gw.run(id) {
+            if r.session_key != key {
+                return Err(RpcError::invalid("runId does not match sessionKey"));
+            }
+        }
+    }
+    let ids = abort_session(gw, &key, run_id, "rpc");
+    Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}))
+}
+
+/// One `chat.send` from the queue to its last event.
+struct Turn {
+    gw: Arc<Gateway>,
+    session: SessionRef,
+    run: Arc<RunHandle>,
+    text: String,
+    images: Vec<Value>,
+}
+
+impl Turn {
+    fn chat_event(&self, state: &str, extra: Value) {
+        let mut p = json!({
+            "runId": self.run.run_id,
+            "sessionKey": self.session.key,
+            "agentId": self.session.agent_id,
+            "seq": self.run.next_seq(),
+            "state": state,
+        });
+        if let (Some(p), Value::Object(extra)) = (p.as_object_mut(), extra) {
+            p.extend(extra);
+        }
+        self.gw.hub.publish("chat", Some(&self.session.key), p, state == "delta", crate::hub::Audience::All);
+    }
+
+    fn agent_event(&self, stream: &str, data: Value) {
+        let p = json!({"runId": self.run.run_id, "sessionKey": self.session.key, "stream": stream, "ts": now_ms(), "data": data});
+        self.gw.hub.publish("agent", Some(&self.session.key), p, true, crate::hub::Audience::All);
+    }
+
+    fn session_message(&self, entry: &Value) {
+        publish_session_message(&self.gw, &self.session, entry);
+    }
+
+    fn finish(&self, result: Result<Value, RpcError>) {
+        self.gw.dedupe_finish(&format!("chat:{}", self.run.run_id), result);
+        self.gw.finish_run(&self.run.run_id);
+        self.gw.sessions.touch(&self.session);
+    }
+
+    async fn execute(self) {
+        let guard = match self.gw.queue.acquire(&self.session.key, &self.run.cancel).await {
+            Ok(g) => g,
+            Err(_) => {
+                // Aborted while waiting: nothing was written.
+                self.chat_event("aborted", json!({"stopReason": self.run.origin()}));
+                self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
+                return;
+            }
+        };
+        self.agent_event("lifecycle", json!({"phase": "start"}));
+        if let Some(cmd) = slash_command(&self.text).filter(|_| self.images.is_empty()) {
+            self.no_agent(cmd).await;
+        } else {
+            self.agent_turn().await;
+        }
+        self.agent_event("lifecycle", json!({"phase": "end"}));
+        drop(guard);
+    }
+
+    fn user_content(&self, text: &str) -> Value {
+        if self.images.is_empty() {
+            return json!(text);
+        }
+        let mut blocks = Vec::new();
+        if !text.is_empty() {
+            blocks.push(json!({"type": "text", "text": text}));
+        }
+        blocks.extend(self.images.iter().cloned());
+        Value::Array(blocks)
+    }
+
+    /// Appends the user turn and announces it. When the append fails the turn still goes on (the
+    /// live session stays useful) and the event carries the unsaved message; the failure is logged.
+    async fn write_user(&self, text: &str, extra: Option<(&str, Value)>) -> (Value, bool) {
+        let mut msg = json!({
+            "role": "user",
+            "content": self.user_content(text),
+            "timestamp": now_ms(),
+            "idempotencyKey": format!("{}:user", self.run.run_id),
+        });
+        if let Some((k, v)) = extra {
+            msg[k] = v;
+        }
+        match self.gw.append(&self.session, NewEntry::message(msg.clone())).await {
+            Ok(a) => {
+                self.session_message(&a.entry);
+                (a.entry["message"].clone(), true)
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.session.key, run = %self.run.run_id,
+                    "user turn append failed; continuing without persisting it: {e}");
+                self.session_message(&json!({"message": msg}));
+                (msg, false)
+            }
+        }
+    }
+
+    /// Appends a gateway-injected assistant row and sends it as the final.
+    async fn reply(&self, text: &str) {
+        let key = format!("{}:assistant", self.run.run_id);
+        let msg = injected_message(text, Some(&key), None);
+        let message = match self.gw.append(&self.session, NewEntry::message(msg.clone())).await {
+            Ok(a) => {
+                self.session_message(&a.entry);
+                with_meta(&a.entry, &self.run.run_id)
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.session.key, "reply append failed: {e}");
+                msg
+            }
+        };
+        self.chat_event("final", json!({"stopReason": "stop", "message": message}));
+    }
+
+    async fn no_agent(&self, cmd: &str) {
+        self.write_user(&self.text, None).await;
+        let text = match cmd {
+            "status" => {
+                let runs = self.gw.runs_of(&self.session.key).len().saturating_sub(1);
+                format!(
+                    "Session {} ({}).\nModel: {}{}.\nTranscript: {}\nOther runs waiting: {runs}.",
+                    self.session.key,
+                    self.session.session_id,
+                    self.gw.settings.model,
+                    if self.gw.settings.model_is_fallback { " (offline echo model: no provider configured)" } else { "" },
+                    self.session.path.display(),
+                )
+            }
+            "help" => "Commands: /status — this session and model; /new — start a new session (the old transcript is archived); \
+                       /compact — summarise older turns; /stop — stop the running reply; /help — this list."
+                .to_string(),
+            "new" => match self.gw.sessions.reset(&self.session.key, "reset") {
+                Ok((fresh, archived)) => {
+                    let text = match archived {
+                        Some(p) => format!("Started a new session. The previous transcript was kept as {}.", p.display()),
+                        None => "Started a new session.".into(),
+                    };
+                    let turn = Turn {
+                        gw: self.gw.clone(),
+                        session: fresh,
+                        run: self.run.clone(),
+                        text: String::new(),
+                        images: vec![],
+                    };
+                    self.gw.hub.publish(
+                        "sessions.changed",
+                        Some(&self.session.key),
+                        json!({"sessionKey": self.session.key, "reason": "reset"}),
+                        true,
+                        crate::hub::Audience::SessionsWatchers,
+                    );
+                    turn.reply(&text).await;
+                    self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
+                    return;
+                }
+                Err(e) => format!("Could not start a new session: {}", e.message),
+            },
+            _ => match crate::compact::run(&self.gw, &self.session, "manual").await {
+                Ok(summary) => summary,
+                Err(e) => format!("Compaction did not run: {e}"),
+            },
+        };
+        self.reply(&text).await;
+        self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
+    }
+
+    async fn agent_turn(&self) {
+        // The before_agent_run hook decides before anything is written or shown.
+        if let Some(h) = &self.gw.settings.hook {
+            match hook::decide(h, &self.session.key, &self.text).await {
+                Decision::Allow => {}
+                Decision::Block { reason, replacement } => {
+                    let shown = replacement.unwrap_or_else(|| "[message blocked]".into());
+                    self.write_user(&shown, Some(("openclawHookBlock", json!({"blocked": true, "reason": reason}))))
+                        .await;
+                    self.reply(&format!("This message was blocked before reaching the agent: {reason}")).await;
+                    self.finish(Ok(json!({"runId": self.run.run_id, "status": "blocked"})));
+                    return;
+                }
+            }
+        }
+        let (user, persisted_user) = self.write_user(&self.text, None).await;
+        let mut messages = match self.gw.context(&self.session).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(session = %self.session.key, "cannot read the context: {e}");
+                vec![]
+            }
+        };
+        if !persisted_user || messages.last().and_then(|m| m.get("idempotencyKey")) != user.get("idempotencyKey") {
+            // The user turn is not on disk (append failed): the run still sees it.
+            messages.push(user.clone());
+        }
+        let model = match self.gw.settings.providers.resolve(&self.session_model()) {
+            Ok(m) => m,
+            Err(e) => {
+                self.fail(&format!("{e}"), "unknown", None);
+                return;
+            }
+        };
+        let rx = start_run(RunRequest {
+            model,
+            system_prompt: self.gw.settings.system_prompt.clone(),
+            messages,
+            tools: self.gw.tools.clone(),
+            sink: Arc::new(StoreSink { gw: self.gw.clone(), session: self.session.clone() }),
+            cancel: self.run.cancel.clone(),
+            max_turns: self.gw.settings.max_turns,
+            run_id: self.run.run_id.clone(),
+        });
+        self.stream(rx).await;
+    }
+
+    fn session_model(&self) -> String {
+        self.session
+            .entry
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| self.gw.settings.model.clone())
+    }
+
+    fn fail(&self, message: &str, kind: &str, entry: Option<&Value>) {
+        let mut extra = json!({"errorMessage": message, "errorKind": kind, "stopReason": "error"});
+        if let Some(e) = entry {
+            extra["message"] = with_meta(e, &self.run.run_id);
+        }
+        self.chat_event("error", extra);
+        self.agent_event("lifecycle", json!({"phase": "error", "error": message}));
+        self.finish(Err(RpcError::unavailable(message.to_owned())
+            .with_details(json!({"runId": self.run.run_id, "status": "error", "summary": message}))));
+    }
+
+    /// Relays the run's events: throttled deltas, persisted rows, the final, errors, aborts.
+    async fn stream(&self, mut rx: tokio::sync::mpsc::Receiver<RunEvent>) {
+        let mut text = String::new();
+        let mut thinking = String::new();
+        let mut pending = String::new();
+        let mut last_sent: Option<Instant> = None;
+        loop {
+            let flush_at =
+                (!pending.is_empty()).then(|| last_sent.map(|t| t + DELTA_INTERVAL).unwrap_or_else(Instant::now));
+            let ev = tokio::select! {
+                ev = rx.recv() => ev,
+                _ = sleep_until(flush_at) => {
+                    self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
+                    continue;
+                }
+            };
+            let Some(ev) = ev else {
+                self.fail("the run ended without a result", "unknown", None);
+                return;
+            };
+            match ev {
+                RunEvent::TextDelta { delta, text: t } => {
+                    pending.push_str(&delta);
+                    text = t;
+                    if last_sent.is_none_or(|l| l.elapsed() >= DELTA_INTERVAL) {
+                        self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
+                    }
+                }
+                RunEvent::ThinkingDelta { thinking: t, .. } => thinking = t,
+                RunEvent::ToolCallStart { id, name, arguments } => {
+                    self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
+                    self.agent_event(
+                        "tool",
+                        json!({"phase": "start", "toolCallId": id, "name": name, "args": arguments}),
+                    );
+                }
+                RunEvent::Persisted { entry } => {
+                    self.session_message(&entry);
+                    if entry["message"]["role"] == "assistant" {
+                        // A new assistant message starts from scratch.
+                        text.clear();
+                        thinking.clear();
+                    }
+                }
+                RunEvent::Usage(u) => self.agent_event("usage", u),
+                RunEvent::Final { entry } => {
+                    self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
+                    let msg = &entry["message"];
+                    let mut extra =
+                        json!({"stopReason": msg["stopReason"], "message": with_meta(&entry, &self.run.run_id)});
+                    if let Some(u) = msg.get("usage") {
+                        extra["usage"] = u.clone();
+                    }
+                    self.chat_event("final", extra);
+                    self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
+                    return;
+                }
+                RunEvent::Error { entry, message, kind } => {
+                    self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
+                    self.fail(&message, kind.as_str(), entry.as_ref());
+                    return;
+                }
+                RunEvent::Aborted { partial_text, .. } => {
+                    self.aborted(&partial_text).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn send_delta(&self, pending: &mut String, text: &str, thinking: &str, last_sent: &mut Option<Instant>) {
+        if pending.is_empty() {
+            return;
+        }
+        let mut content = Vec::new();
+        if !thinking.is_empty() {
+            content.push(json!({"type": "thinking", "thinking": thinking}));
+        }
+        content.push(json!({"type": "text", "text": text}));
+        let delta = std::mem::take(pending);
+        self.chat_event(
+            "delta",
+            json!({"deltaText": delta, "message": {"role": "assistant", "content": content, "timestamp": now_ms()}}),
+        );
+        *last_sent = Some(Instant::now());
+    }
+
+    /// Persists the partial (once, keyed `<runId>:assistant`) and announces the abort.
+    async fn aborted(&self, partial: &str) {
+        let origin = self.run.origin();
+        let mut extra = json!({"stopReason": origin});
+        if !partial.trim().is_empty() {
+            let key = format!("{}:assistant", self.run.run_id);
+            let meta = json!({"aborted": true, "origin": origin, "runId": self.run.run_id});
+            let msg = injected_message(partial, Some(&key), Some(meta));
+            match self.gw.append(&self.session, NewEntry::message(msg.clone())).await {
+                Ok(a) => {
+                    if a.appended {
+                        self.session_message(&a.entry);
+                    }
+                    extra["message"] = with_meta(&a.entry, &self.run.run_id);
+                }
+                Err(e) => {
+                    tracing::warn!(session = %self.session.key, "chat.abort transcript append failed: {e}");
+                    extra["message"] = msg;
+                }
+            }
+        }
+        self.chat_event("aborted", extra);
+        self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The message of an entry with OpenClaw's `__openclaw` identity block.
+pub fn with_meta(entry: &Value, run_id: &str) -> Value {
+    let mut m = entry.get("message").cloned().unwrap_or(Value::Null);
+    if let Some(obj) = m.as_object_mut() {
+        let mut meta = Map::new();
+        if let Some(id) = entry.get("id") {
+            meta.insert("id".into(), id.clone());
+        }
+        meta.insert("runId".into(), json!(run_id));
+        obj.insert("__openclaw".into(), Value::Object(meta));
+    }
+    m
+}
+
+/// `session.message` for subscribers of the session, carrying the entry as written.
+pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value) {
+    let mut message = entry.get("message").cloned().unwrap_or(Value::Null);
+    let id = entry.get("id").cloned();
+    if let (Some(obj), Some(id)) = (message.as_object_mut(), &id) {
+        obj.insert("__openclaw".into(), json!({"id": id}));
+    }
+    let mut p = json!({"sessionKey": session.key, "message": message});
+    if let Some(id) = id {
+        p["messageId"] = id;
+    }
+    gw.hub.publish("session.message", Some(&session.key), p, false, crate::hub::Audience::SessionSubscribers);
+}
+
+/// Appends a run's assistant and toolResult messages through the store.
+struct StoreSink {
+    gw: Arc<Gateway>,
+    session: SessionRef,
+}
+
+impl TranscriptSink for StoreSink {
+    fn append_message(&self, message: Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>> {
+        Box::pin(async move {
+            self.gw.append(&self.session, NewEntry::message(message)).await.map(|a| a.entry).map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// `chat.inject`: a gateway-injected assistant row, announced as a `final`.
+pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let raw_key = required_str(params, "sessionKey")?;
+    let message = sanitize_message(required_str(params, "message")?)?;
+    let label = match params.get("label") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(l)) if l.chars().count() <= 100 => Some(sanitize_message(l)?),
+        Some(_) => return Err(RpcError::invalid("label must be a string of at most 100 characters")),
+    };
+    let key = match params.get("idempotencyKey") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(k)) if !k.trim().is_empty() => Some(k.clone()),
+        Some(_) => return Err(RpcError::invalid("idempotencyKey must be a non-empty string")),
+    };
+    let session = gw.sessions.resolve(raw_key, false)?.ok_or_else(|| RpcError::invalid("session not found"))?;
+    let text = match &label {
+        Some(l) if !l.is_empty() => format!("[{l}]\n\n{message}"),
+        _ => message,
+    };
+    let msg = injected_message(&text, key.as_deref(), None);
+    let a = gw
+        .append(&session, NewEntry::message(msg))
+        .await
+        .map_err(|e| RpcError::unavailable(format!("failed to write transcript: {e}")))?;
+    let id = a.entry["id"].as_str().unwrap_or_default().to_owned();
+    if a.appended {
+        publish_session_message(gw, &session, &a.entry);
+        let run_id = format!("inject-{id}");
+        let p = json!({"runId": run_id, "sessionKey": session.key, "agentId": session.agent_id, "seq": 0,
+            "state": "final", "stopReason": "stop", "message": with_meta(&a.entry, &run_id)});
+        gw.hub.publish("chat", Some(&session.key), p, false, crate::hub::Audience::All);
+        gw.sessions.touch(&session);
+    }
+    Ok(json!({"ok": true, "messageId": id, "appended": a.appended}))
+}
+
+/// `chat.history` and `chat.startup`.
+pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let raw_key = required_str(params, "sessionKey")?;
+    let limit = int_param(params, "limit", 1, MAX_LIMIT as u64)?.unwrap_or(200) as usize;
+    let max_chars = int_param(params, "maxChars", 1, 500_000)?.unwrap_or(DEFAULT_MAX_CHARS as u64) as usize;
+    let (key, agent) = crate::sessions::canonical_key(raw_key)?;
+    let session = gw.sessions.resolve(&key, false)?;
+    let (session_id, messages, thinking) = match &session {
+        None => (Value::Null, vec![], None),
+        Some(s) => {
+            let path = s.path.clone();
+            let h = tokio::task::spawn_blocking(move || read_history(&path, HistoryOptions { limit, max_chars }))
+                .await
+                .map_err(|e| RpcError::unavailable(format!("history task failed: {e}")))?
+                .map_err(|e| RpcError::unavailable(format!("cannot read the transcript: {e}")))?;
+            (json!(s.session_id), h.messages, h.thinking_level)
+        }
+    };
+    let active: Vec<String> = gw.runs_of(&key).iter().map(|r| r.run_id.clone()).collect();
+    let mut info = session.as_ref().map(|s| s.row()).unwrap_or_else(
+        || json!({"key": key, "agentId": agent, "kind": "direct", "isMain": key == crate::sessions::MAIN_KEY}),
+    );
+    info["hasActiveRun"] = json!(!active.is_empty());
+    info["activeRunIds"] = json!(active);
+    let (provider, model) = gw.settings.model.split_once('/').unwrap_or(("pincer", "echo"));
+    info["modelProvider"] = json!(provider);
+    info["model"] = json!(model);
+    let total = messages.len();
+    Ok(json!({
+        "sessionKey": key,
+        "sessionId": session_id,
+        "messages": messages,
+        "thinkingLevel": thinking.unwrap_or_else(|| json!("off")),
+        "fastMode": false,
+        "verboseLevel": "off",
+        "hasMore": false,
+        "totalMessages": total,
+        "defaults": {"modelProvider": provider, "model": model,
+            "contextTokens": gw.settings.providers.resolve(&gw.settings.model).ok().and_then(|m| m.model.context_window)},
+        "sessionInfo": info,
+    }))
+}

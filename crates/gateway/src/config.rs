@@ -1,0 +1,242 @@
+//! Gateway configuration: `<state>/pincer.toml` (or `--config`), overridden by the environment, turned
+//! into a validated [`Settings`] value. Secrets (the gateway token, API keys) never reach the logs.
+
+use pincer_agent::{Api, ProviderConfig, Providers};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The file as written by the user.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    pub gateway: GatewaySection,
+    pub models: ModelsSection,
+    pub agents: AgentsSection,
+    pub logging: LoggingSection,
+    pub hooks: HooksSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewaySection {
+    pub bind: Option<String>,
+    pub auth: AuthSection,
+    /// A folder with OpenClaw's Control UI (`dist/control-ui`), served under `/control/`.
+    pub control_ui_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    pub mode: Option<String>,
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelsSection {
+    pub providers: BTreeMap<String, ProviderConfig>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentsSection {
+    pub defaults: AgentDefaults,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentDefaults {
+    pub model: Option<String>,
+    pub system_prompt: Option<String>,
+    /// Where the `read_file` tool may read (default: `<state>/workspace`).
+    pub workspace: Option<PathBuf>,
+    /// Most model calls per run (tool loops included).
+    pub max_turns: Option<usize>,
+    /// `[agents.defaults.compaction]`, passed to compaction as it is.
+    pub compaction: Option<toml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoggingSection {
+    /// `"on"` (default) or `"off"`: secret redaction in transcripts and logs.
+    pub redact: Option<String>,
+    /// Extra regular expressions to redact.
+    pub redact_patterns: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HooksSection {
+    pub before_agent_run: Option<HookConfig>,
+}
+
+/// An external command run before each agent run (JSON on stdin, JSON decision on stdout).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConfig {
+    /// Program and arguments.
+    pub command: Vec<String>,
+    /// Fails closed after this long (default 10 s).
+    pub timeout_ms: Option<u64>,
+}
+
+/// How clients authenticate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthMode {
+    Token(String),
+    None,
+}
+
+/// Everything the gateway needs, validated.
+pub struct Settings {
+    pub state_dir: PathBuf,
+    pub bind: SocketAddr,
+    pub auth: AuthMode,
+    /// Where the token came from, for the startup log (never the token itself).
+    pub token_source: String,
+    pub providers: Providers,
+    pub model: String,
+    pub model_is_fallback: bool,
+    pub system_prompt: Option<String>,
+    pub workspace: PathBuf,
+    pub max_turns: usize,
+    pub compaction: Option<toml::Value>,
+    pub redact: bool,
+    pub redact_patterns: Vec<String>,
+    pub hook: Option<HookConfig>,
+    pub control_ui_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("state_dir", &self.state_dir)
+            .field("bind", &self.bind)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Command-line overrides.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub bind: Option<String>,
+    pub state_dir: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+}
+
+/// The default state directory: `$PINCER_STATE_DIR` or `~/.pincer`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("PINCER_STATE_DIR") {
+        return PathBuf::from(d);
+    }
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp")).join(".pincer")
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Loads and validates the configuration. Errors name the file or variable at fault.
+pub fn load(o: &Overrides) -> Result<Settings, String> {
+    let state_dir = o.state_dir.clone().unwrap_or_else(default_state_dir);
+    let config_path = o.config.clone().unwrap_or_else(|| state_dir.join("pincer.toml"));
+    let file: FileConfig = match std::fs::read_to_string(&config_path) {
+        Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", config_path.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && o.config.is_none() => FileConfig::default(),
+        Err(e) => return Err(format!("{}: cannot read: {e}", config_path.display())),
+    };
+    let bind_text = o.bind.clone().or(file.gateway.bind.clone()).unwrap_or_else(|| "127.0.0.1:18789".into());
+    let bind: SocketAddr = bind_text
+        .parse()
+        .map_err(|e| format!("bind address {bind_text:?} is not HOST:PORT ({e}); e.g. 127.0.0.1:18789"))?;
+    let mode = file.gateway.auth.mode.clone().unwrap_or_else(|| "token".into());
+    let (auth, token_source) = match mode.as_str() {
+        "none" => {
+            if !bind.ip().is_loopback() {
+                return Err(format!(
+                    "gateway.auth.mode = \"none\" is refused on {bind}: without auth the gateway may only listen on loopback"
+                ));
+            }
+            (AuthMode::None, "auth disabled (loopback only)".to_string())
+        }
+        "token" => {
+            if let Some(t) = env("PINCER_GATEWAY_TOKEN") {
+                (AuthMode::Token(t), "PINCER_GATEWAY_TOKEN".into())
+            } else if let Some(t) = file.gateway.auth.token.clone().filter(|t| !t.trim().is_empty()) {
+                (AuthMode::Token(t), format!("gateway.auth.token in {}", config_path.display()))
+            } else {
+                let path = state_dir.join("gateway.token");
+                (AuthMode::Token(load_or_create_token(&path)?), path.display().to_string())
+            }
+        }
+        other => return Err(format!("gateway.auth.mode {other:?} is not \"token\" or \"none\"")),
+    };
+    let mut providers = file.models.providers;
+    if let Some(key) = env("OPENAI_API_KEY") {
+        let base = env("OPENAI_BASE_URL").unwrap_or_else(|| "https://api.openai.com/v1".into());
+        providers.entry("openai".into()).or_insert_with(|| {
+            let mut p = ProviderConfig::new(Api::OpenaiCompletions, base);
+            p.api_key = Some(key);
+            p
+        });
+    }
+    if let Some(key) = env("ANTHROPIC_API_KEY") {
+        providers.entry("anthropic".into()).or_insert_with(|| {
+            let mut p = ProviderConfig::new(Api::AnthropicMessages, "https://api.anthropic.com");
+            p.api_key = Some(key);
+            p
+        });
+    }
+    let first_model = providers.iter().find_map(|(name, p)| p.models.first().map(|m| format!("{name}/{}", m.id)));
+    let providers = Providers::new(providers).map_err(|e| format!("{}: {e}", config_path.display()))?;
+    let chosen = env("PINCER_MODEL").or(file.agents.defaults.model.clone()).or(first_model);
+    let model_is_fallback = chosen.is_none();
+    let model = chosen.unwrap_or_else(|| "pincer/echo".into());
+    providers.resolve(&model).map_err(|e| format!("model {model:?}: {e}"))?;
+    let redact = match file.logging.redact.as_deref() {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(other) => return Err(format!("logging.redact {other:?} is not \"on\" or \"off\"")),
+    };
+    if let Some(h) = &file.hooks.before_agent_run {
+        if h.command.is_empty() {
+            return Err("hooks.before_agent_run.command is empty".into());
+        }
+    }
+    Ok(Settings {
+        workspace: file.agents.defaults.workspace.clone().unwrap_or_else(|| state_dir.join("workspace")),
+        state_dir,
+        bind,
+        auth,
+        token_source,
+        providers,
+        model,
+        model_is_fallback,
+        system_prompt: file.agents.defaults.system_prompt,
+        max_turns: file.agents.defaults.max_turns.unwrap_or(8).max(1),
+        compaction: file.agents.defaults.compaction,
+        redact,
+        redact_patterns: file.logging.redact_patterns,
+        hook: file.hooks.before_agent_run,
+        control_ui_dir: file.gateway.control_ui_dir,
+    })
+}
+
+/// Reads `<state>/gateway.token`, creating it (0600) with a random token the first time.
+fn load_or_create_token(path: &Path) -> Result<String, String> {
+    match std::fs::read_to_string(path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("{}: cannot read the gateway token: {e}", path.display())),
+    }
+    let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    pincer_store::fsutil::write_private_atomically(path, format!("{token}\n").as_bytes())
+        .map_err(|e| format!("{}: cannot write the gateway token: {e}", path.display()))?;
+    Ok(token)
+}

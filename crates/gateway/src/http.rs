@@ -1,0 +1,187 @@
+//! HTTP on the gateway port: a plain `GET /` is the WebChat page and a WebSocket upgrade on any path
+//! is the RPC socket; `/healthz`; `GET /api/sessions/{key}/events`, the session's `chat` and
+//! `session.message` events as Server-Sent Events with catch-up after `Last-Event-ID`; and, when
+//! configured, OpenClaw's Control UI as static files under `/control/`.
+
+use crate::config::AuthMode;
+use crate::hub::Replay;
+use crate::state::Gateway;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::{Path, Query, State, WebSocketUpgrade};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures::stream::{self, Stream, StreamExt};
+use serde_json::json;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+const WEBCHAT: &str = include_str!("webchat.html");
+
+pub fn router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/api/sessions/{key}/events", get(session_events))
+        .fallback(get(root))
+        .with_state(gw)
+}
+
+async fn healthz(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+    Json(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn root(
+    State(gw): State<Arc<Gateway>>,
+    uri: Uri,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    if let Ok(ws) = ws {
+        let gw = gw.clone();
+        return ws
+            .max_message_size(crate::protocol::MAX_PAYLOAD_BYTES)
+            .max_frame_size(crate::protocol::MAX_PAYLOAD_BYTES)
+            .on_upgrade(move |socket| crate::ws::serve(socket, gw))
+            .into_response();
+    }
+    let path = uri.path();
+    if path == "/" || path == "/index.html" {
+        return ([(header::CACHE_CONTROL, "no-store")], Html(WEBCHAT)).into_response();
+    }
+    if let (Some(rest), Some(dir)) = (path.strip_prefix("/control"), gw.settings.control_ui_dir.as_ref()) {
+        return control_ui(dir, rest).await;
+    }
+    (StatusCode::NOT_FOUND, "not found\n").into_response()
+}
+
+/// Serves a file of the Control UI folder; unknown paths fall back to its `index.html` (an SPA).
+async fn control_ui(dir: &std::path::Path, rest: &str) -> Response {
+    let rel = rest.trim_start_matches('/');
+    if rel.split('/').any(|c| c == ".." || c.starts_with('.')) || rel.contains('\\') || rel.contains('\0') {
+        return (StatusCode::BAD_REQUEST, "bad path\n").into_response();
+    }
+    let mut file = dir.join(if rel.is_empty() { "index.html" } else { rel });
+    if !file.is_file() {
+        file = dir.join("index.html");
+    }
+    let Ok(bytes) = tokio::fs::read(&file).await else {
+        return (StatusCode::NOT_FOUND, "not found\n").into_response();
+    };
+    let mime = match file.extension().and_then(|e| e.to_str()).unwrap_or("") {
+        "html" => "text/html; charset=utf-8",
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "json" | "webmanifest" => "application/json",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "woff2" => "font/woff2",
+        "woff" => "font/woff",
+        "ico" => "image/x-icon",
+        _ => "application/octet-stream",
+    };
+    if file.file_name().is_some_and(|n| n == "index.html") {
+        // The UI reads its base path from the <html> tag.
+        let html = String::from_utf8_lossy(&bytes).replacen(
+            "<html",
+            "<html data-openclaw-control-ui-base-path=\"/control\"",
+            1,
+        );
+        return ([(header::CONTENT_TYPE, mime)], html).into_response();
+    }
+    ([(header::CONTENT_TYPE, mime)], bytes).into_response()
+}
+
+fn authorized(gw: &Gateway, headers: &HeaderMap, query: &HashMap<String, String>) -> bool {
+    let AuthMode::Token(token) = &gw.settings.auth else { return true };
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let given = bearer.or_else(|| query.get("token").cloned());
+    let auth = json!({"auth": {"token": given}});
+    crate::ws::check_auth(&gw.settings.auth, &auth).is_ok() && !token.is_empty()
+}
+
+async fn session_events(
+    State(gw): State<Arc<Gateway>>,
+    Path(raw_key): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&gw, &headers, &query) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": "unauthorized: send the gateway token as Authorization: Bearer <token> or ?token="})),
+        )
+            .into_response();
+    }
+    let key = match crate::sessions::canonical_key(&raw_key) {
+        Ok((k, _)) => k,
+        Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.message}))).into_response(),
+    };
+    let last: Option<u64> = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .or(query.get("lastEventId").map(String::as_str))
+        .and_then(|v| v.trim().parse().ok());
+    let (rx, replay, _) = gw.hub.subscribe_with_replay(&key, last);
+    Sse::new(event_stream(key, rx, replay)).keep_alive(KeepAlive::default()).into_response()
+}
+
+fn to_sse(ev: &crate::hub::BusEvent) -> Event {
+    let data = json!({"event": ev.name, "payload": ev.payload});
+    let e = Event::default().event(ev.name).data(data.to_string());
+    match ev.sse_id {
+        Some(id) => e.id(id.to_string()),
+        None => e,
+    }
+}
+
+fn event_stream(
+    key: String,
+    rx: tokio::sync::broadcast::Receiver<Arc<crate::hub::BusEvent>>,
+    replay: Replay,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let (first, mut seen): (Vec<Event>, u64) = match replay {
+        Replay::Reset => {
+            (vec![Event::default().event("reset").data(r#"{"reason":"gap too old; refetch chat.history"}"#)], 0)
+        }
+        Replay::Events(evs) => {
+            let last = evs.last().and_then(|e| e.sse_id).unwrap_or(0);
+            (evs.iter().map(|e| to_sse(e)).collect(), last)
+        }
+    };
+    let live = stream::unfold(rx, move |mut rx| {
+        let key = key.clone();
+        async move {
+            loop {
+                match rx.recv().await {
+                    Ok(ev) if ev.session_key.as_deref() == Some(key.as_str()) && ev.sse_id.is_some() => {
+                        return Some((Some(ev), rx));
+                    }
+                    Ok(_) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Some((None, rx)),
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        }
+    })
+    .filter_map(move |ev| {
+        let out = match ev {
+            // Events were lost: tell the client to refetch.
+            None => Some(Event::default().event("reset").data(r#"{"reason":"events were dropped"}"#)),
+            Some(ev) => match ev.sse_id {
+                Some(id) if id > seen => {
+                    seen = id;
+                    Some(to_sse(&ev))
+                }
+                _ => None,
+            },
+        };
+        futures::future::ready(out)
+    });
+    stream::iter(first).chain(live).map(Ok)
+}

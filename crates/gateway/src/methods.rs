@@ -1,0 +1,196 @@
+//! Request dispatch: every RPC method the gateway serves, by name. `chat.*` lives in [`crate::chat`];
+//! the session methods, `health` and the small discovery methods the Control UI asks for are here.
+//! Anything else is answered `INVALID_REQUEST "unknown method: X"`.
+
+use crate::chat;
+use crate::hub::Audience;
+use crate::protocol::{required_str, str_param, RpcError};
+use crate::sessions::{canonical_key, SessionRef};
+use crate::state::Gateway;
+use crate::Ctx;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value) -> Result<Value, RpcError> {
+    let params = if params.is_null() { &Value::Object(Map::new()) } else { params };
+    if !params.is_object() {
+        return Err(RpcError::invalid("params must be an object"));
+    }
+    match method {
+        "health" => Ok(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "activeRuns": gw.all_runs().len()})),
+        "chat.send" => chat::send(gw, ctx, params).await,
+        "chat.history" | "chat.startup" => chat::history(gw, params).await,
+        "chat.abort" => chat::abort(gw, params).await,
+        "chat.inject" => chat::inject(gw, params).await,
+        "sessions.list" => sessions_list(gw, params),
+        "sessions.create" => sessions_create(gw, ctx, params).await,
+        "sessions.patch" => sessions_patch(gw, params),
+        "sessions.reset" => sessions_reset(gw, params),
+        "sessions.delete" => sessions_delete(gw, params),
+        "sessions.compact" => {
+            let session = existing(gw, params)?;
+            match crate::compact::run(gw, &session, "manual").await {
+                Ok(summary) => Ok(json!({"ok": true, "key": session.key, "compacted": true, "summary": summary})),
+                Err(reason) => Ok(json!({"ok": true, "key": session.key, "compacted": false, "reason": reason})),
+            }
+        }
+        "sessions.abort" => {
+            let key = canonical_key(required_str(params, "key")?)?.0;
+            let ids = chat::abort_session(gw, &key, str_param(params, "runId"), "rpc");
+            Ok(
+                json!({"ok": true, "abortedRunId": ids.first(), "status": if ids.is_empty() { "no-active-run" } else { "aborted" }}),
+            )
+        }
+        "sessions.subscribe" => {
+            ctx.subs.sessions.store(true, Ordering::Relaxed);
+            Ok(json!({"subscribed": true}))
+        }
+        "sessions.unsubscribe" => {
+            ctx.subs.sessions.store(false, Ordering::Relaxed);
+            Ok(json!({"subscribed": false}))
+        }
+        "sessions.messages.subscribe" => {
+            let key = canonical_key(required_str(params, "key")?)?.0;
+            crate::state::lock(&ctx.subs.messages).insert(key.clone());
+            Ok(json!({"subscribed": true, "key": key}))
+        }
+        "sessions.messages.unsubscribe" => {
+            let key = canonical_key(required_str(params, "key")?)?.0;
+            crate::state::lock(&ctx.subs.messages).remove(&key);
+            Ok(json!({"subscribed": false, "key": key}))
+        }
+        "agents.list" => {
+            Ok(json!({"defaultId": "main", "mainKey": "main", "agents": [{"id": "main", "name": "Main"}]}))
+        }
+        "agent.identity.get" => Ok(json!({"agentId": "main", "name": "Pincer", "avatar": null})),
+        "models.list" => {
+            let mut models = vec![json!({"id": "pincer/echo", "name": "Offline echo model"})];
+            for p in gw.settings.providers.configured() {
+                models.push(json!({"id": p}));
+            }
+            Ok(json!({"models": models, "default": gw.settings.model}))
+        }
+        "connect" => Err(RpcError::invalid("already connected")),
+        other => Err(RpcError::invalid(format!("unknown method: {other}"))),
+    }
+}
+
+fn existing(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
+    let key = params.get("key").or_else(|| params.get("sessionKey")).and_then(Value::as_str).unwrap_or("");
+    if key.is_empty() {
+        return Err(RpcError::invalid("key is required"));
+    }
+    gw.sessions.resolve(key, false)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))
+}
+
+fn changed(gw: &Gateway, key: &str, reason: &str) {
+    gw.hub.publish(
+        "sessions.changed",
+        Some(key),
+        json!({"sessionKey": key, "reason": reason, "ts": pincer_store::ids::now_ms()}),
+        true,
+        Audience::SessionsWatchers,
+    );
+}
+
+fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    let agent = str_param(params, "agentId");
+    let limit = params.get("limit").and_then(Value::as_u64).unwrap_or(200).min(1000) as usize;
+    let rows: Vec<Value> = gw.sessions.list(agent)?.iter().take(limit).map(SessionRef::row).collect();
+    Ok(json!({"ts": pincer_store::ids::now_ms(), "count": rows.len(), "sessions": rows,
+        "defaults": {"model": gw.settings.model, "mainSessionKey": crate::sessions::MAIN_KEY}}))
+}
+
+async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
+    let agent = str_param(params, "agentId").unwrap_or(crate::sessions::DEFAULT_AGENT);
+    let key = match str_param(params, "key") {
+        Some(k) => canonical_key(k)?.0,
+        None => format!("agent:{agent}:dashboard:{}", uuid::Uuid::new_v4()),
+    };
+    if gw.sessions.resolve(&key, false)?.is_some() {
+        return Err(RpcError::invalid(format!("session already exists: {key}")));
+    }
+    let mut session = gw.sessions.resolve(&key, true)?.ok_or_else(|| RpcError::unavailable("session not created"))?;
+    let mut fields = Map::new();
+    for k in ["label", "model"] {
+        if let Some(v) = params.get(k).filter(|v| v.is_string()) {
+            fields.insert(k.into(), v.clone());
+        }
+    }
+    if let Some(m) = fields.get("model").and_then(Value::as_str) {
+        gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
+    }
+    if !fields.is_empty() {
+        session = gw.sessions.patch(&key, &fields)?;
+    }
+    let (store, path, sid) = (gw.store.clone(), session.path.clone(), session.session_id.clone());
+    tokio::task::spawn_blocking(move || store.ensure_created(&path, Some(&sid)))
+        .await
+        .map_err(|e| RpcError::unavailable(e.to_string()))?
+        .map_err(|e| RpcError::unavailable(format!("cannot create the transcript: {e}")))?;
+    changed(gw, &key, "create");
+    let mut out =
+        json!({"ok": true, "key": key, "sessionId": session.session_id, "entry": session.row(), "runStarted": false});
+    if let Some(message) = params.get("message").and_then(Value::as_str).filter(|m| !m.trim().is_empty()) {
+        let run_id = uuid::Uuid::new_v4().to_string();
+        let r = chat::send(gw, ctx, &json!({"sessionKey": key, "message": message, "idempotencyKey": run_id})).await?;
+        out["runStarted"] = json!(true);
+        out["runId"] = r["runId"].clone();
+        out["status"] = r["status"].clone();
+    }
+    Ok(out)
+}
+
+fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    let key = required_str(params, "key")?;
+    let mut fields = Map::new();
+    for (k, v) in params.as_object().into_iter().flatten() {
+        match k.as_str() {
+            "key" => {}
+            "label" | "thinkingLevel" | "model" | "displayName" | "verboseLevel" | "sendPolicy" | "unread" => {
+                fields.insert(k.clone(), v.clone());
+            }
+            _ => {} // fields Pincer does not use are accepted and ignored, as the Control UI sends many
+        }
+    }
+    if let Some(m) = fields.get("model").and_then(Value::as_str) {
+        gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
+    }
+    let s = gw.sessions.patch(key, &fields)?;
+    changed(gw, &s.key, "patch");
+    let model = s.entry.get("model").and_then(Value::as_str).unwrap_or(&gw.settings.model).to_owned();
+    let (provider, model_id) = model.split_once('/').unwrap_or(("", model.as_str()));
+    Ok(json!({"ok": true, "path": s.path.display().to_string(), "key": s.key, "entry": s.row(),
+        "resolved": {"modelProvider": provider, "model": model_id}}))
+}
+
+fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    let key = canonical_key(required_str(params, "key")?)?.0;
+    let reason = match str_param(params, "reason") {
+        None | Some("reset") => "reset",
+        Some("new") => "reset",
+        Some(r) => return Err(RpcError::invalid(format!("reason {r:?} is not \"new\" or \"reset\""))),
+    };
+    chat::abort_session(gw, &key, None, "rpc");
+    let old = gw.sessions.resolve(&key, false)?;
+    let (s, archived) = gw.sessions.reset(&key, reason)?;
+    if let Some(o) = old {
+        gw.store.forget(&o.path);
+    }
+    changed(gw, &key, "reset");
+    Ok(json!({"ok": true, "key": s.key, "entry": s.row(), "archived": archived.map(|p| p.display().to_string())}))
+}
+
+fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    let key = canonical_key(required_str(params, "key")?)?.0;
+    chat::abort_session(gw, &key, None, "rpc");
+    let old = gw.sessions.resolve(&key, false)?;
+    let (deleted, archived) = gw.sessions.delete(&key)?;
+    if let Some(o) = old {
+        gw.store.forget(&o.path);
+    }
+    changed(gw, &key, "delete");
+    let archived: Vec<String> = archived.iter().map(|p| p.display().to_string()).collect();
+    Ok(json!({"ok": true, "key": key, "deleted": deleted, "archived": archived}))
+}

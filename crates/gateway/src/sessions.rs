@@ -1,0 +1,340 @@
+//! The session index (`<state>/agents/<agentId>/sessions/sessions.json`): session keys, their
+//! current `sessionId` and transcript path. Keys from clients are canonicalised and never become
+//! paths unchecked; the index is rewritten atomically (temp + rename) under one lock per process.
+//! An index that cannot be parsed is never overwritten: operations on that agent fail instead.
+
+use crate::protocol::RpcError;
+use pincer_store::valid_session_id;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The default agent and main key.
+pub const DEFAULT_AGENT: &str = "main";
+pub const MAIN_KEY: &str = "agent:main:main";
+
+/// One session as the gateway uses it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionRef {
+    /// Canonical key (`agent:<agentId>:<rest>`).
+    pub key: String,
+    pub agent_id: String,
+    pub session_id: String,
+    /// The transcript.
+    pub path: PathBuf,
+    /// The index row.
+    pub entry: Map<String, Value>,
+}
+
+impl SessionRef {
+    /// A row for `sessions.list` and `sessionInfo`.
+    pub fn row(&self) -> Value {
+        let mut row = self.entry.clone();
+        row.insert("key".into(), json!(self.key));
+        row.insert("agentId".into(), json!(self.agent_id));
+        row.insert("sessionId".into(), json!(self.session_id));
+        row.insert("kind".into(), json!("direct"));
+        row.insert("isMain".into(), json!(self.key == MAIN_KEY));
+        Value::Object(row)
+    }
+}
+
+fn valid_agent_id(id: &str) -> bool {
+    let b = id.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'-'))
+}
+
+/// Canonical form of a client's session key, and its agent id.
+pub fn canonical_key(raw: &str) -> Result<(String, String), RpcError> {
+    let k = raw.trim().to_lowercase();
+    if k.is_empty() {
+        return Err(RpcError::invalid("sessionKey must not be empty"));
+    }
+    if k.len() > 512 || k.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
+        return Err(RpcError::invalid(format!("sessionKey {raw:?} contains characters that are not allowed")));
+    }
+    if k == "main" {
+        return Ok((MAIN_KEY.into(), DEFAULT_AGENT.into()));
+    }
+    if let Some(rest) = k.strip_prefix("agent:") {
+        let Some((agent, tail)) = rest.split_once(':') else {
+            return Err(RpcError::invalid(format!("sessionKey {raw:?} must look like agent:<agentId>:<key>")));
+        };
+        if !valid_agent_id(agent) || tail.is_empty() {
+            return Err(RpcError::invalid(format!("sessionKey {raw:?} must look like agent:<agentId>:<key>")));
+        }
+        return Ok((k.clone(), agent.to_owned()));
+    }
+    Ok((format!("agent:{DEFAULT_AGENT}:{k}"), DEFAULT_AGENT.into()))
+}
+
+struct AgentIndex {
+    path: PathBuf,
+    map: Map<String, Value>,
+}
+
+/// All agents' session indexes.
+pub struct Sessions {
+    state_dir: PathBuf,
+    agents: Mutex<HashMap<String, AgentIndex>>,
+}
+
+fn now_ms() -> i64 {
+    pincer_store::ids::now_ms()
+}
+
+impl Sessions {
+    pub fn new(state_dir: &Path) -> Sessions {
+        Sessions { state_dir: state_dir.to_path_buf(), agents: Mutex::new(HashMap::new()) }
+    }
+
+    /// `<state>/agents/<agent>/sessions`.
+    pub fn sessions_dir(&self, agent: &str) -> PathBuf {
+        self.state_dir.join("agents").join(agent).join("sessions")
+    }
+
+    fn with_index<T>(
+        &self,
+        agent: &str,
+        f: impl FnOnce(&mut AgentIndex) -> Result<T, RpcError>,
+    ) -> Result<T, RpcError> {
+        let mut agents = match self.agents.lock() {
+            Ok(a) => a,
+            Err(p) => p.into_inner(),
+        };
+        if !agents.contains_key(agent) {
+            let path = self.sessions_dir(agent).join("sessions.json");
+            let map = match std::fs::read(&path) {
+                Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+                    Ok(Value::Object(m)) => m,
+                    _ => {
+                        return Err(RpcError::unavailable(format!(
+                            "{} is not a JSON object; fix or move it (it is never overwritten)",
+                            path.display()
+                        )))
+                    }
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Map::new(),
+                Err(e) => return Err(RpcError::unavailable(format!("{}: cannot read: {e}", path.display()))),
+            };
+            agents.insert(agent.to_owned(), AgentIndex { path, map });
+        }
+        match agents.get_mut(agent) {
+            Some(idx) => f(idx),
+            None => Err(RpcError::unavailable("session index missing")),
+        }
+    }
+
+    fn save(idx: &AgentIndex) -> Result<(), RpcError> {
+        let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| RpcError::unavailable(e.to_string()))?;
+        pincer_store::fsutil::write_private_atomically(&idx.path, &bytes)
+            .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", idx.path.display())))
+    }
+
+    fn to_ref(&self, key: &str, agent: &str, entry: &Map<String, Value>) -> Result<SessionRef, RpcError> {
+        let session_id = entry.get("sessionId").and_then(Value::as_str).unwrap_or("");
+        if !valid_session_id(session_id) {
+            return Err(RpcError::unavailable(format!(
+                "session {key} has an invalid sessionId {session_id:?} in sessions.json"
+            )));
+        }
+        let dir = self.sessions_dir(agent);
+        // A stored sessionFile is honoured only if it names a file directly in the sessions dir.
+        let path = entry
+            .get("sessionFile")
+            .and_then(Value::as_str)
+            .map(Path::new)
+            .filter(|p| p.parent().is_none_or(|d| d.as_os_str().is_empty() || d == dir))
+            .and_then(|p| p.file_name())
+            .map(|n| dir.join(n))
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .unwrap_or_else(|| dir.join(format!("{session_id}.jsonl")));
+        Ok(SessionRef {
+            key: key.into(),
+            agent_id: agent.into(),
+            session_id: session_id.into(),
+            path,
+            entry: entry.clone(),
+        })
+    }
+
+    fn fresh_entry() -> Map<String, Value> {
+        let now = now_ms();
+        let mut e = Map::new();
+        e.insert("sessionId".into(), json!(uuid::Uuid::new_v4().to_string()));
+        e.insert("updatedAt".into(), json!(now));
+        e.insert("sessionStartedAt".into(), json!(now));
+        e
+    }
+
+    /// The session of a key; created in the index when `create` and missing.
+    pub fn resolve(&self, raw_key: &str, create: bool) -> Result<Option<SessionRef>, RpcError> {
+        let (key, agent) = canonical_key(raw_key)?;
+        self.with_index(&agent, |idx| {
+            if let Some(Value::Object(e)) = idx.map.get(&key) {
+                return self.to_ref(&key, &agent, e).map(Some);
+            }
+            if !create {
+                return Ok(None);
+            }
+            let e = Self::fresh_entry();
+            idx.map.insert(key.clone(), Value::Object(e.clone()));
+            Self::save(idx)?;
+            self.to_ref(&key, &agent, &e).map(Some)
+        })
+    }
+
+    /// Updates fields of a session's row (`null` removes a field).
+    pub fn patch(&self, raw_key: &str, fields: &Map<String, Value>) -> Result<SessionRef, RpcError> {
+        let (key, agent) = canonical_key(raw_key)?;
+        self.with_index(&agent, |idx| {
+            let Some(Value::Object(e)) = idx.map.get_mut(&key) else {
+                return Err(RpcError::invalid(format!("session not found: {key}")));
+            };
+            for (k, v) in fields {
+                if matches!(k.as_str(), "sessionId" | "sessionFile") {
+                    return Err(RpcError::invalid(format!("{k} cannot be patched")));
+                }
+                if v.is_null() {
+                    e.remove(k);
+                } else {
+                    e.insert(k.clone(), v.clone());
+                }
+            }
+            e.insert("updatedAt".into(), json!(now_ms()));
+            let e = e.clone();
+            Self::save(idx)?;
+            self.to_ref(&key, &agent, &e)
+        })
+    }
+
+    /// Marks activity on a session.
+    pub fn touch(&self, s: &SessionRef) {
+        let mut m = Map::new();
+        m.insert("updatedAt".into(), json!(now_ms()));
+        if let Err(e) = self.patch(&s.key, &m) {
+            tracing::warn!(session = %s.key, "cannot update the session index: {}", e.message);
+        }
+    }
+
+    /// Starts a new transcript for a key; the old one is archived as `<file>.<reason>.<ts>`.
+    pub fn reset(&self, raw_key: &str, reason: &str) -> Result<(SessionRef, Option<PathBuf>), RpcError> {
+        let (key, agent) = canonical_key(raw_key)?;
+        self.with_index(&agent, |idx| {
+            let old = match idx.map.get(&key) {
+                Some(Value::Object(e)) => Some(self.to_ref(&key, &agent, e)?),
+                _ => None,
+            };
+            let archived = match &old {
+                Some(o) => pincer_store::fsutil::archive(&o.path, reason)
+                    .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", o.path.display())))?,
+                None => None,
+            };
+            let mut e = Self::fresh_entry();
+            if let Some(o) = &old {
+                for (k, v) in &o.entry {
+                    if matches!(k.as_str(), "label" | "displayName" | "model" | "thinkingLevel") {
+                        e.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            idx.map.insert(key.clone(), Value::Object(e.clone()));
+            Self::save(idx)?;
+            Ok((self.to_ref(&key, &agent, &e)?, archived))
+        })
+    }
+
+    /// Removes a key from the index; its transcript is archived as `<file>.deleted.<ts>`.
+    pub fn delete(&self, raw_key: &str) -> Result<(bool, Vec<PathBuf>), RpcError> {
+        let (key, agent) = canonical_key(raw_key)?;
+        if key == MAIN_KEY {
+            return Err(RpcError::invalid(format!("Cannot delete the main session ({MAIN_KEY}).")));
+        }
+        self.with_index(&agent, |idx| {
+            let Some(Value::Object(e)) = idx.map.get(&key).cloned() else {
+                return Ok((false, vec![]));
+            };
+            let r = self.to_ref(&key, &agent, &e)?;
+            let archived = pincer_store::fsutil::archive(&r.path, "deleted")
+                .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", r.path.display())))?;
+            idx.map.remove(&key);
+            Self::save(idx)?;
+            Ok((true, archived.into_iter().collect()))
+        })
+    }
+
+    /// Sessions of one agent (or all agents found on disk), most recent first.
+    pub fn list(&self, agent: Option<&str>) -> Result<Vec<SessionRef>, RpcError> {
+        let agents: Vec<String> = match agent {
+            Some(a) => vec![a.to_owned()],
+            None => {
+                let mut v: Vec<String> = std::fs::read_dir(self.state_dir.join("agents"))
+                    .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str().map(str::to_owned)).collect())
+                    .unwrap_or_default();
+                v.retain(|a| valid_agent_id(a));
+                if !v.iter().any(|a| a == DEFAULT_AGENT) {
+                    v.push(DEFAULT_AGENT.into());
+                }
+                v
+            }
+        };
+        let mut out = Vec::new();
+        for a in agents {
+            if !valid_agent_id(&a) {
+                return Err(RpcError::invalid(format!("agent id {a:?} is not valid")));
+            }
+            self.with_index(&a, |idx| {
+                for (k, v) in &idx.map {
+                    if let Value::Object(e) = v {
+                        if let Ok(r) = self.to_ref(k, &a, e) {
+                            out.push(r);
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        out.sort_by_key(|r| std::cmp::Reverse(r.entry.get("updatedAt").and_then(Value::as_i64).unwrap_or(0)));
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_canonicalised_and_checked() {
+        assert_eq!(canonical_key("main").expect("ok"), (MAIN_KEY.to_string(), "main".to_string()));
+        assert_eq!(canonical_key(" Agent:Main:Main ").expect("ok").0, MAIN_KEY);
+        assert_eq!(canonical_key("dashboard:x").expect("ok").0, "agent:main:dashboard:x");
+        assert_eq!(canonical_key("agent:ops:daily").expect("ok"), ("agent:ops:daily".into(), "ops".into()));
+        for bad in ["", "agent:../x:y", "a/b", "agent:main:", "x\u{0}y", "agent:"] {
+            assert!(canonical_key(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn create_reset_delete() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Sessions::new(dir.path());
+        assert_eq!(s.resolve("main", false).expect("ok"), None);
+        let a = s.resolve("main", true).expect("ok").expect("created");
+        assert_eq!(a.path, dir.path().join(format!("agents/main/sessions/{}.jsonl", a.session_id)));
+        std::fs::write(&a.path, "x").expect("write");
+        let (b, archived) = s.reset("main", "reset").expect("reset");
+        assert_ne!(a.session_id, b.session_id);
+        assert!(archived.expect("archived").to_string_lossy().contains(".jsonl.reset."));
+        assert!(s.delete("main").is_err());
+        s.resolve("other", true).expect("ok");
+        assert!(s.delete("other").expect("ok").0);
+        let fresh = Sessions::new(dir.path());
+        assert_eq!(fresh.resolve("main", false).expect("ok").map(|r| r.session_id), Some(b.session_id));
+        std::fs::write(dir.path().join("agents/main/sessions/sessions.json"), "[broken").expect("write");
+        assert!(Sessions::new(dir.path()).resolve("main", true).is_err());
+    }
+}

@@ -1,0 +1,228 @@
+//! The gateway's shared state: settings, the store, the session index, the event hub, active runs,
+//! the `chat.send` dedupe window and the per-session run queue, plus small helpers that move store
+//! work off the async threads.
+
+use crate::config::Settings;
+use crate::hub::Hub;
+use crate::protocol::RpcError;
+use crate::sessions::{SessionRef, Sessions};
+use pincer_agent::{CancellationToken, SessionQueue, ToolRegistry};
+use pincer_store::redact::{NoRedaction, Redactor, SecretRedactor};
+use pincer_store::{build_context, Appended, NewEntry, Session, Store, StoreError, StoreOptions};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::task::TaskTracker;
+
+/// `chat.send` dedupe window (OpenClaw: 5 min, 1000 entries).
+const DEDUPE_TTL: Duration = Duration::from_secs(300);
+const DEDUPE_MAX: usize = 1000;
+
+/// One run, active or waiting in its session's queue.
+pub struct RunHandle {
+    pub run_id: String,
+    pub session_key: String,
+    pub cancel: CancellationToken,
+    pub owner_conn: u64,
+    /// Set by whoever aborts: `rpc`, `stop-command` or `shutdown`.
+    pub abort_origin: Mutex<Option<&'static str>>,
+    /// Per-run `seq` of `chat` events.
+    pub seq: AtomicU64,
+}
+
+impl RunHandle {
+    pub fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Cancels the run, remembering why (the first reason wins).
+    pub fn abort(&self, origin: &'static str) {
+        if let Ok(mut o) = self.abort_origin.lock() {
+            o.get_or_insert(origin);
+        }
+        self.cancel.cancel();
+    }
+
+    pub fn origin(&self) -> &'static str {
+        self.abort_origin.lock().ok().and_then(|o| *o).unwrap_or("rpc")
+    }
+}
+
+/// What the dedupe window knows about an idempotency key.
+#[derive(Clone)]
+pub enum Dedupe {
+    InFlight,
+    Done(Result<Value, RpcError>),
+}
+
+pub struct Gateway {
+    pub settings: Settings,
+    pub store: Store,
+    pub sessions: Sessions,
+    pub hub: Hub,
+    pub queue: SessionQueue,
+    pub tools: Arc<ToolRegistry>,
+    pub redactor: Arc<dyn Redactor>,
+    pub started: Instant,
+    /// Fired on SIGINT/SIGTERM.
+    pub shutdown: CancellationToken,
+    /// Run tasks, awaited on shutdown so partials are persisted.
+    pub tasks: TaskTracker,
+    runs: Mutex<HashMap<String, Arc<RunHandle>>>,
+    dedupe: Mutex<HashMap<String, (Instant, Dedupe)>>,
+    next_conn: AtomicU64,
+}
+
+impl Gateway {
+    pub fn new(settings: Settings) -> Result<Gateway, String> {
+        let redactor: Arc<dyn Redactor> = if settings.redact {
+            Arc::new(SecretRedactor::new(&settings.redact_patterns)?)
+        } else {
+            Arc::new(NoRedaction)
+        };
+        let store = Store::new(StoreOptions { redactor: redactor.clone(), ..StoreOptions::default() });
+        let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
+        Ok(Gateway {
+            sessions: Sessions::new(&settings.state_dir),
+            settings,
+            store,
+            hub: Hub::default(),
+            queue: SessionQueue::new(),
+            tools,
+            redactor,
+            started: Instant::now(),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            runs: Mutex::new(HashMap::new()),
+            dedupe: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+        })
+    }
+
+    pub fn next_conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn uptime_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    // ---- runs ----
+
+    pub fn register_run(&self, run_id: &str, session_key: &str, owner_conn: u64) -> Arc<RunHandle> {
+        let h = Arc::new(RunHandle {
+            run_id: run_id.to_owned(),
+            session_key: session_key.to_owned(),
+            cancel: self.shutdown.child_token(),
+            owner_conn,
+            abort_origin: Mutex::new(None),
+            seq: AtomicU64::new(0),
+        });
+        lock(&self.runs).insert(run_id.to_owned(), h.clone());
+        h
+    }
+
+    pub fn finish_run(&self, run_id: &str) {
+        lock(&self.runs).remove(run_id);
+    }
+
+    pub fn run(&self, run_id: &str) -> Option<Arc<RunHandle>> {
+        lock(&self.runs).get(run_id).cloned()
+    }
+
+    /// Runs of a session (active or queued), oldest first.
+    pub fn runs_of(&self, session_key: &str) -> Vec<Arc<RunHandle>> {
+        lock(&self.runs).values().filter(|r| r.session_key == session_key).cloned().collect()
+    }
+
+    pub fn all_runs(&self) -> Vec<Arc<RunHandle>> {
+        lock(&self.runs).values().cloned().collect()
+    }
+
+    // ---- dedupe ----
+
+    /// Claims an idempotency key; returns what is known if it was already used.
+    pub fn dedupe_begin(&self, key: &str) -> Option<Dedupe> {
+        let mut d = lock(&self.dedupe);
+        let now = Instant::now();
+        d.retain(|_, (t, _)| now.duration_since(*t) < DEDUPE_TTL);
+        if let Some((_, state)) = d.get(key) {
+            return Some(state.clone());
+        }
+        if d.len() >= DEDUPE_MAX {
+            if let Some(oldest) = d.iter().min_by_key(|(_, (t, _))| *t).map(|(k, _)| k.clone()) {
+                d.remove(&oldest);
+            }
+        }
+        d.insert(key.to_owned(), (now, Dedupe::InFlight));
+        None
+    }
+
+    pub fn dedupe_finish(&self, key: &str, result: Result<Value, RpcError>) {
+        lock(&self.dedupe).insert(key.to_owned(), (Instant::now(), Dedupe::Done(result)));
+    }
+
+    // ---- store work, off the async threads ----
+
+    /// Appends one entry to a session's transcript; returns it as written.
+    pub async fn append(&self, session: &SessionRef, entry: NewEntry) -> Result<Appended, StoreError> {
+        let store = self.store.clone();
+        let path = session.path.clone();
+        let sid = session.session_id.clone();
+        tokio::task::spawn_blocking(move || store.append_with(&path, entry, Some(&sid)))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Internal(format!("append task failed: {e}"))))
+    }
+
+    /// The LLM context of a session's active branch (empty for a missing file).
+    pub async fn context(&self, session: &SessionRef) -> Result<Vec<Value>, String> {
+        let path = session.path.clone();
+        tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+            Ok(bytes) => {
+                let s = Session::parse(bytes);
+                Ok(build_context(&s, &s.leaf).message_values())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("context task failed: {e}")))
+    }
+}
+
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Pi usage with every count zero.
+pub fn zero_usage() -> Value {
+    json!({"input":0,"output":0,"cacheRead":0,"cacheWrite":0,"totalTokens":0,
+        "cost":{"input":0,"output":0,"cacheRead":0,"cacheWrite":0,"total":0}})
+}
+
+/// A gateway-injected assistant message (OpenClaw's shape: `provider: "openclaw"`,
+/// `model: "gateway-injected"`, zero usage, `stopReason: "stop"`).
+pub fn injected_message(text: &str, idempotency_key: Option<&str>, abort: Option<Value>) -> Value {
+    let mut m = json!({
+        "role": "assistant",
+        "content": [{"type": "text", "text": text}],
+        "timestamp": pincer_store::ids::now_ms(),
+        "stopReason": "stop",
+        "usage": zero_usage(),
+        "api": "openai-responses",
+        "provider": "openclaw",
+        "model": "gateway-injected",
+    });
+    if let Some(k) = idempotency_key {
+        m["idempotencyKey"] = json!(k);
+    }
+    if let Some(a) = abort {
+        m["openclawAbort"] = a;
+    }
+    m
+}

@@ -1,0 +1,108 @@
+//! `pincer gateway` and `pincer sessions list`: start the gateway with logs that say where the
+//! WebChat is and where the token is; list the sessions of a state directory.
+
+use crate::Failure;
+use clap::Args;
+use pincer_gateway::config::{self, AuthMode, Overrides};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct GatewayArgs {
+    /// Address to listen on (default 127.0.0.1:18789).
+    #[arg(long)]
+    bind: Option<String>,
+    /// State directory (default $PINCER_STATE_DIR or ~/.pincer).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Config file (default <state>/pincer.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
+    let settings = config::load(&Overrides { bind: args.bind, state_dir: args.state_dir, config: args.config })
+        .map_err(Failure::usage)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::failed(format!("cannot start the runtime: {e}")))?;
+    let token_source = settings.token_source.clone();
+    let auth_none = settings.auth == AuthMode::None;
+    let model = settings.model.clone();
+    let fallback = settings.model_is_fallback;
+    let state_dir = settings.state_dir.clone();
+    runtime
+        .block_on(pincer_gateway::serve(settings, shutdown_signal(), move |l| {
+            tracing::info!("Pincer gateway listening on ws://{} (state {})", l.addr, state_dir.display());
+            tracing::info!("WebChat: http://{}/", l.addr);
+            if auth_none {
+                tracing::warn!("authentication is off (gateway.auth.mode = \"none\"); loopback only");
+            } else {
+                tracing::info!("gateway token: {token_source} (open http://{}/#token=<token> once to store it in the browser)", l.addr);
+            }
+            if fallback {
+                tracing::warn!("no model provider configured: using the offline echo model pincer/echo; set OPENAI_API_KEY or ANTHROPIC_API_KEY, or add [models.providers.<name>] to {}", state_dir.join("pincer.toml").display());
+            } else {
+                tracing::info!("model: {model}");
+            }
+        }))
+        .map_err(Failure::failed)?;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+#[derive(Args)]
+pub struct ListArgs {
+    /// Only this agent's sessions.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+    /// State directory (default $PINCER_STATE_DIR or ~/.pincer).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+pub fn list(args: ListArgs) -> Result<u8, Failure> {
+    let dir = args.state_dir.unwrap_or_else(config::default_state_dir);
+    let sessions = pincer_gateway::sessions::Sessions::new(&dir);
+    let rows = sessions.list(args.agent.as_deref()).map_err(|e| Failure::failed(e.message))?;
+    if args.json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                let mut row = r.row();
+                row["path"] = serde_json::json!(r.path.display().to_string());
+                row
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| Failure::failed(e.to_string()))?);
+    } else if rows.is_empty() {
+        println!("no sessions in {}", dir.display());
+    } else {
+        for r in rows {
+            let updated = r.entry.get("updatedAt").and_then(serde_json::Value::as_i64).unwrap_or(0);
+            println!("{}\t{}\t{}\t{}", r.key, r.session_id, updated, r.path.display());
+        }
+    }
+    Ok(0)
+}

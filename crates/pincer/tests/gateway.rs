@@ -1,0 +1,444 @@
+//! End to end: the real `pincer gateway` process on port 0, a fake OpenAI-compatible provider (a real
+//! HTTP server), the WebSocket protocol as an OpenClaw `gateway-client` speaks it, and the JSONL on
+//! disk read back after each step.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
+
+use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::gateway::{connect_params, Client, GatewayProcess, TOKEN};
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    gw: GatewayProcess,
+    fake: FakeOpenAi,
+}
+
+fn setup_with(extra: &str) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let config = format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n{extra}", fake.provider_toml());
+    let gw = GatewayProcess::start(BIN, &dir.path().join("state"), &config);
+    Setup { _dir: dir, gw, fake }
+}
+
+fn setup() -> Setup {
+    setup_with("")
+}
+
+fn sessions_dir(s: &Setup) -> PathBuf {
+    s.gw.state_dir.join("agents/main/sessions")
+}
+
+/// The transcript of the main session.
+fn transcript(s: &Setup) -> PathBuf {
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(sessions_dir(s).join("sessions.json")).expect("sessions.json"))
+            .expect("json");
+    let id = index["agent:main:main"]["sessionId"].as_str().expect("session id").to_owned();
+    sessions_dir(s).join(format!("{id}.jsonl"))
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .expect("transcript")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+fn text(msg: &Value) -> String {
+    match &msg["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(b) => b.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(""),
+        _ => String::new(),
+    }
+}
+
+/// The message part of an event or history row, without the `__openclaw` block.
+fn bare(msg: &Value) -> Value {
+    let mut m = msg.clone();
+    if let Some(o) = m.as_object_mut() {
+        o.remove("__openclaw");
+    }
+    m
+}
+
+async fn send(c: &mut Client, key: &str, message: &str, run_id: &str) -> Value {
+    c.request("chat.send", json!({"sessionKey": key, "message": message, "idempotencyKey": run_id}))
+        .await
+        .expect("chat.send")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_is_written_once_chained_and_announced_as_written() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    let mut b = Client::connect(&s.gw.addr).await; // a second device
+    for c in [&mut a, &mut b] {
+        c.request("sessions.messages.subscribe", json!({"key": "main"})).await.expect("subscribe");
+    }
+    let ack = send(&mut a, "main", "hello there", "run-1").await;
+    assert_eq!(ack, json!({"runId": "run-1", "status": "started"}));
+    let fin = a.chat_end("run-1").await;
+    assert_eq!(fin["payload"]["state"], "final");
+    assert_eq!(text(&fin["payload"]["message"]), "Fake reply: you said \"hello there\"");
+
+    let file = transcript(&s);
+    let l = lines(&file);
+    assert_eq!(l.len(), 3, "header, user, assistant: {l:#?}");
+    assert_eq!(l[0]["type"], "session");
+    assert_eq!(l[1]["parentId"], Value::Null);
+    assert_eq!(l[1]["message"]["role"], "user");
+    assert_eq!(l[1]["message"]["content"], "hello there");
+    assert_eq!(l[1]["message"]["idempotencyKey"], "run-1:user");
+    assert_eq!(l[2]["parentId"], l[1]["id"]);
+    assert_eq!(l[2]["message"]["role"], "assistant");
+    assert_eq!(l[2]["message"]["provider"], "fake");
+    assert_eq!(bare(&fin["payload"]["message"]), l[2]["message"]);
+
+    // Both devices saw the user turn and the reply live, with the very value on disk.
+    for c in [&mut a, &mut b] {
+        let user = c.event(|f| f["event"] == "session.message" && f["payload"]["message"]["role"] == "user").await;
+        assert_eq!(user["payload"]["messageId"], l[1]["id"]);
+        assert_eq!(bare(&user["payload"]["message"]), l[1]["message"]);
+        assert_eq!(user.get("seq"), None, "targeted events carry no seq");
+        let reply =
+            c.event(|f| f["event"] == "session.message" && f["payload"]["message"]["role"] == "assistant").await;
+        assert_eq!(bare(&reply["payload"]["message"]), l[2]["message"]);
+    }
+    let fin_b = b.chat_end("run-1").await;
+    assert_eq!(fin_b["payload"]["message"], fin["payload"]["message"]);
+
+    // A second send chains to the first reply.
+    send(&mut a, "main", "and again", "run-2").await;
+    a.chat_end("run-2").await;
+    let l = lines(&file);
+    assert_eq!(l.len(), 5);
+    assert_eq!(l[3]["parentId"], l[2]["id"]);
+    assert_eq!(l[4]["parentId"], l[3]["id"]);
+
+    // After reconnecting, history returns both turns.
+    drop(a);
+    let mut c = Client::connect(&s.gw.addr).await;
+    let h = c.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+    let got: Vec<String> = h["messages"].as_array().expect("messages").iter().map(text).collect();
+    assert_eq!(
+        got,
+        vec!["hello there", "Fake reply: you said \"hello there\"", "and again", "Fake reply: you said \"and again\""]
+    );
+    assert_eq!(h["messages"][0]["idempotencyKey"], "run-1:user");
+    assert_eq!(h["messages"][0]["__openclaw"]["id"], l[1]["id"]);
+
+    // The real Pi library reads the gateway's file as Pincer does.
+    let pi = pincer_testkit::oracle_context(&file, None);
+    let ours = pincer_store::context_report(
+        &pincer_store::Session::parse(std::fs::read(&file).expect("read")),
+        &pincer_store::LeafArg::Default,
+    )
+    .expect("context")
+    .to_value();
+    assert_eq!(pincer_testkit::comparable(&pi), pincer_testkit::comparable(&ours));
+    assert_eq!(pi["context"]["messages"].as_array().map(Vec::len), Some(4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_and_stop_persist_the_partial_exactly_once() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    for (run, how, origin) in [("run-a", "rpc", "rpc"), ("run-b", "/stop", "stop-command")] {
+        send(&mut a, "main", "[slow] tell me a long story", run).await;
+        let run_id = run.to_owned();
+        a.event(move |f| {
+            f["event"] == "chat" && f["payload"]["runId"] == run_id.as_str() && f["payload"]["state"] == "delta"
+        })
+        .await;
+        if how == "rpc" {
+            let r = a.request("chat.abort", json!({"sessionKey": "main", "runId": run})).await.expect("abort");
+            assert_eq!(r, json!({"ok": true, "aborted": true, "runIds": [run]}));
+        } else {
+            let r = send(&mut a, "main", "/stop", "stop-1").await;
+            assert_eq!(r["aborted"], true);
+        }
+        let end = a.chat_end(run).await;
+        assert_eq!(end["payload"]["state"], "aborted");
+        assert_eq!(end["payload"]["stopReason"], origin);
+        assert!(text(&end["payload"]["message"]).starts_with("word0"), "{end}");
+    }
+    let l = lines(&transcript(&s));
+    let partials: Vec<&Value> = l.iter().filter(|e| e["message"]["openclawAbort"].is_object()).collect();
+    assert_eq!(partials.len(), 2, "{l:#?}");
+    for (p, (run, origin)) in partials.iter().zip([("run-a", "rpc"), ("run-b", "stop-command")]) {
+        assert_eq!(p["message"]["openclawAbort"], json!({"aborted": true, "origin": origin, "runId": run}));
+        assert_eq!(p["message"]["idempotencyKey"], format!("{run}:assistant"));
+        assert_eq!(p["message"]["provider"], "openclaw");
+        assert_eq!(p["message"]["model"], "gateway-injected");
+    }
+    // user a, partial a, user b, partial b: one chain.
+    assert_eq!(l.len(), 5);
+    for w in l[1..].windows(2) {
+        assert_eq!(w[1]["parentId"], w[0]["id"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inject_slash_commands_and_dedupe() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    send(&mut a, "main", "first", "run-1").await;
+    a.chat_end("run-1").await;
+    let before = s.fake.requests().len();
+
+    // chat.inject, twice with the same text (a deliberate repeat is kept), once with a repeated key.
+    for key in [None, None, Some("k1"), Some("k1")] {
+        let mut p = json!({"sessionKey": "main", "message": "Build finished.", "label": "CI"});
+        if let Some(k) = key {
+            p["idempotencyKey"] = json!(k);
+        }
+        let r = a.request("chat.inject", p).await.expect("inject");
+        assert_eq!(r["ok"], true);
+    }
+    let fin = a.event(|f| f["event"] == "chat" && f["payload"]["state"] == "final" && f["payload"]["seq"] == 0).await;
+    assert!(fin["payload"]["runId"].as_str().expect("runId").starts_with("inject-"));
+    let l = lines(&transcript(&s));
+    let injected: Vec<&Value> = l.iter().filter(|e| text(&e["message"]) == "[CI]\n\nBuild finished.").collect();
+    assert_eq!(injected.len(), 3);
+    assert_eq!(injected[0]["message"]["api"], "openai-responses");
+    assert_eq!(injected[0]["message"]["usage"]["totalTokens"], 0);
+    let err =
+        a.request("chat.inject", json!({"sessionKey": "agent:main:nope", "message": "x"})).await.expect_err("unknown");
+    assert_eq!(err["message"], "session not found");
+
+    // Slash commands are answered without a model call, and written once.
+    send(&mut a, "main", "/status", "run-s").await;
+    let fin = a.chat_end("run-s").await;
+    assert!(text(&fin["payload"]["message"]).contains("fake/fake-model"), "{fin}");
+    assert_eq!(fin["payload"]["message"]["model"], "gateway-injected");
+    assert_eq!(s.fake.requests().len(), before, "no model call for /status");
+    let l2 = lines(&transcript(&s));
+    assert_eq!(l2.len(), l.len() + 2);
+
+    // The same idempotency key again: no second run, no second write.
+    let again = send(&mut a, "main", "/status", "run-s").await;
+    assert_eq!(again, json!({"runId": "run-s", "status": "ok"}));
+    assert_eq!(lines(&transcript(&s)).len(), l2.len());
+
+    // /new starts a new transcript and archives the old one.
+    let old = transcript(&s);
+    send(&mut a, "main", "/new", "run-n").await;
+    let fin = a.chat_end("run-n").await;
+    assert!(text(&fin["payload"]["message"]).starts_with("Started a new session"));
+    let new = transcript(&s);
+    assert_ne!(old, new);
+    assert!(!old.exists());
+    let archived: Vec<_> = std::fs::read_dir(sessions_dir(&s))
+        .expect("dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".jsonl.reset."))
+        .collect();
+    assert_eq!(archived.len(), 1);
+    assert_eq!(lines(&new).len(), 2, "header + the reply");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_hook_keeps_the_original_text_off_disk_and_off_the_wire() {
+    let hook = "[hooks.before_agent_run]\ncommand = [\"sh\", \"-c\", \"if grep -q hunter2; then echo '{\\\"outcome\\\":\\\"block\\\",\\\"reason\\\":\\\"contains a password\\\",\\\"message\\\":\\\"[removed by policy]\\\"}'; else echo '{\\\"outcome\\\":\\\"allow\\\"}'; fi\"]\n";
+    let s = setup_with(hook);
+    let mut a = Client::connect(&s.gw.addr).await;
+    a.request("sessions.messages.subscribe", json!({"key": "main"})).await.expect("subscribe");
+    send(&mut a, "main", "my password is hunter2", "run-h").await;
+    let fin = a.chat_end("run-h").await;
+    assert!(text(&fin["payload"]["message"]).contains("contains a password"));
+    send(&mut a, "main", "harmless", "run-ok").await;
+    a.chat_end("run-ok").await;
+    let raw = std::fs::read_to_string(transcript(&s)).expect("read");
+    assert!(!raw.contains("hunter2"), "the original text reached disk");
+    assert!(raw.contains("[removed by policy]"));
+    let events = serde_json::to_string(&a.events).expect("json");
+    assert!(!events.contains("hunter2"), "the original text was broadcast");
+    assert_eq!(s.fake.requests().len(), 1, "only the allowed message reached the model");
+    let l = lines(&transcript(&s));
+    assert_eq!(l[1]["message"]["openclawHookBlock"]["reason"], "contains a password");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_user_append_is_logged_and_the_turn_still_runs() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    let created = a.request("sessions.create", json!({"key": "agent:main:broken"})).await.expect("create");
+    let path = sessions_dir(&s).join(format!("{}.jsonl", created["sessionId"].as_str().expect("id")));
+    // Make the transcript impossible to append to (a directory in its place; root ignores modes).
+    std::fs::remove_file(&path).expect("remove");
+    std::fs::create_dir(&path).expect("mkdir");
+    a.request("sessions.messages.subscribe", json!({"key": "agent:main:broken"})).await.expect("subscribe");
+    send(&mut a, "agent:main:broken", "are you there", "run-x").await;
+    let user = a.event(|f| f["event"] == "session.message" && f["payload"]["message"]["role"] == "user").await;
+    assert_eq!(user["payload"]["message"]["content"], "are you there");
+    assert_eq!(user["payload"].get("messageId"), None, "nothing was written, so no id");
+    let end = a.chat_end("run-x").await;
+    assert_eq!(end["payload"]["state"], "error", "the reply cannot be persisted either: {end}");
+    assert_eq!(s.fake.requests().len(), 1, "the run went ahead");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(s.gw.log_text().contains("user turn append failed"), "{}", s.gw.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_a_clear_error_and_nothing_is_written() {
+    let s = setup();
+    // Wrong and missing tokens.
+    let err = Client::connect_with(&s.gw.addr, connect_params("wrong")).await.err().expect("refused");
+    assert_eq!(err["error"]["code"], "INVALID_REQUEST");
+    assert_eq!(err["error"]["details"]["code"], "AUTH_TOKEN_MISMATCH");
+    let mut p = connect_params(TOKEN);
+    p.as_object_mut().expect("object").remove("auth");
+    let err = Client::connect_with(&s.gw.addr, p).await.err().expect("refused");
+    assert_eq!(err["error"]["details"]["code"], "AUTH_TOKEN_MISSING");
+    let mut p = connect_params(TOKEN);
+    p["minProtocol"] = json!(5);
+    p["maxProtocol"] = json!(6);
+    let err = Client::connect_with(&s.gw.addr, p).await.err().expect("refused");
+    assert!(err["error"]["message"].as_str().expect("msg").contains("protocol mismatch"));
+    // The Control UI sends the token as auth.password too.
+    let mut p = connect_params("ignored");
+    p["auth"] = json!({"password": TOKEN});
+    Client::connect_with(&s.gw.addr, p).await.expect("password accepted");
+
+    let mut a = Client::connect(&s.gw.addr).await;
+    assert!(a.hello["features"]["methods"].as_array().expect("methods").contains(&json!("chat.abort")));
+    assert!(a.hello["auth"]["scopes"].as_array().expect("scopes").contains(&json!("operator.write")));
+    a.send_raw("{not json").await;
+    let r = a.response().await;
+    assert!(r["error"]["message"].as_str().expect("msg").contains("not valid JSON"));
+    a.send_raw(r#"{"type":"req","id":"x1","method":"health","extra":1}"#).await;
+    let r = a.response().await;
+    assert_eq!(r["error"]["message"], "unexpected property 'extra' in request frame");
+    let err = a.request("foo.bar", json!({})).await.expect_err("unknown");
+    assert_eq!(err["message"], "unknown method: foo.bar");
+    let cases = [
+        (json!({"sessionKey": "main", "message": "a\u{0}b", "idempotencyKey": "n1"}), "null bytes"),
+        (json!({"sessionKey": "main", "message": "", "idempotencyKey": "n2"}), "message or attachment required"),
+        (json!({"sessionKey": "../../etc/passwd", "message": "x", "idempotencyKey": "n3"}), "not allowed"),
+        (json!({"sessionKey": "agent:..:y", "message": "x", "idempotencyKey": "n4"}), "agent:<agentId>:<key>"),
+        (json!({"sessionKey": "main", "message": "x"}), "idempotencyKey is required"),
+        (
+            json!({"sessionKey": "main", "message": "x", "idempotencyKey": "n5",
+            "attachments": [{"mimeType": "image/png", "content": "%%%"}]}),
+            "not base64",
+        ),
+        (
+            json!({"sessionKey": "main", "message": "x", "idempotencyKey": "n6",
+            "attachments": [{"mimeType": "application/pdf", "content": "AAAA"}]}),
+            "only images",
+        ),
+    ];
+    for (params, want) in cases {
+        let err = a.request("chat.send", params.clone()).await.expect_err("refused");
+        assert!(err["message"].as_str().expect("msg").contains(want), "{params}: {err}");
+    }
+    assert!(
+        !sessions_dir(&s).join("sessions.json").exists()
+            || std::fs::read_dir(sessions_dir(&s)).expect("dir").count() == 1,
+        "no transcript was written"
+    );
+
+    // Before connect: the first frame must be connect, and at most 64 KiB.
+    for first in
+        [r#"{"type":"req","id":"1","method":"health"}"#.to_string(), format!("{{\"pad\":\"{}\"}}", "x".repeat(70_000))]
+    {
+        let v = pincer_testkit::gateway::first_frame_answer(&s.gw.addr, &first).await;
+        assert_eq!(v["ok"], false, "{v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_replays_missed_events_after_last_event_id() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    send(&mut a, "main", "one", "run-1").await;
+    a.chat_end("run-1").await;
+    let all = sse_read(&s.gw.addr, None, 1).await;
+    assert!(all.is_empty(), "a fresh stream starts live: {all:?}");
+    let replay = sse_read(&s.gw.addr, Some(1), 100).await;
+    let ids: Vec<u64> = replay.iter().filter_map(|(id, _)| *id).collect();
+    assert!(ids.len() >= 3 && ids[0] == 2, "{replay:?}");
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1));
+    assert!(replay.iter().any(|(_, d)| d.contains("session.message")));
+    let reset = sse_read(&s.gw.addr, Some(100_000), 1).await;
+    assert_eq!(reset.first().map(|(_, d)| d.contains("refetch")), Some(true), "{reset:?}");
+    let unauthorized = raw_get(&s.gw.addr, "/api/sessions/main/events", "", None).await;
+    assert!(unauthorized.starts_with("HTTP/1.1 401"), "{unauthorized}");
+}
+
+async fn raw_get(addr: &str, path: &str, token: &str, last: Option<u64>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
+    if !token.is_empty() {
+        req.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    if let Some(l) = last {
+        req.push_str(&format!("Last-Event-ID: {l}\r\n"));
+    }
+    req.push_str("\r\n");
+    sock.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16384];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(700), sock.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// Reads an SSE stream for a moment; returns (id, data) of each event.
+async fn sse_read(addr: &str, last: Option<u64>, _max: usize) -> Vec<(Option<u64>, String)> {
+    let body = raw_get(addr, "/api/sessions/main/events", TOKEN, last).await;
+    let mut out = Vec::new();
+    let (mut id, mut data) = (None, String::new());
+    for line in body.lines() {
+        if let Some(v) = line.strip_prefix("id:") {
+            id = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.trim());
+        } else if line.trim().is_empty() && !data.is_empty() {
+            out.push((id.take(), std::mem::take(&mut data)));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_runs_persists_partials_and_exits_zero() {
+    let mut s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    send(&mut a, "main", "[slow] a long answer please", "run-t").await;
+    a.event(|f| f["event"] == "chat" && f["payload"]["state"] == "delta").await;
+    let status = s.gw.terminate();
+    assert!(status.success(), "exit status {status}");
+    let l = lines(&transcript(&s));
+    let last = l.last().expect("entries");
+    assert_eq!(last["message"]["openclawAbort"]["origin"], "shutdown", "{last}");
+    assert!(text(&last["message"]).starts_with("word0"));
+    let shutdown = a.event(|f| f["event"] == "shutdown").await;
+    assert!(shutdown["payload"]["reason"].is_string());
+}
+
+#[test]
+fn healthz_and_the_webchat_page_are_served() {
+    let s = setup();
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let page = rt.block_on(raw_get(&s.gw.addr, "/", "", None));
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("Pincer WebChat"));
+    let health = rt.block_on(raw_get(&s.gw.addr, "/healthz", "", None));
+    assert!(health.contains("\"ok\":true"), "{health}");
+    let log = s.gw.log_text();
+    assert!(log.contains("WebChat: http://"), "{log}");
+    assert!(!log.contains(TOKEN), "the token must not be logged");
+}

@@ -1,0 +1,80 @@
+//! File writes that are not transcript appends, kept here so the store stays the only code in
+//! Pincer that writes files: small private files replaced atomically (`sessions.json`, the gateway
+//! token) and transcripts moved aside when a session is reset or deleted (never deleted).
+
+use crate::rewrite::file_timestamp;
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Creates `dir` (and its parents) with mode 0700 where missing.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => File::open(d)?.sync_all(),
+        _ => Ok(()),
+    }
+}
+
+/// Replaces `path` with `bytes` (mode 0600): temp file, fsync, rename, directory fsync.
+pub fn write_private_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        create_private_dir(dir)?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
+    let tmp = PathBuf::from(tmp);
+    let res = (|| {
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        sync_dir(path)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
+}
+
+/// Moves a transcript aside as `<path>.<reason>.<timestamp>` (OpenClaw's archive names). Returns the
+/// new path, or `None` when there was nothing to move.
+pub fn archive(path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let mut target = path.as_os_str().to_owned();
+    target.push(format!(".{reason}.{}", file_timestamp()));
+    let target = PathBuf::from(target);
+    if target.exists() {
+        return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} exists", target.display())));
+    }
+    std::fs::rename(path, &target)?;
+    sync_dir(path)?;
+    Ok(Some(target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn atomic_private_write_and_archive() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("a/b/sessions.json");
+        write_private_atomically(&p, b"{}").expect("write");
+        write_private_atomically(&p, b"{\"x\":1}").expect("rewrite");
+        assert_eq!(std::fs::read(&p).expect("read"), b"{\"x\":1}");
+        assert_eq!(std::fs::metadata(&p).expect("meta").permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(p.parent().expect("dir")).expect("ls").count(), 1, "no temp files left");
+        let moved = archive(&p, "reset").expect("archive").expect("moved");
+        assert!(!p.exists());
+        assert!(moved.to_string_lossy().contains("sessions.json.reset."));
+        assert_eq!(archive(&p, "reset").expect("nothing"), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! The real `pincer gateway` process on port 0 with a temp state dir, and a WebSocket client that
+//! speaks the gateway protocol (challenge → connect → hello-ok, then req/res/event frames).
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub const TOKEN: &str = "test-token-0123456789";
+
+/// A running gateway process; killed on drop.
+pub struct GatewayProcess {
+    pub child: Child,
+    pub addr: String,
+    pub state_dir: PathBuf,
+    /// Everything the process logged so far.
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl GatewayProcess {
+    /// Writes `config` to `<state>/pincer.toml` and starts `bin gateway --bind 127.0.0.1:0`.
+    pub fn start(bin: &str, state_dir: &Path, config: &str) -> GatewayProcess {
+        std::fs::create_dir_all(state_dir).expect("state dir");
+        std::fs::write(state_dir.join("pincer.toml"), config).expect("config");
+        let mut child = Command::new(bin)
+            .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
+            .arg(state_dir)
+            .env("PINCER_GATEWAY_TOKEN", TOKEN)
+            .env("PINCER_LOG", "info")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("PINCER_MODEL")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn pincer gateway");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on ws://").nth(1) {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_owned());
+                }
+                log2.lock().expect("log").push(line);
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
+            panic!("the gateway did not start: {:?}", log.lock().expect("log"));
+        });
+        GatewayProcess { child, addr, state_dir: state_dir.to_path_buf(), log }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        for _ in 0..200 {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A protocol client. Events are buffered so tests can wait for them in any order.
+pub struct Client {
+    ws: Ws,
+    next: u64,
+    pub events: Vec<Value>,
+    pub hello: Value,
+}
+
+impl Client {
+    /// Connects and completes the handshake with `token`; returns the error payload on refusal.
+    pub async fn connect_with(addr: &str, params: Value) -> Result<Client, Value> {
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/")).await.expect("ws connect");
+        let challenge = next_frame(&mut ws).await.expect("challenge");
+        assert_eq!(challenge["event"], "connect.challenge", "{challenge}");
+        let frame = json!({"type": "req", "id": "c1", "method": "connect", "params": params});
+        ws.send(Message::Text(frame.to_string().into())).await.expect("send connect");
+        let res = next_frame(&mut ws).await.expect("connect response");
+        if res["ok"] != true {
+            return Err(res);
+        }
+        Ok(Client { ws, next: 1, events: Vec::new(), hello: res["payload"].clone() })
+    }
+
+    pub async fn connect(addr: &str) -> Client {
+        Self::connect_with(addr, connect_params(TOKEN)).await.expect("connect accepted")
+    }
+
+    /// Sends a raw text frame.
+    pub async fn send_raw(&mut self, text: &str) {
+        self.ws.send(Message::Text(text.to_owned().into())).await.expect("send");
+    }
+
+    /// The next response frame (events that arrive meanwhile are buffered).
+    pub async fn response(&mut self) -> Value {
+        loop {
+            let f = next_frame(&mut self.ws).await.expect("frame");
+            if f["type"] == "res" {
+                return f;
+            }
+            self.events.push(f);
+        }
+    }
+
+    /// Sends a request and returns `Ok(payload)` or `Err(error)`.
+    pub async fn request(&mut self, method: &str, params: Value) -> Result<Value, Value> {
+        self.next += 1;
+        let id = format!("r{}", self.next);
+        let frame = json!({"type": "req", "id": id, "method": method, "params": params});
+        self.send_raw(&frame.to_string()).await;
+        loop {
+            let f = next_frame(&mut self.ws).await.expect("frame");
+            if f["type"] == "res" && f["id"] == id.as_str() {
+                return if f["ok"] == true { Ok(f["payload"].clone()) } else { Err(f["error"].clone()) };
+            }
+            if f["type"] == "event" {
+                self.events.push(f);
+            }
+        }
+    }
+
+    /// Waits for an event frame matching `pred` (looking at buffered ones first); removes and returns it.
+    pub async fn event(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(i) = self.events.iter().position(&pred) {
+            return self.events.remove(i);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let f = tokio::time::timeout_at(deadline, next_frame(&mut self.ws))
+                .await
+                .unwrap_or_else(|_| panic!("event not seen within 30 s; buffered: {:?}", self.events))
+                .expect("frame");
+            if f["type"] == "event" && pred(&f) {
+                return f;
+            }
+            self.events.push(f);
+        }
+    }
+
+    /// Waits for the `chat` event of `run_id` in one of the terminal states.
+    pub async fn chat_end(&mut self, run_id: &str) -> Value {
+        let id = run_id.to_owned();
+        self.event(move |f| {
+            f["event"] == "chat"
+                && f["payload"]["runId"] == id.as_str()
+                && matches!(f["payload"]["state"].as_str(), Some("final" | "aborted" | "error"))
+        })
+        .await
+    }
+
+    /// Reads frames until the server closes; returns the close code.
+    pub async fn closed(&mut self) -> Option<u16> {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(20), self.ws.next()).await {
+                Ok(Some(Ok(Message::Close(f)))) => return f.map(|f| u16::from(f.code)),
+                Ok(Some(Ok(_))) => continue,
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Opens a socket, reads the challenge, sends `first` as the first frame and returns the answer.
+pub async fn first_frame_answer(addr: &str, first: &str) -> Value {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/")).await.expect("ws connect");
+    let _challenge = next_frame(&mut ws).await;
+    ws.send(Message::Text(first.to_owned().into())).await.expect("send");
+    next_frame(&mut ws).await.unwrap_or(Value::Null)
+}
+
+/// `connect` params as an OpenClaw `gateway-client` in `backend` mode sends them.
+pub fn connect_params(token: &str) -> Value {
+    json!({"minProtocol": 3, "maxProtocol": 4,
+        "client": {"id": "gateway-client", "version": "1.0.0", "platform": "linux", "mode": "backend"},
+        "role": "operator", "scopes": ["operator.admin", "operator.read", "operator.write"],
+        "auth": {"token": token}})
+}
+
+async fn next_frame(ws: &mut Ws) -> Option<Value> {
+    loop {
+        match ws.next().await? {
+            Ok(Message::Text(t)) => return serde_json::from_str(&t).ok(),
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => continue,
+        }
+    }
+}
