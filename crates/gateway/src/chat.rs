@@ -178,6 +178,17 @@ impl Turn {
     }
 
     fn agent_event(&self, stream: &str, data: Value) {
+        if stream == "lifecycle" {
+            // Session lists follow runs starting and ending.
+            let p = json!({"sessionKey": self.session.key, "phase": data["phase"], "runId": self.run.run_id, "ts": now_ms()});
+            self.gw.hub.publish(
+                "sessions.changed",
+                Some(&self.session.key),
+                p,
+                true,
+                crate::hub::Audience::SessionsWatchers,
+            );
+        }
         let p = json!({"runId": self.run.run_id, "sessionKey": self.session.key, "stream": stream, "ts": now_ms(), "data": data});
         self.gw.hub.publish("agent", Some(&self.session.key), p, true, crate::hub::Audience::All);
     }
@@ -310,10 +321,16 @@ impl Turn {
                 }
                 Err(e) => format!("Could not start a new session: {}", e.message),
             },
-            _ => match crate::compact::run(&self.gw, &self.session, "manual").await {
-                Ok(summary) => summary,
-                Err(e) => format!("Compaction did not run: {e}"),
-            },
+            _ => {
+                let focus = self.text.trim().strip_prefix("/compact").map(str::trim).filter(|t| !t.is_empty());
+                let reason = pincer_compaction::CompactionReason::Manual;
+                match crate::compact::run(&self.gw, &self.session, reason, focus.map(str::to_owned), self.run.cancel.clone())
+                    .await
+                {
+                    Ok(o) => crate::compact::describe(&o),
+                    Err(e) => format!("Compaction did not run: {e}"),
+                }
+            }
         };
         self.reply(&text).await;
         self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
@@ -353,17 +370,53 @@ impl Turn {
                 return;
             }
         };
-        let rx = start_run(RunRequest {
-            model,
-            system_prompt: self.gw.settings.system_prompt.clone(),
-            messages,
-            tools: self.gw.tools.clone(),
-            sink: Arc::new(StoreSink { gw: self.gw.clone(), session: self.session.clone() }),
-            cancel: self.run.cancel.clone(),
-            max_turns: self.gw.settings.max_turns,
-            run_id: self.run.run_id.clone(),
-        });
-        self.stream(rx).await;
+        let mut retried = false;
+        loop {
+            let rx = start_run(RunRequest {
+                model: model.clone(),
+                system_prompt: self.gw.settings.system_prompt.clone(),
+                messages: messages.clone(),
+                tools: self.gw.tools.clone(),
+                sink: Arc::new(StoreSink { gw: self.gw.clone(), session: self.session.clone() }),
+                cancel: self.run.cancel.clone(),
+                max_turns: self.gw.settings.max_turns,
+                run_id: self.run.run_id.clone(),
+            });
+            match self.stream(rx, !retried).await {
+                StreamEnd::Overflow { message, entry } => {
+                    // Pi's recovery: compact, rebuild the context, retry the turn once.
+                    retried = true;
+                    let reason = pincer_compaction::CompactionReason::Overflow;
+                    match crate::compact::run(&self.gw, &self.session, reason, None, self.run.cancel.clone()).await {
+                        Ok(_) => {
+                            messages = self.gw.context(&self.session).await.unwrap_or_default();
+                            if !persisted_user {
+                                messages.push(user.clone());
+                            }
+                        }
+                        Err(e) => {
+                            self.fail(
+                                &format!("{message} (compacting to make room failed: {e})"),
+                                "context_length",
+                                entry.as_ref(),
+                            );
+                            return;
+                        }
+                    }
+                }
+                StreamEnd::Finished { usage, message } => {
+                    messages.push(message);
+                    if crate::compact::over_threshold(&self.gw, &self.session, &messages, usage.as_ref()) {
+                        let reason = pincer_compaction::CompactionReason::Threshold;
+                        let _ =
+                            crate::compact::run(&self.gw, &self.session, reason, None, self.gw.shutdown.child_token())
+                                .await;
+                    }
+                    return;
+                }
+                StreamEnd::Other => return,
+            }
+        }
     }
 
     fn session_model(&self) -> String {
@@ -376,6 +429,9 @@ impl Turn {
     }
 
     fn fail(&self, message: &str, kind: &str, entry: Option<&Value>) {
+        // Provider errors can echo credentials back: redact before anything leaves the process.
+        let message = &self.gw.redactor.redact_str(message);
+        tracing::warn!(session = %self.session.key, run = %self.run.run_id, "run failed ({kind}): {message}");
         let mut extra = json!({"errorMessage": message, "errorKind": kind, "stopReason": "error"});
         if let Some(e) = entry {
             extra["message"] = with_meta(e, &self.run.run_id);
@@ -386,8 +442,9 @@ impl Turn {
             .with_details(json!({"runId": self.run.run_id, "status": "error", "summary": message}))));
     }
 
-    /// Relays the run's events: throttled deltas, persisted rows, the final, errors, aborts.
-    async fn stream(&self, mut rx: tokio::sync::mpsc::Receiver<RunEvent>) {
+    /// Relays the run's events: throttled deltas, persisted rows, the final, errors, aborts. A
+    /// context-length error is handed back (not announced) when the caller may still recover.
+    async fn stream(&self, mut rx: tokio::sync::mpsc::Receiver<RunEvent>, may_recover: bool) -> StreamEnd {
         let mut text = String::new();
         let mut thinking = String::new();
         let mut pending = String::new();
@@ -404,7 +461,7 @@ impl Turn {
             };
             let Some(ev) = ev else {
                 self.fail("the run ended without a result", "unknown", None);
-                return;
+                return StreamEnd::Other;
             };
             match ev {
                 RunEvent::TextDelta { delta, text: t } => {
@@ -441,16 +498,19 @@ impl Turn {
                     }
                     self.chat_event("final", extra);
                     self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
-                    return;
+                    return StreamEnd::Finished { usage: msg.get("usage").cloned(), message: msg.clone() };
                 }
                 RunEvent::Error { entry, message, kind } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
+                    if may_recover && kind == pincer_agent::ErrorKind::ContextLength {
+                        return StreamEnd::Overflow { message, entry };
+                    }
                     self.fail(&message, kind.as_str(), entry.as_ref());
-                    return;
+                    return StreamEnd::Other;
                 }
                 RunEvent::Aborted { partial_text, .. } => {
                     self.aborted(&partial_text).await;
-                    return;
+                    return StreamEnd::Other;
                 }
             }
         }
@@ -497,6 +557,16 @@ impl Turn {
         self.chat_event("aborted", extra);
         self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
     }
+}
+
+/// How a streamed run ended.
+enum StreamEnd {
+    /// Final sent; the last assistant message and its usage.
+    Finished { usage: Option<Value>, message: Value },
+    /// The provider said the context is too long (not announced yet).
+    Overflow { message: String, entry: Option<Value> },
+    /// Error or abort, already announced.
+    Other,
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -1,11 +1,87 @@
-//! Compaction entry points of the gateway (`sessions.compact`, `/compact`, automatic triggers).
+//! Compaction in the gateway: on demand (`sessions.compact`, `/compact`) and automatically (after a
+//! turn whose context is over `context_window − reserve`, and on a provider context-length error,
+//! after which the turn is retried once). Progress goes out as `agent` events on stream
+//! `compaction` (start, end, error) and `sessions.changed`; a failed compaction writes nothing.
 
+use crate::hub::Audience;
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
+use pincer_agent::CancellationToken;
+use pincer_compaction::{calculate_context_tokens, estimate_context_tokens, CompactionOutcome, CompactionReason};
+use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// Compacts a session's transcript; returns a short description for the user.
-pub async fn run(gw: &Arc<Gateway>, session: &SessionRef, reason: &str) -> Result<String, String> {
-    let _ = (gw, session, reason);
-    Err("compaction is not wired into this build yet".into())
+fn event(gw: &Gateway, session: &SessionRef, data: Value) {
+    let p = json!({"runId": null, "sessionKey": session.key, "stream": "compaction", "ts": pincer_store::ids::now_ms(), "data": data});
+    gw.hub.publish("agent", Some(&session.key), p, false, Audience::All);
+}
+
+/// The model a session's compaction uses.
+fn model_spec(gw: &Gateway, session: &SessionRef) -> String {
+    gw.settings.compaction.model.clone().unwrap_or_else(|| {
+        session
+            .entry
+            .get("model")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| gw.settings.model.clone())
+    })
+}
+
+/// Compacts one session now. The caller holds the session's queue slot.
+pub async fn run(
+    gw: &Arc<Gateway>,
+    session: &SessionRef,
+    reason: CompactionReason,
+    instructions: Option<String>,
+    cancel: CancellationToken,
+) -> Result<CompactionOutcome, String> {
+    let model = gw.settings.providers.resolve(&model_spec(gw, session)).map_err(|e| e.to_string())?;
+    let mut settings = gw.settings.compaction.clone();
+    if instructions.is_some() {
+        settings.custom_instructions = instructions;
+    }
+    event(gw, session, json!({"phase": "start", "reason": reason.as_str()}));
+    match pincer_compaction::compact(&session.path, &gw.store, &model, &settings, reason, cancel).await {
+        Ok(o) => {
+            event(
+                gw,
+                session,
+                json!({"phase": "end", "reason": reason.as_str(), "tokensBefore": o.tokens_before,
+                "firstKeptEntryId": o.first_kept_entry_id, "entryId": o.entry.get("id")}),
+            );
+            gw.hub.publish(
+                "sessions.changed",
+                Some(&session.key),
+                json!({"sessionKey": session.key, "reason": "compaction", "ts": pincer_store::ids::now_ms()}),
+                true,
+                Audience::SessionsWatchers,
+            );
+            Ok(o)
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            tracing::warn!(session = %session.key, "compaction ({}) did not run: {msg}", reason.as_str());
+            event(gw, session, json!({"phase": "error", "reason": reason.as_str(), "error": msg}));
+            Err(msg)
+        }
+    }
+}
+
+/// Whether a session's context is over the threshold after a turn: tokens from the provider's
+/// reported usage of the last assistant message when there is one, else Pi's estimate.
+pub fn over_threshold(gw: &Gateway, session: &SessionRef, messages: &[Value], last_usage: Option<&Value>) -> bool {
+    let Ok(model) = gw.settings.providers.resolve(&model_spec(gw, session)) else { return false };
+    let Some(window) = model.model.context_window else { return false };
+    let reported = last_usage.map(calculate_context_tokens).unwrap_or(0);
+    let tokens = if reported > 0 { reported } else { estimate_context_tokens(messages).tokens };
+    gw.settings.compaction.over_threshold(tokens, window)
+}
+
+/// A short sentence for the user about a compaction.
+pub fn describe(o: &CompactionOutcome) -> String {
+    format!(
+        "Compacted: {} earlier message(s) summarised (about {} tokens before); the conversation continues from entry {}.",
+        o.summarized_messages, o.tokens_before, o.first_kept_entry_id
+    )
 }

@@ -104,7 +104,7 @@ pub struct Settings {
     pub system_prompt: Option<String>,
     pub workspace: PathBuf,
     pub max_turns: usize,
-    pub compaction: Option<toml::Value>,
+    pub compaction: pincer_compaction::CompactionSettings,
     pub redact: bool,
     pub redact_patterns: Vec<String>,
     pub hook: Option<HookConfig>,
@@ -124,6 +124,8 @@ impl std::fmt::Debug for Settings {
 /// Command-line overrides.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
+    /// Load for a one-off command (no token is generated or required).
+    pub offline: bool,
     pub bind: Option<String>,
     pub state_dir: Option<PathBuf>,
     pub config: Option<PathBuf>,
@@ -154,10 +156,10 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
     let bind: SocketAddr = bind_text
         .parse()
         .map_err(|e| format!("bind address {bind_text:?} is not HOST:PORT ({e}); e.g. 127.0.0.1:18789"))?;
-    let mode = file.gateway.auth.mode.clone().unwrap_or_else(|| "token".into());
+    let mode = if o.offline { "none".into() } else { file.gateway.auth.mode.clone().unwrap_or_else(|| "token".into()) };
     let (auth, token_source) = match mode.as_str() {
         "none" => {
-            if !bind.ip().is_loopback() {
+            if !bind.ip().is_loopback() && !o.offline {
                 return Err(format!(
                     "gateway.auth.mode = \"none\" is refused on {bind}: without auth the gateway may only listen on loopback"
                 ));
@@ -198,6 +200,13 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
     let model_is_fallback = chosen.is_none();
     let model = chosen.unwrap_or_else(|| "pincer/echo".into());
     providers.resolve(&model).map_err(|e| format!("model {model:?}: {e}"))?;
+    let compaction = match file.agents.defaults.compaction.clone() {
+        None => pincer_compaction::CompactionSettings::default(),
+        Some(v) => v.try_into().map_err(|e| format!("{}: [agents.defaults.compaction]: {e}", config_path.display()))?,
+    };
+    if let Some(m) = &compaction.model {
+        providers.resolve(m).map_err(|e| format!("agents.defaults.compaction.model {m:?}: {e}"))?;
+    }
     let redact = match file.logging.redact.as_deref() {
         None | Some("on") => true,
         Some("off") => false,
@@ -219,7 +228,7 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
         model_is_fallback,
         system_prompt: file.agents.defaults.system_prompt,
         max_turns: file.agents.defaults.max_turns.unwrap_or(8).max(1),
-        compaction: file.agents.defaults.compaction,
+        compaction,
         redact,
         redact_patterns: file.logging.redact_patterns,
         hook: file.hooks.before_agent_run,

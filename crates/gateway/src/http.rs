@@ -43,6 +43,9 @@ async fn root(
         return ws
             .max_message_size(crate::protocol::MAX_PAYLOAD_BYTES)
             .max_frame_size(crate::protocol::MAX_PAYLOAD_BYTES)
+            // Small buffers: an idle connection should cost kilobytes, not the 128 KiB default.
+            .read_buffer_size(8 * 1024)
+            .write_buffer_size(8 * 1024)
             .on_upgrade(move |socket| crate::ws::serve(socket, gw))
             .into_response();
     }
@@ -82,12 +85,12 @@ async fn control_ui(dir: &std::path::Path, rest: &str) -> Response {
         _ => "application/octet-stream",
     };
     if file.file_name().is_some_and(|n| n == "index.html") {
-        // The UI reads its base path from the <html> tag.
-        let html = String::from_utf8_lossy(&bytes).replacen(
-            "<html",
-            "<html data-openclaw-control-ui-base-path=\"/control\"",
-            1,
-        );
+        // The UI reads its base path from the <html> tag. Its relative asset URLs ("./assets/…") are
+        // made absolute, as OpenClaw's gateway does, so that a reload of a deep link (/control/chat/…)
+        // still loads them instead of getting index.html back.
+        let html = String::from_utf8_lossy(&bytes)
+            .replacen("<html", "<html data-openclaw-control-ui-base-path=\"/control\"", 1)
+            .replace("=\"./", "=\"/control/");
         return ([(header::CONTENT_TYPE, mime)], html).into_response();
     }
     ([(header::CONTENT_TYPE, mime)], bytes).into_response()

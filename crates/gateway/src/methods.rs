@@ -30,8 +30,15 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         "sessions.delete" => sessions_delete(gw, params),
         "sessions.compact" => {
             let session = existing(gw, params)?;
-            match crate::compact::run(gw, &session, "manual").await {
-                Ok(summary) => Ok(json!({"ok": true, "key": session.key, "compacted": true, "summary": summary})),
+            let cancel = gw.shutdown.child_token();
+            // In the session's queue: never while a turn is being written.
+            let _slot =
+                gw.queue.acquire(&session.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
+            let focus = str_param(params, "instructions").map(str::to_owned);
+            let reason = pincer_compaction::CompactionReason::Manual;
+            match crate::compact::run(gw, &session, reason, focus, cancel).await {
+                Ok(o) => Ok(json!({"ok": true, "key": session.key, "compacted": true, "tokensBefore": o.tokens_before,
+                    "firstKeptEntryId": o.first_kept_entry_id, "entryId": o.entry.get("id")})),
                 Err(reason) => Ok(json!({"ok": true, "key": session.key, "compacted": false, "reason": reason})),
             }
         }
@@ -60,15 +67,16 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             crate::state::lock(&ctx.subs.messages).remove(&key);
             Ok(json!({"subscribed": false, "key": key}))
         }
-        "agents.list" => {
-            Ok(json!({"defaultId": "main", "mainKey": "main", "agents": [{"id": "main", "name": "Main"}]}))
-        }
+        // The Control UI gates sending on the agent's `model.primary` ("No AI provider configured").
+        "agents.list" => Ok(json!({"defaultId": "main", "mainKey": "main",
+            "agents": [{"id": "main", "name": "Main", "model": {"primary": gw.settings.model}}]})),
         "agent.identity.get" => Ok(json!({"agentId": "main", "name": "Pincer", "avatar": null})),
         "models.list" => {
-            let mut models = vec![json!({"id": "pincer/echo", "name": "Offline echo model"})];
-            for p in gw.settings.providers.configured() {
-                models.push(json!({"id": p}));
-            }
+            // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
+            let models: Vec<Value> = (gw.settings.providers.configured().iter())
+                .filter_map(|spec| spec.split_once('/').filter(|(_, id)| !id.starts_with('<')))
+                .map(|(provider, id)| json!({"id": id, "name": id, "provider": provider}))
+                .collect();
             Ok(json!({"models": models, "default": gw.settings.model}))
         }
         "connect" => Err(RpcError::invalid("already connected")),

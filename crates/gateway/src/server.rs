@@ -38,6 +38,10 @@ pub async fn serve(
         }
         gw_stop.shutdown.cancel();
     });
+    // Small frames (deltas, acks) must not wait for Nagle's algorithm.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp: &mut tokio::net::TcpStream| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await });
     server.await.map_err(|e| format!("server error: {e}"))?;
     gw.tasks.close();

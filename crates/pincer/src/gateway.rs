@@ -20,8 +20,9 @@ pub struct GatewayArgs {
 }
 
 pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
-    let settings = config::load(&Overrides { bind: args.bind, state_dir: args.state_dir, config: args.config })
-        .map_err(Failure::usage)?;
+    let settings =
+        config::load(&Overrides { offline: false, bind: args.bind, state_dir: args.state_dir, config: args.config })
+            .map_err(Failure::usage)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

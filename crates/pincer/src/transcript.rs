@@ -40,6 +40,22 @@ pub enum TranscriptCmd {
     },
     /// Fix what verify reports that can be fixed without guessing (atomically, keeping FILE.bak.<ts>).
     Repair { file: PathBuf },
+    /// Summarise older turns into a Pi compaction entry (appended; nothing is rewritten).
+    Compact {
+        file: PathBuf,
+        /// The model to summarise with (`provider/model`; default: the configured compaction or agent model).
+        #[arg(long)]
+        model: Option<String>,
+        /// Extra focus for the summary.
+        #[arg(long)]
+        instructions: Option<String>,
+        /// State directory whose pincer.toml configures the providers (default $PINCER_STATE_DIR or ~/.pincer).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Config file (default <state>/pincer.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// The messages chat.history would return for FILE.
     History {
         file: PathBuf,
@@ -141,6 +157,12 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             }
             Ok(if r.remaining.is_empty() { 0 } else { 1 })
         }
+        TranscriptCmd::Compact { file, model, instructions, state_dir, config } => {
+            if !file.exists() {
+                return Err(Failure::usage(format!("{}: no such file", file.display())));
+            }
+            compact(&file, model, instructions, state_dir, config)
+        }
         TranscriptCmd::History { file, limit, max_chars } => {
             if limit == 0 || limit > MAX_LIMIT {
                 return Err(Failure::usage(format!("--limit must be between 1 and {MAX_LIMIT}")));
@@ -157,4 +179,52 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             Ok(0)
         }
     }
+}
+
+fn compact(
+    file: &Path,
+    model: Option<String>,
+    instructions: Option<String>,
+    state_dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<u8, Failure> {
+    use pincer_gateway::config::{self, Overrides};
+    let settings = config::load(&Overrides { offline: true, bind: None, state_dir, config }).map_err(Failure::usage)?;
+    let spec = model.or(settings.compaction.model.clone()).unwrap_or_else(|| settings.model.clone());
+    let resolved = settings.providers.resolve(&spec).map_err(|e| Failure::usage(format!("--model: {e}")))?;
+    let mut compaction = settings.compaction.clone();
+    if instructions.is_some() {
+        compaction.custom_instructions = instructions;
+    }
+    let redactor: std::sync::Arc<dyn pincer_store::redact::Redactor> = if settings.redact {
+        std::sync::Arc::new(
+            pincer_store::redact::SecretRedactor::new(&settings.redact_patterns).map_err(Failure::usage)?,
+        )
+    } else {
+        std::sync::Arc::new(pincer_store::redact::NoRedaction)
+    };
+    let store = Store::new(StoreOptions { redactor, ..StoreOptions::default() });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::failed(format!("cannot start the runtime: {e}")))?;
+    let outcome = runtime
+        .block_on(pincer_compaction::compact(
+            file,
+            &store,
+            &resolved,
+            &compaction,
+            pincer_compaction::CompactionReason::Manual,
+            pincer_agent::CancellationToken::new(),
+        ))
+        .map_err(|e| Failure::failed(format!("{}: {e}", file.display())))?;
+    print_json(&json!({
+        "compacted": true,
+        "id": outcome.entry["id"],
+        "parentId": outcome.entry["parentId"],
+        "firstKeptEntryId": outcome.first_kept_entry_id,
+        "tokensBefore": outcome.tokens_before,
+        "summarizedMessages": outcome.summarized_messages,
+    }))?;
+    Ok(0)
 }

@@ -77,11 +77,10 @@ impl Drop for LockGuard {
             None => false,
         };
         if last {
-            // Unlink while still holding the flock, then close (which releases it).
+            // Unlink while still holding the flock, then close (which releases it). While we hold
+            // the flock and live, nobody judges the file stale, so it is still ours.
             if let Some((_, file)) = held.remove(&self.path) {
-                if same_file(&self.path, &file) {
-                    let _ = std::fs::remove_file(&self.path);
-                }
+                let _ = std::fs::remove_file(&self.path);
                 drop(file);
             }
         }

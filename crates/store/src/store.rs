@@ -137,6 +137,7 @@ struct Inner {
     opts: StoreOptions,
     locks: LockRegistry,
     files: Mutex<HashMap<PathBuf, Arc<FileWriter>>>,
+    aliases: Mutex<HashMap<PathBuf, Arc<FileWriter>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -148,16 +149,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Store {
     pub fn new(opts: StoreOptions) -> Store {
-        Store { inner: Arc::new(Inner { opts, locks: LockRegistry::default(), files: Mutex::new(HashMap::new()) }) }
+        Store {
+            inner: Arc::new(Inner {
+                opts,
+                locks: LockRegistry::default(),
+                files: Mutex::new(HashMap::new()),
+                aliases: Mutex::new(HashMap::new()),
+            }),
+        }
     }
 
     pub fn options(&self) -> &StoreOptions {
         &self.inner.opts
     }
 
+    /// The writer of a file. Looked up by the path as given first, so the hot path costs no
+    /// `realpath`; writers are shared by every spelling of the same file.
     fn writer(&self, path: &Path) -> Arc<FileWriter> {
+        if let Some(w) = lock(&self.inner.aliases).get(path) {
+            return w.clone();
+        }
         let key = normalize(path);
-        lock(&self.inner.files)
+        let w = lock(&self.inner.files)
             .entry(key.clone())
             .or_insert_with(|| {
                 Arc::new(FileWriter {
@@ -166,7 +179,9 @@ impl Store {
                     state: Mutex::new(FileState::default()),
                 })
             })
-            .clone()
+            .clone();
+        lock(&self.inner.aliases).insert(path.to_path_buf(), w.clone());
+        w
     }
 
     /// Appends one entry; returns it as written once it is durable.
@@ -178,7 +193,6 @@ impl Store {
     /// (default: the file stem when it is a valid session id, else a new uuid v7).
     pub fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
         entry.validate()?;
-        create_dir(path)?;
         let w = self.writer(path);
         let slot = Arc::new(Mutex::new(None));
         lock(&w.queue).push(Pending { entry, session_id: session_id.map(str::to_owned), slot: slot.clone() });
@@ -236,6 +250,7 @@ impl Store {
 
     /// Forgets cached state of `path` (after it was replaced, e.g. archived by a reset).
     pub fn forget(&self, path: &Path) {
+        lock(&self.inner.aliases).retain(|_, w| w.path != normalize(path));
         lock(&self.inner.files).remove(&normalize(path));
     }
 }
@@ -672,6 +687,11 @@ impl FileWriter {
                 *lock(&p.slot) = Some(Err(e.duplicate()));
             }
         };
+        if st.file.is_none() {
+            if let Err(e) = create_dir(&self.path) {
+                return fail_all(&batch, &e);
+            }
+        }
         let guard = match inner.locks.acquire(&self.path, &inner.opts.lock) {
             Ok(g) => g,
             Err(e) => return fail_all(&batch, &StoreError::from(e)),

@@ -2,7 +2,10 @@
 //! `POST /v1/chat/completions` with an SSE stream in OpenAI's exact framing (role chunk, content
 //! deltas, a usage chunk, `[DONE]`). What it does is chosen by markers in the last user message:
 //! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream), `[fail]` answers HTTP 400 with an
-//! OpenAI error body, `[tool]` asks for the `current_time` tool first. Every request body is recorded.
+//! OpenAI error body, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
+//! summarization prompts) gets a summary with every required section that quotes the conversation,
+//! so identifiers survive. Usage reports about a token per four characters of the request, as a real
+//! provider would. Every request body is recorded.
 
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
@@ -25,6 +28,7 @@ impl FakeOpenAi {
         let rec = requests.clone();
         tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
+                let _ = sock.set_nodelay(true);
                 let rec = rec.clone();
                 tokio::spawn(async move {
                     let _ = handle(sock, rec).await;
@@ -59,9 +63,14 @@ impl FakeOpenAi {
 
     /// A `[models.providers.fake]` section pointing at this server.
     pub fn provider_toml(&self) -> String {
+        self.provider_toml_window(32000)
+    }
+
+    /// The same, with a given context window.
+    pub fn provider_toml_window(&self, window: u64) -> String {
         format!(
             "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
-             [[models.providers.fake.models]]\nid = \"fake-model\"\ncontext_window = 32000\n",
+             [[models.providers.fake.models]]\nid = \"fake-model\"\ncontext_window = {window}\n",
             self.base_url()
         )
     }
@@ -107,6 +116,7 @@ async fn handle(mut sock: TcpStream, rec: Arc<Mutex<Vec<Value>>>) -> std::io::Re
         r.push(body.clone());
     }
     let said = last_user_text(&body);
+    let prompt_tokens = buf.len().saturating_sub(header_end) / 4;
     if said.contains("[fail]") {
         let err = json!({"error": {"message": "The fake provider was told to fail", "type": "invalid_request_error", "code": null}});
         let text = err.to_string();
@@ -134,6 +144,30 @@ async fn handle(mut sock: TcpStream, rec: Arc<Mutex<Vec<Value>>>) -> std::io::Re
             "function": {"name": "current_time", "arguments": "{}"}}]});
         sock.write_all(chunk(call, Value::Null).as_bytes()).await?;
         sock.write_all(chunk(json!({}), json!("tool_calls")).as_bytes()).await?;
+    } else if body.to_string().contains("context summarization assistant") {
+        // A real model keeps what the conversation and the previous summary say; so does the fake.
+        let between = |open: &str, close: &str| {
+            said.split_once(open)
+                .and_then(|(_, rest)| rest.split_once(close))
+                .map(|(x, _)| x.to_owned())
+                .unwrap_or_default()
+        };
+        let conversation = format!(
+            "{}\n{}",
+            between("<previous-summary>", "</previous-summary>"),
+            between("<conversation>", "</conversation>")
+        );
+        let summary = if said.contains("## Original Request") && !said.contains("## Goal") {
+            format!("## Original Request\n{conversation}\n\n## Early Progress\n- started\n\n## Context for Suffix\n- continue")
+        } else {
+            format!(
+                "## Goal\nSummary of the conversation.\n\n## Constraints & Preferences\n- none\n\n## Progress\n### Done\n- [x] talked\n\n\
+                 ### In Progress\n- [ ] more\n\n### Blocked\n- nothing\n\n## Key Decisions\n- **keep going**: asked to\n\n\
+                 ## Next Steps\n1. answer the next message\n\n## Critical Context\n{conversation}"
+            )
+        };
+        sock.write_all(chunk(json!({"content": summary}), Value::Null).as_bytes()).await?;
+        sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;
     } else {
         let reply = format!("Fake reply: you said \"{said}\"");
         let slow = said.contains("[slow]");
@@ -151,7 +185,7 @@ async fn handle(mut sock: TcpStream, rec: Arc<Mutex<Vec<Value>>>) -> std::io::Re
         sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;
     }
     let usage = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": "fake-model",
-        "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}});
+        "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}});
     sock.write_all(format!("data: {usage}\n\ndata: [DONE]\n\n").as_bytes()).await?;
     sock.shutdown().await
 }

@@ -96,7 +96,9 @@ pub struct Client {
 impl Client {
     /// Connects and completes the handshake with `token`; returns the error payload on refusal.
     pub async fn connect_with(addr: &str, params: Value) -> Result<Client, Value> {
-        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/")).await.expect("ws connect");
+        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/"), None, true)
+            .await
+            .expect("ws connect");
         let challenge = next_frame(&mut ws).await.expect("challenge");
         assert_eq!(challenge["event"], "connect.challenge", "{challenge}");
         let frame = json!({"type": "req", "id": "c1", "method": "connect", "params": params});

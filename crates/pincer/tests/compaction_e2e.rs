@@ -1,0 +1,196 @@
+//! Compaction end to end: a gateway with a small context window chats with a fake provider until
+//! compaction triggers; the compaction entry is on disk, the next model request carries the summary
+//! and only the kept messages, and the real Pi library builds the same context from the file. Also
+//! the CLI (`pincer transcript compact`) and `/compact`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::gateway::{Client, GatewayProcess};
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+const COMPACTION: &str =
+    "[agents.defaults.compaction]\nreserve_tokens = 1000\nreserve_tokens_floor = 0\nkeep_recent_tokens = 400\n";
+
+fn transcript(state: &Path) -> PathBuf {
+    let dir = state.join("agents/main/sessions");
+    let index: Value = serde_json::from_slice(&std::fs::read(dir.join("sessions.json")).expect("index")).expect("json");
+    dir.join(format!("{}.jsonl", index["agent:main:main"]["sessionId"].as_str().expect("id")))
+}
+
+fn entries(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).expect("read").lines().map(|l| serde_json::from_str(l).expect("json")).collect()
+}
+
+fn message(n: usize) -> String {
+    format!("turn-{n}: please look at src/module_{n}.rs {}", "lorem ipsum dolor sit amet ".repeat(36))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_compaction_keeps_the_tail_and_pi_agrees() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start().await;
+    let config =
+        format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n{COMPACTION}", fake.provider_toml_window(3000));
+    let state = dir.path().join("state");
+    let gw = tokio::task::spawn_blocking({
+        let state = state.clone();
+        move || GatewayProcess::start(BIN, &state, &config)
+    })
+    .await
+    .expect("start");
+    let mut c = Client::connect(&gw.addr).await;
+    let mut compacted_at = None;
+    for n in 1..=8 {
+        let run = format!("run-{n}");
+        c.request("chat.send", json!({"sessionKey": "main", "message": message(n), "idempotencyKey": run}))
+            .await
+            .expect("send");
+        let end = c.chat_end(&run).await;
+        assert_eq!(end["payload"]["state"], "final", "{end}");
+        let file = transcript(&state);
+        if entries(&file).iter().any(|e| e["type"] == "compaction") {
+            compacted_at = Some(n);
+            break;
+        }
+    }
+    let n = compacted_at.unwrap_or_else(|| {
+        let reqs: Vec<String> =
+            fake.requests().iter().map(|r| r.to_string()).filter(|r| r.contains("summarization")).collect();
+        let short: Vec<String> = reqs.iter().take(3).map(|r| r.chars().take(700).collect()).collect();
+        panic!("compaction never triggered: {}\n{}", gw.log_text(), short.join("\n----\n"))
+    });
+    let ev = c
+        .event(|f| {
+            f["event"] == "agent" && f["payload"]["stream"] == "compaction" && f["payload"]["data"]["phase"] == "end"
+        })
+        .await;
+    assert_eq!(ev["payload"]["data"]["reason"], "threshold");
+    let file = transcript(&state);
+    let before = entries(&file);
+    let at = before.iter().position(|e| e["type"] == "compaction").expect("compaction entry");
+    let comp = &before[at];
+    assert_eq!(comp["parentId"], before[at - 1]["id"], "chained to the leaf of the turn before it");
+    assert_eq!(before[at - 1]["message"]["role"], "assistant", "written after a complete turn");
+    assert!(comp["summary"].as_str().expect("summary").contains("## Goal"));
+    assert!(comp["tokensBefore"].as_u64().expect("tokens") > 0);
+    assert!(before[at + 1..].iter().all(|e| e["parentId"].is_string()), "later turns chain on");
+
+    // The next model request carries the summary and only the kept messages.
+    let run = "run-after";
+    c.request("chat.send", json!({"sessionKey": "main", "message": "what next?", "idempotencyKey": run}))
+        .await
+        .expect("send");
+    c.chat_end(run).await;
+    let req = fake.requests().last().cloned().expect("request");
+    let msgs: Vec<&Value> =
+        req["messages"].as_array().expect("messages").iter().filter(|m| m["role"] != "system").collect();
+    let first = msgs[0]["content"].to_string();
+    assert!(
+        first.contains("The conversation history before this point was compacted into the following summary"),
+        "{first}"
+    );
+    let all = req.to_string();
+    assert!(
+        !all.contains("turn-1: please look") || first.contains("turn-1"),
+        "turn 1 survives only inside the summary"
+    );
+    let session = pincer_store::Session::parse(std::fs::read(&file).expect("read"));
+    let ours = pincer_store::context_report(&session, &pincer_store::LeafArg::Default).expect("context").to_value();
+    // The request is the context as it was before its own reply was appended.
+    assert_eq!(
+        msgs.len() + 1,
+        ours["context"]["messages"].as_array().expect("messages").len(),
+        "request = summary + kept + new"
+    );
+    let pi = pincer_testkit::oracle_context(&file, None);
+    assert_eq!(pincer_testkit::comparable(&pi), pincer_testkit::comparable(&ours));
+    assert_eq!(pi["context"]["messages"][0]["role"], "compactionSummary");
+
+    // History shows the divider.
+    let h = c.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+    assert!(h["messages"].as_array().expect("messages").iter().any(|m| m["__openclaw"]["kind"] == "compaction"));
+    let _ = n;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_compaction_by_command_and_cli_and_failures_leave_the_file_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start().await;
+    let config = format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n{COMPACTION}", fake.provider_toml());
+    let state = dir.path().join("state");
+    let gw = tokio::task::spawn_blocking({
+        let (state, config) = (state.clone(), config.clone());
+        move || GatewayProcess::start(BIN, &state, &config)
+    })
+    .await
+    .expect("start");
+    let mut c = Client::connect(&gw.addr).await;
+    for n in 1..=3 {
+        let run = format!("m-{n}");
+        c.request("chat.send", json!({"sessionKey": "main", "message": message(n), "idempotencyKey": run}))
+            .await
+            .expect("send");
+        c.chat_end(&run).await;
+    }
+    c.request(
+        "chat.send",
+        json!({"sessionKey": "main", "message": "/compact focus on module names", "idempotencyKey": "m-c"}),
+    )
+    .await
+    .expect("send");
+    let fin = c.chat_end("m-c").await;
+    let text = fin["payload"]["message"]["content"][0]["text"].as_str().expect("text").to_owned();
+    assert!(text.starts_with("Compacted:"), "{text}");
+    let req = fake.requests().last().cloned().expect("summary request").to_string();
+    assert!(req.contains("Additional focus: focus on module names"), "custom instructions reach the prompt");
+    let file = transcript(&state);
+    assert_eq!(entries(&file).iter().filter(|e| e["type"] == "compaction").count(), 1);
+
+    // A compaction whose summary call fails writes nothing.
+    let before = std::fs::read(&file).expect("read");
+    drop(gw);
+    let broken = config.replace(&fake.base_url(), "http://127.0.0.1:9/v1");
+    std::fs::write(state.join("pincer.toml"), &broken).expect("config");
+    let out = std::process::Command::new(BIN)
+        .args(["transcript", "compact"])
+        .arg(&file)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("transcript was not changed"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&file).expect("read"), before, "byte-identical after a failed compaction");
+
+    // The CLI compacts with a working provider (after another turn, so there is something new).
+    std::fs::write(state.join("pincer.toml"), &config).expect("config");
+    let msg = json!({"role": "user", "content": message(9), "timestamp": 1}).to_string();
+    let ok = std::process::Command::new(BIN)
+        .args(["transcript", "append"])
+        .arg(&file)
+        .args(["--message", &msg])
+        .status()
+        .expect("append");
+    assert!(ok.success());
+    let out = std::process::Command::new(BIN)
+        .args(["transcript", "compact"])
+        .arg(&file)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(result["compacted"], true);
+    let last = entries(&file).last().cloned().expect("last");
+    assert_eq!(last["type"], "compaction");
+    assert_eq!(last["id"], result["id"]);
+}
