@@ -34,16 +34,8 @@ pub fn utf16_prefix(s: &str, units: usize) -> &str {
     s
 }
 
-/// JavaScript truthiness of a JSON value.
-pub fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0 && !f.is_nan()),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(_) | Value::Object(_) => true,
-    }
-}
+/// JavaScript truthiness of a JSON value (the store's, so both crates agree).
+pub use pincer_store::context::truthy;
 
 /// Is `k` an array index (`0`..`2^32-2` in canonical form)? JavaScript enumerates such keys first,
 /// in ascending numeric order, whatever order they were inserted in.

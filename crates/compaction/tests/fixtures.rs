@@ -132,7 +132,9 @@ fn f09_context_estimate() {
 
 fn oracle_prepare(file: &Path, leaf: Option<&str>, keep: u64, reserve: u64) -> Value {
     let mut cmd = Command::new("node");
-    cmd.arg(pincer_testkit::oracle_dir().join("prepare.mjs")).arg(file);
+    // prepare.mjs only runs when argv[1] is its real path (it compares with import.meta.url).
+    let script = pincer_testkit::oracle_dir().join("prepare.mjs");
+    cmd.arg(std::fs::canonicalize(&script).unwrap_or(script)).arg(file);
     if let Some(l) = leaf {
         cmd.arg(l);
     }

@@ -480,6 +480,11 @@ impl Turn {
                     );
                 }
                 RunEvent::Persisted { entry } => {
+                    if entry["message"]["role"] == "assistant" {
+                        // The held-back delta belongs to this message: send it before the row, not
+                        // after it with the text cleared.
+                        self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
+                    }
                     self.session_message(&entry);
                     if entry["message"]["role"] == "assistant" {
                         // A new assistant message starts from scratch.
@@ -597,7 +602,11 @@ pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value
     if let (Some(obj), Some(id)) = (message.as_object_mut(), &id) {
         obj.insert("__openclaw".into(), json!({"id": id}));
     }
-    let mut p = json!({"sessionKey": session.key, "message": message});
+    // Whether the session still runs: the Control UI takes a row without `hasActiveRun: true` as the
+    // end of the run and hides its Stop button while the reply is still streaming.
+    let active: Vec<String> = gw.runs_of(&session.key).iter().map(|r| r.run_id.clone()).collect();
+    let mut p = json!({"sessionKey": session.key, "message": message,
+        "hasActiveRun": !active.is_empty(), "activeRunIds": active});
     if let Some(id) = id {
         p["messageId"] = id;
     }

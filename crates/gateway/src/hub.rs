@@ -28,6 +28,8 @@ pub struct BusEvent {
     pub name: &'static str,
     pub session_key: Option<String>,
     pub payload: Value,
+    /// `payload` serialized once, shared by every connection that forwards it.
+    pub payload_json: String,
     /// May be skipped for a slow consumer (deltas, `sessions.changed`).
     pub droppable: bool,
     pub audience: Audience,
@@ -74,8 +76,15 @@ impl Hub {
             Err(p) => p.into_inner(),
         };
         let logged = matches!(name, "chat" | "session.message");
-        let mut ev =
-            BusEvent { name, session_key: session_key.map(str::to_owned), payload, droppable, audience, sse_id: None };
+        let mut ev = BusEvent {
+            name,
+            session_key: session_key.map(str::to_owned),
+            payload_json: payload.to_string(),
+            payload,
+            droppable,
+            audience,
+            sse_id: None,
+        };
         let ev = match (logged, session_key) {
             (true, Some(key)) => {
                 let log = logs.entry(key.to_owned()).or_default();

@@ -40,6 +40,9 @@ pub struct Subs {
     pub sessions: AtomicBool,
     /// `sessions.messages.subscribe`: `session.message` events of these session keys.
     pub messages: Mutex<HashSet<String>>,
+    /// Sessions this connection works with (sent to, read the history of, subscribed to): it gets
+    /// their `chat` and `agent` events. Other sessions' streams are not sent to it.
+    pub chats: Mutex<HashSet<String>>,
 }
 
 /// The context of one request.

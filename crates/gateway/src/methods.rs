@@ -17,6 +17,22 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     if !params.is_object() {
         return Err(RpcError::invalid("params must be an object"));
     }
+    // A connection that works with a session hears that session's `chat` and `agent` events.
+    if matches!(
+        method,
+        "chat.send"
+            | "chat.history"
+            | "chat.startup"
+            | "chat.inject"
+            | "chat.abort"
+            | "sessions.messages.subscribe"
+            | "sessions.compact"
+    ) {
+        let raw = params.get("sessionKey").or_else(|| params.get("key")).and_then(Value::as_str);
+        if let Some(Ok((key, _))) = raw.map(canonical_key) {
+            crate::state::lock(&ctx.subs.chats).insert(key);
+        }
+    }
     match method {
         "health" => Ok(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "activeRuns": gw.all_runs().len()})),
         "chat.send" => chat::send(gw, ctx, params).await,

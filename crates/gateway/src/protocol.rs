@@ -132,6 +132,21 @@ pub fn event(name: &str, payload: &Value, seq: Option<u64>) -> String {
     Value::Object(m).to_string()
 }
 
+/// An event frame from an already serialized payload (the bus serializes each payload once).
+pub fn event_frame(name: &str, payload_json: &str, seq: Option<u64>) -> String {
+    let mut f = String::with_capacity(payload_json.len() + 64);
+    f.push_str("{\"type\":\"event\",\"event\":");
+    f.push_str(&Value::from(name).to_string());
+    f.push_str(",\"payload\":");
+    f.push_str(payload_json);
+    if let Some(s) = seq {
+        f.push_str(",\"seq\":");
+        f.push_str(&s.to_string());
+    }
+    f.push('}');
+    f
+}
+
 /// Reads a string parameter.
 pub fn str_param<'a>(params: &'a Value, key: &str) -> Option<&'a str> {
     params.get(key).and_then(Value::as_str)
@@ -180,5 +195,7 @@ mod tests {
             event("tick", &json!({"ts": 1}), Some(3)),
             r#"{"type":"event","event":"tick","payload":{"ts":1},"seq":3}"#
         );
+        assert_eq!(event_frame("tick", r#"{"ts":1}"#, Some(3)), event("tick", &json!({"ts": 1}), Some(3)));
+        assert_eq!(event_frame("x", "{}", None), event("x", &json!({}), None));
     }
 }

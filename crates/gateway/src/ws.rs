@@ -239,7 +239,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>) {
                     Audience::All => { seq += 1; Some(seq) }
                     _ => None,
                 };
-                let frame = protocol::event(ev.name, &ev.payload, frame_seq);
+                let frame = protocol::event_frame(ev.name, &ev.payload_json, frame_seq);
                 match out_tx.try_send(Out::Text(frame)) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) if ev.droppable => {}
@@ -268,7 +268,11 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>) {
 
 fn wanted(ev: &BusEvent, subs: &Subs) -> bool {
     match ev.audience {
-        Audience::All => true,
+        // Session streams go to the connections that work with that session.
+        Audience::All => match &ev.session_key {
+            Some(k) => crate::state::lock(&subs.chats).contains(k),
+            None => true,
+        },
         Audience::SessionsWatchers => subs.sessions.load(Ordering::Relaxed),
         Audience::SessionSubscribers => {
             ev.session_key.as_ref().is_some_and(|k| crate::state::lock(&subs.messages).contains(k))

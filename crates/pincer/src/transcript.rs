@@ -94,9 +94,9 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             }
             // Messages are written as the raw JSON of the file: no re-encoding of large contexts.
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            serde_json::to_writer(&mut out, &report)
-                .and_then(|_| writeln!(out).map_err(serde_json::Error::io))
-                .and_then(|_| out.flush().map_err(serde_json::Error::io))
+            report
+                .write_json(&mut out)
+                .and_then(|_| out.flush())
                 .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
             Ok(0)
         }

@@ -7,14 +7,15 @@
 use crate::ids::js_date_ms;
 use crate::session::{Kind, Leaf, Session};
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 
-/// The LLM context at one leaf. Messages are kept as the raw JSON of the file (Pi pushes the
-/// stored objects verbatim), so building a context never materializes a `Value` tree per message.
+/// The LLM context at one leaf. Messages are the raw JSON text of the file, borrowed from the
+/// session's buffer (Pi pushes the stored objects verbatim), so building a context neither parses
+/// nor copies a message; synthesized messages (summaries, custom messages) are owned.
 #[derive(Clone, Debug)]
-pub struct Context {
-    pub messages: Vec<Box<RawValue>>,
+pub struct Context<'a> {
+    pub messages: Vec<Cow<'a, str>>,
     pub thinking_level: Value,
     pub model: Value,
     /// Indices (into [`Session::entries`]) of the root→leaf path.
@@ -23,7 +24,7 @@ pub struct Context {
     pub cycle: bool,
 }
 
-impl Context {
+impl Context<'_> {
     /// `{messages, thinkingLevel, model}` as Pi returns it (for tests and small contexts).
     pub fn to_json(&self) -> Value {
         json!({"messages": self.message_values(), "thinkingLevel": self.thinking_level, "model": self.model})
@@ -31,15 +32,20 @@ impl Context {
 
     /// The messages decoded.
     pub fn message_values(&self) -> Vec<Value> {
-        self.messages.iter().map(|m| serde_json::from_str(m.get()).unwrap_or(Value::Null)).collect()
+        self.messages.iter().map(|m| serde_json::from_str(m).unwrap_or(Value::Null)).collect()
     }
-}
 
-/// The borrowed parts of a `message` entry that context building needs.
-#[derive(Deserialize)]
-struct MessageEntry<'a> {
-    #[serde(borrow)]
-    message: Option<&'a RawValue>,
+    /// Writes `{"messages":[…],"thinkingLevel":…,"model":…}` with the messages as they are in the file.
+    pub fn write_json(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        out.write_all(b"{\"messages\":[")?;
+        for (i, m) in self.messages.iter().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            out.write_all(m.as_bytes())?;
+        }
+        write!(out, "],\"thinkingLevel\":{},\"model\":{}}}", self.thinking_level, self.model)
+    }
 }
 
 #[derive(Deserialize)]
@@ -49,40 +55,30 @@ struct MessageHead {
     model: Option<Value>,
 }
 
-fn raw(v: &Value) -> Box<RawValue> {
-    serde_json::value::to_raw_value(v).unwrap_or_else(|_| null_raw())
-}
-
-fn null_raw() -> Box<RawValue> {
-    RawValue::from_string("null".into()).unwrap_or_else(|_| unreachable_null())
-}
-
-#[allow(clippy::unwrap_used)]
-fn unreachable_null() -> Box<RawValue> {
-    // "null" is always valid JSON.
-    serde_json::value::to_raw_value(&Value::Null).unwrap()
+fn raw(v: &Value) -> Cow<'static, str> {
+    Cow::Owned(v.to_string())
 }
 
 /// One path entry, decoded as far as context building needs.
-enum Decoded {
+enum Decoded<'a> {
     /// A message entry: its raw message (taken when emitted).
-    Message(Option<Box<RawValue>>),
+    Message(Option<Cow<'a, str>>),
     /// Any other entry, fully decoded.
     Other(Value),
 }
 
-fn empty() -> Context {
+fn empty() -> Context<'static> {
     Context { messages: vec![], thinking_level: json!("off"), model: Value::Null, path: vec![], cycle: false }
 }
 
 /// Builds the context at `leaf` (usually `session.leaf`).
-pub fn build_context(s: &Session, leaf: &Leaf) -> Context {
+pub fn build_context<'a>(s: &'a Session, leaf: &Leaf) -> Context<'a> {
     let start = match leaf {
         Leaf::Empty | Leaf::Null => return empty(),
         Leaf::Entry(i) => *i,
     };
     let (path, cycle) = s.path_from(start);
-    let mut values: Vec<Decoded> = path.iter().map(|&i| decode(s, i)).collect();
+    let mut values: Vec<Decoded<'a>> = path.iter().map(|&i| decode(s, i)).collect();
     let mut ctx = empty();
     ctx.cycle = cycle;
     // Last writer wins: the last thinking change, the last model change or assistant message, the
@@ -175,29 +171,24 @@ fn ts(entry: &Value) -> Value {
 }
 
 /// `{provider, modelId}` when the raw message is an assistant's.
-fn assistant_model(msg: &RawValue) -> Option<Value> {
-    let h = serde_json::from_str::<MessageHead>(msg.get()).ok()?;
+fn assistant_model(msg: &str) -> Option<Value> {
+    let h = serde_json::from_str::<MessageHead>(msg).ok()?;
     (h.role.as_ref().and_then(Value::as_str) == Some("assistant"))
         .then(|| model_of(h.provider.as_ref(), h.model.as_ref()))
 }
 
-fn decode(s: &Session, i: usize) -> Decoded {
+fn decode(s: &Session, i: usize) -> Decoded<'_> {
     if s.entries[i].kind == Kind::Message {
-        if let Some(line) = s.raw_line(i) {
-            if let Ok(e) = serde_json::from_slice::<MessageEntry<'_>>(line) {
-                return Decoded::Message(Some(e.message.map(|m| m.to_owned()).unwrap_or_else(null_raw)));
-            }
-        }
-        let v = s.value(i).unwrap_or(Value::Null);
-        return Decoded::Message(Some(raw(v.get("message").unwrap_or(&Value::Null))));
+        // Pi pushes `entry.message` even when it is missing (JSON `null`).
+        return Decoded::Message(Some(s.raw_message(i).unwrap_or(Cow::Borrowed("null"))));
     }
     Decoded::Other(s.value(i).unwrap_or(Value::Null))
 }
 
-fn emit(kind: Kind, v: &mut Decoded, out: &mut Vec<Box<RawValue>>) {
+fn emit<'a>(kind: Kind, v: &mut Decoded<'a>, out: &mut Vec<Cow<'a, str>>) {
     let v = match v {
         Decoded::Message(m) => {
-            out.push(m.take().unwrap_or_else(null_raw));
+            out.push(m.take().unwrap_or(Cow::Borrowed("null")));
             return;
         }
         Decoded::Other(v) => &*v,
@@ -225,7 +216,7 @@ fn emit(kind: Kind, v: &mut Decoded, out: &mut Vec<Box<RawValue>>) {
 }
 
 /// JavaScript truthiness of a JSON value.
-pub(crate) fn truthy(v: &Value) -> bool {
+pub fn truthy(v: &Value) -> bool {
     match v {
         Value::Null => false,
         Value::Bool(b) => *b,

@@ -28,7 +28,7 @@ pub const MAX_LINE_BYTES: usize = 256 * 1024;
 pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;
 /// The whole answer.
 pub const MAX_RESPONSE_BYTES: usize = 6 * 1024 * 1024;
-const FIRST_WINDOW: u64 = 512 * 1024;
+const FIRST_WINDOW: u64 = 128 * 1024;
 /// The largest tail read.
 pub const MAX_WINDOW: u64 = 64 * 1024 * 1024;
 const OMITTED: &str = "[chat.history omitted: message too large]";

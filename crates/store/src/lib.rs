@@ -61,36 +61,48 @@ impl LeafArg {
 
 /// `pincer transcript context` output: `{sessionId, leafId, entries, context}` (the same values as
 /// Pi's oracle prints), plus `warnings` when Pincer had to work around something Pi cannot read.
-#[derive(serde::Serialize)]
-pub struct ContextReport {
-    #[serde(rename = "sessionId")]
+pub struct ContextReport<'a> {
     pub session_id: Option<String>,
-    #[serde(rename = "leafId")]
     pub leaf_id: Value,
     pub entries: usize,
-    pub context: ContextBody,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub context: Context<'a>,
     pub warnings: Vec<String>,
 }
 
-/// `{messages, thinkingLevel, model}` with the messages as raw JSON.
-#[derive(serde::Serialize)]
-pub struct ContextBody {
-    pub messages: Vec<Box<serde_json::value::RawValue>>,
-    #[serde(rename = "thinkingLevel")]
-    pub thinking_level: Value,
-    pub model: Value,
-}
-
-impl ContextReport {
+impl ContextReport<'_> {
     /// As a `Value` (decodes every message: for tests and small files).
     pub fn to_value(&self) -> Value {
-        serde_json::to_value(self).unwrap_or(Value::Null)
+        let mut v = serde_json::json!({
+            "sessionId": self.session_id,
+            "leafId": self.leaf_id,
+            "entries": self.entries,
+            "context": self.context.to_json(),
+        });
+        if !self.warnings.is_empty() {
+            v["warnings"] = serde_json::json!(self.warnings);
+        }
+        v
+    }
+
+    /// Writes the report as one line of JSON, messages exactly as they are in the file.
+    pub fn write_json(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        write!(
+            out,
+            "{{\"sessionId\":{},\"leafId\":{},\"entries\":{},\"context\":",
+            serde_json::json!(self.session_id),
+            self.leaf_id,
+            self.entries
+        )?;
+        self.context.write_json(out)?;
+        if !self.warnings.is_empty() {
+            write!(out, ",\"warnings\":{}", serde_json::json!(self.warnings))?;
+        }
+        out.write_all(b"}\n")
     }
 }
 
 /// Builds the [`ContextReport`] of a session at a leaf.
-pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<ContextReport, StoreError> {
+pub fn context_report<'a>(s: &'a Session, leaf: &LeafArg) -> Result<ContextReport<'a>, StoreError> {
     let leaf = match leaf {
         LeafArg::Default => s.leaf.clone(),
         LeafArg::Null => Leaf::Null,
@@ -123,7 +135,7 @@ pub fn context_report(s: &Session, leaf: &LeafArg) -> Result<ContextReport, Stor
         session_id: s.session_id().map(str::to_owned),
         leaf_id,
         entries: s.entries.len(),
-        context: ContextBody { messages: ctx.messages, thinking_level: ctx.thinking_level, model: ctx.model },
+        context: ctx,
         warnings,
     })
 }

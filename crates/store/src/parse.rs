@@ -34,7 +34,7 @@ pub(crate) fn is_blank(line: &[u8]) -> bool {
 
 /// An id or parent id as a map key. Strings are kept as they are; other JSON scalars (which Pi would
 /// also use as `Map` keys) get a prefix that no string id can carry, so `1` never matches `"1"`.
-pub type Key = Box<str>;
+pub type Key = std::sync::Arc<str>;
 
 /// Marker for keys that came from non-string JSON values.
 const NON_STRING_KEY: char = '\u{0}';
@@ -66,6 +66,8 @@ pub(crate) struct Head<'a> {
     pub ty: Option<Cow<'a, str>>,
     pub id: Option<Key>,
     pub parent: Option<Parent>,
+    /// The raw JSON of `message` (validated, borrowed from the line).
+    pub message: Option<&'a serde_json::value::RawValue>,
 }
 
 /// Parses one line; `None` when Pi's `JSON.parse` would throw (the line is skipped).
@@ -115,6 +117,7 @@ impl<'de> Visitor<'de> for LineVisitor {
             match key.0.as_ref() {
                 "type" => head.ty = map.next_value::<KeyValue<'de>>()?.into_str(),
                 "id" => head.id = map.next_value::<KeyValue<'de>>()?.into_key(),
+                "message" => head.message = Some(map.next_value::<&'de serde_json::value::RawValue>()?),
                 "parentId" => {
                     head.parent = Some(match map.next_value::<KeyValue<'de>>()?.into_key() {
                         Some(k) if !k.is_empty() && !is_falsy_key(&k) => Parent::Id(k),

@@ -66,6 +66,8 @@ pub struct EntryRec {
     pub offset: usize,
     /// False for lines that are JSON but not objects (`42`).
     pub is_object: bool,
+    /// Byte range of the raw `message` value in the file buffer (message entries read from disk).
+    message: Option<(usize, usize)>,
     source: Source,
 }
 
@@ -207,6 +209,7 @@ impl Session {
                         parent: Parent::Absent,
                         offset: start,
                         is_object: false,
+                        message: None,
                         source: Source::Line(start, end),
                     });
                 }
@@ -250,6 +253,10 @@ impl Session {
                         parent: head.parent.unwrap_or(Parent::Absent),
                         offset: start,
                         is_object: true,
+                        message: head.message.map(|m| {
+                            let at = m.get().as_ptr() as usize - buf.as_ptr() as usize;
+                            (at, at + m.get().len())
+                        }),
                         source: Source::Line(start, end),
                     });
                 }
@@ -348,11 +355,12 @@ impl Session {
     fn find_cycle(&self) -> Option<Vec<String>> {
         // 0 = unvisited, 1 = on the current walk, 2 = known acyclic.
         let mut state = vec![0u8; self.entries.len()];
+        let mut walk = Vec::new();
         for start in 0..self.entries.len() {
             if state[start] != 0 {
                 continue;
             }
-            let mut walk = Vec::new();
+            walk.clear();
             let mut cur = Some(start);
             while let Some(i) = cur {
                 match state[i] {
@@ -372,7 +380,7 @@ impl Session {
                 walk.push(i);
                 cur = self.parent_index(i);
             }
-            for w in walk {
+            for &w in &walk {
                 state[w] = 2;
             }
         }
@@ -392,6 +400,18 @@ impl Session {
         match &self.entries[i].source {
             Source::Line(s, e) => serde_json::from_slice(&self.buf[*s..*e]).ok(),
             Source::Value(v) => Some((**v).clone()),
+        }
+    }
+
+    /// The raw JSON text of a message entry's `message`, straight from the file when possible.
+    pub fn raw_message(&self, i: usize) -> Option<std::borrow::Cow<'_, str>> {
+        let e = &self.entries[i];
+        match (&e.source, e.message) {
+            (Source::Line(..), Some((s, end))) => {
+                std::str::from_utf8(&self.buf[s..end]).ok().map(std::borrow::Cow::Borrowed)
+            }
+            (Source::Line(..), None) => None,
+            (Source::Value(v), _) => v.get("message").map(|m| std::borrow::Cow::Owned(m.to_string())),
         }
     }
 

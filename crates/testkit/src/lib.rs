@@ -48,14 +48,17 @@ pub fn oracle_dir() -> PathBuf {
 /// output (`{"error": …}` when Pi fails).
 pub fn oracle_context(file: &Path, leaf: Option<&str>) -> Value {
     let mut cmd = Command::new("node");
-    cmd.arg(oracle_dir().join("context.mjs")).arg(file);
+    // context.mjs only runs when argv[1] is its real path (it compares with import.meta.url).
+    let script = oracle_dir().join("context.mjs");
+    cmd.arg(std::fs::canonicalize(&script).unwrap_or(script)).arg(file);
     if let Some(l) = leaf {
         cmd.arg(l);
     }
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run node: {e}"));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
-            "oracle output is not JSON ({e}): {}\n{}",
+            "oracle output is not JSON ({e}); exit {:?}\nstdout: {}\nstderr: {}",
+            out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         )

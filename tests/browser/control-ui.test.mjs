@@ -1,0 +1,166 @@
+// Real-browser end to end test of OpenClaw's own Control UI (the unmodified static dist/control-ui/
+// of the pinned openclaw package) against the real `pincer gateway`, which serves it under /control/
+// (`[gateway] control_ui_dir`): connect with the token, send with Enter, stream, final, Stop, reload.
+// Asserts on the WebSocket frames, on the DOM, and on the transcript JSONL on disk.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import {
+  REPO, TOKEN, checkChain, exactlyOnce, fakeReply, launchBrowser, readTranscript, recordFrames, startFakeProvider,
+  startGateway, textOf, waitFor,
+} from "./harness.mjs";
+
+const HERE = path.join(REPO, "tests/browser");
+const PIN = JSON.parse(fs.readFileSync(path.join(HERE, "package.json"), "utf8")).pincerControlUi.package;
+const UI_DIR = process.env.PINCER_CONTROL_UI_DIR ||
+  path.join(REPO, "target/control-ui", PIN.replace("@", "-").replace("/", "-"));
+const SCREENSHOT = process.env.PINCER_CONTROL_UI_SCREENSHOT || "/tmp/pincer-control-ui.png";
+const SLOW = 45000; // the UI needs several seconds to settle (failed optional calls, polling)
+
+describe("OpenClaw Control UI against Pincer", () => {
+  let provider, gw, browser, page, frames;
+  const pageErrors = [];
+
+  before(async () => {
+    if (!fs.existsSync(path.join(UI_DIR, "index.html"))) {
+      execFileSync(process.execPath, [path.join(HERE, "fetch-control-ui.mjs"), UI_DIR], { stdio: "inherit" });
+    }
+    provider = await startFakeProvider();
+    gw = await startGateway(provider, `[gateway]\ncontrol_ui_dir = ${JSON.stringify(UI_DIR)}\n`);
+    browser = await launchBrowser();
+    page = await browser.context.newPage();
+    frames = recordFrames(page);
+    page.on("pageerror", (e) => pageErrors.push(e.message));
+  });
+  after(async () => {
+    await browser?.close();
+    await gw?.stop();
+    await provider?.close();
+  });
+
+  const out = (method) => frames.filter((f) => f.dir === "out" && f.frame.type === "req" && f.frame.method === method);
+  const resTo = (req) => frames.find((f) => f.dir === "in" && f.frame.type === "res" && f.frame.id === req.frame.id);
+  const chatEvents = (runId) =>
+    frames.filter((f) => f.dir === "in" && f.frame.event === "chat" && f.frame.payload.runId === runId).map((f) => f.frame.payload);
+  const composer = () => page.locator('textarea[aria-label="Chat composer"]');
+
+  /** Waits for the hello-ok that answers the `n`-th connect of the page. */
+  async function helloOk(n) {
+    return waitFor(`hello-ok #${n}`, () => {
+      const connects = out("connect");
+      const res = connects[n - 1] && resTo(connects[n - 1]);
+      return res && res.frame.ok && res.frame.payload.type === "hello-ok" ? { connect: connects[n - 1].frame, hello: res.frame.payload } : null;
+    }, SLOW);
+  }
+
+  /** Sends `text` with Enter and returns the run id the gateway gave it. */
+  async function sendWithEnter(text) {
+    const before = out("chat.send").length;
+    await composer().fill(text);
+    await composer().press("Enter");
+    const req = await waitFor(`chat.send of ${JSON.stringify(text)}`, () => out("chat.send")[before], SLOW);
+    assert.equal(req.frame.params.message, text);
+    assert.equal(req.frame.params.sessionKey, "agent:main:main");
+    const res = await waitFor("the chat.send answer", () => resTo(req), SLOW);
+    assert.equal(res.frame.ok, true, JSON.stringify(res.frame.error));
+    assert.equal(res.frame.payload.status, "started");
+    return res.frame.payload.runId;
+  }
+
+  test("loads from /control/, connects with the token and gets the chat surface it needs", async () => {
+    await page.goto(`${gw.url}/control/#token=${TOKEN}`);
+    const { connect, hello } = await helloOk(1);
+    assert.equal(connect.params.auth.token, TOKEN, "the UI sent the token from the URL fragment");
+    assert.ok(frames[0].url.startsWith(`ws://127.0.0.1:${gw.port}/`), `the UI found the gateway on its own origin: ${frames[0].url}`);
+    for (const m of ["chat.startup", "chat.history", "chat.send", "chat.abort"]) {
+      assert.ok(hello.features.methods.includes(m), `hello-ok advertises ${m}`);
+    }
+    assert.ok(hello.auth.scopes.includes("operator.write"), "operator.write is granted (the Stop button needs it)");
+    const startup = await waitFor("chat.startup", () => out("chat.startup")[0], SLOW);
+    const startupRes = await waitFor("the chat.startup answer", () => resTo(startup), SLOW);
+    assert.equal(startupRes.frame.ok, true, JSON.stringify(startupRes.frame.error));
+    await composer().waitFor({ state: "visible", timeout: SLOW });
+    assert.ok(!page.url().includes(TOKEN), "the token was taken out of the address bar");
+  });
+
+  let first;
+  test("Enter sends; the reply streams on the wire and the final shows on the page", async () => {
+    const said = "Hello from the Control UI";
+    const runId = await sendWithEnter(said);
+    await page.getByText(fakeReply(said), { exact: true }).first().waitFor({ timeout: SLOW });
+    const evs = chatEvents(runId);
+    const deltas = evs.filter((e) => e.state === "delta");
+    const finals = evs.filter((e) => e.state === "final");
+    assert.ok(deltas.length >= 2, `several chat deltas (${deltas.length})`);
+    assert.ok(deltas.some((d) => textOf(d.message) && textOf(d.message) !== fakeReply(said)), "a delta carried a partial reply");
+    assert.equal(finals.length, 1, "one final");
+    assert.equal(textOf(finals[0].message), fakeReply(said));
+    assert.equal(await page.getByText(said, { exact: true }).count(), 1, "the user turn shows once");
+    assert.equal(await page.getByText(fakeReply(said), { exact: true }).count(), 1, "the reply shows once");
+
+    const msgs = checkChain(readTranscript(gw.stateDir));
+    assert.equal(exactlyOnce(msgs, "user", said).idempotencyKey, `${runId}:user`);
+    exactlyOnce(msgs, "assistant", fakeReply(said));
+    assert.equal(msgs.length, 2);
+    first = { said, runId };
+  });
+
+  test("Stop generating stops a streaming run; the partial is kept", async () => {
+    assert.ok(first, "the first turn went through");
+    const said = "Now a long one [slow]";
+    const runId = await sendWithEnter(said);
+    // The reply streams in the page, word by word.
+    await page.getByText(/word3 /).first().waitFor({ timeout: SLOW });
+    // The UI takes a session.message without `hasActiveRun: true` for the end of the run and hides
+    // Stop while the reply still streams: the user row of a running turn must say it runs.
+    const userRow = frames.find((f) => f.dir === "in" && f.frame.event === "session.message" &&
+      f.frame.payload.message?.idempotencyKey === `${runId}:user`);
+    assert.ok(userRow, "the user row was announced");
+    assert.equal(userRow.frame.payload.hasActiveRun, true, "the user row's session.message says the session runs");
+    assert.ok(userRow.frame.payload.activeRunIds.includes(runId));
+    const stop = page.locator('button[aria-label="Stop generating"]');
+    await stop.waitFor({ state: "visible", timeout: SLOW });
+    assert.equal(chatEvents(runId).filter((e) => e.state !== "delta").length, 0, "Stop is shown while the reply streams");
+    await stop.click();
+
+    const clickedAt = Date.now();
+    const aborted = await waitFor("the aborted chat event", () => chatEvents(runId).find((e) => e.state === "aborted"), SLOW)
+      .catch((e) => {
+        const trace = frames.filter((f) => f.t >= clickedAt - 3000 && f.frame.event !== "tick")
+          .map((f) => `${f.t - clickedAt} ${f.dir} ${JSON.stringify(f.frame).slice(0, 160)}`);
+        throw new Error(`${e.message}; frames around the click:\n${trace.join("\n")}`);
+      });
+    const abortReq = [...out("chat.abort"), ...out("sessions.abort")];
+    assert.equal(abortReq.length, 1, `one abort request: ${JSON.stringify(abortReq.map((f) => f.frame))}`);
+    const abortRes = await waitFor("the abort answer", () => resTo(abortReq[0]), SLOW);
+    assert.equal(abortRes.frame.ok, true, JSON.stringify(abortRes.frame.error));
+    const partial = textOf(aborted.message);
+    assert.match(partial, /^word0 word1 word2 word3 /, "the partial is what streamed");
+    assert.ok(!partial.includes("word39"), "the run was cut before its end");
+    assert.equal(chatEvents(runId).filter((e) => e.state === "final").length, 0, "no final after the stop");
+    await stop.waitFor({ state: "hidden", timeout: SLOW });
+    await page.getByText(partial.trim()).first().waitFor({ timeout: SLOW });
+
+    const msgs = checkChain(readTranscript(gw.stateDir));
+    exactlyOnce(msgs, "user", said);
+    const kept = exactlyOnce(msgs, "assistant", partial);
+    assert.equal(kept.openclawAbort?.aborted, true);
+    assert.equal(msgs.length, 4);
+  });
+
+  test("a reload shows the thread from history", async () => {
+    assert.ok(first, "the first turn went through");
+    const connects = out("connect").length;
+    await page.reload();
+    await helloOk(connects + 1);
+    await page.getByText(fakeReply(first.said), { exact: true }).first().waitFor({ timeout: SLOW });
+    assert.equal(await page.getByText(first.said, { exact: true }).count(), 1, "the first user turn shows once");
+    assert.equal(await page.getByText(fakeReply(first.said), { exact: true }).count(), 1, "the first reply shows once");
+    await page.getByText("Now a long one [slow]", { exact: true }).waitFor({ timeout: SLOW });
+    await page.getByText(/^word0 word1 word2 word3 /).first().waitFor({ timeout: SLOW });
+    await page.screenshot({ path: SCREENSHOT });
+    assert.deepEqual(pageErrors, [], "no uncaught errors in the page");
+  });
+});

@@ -1,0 +1,245 @@
+// Shared setup of the browser tests: a fake OpenAI-compatible provider (a real Node HTTP server),
+// the real `pincer gateway` process on port 0 with a temp state dir, Debian's Chromium driven by
+// playwright-core, and readers for the transcript JSONL that the gateway wrote to disk.
+import { spawn } from "node:child_process";
+import { once } from "node:events";
+import fs from "node:fs";
+import http from "node:http";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import assert from "node:assert/strict";
+import { chromium } from "playwright-core";
+
+export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+export const PINCER_BIN = process.env.PINCER_BIN || path.join(REPO, "target/debug/pincer");
+export const CHROMIUM = process.env.PINCER_CHROMIUM || "/usr/bin/chromium";
+export const TOKEN = "browser-test-token-0123456789";
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** The last user message of an OpenAI chat-completions request body, as text. */
+function lastUserText(body) {
+  const msgs = Array.isArray(body?.messages) ? body.messages : [];
+  const m = [...msgs].reverse().find((x) => x.role === "user");
+  if (!m) return "";
+  if (typeof m.content === "string") return m.content;
+  if (Array.isArray(m.content)) return m.content.map((p) => p.text || "").join("");
+  return "";
+}
+
+/** The reply the fake provider streams for a user message (without `[slow]`). */
+export function fakeReply(said) {
+  return `Fake reply: you said "${said}"`;
+}
+
+/**
+ * Starts the fake provider on 127.0.0.1:0. POST /v1/chat/completions answers with an SSE stream in
+ * OpenAI's framing: a role chunk, content deltas, a finish chunk, a usage chunk, `data: [DONE]`.
+ * A message containing `[slow]` streams 40 chunks ("word0 " …) 150 ms apart and stops early when
+ * the client hangs up (that is what an abort looks like from here).
+ */
+export async function startFakeProvider() {
+  const requests = [];
+  const server = http.createServer(async (req, res) => {
+    if (req.method !== "POST" || !req.url.endsWith("/chat/completions")) {
+      res.writeHead(404, { "content-type": "application/json" });
+      res.end(JSON.stringify({ error: { message: `no route ${req.method} ${req.url}` } }));
+      return;
+    }
+    let raw = "";
+    for await (const c of req) raw += c;
+    let body = {};
+    try { body = JSON.parse(raw); } catch { /* recorded as {} */ }
+    requests.push(body);
+    const said = lastUserText(body);
+    let closed = false;
+    res.on("close", () => { closed = true; });
+    res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "close" });
+    const chunk = (delta, finish = null, extra = {}) =>
+      `data: ${JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1, model: "fake-model",
+        choices: [{ index: 0, delta, finish_reason: finish }], ...extra })}\n\n`;
+    res.write(chunk({ role: "assistant", content: "" }));
+    const slow = said.includes("[slow]");
+    const pieces = slow
+      ? Array.from({ length: 40 }, (_, i) => `word${i} `)
+      : fakeReply(said).split(/(?<= )/);
+    for (const p of pieces) {
+      if (closed) return;
+      res.write(chunk({ content: p }));
+      await sleep(slow ? 150 : 40);
+    }
+    if (closed) return;
+    res.write(chunk({}, "stop"));
+    res.write(`data: ${JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1, model: "fake-model",
+      choices: [], usage: { prompt_tokens: 12, completion_tokens: pieces.length, total_tokens: 12 + pieces.length } })}\n\n`);
+    res.write("data: [DONE]\n\n");
+    res.end();
+  });
+  server.listen(0, "127.0.0.1");
+  await once(server, "listening");
+  const { port } = server.address();
+  return {
+    baseUrl: `http://127.0.0.1:${port}/v1`,
+    requests,
+    close: () => new Promise((r) => { server.closeAllConnections?.(); server.close(() => r()); }),
+  };
+}
+
+/**
+ * Starts `pincer gateway --bind 127.0.0.1:0` with a fresh state dir whose pincer.toml points at the
+ * fake provider (plus `extraToml`), and waits for `listening on ws://127.0.0.1:PORT` on stderr.
+ */
+export async function startGateway(provider, extraToml = "") {
+  assert.ok(fs.existsSync(PINCER_BIN), `no pincer binary at ${PINCER_BIN}: run cargo build -p pincer or set PINCER_BIN`);
+  const root = fs.mkdtempSync(path.join(os.tmpdir(), "pincer-browser-"));
+  const stateDir = path.join(root, "state");
+  fs.mkdirSync(stateDir, { recursive: true });
+  const toml = [
+    extraToml,
+    "[models.providers.fake]",
+    'api = "openai-completions"',
+    `base_url = "${provider.baseUrl}"`,
+    'api_key = "test-key"',
+    "[[models.providers.fake.models]]",
+    'id = "fake-model"',
+    "context_window = 32000",
+    "[agents.defaults]",
+    'model = "fake/fake-model"',
+    "",
+  ].join("\n");
+  fs.writeFileSync(path.join(stateDir, "pincer.toml"), toml);
+  const env = { ...process.env, PINCER_GATEWAY_TOKEN: TOKEN, PINCER_LOG: "info" };
+  for (const k of ["OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "PINCER_MODEL", "PINCER_STATE_DIR"]) delete env[k];
+  const child = spawn(PINCER_BIN, ["gateway", "--bind", "127.0.0.1:0", "--state-dir", stateDir],
+    { env, stdio: ["ignore", "ignore", "pipe"] });
+  const log = [];
+  let exited = null;
+  child.on("exit", (code, sig) => { exited = { code, sig }; });
+  const port = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the gateway did not start within 30 s:\n${log.join("\n")}`)), 30000);
+    let buf = "";
+    child.stderr.setEncoding("utf8");
+    child.stderr.on("data", (d) => {
+      buf += d;
+      let i;
+      while ((i = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, i); buf = buf.slice(i + 1);
+        log.push(line);
+        const m = line.match(/listening on ws:\/\/127\.0\.0\.1:(\d+)/);
+        if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+      }
+    });
+    child.on("exit", (code) => { clearTimeout(timer); reject(new Error(`the gateway exited (${code}) before listening:\n${log.join("\n")}`)); });
+  });
+  return {
+    port, stateDir, root, log, child,
+    url: `http://127.0.0.1:${port}`,
+    async stop() {
+      if (exited === null) {
+        child.kill("SIGTERM");
+        const t = setTimeout(() => child.kill("SIGKILL"), 10000);
+        await once(child, "exit").catch(() => {});
+        clearTimeout(t);
+      }
+      fs.rmSync(root, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Launches Debian's Chromium headless with a fresh user-data-dir (never a downloaded browser). */
+export async function launchBrowser() {
+  assert.ok(fs.existsSync(CHROMIUM), `no Chromium at ${CHROMIUM}: apt-get install -y chromium`);
+  const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), "pincer-chromium-"));
+  const context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    viewport: { width: 1100, height: 760 },
+  });
+  return {
+    context,
+    async close() {
+      await context.close().catch(() => {});
+      fs.rmSync(userDataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/**
+ * Records the WebSocket frames of a page (both directions, parsed JSON) so tests can assert on the
+ * wire as well as on the DOM.
+ */
+export function recordFrames(page) {
+  const frames = [];
+  page.on("websocket", (ws) => {
+    const push = (dir) => (ev) => {
+      const data = typeof ev.payload === "string" ? ev.payload : ev.payload.toString("utf8");
+      try { frames.push({ dir, url: ws.url(), t: Date.now(), frame: JSON.parse(data) }); } catch { /* not JSON */ }
+    };
+    ws.on("framesent", push("out"));
+    ws.on("framereceived", push("in"));
+  });
+  return frames;
+}
+
+/** Polls `fn` until it returns a truthy value (generous default: 20 s); throws with `what` otherwise. */
+export async function waitFor(what, fn, timeoutMs = 20000) {
+  const end = Date.now() + timeoutMs;
+  let last;
+  for (;;) {
+    try { last = await fn(); } catch (e) { last = e; }
+    if (last && !(last instanceof Error)) return last;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}${last instanceof Error ? `: ${last.message}` : ""}`);
+    await sleep(100);
+  }
+}
+
+/** The text of a transcript message (string content or text blocks). */
+export function textOf(msg) {
+  if (!msg) return "";
+  if (typeof msg.content === "string") return msg.content;
+  if (Array.isArray(msg.content)) return msg.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+  return "";
+}
+
+/** The lines of the main session's transcript: sessions.json → sessionId → `<sessionId>.jsonl`. */
+export function readTranscript(stateDir, sessionKey = "agent:main:main") {
+  const dir = path.join(stateDir, "agents/main/sessions");
+  const index = JSON.parse(fs.readFileSync(path.join(dir, "sessions.json"), "utf8"));
+  const entry = index[sessionKey];
+  assert.ok(entry && entry.sessionId, `sessions.json has no ${sessionKey}: ${JSON.stringify(index)}`);
+  const file = path.join(dir, `${entry.sessionId}.jsonl`);
+  const raw = fs.readFileSync(file, "utf8");
+  assert.ok(raw.endsWith("\n"), "the transcript ends with a newline (no torn tail)");
+  return raw.trimEnd().split("\n").map((l) => JSON.parse(l));
+}
+
+/**
+ * Checks the transcript's shape — a session header, then entries with unique ids, each chained to
+ * the one before by parentId (one linear branch, as these scenarios never branch) — and returns its
+ * message entries.
+ */
+export function checkChain(lines) {
+  assert.equal(lines[0].type, "session", "the first line is the session header");
+  const entries = lines.slice(1);
+  const ids = new Set();
+  let prev = null;
+  for (const e of entries) {
+    assert.ok(e.id, `entry without id: ${JSON.stringify(e)}`);
+    assert.ok(!ids.has(e.id), `duplicate id ${e.id}`);
+    ids.add(e.id);
+    assert.equal(e.parentId ?? null, prev, `entry ${e.id} (${e.type}) is chained to the entry before it`);
+    prev = e.id;
+  }
+  return entries.filter((e) => e.type === "message").map((e) => e.message);
+}
+
+/** Asserts that exactly one message of `role` has exactly `text`, and returns it. */
+export function exactlyOnce(messages, role, text) {
+  const hits = messages.filter((m) => m.role === role && textOf(m) === text);
+  assert.equal(hits.length, 1, `exactly one ${role} message ${JSON.stringify(text)} in the transcript; roles/texts: ` +
+    JSON.stringify(messages.map((m) => [m.role, textOf(m).slice(0, 60)])));
+  return hits[0];
+}
