@@ -28,6 +28,19 @@ pub async fn serve(
     let gw = Arc::new(Gateway::new(settings)?);
     on_listening(&Listening { addr, gateway: gw.clone() });
     let app = crate::http::router(gw.clone());
+    // Activity timestamps of the session index reach disk every few seconds (and at shutdown).
+    let flusher = gw.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = flusher.shutdown.cancelled() => break,
+            }
+            let gw = flusher.clone();
+            let _ = tokio::task::spawn_blocking(move || gw.sessions.flush()).await;
+        }
+    });
     let shutdown = gw.shutdown.clone();
     let gw_stop = gw.clone();
     tokio::spawn(async move {
@@ -48,6 +61,8 @@ pub async fn serve(
     if tokio::time::timeout(Duration::from_secs(15), gw.tasks.wait()).await.is_err() {
         tracing::warn!("some runs did not finish within 15 s of shutdown");
     }
+    gw.sessions.flush();
+    gw.store.close();
     tracing::info!("stopped");
     Ok(())
 }

@@ -75,6 +75,8 @@ pub fn canonical_key(raw: &str) -> Result<(String, String), RpcError> {
 struct AgentIndex {
     path: PathBuf,
     map: Map<String, Value>,
+    /// In-memory changes not yet on disk (activity timestamps; see [`Sessions::touch`]).
+    dirty: bool,
 }
 
 /// All agents' session indexes.
@@ -121,7 +123,7 @@ impl Sessions {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Map::new(),
                 Err(e) => return Err(RpcError::unavailable(format!("{}: cannot read: {e}", path.display()))),
             };
-            agents.insert(agent.to_owned(), AgentIndex { path, map });
+            agents.insert(agent.to_owned(), AgentIndex { path, map, dirty: false });
         }
         match agents.get_mut(agent) {
             Some(idx) => f(idx),
@@ -129,10 +131,12 @@ impl Sessions {
         }
     }
 
-    fn save(idx: &AgentIndex) -> Result<(), RpcError> {
+    fn save(idx: &mut AgentIndex) -> Result<(), RpcError> {
         let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| RpcError::unavailable(e.to_string()))?;
         pincer_store::fsutil::write_private_atomically(&idx.path, &bytes)
-            .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", idx.path.display())))
+            .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", idx.path.display())))?;
+        idx.dirty = false;
+        Ok(())
     }
 
     fn to_ref(&self, key: &str, agent: &str, entry: &Map<String, Value>) -> Result<SessionRef, RpcError> {
@@ -212,12 +216,31 @@ impl Sessions {
         })
     }
 
-    /// Marks activity on a session.
+    /// Marks activity on a session. Only `updatedAt` changes, so it is kept in memory and written
+    /// by [`Sessions::flush`] (every few seconds and at shutdown), not with an fsync on every turn.
     pub fn touch(&self, s: &SessionRef) {
-        let mut m = Map::new();
-        m.insert("updatedAt".into(), json!(now_ms()));
-        if let Err(e) = self.patch(&s.key, &m) {
+        let r = self.with_index(&s.agent_id, |idx| {
+            if let Some(Value::Object(e)) = idx.map.get_mut(&s.key) {
+                e.insert("updatedAt".into(), json!(now_ms()));
+                idx.dirty = true;
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
             tracing::warn!(session = %s.key, "cannot update the session index: {}", e.message);
+        }
+    }
+
+    /// Writes every index with changes only in memory.
+    pub fn flush(&self) {
+        let mut agents = match self.agents.lock() {
+            Ok(a) => a,
+            Err(p) => p.into_inner(),
+        };
+        for idx in agents.values_mut().filter(|i| i.dirty) {
+            if let Err(e) = Self::save(idx) {
+                tracing::warn!("cannot write the session index: {}", e.message);
+            }
         }
     }
 

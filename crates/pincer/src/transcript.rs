@@ -123,7 +123,9 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
                 }
             }
             let store = Store::new(StoreOptions::default());
-            let a = store.append_with(&file, NewEntry::message(msg), session_id.as_deref()).map_err(store_failure)?;
+            let a = store.append_with(&file, NewEntry::message(msg), session_id.as_deref());
+            store.close();
+            let a = a.map_err(store_failure)?;
             print_json(&json!({"id": a.entry["id"], "parentId": a.entry["parentId"], "appended": a.appended}))?;
             Ok(0)
         }
@@ -142,7 +144,9 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
                 return Err(Failure::usage(format!("{}: no such file", file.display())));
             }
             let store = Store::new(StoreOptions::default());
-            let r = store.repair(&file).map_err(store_failure)?;
+            let r = store.repair(&file);
+            store.close();
+            let r = r.map_err(store_failure)?;
             match &r.backup {
                 None => println!("{}: nothing to repair", file.display()),
                 Some(b) => {
@@ -217,7 +221,9 @@ fn compact(
             pincer_compaction::CompactionReason::Manual,
             pincer_agent::CancellationToken::new(),
         ))
-        .map_err(|e| Failure::failed(format!("{}: {e}", file.display())))?;
+        .map_err(|e| Failure::failed(format!("{}: {e}", file.display())));
+    store.close();
+    let outcome = outcome?;
     print_json(&json!({
         "compacted": true,
         "id": outcome.entry["id"],

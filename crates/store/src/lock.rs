@@ -8,7 +8,10 @@
 //! live OpenClaw processes (which do not flock) are respected until the process is gone.
 //!
 //! Within one process the lock is re-entrant: a registry counts holders per path, so a holder that
-//! appends again never deadlocks on its own lock.
+//! appends again never deadlocks on its own lock. A released lock lingers for a few milliseconds
+//! (still flocked, still ours) so a burst of commits does not create and unlink the lock file —
+//! two metadata operations every fdatasync would otherwise have to journal — for each commit;
+//! [`LockRegistry::release_idle`] ends the linger at once (a CLI command's exit, shutdown).
 
 use crate::ids::now_iso;
 use serde_json::{json, Value};
@@ -17,7 +20,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 /// How long to wait for a lock and what to write into it.
@@ -30,6 +33,8 @@ pub struct LockOptions {
     /// A lock file without a readable body is stale once it is this old (the creator died between
     /// creating and writing it).
     pub payload_grace: Duration,
+    /// How long a released lock is kept for the next commit of this process.
+    pub linger: Duration,
 }
 
 impl Default for LockOptions {
@@ -38,6 +43,7 @@ impl Default for LockOptions {
             acquire_timeout: Duration::from_secs(60),
             max_hold: Duration::from_secs(300),
             payload_grace: Duration::from_secs(2),
+            linger: Duration::from_millis(10),
         }
     }
 }
@@ -51,10 +57,36 @@ pub enum LockError {
     Io { path: String, source: std::io::Error },
 }
 
-/// Locks this process holds, by lock-file path: (holder count, the flocked file).
+/// One lock file this process holds.
+struct Held {
+    count: usize,
+    file: File,
+    /// When the last guard was dropped (lingering), `None` while in use.
+    idle_since: Option<Instant>,
+    linger: Duration,
+}
+
+type HeldMap = Mutex<HashMap<PathBuf, Held>>;
+
+/// Locks this process holds, by lock-file path.
 #[derive(Default, Clone)]
 pub struct LockRegistry {
-    held: Arc<Mutex<HashMap<PathBuf, (usize, File)>>>,
+    held: Arc<(HeldMap, Condvar)>,
+    reaper: Arc<std::sync::OnceLock<()>>,
+}
+
+fn lock_map(m: &HeldMap) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Held>> {
+    match m.lock() {
+        Ok(h) => h,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Unlinks while still holding the flock, then closes (which releases it). While we hold the flock
+/// and live, nobody judges the file stale, so it is still ours.
+fn release(path: &Path, held: Held) {
+    let _ = std::fs::remove_file(path);
+    drop(held.file);
 }
 
 /// A held lock; dropping the last guard for a path removes the lock file.
@@ -65,25 +97,23 @@ pub struct LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let mut held = match self.registry.held.lock() {
-            Ok(h) => h,
-            Err(p) => p.into_inner(),
-        };
-        let last = match held.get_mut(&self.path) {
-            Some((n, _)) => {
-                *n -= 1;
-                *n == 0
-            }
-            None => false,
-        };
-        if last {
-            // Unlink while still holding the flock, then close (which releases it). While we hold
-            // the flock and live, nobody judges the file stale, so it is still ours.
-            if let Some((_, file)) = held.remove(&self.path) {
-                let _ = std::fs::remove_file(&self.path);
-                drop(file);
-            }
+        let (map, wake) = &*self.registry.held;
+        let mut held = lock_map(map);
+        let Some(h) = held.get_mut(&self.path) else { return };
+        h.count -= 1;
+        if h.count > 0 {
+            return;
         }
+        if h.linger.is_zero() {
+            if let Some(h) = held.remove(&self.path) {
+                release(&self.path, h);
+            }
+            return;
+        }
+        h.idle_since = Some(Instant::now());
+        drop(held);
+        self.registry.start_reaper();
+        wake.notify_all();
     }
 }
 
@@ -95,6 +125,56 @@ pub fn lock_path_for(transcript: &Path) -> PathBuf {
 }
 
 impl LockRegistry {
+    /// Releases every lingering lock now.
+    pub fn release_idle(&self) {
+        let mut held = lock_map(&self.held.0);
+        let idle: Vec<PathBuf> = held.iter().filter(|(_, h)| h.count == 0).map(|(p, _)| p.clone()).collect();
+        for p in idle {
+            if let Some(h) = held.remove(&p) {
+                release(&p, h);
+            }
+        }
+    }
+
+    /// A thread that releases locks whose linger ran out; it sleeps while nothing lingers.
+    fn start_reaper(&self) {
+        self.reaper.get_or_init(|| {
+            let held = self.held.clone();
+            let _ = std::thread::Builder::new().name("pincer-lock-reaper".into()).spawn(move || {
+                let (map, wake) = &*held;
+                let mut guard = lock_map(map);
+                loop {
+                    let now = Instant::now();
+                    let expired: Vec<PathBuf> = guard
+                        .iter()
+                        .filter(|(_, h)| h.count == 0 && h.idle_since.is_some_and(|t| now >= t + h.linger))
+                        .map(|(p, _)| p.clone())
+                        .collect();
+                    for p in expired {
+                        if let Some(h) = guard.remove(&p) {
+                            release(&p, h);
+                        }
+                    }
+                    let next = guard
+                        .values()
+                        .filter(|h| h.count == 0)
+                        .filter_map(|h| h.idle_since.map(|t| t + h.linger))
+                        .min();
+                    guard = match next {
+                        Some(at) => match wake.wait_timeout(guard, at.saturating_duration_since(Instant::now())) {
+                            Ok((g, _)) => g,
+                            Err(p) => p.into_inner().0,
+                        },
+                        None => match wake.wait(guard) {
+                            Ok(g) => g,
+                            Err(p) => p.into_inner(),
+                        },
+                    };
+                }
+            });
+        });
+    }
+
     /// Takes the lock for `transcript`, waiting (with short, growing sleeps) while a live process holds it.
     pub fn acquire(&self, transcript: &Path, opts: &LockOptions) -> Result<LockGuard, LockError> {
         let path = lock_path_for(transcript);
@@ -102,17 +182,15 @@ impl LockRegistry {
         let mut sleep = Duration::from_millis(1);
         loop {
             {
-                let mut held = match self.held.lock() {
-                    Ok(h) => h,
-                    Err(p) => p.into_inner(),
-                };
-                if let Some((n, _)) = held.get_mut(&path) {
-                    *n += 1;
+                let mut held = lock_map(&self.held.0);
+                if let Some(h) = held.get_mut(&path) {
+                    h.count += 1;
+                    h.idle_since = None;
                     return Ok(LockGuard { registry: self.clone(), path });
                 }
                 match create_lock(&path, opts) {
                     Ok(file) => {
-                        held.insert(path.clone(), (1, file));
+                        held.insert(path.clone(), Held { count: 1, file, idle_since: None, linger: opts.linger });
                         return Ok(LockGuard { registry: self.clone(), path });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -140,10 +218,7 @@ impl LockRegistry {
     }
 
     fn holds(&self, path: &Path) -> bool {
-        match self.held.lock() {
-            Ok(h) => h.contains_key(path),
-            Err(p) => p.into_inner().contains_key(path),
-        }
+        lock_map(&self.held.0).contains_key(path)
     }
 }
 
@@ -155,7 +230,9 @@ fn create_lock(path: &Path, opts: &LockOptions) -> std::io::Result<File> {
         "createdAt": now_iso(),
         "maxHoldMs": opts.max_hold.as_millis() as u64,
     });
-    if let Some(st) = process_starttime(std::process::id()) {
+    // Our own start time never changes: read /proc once.
+    static OWN_STARTTIME: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    if let Some(st) = OWN_STARTTIME.get_or_init(|| process_starttime(std::process::id())) {
         body["starttime"] = json!(st);
     }
     file.write_all(body.to_string().as_bytes())?;
@@ -268,7 +345,20 @@ mod tests {
         drop(a);
         assert!(lock_path_for(&t).exists());
         drop(b);
+        assert!(lock_path_for(&t).exists(), "lingers for the next commit");
+        let c = reg.acquire(&t, &opts).expect("taken again from the linger");
+        drop(c);
+        reg.release_idle();
         assert!(!lock_path_for(&t).exists());
+        // Without an explicit release, the linger ends by itself.
+        drop(reg.acquire(&t, &opts).expect("again"));
+        for _ in 0..200 {
+            if !lock_path_for(&t).exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!lock_path_for(&t).exists(), "the reaper released it");
     }
 
     #[test]
@@ -283,6 +373,7 @@ mod tests {
         let reg = LockRegistry::default();
         let g = reg.acquire(&t, &LockOptions::default()).expect("stale lock taken over");
         drop(g);
+        reg.release_idle();
         // A live process that does not flock (as OpenClaw): respected until the timeout.
         let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().expect("spawn");
         std::fs::write(

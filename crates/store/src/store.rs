@@ -233,6 +233,12 @@ impl Store {
         Ok(st.leaf.clone())
     }
 
+    /// Releases lock files kept for the next commit (call before a process exits; otherwise they
+    /// are released a few milliseconds after the last commit).
+    pub fn close(&self) {
+        self.inner.locks.release_idle();
+    }
+
     /// Holds the cross-process lock of `path` (re-entrant: appends in this process still go through).
     pub fn lock(&self, path: &Path) -> Result<LockGuard, StoreError> {
         Ok(self.inner.locks.acquire(&normalize(path), &self.inner.opts.lock)?)

@@ -277,6 +277,7 @@ fn the_holder_of_the_lock_can_append() {
     let guard = store.lock(&f).expect("lock");
     store.append(&f, NewEntry::message(user("inside"))).expect("re-entrant append");
     drop(guard);
+    store.close();
     assert!(!dir.path().join("s.jsonl.lock").exists());
 }
 
