@@ -16,6 +16,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
+/// Sessions whose context is kept in memory.
+const CONTEXT_CACHE_SESSIONS: usize = 256;
+
+/// A session's context as of `leaf`.
+struct CachedContext {
+    leaf: String,
+    messages: Vec<Value>,
+}
+
 /// `chat.send` dedupe window (OpenClaw: 5 min, 1000 entries).
 const DEDUPE_TTL: Duration = Duration::from_secs(300);
 const DEDUPE_MAX: usize = 1000;
@@ -72,6 +81,7 @@ pub struct Gateway {
     pub tasks: TaskTracker,
     runs: Mutex<HashMap<String, Arc<RunHandle>>>,
     dedupe: Mutex<HashMap<String, (Instant, Dedupe)>>,
+    contexts: Mutex<HashMap<std::path::PathBuf, CachedContext>>,
     next_conn: AtomicU64,
 }
 
@@ -97,6 +107,7 @@ impl Gateway {
             tasks: TaskTracker::new(),
             runs: Mutex::new(HashMap::new()),
             dedupe: Mutex::new(HashMap::new()),
+            contexts: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
         })
     }
@@ -171,15 +182,55 @@ impl Gateway {
         let store = self.store.clone();
         let path = session.path.clone();
         let sid = session.session_id.clone();
-        tokio::task::spawn_blocking(move || store.append_with(&path, entry, Some(&sid)))
+        let r = tokio::task::spawn_blocking(move || store.append_with(&path, entry, Some(&sid)))
             .await
-            .unwrap_or_else(|e| Err(StoreError::Internal(format!("append task failed: {e}"))))
+            .unwrap_or_else(|e| Err(StoreError::Internal(format!("append task failed: {e}"))));
+        // Keep the cached context in step with what was written.
+        let mut cache = lock(&self.contexts);
+        match &r {
+            Ok(a) if a.appended => {
+                let extends = cache.get(&session.path).is_some_and(|c| {
+                    Some(c.leaf.as_str()) == a.entry.get("parentId").and_then(Value::as_str)
+                        && a.entry.get("type").and_then(Value::as_str) == Some("message")
+                });
+                match (extends, cache.get_mut(&session.path), a.id()) {
+                    (true, Some(c), Some(id)) => {
+                        c.leaf = id.to_owned();
+                        c.messages.push(a.entry.get("message").cloned().unwrap_or(Value::Null));
+                    }
+                    _ => {
+                        cache.remove(&session.path);
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(_) => {
+                cache.remove(&session.path);
+            }
+        }
+        r
     }
 
-    /// The LLM context of a session's active branch (empty for a missing file).
+    /// The LLM context of a session's active branch (empty for a missing file). Served from memory
+    /// while the file's leaf is the one the cache was built at (every append of this gateway keeps
+    /// the cache in step), so a turn does not re-read a long transcript; rebuilt from the file when
+    /// anything else moved the leaf (another process, a compaction, a branch).
     pub async fn context(&self, session: &SessionRef) -> Result<Vec<Value>, String> {
         let path = session.path.clone();
-        tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+        let store = self.store.clone();
+        let leaf = {
+            let (store, path) = (store.clone(), path.clone());
+            tokio::task::spawn_blocking(move || store.leaf(&path))
+                .await
+                .map_err(|e| format!("context task failed: {e}"))?
+                .map_err(|e| e.to_string())?
+        };
+        if let (Some(leaf), Some(c)) = (&leaf, lock(&self.contexts).get(&path)) {
+            if &c.leaf == leaf {
+                return Ok(c.messages.clone());
+            }
+        }
+        let messages = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
             Ok(bytes) => {
                 let s = Session::parse(bytes);
                 Ok(build_context(&s, &s.leaf).message_values())
@@ -188,7 +239,15 @@ impl Gateway {
             Err(e) => Err(format!("{}: {e}", path.display())),
         })
         .await
-        .unwrap_or_else(|e| Err(format!("context task failed: {e}")))
+        .unwrap_or_else(|e| Err(format!("context task failed: {e}")))?;
+        if let Some(leaf) = leaf {
+            let mut cache = lock(&self.contexts);
+            if cache.len() >= CONTEXT_CACHE_SESSIONS {
+                cache.clear();
+            }
+            cache.insert(session.path.clone(), CachedContext { leaf, messages: messages.clone() });
+        }
+        Ok(messages)
     }
 }
 

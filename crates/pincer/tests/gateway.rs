@@ -144,6 +144,22 @@ async fn a_turn_is_written_once_chained_and_announced_as_written() {
     .to_value();
     assert_eq!(pincer_testkit::comparable(&pi), pincer_testkit::comparable(&ours));
     assert_eq!(pi["context"]["messages"].as_array().map(Vec::len), Some(4));
+
+    // The second request carried the whole first turn (context kept in step with the appends).
+    let texts = |req: &Value| -> Vec<String> {
+        req["messages"].as_array().expect("messages").iter().filter(|m| m["role"] != "system").map(text).collect()
+    };
+    let reqs = s.fake.requests();
+    assert_eq!(texts(&reqs[1]), vec!["hello there", "Fake reply: you said \"hello there\"", "and again"]);
+    // Another process appends between turns: the next request sees it too.
+    let note = json!({"role": "user", "content": "a note from another process", "timestamp": 1}).to_string();
+    let ok =
+        std::process::Command::new(BIN).args(["transcript", "append"]).arg(&file).args(["--message", &note]).status();
+    assert!(ok.expect("append").success());
+    send(&mut c, "main", "third", "run-3").await;
+    c.chat_end("run-3").await;
+    let last = texts(s.fake.requests().last().expect("request"));
+    assert_eq!(last[last.len() - 2..], ["a note from another process".to_string(), "third".to_string()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
