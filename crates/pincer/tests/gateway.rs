@@ -458,3 +458,37 @@ fn healthz_and_the_webchat_page_are_served() {
     assert!(log.contains("WebChat: http://"), "{log}");
     assert!(!log.contains(TOKEN), "the token must not be logged");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_provider_the_offline_echo_model_answers_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let gw = tokio::task::spawn_blocking({
+        let state = state.clone();
+        move || GatewayProcess::start(BIN, &state, "")
+    })
+    .await
+    .expect("start");
+    assert!(gw.log_text().contains("no model provider configured"), "{}", gw.log_text());
+    let mut c = Client::connect(&gw.addr).await;
+    let models = c.request("models.list", json!({})).await.expect("models");
+    assert_eq!(models["default"], "pincer/echo");
+    send(&mut c, "main", "ping", "echo-1").await;
+    let fin = c.chat_end("echo-1").await;
+    assert_eq!(fin["payload"]["state"], "final");
+    let reply = text(&fin["payload"]["message"]);
+    assert!(reply.contains(pincer_agent::ECHO_PREFIX.trim()) && reply.contains("ping"), "{reply}");
+    let l = lines(
+        &gw.state_dir.join("agents/main/sessions").join(format!(
+            "{}.jsonl",
+            serde_json::from_slice::<Value>(
+                &std::fs::read(gw.state_dir.join("agents/main/sessions/sessions.json")).expect("index")
+            )
+            .expect("json")["agent:main:main"]["sessionId"]
+                .as_str()
+                .expect("id")
+        )),
+    );
+    assert_eq!(l.len(), 3);
+    assert_eq!(l[2]["message"]["provider"], "pincer");
+}
