@@ -478,8 +478,7 @@ async fn without_a_provider_the_offline_echo_model_answers_and_says_so() {
     assert_eq!(fin["payload"]["state"], "final");
     let reply = text(&fin["payload"]["message"]);
     assert!(reply.contains(pincer_agent::ECHO_PREFIX.trim()) && reply.contains("ping"), "{reply}");
-    let l = lines(
-        &gw.state_dir.join("agents/main/sessions").join(format!(
+    let l = lines(&gw.state_dir.join("agents/main/sessions").join(format!(
             "{}.jsonl",
             serde_json::from_slice::<Value>(
                 &std::fs::read(gw.state_dir.join("agents/main/sessions/sessions.json")).expect("index")
@@ -487,8 +486,7 @@ async fn without_a_provider_the_offline_echo_model_answers_and_says_so() {
             .expect("json")["agent:main:main"]["sessionId"]
                 .as_str()
                 .expect("id")
-        )),
-    );
+        )));
     assert_eq!(l.len(), 3);
     assert_eq!(l[2]["message"]["provider"], "pincer");
 }

@@ -45,11 +45,20 @@ impl GatewayProcess {
         let (tx, rx) = std::sync::mpsc::channel();
         let log2 = log.clone();
         std::thread::spawn(move || {
+            // The address comes with the first startup line; the start counts as done with the last
+            // one (the model line), so every startup line is in the log when `start` returns.
+            let mut addr = None;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("listening on ws://").nth(1) {
-                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_owned());
+                    addr = Some(rest.split_whitespace().next().unwrap_or("").to_owned());
                 }
+                let done = line.contains("model: ") || line.contains("no model provider configured");
                 log2.lock().expect("log").push(line);
+                if done {
+                    if let Some(a) = addr.take() {
+                        let _ = tx.send(a);
+                    }
+                }
             }
         });
         let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
