@@ -135,6 +135,8 @@ pub struct Session {
     pub source_version: Option<u64>,
     pub entries: Vec<EntryRec>,
     pub by_id: HashMap<Key, usize>,
+    /// Index of each entry's parent (resolved once; walks and checks use this, not `by_id`).
+    parents: Vec<Option<usize>>,
     pub leaf: Leaf,
     pub problems: Vec<Problem>,
     /// True when a v1/v2 migration ran in memory.
@@ -152,7 +154,8 @@ impl Session {
             header: None,
             source_version: None,
             entries: Vec::new(),
-            by_id: HashMap::new(),
+            by_id: HashMap::default(),
+            parents: Vec::new(),
             leaf: Leaf::Empty,
             problems: Vec::new(),
             migrated: false,
@@ -315,12 +318,23 @@ impl Session {
         if linear > 0 {
             self.problems.push(Problem::Linear { count: linear });
         }
+        self.parents = Vec::with_capacity(self.entries.len());
         for e in &self.entries {
-            if let (Parent::Id(p), Some(id)) = (&e.parent, &e.id) {
-                if !self.by_id.contains_key(p) {
-                    self.problems.push(Problem::Orphan { id: id.to_string(), parent: p.to_string(), offset: e.offset });
+            let parent = match &e.parent {
+                Parent::Id(p) => {
+                    let found = self.by_id.get(p).copied();
+                    if let (None, Some(id)) = (found, &e.id) {
+                        self.problems.push(Problem::Orphan {
+                            id: id.to_string(),
+                            parent: p.to_string(),
+                            offset: e.offset,
+                        });
+                    }
+                    found
                 }
-            }
+                _ => None,
+            };
+            self.parents.push(parent);
         }
         self.leaf = self.leaf_from_tail();
         if let Some(ids) = self.find_cycle() {
@@ -389,10 +403,7 @@ impl Session {
 
     /// Index of the entry's parent, if it has one that exists.
     pub fn parent_index(&self, i: usize) -> Option<usize> {
-        match &self.entries[i].parent {
-            Parent::Id(p) => self.by_id.get(p).copied(),
-            _ => None,
-        }
+        self.parents.get(i).copied().flatten()
     }
 
     /// The full value of entry `i`, decoded on demand.
