@@ -240,14 +240,10 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>) {
                     _ => None,
                 };
                 let frame = protocol::event_frame(ev.name, &ev.payload_json, frame_seq);
-                match out_tx.try_send(Out::Text(frame)) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) if ev.droppable => {}
-                    Err(_) => {
-                        tracing::warn!(conn = conn_id, "closing a slow consumer: a {} event could not be queued", ev.name);
-                        kill.cancel();
-                        break;
-                    }
+                if forward(&out_tx, frame, ev.droppable) == Forwarded::Close {
+                    tracing::warn!(conn = conn_id, "closing a slow consumer: a {} event could not be queued", ev.name);
+                    kill.cancel();
+                    break;
                 }
             }
             _ = tick.tick() => {
@@ -266,6 +262,24 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>) {
     let _ = writer.await;
 }
 
+/// What happened to an event frame on its way to a connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Forwarded {
+    Queued,
+    /// The connection is behind and the event may be lost (a delta): skipped, its `seq` used.
+    Dropped,
+    /// The connection is behind and the event must not be lost (a final): close with 1008.
+    Close,
+}
+
+fn forward(out: &mpsc::Sender<Out>, frame: String, droppable: bool) -> Forwarded {
+    match out.try_send(Out::Text(frame)) {
+        Ok(()) => Forwarded::Queued,
+        Err(mpsc::error::TrySendError::Full(_)) if droppable => Forwarded::Dropped,
+        Err(_) => Forwarded::Close,
+    }
+}
+
 fn wanted(ev: &BusEvent, subs: &Subs) -> bool {
     match ev.audience {
         // Session streams go to the connections that work with that session.
@@ -277,5 +291,34 @@ fn wanted(ev: &BusEvent, subs: &Subs) -> bool {
         Audience::SessionSubscribers => {
             ev.session_key.as_ref().is_some_and(|k| crate::state::lock(&subs.messages).contains(k))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_consumer_loses_deltas_but_never_a_final() {
+        let (tx, mut rx) = mpsc::channel::<Out>(2);
+        assert_eq!(forward(&tx, "a".into(), true), Forwarded::Queued);
+        assert_eq!(forward(&tx, "b".into(), false), Forwarded::Queued);
+        assert_eq!(forward(&tx, "delta".into(), true), Forwarded::Dropped, "full: a delta is skipped");
+        assert_eq!(forward(&tx, "final".into(), false), Forwarded::Close, "full: a final closes the socket");
+        let _ = rx.try_recv();
+        assert_eq!(forward(&tx, "final".into(), false), Forwarded::Queued, "room again");
+    }
+
+    #[test]
+    fn auth_accepts_token_or_password_and_names_the_problem() {
+        let mode = AuthMode::Token("s3cret".into());
+        assert!(check_auth(&mode, &json!({"auth": {"token": "s3cret"}})).is_ok());
+        assert!(check_auth(&mode, &json!({"auth": {"token": "x", "password": "s3cret"}})).is_ok());
+        let e = check_auth(&mode, &json!({"auth": {"token": "nope"}})).expect_err("mismatch");
+        assert_eq!(e.details.as_deref(), Some(&json!({"code": "AUTH_TOKEN_MISMATCH"})));
+        let e = check_auth(&mode, &json!({})).expect_err("missing");
+        assert_eq!(e.details.as_deref(), Some(&json!({"code": "AUTH_TOKEN_MISSING"})));
+        assert!(check_auth(&AuthMode::None, &json!({})).is_ok());
+        assert!(!same_secret("abc", "abd") && same_secret("abc", "abc") && !same_secret("abc", "abcd"));
     }
 }
