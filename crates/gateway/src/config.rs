@@ -121,6 +121,18 @@ impl std::fmt::Debug for Settings {
     }
 }
 
+impl Settings {
+    /// The redactor the settings ask for: the default secret patterns plus the configured ones, or none.
+    pub fn redactor(&self) -> Result<std::sync::Arc<dyn pincer_store::redact::Redactor>, String> {
+        use pincer_store::redact::{NoRedaction, SecretRedactor};
+        Ok(if self.redact {
+            std::sync::Arc::new(SecretRedactor::new(&self.redact_patterns)?)
+        } else {
+            std::sync::Arc::new(NoRedaction)
+        })
+    }
+}
+
 /// Command-line overrides.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {

@@ -7,7 +7,7 @@ use crate::hub::Hub;
 use crate::protocol::RpcError;
 use crate::sessions::{SessionRef, Sessions};
 use pincer_agent::{CancellationToken, SessionQueue, ToolRegistry};
-use pincer_store::redact::{NoRedaction, Redactor, SecretRedactor};
+use pincer_store::redact::Redactor;
 use pincer_store::{build_context, Appended, NewEntry, Session, Store, StoreError, StoreOptions};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -87,11 +87,7 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(settings: Settings) -> Result<Gateway, String> {
-        let redactor: Arc<dyn Redactor> = if settings.redact {
-            Arc::new(SecretRedactor::new(&settings.redact_patterns)?)
-        } else {
-            Arc::new(NoRedaction)
-        };
+        let redactor = settings.redactor()?;
         let store = Store::new(StoreOptions { redactor: redactor.clone(), ..StoreOptions::default() });
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {

@@ -200,13 +200,7 @@ fn compact(
     if instructions.is_some() {
         compaction.custom_instructions = instructions;
     }
-    let redactor: std::sync::Arc<dyn pincer_store::redact::Redactor> = if settings.redact {
-        std::sync::Arc::new(
-            pincer_store::redact::SecretRedactor::new(&settings.redact_patterns).map_err(Failure::usage)?,
-        )
-    } else {
-        std::sync::Arc::new(pincer_store::redact::NoRedaction)
-    };
+    let redactor = settings.redactor().map_err(Failure::usage)?;
     let store = Store::new(StoreOptions { redactor, ..StoreOptions::default() });
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -13,27 +13,39 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
-fn sync_dir(path: &Path) -> std::io::Result<()> {
+/// Creates the directory a file goes in (0700) where missing.
+pub fn create_parent_dir(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => create_private_dir(d),
+        _ => Ok(()),
+    }
+}
+
+/// Makes a rename or a new file in `path`'s directory durable.
+pub fn sync_parent_dir(path: &Path) -> std::io::Result<()> {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => File::open(d)?.sync_all(),
         _ => Ok(()),
     }
 }
 
+/// `path` with `suffix` appended to its file name (`a.jsonl` → `a.jsonl.lock`).
+pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
 /// Replaces `path` with `bytes` (mode 0600): temp file, fsync, rename, directory fsync.
 pub fn write_private_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        create_private_dir(dir)?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
-    let tmp = PathBuf::from(tmp);
+    create_parent_dir(path)?;
+    let tmp = with_suffix(path, &format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
     let res = (|| {
         let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
-        sync_dir(path)
+        sync_parent_dir(path)
     })();
     if res.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -47,14 +59,12 @@ pub fn archive(path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {
     if !path.exists() {
         return Ok(None);
     }
-    let mut target = path.as_os_str().to_owned();
-    target.push(format!(".{reason}.{}", file_timestamp()));
-    let target = PathBuf::from(target);
+    let target = with_suffix(path, &format!(".{reason}.{}", file_timestamp()));
     if target.exists() {
         return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} exists", target.display())));
     }
     std::fs::rename(path, &target)?;
-    sync_dir(path)?;
+    sync_parent_dir(path)?;
     Ok(Some(target))
 }
 

@@ -119,9 +119,7 @@ impl Drop for LockGuard {
 
 /// `<file>.lock` beside a transcript.
 pub fn lock_path_for(transcript: &Path) -> PathBuf {
-    let mut s = transcript.as_os_str().to_owned();
-    s.push(".lock");
-    PathBuf::from(s)
+    crate::fsutil::with_suffix(transcript, ".lock")
 }
 
 impl LockRegistry {

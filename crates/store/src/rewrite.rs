@@ -2,6 +2,7 @@
 //! file + fsync + rename + directory fsync, keeping a backup) and cutting a torn last line (saved
 //! beside the file first).
 
+use crate::fsutil::{sync_parent_dir, with_suffix};
 use crate::ids::now_iso;
 use crate::StoreError;
 use std::fs::{File, OpenOptions};
@@ -13,12 +14,6 @@ fn io_err(path: &Path, source: std::io::Error) -> StoreError {
     StoreError::Io { path: path.display().to_string(), source }
 }
 
-fn sibling(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
 /// `<ISO time with ':' and '.' made file-safe>`, as OpenClaw names archives.
 pub fn file_timestamp() -> String {
     now_iso().replace(':', "-")
@@ -27,15 +22,15 @@ pub fn file_timestamp() -> String {
 /// Replaces `path` with `content` atomically and durably; the old file is kept as
 /// `<path>.bak.<timestamp>` (returned).
 pub fn replace_atomically(path: &Path, content: &[u8]) -> Result<PathBuf, StoreError> {
-    let tmp = sibling(path, &format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
+    let tmp = with_suffix(path, &format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
     let result = (|| {
         let mut f =
             OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(|e| io_err(&tmp, e))?;
         f.write_all(content).map_err(|e| io_err(&tmp, e))?;
         f.sync_all().map_err(|e| io_err(&tmp, e))?;
-        let mut backup = sibling(path, &format!(".bak.{}", file_timestamp()));
+        let mut backup = with_suffix(path, &format!(".bak.{}", file_timestamp()));
         while backup.exists() {
-            backup = sibling(path, &format!(".bak.{}.{}", file_timestamp(), crate::ids::short_id()));
+            backup = with_suffix(path, &format!(".bak.{}.{}", file_timestamp(), crate::ids::short_id()));
         }
         if std::fs::hard_link(path, &backup).is_err() {
             std::fs::copy(path, &backup).map_err(|e| io_err(&backup, e))?;
@@ -52,10 +47,7 @@ pub fn replace_atomically(path: &Path, content: &[u8]) -> Result<PathBuf, StoreE
 }
 
 fn sync_parent(path: &Path) -> Result<(), StoreError> {
-    if let Some(dir) = path.parent() {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
-    }
-    Ok(())
+    sync_parent_dir(path).map_err(|e| io_err(path, e))
 }
 
 /// Removes an interrupted last line (bytes `at..len`) before appending, after saving those bytes
@@ -71,7 +63,7 @@ pub fn cut_torn_tail(path: &Path, file: Option<&File>, at: u64, len: u64) -> Res
     };
     let mut frag = vec![0u8; (len - at) as usize];
     std::os::unix::fs::FileExt::read_exact_at(file, &mut frag, at).map_err(|e| io_err(path, e))?;
-    let side = sibling(path, &format!(".torn.{}", file_timestamp()));
+    let side = with_suffix(path, &format!(".torn.{}", file_timestamp()));
     let mut f = OpenOptions::new().create(true).append(true).mode(0o600).open(&side).map_err(|e| io_err(&side, e))?;
     f.write_all(&frag).and_then(|_| f.sync_all()).map_err(|e| io_err(&side, e))?;
     file.set_len(at).map_err(|e| io_err(path, e))?;

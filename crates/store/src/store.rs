@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -263,12 +263,7 @@ impl Store {
 
 /// Creates the transcript's directory (0700) if needed.
 fn create_dir(path: &Path) -> Result<(), StoreError> {
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io_err(path))
-        }
-        _ => Ok(()),
-    }
+    crate::fsutil::create_parent_dir(path).map_err(io_err(path))
 }
 
 /// Absolute, with the directory's symlinks resolved (the file itself may not exist yet).
@@ -586,7 +581,7 @@ impl FileState {
             return Err(io_err(path)(e));
         }
         if created {
-            sync_dir(path).map_err(io_err(path))?;
+            crate::fsutil::sync_parent_dir(path).map_err(io_err(path))?;
         }
         // Every write ends with a newline.
         self.len += bytes.len() as u64;
@@ -654,13 +649,6 @@ fn index_line(index: &mut FullIndex, h: &parse::Head<'_>, line: &[u8], offset: u
                 index.idem.insert(hash_str(k), offset);
             }
         }
-    }
-}
-
-fn sync_dir(path: &Path) -> std::io::Result<()> {
-    match path.parent() {
-        Some(dir) => File::open(dir)?.sync_all(),
-        None => Ok(()),
     }
 }
 

@@ -23,13 +23,8 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
         messages.push(json!({"role": "system", "content": system}));
     }
     let mut pending_images: Vec<Value> = Vec::new();
-    let flush_images = |messages: &mut Vec<Value>, pending: &mut Vec<Value>| {
-        if !pending.is_empty() {
-            let mut content = vec![json!({"type": "text", "text": "Attached image(s) from tool result:"})];
-            content.append(pending);
-            messages.push(json!({"role": "user", "content": content}));
-        }
-    };
+    let flush_images =
+        |messages: &mut Vec<Value>, pending: &mut Vec<Value>| wire::flush_tool_images(messages, pending, "text");
     for msg in wire::prepare(&req.messages) {
         let role = wire::role(&msg);
         if role != "toolResult" {

@@ -21,13 +21,8 @@ use crate::sse::SseEvent;
 pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest {
     let mut input = Vec::new();
     let mut pending_images: Vec<Value> = Vec::new();
-    let flush_images = |input: &mut Vec<Value>, pending: &mut Vec<Value>| {
-        if !pending.is_empty() {
-            let mut content = vec![json!({"type": "input_text", "text": "Attached image(s) from tool result:"})];
-            content.append(pending);
-            input.push(json!({"role": "user", "content": content}));
-        }
-    };
+    let flush_images =
+        |input: &mut Vec<Value>, pending: &mut Vec<Value>| wire::flush_tool_images(input, pending, "input_text");
     for msg in wire::prepare(&req.messages) {
         let role = wire::role(&msg);
         if role != "toolResult" {

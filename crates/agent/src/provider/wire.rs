@@ -153,6 +153,16 @@ pub(crate) fn is_context_length_message(text: &str) -> bool {
     .any(|p| t.contains(p))
 }
 
+/// Images from tool results, which these APIs cannot carry in a tool message, go in one user message
+/// right after the results; `text_type` is the API's text block type (`text` or `input_text`).
+pub(crate) fn flush_tool_images(out: &mut Vec<Value>, pending: &mut Vec<Value>, text_type: &str) {
+    if !pending.is_empty() {
+        let mut content = vec![json!({"type": text_type, "text": "Attached image(s) from tool result:"})];
+        content.append(pending);
+        out.push(json!({"role": "user", "content": content}));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
