@@ -9,6 +9,7 @@ use crate::hook::{self, Decision};
 use crate::protocol::{int_param, required_str, str_param, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
+use crate::turns::OnDisk;
 use crate::Ctx;
 use base64::Engine;
 use pincer_agent::{start_run, RunEvent, RunRequest, TranscriptSink};
@@ -28,6 +29,22 @@ const DELTA_INTERVAL: Duration = Duration::from_millis(150);
 const MAX_ATTACHMENT_BYTES: usize = 5 * 1024 * 1024;
 const MAX_ATTACHMENTS_BYTES: usize = 20 * 1024 * 1024;
 const MAX_MESSAGE_CHARS: usize = 200_000;
+/// Longest idempotency key.
+pub const MAX_KEY_CHARS: usize = 256;
+/// Turns of one session running or waiting; beyond this `chat.send` answers "session busy".
+pub const MAX_QUEUED_PER_SESSION: usize = 32;
+
+/// An idempotency key: non-empty, at most [`MAX_KEY_CHARS`], no control characters.
+pub fn idempotency_key(params: &Value) -> Result<String, RpcError> {
+    let k = required_str(params, "idempotencyKey")?;
+    if k.chars().count() > MAX_KEY_CHARS {
+        return Err(RpcError::invalid(format!("idempotencyKey is longer than {MAX_KEY_CHARS} characters")));
+    }
+    if k.chars().any(char::is_control) {
+        return Err(RpcError::invalid("idempotencyKey must not contain control characters"));
+    }
+    Ok(k.to_owned())
+}
 
 /// NFC, no NUL, control characters other than tab/newline/CR removed.
 pub fn sanitize_message(raw: &str) -> Result<String, RpcError> {
@@ -94,7 +111,7 @@ fn slash_command(text: &str) -> Option<&'static str> {
 /// `chat.send`.
 pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
     let raw_key = required_str(params, "sessionKey")?;
-    let run_id = required_str(params, "idempotencyKey")?.to_owned();
+    let run_id = idempotency_key(params)?;
     let message = match params.get("message") {
         Some(Value::String(s)) => sanitize_message(s)?,
         None | Some(Value::Null) => String::new(),
@@ -109,20 +126,81 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
         let ids = abort_session(gw, &session.key, None, "stop-command");
         return Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}));
     }
-    match gw.dedupe_begin(&format!("chat:{run_id}")) {
+    let dedupe_key = format!("chat:{run_id}");
+    match gw.dedupe_begin(&dedupe_key) {
         Some(Dedupe::InFlight) => return Ok(json!({"runId": run_id, "status": "in_flight"})),
         Some(Dedupe::Done(r)) => return r,
         None => {}
     }
+    // The transcript remembers every key that reached it, across restarts and crashes.
+    let resume = match turn_on_disk(gw, &session, &run_id).await {
+        Ok(OnDisk::New) => None,
+        Ok(OnDisk::Resume(user)) => Some(user),
+        Ok(OnDisk::Done(status)) => {
+            let r = Ok(json!({"runId": run_id, "status": status}));
+            gw.dedupe_finish(&dedupe_key, r.clone());
+            return r;
+        }
+        Ok(OnDisk::Interrupted) => {
+            let r = Ok(json!({"runId": run_id, "status": "interrupted"}));
+            gw.dedupe_finish(&dedupe_key, r.clone());
+            return r;
+        }
+        Err(e) => {
+            gw.dedupe_forget(&dedupe_key);
+            return Err(e);
+        }
+    };
+    if gw.runs_of(&session.key).len() >= MAX_QUEUED_PER_SESSION {
+        gw.dedupe_forget(&dedupe_key);
+        return Err(RpcError::unavailable(format!(
+            "session busy: {MAX_QUEUED_PER_SESSION} turns are already running or waiting in {}; send again when one has finished",
+            session.key
+        )));
+    }
     let run = gw.register_run(&run_id, &session.key, ctx.conn_id);
     let acked = ctx.after_response();
-    let gw2 = gw.clone();
-    let turn = Turn { gw: gw2, session, run, text: message, images };
+    let turn = Turn { gw: gw.clone(), session, run, text: message, images, resume };
     gw.tasks.spawn(async move {
         let _ = acked.await; // the ack goes out before any event of the run
-        turn.execute().await;
+        let (gw, session, run) = (turn.gw.clone(), turn.session.clone(), turn.run.clone());
+        if let Err(e) = tokio::spawn(turn.execute()).await {
+            let what = match e.try_into_panic() {
+                Ok(p) => p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".into()),
+                Err(e) => e.to_string(),
+            };
+            Turn { gw, session, run, text: String::new(), images: vec![], resume: None }.crashed(&what).await;
+        }
     });
     Ok(json!({"runId": run_id, "status": "started"}))
+}
+
+/// [`crate::turns::on_disk`] off the async threads; errors name the transcript.
+async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Result<OnDisk, RpcError> {
+    let (store, path, id) = (gw.store.clone(), session.path.clone(), run_id.to_owned());
+    tokio::task::spawn_blocking(move || crate::turns::on_disk(&store, &path, &id))
+        .await
+        .map_err(|e| RpcError::unavailable(format!("transcript check failed: {e}")))?
+        .map_err(|e| RpcError::unavailable(format!("cannot read the transcript to check idempotencyKey: {e}")))
+}
+
+/// `errorKind` and a user-facing cause for a failed transcript write.
+pub fn persist_failure(e: &pincer_store::StoreError) -> (&'static str, String) {
+    use std::io::ErrorKind as K;
+    let why = match e {
+        pincer_store::StoreError::Io { source, .. } => match source.kind() {
+            K::StorageFull => "the disk is full",
+            K::ReadOnlyFilesystem => "the file system is read-only",
+            K::PermissionDenied => "permission denied",
+            _ => "an I/O error",
+        },
+        _ => "a store error",
+    };
+    ("persistence", format!("the turn could not be saved ({why}): {e}"))
 }
 
 /// Aborts the runs of a session (or one run); returns the ids that were aborted.
@@ -160,6 +238,8 @@ struct Turn {
     run: Arc<RunHandle>,
     text: String,
     images: Vec<Value>,
+    /// The turn's user entry when it is being resumed after a restart (nothing new is written).
+    resume: Option<Value>,
 }
 
 impl Turn {
@@ -214,7 +294,11 @@ impl Turn {
             }
         };
         self.agent_event("lifecycle", json!({"phase": "start"}));
-        if let Some(cmd) = slash_command(&self.text).filter(|_| self.images.is_empty()) {
+        let command = slash_command(&self.text).filter(|_| self.images.is_empty());
+        if let (Some(_), Some(_)) = (command, &self.resume) {
+            self.reply("This command was interrupted by a restart before it was answered; send it again.").await;
+            self.finish(Ok(json!({"runId": self.run.run_id, "status": "interrupted"})));
+        } else if let Some(cmd) = command {
             self.no_agent(cmd).await;
         } else {
             self.agent_turn().await;
@@ -235,9 +319,9 @@ impl Turn {
         Value::Array(blocks)
     }
 
-    /// Appends the user turn and announces it. When the append fails the turn still goes on (the
-    /// live session stays useful) and the event carries the unsaved message; the failure is logged.
-    async fn write_user(&self, text: &str, extra: Option<(&str, Value)>) -> (Value, bool) {
+    /// Appends the user turn and announces it. When the append fails nothing is announced and
+    /// nothing runs: the client gets a `chat` error naming the cause, and `None` comes back.
+    async fn write_user(&self, text: &str, extra: Option<(&str, Value)>) -> Option<Value> {
         let mut msg = json!({
             "role": "user",
             "content": self.user_content(text),
@@ -247,18 +331,38 @@ impl Turn {
         if let Some((k, v)) = extra {
             msg[k] = v;
         }
-        match self.gw.append(&self.session, NewEntry::message(msg.clone())).await {
+        match self.gw.append(&self.session, NewEntry::message(msg)).await {
             Ok(a) => {
                 self.session_message(&a.entry);
-                (a.entry["message"].clone(), true)
+                Some(a.entry["message"].clone())
             }
             Err(e) => {
-                tracing::warn!(session = %self.session.key, run = %self.run.run_id,
-                    "user turn append failed; continuing without persisting it: {e}");
-                self.session_message(&json!({"message": msg}));
-                (msg, false)
+                let (kind, message) = persist_failure(&e);
+                self.fail(&message, kind, None);
+                None
             }
         }
+    }
+
+    /// The run task panicked: a chained error row (keyed, so a resend sees the turn as done) and
+    /// a `chat` error.
+    async fn crashed(&self, what: &str) {
+        let text = format!("internal error: the run stopped unexpectedly ({what})");
+        let mut msg = injected_message(&text, Some(&format!("{}:assistant", self.run.run_id)), None);
+        msg["stopReason"] = json!("error");
+        msg["errorMessage"] = json!(text);
+        let entry = match self.gw.append(&self.session, NewEntry::message(msg)).await {
+            Ok(a) => {
+                self.session_message(&a.entry);
+                Some(a.entry)
+            }
+            Err(e) => {
+                tracing::warn!(session = %self.session.key, "cannot record the crashed run: {e}");
+                None
+            }
+        };
+        self.fail(&text, "internal", entry.as_ref());
+        self.agent_event("lifecycle", json!({"phase": "end"}));
     }
 
     /// Appends a gateway-injected assistant row and sends it as the final.
@@ -279,7 +383,9 @@ impl Turn {
     }
 
     async fn no_agent(&self, cmd: &str) {
-        self.write_user(&self.text, None).await;
+        if self.write_user(&self.text, None).await.is_none() {
+            return;
+        }
         let text = match cmd {
             "status" => {
                 let runs = self.gw.runs_of(&self.session.key).len().saturating_sub(1);
@@ -301,12 +407,14 @@ impl Turn {
                         Some(p) => format!("Started a new session. The previous transcript was kept as {}.", p.display()),
                         None => "Started a new session.".into(),
                     };
+                    self.gw.hub.forget_session(&self.session.key);
                     let turn = Turn {
                         gw: self.gw.clone(),
                         session: fresh,
                         run: self.run.clone(),
                         text: String::new(),
                         images: vec![],
+                        resume: None,
                     };
                     self.gw.hub.publish(
                         "sessions.changed",
@@ -336,33 +444,47 @@ impl Turn {
         self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
     }
 
-    async fn agent_turn(&self) {
+    /// The hook, then the user row. False when the turn ends here (blocked, or not written).
+    async fn admit_user(&self) -> bool {
         // The before_agent_run hook decides before anything is written or shown.
         if let Some(h) = &self.gw.settings.hook {
             match hook::decide(h, &self.session.key, &self.text).await {
                 Decision::Allow => {}
                 Decision::Block { reason, replacement } => {
                     let shown = replacement.unwrap_or_else(|| "[message blocked]".into());
-                    self.write_user(&shown, Some(("openclawHookBlock", json!({"blocked": true, "reason": reason}))))
-                        .await;
+                    let block = json!({"blocked": true, "reason": reason});
+                    if self.write_user(&shown, Some(("openclawHookBlock", block))).await.is_none() {
+                        return false;
+                    }
                     self.reply(&format!("This message was blocked before reaching the agent: {reason}")).await;
                     self.finish(Ok(json!({"runId": self.run.run_id, "status": "blocked"})));
-                    return;
+                    return false;
                 }
             }
         }
-        let (user, persisted_user) = self.write_user(&self.text, None).await;
+        self.write_user(&self.text, None).await.is_some()
+    }
+
+    async fn agent_turn(&self) {
+        if self.resume.is_some() {
+            // The user row is on disk from before a restart: record that it runs again (once).
+            let why = "the turn's reply was never written; running it again for the same user row";
+            let marker = crate::turns::marker(crate::turns::RESUMED, &self.run.run_id, why);
+            if let Err(e) = self.gw.append(&self.session, marker).await {
+                let (kind, message) = persist_failure(&e);
+                self.fail(&message, kind, None);
+                return;
+            }
+        } else if !self.admit_user().await {
+            return;
+        }
         let mut messages = match self.gw.context(&self.session).await {
             Ok(m) => m,
             Err(e) => {
-                tracing::warn!(session = %self.session.key, "cannot read the context: {e}");
-                vec![]
+                self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                return;
             }
         };
-        if !persisted_user || messages.last().and_then(|m| m.get("idempotencyKey")) != user.get("idempotencyKey") {
-            // The user turn is not on disk (append failed): the run still sees it.
-            messages.push(user.clone());
-        }
         let model = match self.gw.settings.providers.resolve(&self.session_model()) {
             Ok(m) => m,
             Err(e) => {
@@ -388,12 +510,13 @@ impl Turn {
                     retried = true;
                     let reason = pincer_compaction::CompactionReason::Overflow;
                     match crate::compact::run(&self.gw, &self.session, reason, None, self.run.cancel.clone()).await {
-                        Ok(_) => {
-                            messages = self.gw.context(&self.session).await.unwrap_or_default();
-                            if !persisted_user {
-                                messages.push(user.clone());
+                        Ok(_) => match self.gw.context(&self.session).await {
+                            Ok(m) => messages = m,
+                            Err(e) => {
+                                self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                                return;
                             }
-                        }
+                        },
                         Err(e) => {
                             self.fail(
                                 &format!("{message} (compacting to make room failed: {e})"),
@@ -408,9 +531,7 @@ impl Turn {
                     messages.push(message);
                     if crate::compact::over_threshold(&self.gw, &self.session, &messages, usage.as_ref()) {
                         let reason = pincer_compaction::CompactionReason::Threshold;
-                        let _ =
-                            crate::compact::run(&self.gw, &self.session, reason, None, self.gw.shutdown.child_token())
-                                .await;
+                        let _ = crate::compact::run(&self.gw, &self.session, reason, None, self.gw.stopping()).await;
                     }
                     return;
                 }

@@ -25,6 +25,12 @@ pub struct GatewaySection {
     pub auth: AuthSection,
     /// A folder with OpenClaw's Control UI (`dist/control-ui`), served under `/control/`.
     pub control_ui_dir: Option<PathBuf>,
+    /// Web origins (`https://host[:port]`) allowed to open the WebSocket besides the gateway's own.
+    pub allowed_origins: Vec<String>,
+    /// Open connections at most (default: from the process's file limit).
+    pub max_connections: Option<usize>,
+    /// Time a client has to send its request headers (default 10 s).
+    pub header_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -55,6 +61,8 @@ pub struct AgentDefaults {
     pub workspace: Option<PathBuf>,
     /// Most model calls per run (tool loops included).
     pub max_turns: Option<usize>,
+    /// Largest reply (text + reasoning of one message) before the stream is cut (default 4 MiB).
+    pub max_reply_bytes: Option<usize>,
     /// `[agents.defaults.compaction]`, passed to compaction as it is.
     pub compaction: Option<toml::Value>,
 }
@@ -109,6 +117,11 @@ pub struct Settings {
     pub redact_patterns: Vec<String>,
     pub hook: Option<HookConfig>,
     pub control_ui_dir: Option<PathBuf>,
+    /// Extra origins allowed on WebSocket upgrades (normalised: scheme://host[:port], lowercase).
+    pub allowed_origins: Vec<String>,
+    pub max_connections: usize,
+    pub header_timeout: std::time::Duration,
+    pub max_reply_bytes: usize,
 }
 
 impl std::fmt::Debug for Settings {
@@ -245,7 +258,44 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
         redact_patterns: file.logging.redact_patterns,
         hook: file.hooks.before_agent_run,
         control_ui_dir: file.gateway.control_ui_dir,
+        allowed_origins: allowed_origins(&file.gateway.allowed_origins)?,
+        max_connections: file.gateway.max_connections.unwrap_or_else(default_max_connections).max(1),
+        header_timeout: std::time::Duration::from_millis(file.gateway.header_timeout_ms.unwrap_or(10_000).max(100)),
+        max_reply_bytes: file.agents.defaults.max_reply_bytes.unwrap_or(DEFAULT_MAX_REPLY_BYTES).max(1024),
     })
+}
+
+/// Default `agents.defaults.max_reply_bytes`.
+const DEFAULT_MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Checks and normalises `gateway.allowed_origins`.
+fn allowed_origins(list: &[String]) -> Result<Vec<String>, String> {
+    list.iter()
+        .map(|o| {
+            let n = o.trim().trim_end_matches('/').to_ascii_lowercase();
+            let ok = (n.starts_with("http://") || n.starts_with("https://"))
+                && !n.split_once("://").is_some_and(|(_, rest)| rest.is_empty() || rest.contains('/'));
+            if ok {
+                Ok(n)
+            } else {
+                Err(format!("gateway.allowed_origins: {o:?} is not an origin like \"https://chat.example.com\""))
+            }
+        })
+        .collect()
+}
+
+/// Connections allowed by default: three quarters of the file-descriptor limit (transcripts,
+/// lock files and provider sockets need the rest), at most 10,000.
+fn default_max_connections() -> usize {
+    let soft = open_file_limit().unwrap_or(1024);
+    (soft.saturating_mul(3) / 4).saturating_sub(32).clamp(16, 10_000)
+}
+
+/// The soft limit on open files, from `/proc/self/limits`.
+pub fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// Reads `<state>/gateway.token`, creating it (0600) with a random token the first time.

@@ -1,13 +1,15 @@
 //! HTTP on the gateway port: a plain `GET /` is the WebChat page and a WebSocket upgrade on any path
-//! is the RPC socket; `/healthz`; `GET /api/sessions/{key}/events`, the session's `chat` and
-//! `session.message` events as Server-Sent Events with catch-up after `Last-Event-ID`; and, when
-//! configured, OpenClaw's Control UI as static files under `/control/`.
+//! is the RPC socket (after the Origin and Host checks: a web page of another origin, or a
+//! rebound DNS name, gets 403); `/healthz`; `GET /api/sessions/{key}/events`, the session's `chat`
+//! and `session.message` events as Server-Sent Events with catch-up after `Last-Event-ID`; and,
+//! when configured, OpenClaw's Control UI as static files under `/control/`.
 
 use crate::config::AuthMode;
-use crate::hub::Replay;
+use crate::hub::{BusEvent, Replay, Subscriber};
+use crate::server::Conn;
 use crate::state::Gateway;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::{Path, Query, State, WebSocketUpgrade};
+use axum::extract::{Extension, Path, Query, State, WebSocketUpgrade};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
@@ -33,12 +35,57 @@ async fn healthz(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
     Json(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "version": env!("CARGO_PKG_VERSION")}))
 }
 
+/// The host part of a `Host` header or origin authority (`[v6]:port`, `name:port`, `name`).
+fn host_name(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("");
+    }
+    authority.rsplit_once(':').map_or(authority, |(h, _)| h)
+}
+
+/// A name that cannot be rebound to this machine by someone else's DNS: an IP literal or localhost.
+fn fixed_host(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.parse::<std::net::IpAddr>().is_ok() || n == "localhost" || n.ends_with(".localhost")
+}
+
+/// Origin and Host checks of a WebSocket upgrade. Clients without an `Origin` (CLIs, SDKs) pass; a
+/// page may connect from the gateway's own origin or a configured `gateway.allowed_origins` entry.
+/// Without token auth, the gateway's own origin counts only under a name DNS cannot rebind.
+pub fn check_origin(gw: &Gateway, headers: &HeaderMap) -> Result<(), String> {
+    let Some(origin) = headers.get(header::ORIGIN) else { return Ok(()) };
+    let origin = origin.to_str().map_err(|_| "the Origin header is not ASCII".to_string())?.to_ascii_lowercase();
+    if gw.settings.allowed_origins.contains(&origin) {
+        return Ok(());
+    }
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("").to_ascii_lowercase();
+    let authority = origin.split_once("://").map(|(_, a)| a).unwrap_or("");
+    let same = !host.is_empty() && authority == host;
+    let rebindable = !fixed_host(host_name(&host)) && gw.settings.auth == AuthMode::None;
+    if same && !rebindable {
+        return Ok(());
+    }
+    Err(format!(
+        "origin {origin} may not open the gateway socket (host {host:?}); add it to gateway.allowed_origins in pincer.toml"
+    ))
+}
+
 async fn root(
     State(gw): State<Arc<Gateway>>,
+    conn: Option<Extension<Arc<Conn>>>,
+    headers: HeaderMap,
     uri: Uri,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     if let Ok(ws) = ws {
+        if let Err(why) = check_origin(&gw, &headers) {
+            tracing::warn!("refused a WebSocket upgrade: {why}");
+            return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response();
+        }
+        let Some(Extension(conn)) = conn else {
+            return (StatusCode::INTERNAL_SERVER_ERROR, "no connection\n").into_response();
+        };
+        conn.before_connect();
         let gw = gw.clone();
         return ws
             .max_message_size(crate::protocol::MAX_PAYLOAD_BYTES)
@@ -46,7 +93,10 @@ async fn root(
             // Small buffers: an idle connection should cost kilobytes, not the 128 KiB default.
             .read_buffer_size(8 * 1024)
             .write_buffer_size(8 * 1024)
-            .on_upgrade(move |socket| crate::ws::serve(socket, gw))
+            .on_upgrade(move |socket| {
+                let sockets = gw.sockets.clone();
+                sockets.track_future(crate::ws::serve(socket, gw, conn))
+            })
             .into_response();
     }
     let path = uri.path();
@@ -110,6 +160,7 @@ fn authorized(gw: &Gateway, headers: &HeaderMap, query: &HashMap<String, String>
 
 async fn session_events(
     State(gw): State<Arc<Gateway>>,
+    conn: Option<Extension<Arc<Conn>>>,
     Path(raw_key): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
@@ -130,13 +181,42 @@ async fn session_events(
         .and_then(|v| v.to_str().ok())
         .or(query.get("lastEventId").map(String::as_str))
         .and_then(|v| v.trim().parse().ok());
-    let (rx, replay, _) = gw.hub.subscribe_with_replay(&key, last);
-    Sse::new(event_stream(key, rx, replay)).keep_alive(KeepAlive::default()).into_response()
+    if let Some(Extension(c)) = conn {
+        c.authenticated();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(SSE_QUEUE);
+    let sub = Arc::new(SseSubscriber { key: key.clone(), tx });
+    let (subscription, replay) = gw.hub.subscribe_with_replay(&key, last, sub);
+    let stream = event_stream(rx, replay).take_until(gw.shutdown.clone().cancelled_owned());
+    // The subscription lives as long as the response stream.
+    let stream = stream.map(move |e| {
+        let _ = &subscription;
+        e
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
-fn to_sse(ev: &crate::hub::BusEvent) -> Event {
-    let data = json!({"event": ev.name, "payload": ev.payload});
-    let e = Event::default().event(ev.name).data(data.to_string());
+/// Events queued for one SSE stream; a stream that falls this far behind is ended (the client
+/// reconnects with `Last-Event-ID` and gets the catch-up log, or `reset`).
+const SSE_QUEUE: usize = 1024;
+
+struct SseSubscriber {
+    key: String,
+    tx: tokio::sync::mpsc::Sender<Arc<BusEvent>>,
+}
+
+impl Subscriber for SseSubscriber {
+    fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
+        if ev.sse_id.is_none() || ev.session_key.as_deref() != Some(self.key.as_str()) {
+            return !self.tx.is_closed();
+        }
+        self.tx.try_send(ev.clone()).is_ok()
+    }
+}
+
+fn to_sse(ev: &BusEvent) -> Event {
+    let data = format!("{{\"event\":{},\"payload\":{}}}", json!(ev.name), ev.payload_json);
+    let e = Event::default().event(ev.name).data(data);
     match ev.sse_id {
         Some(id) => e.id(id.to_string()),
         None => e,
@@ -144,8 +224,7 @@ fn to_sse(ev: &crate::hub::BusEvent) -> Event {
 }
 
 fn event_stream(
-    key: String,
-    rx: tokio::sync::broadcast::Receiver<Arc<crate::hub::BusEvent>>,
+    rx: tokio::sync::mpsc::Receiver<Arc<BusEvent>>,
     replay: Replay,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let (first, mut seen): (Vec<Event>, u64) = match replay {
@@ -157,32 +236,13 @@ fn event_stream(
             (evs.iter().map(|e| to_sse(e)).collect(), last)
         }
     };
-    let live = stream::unfold(rx, move |mut rx| {
-        let key = key.clone();
-        async move {
-            loop {
-                match rx.recv().await {
-                    Ok(ev) if ev.session_key.as_deref() == Some(key.as_str()) && ev.sse_id.is_some() => {
-                        return Some((Some(ev), rx));
-                    }
-                    Ok(_) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Some((None, rx)),
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                }
+    let live = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).filter_map(move |ev| {
+        let out = match ev.sse_id {
+            Some(id) if id > seen => {
+                seen = id;
+                Some(to_sse(&ev))
             }
-        }
-    })
-    .filter_map(move |ev| {
-        let out = match ev {
-            // Events were lost: tell the client to refetch.
-            None => Some(Event::default().event("reset").data(r#"{"reason":"events were dropped"}"#)),
-            Some(ev) => match ev.sse_id {
-                Some(id) if id > seen => {
-                    seen = id;
-                    Some(to_sse(&ev))
-                }
-                _ => None,
-            },
+            _ => None,
         };
         futures::future::ready(out)
     });

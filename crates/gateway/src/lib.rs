@@ -10,6 +10,7 @@
 //! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
 //! - [`hub`]: the one in-process event bus with SSE catch-up logs.
 //! - [`state`]: shared state (store, runs, dedupe, queue).
+//! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
 //! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
 
 pub mod chat;
@@ -24,6 +25,7 @@ pub mod protocol;
 pub mod server;
 pub mod sessions;
 pub mod state;
+pub mod turns;
 pub mod ws;
 
 pub use server::{serve, Listening};

@@ -46,7 +46,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         "sessions.delete" => sessions_delete(gw, params),
         "sessions.compact" => {
             let session = existing(gw, params)?;
-            let cancel = gw.shutdown.child_token();
+            let cancel = gw.stopping();
             // In the session's queue: never while a turn is being written.
             let _slot =
                 gw.queue.acquire(&session.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
@@ -202,6 +202,7 @@ fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(o) = old {
         gw.store.forget(&o.path);
     }
+    gw.hub.forget_session(&key);
     changed(gw, &key, "reset");
     Ok(json!({"ok": true, "key": s.key, "entry": s.row(), "archived": archived.map(|p| p.display().to_string())}))
 }
@@ -214,6 +215,7 @@ fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(o) = old {
         gw.store.forget(&o.path);
     }
+    gw.hub.forget_session(&key);
     changed(gw, &key, "delete");
     let archived: Vec<String> = archived.iter().map(|p| p.display().to_string()).collect();
     Ok(json!({"ok": true, "key": key, "deleted": deleted, "archived": archived}))

@@ -70,15 +70,19 @@ pub struct Gateway {
     pub settings: Settings,
     pub store: Store,
     pub sessions: Sessions,
-    pub hub: Hub,
+    pub hub: Arc<Hub>,
     pub queue: SessionQueue,
     pub tools: Arc<ToolRegistry>,
     pub redactor: Arc<dyn Redactor>,
     pub started: Instant,
-    /// Fired on SIGINT/SIGTERM.
+    /// Fired on SIGINT/SIGTERM once runs have ended: connections say goodbye.
     pub shutdown: CancellationToken,
+    /// Fired first on SIGINT/SIGTERM: every run (and every run that would start) is aborted.
+    stopping_runs: CancellationToken,
     /// Run tasks, awaited on shutdown so partials are persisted.
     pub tasks: TaskTracker,
+    /// WebSocket connection tasks, awaited on shutdown so clients get their close frames.
+    pub sockets: TaskTracker,
     runs: Mutex<HashMap<String, Arc<RunHandle>>>,
     dedupe: Mutex<HashMap<String, (Instant, Dedupe)>>,
     contexts: Mutex<HashMap<std::path::PathBuf, CachedContext>>,
@@ -94,13 +98,15 @@ impl Gateway {
             sessions: Sessions::new(&settings.state_dir),
             settings,
             store,
-            hub: Hub::default(),
+            hub: Arc::new(Hub::default()),
             queue: SessionQueue::new(),
             tools,
             redactor,
             started: Instant::now(),
             shutdown: CancellationToken::new(),
+            stopping_runs: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            sockets: TaskTracker::new(),
             runs: Mutex::new(HashMap::new()),
             dedupe: Mutex::new(HashMap::new()),
             contexts: Mutex::new(HashMap::new()),
@@ -122,7 +128,7 @@ impl Gateway {
         let h = Arc::new(RunHandle {
             run_id: run_id.to_owned(),
             session_key: session_key.to_owned(),
-            cancel: self.shutdown.child_token(),
+            cancel: self.stopping_runs.child_token(),
             owner_conn,
             abort_origin: Mutex::new(None),
             seq: AtomicU64::new(0),
@@ -148,6 +154,19 @@ impl Gateway {
         lock(&self.runs).values().cloned().collect()
     }
 
+    /// Aborts every run (origin `shutdown`) and every run registered from now on.
+    pub fn stop_runs(&self) {
+        for r in self.all_runs() {
+            r.abort("shutdown");
+        }
+        self.stopping_runs.cancel();
+    }
+
+    /// A token cancelled when the gateway stops (for work that is not a run, like compaction).
+    pub fn stopping(&self) -> CancellationToken {
+        self.stopping_runs.child_token()
+    }
+
     // ---- dedupe ----
 
     /// Claims an idempotency key; returns what is known if it was already used.
@@ -165,6 +184,11 @@ impl Gateway {
         }
         d.insert(key.to_owned(), (now, Dedupe::InFlight));
         None
+    }
+
+    /// Releases a claimed key that led nowhere (the send was refused before anything was written).
+    pub fn dedupe_forget(&self, key: &str) {
+        lock(&self.dedupe).remove(key);
     }
 
     pub fn dedupe_finish(&self, key: &str, result: Result<Value, RpcError>) {

@@ -1,29 +1,188 @@
-//! One WebSocket connection: `connect.challenge`, the `connect` handshake (first frame, 64 KiB cap,
-//! timeout, token and device checks, protocol 3–4) and `hello-ok`; then requests are dispatched
-//! concurrently and bus events are forwarded with a per-connection `seq`. A slow consumer loses
-//! droppable events (deltas; the `seq` still advances so the client sees the gap) and is closed with
-//! 1008 only when an event that must not be lost cannot be queued.
+//! One WebSocket connection: `connect.challenge`, the `connect` handshake (first frame, at most
+//! 64 KiB read from the socket before it, timeout, token and device checks, protocol 3–4) and
+//! `hello-ok`; then requests are dispatched concurrently (at most [`MAX_IN_FLIGHT`] at once: the
+//! socket is not read while they run) and bus events are forwarded with a per-connection `seq`.
+//! Everything sent — responses and events — goes through one [`Outbox`] with a byte budget (the
+//! advertised `maxBufferedBytes`): a slow consumer loses droppable events (deltas; the `seq` still
+//! advances so the client sees the gap) and is closed with 1008 and a reason when anything else
+//! does not fit. Every close the server initiates sends a close frame with a code and reason.
 
 use crate::config::AuthMode;
 use crate::hub::{Audience, BusEvent};
 use crate::protocol::{self, RpcError};
-use crate::state::Gateway;
+use crate::server::Conn;
+use crate::state::{lock, Gateway};
 use crate::{Ctx, Subs};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-/// Frames queued for one connection before it counts as a slow consumer.
-const OUTBOUND_FRAMES: usize = 2048;
+/// Requests of one connection being answered at once; further frames wait in the socket.
+pub const MAX_IN_FLIGHT: usize = 16;
+/// Bytes counted per queued frame on top of its text (queue and allocation overhead).
+const FRAME_OVERHEAD: usize = 64;
+/// How long a close frame may take to go out.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 enum Out {
     Text(String),
-    Close(u16, &'static str),
+    /// Sent after everything queued before it; then the connection ends.
+    Close(u16, String),
+}
+
+/// What happened to a frame on its way to a connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Forwarded {
+    Queued,
+    /// The connection is behind and the frame may be lost (a delta): skipped.
+    Dropped,
+    /// The connection is behind and the frame must not be lost: the connection is being closed.
+    Close,
+}
+
+/// Everything a connection sends, with one byte budget for responses and events together.
+pub struct Outbox {
+    tx: mpsc::UnboundedSender<Out>,
+    queued: AtomicUsize,
+    budget: usize,
+    /// Code and reason of a close that skips what is queued (slow consumer).
+    abort: Mutex<Option<(u16, String)>>,
+    aborted: CancellationToken,
+}
+
+impl Outbox {
+    fn new(budget: usize) -> (Arc<Outbox>, mpsc::UnboundedReceiver<Out>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let ob = Outbox {
+            tx,
+            queued: AtomicUsize::new(0),
+            budget,
+            abort: Mutex::new(None),
+            aborted: CancellationToken::new(),
+        };
+        (Arc::new(ob), rx)
+    }
+
+    /// Queues a frame within the budget.
+    pub fn push(&self, frame: String, droppable: bool) -> Forwarded {
+        if self.aborted.is_cancelled() {
+            return Forwarded::Dropped;
+        }
+        let cost = frame.len() + FRAME_OVERHEAD;
+        let before = self.queued.fetch_add(cost, Ordering::AcqRel);
+        if before + cost > self.budget {
+            self.queued.fetch_sub(cost, Ordering::AcqRel);
+            if droppable {
+                return Forwarded::Dropped;
+            }
+            self.close_now(1008, format!("slow consumer: more than {} bytes waiting to be sent", self.budget));
+            return Forwarded::Close;
+        }
+        if self.tx.send(Out::Text(frame)).is_err() {
+            self.queued.fetch_sub(cost, Ordering::AcqRel);
+            return Forwarded::Close;
+        }
+        Forwarded::Queued
+    }
+
+    /// Closes after what is queued has been sent.
+    fn close_after_queued(&self, code: u16, reason: impl Into<String>) {
+        let _ = self.tx.send(Out::Close(code, reason.into()));
+    }
+
+    /// Closes at once, dropping what is queued.
+    pub fn close_now(&self, code: u16, reason: impl Into<String>) {
+        lock(&self.abort).get_or_insert((code, reason.into()));
+        self.aborted.cancel();
+    }
+
+    /// Bytes waiting to be sent.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+}
+
+/// A close reason cut to the 123 bytes a close frame allows.
+fn clip_reason(reason: &str) -> Utf8Bytes {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    Utf8Bytes::from(&reason[..end])
+}
+
+/// Sends queued frames until the connection ends; always ends with a close frame.
+async fn write_loop(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    outbox: Arc<Outbox>,
+) {
+    let mut close = (1000u16, String::from("bye"));
+    loop {
+        let out = tokio::select! {
+            biased;
+            _ = outbox.aborted.cancelled() => break,
+            o = rx.recv() => o,
+        };
+        match out {
+            Some(Out::Text(t)) => {
+                let cost = t.len() + FRAME_OVERHEAD;
+                let sent = tokio::select! {
+                    biased;
+                    _ = outbox.aborted.cancelled() => break,
+                    r = sink.send(Message::Text(Utf8Bytes::from(t))) => r,
+                };
+                outbox.queued.fetch_sub(cost, Ordering::AcqRel);
+                if sent.is_err() {
+                    return;
+                }
+            }
+            Some(Out::Close(code, reason)) => {
+                close = (code, reason);
+                break;
+            }
+            None => break,
+        }
+    }
+    if let Some(c) = lock(&outbox.abort).take() {
+        close = c;
+    }
+    drop(rx);
+    let frame = CloseFrame { code: close.0, reason: clip_reason(&close.1) };
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.send(Message::Close(Some(frame)))).await;
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.close()).await;
+}
+
+/// The connection as a hub subscriber: forwards the events it wants, with the frame `seq`.
+struct ConnSubscriber {
+    outbox: Arc<Outbox>,
+    subs: Arc<Subs>,
+    seq: Arc<AtomicU64>,
+    conn_id: u64,
+}
+
+impl crate::hub::Subscriber for ConnSubscriber {
+    fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
+        if !wanted(ev, &self.subs) {
+            return true;
+        }
+        let frame_seq = match ev.audience {
+            Audience::All => Some(self.seq.fetch_add(1, Ordering::AcqRel) + 1),
+            _ => None,
+        };
+        let frame = protocol::event_frame(ev.name, &ev.payload_json, frame_seq);
+        if self.outbox.push(frame, ev.droppable) == Forwarded::Close {
+            tracing::warn!(conn = self.conn_id, "closing a slow consumer: a {} event could not be queued", ev.name);
+            return false;
+        }
+        true
+    }
 }
 
 /// Constant-time comparison of secrets.
@@ -97,200 +256,183 @@ fn hello(gw: &Gateway, protocol: u64, conn_id: u64, params: &Value) -> Value {
     })
 }
 
-/// Serves one upgraded socket until it closes or the gateway shuts down.
-pub async fn serve(socket: WebSocket, gw: Arc<Gateway>) {
-    let (mut sink, mut stream) = socket.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<Out>(OUTBOUND_FRAMES);
-    let kill = CancellationToken::new();
-    let writer_kill = kill.clone();
-    let writer = tokio::spawn(async move {
-        loop {
-            let out = tokio::select! {
-                o = out_rx.recv() => o,
-                _ = writer_kill.cancelled() => Some(Out::Close(1008, "slow consumer")),
-            };
-            match out {
-                Some(Out::Text(t)) => {
-                    if sink.send(Message::Text(Utf8Bytes::from(t))).await.is_err() {
-                        break;
-                    }
-                }
-                Some(Out::Close(code, reason)) => {
-                    let _ = sink.send(Message::Close(Some(CloseFrame { code, reason: Utf8Bytes::from(reason) }))).await;
-                    break;
-                }
-                None => break,
-            }
+/// Why the handshake ended without a connection.
+enum Refused {
+    /// Close with this code and reason, after the error response when there is one.
+    Close(Option<String>, u16, String),
+    /// The socket is gone.
+    Gone,
+}
+
+/// Reads and checks the `connect` frame.
+async fn handshake(
+    stream: &mut SplitStream<WebSocket>,
+    gw: &Gateway,
+    nonce: &str,
+) -> Result<(protocol::Request, u64), Refused> {
+    let limit = protocol::MAX_PREAUTH_PAYLOAD_BYTES;
+    let first = tokio::time::timeout(Duration::from_millis(protocol::HANDSHAKE_TIMEOUT_MS), stream.next()).await;
+    let text = match first {
+        Err(_) => return Err(Refused::Close(None, 1008, "handshake timeout: send connect first".into())),
+        Ok(Some(Ok(Message::Text(t)))) => t,
+        Ok(Some(Ok(Message::Binary(_)))) => {
+            return Err(Refused::Close(None, 1003, "binary frames are not supported".into()))
         }
-    });
+        Ok(Some(Err(e))) if crate::server::is_read_limit(&e) || is_too_long(&e) => {
+            return Err(Refused::Close(None, 1009, format!("more than {limit} bytes sent before connect")))
+        }
+        _ => return Err(Refused::Gone),
+    };
+    let fail = |id: Option<String>, e: RpcError| {
+        tracing::info!("connect refused: {}", e.message);
+        let frame = protocol::response(id.as_deref().unwrap_or("connect"), Err(e));
+        Refused::Close(Some(frame), 1008, "connect failed".into())
+    };
+    if text.len() > limit {
+        let msg = format!("frame of {} bytes exceeds the {limit} byte limit before connect", text.len());
+        return Err(fail(None, RpcError::invalid(msg)));
+    }
+    let req = protocol::parse_request(&text).map_err(|(id, e)| fail(id, e))?;
+    let id = Some(req.id.clone());
+    if req.method != "connect" {
+        return Err(fail(id, RpcError::invalid("the first request must be connect")));
+    }
+    let version = negotiate(&req.params).map_err(|e| fail(id.clone(), e))?;
+    check_auth(&gw.settings.auth, &req.params).map_err(|e| fail(id.clone(), e))?;
+    crate::device::verify(&req.params, nonce)
+        .map_err(|e| fail(id.clone(), RpcError::invalid(e.message).with_details(json!({"code": e.code}))))?;
+    Ok((req, version))
+}
+
+/// A frame larger than the transport allows.
+fn is_too_long(e: &axum::Error) -> bool {
+    let s = e.to_string();
+    s.contains("too long") || s.contains("Space limit exceeded")
+}
+
+/// Serves one upgraded socket until it closes or the gateway shuts down.
+pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
+    let (sink, mut stream) = socket.split();
+    let (outbox, rx) = Outbox::new(protocol::MAX_BUFFERED_BYTES);
+    let writer = tokio::spawn(write_loop(sink, rx, outbox.clone()));
     let conn_id = gw.next_conn_id();
     let nonce = uuid::Uuid::new_v4().to_string();
     let challenge = json!({"nonce": nonce, "ts": pincer_store::ids::now_ms()});
-    let _ = out_tx.send(Out::Text(protocol::event("connect.challenge", &challenge, None))).await;
+    outbox.push(protocol::event("connect.challenge", &challenge, None), false);
 
-    // Handshake: the first frame must be `connect`.
-    let first = tokio::time::timeout(Duration::from_millis(protocol::HANDSHAKE_TIMEOUT_MS), stream.next()).await;
-    let text = match first {
-        Err(_) => {
-            let _ = out_tx.send(Out::Close(1008, "handshake timeout")).await;
-            drop(out_tx);
-            let _ = writer.await;
-            return;
-        }
-        Ok(Some(Ok(Message::Text(t)))) => t.to_string(),
-        Ok(Some(Ok(Message::Binary(_)))) => {
-            let _ = out_tx.send(Out::Close(1003, "binary frames are not supported")).await;
-            drop(out_tx);
-            let _ = writer.await;
-            return;
-        }
-        _ => {
-            drop(out_tx);
-            let _ = writer.await;
-            return;
-        }
+    let handshake = tokio::select! {
+        h = handshake(&mut stream, &gw, &nonce) => h,
+        _ = conn.evicted() => Err(Refused::Close(None, 1013, "too many connections; try again later".into())),
+        _ = gw.shutdown.cancelled() => Err(Refused::Close(None, 1012, "gateway stopping".into())),
     };
-    let handshake = (|| {
-        if text.len() > protocol::MAX_PREAUTH_PAYLOAD_BYTES {
-            return Err((
-                None,
-                RpcError::invalid(format!(
-                    "frame of {} bytes exceeds the {} byte limit before connect",
-                    text.len(),
-                    protocol::MAX_PREAUTH_PAYLOAD_BYTES
-                )),
-            ));
-        }
-        let req = protocol::parse_request(&text)?;
-        let id = Some(req.id.clone());
-        if req.method != "connect" {
-            return Err((id, RpcError::invalid("the first request must be connect")));
-        }
-        let protocol = negotiate(&req.params).map_err(|e| (id.clone(), e))?;
-        check_auth(&gw.settings.auth, &req.params).map_err(|e| (id.clone(), e))?;
-        crate::device::verify(&req.params, &nonce)
-            .map_err(|e| (id.clone(), RpcError::invalid(e.message).with_details(json!({"code": e.code}))))?;
-        Ok((req, protocol))
-    })();
     let (req, protocol_version) = match handshake {
         Ok(ok) => ok,
-        Err((id, e)) => {
-            tracing::info!(conn = conn_id, "connect refused: {}", e.message);
-            let _ = out_tx.send(Out::Text(protocol::response(id.as_deref().unwrap_or("connect"), Err(e)))).await;
-            let _ = out_tx.send(Out::Close(1008, "connect failed")).await;
-            drop(out_tx);
+        Err(refused) => {
+            match refused {
+                Refused::Close(frame, code, reason) => {
+                    if let Some(f) = frame {
+                        outbox.push(f, false);
+                    }
+                    outbox.close_after_queued(code, reason);
+                }
+                Refused::Gone => outbox.close_now(1000, "bye"),
+            }
+            drop(stream);
             let _ = writer.await;
             return;
         }
     };
+    // Authenticated: the full frame size applies, and the connection is not evicted for newcomers.
+    conn.authenticated();
     let client_id = req.params.get("client").and_then(|c| c.get("id")).and_then(Value::as_str).unwrap_or("").to_owned();
-    let _ = out_tx
-        .send(Out::Text(protocol::response(&req.id, Ok(hello(&gw, protocol_version, conn_id, &req.params)))))
-        .await;
+    outbox.push(protocol::response(&req.id, Ok(hello(&gw, protocol_version, conn_id, &req.params))), false);
     tracing::debug!(conn = conn_id, client = %client_id, "connected");
 
     let subs = Arc::new(Subs::default());
-    let mut bus = gw.hub.subscribe();
-    let mut seq: u64 = 0;
+    let seq = Arc::new(AtomicU64::new(0));
+    let subscriber = ConnSubscriber { outbox: outbox.clone(), subs: subs.clone(), seq: seq.clone(), conn_id };
+    let subscription = gw.hub.subscribe(Arc::new(subscriber));
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // Large reads (history) of one connection run one at a time, so their answers cannot pile up.
+    let heavy = Arc::new(tokio::sync::Mutex::new(()));
     let mut tick = tokio::time::interval(Duration::from_millis(protocol::TICK_INTERVAL_MS));
     tick.tick().await;
     loop {
+        let free = in_flight.available_permits() > 0;
         tokio::select! {
-            frame = stream.next() => {
+            frame = stream.next(), if free => {
                 let text = match frame {
-                    Some(Ok(Message::Text(t))) => t.to_string(),
+                    Some(Ok(Message::Text(t))) => t,
                     Some(Ok(Message::Binary(_))) => {
                         let e = RpcError::invalid("binary frames are not supported; send JSON text frames");
-                        let _ = out_tx.send(Out::Text(protocol::response("unknown", Err(e)))).await;
+                        outbox.push(protocol::response("unknown", Err(e)), false);
                         continue;
+                    }
+                    Some(Err(e)) if is_too_long(&e) => {
+                        let limit = protocol::MAX_PAYLOAD_BYTES;
+                        let e = RpcError::invalid(format!("frame exceeds maxPayload ({limit} bytes): {e}"));
+                        outbox.push(protocol::response("unknown", Err(e)), false);
+                        outbox.close_after_queued(1009, format!("frame exceeds maxPayload ({limit} bytes)"));
+                        break;
                     }
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
                     Some(Ok(_)) => continue,
                 };
-                match protocol::parse_request(&text) {
+                let req = match protocol::parse_request(&text) {
+                    Ok(req) => req,
                     Err((id, e)) => {
-                        let _ = out_tx.send(Out::Text(protocol::response(id.as_deref().unwrap_or("unknown"), Err(e)))).await;
+                        outbox.push(protocol::response(id.as_deref().unwrap_or("unknown"), Err(e)), false);
+                        continue;
                     }
-                    Ok(req) => {
-                        let (gw, out_tx, subs, client_id) = (gw.clone(), out_tx.clone(), subs.clone(), client_id.clone());
-                        tokio::spawn(async move {
-                            let ctx = Ctx::new(conn_id, client_id, subs);
-                            let result = crate::methods::dispatch(&gw, &ctx, &req.method, &req.params).await;
-                            let _ = out_tx.send(Out::Text(protocol::response(&req.id, result))).await;
-                            ctx.fire_acks();
-                        });
-                    }
-                }
-            }
-            ev = bus.recv() => {
-                let ev = match ev {
-                    Ok(ev) => ev,
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(conn = conn_id, "closing a slow consumer: {n} events missed");
-                        kill.cancel();
-                        break;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break,
                 };
-                if !wanted(&ev, &subs) {
-                    continue;
-                }
-                let frame_seq = match ev.audience {
-                    Audience::All => { seq += 1; Some(seq) }
-                    _ => None,
-                };
-                let frame = protocol::event_frame(ev.name, &ev.payload_json, frame_seq);
-                if forward(&out_tx, frame, ev.droppable) == Forwarded::Close {
-                    tracing::warn!(conn = conn_id, "closing a slow consumer: a {} event could not be queued", ev.name);
-                    kill.cancel();
-                    break;
-                }
+                drop(text);
+                let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
+                let (gw, outbox, subs, client_id, heavy) =
+                    (gw.clone(), outbox.clone(), subs.clone(), client_id.clone(), heavy.clone());
+                tokio::spawn(async move {
+                    let ctx = Ctx::new(conn_id, client_id, subs);
+                    let serial = match req.method.as_str() {
+                        "chat.history" | "chat.startup" => Some(heavy.lock().await),
+                        _ => None,
+                    };
+                    let result = crate::methods::dispatch(&gw, &ctx, &req.method, &req.params).await;
+                    drop(serial);
+                    outbox.push(protocol::response(&req.id, result), false);
+                    ctx.fire_acks();
+                    drop(permit);
+                });
             }
+            _ = in_flight.acquire(), if !free => {}
             _ = tick.tick() => {
-                seq += 1;
-                let _ = out_tx.try_send(Out::Text(protocol::event("tick", &json!({"ts": pincer_store::ids::now_ms()}), Some(seq))));
+                let s = seq.fetch_add(1, Ordering::AcqRel) + 1;
+                outbox.push(protocol::event("tick", &json!({"ts": pincer_store::ids::now_ms()}), Some(s)), true);
             }
+            _ = outbox.aborted.cancelled() => break,
             _ = gw.shutdown.cancelled() => {
-                seq += 1;
-                let _ = out_tx.send(Out::Text(protocol::event("shutdown", &json!({"reason": "gateway stopping"}), Some(seq)))).await;
-                let _ = out_tx.send(Out::Close(1012, "gateway stopping")).await;
+                // Runs have ended by now (their `aborted` events are queued): say goodbye.
+                let s = seq.fetch_add(1, Ordering::AcqRel) + 1;
+                let ev = protocol::event("shutdown", &json!({"reason": "gateway stopping"}), Some(s));
+                outbox.push(ev, false);
+                outbox.close_after_queued(1012, "gateway stopping");
                 break;
             }
         }
     }
-    drop(out_tx);
+    drop(subscription);
+    outbox.close_after_queued(1000, "bye");
+    drop(stream);
     let _ = writer.await;
-}
-
-/// What happened to an event frame on its way to a connection.
-#[derive(Debug, PartialEq, Eq)]
-enum Forwarded {
-    Queued,
-    /// The connection is behind and the event may be lost (a delta): skipped, its `seq` used.
-    Dropped,
-    /// The connection is behind and the event must not be lost (a final): close with 1008.
-    Close,
-}
-
-fn forward(out: &mpsc::Sender<Out>, frame: String, droppable: bool) -> Forwarded {
-    match out.try_send(Out::Text(frame)) {
-        Ok(()) => Forwarded::Queued,
-        Err(mpsc::error::TrySendError::Full(_)) if droppable => Forwarded::Dropped,
-        Err(_) => Forwarded::Close,
-    }
 }
 
 fn wanted(ev: &BusEvent, subs: &Subs) -> bool {
     match ev.audience {
         // Session streams go to the connections that work with that session.
         Audience::All => match &ev.session_key {
-            Some(k) => crate::state::lock(&subs.chats).contains(k),
+            Some(k) => lock(&subs.chats).contains(k),
             None => true,
         },
         Audience::SessionsWatchers => subs.sessions.load(Ordering::Relaxed),
-        Audience::SessionSubscribers => {
-            ev.session_key.as_ref().is_some_and(|k| crate::state::lock(&subs.messages).contains(k))
-        }
+        Audience::SessionSubscribers => ev.session_key.as_ref().is_some_and(|k| lock(&subs.messages).contains(k)),
     }
 }
 
@@ -299,14 +441,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slow_consumer_loses_deltas_but_never_a_final() {
-        let (tx, mut rx) = mpsc::channel::<Out>(2);
-        assert_eq!(forward(&tx, "a".into(), true), Forwarded::Queued);
-        assert_eq!(forward(&tx, "b".into(), false), Forwarded::Queued);
-        assert_eq!(forward(&tx, "delta".into(), true), Forwarded::Dropped, "full: a delta is skipped");
-        assert_eq!(forward(&tx, "final".into(), false), Forwarded::Close, "full: a final closes the socket");
-        let _ = rx.try_recv();
-        assert_eq!(forward(&tx, "final".into(), false), Forwarded::Queued, "room again");
+    fn one_budget_for_responses_and_events() {
+        let (ob, mut rx) = Outbox::new(3 * (10 + FRAME_OVERHEAD));
+        assert_eq!(ob.push("a".repeat(10), true), Forwarded::Queued);
+        assert_eq!(ob.push("b".repeat(10), false), Forwarded::Queued);
+        assert_eq!(ob.push("c".repeat(10), false), Forwarded::Queued);
+        assert_eq!(ob.queued_bytes(), 3 * (10 + FRAME_OVERHEAD));
+        assert_eq!(ob.push("delta".into(), true), Forwarded::Dropped, "full: a delta is skipped");
+        assert!(!ob.aborted.is_cancelled());
+        assert_eq!(ob.push("final".into(), false), Forwarded::Close, "full: anything else closes");
+        assert!(ob.aborted.is_cancelled());
+        assert_eq!(lock(&ob.abort).as_ref().map(|c| c.0), Some(1008));
+        assert!(lock(&ob.abort).as_ref().is_some_and(|c| c.1.contains("slow consumer")));
+        assert!(matches!(rx.try_recv(), Ok(Out::Text(t)) if t == "a".repeat(10)));
+        assert_eq!(ob.push("late".into(), false), Forwarded::Dropped, "nothing is queued once closing");
+    }
+
+    #[test]
+    fn close_reasons_fit_a_close_frame() {
+        assert_eq!(clip_reason(&"é".repeat(100)).len(), 122);
+        assert_eq!(clip_reason("short").as_str(), "short");
     }
 
     #[test]

@@ -282,24 +282,29 @@ async fn a_blocking_hook_keeps_the_original_text_off_disk_and_off_the_wire() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_user_append_is_logged_and_the_turn_still_runs() {
+async fn a_transcript_that_cannot_be_used_fails_the_send_and_nothing_runs() {
     let s = setup();
     let mut a = Client::connect(&s.gw.addr).await;
     let created = a.request("sessions.create", json!({"key": "agent:main:broken"})).await.expect("create");
     let path = sessions_dir(&s).join(format!("{}.jsonl", created["sessionId"].as_str().expect("id")));
-    // Make the transcript impossible to append to (a directory in its place; root ignores modes).
+    // Make the transcript impossible to read or append to (a directory in its place; root ignores modes).
     std::fs::remove_file(&path).expect("remove");
     std::fs::create_dir(&path).expect("mkdir");
     a.request("sessions.messages.subscribe", json!({"key": "agent:main:broken"})).await.expect("subscribe");
-    send(&mut a, "agent:main:broken", "are you there", "run-x").await;
-    let user = a.event(|f| f["event"] == "session.message" && f["payload"]["message"]["role"] == "user").await;
-    assert_eq!(user["payload"]["message"]["content"], "are you there");
-    assert_eq!(user["payload"].get("messageId"), None, "nothing was written, so no id");
-    let end = a.chat_end("run-x").await;
-    assert_eq!(end["payload"]["state"], "error", "the reply cannot be persisted either: {end}");
-    assert_eq!(s.fake.requests().len(), 1, "the run went ahead");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(s.gw.log_text().contains("user turn append failed"), "{}", s.gw.log_text());
+    let err = a
+        .request(
+            "chat.send",
+            json!({"sessionKey": "agent:main:broken", "message": "are you there", "idempotencyKey": "run-x"}),
+        )
+        .await
+        .expect_err("the send fails");
+    assert_eq!(err["code"], "UNAVAILABLE", "{err}");
+    let msg = err["message"].as_str().expect("message");
+    assert!(msg.contains("cannot read the transcript") && msg.contains(&path.display().to_string()), "{msg}");
+    // Nothing was announced and the model was never called.
+    a.request("health", json!({})).await.expect("health");
+    assert!(!a.events.iter().any(|f| f["event"] == "session.message"), "no session.message for an unsaved turn");
+    assert_eq!(s.fake.requests().len(), 0, "no model call");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -261,6 +261,60 @@ impl Store {
     }
 }
 
+/// Reading entries back by idempotency key and by position (durable dedupe of turns).
+impl Store {
+    /// The entry whose message carries idempotency key `key`, and the byte offset of its line.
+    pub fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError> {
+        let w = self.writer(path);
+        let mut st = lock(&w.state);
+        st.refresh(&w.path)?;
+        if st.header == HeaderState::Missing {
+            return Ok(None);
+        }
+        st.ensure_index(&w.path)?;
+        let Some(off) = st.index.as_ref().and_then(|i| i.idem.get(&hash_str(key)).copied()) else { return Ok(None) };
+        let entry = st.entry_at(&w.path, off)?;
+        let same = entry.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str) == Some(key);
+        Ok(same.then_some((entry, off)))
+    }
+
+    /// The entries whose lines start at or after `offset`, at most `max_bytes` of the file read
+    /// (lines that do not parse are skipped; a line cut by the limit is dropped).
+    pub fn entries_from(&self, path: &Path, offset: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        self.read_entries(path, Some(offset), max_bytes)
+    }
+
+    /// The last entries of the file, from a tail window of at most `max_bytes`.
+    pub fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        self.read_entries(path, None, max_bytes)
+    }
+
+    /// `from`: a line start; `None`: the last `max_bytes`, from the first whole line in them.
+    fn read_entries(&self, path: &Path, from: Option<u64>, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        let w = self.writer(path);
+        let mut st = lock(&w.state);
+        st.refresh(&w.path)?;
+        let Some(file) = st.file.as_ref() else { return Ok(vec![]) };
+        let start = from.unwrap_or_else(|| st.len.saturating_sub(max_bytes));
+        if start >= st.len {
+            return Ok(vec![]);
+        }
+        let n = (st.len - start).min(max_bytes) as usize;
+        let bytes = read_at(file, start, n).map_err(io_err(&w.path))?;
+        let begin = match from {
+            None if start > 0 => memchr::memchr(b'\n', &bytes).map_or(bytes.len(), |p| p + 1),
+            _ => 0,
+        };
+        let end = if start + n as u64 == st.len { bytes.len() } else { memchr::memrchr(b'\n', &bytes).unwrap_or(0) };
+        let body = &bytes[begin.min(end)..end];
+        Ok(parse::line_ranges(body)
+            .into_iter()
+            .filter_map(|(s, e)| serde_json::from_slice::<Value>(&body[s..e]).ok())
+            .filter(Value::is_object)
+            .collect())
+    }
+}
+
 /// Creates the transcript's directory (0700) if needed.
 fn create_dir(path: &Path) -> Result<(), StoreError> {
     crate::fsutil::create_parent_dir(path).map_err(io_err(path))

@@ -1,0 +1,159 @@
+//! What the transcript itself says about a `chat.send` turn, so that a resent idempotency key is
+//! recognised after any restart or crash. A turn with key `K` writes its user row keyed `K:user`,
+//! then the run's rows chained below it; gateway-written replies (slash commands, hook blocks,
+//! abort partials, panics) are keyed `K:assistant`. From the file alone:
+//!
+//! - a reply on disk → the turn is done (the client can fetch it);
+//! - the user row (and maybe tool steps) with no reply, still at the leaf, never resumed → the run
+//!   is resumed once for that same row, recorded by a `pincer.turn-resumed` custom entry;
+//! - otherwise it stays interrupted.
+//!
+//! At startup every session whose leaf is such an unanswered turn gets a chained
+//! `pincer.turn-interrupted` custom entry (not part of the LLM context), so the dangling turn is
+//! visible as such in the file.
+
+use crate::state::Gateway;
+use pincer_store::{NewEntry, Store, StoreError};
+use serde_json::{json, Map, Value};
+use std::path::Path;
+use std::sync::Arc;
+
+/// `customType` of the marker written at startup for a turn left without its reply.
+pub const INTERRUPTED: &str = "pincer.turn-interrupted";
+/// `customType` of the marker written when such a turn is run again.
+pub const RESUMED: &str = "pincer.turn-resumed";
+/// Most of the file read after a turn's user row to find its reply.
+const TURN_WINDOW: u64 = 64 * 1024 * 1024;
+/// Tail read at startup to find an unanswered turn at the leaf.
+const TAIL_WINDOW: u64 = 1024 * 1024;
+
+/// A turn as the transcript has it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OnDisk {
+    /// No row of this key.
+    New,
+    /// The reply is on disk: `ok`, `aborted`, `error` or `blocked`.
+    Done(&'static str),
+    /// Written without a reply, at the leaf, never resumed: run it again for this user entry.
+    Resume(Value),
+    /// Written without a reply, and the session moved on or it was resumed once already.
+    Interrupted,
+}
+
+fn message(e: &Value) -> Option<&Map<String, Value>> {
+    (e.get("type")?.as_str()? == "message").then(|| e.get("message")?.as_object())?
+}
+
+fn custom_of<'a>(e: &'a Value, custom_type: &str) -> Option<&'a str> {
+    if e.get("type")?.as_str()? != "custom" || e.get("customType")?.as_str()? != custom_type {
+        return None;
+    }
+    e.get("data")?.get("runId")?.as_str()
+}
+
+/// How a reply row ends its turn, or `None` when the run goes on after it (a tool step).
+fn reply_status(m: &Map<String, Value>) -> Option<&'static str> {
+    if m.get("role")?.as_str()? != "assistant" {
+        return None;
+    }
+    if m.contains_key("openclawAbort") {
+        return Some("aborted");
+    }
+    match m.get("stopReason").and_then(Value::as_str) {
+        Some("toolUse") => None,
+        Some("error") => Some("error"),
+        Some("aborted") => Some("aborted"),
+        _ => Some("ok"),
+    }
+}
+
+/// Reads the state of turn `run_id` from the transcript.
+pub fn on_disk(store: &Store, path: &Path, run_id: &str) -> Result<OnDisk, StoreError> {
+    if let Some((e, _)) = store.find_keyed(path, &format!("{run_id}:assistant"))? {
+        return Ok(OnDisk::Done(message(&e).and_then(reply_status).unwrap_or("ok")));
+    }
+    let Some((user, offset)) = store.find_keyed(path, &format!("{run_id}:user"))? else { return Ok(OnDisk::New) };
+    let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(OnDisk::Interrupted) };
+    if message(&user).is_some_and(|m| m.contains_key("openclawHookBlock")) {
+        return Ok(OnDisk::Done("blocked"));
+    }
+    let mut turn: Vec<String> = vec![user_id.to_owned()];
+    let mut resumed = false;
+    for e in store.entries_from(path, offset, TURN_WINDOW)?.iter().skip(1) {
+        let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
+        if !turn.iter().any(|t| t == parent) {
+            continue;
+        }
+        if let Some(m) = message(e) {
+            if m.get("role").and_then(Value::as_str) == Some("user") {
+                break; // the next turn
+            }
+            if let Some(status) = reply_status(m) {
+                return Ok(OnDisk::Done(status));
+            }
+        }
+        resumed |= custom_of(e, RESUMED) == Some(run_id);
+        if let Some(id) = e.get("id").and_then(Value::as_str) {
+            turn.push(id.to_owned());
+        }
+    }
+    let at_leaf = store.leaf(path)?.is_some_and(|l| turn.last() == Some(&l));
+    Ok(if at_leaf && !resumed { OnDisk::Resume(user) } else { OnDisk::Interrupted })
+}
+
+/// The run id of an unanswered `chat.send` turn ending at the file's leaf, if there is one.
+pub fn unanswered_at_leaf(store: &Store, path: &Path) -> Result<Option<String>, StoreError> {
+    let Some(leaf) = store.leaf(path)? else { return Ok(None) };
+    let tail = store.tail_entries(path, TAIL_WINDOW)?;
+    let by_id = |id: &str| tail.iter().rev().find(|e| e.get("id").and_then(Value::as_str) == Some(id));
+    let mut at = by_id(&leaf);
+    while let Some(e) = at {
+        if custom_of(e, INTERRUPTED).is_some() {
+            return Ok(None); // marked already
+        }
+        if let Some(m) = message(e) {
+            if reply_status(m).is_some() {
+                return Ok(None);
+            }
+            if m.get("role").and_then(Value::as_str) == Some("user") {
+                let key = m.get("idempotencyKey").and_then(Value::as_str).unwrap_or("");
+                return Ok(key.strip_suffix(":user").map(str::to_owned));
+            }
+        }
+        at = e.get("parentId").and_then(Value::as_str).and_then(by_id);
+    }
+    Ok(None)
+}
+
+/// A marker custom entry for turn `run_id`.
+pub fn marker(custom_type: &str, run_id: &str, reason: &str) -> NewEntry {
+    let mut payload = Map::new();
+    payload.insert("customType".into(), json!(custom_type));
+    payload.insert("data".into(), json!({"runId": run_id, "reason": reason, "at": pincer_store::ids::now_ms()}));
+    NewEntry::of("custom", payload)
+}
+
+/// In the background after startup: marks every session whose leaf is an unanswered turn. Each
+/// session is checked in its queue, so a turn resumed meanwhile is never marked mid-run.
+pub fn mark_interrupted(gw: &Arc<Gateway>) {
+    let gw = gw.clone();
+    tokio::spawn(async move {
+        let list = {
+            let gw = gw.clone();
+            tokio::task::spawn_blocking(move || gw.sessions.list(None)).await
+        };
+        let Ok(Ok(sessions)) = list else { return };
+        for s in sessions {
+            let cancel = gw.stopping();
+            let Ok(_slot) = gw.queue.acquire(&s.key, &cancel).await else { return };
+            let (store, path) = (gw.store.clone(), s.path.clone());
+            let found = tokio::task::spawn_blocking(move || unanswered_at_leaf(&store, &path)).await;
+            let Ok(Ok(Some(run_id))) = found else { continue };
+            let reason = "the gateway stopped before this turn's reply was written";
+            match gw.append(&s, marker(INTERRUPTED, &run_id, reason)).await {
+                Ok(_) => tracing::warn!(session = %s.key, run = %run_id, "marked a turn interrupted by a restart"),
+                Err(e) => tracing::warn!(session = %s.key, "cannot mark an interrupted turn: {e}"),
+            }
+        }
+    });
+}
