@@ -76,6 +76,9 @@ fn parse_attachments(params: &Value) -> Result<Vec<Value>, RpcError> {
             return Err(RpcError::invalid(format!("attachments[{i}].content must be a base64 string")));
         };
         let data = content.split_once(";base64,").map(|(_, d)| d).unwrap_or(content);
+        if data.trim().len() / 4 * 3 > MAX_ATTACHMENT_BYTES + 3 {
+            return Err(RpcError::invalid(format!("attachments[{i}] is larger than {MAX_ATTACHMENT_BYTES} bytes")));
+        }
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(data.trim())
             .map_err(|e| RpcError::invalid(format!("attachments[{i}].content is not base64: {e}")))?;
@@ -121,7 +124,9 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
     if message.trim().is_empty() && images.is_empty() {
         return Err(RpcError::invalid("message or attachment required"));
     }
-    let session = gw.sessions.resolve(raw_key, true)?.ok_or_else(|| RpcError::invalid("session not found"))?;
+    let k = raw_key.to_owned();
+    let session =
+        gw.index(move |s| s.resolve(&k, true)).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
     if images.is_empty() && is_stop(&message) {
         let ids = abort_session(gw, &session.key, None, "stop-command");
         return Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}));
@@ -401,7 +406,12 @@ impl Turn {
             "help" => "Commands: /status — this session and model; /new — start a new session (the old transcript is archived); \
                        /compact — summarise older turns; /stop — stop the running reply; /help — this list."
                 .to_string(),
-            "new" => match self.gw.sessions.reset(&self.session.key, "reset") {
+            "new" => match self.gw.index({
+                let k = self.session.key.clone();
+                move |s| s.reset(&k, "reset")
+            })
+            .await
+            {
                 Ok((fresh, archived)) => {
                     let text = match archived {
                         Some(p) => format!("Started a new session. The previous transcript was kept as {}.", p.display()),
@@ -762,7 +772,9 @@ pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
         Some(Value::String(k)) if !k.trim().is_empty() => Some(k.clone()),
         Some(_) => return Err(RpcError::invalid("idempotencyKey must be a non-empty string")),
     };
-    let session = gw.sessions.resolve(raw_key, false)?.ok_or_else(|| RpcError::invalid("session not found"))?;
+    let k = raw_key.to_owned();
+    let session =
+        gw.index(move |s| s.resolve(&k, false)).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
     let text = match &label {
         Some(l) if !l.is_empty() => format!("[{l}]\n\n{message}"),
         _ => message,
@@ -790,7 +802,8 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     let limit = int_param(params, "limit", 1, MAX_LIMIT as u64)?.unwrap_or(200) as usize;
     let max_chars = int_param(params, "maxChars", 1, 500_000)?.unwrap_or(DEFAULT_MAX_CHARS as u64) as usize;
     let (key, agent) = crate::sessions::canonical_key(raw_key)?;
-    let session = gw.sessions.resolve(&key, false)?;
+    let k = key.clone();
+    let session = gw.index(move |s| s.resolve(&k, false)).await?;
     let (session_id, messages, thinking) = match &session {
         None => (Value::Null, vec![], None),
         Some(s) => {

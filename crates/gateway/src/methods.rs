@@ -39,13 +39,16 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         "chat.history" | "chat.startup" => chat::history(gw, params).await,
         "chat.abort" => chat::abort(gw, params).await,
         "chat.inject" => chat::inject(gw, params).await,
-        "sessions.list" => sessions_list(gw, params),
+        "sessions.list" => blocking(gw, params, sessions_list).await,
         "sessions.create" => sessions_create(gw, ctx, params).await,
-        "sessions.patch" => sessions_patch(gw, params),
-        "sessions.reset" => sessions_reset(gw, params),
-        "sessions.delete" => sessions_delete(gw, params),
+        "sessions.patch" => blocking(gw, params, sessions_patch).await,
+        "sessions.reset" => blocking(gw, params, sessions_reset).await,
+        "sessions.delete" => blocking(gw, params, sessions_delete).await,
         "sessions.compact" => {
-            let session = existing(gw, params)?;
+            let (gw2, p) = (gw.clone(), params.clone());
+            let session = tokio::task::spawn_blocking(move || existing(&gw2, &p))
+                .await
+                .map_err(|e| RpcError::unavailable(e.to_string()))??;
             let cancel = gw.stopping();
             // In the session's queue: never while a turn is being written.
             let _slot =
@@ -100,6 +103,18 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     }
 }
 
+/// Runs a method that works on the session index on a blocking thread.
+async fn blocking(
+    gw: &Arc<Gateway>,
+    params: &Value,
+    f: fn(&Gateway, &Value) -> Result<Value, RpcError>,
+) -> Result<Value, RpcError> {
+    let (gw, params) = (gw.clone(), params.clone());
+    tokio::task::spawn_blocking(move || f(&gw, &params))
+        .await
+        .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?
+}
+
 fn existing(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
     let key = params.get("key").or_else(|| params.get("sessionKey")).and_then(Value::as_str).unwrap_or("");
     if key.is_empty() {
@@ -132,13 +147,18 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
         Some(k) => canonical_key(k)?.0,
         None => format!("agent:{agent}:dashboard:{}", uuid::Uuid::new_v4()),
     };
-    if gw.sessions.resolve(&key, false)?.is_some() {
-        return Err(RpcError::invalid(format!("session already exists: {key}")));
-    }
-    let mut session = gw.sessions.resolve(&key, true)?.ok_or_else(|| RpcError::unavailable("session not created"))?;
+    let k = key.clone();
+    let created = gw
+        .index(move |s| match s.resolve(&k, false)? {
+            Some(_) => Err(RpcError::invalid(format!("session already exists: {k}"))),
+            None => s.resolve(&k, true),
+        })
+        .await?;
+    let mut session = created.ok_or_else(|| RpcError::unavailable("session not created"))?;
     let mut fields = Map::new();
     for k in ["label", "model"] {
         if let Some(v) = params.get(k).filter(|v| v.is_string()) {
+            check_field(k, v)?;
             fields.insert(k.into(), v.clone());
         }
     }
@@ -146,7 +166,8 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
         gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
     }
     if !fields.is_empty() {
-        session = gw.sessions.patch(&key, &fields)?;
+        let k = key.clone();
+        session = gw.index(move |s| s.patch(&k, &fields)).await?;
     }
     let (store, path, sid) = (gw.store.clone(), session.path.clone(), session.session_id.clone());
     tokio::task::spawn_blocking(move || store.ensure_created(&path, Some(&sid)))
@@ -173,6 +194,7 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         match k.as_str() {
             "key" => {}
             "label" | "thinkingLevel" | "model" | "displayName" | "verboseLevel" | "sendPolicy" | "unread" => {
+                check_field(k, v)?;
                 fields.insert(k.clone(), v.clone());
             }
             _ => {} // fields Pincer does not use are accepted and ignored, as the Control UI sends many
@@ -187,6 +209,26 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let (provider, model_id) = model.split_once('/').unwrap_or(("", model.as_str()));
     Ok(json!({"ok": true, "path": s.path.display().to_string(), "key": s.key, "entry": s.row(),
         "resolved": {"modelProvider": provider, "model": model_id}}))
+}
+
+/// Longest label or display name, and longest other string field of `sessions.patch`.
+pub const MAX_LABEL_CHARS: usize = 256;
+const MAX_FIELD_CHARS: usize = 128;
+
+/// A patched field: null (removes it), a boolean, or a bounded string without control characters.
+fn check_field(key: &str, v: &Value) -> Result<(), RpcError> {
+    let max = if matches!(key, "label" | "displayName") { MAX_LABEL_CHARS } else { MAX_FIELD_CHARS };
+    match v {
+        Value::Null | Value::Bool(_) => Ok(()),
+        Value::String(s) if s.chars().count() > max => {
+            Err(RpcError::invalid(format!("{key} is longer than {max} characters")))
+        }
+        Value::String(s) if s.chars().any(char::is_control) => {
+            Err(RpcError::invalid(format!("{key} must not contain control characters or null bytes")))
+        }
+        Value::String(_) => Ok(()),
+        _ => Err(RpcError::invalid(format!("{key} must be a string, a boolean or null"))),
+    }
 }
 
 fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {

@@ -4,8 +4,9 @@
 
 use serde_json::{json, Map, Value};
 
-/// Largest frame after the handshake (25 MiB).
-pub const MAX_PAYLOAD_BYTES: usize = 25 * 1024 * 1024;
+/// Largest frame after the handshake (32 MiB): room for the documented 20 MB of attachments as
+/// base64 (×4/3 ≈ 26.7 MB) plus the message and the frame around them.
+pub const MAX_PAYLOAD_BYTES: usize = 32 * 1024 * 1024;
 /// Largest frame before `connect` succeeded (64 KiB).
 pub const MAX_PREAUTH_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Per-connection send buffer before a slow consumer is dropped/closed (50 MiB).

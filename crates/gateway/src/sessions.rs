@@ -1,14 +1,22 @@
 //! The session index (`<state>/agents/<agentId>/sessions/sessions.json`): session keys, their
-//! current `sessionId` and transcript path. Keys from clients are canonicalised and never become
-//! paths unchecked; the index is rewritten atomically (temp + rename) under one lock per process.
-//! An index that cannot be parsed is never overwritten: operations on that agent fail instead.
+//! current `sessionId` and transcript path. Keys from clients are canonicalised (NFKC, lowercase;
+//! invisible format characters refused) and never become paths unchecked; only known agents have
+//! an index (no directory is created for an unknown agent id). Every change is made under
+//! OpenClaw's lock-file protocol (`sessions.json.lock`, shared with transcripts through the store),
+//! on the file as it is on disk at that moment (re-read when another process changed it), and
+//! rewritten atomically (temp + fsync + rename). Activity timestamps are kept in memory and merged
+//! into the file every few seconds. An index that cannot be parsed is never overwritten: operations
+//! on that agent fail instead. Every method but `touch` does file I/O: call them off the async
+//! threads ([`crate::state::Gateway::index`]).
 
 use crate::protocol::RpcError;
-use pincer_store::valid_session_id;
+use pincer_store::{valid_session_id, Store};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use unicode_normalization::UnicodeNormalization;
 
 /// The default agent and main key.
 pub const DEFAULT_AGENT: &str = "main";
@@ -48,9 +56,25 @@ fn valid_agent_id(id: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'-'))
 }
 
-/// Canonical form of a client's session key, and its agent id.
+/// Invisible characters that make two different keys look the same: Unicode format characters
+/// (bidi controls, zero-width joiners and spaces, the BOM, tags) and variation selectors.
+fn invisible(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x034F | 0x061C | 0x115F | 0x1160 | 0x17B4 | 0x17B5 | 0x180B..=0x180F
+        | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x206F | 0x3164 | 0xFE00..=0xFE0F | 0xFEFF
+        | 0xFFA0 | 0xFFF0..=0xFFFB | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
+}
+
+/// Canonical form of a client's session key, and its agent id. Compatibility forms (fullwidth
+/// letters, ligatures) are folded by NFKC, so `ａｇｅｎｔ:main:x` and `agent:main:x` are one session.
 pub fn canonical_key(raw: &str) -> Result<(String, String), RpcError> {
-    let k = raw.trim().to_lowercase();
+    if let Some(c) = raw.chars().find(|c| invisible(*c)) {
+        return Err(RpcError::invalid(format!(
+            "sessionKey {raw:?} contains the invisible character U+{:04X}, which is not allowed",
+            c as u32
+        )));
+    }
+    let k = raw.nfkc().collect::<String>().trim().to_lowercase();
     if k.is_empty() {
         return Err(RpcError::invalid("sessionKey must not be empty"));
     }
@@ -72,17 +96,44 @@ pub fn canonical_key(raw: &str) -> Result<(String, String), RpcError> {
     Ok((format!("agent:{DEFAULT_AGENT}:{k}"), DEFAULT_AGENT.into()))
 }
 
+/// What identifies one version of a file on disk: device, inode, length, mtime (ns).
+type Stamp = (u64, u64, u64, i64);
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
+}
+
 struct AgentIndex {
     path: PathBuf,
     map: Map<String, Value>,
-    /// In-memory changes not yet on disk (activity timestamps; see [`Sessions::touch`]).
-    dirty: bool,
+    /// The file version `map` was read from or written as (`None`: no file).
+    stamp: Option<Stamp>,
+    /// Activity not yet on disk: key → `updatedAt` (see [`Sessions::touch`]).
+    touched: HashMap<String, i64>,
 }
 
 /// All agents' session indexes.
 pub struct Sessions {
     state_dir: PathBuf,
+    store: Store,
     agents: Mutex<HashMap<String, AgentIndex>>,
+}
+
+fn read_index(path: &Path) -> Result<(Map<String, Value>, Option<Stamp>), RpcError> {
+    // Stamp first: a change racing the read makes the next check read again.
+    let st = stamp(path);
+    match std::fs::read(path) {
+        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(m)) => Ok((m, st)),
+            _ => Err(RpcError::unavailable(format!(
+                "{} is not a JSON object; fix or move it (it is never overwritten)",
+                path.display()
+            ))),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Map::new(), None)),
+        Err(e) => Err(RpcError::unavailable(format!("{}: cannot read: {e}", path.display()))),
+    }
 }
 
 fn now_ms() -> i64 {
@@ -90,8 +141,13 @@ fn now_ms() -> i64 {
 }
 
 impl Sessions {
-    pub fn new(state_dir: &Path) -> Sessions {
-        Sessions { state_dir: state_dir.to_path_buf(), agents: Mutex::new(HashMap::new()) }
+    pub fn new(state_dir: &Path, store: Store) -> Sessions {
+        Sessions { state_dir: state_dir.to_path_buf(), store, agents: Mutex::new(HashMap::new()) }
+    }
+
+    /// An agent with sessions here: the default agent, or one whose index exists on disk.
+    pub fn known_agent(&self, agent: &str) -> bool {
+        agent == DEFAULT_AGENT || self.sessions_dir(agent).join("sessions.json").is_file()
     }
 
     /// `<state>/agents/<agent>/sessions`.
@@ -99,43 +155,58 @@ impl Sessions {
         self.state_dir.join("agents").join(agent).join("sessions")
     }
 
+    /// Runs `f` on an agent's index as it is on disk now. With `change`, under the index's
+    /// cross-process lock (so `f` may [`Sessions::save`]).
     fn with_index<T>(
         &self,
         agent: &str,
+        change: bool,
         f: impl FnOnce(&mut AgentIndex) -> Result<T, RpcError>,
     ) -> Result<T, RpcError> {
-        let mut agents = match self.agents.lock() {
-            Ok(a) => a,
-            Err(p) => p.into_inner(),
+        if !self.known_agent(agent) {
+            return Err(RpcError::invalid(format!(
+                "unknown agent id {agent:?}: this gateway serves agent \"{DEFAULT_AGENT}\""
+            )));
+        }
+        let mut agents = crate::state::lock(&self.agents);
+        let path = self.sessions_dir(agent).join("sessions.json");
+        let _guard = match change {
+            true => {
+                let fail = |e: String| RpcError::unavailable(format!("{}: {e}", path.display()));
+                pincer_store::fsutil::create_parent_dir(&path).map_err(|e| fail(e.to_string()))?;
+                Some(self.store.lock(&path).map_err(|e| fail(e.to_string()))?)
+            }
+            false => None,
         };
-        if !agents.contains_key(agent) {
-            let path = self.sessions_dir(agent).join("sessions.json");
-            let map = match std::fs::read(&path) {
-                Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
-                    Ok(Value::Object(m)) => m,
-                    _ => {
-                        return Err(RpcError::unavailable(format!(
-                            "{} is not a JSON object; fix or move it (it is never overwritten)",
-                            path.display()
-                        )))
-                    }
-                },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Map::new(),
-                Err(e) => return Err(RpcError::unavailable(format!("{}: cannot read: {e}", path.display()))),
-            };
-            agents.insert(agent.to_owned(), AgentIndex { path, map, dirty: false });
+        let idx = match agents.entry(agent.to_owned()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let (map, stamp) = read_index(&path)?;
+                v.insert(AgentIndex { path, map, stamp, touched: HashMap::new() })
+            }
+        };
+        if stamp(&idx.path) != idx.stamp {
+            // Another process changed it: work on what is on disk.
+            let (map, stamp) = read_index(&idx.path)?;
+            idx.map = map;
+            idx.stamp = stamp;
         }
-        match agents.get_mut(agent) {
-            Some(idx) => f(idx),
-            None => Err(RpcError::unavailable("session index missing")),
-        }
+        f(idx)
     }
 
+    /// Writes the index (with pending activity) atomically. Only under `with_index(_, true, _)`.
     fn save(idx: &mut AgentIndex) -> Result<(), RpcError> {
+        for (k, t) in idx.touched.drain() {
+            if let Some(Value::Object(e)) = idx.map.get_mut(&k) {
+                if e.get("updatedAt").and_then(Value::as_i64).is_none_or(|u| u < t) {
+                    e.insert("updatedAt".into(), json!(t));
+                }
+            }
+        }
         let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| RpcError::unavailable(e.to_string()))?;
         pincer_store::fsutil::write_private_atomically(&idx.path, &bytes)
             .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", idx.path.display())))?;
-        idx.dirty = false;
+        idx.stamp = stamp(&idx.path);
         Ok(())
     }
 
@@ -178,12 +249,19 @@ impl Sessions {
     /// The session of a key; created in the index when `create` and missing.
     pub fn resolve(&self, raw_key: &str, create: bool) -> Result<Option<SessionRef>, RpcError> {
         let (key, agent) = canonical_key(raw_key)?;
-        self.with_index(&agent, |idx| {
+        if !create && !self.known_agent(&agent) {
+            return Ok(None);
+        }
+        let found = self.with_index(&agent, false, |idx| match idx.map.get(&key) {
+            Some(Value::Object(e)) => self.to_ref(&key, &agent, e).map(Some),
+            _ => Ok(None),
+        })?;
+        if found.is_some() || !create {
+            return Ok(found);
+        }
+        self.with_index(&agent, true, |idx| {
             if let Some(Value::Object(e)) = idx.map.get(&key) {
                 return self.to_ref(&key, &agent, e).map(Some);
-            }
-            if !create {
-                return Ok(None);
             }
             let e = Self::fresh_entry();
             idx.map.insert(key.clone(), Value::Object(e.clone()));
@@ -195,7 +273,7 @@ impl Sessions {
     /// Updates fields of a session's row (`null` removes a field).
     pub fn patch(&self, raw_key: &str, fields: &Map<String, Value>) -> Result<SessionRef, RpcError> {
         let (key, agent) = canonical_key(raw_key)?;
-        self.with_index(&agent, |idx| {
+        self.with_index(&agent, true, |idx| {
             let Some(Value::Object(e)) = idx.map.get_mut(&key) else {
                 return Err(RpcError::invalid(format!("session not found: {key}")));
             };
@@ -216,29 +294,29 @@ impl Sessions {
         })
     }
 
-    /// Marks activity on a session. Only `updatedAt` changes, so it is kept in memory and written
-    /// by [`Sessions::flush`] (every few seconds and at shutdown), not with an fsync on every turn.
+    /// Marks activity on a session. Only `updatedAt` changes, so it is kept in memory (no file
+    /// I/O: safe on async threads) and merged into the file by [`Sessions::flush`] (every few
+    /// seconds and at shutdown), not with an fsync on every turn.
     pub fn touch(&self, s: &SessionRef) {
-        let r = self.with_index(&s.agent_id, |idx| {
+        let mut agents = crate::state::lock(&self.agents);
+        if let Some(idx) = agents.get_mut(&s.agent_id) {
+            let now = now_ms();
             if let Some(Value::Object(e)) = idx.map.get_mut(&s.key) {
-                e.insert("updatedAt".into(), json!(now_ms()));
-                idx.dirty = true;
+                e.insert("updatedAt".into(), json!(now));
             }
-            Ok(())
-        });
-        if let Err(e) = r {
-            tracing::warn!(session = %s.key, "cannot update the session index: {}", e.message);
+            idx.touched.insert(s.key.clone(), now);
         }
     }
 
-    /// Writes every index with changes only in memory.
+    /// Merges pending activity into every index file that has some.
     pub fn flush(&self) {
-        let mut agents = match self.agents.lock() {
-            Ok(a) => a,
-            Err(p) => p.into_inner(),
-        };
-        for idx in agents.values_mut().filter(|i| i.dirty) {
-            if let Err(e) = Self::save(idx) {
+        let pending: Vec<String> = crate::state::lock(&self.agents)
+            .iter()
+            .filter(|(_, i)| !i.touched.is_empty())
+            .map(|(a, _)| a.clone())
+            .collect();
+        for agent in pending {
+            if let Err(e) = self.with_index(&agent, true, Self::save) {
                 tracing::warn!("cannot write the session index: {}", e.message);
             }
         }
@@ -247,7 +325,7 @@ impl Sessions {
     /// Starts a new transcript for a key; the old one is archived as `<file>.<reason>.<ts>`.
     pub fn reset(&self, raw_key: &str, reason: &str) -> Result<(SessionRef, Option<PathBuf>), RpcError> {
         let (key, agent) = canonical_key(raw_key)?;
-        self.with_index(&agent, |idx| {
+        self.with_index(&agent, true, |idx| {
             let old = match idx.map.get(&key) {
                 Some(Value::Object(e)) => Some(self.to_ref(&key, &agent, e)?),
                 _ => None,
@@ -277,7 +355,7 @@ impl Sessions {
         if key == MAIN_KEY {
             return Err(RpcError::invalid(format!("Cannot delete the main session ({MAIN_KEY}).")));
         }
-        self.with_index(&agent, |idx| {
+        self.with_index(&agent, true, |idx| {
             let Some(Value::Object(e)) = idx.map.get(&key).cloned() else {
                 return Ok((false, vec![]));
             };
@@ -310,7 +388,10 @@ impl Sessions {
             if !valid_agent_id(&a) {
                 return Err(RpcError::invalid(format!("agent id {a:?} is not valid")));
             }
-            self.with_index(&a, |idx| {
+            if !self.known_agent(&a) {
+                continue;
+            }
+            self.with_index(&a, false, |idx| {
                 for (k, v) in &idx.map {
                     if let Value::Object(e) = v {
                         if let Ok(r) = self.to_ref(k, &a, e) {
@@ -339,12 +420,19 @@ mod tests {
         for bad in ["", "agent:../x:y", "a/b", "agent:main:", "x\u{0}y", "agent:"] {
             assert!(canonical_key(bad).is_err(), "{bad:?}");
         }
+        // Look-alikes: invisible characters are refused, compatibility forms folded.
+        for bad in ["ma\u{200b}in", "main\u{202e}", "\u{feff}main", "a\u{2066}b", "x\u{fe0f}"] {
+            let e = canonical_key(bad).expect_err(bad);
+            assert!(e.message.contains("invisible character U+"), "{}", e.message);
+        }
+        assert_eq!(canonical_key("ａｇｅｎｔ：ｍａｉｎ：ｘ").expect("fullwidth").0, "agent:main:x");
+        assert_eq!(canonical_key("ＭＡＩＮ").expect("fullwidth").0, MAIN_KEY);
     }
 
     #[test]
     fn create_reset_delete() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let s = Sessions::new(dir.path());
+        let s = Sessions::new(dir.path(), Store::new(Default::default()));
         assert_eq!(s.resolve("main", false).expect("ok"), None);
         let a = s.resolve("main", true).expect("ok").expect("created");
         assert_eq!(a.path, dir.path().join(format!("agents/main/sessions/{}.jsonl", a.session_id)));
@@ -355,9 +443,29 @@ mod tests {
         assert!(s.delete("main").is_err());
         s.resolve("other", true).expect("ok");
         assert!(s.delete("other").expect("ok").0);
-        let fresh = Sessions::new(dir.path());
+        let fresh = Sessions::new(dir.path(), Store::new(Default::default()));
         assert_eq!(fresh.resolve("main", false).expect("ok").map(|r| r.session_id), Some(b.session_id));
+        // Unknown agents: refused for creation, absent for lookups, and no directory appears.
+        let e = s.resolve("agent:ghost:x", true).expect_err("unknown agent");
+        assert!(e.message.contains("unknown agent id \"ghost\""), "{}", e.message);
+        assert_eq!(s.resolve("agent:ghost:x", false).expect("lookup"), None);
+        assert!(!dir.path().join("agents/ghost").exists());
+        // Another process's change to sessions.json is seen, not overwritten.
+        let idx = dir.path().join("agents/main/sessions/sessions.json");
+        let mut on_disk: Value = serde_json::from_slice(&std::fs::read(&idx).expect("read")).expect("json");
+        on_disk["agent:main:theirs"] = json!({"sessionId": "their-session", "updatedAt": 1});
+        std::fs::write(&idx, serde_json::to_vec(&on_disk).expect("json")).expect("write");
+        assert!(s.resolve("agent:main:theirs", false).expect("ok").is_some(), "re-read after the change");
+        s.resolve("mine", true).expect("create");
+        let after: Value = serde_json::from_slice(&std::fs::read(&idx).expect("read")).expect("json");
+        assert!(after.get("agent:main:theirs").is_some() && after.get("agent:main:mine").is_some(), "{after}");
+        let lock_file = dir.path().join("agents/main/sessions/sessions.json.lock");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while lock_file.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!lock_file.exists(), "the lock is released after its short linger");
         std::fs::write(dir.path().join("agents/main/sessions/sessions.json"), "[broken").expect("write");
-        assert!(Sessions::new(dir.path()).resolve("main", true).is_err());
+        assert!(Sessions::new(dir.path(), Store::new(Default::default())).resolve("main", true).is_err());
     }
 }

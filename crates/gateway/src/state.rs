@@ -95,7 +95,7 @@ impl Gateway {
         let store = Store::new(StoreOptions { redactor: redactor.clone(), ..StoreOptions::default() });
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {
-            sessions: Sessions::new(&settings.state_dir),
+            sessions: Sessions::new(&settings.state_dir, store.clone()),
             settings,
             store,
             hub: Arc::new(Hub::default()),
@@ -196,6 +196,17 @@ impl Gateway {
     }
 
     // ---- store work, off the async threads ----
+
+    /// Runs `f` on the session index on a blocking thread (it reads, locks and writes files).
+    pub async fn index<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Sessions) -> Result<T, RpcError> + Send + 'static,
+    ) -> Result<T, RpcError> {
+        let gw = self.clone();
+        tokio::task::spawn_blocking(move || f(&gw.sessions))
+            .await
+            .map_err(|e| RpcError::unavailable(format!("session index task failed: {e}")))?
+    }
 
     /// Appends one entry to a session's transcript; returns it as written.
     pub async fn append(&self, session: &SessionRef, entry: NewEntry) -> Result<Appended, StoreError> {
