@@ -790,10 +790,20 @@ impl FileState {
             self.writable = true;
         }
         let before = self.len;
-        let mut file = self.writable_file(path)?;
-        let res = file.write_all(bytes).and_then(|_| if created { file.sync_all() } else { file.sync_data() });
+        let file = self.writable_file(path)?;
+        let mut written = 0u64;
+        let res = write_counting(file, bytes, &mut written).and_then(|_| {
+            if created {
+                file.sync_all()
+            } else {
+                file.sync_data()
+            }
+        });
         if let Err(e) = res {
-            let rolled_back = file.set_len(before).and_then(|_| file.sync_data()).is_ok();
+            // Cut only what this write added: if the file is not exactly `before + written` long,
+            // someone else wrote too (ignoring the lock), and their bytes are not ours to cut.
+            let ours = file.metadata().is_ok_and(|m| m.len() == before + written);
+            let rolled_back = ours && file.set_len(before).and_then(|_| file.sync_data()).is_ok();
             if !rolled_back {
                 // What reached the file is unknown now: start over from the file next time.
                 self.loaded = false;
@@ -809,6 +819,22 @@ impl FileState {
         self.tail = Tail::Clean;
         Ok(())
     }
+}
+
+/// `write_all` that counts the bytes that reached the file, also when it fails part-way.
+fn write_counting(mut file: &File, mut bytes: &[u8], written: &mut u64) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match file.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                *written += n as u64;
+                bytes = &bytes[n..];
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Visits the file's lines from last to first (`offset`, bytes without the newline; the first
