@@ -371,6 +371,24 @@ impl Providers {
         Ok(Self { providers })
     }
 
+    /// The secrets the providers were configured with: each API key (from `api_key` or the
+    /// variable named by `api_key_env`) and the values of headers that carry credentials
+    /// (`authorization`, or a name containing `key`, `token` or `secret`). For redaction only;
+    /// never log them.
+    pub fn secret_values(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (p, _) in self.providers.values() {
+            out.extend(p.api_key.iter().cloned());
+            for (name, value) in &p.headers {
+                let n = name.to_ascii_lowercase();
+                if n == "authorization" || ["key", "token", "secret"].iter().any(|w| n.contains(w)) {
+                    out.push(value.strip_prefix("Bearer ").unwrap_or(value).to_owned());
+                }
+            }
+        }
+        out
+    }
+
     /// Names of the configured providers (without the built-in one).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.providers.keys().map(String::as_str)

@@ -27,7 +27,7 @@ pub use message::convert_to_llm;
 pub use provider::echo::ECHO_PREFIX;
 pub use provider::{ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec};
 pub use queue::{Cancelled, SessionGuard, SessionQueue};
-pub use run::{start_run, RunEvent, RunRequest};
+pub use run::{start_run, RunEvent, RunRequest, DEFAULT_MAX_REPLY_BYTES};
 pub use sink::{MemorySink, TranscriptSink};
 pub use tokio_util::sync::CancellationToken;
 pub use tools::{CurrentTimeTool, ReadFileTool, Tool, ToolOutput, ToolRegistry};

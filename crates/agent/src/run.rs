@@ -3,7 +3,8 @@
 //!
 //! Order of effects in a run:
 //! 1. call the model on the context (system prompt, Pi context messages, tools), streaming
-//!    `TextDelta`/`ThinkingDelta` (each with the cumulative text of the current message);
+//!    `TextDelta`/`ThinkingDelta` (each only the new piece: a consumer that wants the whole text
+//!    accumulates it, so a long reply costs O(chunk) per chunk, not O(text));
 //! 2. when the message is complete, append it through the [`TranscriptSink`] and announce the
 //!    entry as written (`Usage`, then `Persisted`);
 //! 3. if it asked for tools: run them in call order, each announced by `ToolCallStart` and its
@@ -12,7 +13,10 @@
 //! 4. else end with `Final` (the last assistant entry).
 //!
 //! A failed model call appends the assistant message with `stopReason: "error"` and ends with
-//! `Error`. Cancelling the token at any point drops the stream (or the tool) and ends with
+//! `Error`. So does a reply whose text and thinking grow past `max_reply_bytes`: the run stops
+//! reading the provider and appends what it has (`ErrorKind::ReplyTooLarge`). A run that panics is
+//! still ended by [`start_run`]: an error assistant message is appended if the sink can take it,
+//! then `Error` with `ErrorKind::Internal`. Cancelling the token at any point drops the stream (or the tool) and ends with
 //! `Aborted` carrying the partial text; the run appends nothing after that.
 
 use std::sync::Arc;
@@ -22,6 +26,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ResolvedModel;
+use futures::FutureExt;
+
 use crate::message::{now_ms, AssistantDraft, StopReason};
 use crate::provider::{ErrorKind, ModelRequest, ModelStream, StreamDelta};
 use crate::sink::TranscriptSink;
@@ -45,25 +51,27 @@ pub struct RunRequest {
     pub max_turns: usize,
     /// For logs.
     pub run_id: String,
+    /// Most bytes of text plus thinking one assistant message may stream; beyond it the run is cut
+    /// ([`DEFAULT_MAX_REPLY_BYTES`] unless configured).
+    pub max_reply_bytes: usize,
 }
+
+/// Default of [`RunRequest::max_reply_bytes`]: 4 MiB.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
 
 /// What a run reports, in order. Every append is announced by `Persisted` with the entry as
 /// written; the run ends with exactly one of `Final`, `Error`, `Aborted`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEvent {
-    /// Text streamed: the new piece and the whole text of the current assistant message.
+    /// Text streamed: the new piece of the current assistant message (the consumer accumulates).
     TextDelta {
         /// New text.
         delta: String,
-        /// Cumulative text of this assistant message.
-        text: String,
     },
-    /// Reasoning streamed.
+    /// Reasoning streamed: the new piece.
     ThinkingDelta {
         /// New reasoning.
         delta: String,
-        /// Cumulative reasoning of this assistant message.
-        thinking: String,
     },
     /// A tool is about to run.
     ToolCallStart {
@@ -108,11 +116,45 @@ pub enum RunEvent {
 pub const EVENT_BUFFER: usize = 256;
 
 /// Starts the run on the tokio runtime and returns its events. The run goes on if the
-/// receiver is dropped; cancel the token to stop it.
+/// receiver is dropped; cancel the token to stop it. A panic inside the run does not leave the
+/// receiver hanging: it gets `Error` (kind `Internal`, "the run panicked: …"), preceded by the
+/// `Persisted` error assistant entry when the sink could append it.
 pub fn start_run(req: RunRequest) -> mpsc::Receiver<RunEvent> {
     let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    tokio::spawn(run(req, tx));
+    let (sink, model, run_id) = (req.sink.clone(), req.model.clone(), req.run_id.clone());
+    tokio::spawn(async move {
+        let outcome = std::panic::AssertUnwindSafe(run(req, tx.clone())).catch_unwind().await;
+        if let Err(panic) = outcome {
+            let what = panic_text(panic.as_ref());
+            let message = format!("the run panicked: {what}");
+            tracing::error!(run_id = %run_id, "{message}");
+            let msg = AssistantDraft::new().to_message(&model, StopReason::Error, Some(&message));
+            let entry = match std::panic::AssertUnwindSafe(sink.append_message(msg)).catch_unwind().await {
+                Ok(Ok(entry)) => Some(entry),
+                Ok(Err(e)) => {
+                    tracing::warn!(run_id = %run_id, "cannot append the error message of a panicked run: {e}");
+                    None
+                }
+                Err(_) => None,
+            };
+            if let Some(entry) = &entry {
+                let _ = tx.send(RunEvent::Persisted { entry: entry.clone() }).await;
+            }
+            let _ = tx.send(RunEvent::Error { entry, message, kind: ErrorKind::Internal }).await;
+        }
+    });
     rx
+}
+
+/// The message of a panic payload (`panic!` with a literal or a formatted string).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
 }
 
 /// Runs to the end on the current task, sending events to `tx`.
@@ -221,7 +263,8 @@ impl Runner {
                 Ok(s) => s,
                 Err(e) => return self.fail(&AssistantDraft::new(), e.to_string(), e.kind).await,
             };
-            let (mut text, mut thinking) = (String::new(), String::new());
+            // Bytes of text and thinking this message has streamed (the draft holds the text itself).
+            let mut streamed = 0usize;
             loop {
                 let next = match self.unless_cancelled(stream.next()).await {
                     Step::Cancelled => return self.aborted(Some(stream.draft())).await,
@@ -229,15 +272,23 @@ impl Runner {
                 };
                 match next {
                     Ok(Some(StreamDelta::Text(delta))) => {
-                        text.push_str(&delta);
-                        self.emit(RunEvent::TextDelta { delta, text: text.clone() }).await;
+                        streamed += delta.len();
+                        self.emit(RunEvent::TextDelta { delta }).await;
                     }
                     Ok(Some(StreamDelta::Thinking(delta))) => {
-                        thinking.push_str(&delta);
-                        self.emit(RunEvent::ThinkingDelta { delta, thinking: thinking.clone() }).await;
+                        streamed += delta.len();
+                        self.emit(RunEvent::ThinkingDelta { delta }).await;
                     }
                     Ok(None) => break,
                     Err(e) => return self.fail(stream.draft(), e.to_string(), e.kind).await,
+                }
+                if streamed > self.req.max_reply_bytes {
+                    let message = format!(
+                        "provider {}: reply exceeded the {}-byte limit (max_reply_bytes); the stream was cut",
+                        self.req.model.provider.name, self.req.max_reply_bytes
+                    );
+                    // Returning drops the stream, which closes the connection.
+                    return self.fail(stream.draft(), message, ErrorKind::ReplyTooLarge).await;
                 }
             }
             if self.req.cancel.is_cancelled() {

@@ -1,7 +1,8 @@
 //! Runs against the fake provider of each wire format: a normal stream, and every fault
 //! (429/5xx with retries, retry-after too long, context length, cut streams, invalid JSON,
-//! first-byte and idle timeouts, refused connections, missing terminal event), checking the
-//! events and the persisted transcript as whole values.
+//! first-byte and idle timeouts, refused connections, missing terminal event, a reply over
+//! `max_reply_bytes`, nonsense `retry-after` values), checking the events and the persisted
+//! transcript as whole values.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -39,6 +40,9 @@ per_format!(
     first_byte_timeout_no_headers,
     first_byte_timeout_no_body,
     connection_refused,
+    reply_over_max_reply_bytes_is_cut,
+    many_small_deltas_add_up_to_the_text,
+    retry_after_ms_inf_is_ignored,
 );
 
 fn prefix(f: Format) -> String {
@@ -345,4 +349,97 @@ async fn connection_refused(f: Format) {
     assert!(message.starts_with(&format!("{}cannot connect to {url}: ", prefix(f))), "{message}");
     assert!(message.ends_with("(after 2 attempts)"), "{message}");
     assert_eq!(chained_messages(&sink.entries()), vec![error_message(f, json!([]), zero_usage(), false, &message)]);
+}
+
+/// Runs with `max_reply_bytes = cap`; returns (events, persisted messages).
+async fn capped_run(fake: &FakeProvider, cap: usize) -> (Vec<pincer_agent::RunEvent>, Vec<Value>) {
+    let sink = std::sync::Arc::new(pincer_agent::MemorySink::new());
+    let mut req = run_request(
+        fake.model(),
+        vec![user("hi")],
+        pincer_agent::ToolRegistry::new(),
+        sink.clone(),
+        pincer_agent::CancellationToken::new(),
+    );
+    req.max_reply_bytes = cap;
+    let events = collect(pincer_agent::start_run(req)).await;
+    (events, sink.entries().into_iter().map(|e| e["message"].clone()).collect())
+}
+
+/// 8 MiB streamed against a 1 MiB cap: the run stops reading, persists the partial message as an
+/// error naming the cap, and ends with `ReplyTooLarge`.
+async fn reply_over_max_reply_bytes_is_cut(f: Format) {
+    const CHUNK: usize = 64 * 1024;
+    const CAP: usize = 1024 * 1024;
+    let fake = FakeProvider::start(f).await;
+    let chunk = "z".repeat(CHUNK);
+    let chunks: Vec<&str> = (0..128).map(|_| chunk.as_str()).collect();
+    fake.push(Reply::stream(script(f, &turn(vec![text(&chunks)], (1, 1, 0)))));
+    let (events, messages) = capped_run(&fake, CAP).await;
+    assert_eq!(messages.len(), 1, "only the partial assistant message is persisted");
+    let m = &messages[0];
+    let persisted = m["content"][0]["text"].as_str().unwrap().len();
+    assert!(persisted > CAP && persisted <= CAP + CHUNK, "persisted {persisted} bytes of text");
+    assert_eq!(m["stopReason"], "error");
+    let expected =
+        format!("provider {}: reply exceeded the 1048576-byte limit (max_reply_bytes); the stream was cut", f.name());
+    assert_eq!(m["errorMessage"], json!(expected));
+    let deltas: usize = events
+        .iter()
+        .map(|e| match e {
+            pincer_agent::RunEvent::TextDelta { delta } => delta.len(),
+            _ => 0,
+        })
+        .sum();
+    assert!(deltas > CAP && deltas <= persisted, "{deltas} bytes streamed before the cut");
+    match events.last().unwrap() {
+        pincer_agent::RunEvent::Error { entry, message, kind } => {
+            assert_eq!(*kind, pincer_agent::ErrorKind::ReplyTooLarge);
+            assert_eq!(kind.as_str(), "reply_too_large");
+            assert_eq!(message, &expected);
+            assert_eq!(entry.as_ref().map(|e| &e["message"]), Some(m));
+        }
+        other => panic!("expected an error event, got {other:?}"),
+    }
+}
+
+/// Thousands of small chunks: each delta event carries only its piece, and the pieces add up to
+/// exactly the persisted text.
+async fn many_small_deltas_add_up_to_the_text(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let pieces: Vec<String> = (0..3000).map(|i| format!("w{i} ")).collect();
+    let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    fake.push(Reply::stream(script(f, &turn(vec![text(&refs)], (1, 1, 0)))));
+    let (events, messages) = capped_run(&fake, pincer_agent::DEFAULT_MAX_REPLY_BYTES).await;
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            pincer_agent::RunEvent::TextDelta { delta } => Some(delta.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas, refs, "one event per piece, each only the piece");
+    let whole = pieces.concat();
+    assert_eq!(deltas.iter().map(|d| d.len()).sum::<usize>(), whole.len());
+    assert_eq!(messages[0]["content"][0]["text"], json!(whole));
+    assert!(matches!(events.last(), Some(pincer_agent::RunEvent::Final { .. })));
+}
+
+/// `retry-after-ms: inf` (and friends) must not panic the run: it is ignored, the normal backoff
+/// applies, and the retry succeeds.
+async fn retry_after_ms_inf_is_ignored(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    for v in ["inf", "NaN"] {
+        fake.push(Reply::Status {
+            status: 429,
+            headers: vec![("retry-after-ms".into(), v.into())],
+            body: f.error_body(429, "Rate limit reached"),
+        });
+    }
+    fake.push(Reply::stream(script(f, &hello())));
+    let knobs = Knobs { max_retries: 3, ..Knobs::default() };
+    let (events, messages) = simple_run(&fake, fake.model_with(&knobs)).await;
+    assert_eq!(messages, vec![expected_assistant(f, &hello())]);
+    assert_eq!(events.last().unwrap()["final"]["message"], expected_assistant(f, &hello()));
+    assert_eq!(fake.requests().len(), 3);
 }

@@ -225,9 +225,9 @@ async fn abort_mid_stream_returns_partial(f: Format) {
             break next_event(&mut rx).await;
         }
     };
-    assert_eq!(first, RunEvent::TextDelta { delta: "Hel".into(), text: "Hel".into() });
+    assert_eq!(first, RunEvent::TextDelta { delta: "Hel".into() });
     control.send(Step::Send(evs[released].clone())).unwrap();
-    assert_eq!(next_event(&mut rx).await, RunEvent::TextDelta { delta: "lo".into(), text: "Hello".into() });
+    assert_eq!(next_event(&mut rx).await, RunEvent::TextDelta { delta: "lo".into() });
     cancel.cancel();
     let rest = events_json(&collect(rx).await);
     let mut partial = expected_assistant(f, &hello_turn());
@@ -504,6 +504,56 @@ async fn failed_append_ends_the_run_with_an_error() {
             message: "cannot append to the transcript: disk full".into(),
             kind: pincer_agent::ErrorKind::Unknown
         }
+    );
+}
+
+/// Panics on its first append (inside the run), then appends normally.
+struct PanicsOnce {
+    inner: MemorySink,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+impl pincer_agent::TranscriptSink for PanicsOnce {
+    fn append_message(
+        &self,
+        message: Value,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, String>> + Send + '_>> {
+        if !self.panicked.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            panic!("sink exploded");
+        }
+        self.inner.append_message(message)
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_run_still_ends_with_a_persisted_error() {
+    let sink = Arc::new(PanicsOnce { inner: MemorySink::new(), panicked: false.into() });
+    let mut req = run_request(
+        ResolvedModel::echo(),
+        vec![user("x")],
+        ToolRegistry::new(),
+        Arc::new(MemorySink::new()),
+        CancellationToken::new(),
+    );
+    req.sink = sink.clone();
+    let events = collect(start_run(req)).await;
+    let entries = sink.inner.entries();
+    assert_eq!(entries.len(), 1, "the error message is appended by the guard");
+    let msg = &entries[0]["message"];
+    assert_eq!(
+        (&msg["stopReason"], &msg["errorMessage"]),
+        (&json!("error"), &json!("the run panicked: sink exploded"))
+    );
+    assert_eq!(
+        &events[events.len() - 2..],
+        &[
+            RunEvent::Persisted { entry: entries[0].clone() },
+            RunEvent::Error {
+                entry: Some(entries[0].clone()),
+                message: "the run panicked: sink exploded".into(),
+                kind: pincer_agent::ErrorKind::Internal
+            }
+        ]
     );
 }
 

@@ -64,6 +64,7 @@ async fn each_provider_persists_through_the_store_and_pi_reads_it_back() {
             cancel: CancellationToken::new(),
             max_turns: 4,
             run_id: "r1".into(),
+            max_reply_bytes: pincer_agent::DEFAULT_MAX_REPLY_BYTES,
         });
         let events = collect(rx).await;
         assert!(matches!(events.last(), Some(pincer_agent::RunEvent::Final { .. })), "{f:?}: {events:?}");

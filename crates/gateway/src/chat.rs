@@ -513,6 +513,7 @@ impl Turn {
                 cancel: self.run.cancel.clone(),
                 max_turns: self.gw.settings.max_turns,
                 run_id: self.run.run_id.clone(),
+                max_reply_bytes: self.gw.settings.max_reply_bytes,
             });
             match self.stream(rx, !retried).await {
                 StreamEnd::Overflow { message, entry } => {
@@ -595,14 +596,14 @@ impl Turn {
                 return StreamEnd::Other;
             };
             match ev {
-                RunEvent::TextDelta { delta, text: t } => {
+                RunEvent::TextDelta { delta } => {
                     pending.push_str(&delta);
-                    text = t;
+                    text.push_str(&delta);
                     if last_sent.is_none_or(|l| l.elapsed() >= DELTA_INTERVAL) {
                         self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
                     }
                 }
-                RunEvent::ThinkingDelta { thinking: t, .. } => thinking = t,
+                RunEvent::ThinkingDelta { delta } => thinking.push_str(&delta),
                 RunEvent::ToolCallStart { id, name, arguments } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
                     self.agent_event(

@@ -135,14 +135,33 @@ impl std::fmt::Debug for Settings {
 }
 
 impl Settings {
-    /// The redactor the settings ask for: the default secret patterns plus the configured ones, or none.
+    /// The redactor the settings ask for: the default secret patterns plus the configured ones and
+    /// every secret known by value ([`Settings::known_secrets`]), or none.
     pub fn redactor(&self) -> Result<std::sync::Arc<dyn pincer_store::redact::Redactor>, String> {
         use pincer_store::redact::{NoRedaction, SecretRedactor};
         Ok(if self.redact {
-            std::sync::Arc::new(SecretRedactor::new(&self.redact_patterns)?)
+            std::sync::Arc::new(SecretRedactor::new(&self.redact_patterns)?.with_known_values(self.known_secrets())?)
         } else {
             std::sync::Arc::new(NoRedaction)
         })
+    }
+
+    /// Secrets the gateway knows by value, redacted wherever they appear whatever they look like:
+    /// the gateway token, the providers' API keys (configured, or read from `api_key_env`,
+    /// `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`) and credential headers, and the value of every
+    /// environment variable named `*_API_KEY` or `*_TOKEN` (`PINCER_GATEWAY_TOKEN` among them).
+    /// Values shorter than 8 bytes are skipped by the redactor.
+    pub fn known_secrets(&self) -> Vec<String> {
+        let mut out = self.providers.secret_values();
+        if let AuthMode::Token(t) = &self.auth {
+            out.push(t.clone());
+        }
+        out.extend(
+            std::env::vars_os()
+                .filter(|(k, _)| k.to_str().is_some_and(|k| k.ends_with("_API_KEY") || k.ends_with("_TOKEN")))
+                .filter_map(|(_, v)| v.into_string().ok()),
+        );
+        out
     }
 }
 
@@ -261,12 +280,14 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
         allowed_origins: allowed_origins(&file.gateway.allowed_origins)?,
         max_connections: file.gateway.max_connections.unwrap_or_else(default_max_connections).max(1),
         header_timeout: std::time::Duration::from_millis(file.gateway.header_timeout_ms.unwrap_or(10_000).max(100)),
-        max_reply_bytes: file.agents.defaults.max_reply_bytes.unwrap_or(DEFAULT_MAX_REPLY_BYTES).max(1024),
+        max_reply_bytes: file
+            .agents
+            .defaults
+            .max_reply_bytes
+            .unwrap_or(pincer_agent::DEFAULT_MAX_REPLY_BYTES)
+            .max(1024),
     })
 }
-
-/// Default `agents.defaults.max_reply_bytes`.
-const DEFAULT_MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
 
 /// Checks and normalises `gateway.allowed_origins`.
 fn allowed_origins(list: &[String]) -> Result<Vec<String>, String> {
@@ -310,4 +331,93 @@ fn load_or_create_token(path: &Path) -> Result<String, String> {
     pincer_store::fsutil::write_private_atomically(path, format!("{token}\n").as_bytes())
         .map_err(|e| format!("{}: cannot write the gateway token: {e}", path.display()))?;
     Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use pincer_store::{NewEntry, Store, StoreOptions};
+    use serde_json::json;
+
+    const GATEWAY_TOKEN: &str = "gw-token-3f9a1c77b2e04d55";
+    const CONFIG_KEY: &str = "local-config-key-0001";
+    const OPENAI_ENV_KEY: &str = "oa-env-key-98765432";
+    const KEY_ENV_VALUE: &str = "envd-secret-value-777";
+    const OTHER_TOKEN: &str = "svc-token-xyz-12345";
+
+    /// Loads real settings in a child process (its environment set by the parent, so no test
+    /// mutates this process's environment), appends a message quoting every secret through a
+    /// store with `Settings::redactor()`, and checks the file and `redact_str`.
+    #[test]
+    fn known_secrets_are_redacted_in_transcripts_and_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("pincer.toml"),
+            format!(
+                r#"
+[models.providers.local]
+api = "openai-completions"
+base_url = "http://127.0.0.1:9/v1"
+api_key = "{CONFIG_KEY}"
+[[models.providers.local.models]]
+id = "m"
+
+[models.providers.envd]
+api = "anthropic-messages"
+base_url = "http://127.0.0.1:9"
+api_key_env = "PINCER_TEST_ENVD_SECRET"
+[[models.providers.envd.models]]
+id = "m"
+"#
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["config::tests::redaction_child", "--exact", "--nocapture", "--test-threads=1"])
+            .env("PINCER_REDACTION_CHILD_DIR", dir.path())
+            .env("PINCER_GATEWAY_TOKEN", GATEWAY_TOKEN)
+            .env("OPENAI_API_KEY", OPENAI_ENV_KEY)
+            .env("PINCER_TEST_ENVD_SECRET", KEY_ENV_VALUE)
+            .env("SOME_SERVICE_TOKEN", OTHER_TOKEN)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && dir.path().join("child-ok").exists(),
+            "child failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn redaction_child() {
+        let Ok(dir) = std::env::var("PINCER_REDACTION_CHILD_DIR") else { return };
+        let dir = PathBuf::from(dir);
+        let o =
+            Overrides { state_dir: Some(dir.clone()), config: Some(dir.join("pincer.toml")), ..Overrides::default() };
+        let settings = load(&o).unwrap();
+        assert_eq!(settings.auth, AuthMode::Token(GATEWAY_TOKEN.into()));
+        let secrets = [GATEWAY_TOKEN, CONFIG_KEY, OPENAI_ENV_KEY, KEY_ENV_VALUE, OTHER_TOKEN];
+        let text = secrets.join(" | ");
+        let store = Store::new(StoreOptions { redactor: settings.redactor().unwrap(), ..StoreOptions::default() });
+        let file = dir.join("sessions/s.jsonl");
+        let msg = json!({"role": "user", "content": [{"type": "text", "text": text}], "timestamp": 1});
+        store.append(&file, NewEntry::message(msg)).unwrap();
+        store.close();
+        let on_disk = std::fs::read_to_string(&file).unwrap();
+        let line: serde_json::Value = serde_json::from_str(on_disk.lines().nth(1).unwrap()).unwrap();
+        let expected = "gw-…[REDACTED] | lo…[REDACTED] | oa…[REDACTED] | en…[REDACTED] | sv…[REDACTED]";
+        assert_eq!(line["message"]["content"][0]["text"], expected);
+        for s in secrets {
+            assert!(!on_disk.contains(s), "{s} reached the transcript");
+        }
+        assert_eq!(settings.redactor().unwrap().redact_str(&format!("log: {text}")), format!("log: {expected}"));
+        // Off means off.
+        let mut off = settings;
+        off.redact = false;
+        assert_eq!(off.redactor().unwrap().redact_str(GATEWAY_TOKEN), GATEWAY_TOKEN);
+        std::fs::write(dir.join("child-ok"), b"ok").unwrap();
+    }
 }

@@ -165,7 +165,20 @@ impl StoreError {
             StoreError::Io { path, source } => {
                 StoreError::Io { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
             }
-            StoreError::Lock(e) => StoreError::Internal(e.to_string()),
+            // A lock file that cannot be created is an I/O error like any other (a full disk, no
+            // write permission on the directory): it keeps its kind.
+            StoreError::Lock(lock::LockError::Io { path, source }) => {
+                StoreError::Io { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            StoreError::Lock(lock::LockError::Timeout { timeout_ms, pid, alive, age_ms, path }) => {
+                StoreError::Lock(lock::LockError::Timeout {
+                    timeout_ms: *timeout_ms,
+                    pid: pid.clone(),
+                    alive: *alive,
+                    age_ms: *age_ms,
+                    path: path.clone(),
+                })
+            }
             StoreError::NoHeader(s) => StoreError::NoHeader(s.clone()),
             StoreError::InvalidEntry(s) => StoreError::InvalidEntry(s.clone()),
             StoreError::Internal(s) => StoreError::Internal(s.clone()),

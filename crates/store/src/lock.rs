@@ -11,7 +11,11 @@
 //! appends again never deadlocks on its own lock. A released lock lingers for a few milliseconds
 //! (still flocked, still ours) so a burst of commits does not create and unlink the lock file —
 //! two metadata operations every fdatasync would otherwise have to journal — for each commit;
-//! [`LockRegistry::release_idle`] ends the linger at once (a CLI command's exit, shutdown).
+//! [`LockRegistry::release_idle`] ends the linger at once (a CLI command's exit, shutdown). At most
+//! [`LockOptions::max_lingering`] released locks linger at a time (each holds a file descriptor);
+//! the oldest is released when another would exceed that. The reaper thread that ends lingers is
+//! owned by the registry: it stops (and lingering locks are released) when the last clone of the
+//! registry is dropped.
 
 use crate::ids::now_iso;
 use serde_json::{json, Value};
@@ -35,6 +39,8 @@ pub struct LockOptions {
     pub payload_grace: Duration,
     /// How long a released lock is kept for the next commit of this process.
     pub linger: Duration,
+    /// Most released locks kept lingering at once (each keeps its lock file open).
+    pub max_lingering: usize,
 }
 
 impl Default for LockOptions {
@@ -44,6 +50,7 @@ impl Default for LockOptions {
             max_hold: Duration::from_secs(300),
             payload_grace: Duration::from_secs(2),
             linger: Duration::from_millis(10),
+            max_lingering: 16,
         }
     }
 }
@@ -64,18 +71,56 @@ struct Held {
     /// When the last guard was dropped (lingering), `None` while in use.
     idle_since: Option<Instant>,
     linger: Duration,
+    max_lingering: usize,
 }
 
-type HeldMap = Mutex<HashMap<PathBuf, Held>>;
+/// The locks held, and whether the registry is gone (the reaper's signal to stop).
+#[derive(Default)]
+struct HeldState {
+    locks: HashMap<PathBuf, Held>,
+    shutdown: bool,
+}
 
-/// Locks this process holds, by lock-file path.
+/// What the reaper thread shares with the registry.
+#[derive(Default)]
+struct Shared {
+    held: Mutex<HeldState>,
+    wake: Condvar,
+}
+
+/// The registry proper; dropped with its last [`LockRegistry`] clone (guards hold one).
+#[derive(Default)]
+struct Registry {
+    shared: Arc<Shared>,
+    reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Registry {
+    /// Stops the reaper (it releases whatever still lingers) and waits for it to end.
+    fn drop(&mut self) {
+        lock_state(&self.shared.held).shutdown = true;
+        self.shared.wake.notify_all();
+        let handle = match self.reaper.get_mut() {
+            Ok(h) => h.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+        let mut held = lock_state(&self.shared.held);
+        for (p, h) in std::mem::take(&mut held.locks) {
+            release(&p, h);
+        }
+    }
+}
+
+/// Locks this process holds, by lock-file path. Cheap to clone; all clones share the locks.
 #[derive(Default, Clone)]
 pub struct LockRegistry {
-    held: Arc<(HeldMap, Condvar)>,
-    reaper: Arc<std::sync::OnceLock<()>>,
+    inner: Arc<Registry>,
 }
 
-fn lock_map(m: &HeldMap) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Held>> {
+fn lock_state(m: &Mutex<HeldState>) -> std::sync::MutexGuard<'_, HeldState> {
     match m.lock() {
         Ok(h) => h,
         Err(p) => p.into_inner(),
@@ -97,23 +142,41 @@ pub struct LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let (map, wake) = &*self.registry.held;
-        let mut held = lock_map(map);
-        let Some(h) = held.get_mut(&self.path) else { return };
+        let shared = &self.registry.inner.shared;
+        let mut held = lock_state(&shared.held);
+        let Some(h) = held.locks.get_mut(&self.path) else { return };
         h.count -= 1;
         if h.count > 0 {
             return;
         }
-        if h.linger.is_zero() {
-            if let Some(h) = held.remove(&self.path) {
+        if h.linger.is_zero() || h.max_lingering == 0 {
+            if let Some(h) = held.locks.remove(&self.path) {
                 release(&self.path, h);
             }
             return;
         }
         h.idle_since = Some(Instant::now());
+        let max_lingering = h.max_lingering;
+        release_oldest_idle(&mut held.locks, max_lingering);
         drop(held);
         self.registry.start_reaper();
-        wake.notify_all();
+        shared.wake.notify_all();
+    }
+}
+
+/// Releases the longest-lingering locks until at most `keep` linger.
+fn release_oldest_idle(locks: &mut HashMap<PathBuf, Held>, keep: usize) {
+    let mut idle: Vec<(Instant, PathBuf)> =
+        locks.iter().filter(|(_, h)| h.count == 0).filter_map(|(p, h)| Some((h.idle_since?, p.clone()))).collect();
+    if idle.len() <= keep {
+        return;
+    }
+    idle.sort();
+    let excess = idle.len() - keep;
+    for (_, p) in idle.into_iter().take(excess) {
+        if let Some(h) = locks.remove(&p) {
+            release(&p, h);
+        }
     }
 }
 
@@ -125,52 +188,26 @@ pub fn lock_path_for(transcript: &Path) -> PathBuf {
 impl LockRegistry {
     /// Releases every lingering lock now.
     pub fn release_idle(&self) {
-        let mut held = lock_map(&self.held.0);
-        let idle: Vec<PathBuf> = held.iter().filter(|(_, h)| h.count == 0).map(|(p, _)| p.clone()).collect();
-        for p in idle {
-            if let Some(h) = held.remove(&p) {
-                release(&p, h);
-            }
-        }
+        release_oldest_idle(&mut lock_state(&self.inner.shared.held).locks, 0);
     }
 
-    /// A thread that releases locks whose linger ran out; it sleeps while nothing lingers.
+    /// Lock files this process holds or keeps lingering (each is an open file descriptor).
+    pub fn held_count(&self) -> usize {
+        lock_state(&self.inner.shared.held).locks.len()
+    }
+
+    /// Starts, once, the thread that releases locks whose linger ran out. It sleeps while nothing
+    /// lingers, holds no reference to the registry, and ends when the registry is dropped.
     fn start_reaper(&self) {
-        self.reaper.get_or_init(|| {
-            let held = self.held.clone();
-            let _ = std::thread::Builder::new().name("pincer-lock-reaper".into()).spawn(move || {
-                let (map, wake) = &*held;
-                let mut guard = lock_map(map);
-                loop {
-                    let now = Instant::now();
-                    let expired: Vec<PathBuf> = guard
-                        .iter()
-                        .filter(|(_, h)| h.count == 0 && h.idle_since.is_some_and(|t| now >= t + h.linger))
-                        .map(|(p, _)| p.clone())
-                        .collect();
-                    for p in expired {
-                        if let Some(h) = guard.remove(&p) {
-                            release(&p, h);
-                        }
-                    }
-                    let next = guard
-                        .values()
-                        .filter(|h| h.count == 0)
-                        .filter_map(|h| h.idle_since.map(|t| t + h.linger))
-                        .min();
-                    guard = match next {
-                        Some(at) => match wake.wait_timeout(guard, at.saturating_duration_since(Instant::now())) {
-                            Ok((g, _)) => g,
-                            Err(p) => p.into_inner().0,
-                        },
-                        None => match wake.wait(guard) {
-                            Ok(g) => g,
-                            Err(p) => p.into_inner(),
-                        },
-                    };
-                }
-            });
-        });
+        let mut slot = match self.inner.reaper.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if slot.is_some() {
+            return;
+        }
+        let shared = self.inner.shared.clone();
+        *slot = std::thread::Builder::new().name("pincer-lock-reaper".into()).spawn(move || reap(&shared)).ok();
     }
 
     /// Takes the lock for `transcript`, waiting (with short, growing sleeps) while a live process holds it.
@@ -180,15 +217,22 @@ impl LockRegistry {
         let mut sleep = Duration::from_millis(1);
         loop {
             {
-                let mut held = lock_map(&self.held.0);
-                if let Some(h) = held.get_mut(&path) {
+                let mut held = lock_state(&self.inner.shared.held);
+                if let Some(h) = held.locks.get_mut(&path) {
                     h.count += 1;
                     h.idle_since = None;
                     return Ok(LockGuard { registry: self.clone(), path });
                 }
                 match create_lock(&path, opts) {
                     Ok(file) => {
-                        held.insert(path.clone(), Held { count: 1, file, idle_since: None, linger: opts.linger });
+                        let h = Held {
+                            count: 1,
+                            file,
+                            idle_since: None,
+                            linger: opts.linger,
+                            max_lingering: opts.max_lingering,
+                        };
+                        held.locks.insert(path.clone(), h);
                         return Ok(LockGuard { registry: self.clone(), path });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -216,12 +260,60 @@ impl LockRegistry {
     }
 
     fn holds(&self, path: &Path) -> bool {
-        lock_map(&self.held.0).contains_key(path)
+        lock_state(&self.inner.shared.held).locks.contains_key(path)
     }
 }
 
+/// The reaper's loop: release expired lingers, sleep until the next expires or a lock is released.
+fn reap(shared: &Shared) {
+    let mut guard = lock_state(&shared.held);
+    loop {
+        if guard.shutdown {
+            return;
+        }
+        let now = Instant::now();
+        let expired: Vec<PathBuf> = guard
+            .locks
+            .iter()
+            .filter(|(_, h)| h.count == 0 && h.idle_since.is_some_and(|t| now >= t + h.linger))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in expired {
+            if let Some(h) = guard.locks.remove(&p) {
+                release(&p, h);
+            }
+        }
+        let next =
+            guard.locks.values().filter(|h| h.count == 0).filter_map(|h| h.idle_since.map(|t| t + h.linger)).min();
+        guard = match next {
+            Some(at) => match shared.wake.wait_timeout(guard, at.saturating_duration_since(Instant::now())) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            },
+            None => match shared.wake.wait(guard) {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            },
+        };
+    }
+}
+
+/// Creates the lock file exclusively and writes its body. If anything after the creation fails (a
+/// full disk: the file exists but its body cannot be written), the file is removed again, so no
+/// empty lock file is left behind for others to wait out.
 fn create_lock(path: &Path, opts: &LockOptions) -> std::io::Result<File> {
-    let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    let file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    match lock_and_write_body(file, opts) {
+        Ok(file) => Ok(file),
+        Err(e) => {
+            // Still ours: created exclusively a moment ago, and nobody judges a fresh file stale.
+            let _ = std::fs::remove_file(path);
+            Err(e)
+        }
+    }
+}
+
+fn lock_and_write_body(mut file: File, opts: &LockOptions) -> std::io::Result<File> {
     file.lock()?;
     let mut body = json!({
         "pid": std::process::id(),
@@ -357,6 +449,28 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(!lock_path_for(&t).exists(), "the reaper released it");
+    }
+
+    #[test]
+    fn lingering_is_bounded_and_the_reaper_ends_with_its_registry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reg = LockRegistry::default();
+        let opts = LockOptions { linger: Duration::from_secs(60), max_lingering: 3, ..LockOptions::default() };
+        let paths: Vec<PathBuf> = (0..10).map(|i| dir.path().join(format!("s{i}.jsonl"))).collect();
+        for p in &paths {
+            drop(reg.acquire(p, &opts).expect("acquire"));
+            assert!(reg.held_count() <= 3, "{} lingering", reg.held_count());
+        }
+        // The three most recent linger; the older ones were released (their lock files are gone).
+        let present: Vec<bool> = paths.iter().map(|p| lock_path_for(p).exists()).collect();
+        assert_eq!(present, [vec![false; 7], vec![true; 3]].concat());
+        let shared = Arc::downgrade(&reg.inner.shared);
+        let second = reg.clone();
+        drop(reg);
+        assert!(shared.upgrade().is_some(), "a clone still owns the registry");
+        drop(second);
+        assert!(shared.upgrade().is_none(), "the reaper thread ended and let go of the registry");
+        assert!(paths.iter().all(|p| !lock_path_for(p).exists()), "lingering locks released at drop");
     }
 
     #[test]

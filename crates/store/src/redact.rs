@@ -1,9 +1,12 @@
 //! Secret redaction applied to every message before it is written (and usable for logs).
 //!
 //! The default patterns catch API keys and tokens of the common providers, bearer tokens and PEM
-//! private keys; more can be configured, and redaction can be turned off. Image data is never
+//! private keys; more can be configured, and redaction can be turned off. Secrets known by value
+//! (configured API keys, keys and tokens from the environment, the gateway token) are redacted
+//! wherever they appear, whatever they look like, with one Aho-Corasick pass. Image data is never
 //! touched (base64 can look like anything).
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use regex::Regex;
 use serde_json::Value;
 
@@ -28,7 +31,12 @@ impl Redactor for NoRedaction {
 /// Pattern-based redaction: each match keeps a short prefix so a reader can tell which key it was.
 pub struct SecretRedactor {
     patterns: Vec<Regex>,
+    /// Exact secret values (at least [`MIN_KNOWN_SECRET_LEN`] bytes each).
+    known: Option<AhoCorasick>,
 }
+
+/// Known secret values shorter than this are not redacted by value (too many false hits).
+pub const MIN_KNOWN_SECRET_LEN: usize = 8;
 
 /// The built-in patterns.
 pub const DEFAULT_PATTERNS: &[&str] = &[
@@ -58,13 +66,39 @@ impl SecretRedactor {
         for p in DEFAULT_PATTERNS.iter().map(|s| s.to_string()).chain(extra.iter().cloned()) {
             patterns.push(Regex::new(&p).map_err(|e| format!("invalid redaction pattern {p:?}: {e}"))?);
         }
-        Ok(SecretRedactor { patterns })
+        Ok(SecretRedactor { patterns, known: None })
+    }
+
+    /// Also redacts each of `values` wherever it appears (values shorter than
+    /// [`MIN_KNOWN_SECRET_LEN`] bytes, or blank, are ignored).
+    pub fn with_known_values<I, S>(mut self, values: I) -> Result<SecretRedactor, String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut v: Vec<String> = values
+            .into_iter()
+            .map(|s| s.as_ref().trim().to_owned())
+            .filter(|s| s.len() >= MIN_KNOWN_SECRET_LEN)
+            .collect();
+        v.sort();
+        v.dedup();
+        self.known = if v.is_empty() {
+            None
+        } else {
+            let ac = AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostLongest)
+                .build(&v)
+                .map_err(|e| format!("cannot build the known-secret matcher: {e}"))?;
+            Some(ac)
+        };
+        Ok(self)
     }
 }
 
 impl Default for SecretRedactor {
     fn default() -> Self {
-        SecretRedactor::new(&[]).unwrap_or(SecretRedactor { patterns: Vec::new() })
+        SecretRedactor::new(&[]).unwrap_or(SecretRedactor { patterns: Vec::new(), known: None })
     }
 }
 
@@ -76,9 +110,26 @@ fn mask(m: &str) -> String {
     format!("{keep}…[REDACTED]")
 }
 
+/// The marker for a secret known by value: like [`mask`], but the kept prefix is at most an eighth
+/// of the value (a known value need not start with a public prefix such as `sk-`).
+fn mask_known(m: &str) -> String {
+    let keep: String = m.chars().take((m.chars().count() / 8).min(6)).collect();
+    format!("{keep}…[REDACTED]")
+}
+
 impl Redactor for SecretRedactor {
     fn redact_str(&self, s: &str) -> String {
         let mut out = std::borrow::Cow::Borrowed(s);
+        if let Some(ac) = &self.known {
+            if ac.is_match(s) {
+                let mut r = String::with_capacity(s.len());
+                ac.replace_all_with(s, &mut r, |_, m, dst| {
+                    dst.push_str(&mask_known(m));
+                    true
+                });
+                out = std::borrow::Cow::Owned(r);
+            }
+        }
         for re in &self.patterns {
             if re.is_match(&out) {
                 out = std::borrow::Cow::Owned(re.replace_all(&out, |c: &regex::Captures| mask(&c[0])).into_owned());
@@ -132,5 +183,25 @@ mod tests {
         assert!(SecretRedactor::new(&["(".into()]).is_err());
         let custom = SecretRedactor::new(&["internal-[0-9]{4}".into()]).expect("valid");
         assert_eq!(custom.redact_str("id internal-1234"), "id intern…[REDACTED]");
+    }
+
+    #[test]
+    fn known_values_are_redacted_wherever_they_appear() {
+        let token = "0f3c9a7e5b2d4c6e8a1b3d5f7a9c2e4b";
+        let r = SecretRedactor::new(&[])
+            .expect("valid")
+            .with_known_values([token, "local-key-12345", "short", "", "  local-key-12345  "])
+            .expect("built");
+        assert_eq!(
+            r.redact_str(&format!("token={token}, key=local-key-12345;")),
+            "token=0f3c…[REDACTED], key=l…[REDACTED];"
+        );
+        assert_eq!(r.redact_str("short stays"), "short stays", "values under 8 bytes are not used");
+        // The longest known value wins where values overlap; patterns still apply afterwards.
+        let r2 = SecretRedactor::default().with_known_values(["abcdefgh", "abcdefghijklmnop"]).expect("built");
+        assert_eq!(r2.redact_str("abcdefghijklmnop sk-zyxwvutsrqponmlkjihgfedcba"), "ab…[REDACTED] sk-zyx…[REDACTED]");
+        let mut v = json!({"content": [{"type": "text", "text": format!("x {token} y")}]});
+        r.redact_value(&mut v);
+        assert_eq!(v["content"][0]["text"], "x 0f3c…[REDACTED] y");
     }
 }

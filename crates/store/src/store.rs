@@ -8,6 +8,13 @@
 //! disk. Nothing here reads the whole file on the append path: the leaf comes from a backwards
 //! scan of the tail when a file is first opened; the idempotency index is built once, on the first
 //! append that carries a key, and kept up to date from then on.
+//!
+//! Bounded resources: at most [`StoreOptions::max_open_files`] transcripts are open at once (the
+//! least recently used idle writer's handle is closed; its cached leaf, length and index stay and
+//! are revalidated by `(dev, ino, len)` when it is reopened), and at most
+//! [`StoreOptions::max_writers`] writers are cached (idle ones are dropped entirely beyond that).
+//! Files are opened read-only to be read; a writable handle is opened only to write, so a
+//! read-only transcript can still be read.
 
 use crate::ids::{new_entry_id, new_session_id, now_iso};
 use crate::lock::{LockGuard, LockOptions, LockRegistry};
@@ -17,13 +24,14 @@ use crate::session::Session;
 use crate::StoreError;
 use serde_json::{json, Map, Value};
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 
 /// Settings of a [`Store`].
 #[derive(Clone)]
@@ -33,7 +41,18 @@ pub struct StoreOptions {
     pub redactor: Arc<dyn Redactor>,
     /// `cwd` written into new headers.
     pub cwd: String,
+    /// Most transcript files kept open at once (at least 1; never more than a quarter of the
+    /// process's open-file limit). Beyond it the least recently used idle file is closed.
+    pub max_open_files: usize,
+    /// Most files whose writer (cached leaf, length, index) is kept; idle writers beyond it are
+    /// dropped and rebuilt from the file when it is used again.
+    pub max_writers: usize,
 }
+
+/// Default of [`StoreOptions::max_open_files`].
+pub const DEFAULT_MAX_OPEN_FILES: usize = 256;
+/// Default of [`StoreOptions::max_writers`].
+pub const DEFAULT_MAX_WRITERS: usize = 4096;
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -41,6 +60,8 @@ impl Default for StoreOptions {
             lock: LockOptions::default(),
             redactor: Arc::new(SecretRedactor::default()),
             cwd: std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_else(|_| "/".into()),
+            max_open_files: DEFAULT_MAX_OPEN_FILES,
+            max_writers: DEFAULT_MAX_WRITERS,
         }
     }
 }
@@ -136,8 +157,30 @@ pub struct Store {
 struct Inner {
     opts: StoreOptions,
     locks: LockRegistry,
+    /// Writers by normalized path. Lock order: `aliases`, then `files`, then `handles`; a writer's
+    /// `state` may be held while taking `handles`, and is only ever `try_lock`ed under `handles`.
     files: Mutex<HashMap<PathBuf, Arc<FileWriter>>>,
+    /// Writers by the path as callers spelled it (a cache in front of `files`).
     aliases: Mutex<HashMap<PathBuf, Arc<FileWriter>>>,
+    handles: Mutex<Handles>,
+    /// `opts.max_open_files`, limited by the process's open-file limit.
+    max_open: usize,
+}
+
+/// Writers whose file is open, least recently used first.
+#[derive(Default)]
+struct Handles {
+    tick: u64,
+    /// Use tick → writer; a writer's current tick is in [`FileWriter::lru_tick`].
+    order: BTreeMap<u64, Weak<FileWriter>>,
+}
+
+/// The soft `RLIMIT_NOFILE` of this process.
+fn open_file_limit() -> Option<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the limits into the struct it is given.
+    let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    (r == 0).then_some(lim.rlim_cur)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -149,13 +192,132 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Store {
     pub fn new(opts: StoreOptions) -> Store {
+        let by_limit = open_file_limit().map(|l| usize::try_from(l / 4).unwrap_or(usize::MAX)).unwrap_or(usize::MAX);
+        let max_open = opts.max_open_files.min(by_limit).max(1);
         Store {
             inner: Arc::new(Inner {
                 opts,
                 locks: LockRegistry::default(),
                 files: Mutex::new(HashMap::new()),
                 aliases: Mutex::new(HashMap::new()),
+                handles: Mutex::new(Handles::default()),
+                max_open,
             }),
+        }
+    }
+
+    /// Transcript files this store has open now.
+    pub fn open_files(&self) -> usize {
+        lock(&self.inner.handles).order.values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Files whose writer is cached now.
+    pub fn cached_writers(&self) -> usize {
+        lock(&self.inner.files).len()
+    }
+
+    /// Lock files this store holds or keeps lingering now.
+    pub fn held_locks(&self) -> usize {
+        self.inner.locks.held_count()
+    }
+
+    /// Marks `w` as just used (call with its state locked); closes the least recently used idle
+    /// handles while more than `max_open` are open.
+    fn used(&self, w: &Arc<FileWriter>, st: &FileState) {
+        if st.file.is_none() {
+            return;
+        }
+        let mut h = lock(&self.inner.handles);
+        let old = w.lru_tick.load(Ordering::Relaxed);
+        if old != 0 {
+            h.order.remove(&old);
+        }
+        h.tick += 1;
+        let now = h.tick;
+        h.order.insert(now, Arc::downgrade(w));
+        w.lru_tick.store(now, Ordering::Relaxed);
+        let mut excess = h.order.len().saturating_sub(self.inner.max_open);
+        if excess == 0 {
+            return;
+        }
+        let mut closed = Vec::new();
+        for (&tick, weak) in &h.order {
+            if excess == 0 {
+                break;
+            }
+            if tick == now {
+                continue;
+            }
+            let done = match weak.upgrade() {
+                // Dropped writer: its file is closed already.
+                None => true,
+                Some(v) => {
+                    let idle = match v.state.try_lock() {
+                        Ok(vst) => Some(vst),
+                        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                        // In use right now: not idle, try the next one.
+                        Err(TryLockError::WouldBlock) => None,
+                    };
+                    match idle {
+                        Some(mut vst) => {
+                            vst.close_handle();
+                            v.lru_tick.store(0, Ordering::Relaxed);
+                            true
+                        }
+                        None => false,
+                    }
+                }
+            };
+            if done {
+                closed.push(tick);
+                excess -= 1;
+            }
+        }
+        for tick in closed {
+            h.order.remove(&tick);
+        }
+    }
+
+    /// Drops idle writers (no caller holds them) while more than `max_writers` are cached, down to
+    /// three quarters of it, least recently used first, so the cost is spread over many calls.
+    fn evict_writers(&self) {
+        let max = self.inner.opts.max_writers.max(1);
+        let mut aliases = lock(&self.inner.aliases);
+        let mut files = lock(&self.inner.files);
+        if files.len() <= max {
+            return;
+        }
+        let mut map_refs: HashMap<*const FileWriter, usize> = HashMap::new();
+        for w in files.values().chain(aliases.values()) {
+            *map_refs.entry(Arc::as_ptr(w)).or_default() += 1;
+        }
+        // Idle: only the maps hold it (every operation holds its own `Arc` while it runs, and new
+        // ones are taken only under the map locks held here).
+        let mut idle: Vec<(u64, PathBuf)> = files
+            .iter()
+            .filter(|(_, w)| Arc::strong_count(w) == map_refs.get(&Arc::as_ptr(w)).copied().unwrap_or(0))
+            .map(|(k, w)| (w.lru_tick.load(Ordering::Relaxed), k.clone()))
+            .collect();
+        idle.sort();
+        let excess = files.len().saturating_sub(max - max / 4);
+        let mut gone: HashSet<*const FileWriter> = HashSet::new();
+        let mut ticks = Vec::new();
+        for (tick, key) in idle.into_iter().take(excess) {
+            if let Some(w) = files.remove(&key) {
+                gone.insert(Arc::as_ptr(&w));
+                ticks.push(tick);
+            }
+        }
+        aliases.retain(|_, w| !gone.contains(&Arc::as_ptr(w)));
+        if aliases.len() > 2 * max {
+            // Many spellings of few files: the aliases are only a cache.
+            aliases.clear();
+        }
+        drop(files);
+        drop(aliases);
+        let mut h = lock(&self.inner.handles);
+        for tick in ticks.into_iter().filter(|&t| t != 0) {
+            h.order.remove(&tick);
         }
     }
 
@@ -170,17 +332,25 @@ impl Store {
             return w.clone();
         }
         let key = normalize(path);
-        let w = lock(&self.inner.files)
-            .entry(key.clone())
-            .or_insert_with(|| {
-                Arc::new(FileWriter {
-                    path: key,
-                    queue: Mutex::new(Vec::new()),
-                    state: Mutex::new(FileState::default()),
+        let (w, cached) = {
+            let mut files = lock(&self.inner.files);
+            let w = files
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    Arc::new(FileWriter {
+                        path: key,
+                        queue: Mutex::new(Vec::new()),
+                        state: Mutex::new(FileState::default()),
+                        lru_tick: AtomicU64::new(0),
+                    })
                 })
-            })
-            .clone();
+                .clone();
+            (w, files.len())
+        };
         lock(&self.inner.aliases).insert(path.to_path_buf(), w.clone());
+        if cached > self.inner.opts.max_writers {
+            self.evict_writers();
+        }
         w
     }
 
@@ -202,6 +372,7 @@ impl Store {
         }
         let batch: Vec<Pending> = std::mem::take(&mut *lock(&w.queue));
         w.commit(&mut st, batch, &self.inner);
+        self.used(&w, &st);
         drop(st);
         let r = lock(&slot).take();
         r.unwrap_or_else(|| Err(StoreError::Internal("append was not committed".into())))
@@ -222,6 +393,7 @@ impl Store {
             st.write_durably(&w.path, &out)?;
             st.header = HeaderState::Valid;
         }
+        self.used(&w, &st);
         Ok(())
     }
 
@@ -230,6 +402,7 @@ impl Store {
         let w = self.writer(path);
         let mut st = lock(&w.state);
         st.refresh(&w.path)?;
+        self.used(&w, &st);
         Ok(st.leaf.clone())
     }
 
@@ -268,6 +441,7 @@ impl Store {
         let w = self.writer(path);
         let mut st = lock(&w.state);
         st.refresh(&w.path)?;
+        self.used(&w, &st);
         if st.header == HeaderState::Missing {
             return Ok(None);
         }
@@ -294,6 +468,7 @@ impl Store {
         let w = self.writer(path);
         let mut st = lock(&w.state);
         st.refresh(&w.path)?;
+        self.used(&w, &st);
         let Some(file) = st.file.as_ref() else { return Ok(vec![]) };
         let start = from.unwrap_or_else(|| st.len.saturating_sub(max_bytes));
         if start >= st.len {
@@ -345,6 +520,8 @@ struct FileWriter {
     path: PathBuf,
     queue: Mutex<Vec<Pending>>,
     state: Mutex<FileState>,
+    /// Its key in [`Handles::order`] (0: not there); changed only under the `handles` lock.
+    lru_tick: AtomicU64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -374,7 +551,10 @@ enum Tail {
 #[derive(Default)]
 struct FileState {
     loaded: bool,
+    /// Open read-only, or for appending when `writable`; `None` before the first look, when the
+    /// file does not exist, or after the handle was closed to stay within `max_open_files`.
     file: Option<File>,
+    writable: bool,
     ident: (u64, u64),
     len: u64,
     /// Offset where the last line starts (for resuming a scan when the file grows).
@@ -427,8 +607,19 @@ impl FileState {
             Err(e) => return Err(io_err(path)(e)),
         };
         let ident = (meta.dev(), meta.ino());
-        if !self.loaded || self.file.is_none() || ident != self.ident || meta.len() < self.len {
+        if !self.loaded || ident != self.ident || meta.len() < self.len {
             return self.load(path);
+        }
+        if self.file.is_none() {
+            // Closed to stay within `max_open_files`: reopen, and keep the cache if it is still
+            // the same file (a replacement in between is caught by the identity check).
+            let file = File::open(path).map_err(io_err(path))?;
+            let m = file.metadata().map_err(io_err(path))?;
+            if (m.dev(), m.ino()) != self.ident || m.len() < self.len {
+                return self.load(path);
+            }
+            self.file = Some(file);
+            self.writable = false;
         }
         if meta.len() > self.len {
             let file = self.file.as_ref().ok_or_else(|| StoreError::Internal("no file handle".into()))?;
@@ -442,7 +633,8 @@ impl FileState {
 
     /// First look at a file: header from the head, leaf and tail state from a backwards scan.
     fn load(&mut self, path: &Path) -> Result<(), StoreError> {
-        let file = OpenOptions::new().read(true).append(true).open(path).map_err(io_err(path))?;
+        // Read-only: reading never needs write access (see `writable_file`).
+        let file = File::open(path).map_err(io_err(path))?;
         let meta = file.metadata().map_err(io_err(path))?;
         *self = FileState {
             loaded: true,
@@ -616,7 +808,32 @@ impl FileState {
         serde_json::from_slice(&line).map_err(|e| StoreError::Internal(format!("entry at byte {offset}: {e}")))
     }
 
-    /// Writes `bytes` at the end with one write call and makes them durable.
+    /// Closes the file (the cache stays, revalidated by `refresh` when the file is reopened).
+    fn close_handle(&mut self) {
+        self.file = None;
+        self.writable = false;
+    }
+
+    /// The handle opened for appending (replacing a read-only one); call after `refresh`, under the
+    /// lock. A transcript without write permission fails here, naming the file and the reason.
+    fn writable_file(&mut self, path: &Path) -> Result<&File, StoreError> {
+        if !(self.writable && self.file.is_some()) {
+            let f = OpenOptions::new().read(true).append(true).open(path).map_err(io_err(path))?;
+            let m = f.metadata().map_err(io_err(path))?;
+            if (m.dev(), m.ino()) != self.ident {
+                self.loaded = false;
+                return Err(StoreError::Internal(format!("{} was replaced while it was locked", path.display())));
+            }
+            self.file = Some(f);
+            self.writable = true;
+        }
+        self.file.as_ref().ok_or_else(|| StoreError::Internal("no file handle".into()))
+    }
+
+    /// Writes `bytes` at the end with one write call and makes them durable. If that fails (a full
+    /// disk, an I/O error), whatever part of `bytes` reached the file is cut off again: none of it
+    /// was acknowledged, and the caller still has all of it. Only if even that fails is the file
+    /// left with a torn tail, which the next append saves aside and cuts (see [`crate::rewrite`]).
     fn write_durably(&mut self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         let created = self.file.is_none();
         if created {
@@ -626,12 +843,27 @@ impl FileState {
             self.ident = (meta.dev(), meta.ino());
             self.len = meta.len();
             self.file = Some(f);
+            self.writable = true;
         }
-        let file = self.file.as_mut().ok_or_else(|| StoreError::Internal("no file handle".into()))?;
-        let res = file.write_all(bytes).and_then(|_| if created { file.sync_all() } else { file.sync_data() });
+        let before = self.len;
+        let file = self.writable_file(path)?;
+        let mut written = 0u64;
+        let res = write_counting(file, bytes, &mut written).and_then(|_| {
+            if created {
+                file.sync_all()
+            } else {
+                file.sync_data()
+            }
+        });
         if let Err(e) = res {
-            // What reached the file is unknown now: start over from the file next time.
-            self.loaded = false;
+            // Cut only what this write added: if the file is not exactly `before + written` long,
+            // someone else wrote too (ignoring the lock), and their bytes are not ours to cut.
+            let ours = file.metadata().is_ok_and(|m| m.len() == before + written);
+            let rolled_back = ours && file.set_len(before).and_then(|_| file.sync_data()).is_ok();
+            if !rolled_back {
+                // What reached the file is unknown now: start over from the file next time.
+                self.loaded = false;
+            }
             return Err(io_err(path)(e));
         }
         if created {
@@ -643,6 +875,22 @@ impl FileState {
         self.tail = Tail::Clean;
         Ok(())
     }
+}
+
+/// `write_all` that counts the bytes that reached the file, also when it fails part-way.
+fn write_counting(mut file: &File, mut bytes: &[u8], written: &mut u64) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match file.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                *written += n as u64;
+                bytes = &bytes[n..];
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Visits the file's lines from last to first (`offset`, bytes without the newline; the first
@@ -808,7 +1056,8 @@ impl FileWriter {
             st.refresh(&self.path)?;
         }
         if let Tail::Torn(at) = st.tail {
-            crate::rewrite::cut_torn_tail(&self.path, st.file.as_ref(), at, st.len)?;
+            let len = st.len;
+            crate::rewrite::cut_torn_tail(&self.path, st.writable_file(&self.path)?, at, len)?;
             st.len = at;
             st.tail = Tail::Clean;
             st.last_line_start = at;

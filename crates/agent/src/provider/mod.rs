@@ -41,6 +41,10 @@ pub enum ErrorKind {
     RateLimit,
     /// The prompt does not fit the context window: compaction can react.
     ContextLength,
+    /// The reply grew past the run's `max_reply_bytes`; the stream was cut.
+    ReplyTooLarge,
+    /// A bug: the run panicked.
+    Internal,
     /// Anything else.
     Unknown,
 }
@@ -53,6 +57,8 @@ impl ErrorKind {
             ErrorKind::Timeout => "timeout",
             ErrorKind::RateLimit => "rate_limit",
             ErrorKind::ContextLength => "context_length",
+            ErrorKind::ReplyTooLarge => "reply_too_large",
+            ErrorKind::Internal => "internal",
             ErrorKind::Unknown => "unknown",
         }
     }
@@ -411,13 +417,18 @@ async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<
     }
 }
 
-/// `retry-after-ms` (OpenAI), else `retry-after` in seconds.
+/// Longest wait a `retry-after` header can ask for; larger values are clamped to it (and are then
+/// still refused as longer than `retry_max_delay_ms`, unless that is set higher).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// `retry-after-ms` (OpenAI), else `retry-after` in seconds. Values that are not finite numbers
+/// (`inf`, `NaN`) are ignored, negative ones mean no wait, huge ones are clamped to
+/// [`MAX_RETRY_AFTER`]; whatever a server sends, this never panics.
 fn parse_retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
     let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        return Some(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
-    }
-    get("retry-after").and_then(|v| v.parse::<f64>().ok()).map(|s| Duration::from_secs_f64(s.clamp(0.0, 1e9)))
+    let secs = |s: f64| s.is_finite().then(|| Duration::from_secs_f64(s.clamp(0.0, MAX_RETRY_AFTER.as_secs_f64())));
+    let number = |k: &str| get(k).and_then(|v| v.parse::<f64>().ok());
+    number("retry-after-ms").and_then(|ms| secs(ms / 1000.0)).or_else(|| number("retry-after").and_then(secs))
 }
 
 async fn read_error_body(resp: reqwest::Response, limit: Duration) -> String {
@@ -445,5 +456,43 @@ fn classify_http(status: u16, body: &str) -> ErrorKind {
         ErrorKind::Timeout
     } else {
         ErrorKind::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::{HeaderMap, HeaderValue};
+
+    fn retry_after(pairs: &[(&'static str, &str)]) -> Option<Duration> {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("?")));
+        }
+        parse_retry_after(&h)
+    }
+
+    #[test]
+    fn retry_after_never_panics_and_stays_sane() {
+        let ms = |v: &str| retry_after(&[("retry-after-ms", v)]);
+        let s = |v: &str| retry_after(&[("retry-after", v)]);
+        assert_eq!(ms("1500"), Some(Duration::from_millis(1500)));
+        assert_eq!(s("2"), Some(Duration::from_secs(2)));
+        assert_eq!(s(" 0.5 "), Some(Duration::from_millis(500)));
+        for nasty in ["inf", "-inf", "infinity", "NaN", "nan", "", "soon", "Wed, 21 Oct 2015 07:28:00 GMT"] {
+            assert_eq!(ms(nasty), None, "retry-after-ms: {nasty:?}");
+            assert_eq!(s(nasty), None, "retry-after: {nasty:?}");
+        }
+        for huge in ["1e300", "1e309", "18446744073709551616", "99999999999999999999999"] {
+            let want = if huge == "1e309" { None } else { Some(MAX_RETRY_AFTER) }; // 1e309 parses as inf
+            assert_eq!(ms(huge), want, "retry-after-ms: {huge}");
+            assert_eq!(s(huge), want, "retry-after: {huge}");
+        }
+        assert_eq!(ms("-5"), Some(Duration::ZERO));
+        assert_eq!(s("-1e300"), Some(Duration::ZERO));
+        assert_eq!(ms("-0"), Some(Duration::ZERO));
+        // A useless retry-after-ms falls back to retry-after.
+        assert_eq!(retry_after(&[("retry-after-ms", "inf"), ("retry-after", "3")]), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(&[]), None);
     }
 }

@@ -677,12 +677,26 @@ pub fn chained_messages(entries: &[Value]) -> Vec<Value> {
 }
 
 /// Events with volatile values normalized, as JSON for whole-value comparison.
+/// Deltas carry only the new piece; `text`/`thinking` here are what a consumer accumulates from
+/// them for the current assistant message (reset when it is persisted).
 pub fn events_json(events: &[RunEvent]) -> Vec<Value> {
+    let (mut text, mut thinking) = (String::new(), String::new());
     events
         .iter()
         .map(|e| match e {
-            RunEvent::TextDelta { delta, text } => json!({"textDelta": delta, "text": text}),
-            RunEvent::ThinkingDelta { delta, thinking } => json!({"thinkingDelta": delta, "thinking": thinking}),
+            RunEvent::TextDelta { delta } => {
+                text.push_str(delta);
+                json!({"textDelta": delta, "text": text})
+            }
+            RunEvent::ThinkingDelta { delta } => {
+                thinking.push_str(delta);
+                json!({"thinkingDelta": delta, "thinking": thinking})
+            }
+            RunEvent::Persisted { entry } if entry["message"]["role"] == "assistant" => {
+                text.clear();
+                thinking.clear();
+                json!({"persisted": normalize(entry)})
+            }
             RunEvent::ToolCallStart { id, name, arguments } => json!({"toolCallStart": {"id": id, "name": name, "arguments": arguments}}),
             RunEvent::Persisted { entry } => json!({"persisted": normalize(entry)}),
             RunEvent::Usage(u) => json!({"usage": u}),
@@ -760,6 +774,7 @@ pub fn run_request(
         cancel,
         max_turns: 8,
         run_id: "run-1".into(),
+        max_reply_bytes: pincer_agent::DEFAULT_MAX_REPLY_BYTES,
     }
 }
 
