@@ -4,6 +4,8 @@
 //! Messages stay `serde_json::Value` with Pi's key order, so what is persisted is exactly what
 //! Pi would write.
 
+use std::sync::Arc;
+
 use serde_json::{json, Map, Value};
 
 use crate::config::{ModelCost, ResolvedModel};
@@ -29,8 +31,15 @@ pub fn js_number(x: f64) -> Value {
 /// Pi's `convertToLlm`: keeps `user`, `assistant`, `toolResult`; turns `bashExecution`,
 /// `custom`, `branchSummary` and `compactionSummary` into user messages; drops the rest
 /// (including `bashExecution` with `excludeFromContext`).
-pub fn convert_to_llm(messages: &[Value]) -> Vec<Value> {
-    messages.iter().filter_map(convert_one).collect()
+/// Messages the model sees as they are (`user`, `assistant`, `toolResult`) are shared, not copied.
+pub fn convert_to_llm(messages: &[Arc<Value>]) -> Vec<Arc<Value>> {
+    messages
+        .iter()
+        .filter_map(|m| match m.get("role").and_then(Value::as_str) {
+            Some("user" | "assistant" | "toolResult") => Some(m.clone()),
+            _ => convert_one(m).map(Arc::new),
+        })
+        .collect()
 }
 
 fn user_text(text: String, timestamp: Option<&Value>) -> Value {
@@ -385,7 +394,9 @@ mod tests {
             json!({"role":"user","content":[{"type":"text","text":"The conversation history before this point was compacted into the following summary:\n\n<summary>\nearlier\n</summary>"}],"timestamp":9}),
             json!({"role":"toolResult","toolCallId":"c","toolName":"t","content":[],"isError":false,"timestamp":10}),
         ];
-        assert_eq!(convert_to_llm(&input), expected);
+        let shared: Vec<Arc<Value>> = input.into_iter().map(Arc::new).collect();
+        let out: Vec<Value> = convert_to_llm(&shared).into_iter().map(|m| (*m).clone()).collect();
+        assert_eq!(out, expected);
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub struct RunRequest {
     /// System prompt.
     pub system_prompt: Option<String>,
     /// Pi context messages (active branch, compaction applied), ending with the new user message.
-    pub messages: Vec<Value>,
+    /// Shared with the caller's cache: a run never copies the history.
+    pub messages: Vec<Arc<Value>>,
     /// Tools offered to the model.
     pub tools: Arc<ToolRegistry>,
     /// Where assistant and toolResult messages are appended.
@@ -302,7 +303,7 @@ impl Runner {
                 Ok(e) => e,
                 Err(ev) => return ev,
             };
-            context.push(message);
+            context.push(Arc::new(message));
             let calls = draft.tool_calls();
             if stop != StopReason::ToolUse || calls.is_empty() {
                 let ev = RunEvent::Final { entry };
@@ -335,7 +336,7 @@ impl Runner {
                 if let Err(ev) = self.persist(result.clone()).await {
                     return ev;
                 }
-                context.push(result);
+                context.push(Arc::new(result));
             }
             if turn == max_turns {
                 let message = format!(

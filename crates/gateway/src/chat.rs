@@ -539,7 +539,7 @@ impl Turn {
                     }
                 }
                 StreamEnd::Finished { usage, message } => {
-                    messages.push(message);
+                    messages.push(Arc::new(message));
                     if crate::compact::over_threshold(&self.gw, &self.session, &messages, usage.as_ref()) {
                         let reason = pincer_compaction::CompactionReason::Threshold;
                         let _ = crate::compact::run(&self.gw, &self.session, reason, None, self.gw.stopping()).await;

@@ -70,7 +70,7 @@ pub async fn run(
 
 /// Whether a session's context is over the threshold after a turn: tokens from the provider's
 /// reported usage of the last assistant message when there is one, else Pi's estimate.
-pub fn over_threshold(gw: &Gateway, session: &SessionRef, messages: &[Value], last_usage: Option<&Value>) -> bool {
+pub fn over_threshold(gw: &Gateway, session: &SessionRef, messages: &[Arc<Value>], last_usage: Option<&Value>) -> bool {
     let Ok(model) = gw.settings.providers.resolve(&model_spec(gw, session)) else { return false };
     let Some(window) = model.model.context_window else { return false };
     let reported = last_usage.map(calculate_context_tokens).unwrap_or(0);

@@ -19,10 +19,11 @@ use tokio_util::task::TaskTracker;
 /// Sessions whose context is kept in memory.
 const CONTEXT_CACHE_SESSIONS: usize = 256;
 
-/// A session's context as of `leaf`.
+/// A session's context as of `leaf`. Messages are shared with the runs that use them: a turn
+/// copies pointers, never the history.
 struct CachedContext {
     leaf: String,
-    messages: Vec<Value>,
+    messages: Vec<Arc<Value>>,
 }
 
 /// `chat.send` dedupe window (OpenClaw: 5 min, 1000 entries).
@@ -227,7 +228,7 @@ impl Gateway {
                 match (extends, cache.get_mut(&session.path), a.id()) {
                     (true, Some(c), Some(id)) => {
                         c.leaf = id.to_owned();
-                        c.messages.push(a.entry.get("message").cloned().unwrap_or(Value::Null));
+                        c.messages.push(Arc::new(a.entry.get("message").cloned().unwrap_or(Value::Null)));
                     }
                     _ => {
                         cache.remove(&session.path);
@@ -246,7 +247,7 @@ impl Gateway {
     /// while the file's leaf is the one the cache was built at (every append of this gateway keeps
     /// the cache in step), so a turn does not re-read a long transcript; rebuilt from the file when
     /// anything else moved the leaf (another process, a compaction, a branch).
-    pub async fn context(&self, session: &SessionRef) -> Result<Vec<Value>, String> {
+    pub async fn context(&self, session: &SessionRef) -> Result<Vec<Arc<Value>>, String> {
         let path = session.path.clone();
         let store = self.store.clone();
         let leaf = {
@@ -264,7 +265,7 @@ impl Gateway {
         let messages = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
             Ok(bytes) => {
                 let s = Session::parse(bytes);
-                Ok(build_context(&s, &s.leaf).message_values())
+                Ok(build_context(&s, &s.leaf).message_values().into_iter().map(Arc::new).collect::<Vec<_>>())
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
             Err(e) => Err(format!("{}: {e}", path.display())),

@@ -109,8 +109,8 @@ pub struct ToolSpec {
 pub struct ModelRequest {
     /// System prompt.
     pub system_prompt: Option<String>,
-    /// Pi context messages (`convert_to_llm` is applied by the mappers).
-    pub messages: Vec<Value>,
+    /// Pi context messages (`convert_to_llm` is applied by the mappers), shared, never copied.
+    pub messages: Vec<std::sync::Arc<Value>>,
     /// Tools offered.
     pub tools: Vec<ToolSpec>,
 }

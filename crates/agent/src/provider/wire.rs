@@ -3,6 +3,7 @@
 //! block access, error-body reading and context-length detection.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
@@ -15,20 +16,21 @@ pub(crate) const NO_RESULT: &str = "No result provided";
 /// `transformMessages`) assistant messages that ended in `error` or `aborted` are skipped,
 /// tool calls without a result get an error result before the next message, and tool
 /// results that answer no pending call are dropped (APIs reject both kinds of orphan).
-pub(crate) fn prepare(messages: &[Value]) -> Vec<Value> {
+pub(crate) fn prepare(messages: &[Arc<Value>]) -> Vec<Arc<Value>> {
     let mut out = Vec::new();
     let mut pending: Vec<(String, String)> = Vec::new();
     let mut answered: BTreeSet<String> = BTreeSet::new();
-    let close_pending = |out: &mut Vec<Value>, pending: &mut Vec<(String, String)>, answered: &BTreeSet<String>| {
-        for (id, name) in pending.drain(..) {
-            if !answered.contains(&id) {
-                out.push(json!({
-                    "role": "toolResult", "toolCallId": id, "toolName": name,
-                    "content": [{"type": "text", "text": NO_RESULT}], "isError": true, "timestamp": 0
-                }));
+    let close_pending =
+        |out: &mut Vec<Arc<Value>>, pending: &mut Vec<(String, String)>, answered: &BTreeSet<String>| {
+            for (id, name) in pending.drain(..) {
+                if !answered.contains(&id) {
+                    out.push(Arc::new(json!({
+                        "role": "toolResult", "toolCallId": id, "toolName": name,
+                        "content": [{"type": "text", "text": NO_RESULT}], "isError": true, "timestamp": 0
+                    })));
+                }
             }
-        }
-    };
+        };
     for msg in convert_to_llm(messages) {
         match role(&msg) {
             "assistant" => {
@@ -180,7 +182,10 @@ mod tests {
             json!({"role":"user","content":"b","timestamp":6}),
         ];
         assert_eq!(
-            prepare(&input),
+            prepare(&input.into_iter().map(Arc::new).collect::<Vec<_>>())
+                .into_iter()
+                .map(|m| (*m).clone())
+                .collect::<Vec<_>>(),
             vec![
                 json!({"role":"user","content":"a","timestamp":1}),
                 json!({"role":"assistant","content":[call("c1"), call("c2")],"stopReason":"toolUse","timestamp":4}),
