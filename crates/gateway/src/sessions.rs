@@ -65,9 +65,22 @@ fn invisible(c: char) -> bool {
         | 0xFFA0 | 0xFFF0..=0xFFFB | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
 }
 
+/// Longest canonical session key, in bytes.
+pub const MAX_KEY_LEN: usize = 512;
+
 /// Canonical form of a client's session key, and its agent id. Compatibility forms (fullwidth
 /// letters, ligatures) are folded by NFKC, so `ａｇｅｎｔ:main:x` and `agent:main:x` are one session.
+/// Idempotent: a canonical key (as `sessions.list` returns it) canonicalises to itself.
 pub fn canonical_key(raw: &str) -> Result<(String, String), RpcError> {
+    let (key, agent) = canonical_key_unbounded(raw)?;
+    // The limit applies to the canonical form, so a key accepted once is accepted again.
+    if key.len() > MAX_KEY_LEN {
+        return Err(RpcError::invalid(format!("sessionKey is longer than {MAX_KEY_LEN} bytes once canonical")));
+    }
+    Ok((key, agent))
+}
+
+fn canonical_key_unbounded(raw: &str) -> Result<(String, String), RpcError> {
     if let Some(c) = raw.chars().find(|c| invisible(*c)) {
         return Err(RpcError::invalid(format!(
             "sessionKey {raw:?} contains the invisible character U+{:04X}, which is not allowed",
@@ -78,7 +91,10 @@ pub fn canonical_key(raw: &str) -> Result<(String, String), RpcError> {
     if k.is_empty() {
         return Err(RpcError::invalid("sessionKey must not be empty"));
     }
-    if k.len() > 512 || k.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
+    if k.len() > MAX_KEY_LEN {
+        return Err(RpcError::invalid(format!("sessionKey is longer than {MAX_KEY_LEN} bytes")));
+    }
+    if k.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
         return Err(RpcError::invalid(format!("sessionKey {raw:?} contains characters that are not allowed")));
     }
     if k == "main" {
@@ -427,6 +443,25 @@ mod tests {
         }
         assert_eq!(canonical_key("ａｇｅｎｔ：ｍａｉｎ：ｘ").expect("fullwidth").0, "agent:main:x");
         assert_eq!(canonical_key("ＭＡＩＮ").expect("fullwidth").0, MAIN_KEY);
+    }
+
+    #[test]
+    fn canonical_keys_canonicalise_to_themselves_up_to_the_length_limit() {
+        // Found by fuzz/fuzz_targets/canonical_key.rs: a 502..=512-byte key was accepted, but its
+        // canonical form `agent:main:<key>` (up to 523 bytes) was refused when a client sent it back.
+        for len in [500, 501, 502, 512, 513] {
+            let raw = "k".repeat(len);
+            match canonical_key(&raw) {
+                Ok((key, agent)) => {
+                    assert!(key.len() <= MAX_KEY_LEN, "{len}");
+                    assert_eq!(canonical_key(&key).expect("canonical key accepted again"), (key, agent));
+                }
+                Err(e) => assert!(e.message.contains("longer than 512 bytes"), "{len}: {}", e.message),
+            }
+        }
+        assert!(canonical_key(&"k".repeat(MAX_KEY_LEN - "agent:main:".len())).is_ok());
+        assert!(canonical_key(&"k".repeat(MAX_KEY_LEN - "agent:main:".len() + 1)).is_err());
+        assert!(canonical_key(&format!("agent:ops:{}", "k".repeat(MAX_KEY_LEN - 10))).is_ok());
     }
 
     #[test]

@@ -565,6 +565,13 @@ impl Session {
                 }
                 LineRole::Null if repair => continue,
                 LineRole::Malformed if repair && torn == Some(start) => continue,
+                // An adopted header goes before the first JSON line, or that line (a `null`, or
+                // a `session` line with a bad id) would be read as the file's header again.
+                LineRole::ExtraHeader | LineRole::Null if self.header.is_some() && !header_written => {
+                    push_header(&mut out);
+                    header_written = true;
+                    out.extend_from_slice(raw);
+                }
                 _ => out.extend_from_slice(raw),
             }
             out.push(b'\n');

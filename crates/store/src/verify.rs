@@ -177,3 +177,38 @@ pub fn repair(path: &Path, opts: &StoreOptions, locks: &LockRegistry) -> Result<
     let after = Session::parse(content);
     Ok(Repaired { fixed, backup: Some(backup), remaining: after.problems })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Store, StoreOptions};
+
+    #[test]
+    fn repair_puts_the_new_header_before_a_header_line_with_a_bad_id() {
+        // Found by fuzz/fuzz_targets/session_parse.rs (fixture 15d): the adopted header was written
+        // after the bad `session` line, so the repaired file still had no header, and every further
+        // repair added another header.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("s.jsonl");
+        std::fs::write(
+            &f,
+            "not json\n{\"type\":\"session\",\"version\":3,\"id\":42,\"timestamp\":\"2025-01-01T00:00:00.000Z\",\"cwd\":\"/\"}\n\
+             {\"type\":\"message\",\"id\":\"a1\",\"parentId\":null,\"timestamp\":\"2025-01-01T00:00:01.000Z\",\"message\":{\"role\":\"user\",\"content\":\"one\",\"timestamp\":1}}\n",
+        )
+        .expect("write");
+        let store = Store::new(StoreOptions::default());
+        let r = store.repair(&f).expect("repair");
+        assert!(r.fixed.iter().any(|p| matches!(p, Problem::NoHeader { .. })), "{:?}", r.fixed);
+        assert!(!r.remaining.iter().any(Problem::repairable), "{:?}", r.remaining);
+        let after = verify(&f).expect("verify").session;
+        assert!(after.header.is_some());
+        assert_eq!(after.entries.len(), 1);
+        assert_eq!(after.leaf_id(), Some("a1"));
+        let again = store.repair(&f).expect("second repair");
+        assert!(
+            again.fixed.is_empty() && again.backup.is_none(),
+            "a second repair changed the file: {:?}",
+            again.fixed
+        );
+    }
+}
