@@ -156,14 +156,13 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
             return Err(e);
         }
     };
-    if gw.runs_of(&session.key).len() >= MAX_QUEUED_PER_SESSION {
+    let Some(run) = gw.register_run_bounded(&run_id, &session.key, ctx.conn_id, MAX_QUEUED_PER_SESSION) else {
         gw.dedupe_forget(&dedupe_key);
         return Err(RpcError::unavailable(format!(
             "session busy: {MAX_QUEUED_PER_SESSION} turns are already running or waiting in {}; send again when one has finished",
             session.key
         )));
-    }
-    let run = gw.register_run(&run_id, &session.key, ctx.conn_id);
+    };
     let acked = ctx.after_response();
     let turn = Turn { gw: gw.clone(), session, run, text: message, images, resume };
     gw.tasks.spawn(async move {

@@ -125,17 +125,32 @@ impl Gateway {
 
     // ---- runs ----
 
-    pub fn register_run(&self, run_id: &str, session_key: &str, owner_conn: u64) -> Arc<RunHandle> {
-        let h = Arc::new(RunHandle {
+    /// Registers a run unless its session already has `max` runs active or waiting.
+    pub fn register_run_bounded(
+        &self,
+        run_id: &str,
+        session_key: &str,
+        owner_conn: u64,
+        max: usize,
+    ) -> Option<Arc<RunHandle>> {
+        let mut runs = lock(&self.runs);
+        if runs.values().filter(|r| r.session_key == session_key).count() >= max {
+            return None;
+        }
+        let h = self.new_run(run_id, session_key, owner_conn);
+        runs.insert(run_id.to_owned(), h.clone());
+        Some(h)
+    }
+
+    fn new_run(&self, run_id: &str, session_key: &str, owner_conn: u64) -> Arc<RunHandle> {
+        Arc::new(RunHandle {
             run_id: run_id.to_owned(),
             session_key: session_key.to_owned(),
             cancel: self.stopping_runs.child_token(),
             owner_conn,
             abort_origin: Mutex::new(None),
             seq: AtomicU64::new(0),
-        });
-        lock(&self.runs).insert(run_id.to_owned(), h.clone());
-        h
+        })
     }
 
     pub fn finish_run(&self, run_id: &str) {

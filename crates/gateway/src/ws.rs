@@ -391,13 +391,17 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
                     (gw.clone(), outbox.clone(), subs.clone(), client_id.clone(), heavy.clone());
                 tokio::spawn(async move {
                     let ctx = Ctx::new(conn_id, client_id, subs);
+                    // Held until the answer is queued, so one connection builds one large answer at a time.
                     let serial = match req.method.as_str() {
                         "chat.history" | "chat.startup" => Some(heavy.lock().await),
                         _ => None,
                     };
+                    if outbox.aborted.is_cancelled() {
+                        return; // the connection is gone: no work for it
+                    }
                     let result = crate::methods::dispatch(&gw, &ctx, &req.method, &req.params).await;
-                    drop(serial);
                     outbox.push(protocol::response(&req.id, result), false);
+                    drop(serial);
                     ctx.fire_acks();
                     drop(permit);
                 });

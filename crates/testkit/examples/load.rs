@@ -1,9 +1,13 @@
 //! Load command for the gateway: starts the real `pincer gateway` process against an instantly
 //! answering fake provider and reports cold start, idle RSS, RSS with many idle connections, and
-//! send→final latency (p50/p99) and turns/s for N concurrent sessions.
+//! for N concurrent sessions of L entries each (every combination of `--sessions` and
+//! `--lengths`): send→final latency (p50/p99), turns/s, and the gateway's own CPU time per turn
+//! (user + system, from `/proc/<pid>/stat`, so the load generator and the fake do not count).
+//! Sessions of L entries are written as fixture files (user/assistant pairs chained as Pi does)
+//! before the gateway starts.
 //!
 //! cargo build --release -p pincer
-//! cargo run --release -p pincer-testkit --example load -- [--bin target/release/pincer] [--sessions 1,100] [--turns 50] [--idle 1000]
+//! cargo run --release -p pincer-testkit --example load -- [--bin target/release/pincer] [--sessions 1,100] [--lengths 0,1000,10000] [--turns 50] [--idle 1000]
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // a measuring tool
 
@@ -19,6 +23,49 @@ fn rss_kib(pid: u32) -> u64 {
             s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// User + system CPU time of a process, in seconds.
+fn cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = after.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+    // Fields 14 and 15 of stat(5) are the 12th and 13th after the command name; clock ticks of 1/100 s.
+    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / 100.0
+}
+
+/// Writes a session of `entries` entries (user/assistant pairs of about 500 bytes each) as Pi
+/// would, and returns its `sessions.json` row.
+fn prefill(dir: &std::path::Path, session_id: &str, entries: usize) -> serde_json::Value {
+    use std::fmt::Write as _;
+    let sessions = dir.join("agents/main/sessions");
+    std::fs::create_dir_all(&sessions).expect("sessions dir");
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"{{"type":"session","version":3,"id":"{session_id}","timestamp":"2026-12-01T00:00:00.000Z","cwd":"/"}}"#
+    );
+    let filler = "lorem ipsum dolor sit amet ".repeat(16);
+    let mut parent = "null".to_owned();
+    for i in 0..entries {
+        let id = format!("{:08x}", i + 1);
+        let msg = if i % 2 == 0 {
+            json!({"role": "user", "content": format!("question {i}: {filler}"), "timestamp": 1_764_547_200_000u64 + i as u64})
+        } else {
+            json!({"role": "assistant", "content": [{"type": "text", "text": format!("answer {i}: {filler}")}],
+                "api": "openai-completions", "provider": "fake", "model": "fake-model", "stopReason": "stop",
+                "usage": {"input": 10, "output": 10, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 20,
+                    "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0}},
+                "timestamp": 1_764_547_200_000u64 + i as u64})
+        };
+        let _ = writeln!(
+            out,
+            r#"{{"type":"message","id":"{id}","parentId":{parent},"timestamp":"2026-12-01T00:00:00.000Z","message":{msg}}}"#
+        );
+        parent = format!("\"{id}\"");
+    }
+    std::fs::write(sessions.join(format!("{session_id}.jsonl")), out).expect("write session");
+    json!({"sessionId": session_id, "updatedAt": 1, "sessionStartedAt": 1})
 }
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -37,8 +84,20 @@ async fn main() {
     let turns: usize = arg("--turns", "50").parse().expect("--turns");
     let idle: usize = arg("--idle", "1000").parse().expect("--idle");
     let levels: Vec<usize> = arg("--sessions", "1,100").split(',').map(|s| s.parse().expect("--sessions")).collect();
-    let fake = FakeOpenAi::start().await;
+    let lengths: Vec<usize> = arg("--lengths", "0").split(',').map(|s| s.parse().expect("--lengths")).collect();
+    let fake = FakeOpenAi::start_unrecorded().await;
     let dir = tempfile_dir();
+    let mut index = serde_json::Map::new();
+    for &len in &lengths {
+        for &n in &levels {
+            for s in 0..n {
+                let sid = format!("load-{len}-{n}-{s}");
+                index.insert(format!("agent:main:{sid}"), prefill(&dir, &sid, len));
+            }
+        }
+    }
+    std::fs::write(dir.join("agents/main/sessions/sessions.json"), serde_json::to_vec(&index).expect("index"))
+        .expect("write sessions.json");
     let config = format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n", fake.provider_toml());
 
     let t0 = Instant::now();
@@ -64,45 +123,51 @@ async fn main() {
     println!("RSS with {idle} idle connections: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
     drop(conns);
 
-    for &n in &levels {
-        let started = Instant::now();
-        let mut tasks = Vec::new();
-        for s in 0..n {
-            let addr = gw.addr.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut c = Client::connect(&addr).await;
-                let key = format!("agent:main:load-{n}-{s}");
-                let mut lat = Vec::with_capacity(turns);
-                for t in 0..turns {
-                    let run = format!("load-{n}-{s}-{t}");
-                    let sent = Instant::now();
-                    c.request(
-                        "chat.send",
-                        json!({"sessionKey": key, "message": format!("turn {t}"), "idempotencyKey": run}),
-                    )
-                    .await
-                    .expect("send");
-                    let end = c.chat_end(&run).await;
-                    assert_eq!(end["payload"]["state"], "final", "{end}");
-                    lat.push(sent.elapsed());
-                    c.events.clear();
-                }
-                lat
-            }));
+    for &len in &lengths {
+        for &n in &levels {
+            let cpu_before = cpu_s(pid);
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for s in 0..n {
+                let addr = gw.addr.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut c = Client::connect(&addr).await;
+                    let key = format!("agent:main:load-{len}-{n}-{s}");
+                    let mut lat = Vec::with_capacity(turns);
+                    for t in 0..turns {
+                        let run = format!("load-{len}-{n}-{s}-{t}");
+                        let sent = Instant::now();
+                        c.request(
+                            "chat.send",
+                            json!({"sessionKey": key, "message": format!("turn {t}"), "idempotencyKey": run}),
+                        )
+                        .await
+                        .expect("send");
+                        let end = c.chat_end(&run).await;
+                        assert_eq!(end["payload"]["state"], "final", "{end}");
+                        lat.push(sent.elapsed());
+                        c.events.clear();
+                    }
+                    lat
+                }));
+            }
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.expect("session task"));
+            }
+            let wall = started.elapsed().as_secs_f64();
+            let cpu = cpu_s(pid) - cpu_before;
+            let count = all.len();
+            println!(
+                "{n:>4} sessions x {turns} turns at {len:>6} entries: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, \
+                 gateway CPU {:.3} ms/turn, gateway RSS {:.1} MiB",
+                pct(&mut all, 0.5),
+                pct(&mut all, 0.99),
+                count as f64 / wall,
+                cpu * 1e3 / count as f64,
+                rss_kib(pid) as f64 / 1024.0
+            );
         }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await.expect("session task"));
-        }
-        let wall = started.elapsed().as_secs_f64();
-        let count = all.len();
-        println!(
-            "{n:>4} concurrent sessions x {turns} turns: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, gateway RSS {:.1} MiB",
-            pct(&mut all, 0.5),
-            pct(&mut all, 0.99),
-            count as f64 / wall,
-            rss_kib(pid) as f64 / 1024.0
-        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

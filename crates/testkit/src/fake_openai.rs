@@ -1,7 +1,8 @@
 //! A fake OpenAI-compatible provider: a real HTTP server on 127.0.0.1:0 that answers
 //! `POST /v1/chat/completions` with an SSE stream in OpenAI's exact framing (role chunk, content
 //! deltas, a usage chunk, `[DONE]`). What it does is chosen by markers in the last user message:
-//! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream), `[fail]` answers HTTP 400 with an
+//! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream), `[slowish]` 12 chunks 50 ms apart
+//! (a turn that is often caught mid-stream but ends soon), `[fail]` answers HTTP 400 with an
 //! OpenAI error body, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
@@ -22,10 +23,19 @@ pub struct FakeOpenAi {
 impl FakeOpenAi {
     /// Starts the server on the current tokio runtime.
     pub async fn start() -> FakeOpenAi {
+        Self::start_with(true).await
+    }
+
+    /// Starts a server that keeps no request bodies (for load: long sessions send large ones).
+    pub async fn start_unrecorded() -> FakeOpenAi {
+        Self::start_with(false).await
+    }
+
+    async fn start_with(record: bool) -> FakeOpenAi {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake provider");
         let addr = listener.local_addr().expect("addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let rec = requests.clone();
+        let rec = record.then(|| requests.clone());
         tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
                 let _ = sock.set_nodelay(true);
@@ -86,7 +96,7 @@ fn last_user_text(body: &Value) -> String {
     }
 }
 
-async fn handle(mut sock: TcpStream, rec: Arc<Mutex<Vec<Value>>>) -> std::io::Result<()> {
+async fn handle(mut sock: TcpStream, rec: Option<Arc<Mutex<Vec<Value>>>>) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 8192];
     let header_end = loop {
@@ -112,7 +122,7 @@ async fn handle(mut sock: TcpStream, rec: Arc<Mutex<Vec<Value>>>) -> std::io::Re
         buf.extend_from_slice(&tmp[..n]);
     }
     let body: Value = serde_json::from_slice(&buf[header_end..]).unwrap_or(Value::Null);
-    if let Ok(mut r) = rec.lock() {
+    if let Some(Ok(mut r)) = rec.as_ref().map(|r| r.lock()) {
         r.push(body.clone());
     }
     let said = last_user_text(&body);
@@ -170,16 +180,22 @@ async fn handle(mut sock: TcpStream, rec: Arc<Mutex<Vec<Value>>>) -> std::io::Re
         sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;
     } else {
         let reply = format!("Fake reply: you said \"{said}\"");
-        let slow = said.contains("[slow]");
-        let pieces: Vec<String> = if slow {
-            (0..40).map(|i| format!("word{i} ")).collect()
+        let (slow, gap) = if said.contains("[slow]") {
+            (Some(40), 100)
+        } else if said.contains("[slowish]") {
+            (Some(12), 50)
+        } else {
+            (None, 0)
+        };
+        let pieces: Vec<String> = if let Some(n) = slow {
+            (0..n).map(|i| format!("word{i} ")).collect()
         } else {
             reply.split_inclusive(' ').map(str::to_owned).collect()
         };
         for p in pieces {
             sock.write_all(chunk(json!({"content": p}), Value::Null).as_bytes()).await?;
-            if slow {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            if slow.is_some() {
+                tokio::time::sleep(Duration::from_millis(gap)).await;
             }
         }
         sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;

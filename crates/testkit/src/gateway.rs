@@ -14,6 +14,18 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 pub const TOKEN: &str = "test-token-0123456789";
 
+/// How to start the gateway besides the defaults of [`GatewayProcess::start`].
+#[derive(Clone, Debug, Default)]
+pub struct StartOptions {
+    /// A command the gateway runs under, e.g. `["prlimit", "--nofile=1024:1024", "--"]`; it must
+    /// exec the gateway (so the child's pid is the gateway's).
+    pub wrapper: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// Write the config here and pass `--config` (instead of `<state>/pincer.toml`).
+    pub config_path: Option<PathBuf>,
+}
+
 /// A running gateway process; killed on drop.
 pub struct GatewayProcess {
     pub child: Child,
@@ -21,21 +33,41 @@ pub struct GatewayProcess {
     pub state_dir: PathBuf,
     /// Everything the process logged so far.
     pub log: Arc<Mutex<Vec<String>>>,
+    bin: String,
+    config: String,
+    options: StartOptions,
 }
 
 impl GatewayProcess {
     /// Writes `config` to `<state>/pincer.toml` and starts `bin gateway --bind 127.0.0.1:0`.
     pub fn start(bin: &str, state_dir: &Path, config: &str) -> GatewayProcess {
+        Self::start_with(bin, state_dir, config, &StartOptions::default())
+    }
+
+    /// [`GatewayProcess::start`] under a wrapper command, with extra environment or the config elsewhere.
+    pub fn start_with(bin: &str, state_dir: &Path, config: &str, options: &StartOptions) -> GatewayProcess {
         std::fs::create_dir_all(state_dir).expect("state dir");
-        std::fs::write(state_dir.join("pincer.toml"), config).expect("config");
-        let mut child = Command::new(bin)
-            .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
-            .arg(state_dir)
+        let config_file = options.config_path.clone().unwrap_or_else(|| state_dir.join("pincer.toml"));
+        std::fs::write(&config_file, config).expect("config");
+        let mut cmd = match options.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        cmd.args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"]).arg(state_dir);
+        if options.config_path.is_some() {
+            cmd.arg("--config").arg(&config_file);
+        }
+        let mut child = cmd
             .env("PINCER_GATEWAY_TOKEN", TOKEN)
             .env("PINCER_LOG", "info")
             .env_remove("OPENAI_API_KEY")
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("PINCER_MODEL")
+            .envs(options.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -64,7 +96,48 @@ impl GatewayProcess {
         let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
             panic!("the gateway did not start: {:?}", log.lock().expect("log"));
         });
-        GatewayProcess { child, addr, state_dir: state_dir.to_path_buf(), log }
+        GatewayProcess {
+            child,
+            addr,
+            state_dir: state_dir.to_path_buf(),
+            log,
+            bin: bin.to_owned(),
+            config: config.to_owned(),
+            options: options.clone(),
+        }
+    }
+
+    /// The gateway's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, and reaps the process.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGKILLs the process (when it still runs) and starts a new one on the same state dir, with
+    /// the same config and options (on a new port).
+    pub fn restart(&mut self) {
+        self.kill9();
+        let next = GatewayProcess::start_with(&self.bin, &self.state_dir, &self.config, &self.options);
+        *self = next;
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn log_text(&self) -> String {
@@ -92,7 +165,8 @@ impl Drop for GatewayProcess {
     }
 }
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// The client's WebSocket.
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// A protocol client. Events are buffered so tests can wait for them in any order.
 pub struct Client {
@@ -121,6 +195,98 @@ impl Client {
 
     pub async fn connect(addr: &str) -> Client {
         Self::connect_with(addr, connect_params(TOKEN)).await.expect("connect accepted")
+    }
+
+    /// Connects with the test token without panicking: `Err` says why it did not work (the
+    /// gateway is gone, refused, or too slow).
+    pub async fn try_connect(addr: &str, timeout: Duration) -> Result<Client, String> {
+        let attempt = async {
+            let (mut ws, _) = tokio_tungstenite::connect_async_with_config(format!("ws://{addr}/"), None, true)
+                .await
+                .map_err(|e| format!("ws connect: {e}"))?;
+            let challenge = next_frame(&mut ws).await.ok_or("no challenge")?;
+            if challenge["event"] != "connect.challenge" {
+                return Err(format!("not a challenge: {challenge}"));
+            }
+            let frame = json!({"type": "req", "id": "c1", "method": "connect", "params": connect_params(TOKEN)});
+            ws.send(Message::Text(frame.to_string().into())).await.map_err(|e| format!("send connect: {e}"))?;
+            let res = next_frame(&mut ws).await.ok_or("no connect response")?;
+            if res["ok"] != true {
+                return Err(format!("connect refused: {res}"));
+            }
+            Ok(Client { ws, next: 1, events: Vec::new(), hello: res["payload"].clone() })
+        };
+        tokio::time::timeout(timeout, attempt).await.unwrap_or_else(|_| Err("connect timed out".into()))
+    }
+
+    /// [`Client::request`] that reports a lost connection or a timeout as `Err` instead of panicking;
+    /// `Ok` holds the response as `request` returns it.
+    pub async fn try_request(
+        &mut self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Result<Value, Value>, String> {
+        self.next += 1;
+        let id = format!("r{}", self.next);
+        let frame = json!({"type": "req", "id": id, "method": method, "params": params});
+        self.ws.send(Message::Text(frame.to_string().into())).await.map_err(|e| format!("send: {e}"))?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let f = tokio::time::timeout_at(deadline, next_frame(&mut self.ws))
+                .await
+                .map_err(|_| format!("no response to {method} within {timeout:?}"))?
+                .ok_or("connection closed")?;
+            if f["type"] == "res" && f["id"] == id.as_str() {
+                return Ok(if f["ok"] == true { Ok(f["payload"].clone()) } else { Err(f["error"].clone()) });
+            }
+            if f["type"] == "event" {
+                self.events.push(f);
+            }
+        }
+    }
+
+    /// [`Client::chat_end`] that reports a lost connection or a timeout as `Err`.
+    pub async fn try_chat_end(&mut self, run_id: &str, timeout: Duration) -> Result<Value, String> {
+        let is_end = |f: &Value| {
+            f["event"] == "chat"
+                && f["payload"]["runId"] == run_id
+                && matches!(f["payload"]["state"].as_str(), Some("final" | "aborted" | "error"))
+        };
+        if let Some(i) = self.events.iter().position(is_end) {
+            return Ok(self.events.remove(i));
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let f = tokio::time::timeout_at(deadline, next_frame(&mut self.ws))
+                .await
+                .map_err(|_| format!("no end of {run_id} within {timeout:?}"))?
+                .ok_or("connection closed")?;
+            if f["type"] == "event" && is_end(&f) {
+                return Ok(f);
+            }
+            self.events.push(f);
+        }
+    }
+
+    /// Every frame (buffered events first) until the server closes, in order, and the close code
+    /// (`None` when the socket ended without a close frame or `timeout` passed).
+    pub async fn frames_until_close(&mut self, timeout: Duration) -> (Vec<Value>, Option<u16>) {
+        let mut out: Vec<Value> = std::mem::take(&mut self.events);
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.ws.next()).await {
+                Ok(Some(Ok(Message::Text(t)))) => out.extend(serde_json::from_str::<Value>(&t).ok()),
+                Ok(Some(Ok(Message::Close(f)))) => return (out, f.map(|f| u16::from(f.code))),
+                Ok(Some(Ok(_))) => continue,
+                _ => return (out, None),
+            }
+        }
+    }
+
+    /// The WebSocket itself, for tests that control reading and writing frame by frame.
+    pub fn into_ws(self) -> Ws {
+        self.ws
     }
 
     /// Sends a raw text frame.

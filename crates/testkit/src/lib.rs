@@ -1,6 +1,7 @@
 //! Test support shared by Pincer's crates: where `shared/` is, the real Pi library (the oracle) run
 //! over a session file, a fake OpenAI-compatible provider ([`fake_openai`]) and the gateway as a real
-//! process with a protocol client ([`gateway`]).
+//! process with a protocol client ([`gateway`]), and probes of a running process and its state dir
+//! ([`probe`]: memory, descriptors, raw sockets, transcripts).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -11,6 +12,7 @@
 
 pub mod fake_openai;
 pub mod gateway;
+pub mod probe;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
