@@ -24,7 +24,8 @@ pub const INTERRUPTED: &str = "pincer.turn-interrupted";
 pub const RESUMED: &str = "pincer.turn-resumed";
 /// Most of the file read after a turn's user row to find its reply.
 const TURN_WINDOW: u64 = 64 * 1024 * 1024;
-/// Tail read at startup to find an unanswered turn at the leaf.
+/// Tail read at startup to find an unanswered turn at the leaf: first this much, at most the second.
+const FIRST_TAIL: u64 = 16 * 1024;
 const TAIL_WINDOW: u64 = 1024 * 1024;
 
 /// A turn as the transcript has it.
@@ -101,28 +102,35 @@ pub fn on_disk(store: &Store, path: &Path, run_id: &str) -> Result<OnDisk, Store
     Ok(if at_leaf && !resumed { OnDisk::Resume(user) } else { OnDisk::Interrupted })
 }
 
-/// The run id of an unanswered `chat.send` turn ending at the file's leaf, if there is one.
+/// The run id of an unanswered `chat.send` turn ending at the file's leaf, if there is one. Reads a
+/// small tail first and a larger one only while the leaf's chain leaves it.
 pub fn unanswered_at_leaf(store: &Store, path: &Path) -> Result<Option<String>, StoreError> {
     let Some(leaf) = store.leaf(path)? else { return Ok(None) };
-    let tail = store.tail_entries(path, TAIL_WINDOW)?;
-    let by_id = |id: &str| tail.iter().rev().find(|e| e.get("id").and_then(Value::as_str) == Some(id));
-    let mut at = by_id(&leaf);
-    while let Some(e) = at {
-        if custom_of(e, INTERRUPTED).is_some() {
-            return Ok(None); // marked already
-        }
-        if let Some(m) = message(e) {
-            if reply_status(m).is_some() {
-                return Ok(None);
+    let mut window = FIRST_TAIL;
+    loop {
+        let tail = store.tail_entries(path, window)?;
+        let by_id = |id: &str| tail.iter().rev().find(|e| e.get("id").and_then(Value::as_str) == Some(id));
+        let mut at = by_id(&leaf);
+        while let Some(e) = at {
+            if custom_of(e, INTERRUPTED).is_some() {
+                return Ok(None); // marked already
             }
-            if m.get("role").and_then(Value::as_str) == Some("user") {
-                let key = m.get("idempotencyKey").and_then(Value::as_str).unwrap_or("");
-                return Ok(key.strip_suffix(":user").map(str::to_owned));
+            if let Some(m) = message(e) {
+                if reply_status(m).is_some() {
+                    return Ok(None);
+                }
+                if m.get("role").and_then(Value::as_str) == Some("user") {
+                    let key = m.get("idempotencyKey").and_then(Value::as_str).unwrap_or("");
+                    return Ok(key.strip_suffix(":user").map(str::to_owned));
+                }
             }
+            at = e.get("parentId").and_then(Value::as_str).and_then(by_id);
         }
-        at = e.get("parentId").and_then(Value::as_str).and_then(by_id);
+        if window >= TAIL_WINDOW {
+            return Ok(None);
+        }
+        window *= 4;
     }
-    Ok(None)
 }
 
 /// A marker custom entry for turn `run_id`.
@@ -156,4 +164,50 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pincer_store::StoreOptions;
+
+    fn msg(role: &str, key: Option<&str>, stop: Option<&str>) -> NewEntry {
+        let mut m = json!({"role": role, "content": [{"type": "text", "text": "x"}], "timestamp": 1});
+        if let Some(k) = key {
+            m["idempotencyKey"] = json!(k);
+        }
+        if let Some(s) = stop {
+            m["stopReason"] = json!(s);
+        }
+        NewEntry::message(m)
+    }
+
+    #[test]
+    fn a_turn_is_read_back_from_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.jsonl");
+        let store = Store::new(StoreOptions::default());
+        let add = |e: NewEntry| store.append(&path, e).expect("append");
+        assert_eq!(on_disk(&store, &path, "k1").expect("read"), OnDisk::New);
+        add(msg("user", Some("k1:user"), None));
+        assert!(matches!(on_disk(&store, &path, "k1").expect("read"), OnDisk::Resume(_)));
+        assert_eq!(unanswered_at_leaf(&store, &path).expect("read").as_deref(), Some("k1"));
+        // A tool step is not a reply: still unanswered, still at the leaf.
+        add(msg("assistant", None, Some("toolUse")));
+        add(msg("toolResult", None, None));
+        assert!(matches!(on_disk(&store, &path, "k1").expect("read"), OnDisk::Resume(_)));
+        add(marker(INTERRUPTED, "k1", "test"));
+        assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None, "marked once");
+        add(marker(RESUMED, "k1", "test"));
+        assert_eq!(on_disk(&store, &path, "k1").expect("read"), OnDisk::Interrupted, "resumed once already");
+        add(msg("assistant", None, Some("stop")));
+        assert_eq!(on_disk(&store, &path, "k1").expect("read"), OnDisk::Done("ok"));
+        assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None);
+        // A turn the session moved past stays interrupted; an abort partial answers it.
+        add(msg("user", Some("k2:user"), None));
+        add(msg("user", Some("k3:user"), None));
+        assert_eq!(on_disk(&store, &path, "k2").expect("read"), OnDisk::Interrupted);
+        add(msg("assistant", Some("k3:assistant"), Some("stop")));
+        assert_eq!(on_disk(&store, &path, "k3").expect("read"), OnDisk::Done("ok"));
+    }
 }
