@@ -769,8 +769,7 @@ pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
     };
     let key = match params.get("idempotencyKey") {
         None | Some(Value::Null) => None,
-        Some(Value::String(k)) if !k.trim().is_empty() => Some(k.clone()),
-        Some(_) => return Err(RpcError::invalid("idempotencyKey must be a non-empty string")),
+        Some(_) => Some(idempotency_key(params)?),
     };
     let k = raw_key.to_owned();
     let session =
