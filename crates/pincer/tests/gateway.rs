@@ -44,11 +44,7 @@ fn transcript(s: &Setup) -> PathBuf {
 }
 
 fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .expect("transcript")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect()
+    pincer_testkit::probe::read_rows(path)
 }
 
 fn text(msg: &Value) -> String {

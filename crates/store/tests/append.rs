@@ -17,11 +17,7 @@ fn keyed(text: &str, key: &str) -> Value {
 }
 
 fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .expect("read")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
-        .collect()
+    pincer_testkit::probe::read_rows(path)
 }
 
 fn context_texts(path: &Path) -> Vec<String> {

@@ -23,11 +23,7 @@ fn user(text: &str) -> Value {
 }
 
 fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .expect("read")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
-        .collect()
+    pincer_testkit::probe::read_rows(path)
 }
 
 /// Checks a file holds a header and then `texts` in order, each entry chained to the one before.
