@@ -864,6 +864,39 @@ async fn t10_a_session_queue_is_bounded() {
     ordinary_turn(&e.gw.addr, "busy-after").await;
 }
 
+// 10b ──────────────────────────────────────────────────────────────────────────────────────────
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t10b_a_100_mb_provider_stream_is_cut_at_the_reply_cap_and_memory_stays_bounded() {
+    let e = start("max_reply_bytes = 4194304\n", StartOptions::default());
+    let pid = e.gw.pid();
+    let base = probe::rss_kib(pid);
+    let sampler = Sampler::start(pid, Duration::from_millis(20));
+    let key = "agent:main:huge";
+    let mut c = Client::connect(&e.gw.addr).await;
+    c.request("sessions.messages.subscribe", json!({"key": key})).await.expect("subscribe");
+    let t0 = Instant::now();
+    send(&mut c, key, "[huge] say a lot", "HUGE").await.expect("send");
+    let end = c.chat_end("HUGE").await;
+    let took = t0.elapsed();
+    let peak = sampler.stop().max_rss_kib.max(probe::hwm_kib(pid));
+    eprintln!("100 MB stream: ended {} after {took:?}, RSS {base} -> peak {peak} KiB", end["payload"]["state"]);
+    assert_eq!(end["payload"]["state"], "error", "{end}");
+    assert_eq!(end["payload"]["errorKind"], "reply_too_large", "{end}");
+    assert!(end["payload"]["errorMessage"].as_str().unwrap_or("").contains("4194304"), "the cap is named: {end}");
+    assert!(peak < base + 128 * MIB, "RSS grew from {base} to {peak} KiB for a capped reply");
+    // The partial is persisted once, chained to the user row, about the size of the cap.
+    let rows = probe::transcript_rows(&e.gw.state_dir, key);
+    let replies: Vec<&Value> = rows.iter().filter(|r| r["message"]["role"] == "assistant").collect();
+    assert_eq!(replies.len(), 1, "one persisted partial");
+    let partial = text(&replies[0]["message"]);
+    assert!(partial.len() >= 4_194_304 && partial.len() <= 4_194_304 + 64 * 1024, "partial of {} bytes", partial.len());
+    assert_eq!(replies[0]["message"]["stopReason"], "error");
+    let user = rows.iter().find(|r| r["message"]["role"] == "user").expect("user row");
+    assert_eq!(replies[0]["parentId"], user["id"]);
+    ordinary_turn(&e.gw.addr, "after-huge").await;
+}
+
 // 11 ───────────────────────────────────────────────────────────────────────────────────────────
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

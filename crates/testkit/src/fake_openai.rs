@@ -2,7 +2,8 @@
 //! `POST /v1/chat/completions` with an SSE stream in OpenAI's exact framing (role chunk, content
 //! deltas, a usage chunk, `[DONE]`). What it does is chosen by markers in the last user message:
 //! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream), `[slowish]` 12 chunks 50 ms apart
-//! (a turn that is often caught mid-stream but ends soon), `[fail]` answers HTTP 400 with an
+//! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
+//! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 with an
 //! OpenAI error body, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
@@ -177,6 +178,12 @@ async fn handle(mut sock: TcpStream, rec: Option<Arc<Mutex<Vec<Value>>>>) -> std
             )
         };
         sock.write_all(chunk(json!({"content": summary}), Value::Null).as_bytes()).await?;
+        sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;
+    } else if said.contains("[huge]") {
+        let piece = "x".repeat(64 * 1024);
+        for _ in 0..(100_000_000 / piece.len()) {
+            sock.write_all(chunk(json!({"content": piece}), Value::Null).as_bytes()).await?;
+        }
         sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;
     } else {
         let reply = format!("Fake reply: you said \"{said}\"");
