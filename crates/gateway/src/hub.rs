@@ -2,8 +2,8 @@
 //! `agent`, `sessions.changed`, `shutdown`) is published here once, serialized once, and handed to
 //! each interested subscriber (a WebSocket connection's outbox, an SSE stream) right away; the hub
 //! keeps no ring of past events for them, so memory is bounded by each subscriber's own budget.
-//! Session-scoped `chat` and `session.message` events also get a per-session id and are kept in
-//! catch-up logs bounded per session and in total bytes, so an SSE client reconnecting with
+//! Session-scoped `chat` and `session.message` events also get a per-session id, and those that
+//! are not deltas are kept in catch-up logs bounded per session and in total bytes, so an SSE client reconnecting with
 //! `Last-Event-ID` gets what it missed, or `reset` when the gap is older than the log. A session's
 //! log is dropped when it is reset or deleted, so deleted content never replays.
 
@@ -59,6 +59,17 @@ pub trait Subscriber: Send + Sync {
 struct SseLog {
     next_id: u64,
     events: VecDeque<Arc<BusEvent>>,
+    /// The highest id of a kept event that is gone (trimmed or forgotten): a client that saw less
+    /// than this missed something and gets `reset`.
+    lost_upto: u64,
+}
+
+impl SseLog {
+    fn pop(&mut self) -> Option<Arc<BusEvent>> {
+        let e = self.events.pop_front()?;
+        self.lost_upto = self.lost_upto.max(e.sse_id.unwrap_or(0));
+        Some(e)
+    }
 }
 
 /// What an SSE reconnect gets.
@@ -129,8 +140,16 @@ impl Hub {
             audience,
             sse_id: None,
         };
-        let logged = matches!(name, "chat" | "session.message");
-        let ev = match (logged, session_key) {
+        let streamed = matches!(name, "chat" | "session.message");
+        let ev = match (streamed, session_key) {
+            // Deltas get an id but are not kept: each carries the whole text so far, so the next
+            // one (or the final) supersedes it, and keeping them would hold the reply many times.
+            (true, Some(key)) if droppable => {
+                let log = inner.logs.entry(key.to_owned()).or_default();
+                log.next_id += 1;
+                ev.sse_id = Some(log.next_id);
+                Arc::new(ev)
+            }
             (true, Some(key)) => {
                 let log = inner.logs.entry(key.to_owned()).or_default();
                 log.next_id += 1;
@@ -140,7 +159,7 @@ impl Hub {
                 log.events.push_back(ev.clone());
                 let mut freed = (0, 0);
                 if log.events.len() > SSE_LOG_LEN {
-                    freed = log.events.pop_front().map_or((0, 0), |e| (e.size(), 1));
+                    freed = log.pop().map_or((0, 0), |e| (e.size(), 1));
                 }
                 inner.log_bytes = inner.log_bytes + ev.size() - freed.0;
                 inner.log_count = inner.log_count + 1 - freed.1;
@@ -161,7 +180,7 @@ impl Hub {
             let Some((key, id)) = inner.log_order.pop_front() else { break };
             let Some(log) = inner.logs.get_mut(&key) else { continue };
             while log.events.front().and_then(|e| e.sse_id).is_some_and(|e| e <= id) {
-                if let Some(e) = log.events.pop_front() {
+                if let Some(e) = log.pop() {
                     inner.log_bytes -= e.size();
                     inner.log_count -= 1;
                 }
@@ -182,6 +201,7 @@ impl Hub {
         let mut inner = lock(&self.inner);
         if let Some(log) = inner.logs.get_mut(key) {
             let (bytes, count) = log.events.drain(..).fold((0, 0), |(b, c), e| (b + e.size(), c + 1));
+            log.lost_upto = log.next_id;
             inner.log_bytes -= bytes;
             inner.log_count -= count;
         }
@@ -219,8 +239,7 @@ impl Hub {
             None => Replay::Events(vec![]),
             Some(a) if a > last => Replay::Reset,
             Some(a) => {
-                let oldest = log.events.front().and_then(|e| e.sse_id).unwrap_or(last + 1);
-                if a + 1 < oldest {
+                if a < log.lost_upto {
                     Replay::Reset
                 } else {
                     Replay::Events(log.events.iter().filter(|e| e.sse_id.is_some_and(|id| id > a)).cloned().collect())
@@ -289,6 +308,17 @@ mod tests {
             hub.publish("chat", Some("busy"), json!({"text": "y"}), false, Audience::All);
         }
         assert!(lock(&hub.inner).log_order.len() < 5_000, "the eviction order does not grow without bound");
+    }
+
+    #[test]
+    fn deltas_are_streamed_with_ids_but_not_kept() {
+        let hub = Arc::new(Hub::default());
+        hub.publish("chat", Some("k"), json!({"state": "delta", "text": "x".repeat(100_000)}), true, Audience::All);
+        hub.publish("chat", Some("k"), json!({"state": "final"}), false, Audience::All);
+        assert!(hub.log_bytes() < 1_000, "{} bytes kept", hub.log_bytes());
+        assert_eq!(replay(&hub, "k", Some(0)), Some(vec![2]), "the final replays; the delta it supersedes does not");
+        assert_eq!(replay(&hub, "k", None), Some(vec![]));
+        assert_eq!(replay(&hub, "k", Some(1)), Some(vec![2]));
     }
 
     #[test]

@@ -381,9 +381,12 @@ async fn sse_replays_missed_events_after_last_event_id() {
     assert!(all.is_empty(), "a fresh stream starts live: {all:?}");
     let replay = sse_read(&s.gw.addr, Some(1), 100).await;
     let ids: Vec<u64> = replay.iter().filter_map(|(id, _)| *id).collect();
-    assert!(ids.len() >= 3 && ids[0] == 2, "{replay:?}");
-    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1));
+    assert!(ids.len() >= 2 && ids[0] >= 2, "{replay:?}");
+    assert!(ids.windows(2).all(|w| w[1] > w[0]), "in id order: {ids:?}");
     assert!(replay.iter().any(|(_, d)| d.contains("session.message")));
+    // Deltas are superseded by the final: they are not replayed, the final is.
+    assert!(!replay.iter().any(|(_, d)| d.contains("\"state\":\"delta\"")), "{replay:?}");
+    assert!(replay.iter().any(|(_, d)| d.contains("\"state\":\"final\"")), "{replay:?}");
     let reset = sse_read(&s.gw.addr, Some(100_000), 1).await;
     assert_eq!(reset.first().map(|(_, d)| d.contains("refetch")), Some(true), "{reset:?}");
     let unauthorized = raw_get(&s.gw.addr, "/api/sessions/main/events", "", None).await;
