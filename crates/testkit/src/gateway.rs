@@ -324,14 +324,19 @@ impl Client {
 
     /// Waits for an event frame matching `pred` (looking at buffered ones first); removes and returns it.
     pub async fn event(&mut self, pred: impl Fn(&Value) -> bool) -> Value {
+        self.event_within(pred, Duration::from_secs(30)).await
+    }
+
+    /// [`Client::event`] with a given patience (a real model on a busy machine can be slow).
+    pub async fn event_within(&mut self, pred: impl Fn(&Value) -> bool, patience: Duration) -> Value {
         if let Some(i) = self.events.iter().position(&pred) {
             return self.events.remove(i);
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let deadline = tokio::time::Instant::now() + patience;
         loop {
             let f = tokio::time::timeout_at(deadline, next_frame(&mut self.ws))
                 .await
-                .unwrap_or_else(|_| panic!("event not seen within 30 s; buffered: {:?}", self.events))
+                .unwrap_or_else(|_| panic!("event not seen within {patience:?}; buffered: {:?}", self.events))
                 .expect("frame");
             if f["type"] == "event" && pred(&f) {
                 return f;
