@@ -65,6 +65,20 @@ fn invisible(c: char) -> bool {
         | 0xFFA0 | 0xFFF0..=0xFFFB | 0x1D173..=0x1D17A | 0xE0000..=0xE0FFF)
 }
 
+/// NFKC, lowercase and trimmed, repeated until stable (lowercasing can leave combining marks out
+/// of canonical order, and NFKC can yield capitals, as `ℌ` → `H`), so folding a folded key is a no-op.
+fn fold(raw: &str) -> Option<String> {
+    let mut cur: String = raw.nfkc().collect::<String>().trim().to_owned();
+    for _ in 0..4 {
+        let next: String = cur.to_lowercase().nfkc().collect::<String>().trim().to_owned();
+        if next == cur {
+            return Some(cur);
+        }
+        cur = next;
+    }
+    None
+}
+
 /// Longest canonical session key, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
 
@@ -87,7 +101,7 @@ fn canonical_key_unbounded(raw: &str) -> Result<(String, String), RpcError> {
             c as u32
         )));
     }
-    let k = raw.nfkc().collect::<String>().trim().to_lowercase();
+    let k = fold(raw).ok_or_else(|| RpcError::invalid(format!("sessionKey {raw:?} has no stable normal form")))?;
     if k.is_empty() {
         return Err(RpcError::invalid("sessionKey must not be empty"));
     }
@@ -443,6 +457,11 @@ mod tests {
         }
         assert_eq!(canonical_key("ａｇｅｎｔ：ｍａｉｎ：ｘ").expect("fullwidth").0, "agent:main:x");
         assert_eq!(canonical_key("ＭＡＩＮ").expect("fullwidth").0, MAIN_KEY);
+        // Found by the fuzzer: İ lowercases to i + U+0307, out of canonical order before U+0326.
+        for tricky in ["\u{130}\u{326}\u{a6}nbbl", "\u{210c}ello", "\u{2160}x"] {
+            let (k, _) = canonical_key(tricky).expect(tricky);
+            assert_eq!(canonical_key(&k).expect("again").0, k, "{tricky:?} folds to a fixed point");
+        }
     }
 
     #[test]
