@@ -305,11 +305,11 @@ fn allowed_origins(list: &[String]) -> Result<Vec<String>, String> {
         .collect()
 }
 
-/// Connections allowed by default: three quarters of the file-descriptor limit (transcripts,
-/// lock files and provider sockets need the rest), at most 10,000.
+/// Connections allowed by default: half the file-descriptor limit (transcript handles take up to a
+/// quarter, lock files, provider sockets and the runtime the rest), at most 10,000.
 fn default_max_connections() -> usize {
     let soft = open_file_limit().unwrap_or(1024);
-    (soft.saturating_mul(3) / 4).saturating_sub(32).clamp(16, 10_000)
+    (soft / 2).saturating_sub(32).clamp(16, 10_000)
 }
 
 /// The soft limit on open files, from `/proc/self/limits`.

@@ -36,6 +36,9 @@ pub struct Listening {
 /// Bytes a WebSocket may send beyond the pre-auth frame limit before `connect` (frame headers).
 const PREAUTH_SLACK: usize = 1024;
 
+/// Connections over `max` while evicted ones are still closing; beyond it newcomers are refused.
+const EVICTION_SLACK: usize = 32;
+
 /// One accepted connection, shared by its socket wrapper, its request handlers and the table.
 pub struct Conn {
     /// Bytes the socket may still deliver; `usize::MAX` is unlimited.
@@ -106,6 +109,10 @@ impl ConnTable {
         let mut order = lock(&self.order);
         while order.front().is_some_and(|w| w.strong_count() == 0) {
             order.pop_front();
+        }
+        if self.live() >= self.max + EVICTION_SLACK {
+            // Evicted sockets have not closed yet: refuse rather than run out of descriptors.
+            return None;
         }
         if self.live() >= self.max {
             let victim = order
@@ -256,7 +263,7 @@ pub async fn serve(
             }
         };
         let Some(conn) = table.admit() else {
-            tracing::warn!("refusing a connection: {} authenticated connections are open", table.live());
+            tracing::warn!("refusing a connection: {} connections are open or closing", table.live());
             drop(tcp);
             continue;
         };

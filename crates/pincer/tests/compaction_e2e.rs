@@ -7,6 +7,7 @@
 
 use pincer_testkit::fake_openai::FakeOpenAi;
 use pincer_testkit::gateway::{Client, GatewayProcess};
+use pincer_testkit::probe::read_rows as entries;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -14,16 +15,6 @@ use std::path::{Path, PathBuf};
 const BIN: &str = env!("CARGO_BIN_EXE_pincer");
 const COMPACTION: &str =
     "[agents.defaults.compaction]\nreserve_tokens = 1000\nreserve_tokens_floor = 0\nkeep_recent_tokens = 400\n";
-
-fn transcript(state: &Path) -> PathBuf {
-    let dir = state.join("agents/main/sessions");
-    let index: Value = serde_json::from_slice(&std::fs::read(dir.join("sessions.json")).expect("index")).expect("json");
-    dir.join(format!("{}.jsonl", index["agent:main:main"]["sessionId"].as_str().expect("id")))
-}
-
-fn entries(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).expect("read").lines().map(|l| serde_json::from_str(l).expect("json")).collect()
-}
 
 /// `pincer transcript compact FILE --state-dir STATE`.
 fn cli_compact(file: &Path, state: &Path) -> std::process::Output {
@@ -203,4 +194,9 @@ async fn manual_compaction_by_command_and_cli_and_failures_leave_the_file_alone(
     let last = entries(&file).last().cloned().expect("last");
     assert_eq!(last["type"], "compaction");
     assert_eq!(last["id"], result["id"]);
+}
+
+/// The main session's transcript in a state dir.
+fn transcript(state: &Path) -> PathBuf {
+    pincer_testkit::probe::transcript_path(state, "agent:main:main").expect("the main session has a transcript")
 }

@@ -11,6 +11,7 @@
 use futures::{SinkExt, StreamExt};
 use pincer_testkit::fake_openai::FakeOpenAi;
 use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions, TOKEN};
+use pincer_testkit::probe::message_text as text;
 use pincer_testkit::probe::{self, Rng, Sampler};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -43,14 +44,6 @@ fn start(extra: &str, options: StartOptions) -> Env {
 
 fn prlimit_1024() -> StartOptions {
     StartOptions { wrapper: vec!["prlimit".into(), "--nofile=1024:1024".into(), "--".into()], ..Default::default() }
-}
-
-fn text(msg: &Value) -> String {
-    match &msg["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(b) => b.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(""),
-        _ => String::new(),
-    }
 }
 
 fn unique(tag: &str) -> String {

@@ -5,6 +5,7 @@
 
 use pincer_testkit::fake_openai::FakeOpenAi;
 use pincer_testkit::gateway::{connect_params, Client, GatewayProcess, TOKEN};
+use pincer_testkit::probe::message_text as text;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -45,14 +46,6 @@ fn transcript(s: &Setup) -> PathBuf {
 
 fn lines(path: &Path) -> Vec<Value> {
     pincer_testkit::probe::read_rows(path)
-}
-
-fn text(msg: &Value) -> String {
-    match &msg["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(b) => b.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(""),
-        _ => String::new(),
-    }
 }
 
 /// The message part of an event or history row, without the `__openclaw` block.

@@ -11,6 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::gateway::{Client, GatewayProcess};
+use pincer_testkit::probe::message_text as text;
+use pincer_testkit::probe::read_rows as entries;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -271,24 +273,6 @@ fn assert_usage_is_reported(msg: &Value, resp: &str) -> Value {
     assert_eq!(n(&usage, "/output"), n(&reported, "/completion_tokens"), "{usage} vs {reported}");
     assert_eq!(n(&usage, "/totalTokens"), n(&reported, "/total_tokens"), "{usage} vs {reported}");
     usage
-}
-
-fn transcript(state: &Path) -> PathBuf {
-    let dir = state.join("agents/main/sessions");
-    let index: Value = serde_json::from_slice(&std::fs::read(dir.join("sessions.json")).expect("index")).expect("json");
-    dir.join(format!("{}.jsonl", index["agent:main:main"]["sessionId"].as_str().expect("id")))
-}
-
-fn entries(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path).expect("read").lines().map(|l| serde_json::from_str(l).expect("json")).collect()
-}
-
-fn text(msg: &Value) -> String {
-    match &msg["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(b) => b.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(""),
-        _ => String::new(),
-    }
 }
 
 /// The ids from `entry` back to the root, following `parentId`.
@@ -553,4 +537,9 @@ async fn a_real_llama_cpp_server_chats_streams_aborts_and_summarises() {
     }
     drop(gw);
     drop(llama);
+}
+
+/// The main session's transcript in a state dir.
+fn transcript(state: &Path) -> PathBuf {
+    pincer_testkit::probe::transcript_path(state, "agent:main:main").expect("the main session has a transcript")
 }

@@ -320,6 +320,15 @@ pub fn transcript_path(state_dir: &Path, key: &str) -> Option<PathBuf> {
     Some(sessions_dir(state_dir, agent).join(format!("{id}.jsonl")))
 }
 
+/// The visible text of a Pi message: its string content, or its text blocks joined.
+pub fn message_text(msg: &Value) -> String {
+    match &msg["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(b) => b.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join(""),
+        _ => String::new(),
+    }
+}
+
 /// The rows of a JSONL file that parse, and how many lines did not.
 pub fn read_rows_lossy(path: &Path) -> (Vec<Value>, usize) {
     let text = std::fs::read_to_string(path).unwrap_or_default();
