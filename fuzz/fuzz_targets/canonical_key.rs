@@ -6,7 +6,7 @@
 //! - it holds no `/`, `\` or control character, is not blank, and is lowercase;
 //! - canonicalising is idempotent: the canonical key is accepted again and maps to itself (a key
 //!   a client got back from `sessions.list` must address the same session);
-//! - surrounding whitespace and letter case do not change the result.
+//! - surrounding whitespace and ASCII letter case do not change the result.
 //!
 //! Refused keys give `INVALID_REQUEST` with a message.
 #![no_main]
@@ -38,8 +38,9 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(again, (key.clone(), agent.clone()), "not idempotent");
 
             let upper = format!("  {}\t", raw.to_uppercase());
-            if upper.to_lowercase() == format!("  {}\t", raw.to_lowercase()) {
-                // Only where upper-casing round-trips (ß → SS does not).
+            if raw.is_ascii() {
+                // ASCII only: beyond it, upper-casing first can change what NFKC folds to (a key is
+                // still folded to one fixed point, which the idempotency check above holds).
                 if let Ok(u) = canonical_key(&upper) {
                     assert_eq!(u, (key, agent), "case or whitespace changed the key");
                 }
