@@ -70,8 +70,9 @@ fn invisible(c: char) -> bool {
 fn fold(raw: &str) -> Option<String> {
     let mut cur: String = raw.nfkc().collect::<String>().trim().to_owned();
     for _ in 0..4 {
-        let next: String = cur.to_lowercase().nfkc().collect::<String>().trim().to_owned();
-        if next == cur {
+        let lower = cur.to_lowercase();
+        let next: String = lower.nfkc().collect::<String>().trim().to_owned();
+        if next == cur && lower == cur {
             return Some(cur);
         }
         cur = next;
