@@ -136,27 +136,11 @@ impl Recorder {
                 all.lock().expect("conns").push(conn.clone());
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else { return };
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
                     let (c1, c2) = (conn.clone(), conn);
-                    let up = async move {
-                        let mut buf = vec![0u8; 16384];
-                        while let Ok(n) = cr.read(&mut buf).await {
-                            if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                            c1.lock().expect("conn").up.extend_from_slice(&buf[..n]);
-                        }
-                    };
-                    let down = async move {
-                        let mut buf = vec![0u8; 16384];
-                        while let Ok(n) = sr.read(&mut buf).await {
-                            if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                            c2.lock().expect("conn").down.extend_from_slice(&buf[..n]);
-                        }
-                    };
+                    let up = pipe(cr, sw, c1, true);
+                    let down = pipe(sr, cw, c2, false);
                     // Either direction ending drops both sockets.
                     tokio::select! { _ = up => {}, _ = down => {} }
                 });
@@ -542,4 +526,21 @@ async fn a_real_llama_cpp_server_chats_streams_aborts_and_summarises() {
 /// The main session's transcript in a state dir.
 fn transcript(state: &Path) -> PathBuf {
     pincer_testkit::probe::transcript_path(state, "agent:main:main").expect("the main session has a transcript")
+}
+
+/// Copies one direction of a proxied connection and records what passed (`up`: client → server).
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    conn: Arc<Mutex<Conn>>,
+    up: bool,
+) {
+    let mut buf = vec![0u8; 16384];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        let mut c = conn.lock().expect("conn");
+        if up { &mut c.up } else { &mut c.down }.extend_from_slice(&buf[..n]);
+    }
 }

@@ -248,11 +248,7 @@ impl Client {
 
     /// [`Client::chat_end`] that reports a lost connection or a timeout as `Err`.
     pub async fn try_chat_end(&mut self, run_id: &str, timeout: Duration) -> Result<Value, String> {
-        let is_end = |f: &Value| {
-            f["event"] == "chat"
-                && f["payload"]["runId"] == run_id
-                && matches!(f["payload"]["state"].as_str(), Some("final" | "aborted" | "error"))
-        };
+        let is_end = |f: &Value| is_chat_end(f, run_id);
         if let Some(i) = self.events.iter().position(is_end) {
             return Ok(self.events.remove(i));
         }
@@ -307,19 +303,7 @@ impl Client {
 
     /// Sends a request and returns `Ok(payload)` or `Err(error)`.
     pub async fn request(&mut self, method: &str, params: Value) -> Result<Value, Value> {
-        self.next += 1;
-        let id = format!("r{}", self.next);
-        let frame = json!({"type": "req", "id": id, "method": method, "params": params});
-        self.send_raw(&frame.to_string()).await;
-        loop {
-            let f = next_frame(&mut self.ws).await.expect("frame");
-            if f["type"] == "res" && f["id"] == id.as_str() {
-                return if f["ok"] == true { Ok(f["payload"].clone()) } else { Err(f["error"].clone()) };
-            }
-            if f["type"] == "event" {
-                self.events.push(f);
-            }
-        }
+        self.try_request(method, params, Duration::from_secs(3600)).await.unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Waits for an event frame matching `pred` (looking at buffered ones first); removes and returns it.
@@ -347,13 +331,7 @@ impl Client {
 
     /// Waits for the `chat` event of `run_id` in one of the terminal states.
     pub async fn chat_end(&mut self, run_id: &str) -> Value {
-        let id = run_id.to_owned();
-        self.event(move |f| {
-            f["event"] == "chat"
-                && f["payload"]["runId"] == id.as_str()
-                && matches!(f["payload"]["state"].as_str(), Some("final" | "aborted" | "error"))
-        })
-        .await
+        self.event(|f| is_chat_end(f, run_id)).await
     }
 
     /// Reads frames until the server closes; returns the close code.
@@ -366,6 +344,13 @@ impl Client {
             }
         }
     }
+}
+
+/// A `chat` event of `run_id` in one of the terminal states.
+fn is_chat_end(f: &Value, run_id: &str) -> bool {
+    f["event"] == "chat"
+        && f["payload"]["runId"] == run_id
+        && matches!(f["payload"]["state"].as_str(), Some("final" | "aborted" | "error"))
 }
 
 /// Opens a socket, reads the challenge, sends `first` as the first frame and returns the answer.
