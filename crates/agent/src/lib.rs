@@ -4,6 +4,8 @@
 //! - [`config`] — `[models.providers.*]` config and the [`Providers`] registry resolving
 //!   `"provider/model"` (always including the offline `pincer/echo`).
 //! - [`sse`] — a Server-Sent Events parser over a byte stream.
+//! - [`context`] — [`ContextMessage`]: a shared context message with its model view and wire
+//!   forms, each computed once.
 //! - [`message`] — Pi message shapes: [`convert_to_llm`], the streamed assistant draft, usage and cost.
 //! - [`provider`] — one module per wire format (`openai-completions`, `openai-responses`,
 //!   `anthropic-messages`, echo) behind [`ModelStream`]; retries, timeouts and error classification.
@@ -14,6 +16,7 @@
 //! - [`queue`] — [`SessionQueue`]: one run at a time per session, FIFO, cancellable waits.
 
 pub mod config;
+pub mod context;
 pub mod message;
 pub mod provider;
 pub mod queue;
@@ -23,6 +26,7 @@ pub mod sse;
 pub mod tools;
 
 pub use config::{Api, ConfigError, ModelConfig, ModelCost, ProviderConfig, Providers, ResolvedModel};
+pub use context::{ContextMessage, Messages, SharedMessage};
 pub use message::convert_to_llm;
 pub use provider::echo::ECHO_PREFIX;
 pub use provider::{ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec};

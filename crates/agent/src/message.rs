@@ -4,11 +4,10 @@
 //! Messages stay `serde_json::Value` with Pi's key order, so what is persisted is exactly what
 //! Pi would write.
 
-use std::sync::Arc;
-
 use serde_json::{json, Map, Value};
 
 use crate::config::{ModelCost, ResolvedModel};
+use crate::context::SharedMessage;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -30,16 +29,10 @@ pub fn js_number(x: f64) -> Value {
 
 /// Pi's `convertToLlm`: keeps `user`, `assistant`, `toolResult`; turns `bashExecution`,
 /// `custom`, `branchSummary` and `compactionSummary` into user messages; drops the rest
-/// (including `bashExecution` with `excludeFromContext`).
-/// Messages the model sees as they are (`user`, `assistant`, `toolResult`) are shared, not copied.
-pub fn convert_to_llm(messages: &[Arc<Value>]) -> Vec<Arc<Value>> {
-    messages
-        .iter()
-        .filter_map(|m| match m.get("role").and_then(Value::as_str) {
-            Some("user" | "assistant" | "toolResult") => Some(m.clone()),
-            _ => convert_one(m).map(Arc::new),
-        })
-        .collect()
+/// (including `bashExecution` with `excludeFromContext`). Each message's result is computed
+/// once and kept on it ([`ContextMessage::llm`]).
+pub fn convert_to_llm(messages: &[SharedMessage]) -> Vec<Value> {
+    messages.iter().filter_map(|m| m.llm().cloned()).collect()
 }
 
 fn user_text(text: String, timestamp: Option<&Value>) -> Value {
@@ -52,7 +45,8 @@ fn user_text(text: String, timestamp: Option<&Value>) -> Value {
     Value::Object(m)
 }
 
-fn convert_one(msg: &Value) -> Option<Value> {
+/// One message through `convertToLlm` (`None`: not for the model).
+pub(crate) fn convert_one(msg: &Value) -> Option<Value> {
     let role = msg.get("role").and_then(Value::as_str)?;
     let str_field = |k: &str| msg.get(k).and_then(Value::as_str).unwrap_or_default();
     let ts = msg.get("timestamp");
@@ -366,6 +360,7 @@ fn parse_arguments(raw: &str) -> (Value, Option<String>) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::context::ContextMessage;
     use pretty_assertions::assert_eq;
 
     #[test]
@@ -394,8 +389,8 @@ mod tests {
             json!({"role":"user","content":[{"type":"text","text":"The conversation history before this point was compacted into the following summary:\n\n<summary>\nearlier\n</summary>"}],"timestamp":9}),
             json!({"role":"toolResult","toolCallId":"c","toolName":"t","content":[],"isError":false,"timestamp":10}),
         ];
-        let shared: Vec<Arc<Value>> = input.into_iter().map(Arc::new).collect();
-        let out: Vec<Value> = convert_to_llm(&shared).into_iter().map(|m| (*m).clone()).collect();
+        let shared: Vec<SharedMessage> = input.into_iter().map(ContextMessage::shared).collect();
+        let out: Vec<Value> = convert_to_llm(&shared);
         assert_eq!(out, expected);
     }
 

@@ -41,7 +41,7 @@ pub struct RunRequest {
     pub system_prompt: Option<String>,
     /// Pi context messages (active branch, compaction applied), ending with the new user message.
     /// Shared with the caller's cache: a run never copies the history.
-    pub messages: Vec<Arc<Value>>,
+    pub messages: crate::context::Messages,
     /// Tools offered to the model.
     pub tools: Arc<ToolRegistry>,
     /// Where assistant and toolResult messages are appended.
@@ -303,7 +303,7 @@ impl Runner {
                 Ok(e) => e,
                 Err(ev) => return ev,
             };
-            context.push(Arc::new(message));
+            context.push(crate::context::ContextMessage::shared(message));
             let calls = draft.tool_calls();
             if stop != StopReason::ToolUse || calls.is_empty() {
                 let ev = RunEvent::Final { entry };
@@ -336,7 +336,7 @@ impl Runner {
                 if let Err(ev) = self.persist(result.clone()).await {
                     return ev;
                 }
-                context.push(Arc::new(result));
+                context.push(crate::context::ContextMessage::shared(result));
             }
             if turn == max_turns {
                 let message = format!(

@@ -58,7 +58,7 @@ async fn each_provider_persists_through_the_store_and_pi_reads_it_back() {
         let rx = start_run(RunRequest {
             model: fake.model(),
             system_prompt: Some("be brief".into()),
-            messages: vec![std::sync::Arc::new(first.entry["message"].clone())],
+            messages: vec![pincer_agent::ContextMessage::shared(first.entry["message"].clone())].into(),
             tools: Arc::new(ToolRegistry::with_builtins(ws.path())),
             sink: Arc::new(FileSink { store: store.clone(), path: file.clone() }),
             cancel: CancellationToken::new(),

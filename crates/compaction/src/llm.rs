@@ -34,7 +34,7 @@ pub async fn summarize(model: &ResolvedModel, req: &SummaryRequest) -> Result<St
     model.model.max_tokens = Some(effective_max_tokens(&model, req.max_tokens));
     let request = ModelRequest {
         system_prompt: Some(req.system_prompt.to_owned()),
-        messages: vec![std::sync::Arc::new(req.user_message(now_ms()))],
+        messages: vec![pincer_agent::ContextMessage::shared(req.user_message(now_ms()))].into(),
         tools: Vec::new(),
     };
     let mut stream = ModelStream::open(&model, &request).await?;

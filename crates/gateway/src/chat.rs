@@ -12,7 +12,7 @@ use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
 use crate::turns::OnDisk;
 use crate::Ctx;
 use base64::Engine;
-use pincer_agent::{start_run, RunEvent, RunRequest, TranscriptSink};
+use pincer_agent::{start_run, ContextMessage, RunEvent, RunRequest, TranscriptSink};
 use pincer_store::history::{read_history, HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
 use pincer_store::ids::now_ms;
 use pincer_store::NewEntry;
@@ -538,7 +538,7 @@ impl Turn {
                     }
                 }
                 StreamEnd::Finished { usage, message } => {
-                    messages.push(Arc::new(message));
+                    messages.push(ContextMessage::shared(message));
                     if crate::compact::over_threshold(&self.gw, &self.session, &messages, usage.as_ref()) {
                         let reason = pincer_compaction::CompactionReason::Threshold;
                         let _ = crate::compact::run(&self.gw, &self.session, reason, None, self.gw.stopping()).await;

@@ -6,7 +6,7 @@
 use crate::hub::Audience;
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
-use pincer_agent::CancellationToken;
+use pincer_agent::{CancellationToken, Messages};
 use pincer_compaction::{calculate_context_tokens, estimate_context_tokens, CompactionOutcome, CompactionReason};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -70,11 +70,15 @@ pub async fn run(
 
 /// Whether a session's context is over the threshold after a turn: tokens from the provider's
 /// reported usage of the last assistant message when there is one, else Pi's estimate.
-pub fn over_threshold(gw: &Gateway, session: &SessionRef, messages: &[Arc<Value>], last_usage: Option<&Value>) -> bool {
+pub fn over_threshold(gw: &Gateway, session: &SessionRef, messages: &Messages, last_usage: Option<&Value>) -> bool {
     let Ok(model) = gw.settings.providers.resolve(&model_spec(gw, session)) else { return false };
     let Some(window) = model.model.context_window else { return false };
     let reported = last_usage.map(calculate_context_tokens).unwrap_or(0);
-    let tokens = if reported > 0 { reported } else { estimate_context_tokens(messages).tokens };
+    let tokens = if reported > 0 {
+        reported
+    } else {
+        estimate_context_tokens(&messages.iter().map(|m| m.value()).collect::<Vec<_>>()).tokens
+    };
     gw.settings.compaction.over_threshold(tokens, window)
 }
 

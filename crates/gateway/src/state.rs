@@ -6,7 +6,7 @@ use crate::config::Settings;
 use crate::hub::Hub;
 use crate::protocol::RpcError;
 use crate::sessions::{SessionRef, Sessions};
-use pincer_agent::{CancellationToken, SessionQueue, ToolRegistry};
+use pincer_agent::{CancellationToken, ContextMessage, Messages, SessionQueue, ToolRegistry};
 use pincer_store::redact::Redactor;
 use pincer_store::{build_context, Appended, NewEntry, Session, Store, StoreError, StoreOptions};
 use serde_json::{json, Value};
@@ -23,7 +23,7 @@ const CONTEXT_CACHE_SESSIONS: usize = 256;
 /// copies pointers, never the history.
 struct CachedContext {
     leaf: String,
-    messages: Vec<Arc<Value>>,
+    messages: Messages,
 }
 
 /// `chat.send` dedupe window (OpenClaw: 5 min, 1000 entries).
@@ -243,7 +243,7 @@ impl Gateway {
                 match (extends, cache.get_mut(&session.path), a.id()) {
                     (true, Some(c), Some(id)) => {
                         c.leaf = id.to_owned();
-                        c.messages.push(Arc::new(a.entry.get("message").cloned().unwrap_or(Value::Null)));
+                        c.messages.push(ContextMessage::shared(a.entry.get("message").cloned().unwrap_or(Value::Null)));
                     }
                     _ => {
                         cache.remove(&session.path);
@@ -262,7 +262,7 @@ impl Gateway {
     /// while the file's leaf is the one the cache was built at (every append of this gateway keeps
     /// the cache in step), so a turn does not re-read a long transcript; rebuilt from the file when
     /// anything else moved the leaf (another process, a compaction, a branch).
-    pub async fn context(&self, session: &SessionRef) -> Result<Vec<Arc<Value>>, String> {
+    pub async fn context(&self, session: &SessionRef) -> Result<Messages, String> {
         let path = session.path.clone();
         let store = self.store.clone();
         let leaf = {
@@ -280,9 +280,13 @@ impl Gateway {
         let messages = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
             Ok(bytes) => {
                 let s = Session::parse(bytes);
-                Ok(build_context(&s, &s.leaf).message_values().into_iter().map(Arc::new).collect::<Vec<_>>())
+                Ok(build_context(&s, &s.leaf)
+                    .message_values()
+                    .into_iter()
+                    .map(ContextMessage::shared)
+                    .collect::<Messages>())
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Messages::new()),
             Err(e) => Err(format!("{}: {e}", path.display())),
         })
         .await

@@ -7,7 +7,10 @@
 //! before the gateway starts.
 //!
 //! cargo build --release -p pincer
-//! cargo run --release -p pincer-testkit --example load -- [--bin target/release/pincer] [--sessions 1,100] [--lengths 0,1000,10000] [--turns 50] [--idle 1000]
+//! cargo run --release -p pincer-testkit --example load -- [--bin target/release/pincer] [--sessions 1,100] [--lengths 0,1000,10000] [--turns 50] [--idle 1000] [--perf DIR]
+//!
+//! `--perf DIR` records a `perf record -g` profile of the gateway process during each measured
+//! combination into `DIR/perf-<sessions>x<entries>.data` (read with `perf report -i …`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // a measuring tool
 
@@ -85,6 +88,7 @@ async fn main() {
     let idle: usize = arg("--idle", "1000").parse().expect("--idle");
     let levels: Vec<usize> = arg("--sessions", "1,100").split(',').map(|s| s.parse().expect("--sessions")).collect();
     let lengths: Vec<usize> = arg("--lengths", "0").split(',').map(|s| s.parse().expect("--lengths")).collect();
+    let perf_dir = std::env::args().any(|a| a == "--perf").then(|| std::path::PathBuf::from(arg("--perf", ".")));
     let fake = FakeOpenAi::start_unrecorded().await;
     let dir = tempfile_dir();
     let mut index = serde_json::Map::new();
@@ -127,16 +131,17 @@ async fn main() {
 
     for &len in &lengths {
         for &n in &levels {
-            let cpu_before = cpu_s(pid);
-            let started = Instant::now();
+            let warm = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
             let mut tasks = Vec::new();
             for s in 0..n {
                 let addr = gw.addr.clone();
+                let warm = warm.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut c = Client::connect(&addr).await;
                     let key = format!("agent:main:load-{len}-{n}-{s}");
                     let mut lat = Vec::with_capacity(turns);
-                    for t in 0..turns {
+                    // Turn 0 warms up (the gateway reads the prefilled file once); it is not counted.
+                    for t in 0..=turns {
                         let run = format!("load-{len}-{n}-{s}-{t}");
                         let sent = Instant::now();
                         c.request(
@@ -147,18 +152,30 @@ async fn main() {
                         .expect("send");
                         let end = c.chat_end(&run).await;
                         assert_eq!(end["payload"]["state"], "final", "{end}");
-                        lat.push(sent.elapsed());
+                        if t > 0 {
+                            lat.push(sent.elapsed());
+                        }
                         c.events.clear();
+                        if t == 0 {
+                            warm.wait().await;
+                        }
                     }
                     lat
                 }));
             }
+            warm.wait().await;
+            let perf = perf_dir.as_ref().map(|d| start_perf(d, pid, &format!("perf-{n}x{len}.data")));
+            let cpu_before = cpu_s(pid);
+            let started = Instant::now();
             let mut all = Vec::new();
             for t in tasks {
                 all.extend(t.await.expect("session task"));
             }
             let wall = started.elapsed().as_secs_f64();
             let cpu = cpu_s(pid) - cpu_before;
+            if let Some(p) = perf {
+                stop_perf(p);
+            }
             let count = all.len();
             println!(
                 "{n:>4} sessions x {turns} turns at {len:>6} entries: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, \
@@ -172,6 +189,25 @@ async fn main() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts `perf record -g` on the gateway process (Debian's linux-perf).
+fn start_perf(dir: &std::path::Path, pid: u32, name: &str) -> std::process::Child {
+    std::fs::create_dir_all(dir).expect("perf dir");
+    let child = std::process::Command::new("perf")
+        .args(["record", "-q", "-F", "499", "--call-graph", "dwarf,16384", "-p", &pid.to_string(), "-o"])
+        .arg(dir.join(name))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("perf record (apt install linux-perf)");
+    std::thread::sleep(Duration::from_millis(300)); // perf attaches
+    child
+}
+
+/// Stops a `perf record` with SIGINT (it writes its file then) and waits for it.
+fn stop_perf(mut child: std::process::Child) {
+    let _ = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status();
+    let _ = child.wait();
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

@@ -8,12 +8,13 @@
 
 use std::collections::VecDeque;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::openai_completions::invalid_json;
 use super::wire::{self, block_type, blocks, content_string, str_of};
 use super::{ErrorKind, Fault, ModelRequest, StreamDelta, WireRequest};
-use crate::config::ResolvedModel;
+use crate::config::{Api, ResolvedModel};
+use crate::context::WireForm;
 use crate::message::{AssistantDraft, DraftBlock, StopReason};
 use crate::sse::SseEvent;
 
@@ -36,100 +37,100 @@ fn user_parts(content: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// Builds the request.
-pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest {
-    let mut messages: Vec<Value> = Vec::new();
-    let mut results: Vec<Value> = Vec::new();
-    let flush = |messages: &mut Vec<Value>, results: &mut Vec<Value>| {
-        if !results.is_empty() {
-            messages.push(json!({"role": "user", "content": std::mem::take(results)}));
-        }
-    };
-    for msg in wire::prepare(&req.messages) {
-        let role = wire::role(&msg);
-        if role != "toolResult" {
-            flush(&mut messages, &mut results);
-        }
-        match role {
-            "user" => {
-                if let Some(s) = content_string(&msg) {
-                    if !s.is_empty() {
-                        messages.push(json!({"role": "user", "content": s}));
-                    }
-                    continue;
+/// How this API lists messages: a run of tool results is one user message of `tool_result` blocks.
+const LAYOUT: wire::Layout =
+    wire::Layout { api: Api::AnthropicMessages, build: wire_form, group_results: true, image_text_type: "text" };
+
+/// One message on this API's wire (cached on the message); a tool result is its `tool_result` block.
+fn wire_form(msg: &Value) -> WireForm {
+    let mut form = WireForm::default();
+    let out = &mut form.items;
+    match wire::role(msg) {
+        "user" => {
+            if let Some(s) = content_string(msg) {
+                if !s.is_empty() {
+                    wire::item(out, &json!({"role": "user", "content": s}));
                 }
-                let parts = user_parts(blocks(&msg));
-                if !parts.is_empty() {
-                    messages.push(json!({"role": "user", "content": parts}));
+                return form;
+            }
+            let parts = user_parts(blocks(msg));
+            if !parts.is_empty() {
+                wire::item(out, &json!({"role": "user", "content": parts}));
+            }
+        }
+        "assistant" => {
+            let same_api = str_of(msg, "api") == "anthropic-messages";
+            let mut parts = Vec::new();
+            for b in blocks(msg) {
+                match block_type(b) {
+                    "thinking" if same_api => {
+                        let sig = str_of(b, "thinkingSignature");
+                        if b.get("redacted").and_then(Value::as_bool) == Some(true) {
+                            parts.push(json!({"type": "redacted_thinking", "data": sig}));
+                        } else if !sig.is_empty() {
+                            parts
+                                .push(json!({"type": "thinking", "thinking": str_of(b, "thinking"), "signature": sig}));
+                        }
+                    }
+                    "text" if !str_of(b, "text").is_empty() => {
+                        parts.push(json!({"type": "text", "text": str_of(b, "text")}));
+                    }
+                    "toolCall" => {
+                        let input = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
+                        parts.push(
+                            json!({"type": "tool_use", "id": str_of(b, "id"), "name": str_of(b, "name"), "input": input}),
+                        );
+                    }
+                    _ => {}
                 }
             }
-            "assistant" => {
-                let same_api = str_of(&msg, "api") == "anthropic-messages";
-                let mut parts = Vec::new();
-                for b in blocks(&msg) {
-                    match block_type(b) {
-                        "thinking" if same_api => {
-                            let sig = str_of(b, "thinkingSignature");
-                            if b.get("redacted").and_then(Value::as_bool) == Some(true) {
-                                parts.push(json!({"type": "redacted_thinking", "data": sig}));
-                            } else if !sig.is_empty() {
-                                parts.push(
-                                    json!({"type": "thinking", "thinking": str_of(b, "thinking"), "signature": sig}),
-                                );
-                            }
-                        }
-                        "text" if !str_of(b, "text").is_empty() => {
-                            parts.push(json!({"type": "text", "text": str_of(b, "text")}));
-                        }
-                        "toolCall" => {
-                            let input = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
-                            parts.push(json!({"type": "tool_use", "id": str_of(b, "id"), "name": str_of(b, "name"), "input": input}));
-                        }
-                        _ => {}
-                    }
-                }
-                if !parts.is_empty() {
-                    messages.push(json!({"role": "assistant", "content": parts}));
-                }
+            if !parts.is_empty() {
+                wire::item(out, &json!({"role": "assistant", "content": parts}));
             }
-            "toolResult" => {
-                let mut content = user_parts(blocks(&msg));
-                if content.is_empty() {
-                    content.push(json!({"type": "text", "text": "(no output)"}));
-                }
-                results.push(json!({
+        }
+        "toolResult" => {
+            let mut content = user_parts(blocks(msg));
+            if content.is_empty() {
+                content.push(json!({"type": "text", "text": "(no output)"}));
+            }
+            wire::item(
+                out,
+                &json!({
                     "type": "tool_result",
-                    "tool_use_id": str_of(&msg, "toolCallId"),
+                    "tool_use_id": str_of(msg, "toolCallId"),
                     "content": content,
                     "is_error": msg.get("isError").and_then(Value::as_bool).unwrap_or(false),
-                }));
-            }
-            _ => {}
+                }),
+            );
         }
+        _ => {}
     }
-    flush(&mut messages, &mut results);
+    form
+}
 
-    let mut body = Map::new();
-    body.insert("model".into(), model.model.id.clone().into());
-    body.insert("max_tokens".into(), model.model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).into());
-    body.insert("stream".into(), true.into());
+/// Builds the request.
+pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest {
+    let mut body = wire::Body::for_messages(&req.messages, &LAYOUT, 4096);
+    body.field("model", &model.model.id);
+    body.field("max_tokens", &model.model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
+    body.field("stream", &true);
     if let Some(system) = req.system_prompt.as_deref().filter(|s| !s.is_empty()) {
-        body.insert("system".into(), system.into());
+        body.field("system", &system);
     }
-    body.insert("messages".into(), Value::Array(messages));
+    body.list("messages", |out| wire::write_messages(out, &req.messages, &LAYOUT));
     if !req.tools.is_empty() {
         let tools: Vec<Value> = req
             .tools
             .iter()
             .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
             .collect();
-        body.insert("tools".into(), Value::Array(tools));
+        body.field("tools", &tools);
     }
     let mut headers = vec![("anthropic-version".to_owned(), VERSION.to_owned())];
     if let Some(key) = &model.provider.api_key {
         headers.push(("x-api-key".to_owned(), key.clone()));
     }
-    WireRequest { url: format!("{}/v1/messages", model.provider.base_url), headers, body: Value::Object(body) }
+    WireRequest { url: format!("{}/v1/messages", model.provider.base_url), headers, body: body.finish() }
 }
 
 /// Stream decoder.

@@ -13,7 +13,7 @@ pub const ECHO_PREFIX: &str =
     "[pincer/echo] This is the offline echo model, not a real model: no model provider is configured.";
 
 /// The reply for this context, split into streamable chunks (each word keeps its trailing space).
-pub(crate) fn reply_chunks(messages: &[std::sync::Arc<Value>]) -> VecDeque<String> {
+pub(crate) fn reply_chunks(messages: &crate::context::Messages) -> VecDeque<String> {
     let last_user = messages.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
     let said = match last_user {
         None => " There is no user message to echo.".to_owned(),
@@ -53,10 +53,12 @@ mod tests {
 
     #[test]
     fn echoes_the_last_user_message_in_chunks() {
-        let chunks = reply_chunks(&[
-            json!({"role":"user","content":"first"}).into(),
-            json!({"role":"user","content":[{"type":"text","text":"hello there"},{"type":"image","data":"AA==","mimeType":"image/png"}]}).into(),
-        ]);
+        let chunks = reply_chunks(&crate::Messages::from(vec![
+            crate::ContextMessage::shared(json!({"role":"user","content":"first"})),
+            crate::ContextMessage::shared(
+                json!({"role":"user","content":[{"type":"text","text":"hello there"},{"type":"image","data":"AA==","mimeType":"image/png"}]}),
+            ),
+        ]));
         assert_eq!(
             chunks.iter().map(String::as_str).collect::<String>(),
             format!("{ECHO_PREFIX} You said: hello there (with 1 image)")

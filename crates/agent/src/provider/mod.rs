@@ -110,7 +110,7 @@ pub struct ModelRequest {
     /// System prompt.
     pub system_prompt: Option<String>,
     /// Pi context messages (`convert_to_llm` is applied by the mappers), shared, never copied.
-    pub messages: Vec<std::sync::Arc<Value>>,
+    pub messages: crate::context::Messages,
     /// Tools offered.
     pub tools: Vec<ToolSpec>,
 }
@@ -137,11 +137,32 @@ pub(crate) trait Decoder: Send {
     fn eof(&mut self, draft: &mut AssistantDraft) -> Result<(), Fault>;
 }
 
+/// The HTTP request and stream decoder of a model call (`None` for the offline echo model).
+fn wire_request(model: &ResolvedModel, request: &ModelRequest) -> Option<(WireRequest, Box<dyn Decoder>)> {
+    Some(match model.provider.api {
+        Api::PincerEcho => return None,
+        Api::OpenaiCompletions => {
+            (openai_completions::request(model, request), Box::new(openai_completions::Decoder::default()))
+        }
+        Api::OpenaiResponses => {
+            (openai_responses::request(model, request), Box::new(openai_responses::Decoder::default()))
+        }
+        Api::AnthropicMessages => (anthropic::request(model, request), Box::new(anthropic::Decoder::default())),
+    })
+}
+
+/// The JSON body a model call sends for `request` (`None` for the offline echo model): what
+/// [`ModelStream::open`] posts, for benchmarks and tests of the request-body pass.
+pub fn request_body(model: &ResolvedModel, request: &ModelRequest) -> Option<Bytes> {
+    wire_request(model, request).map(|(w, _)| w.body)
+}
+
 /// An HTTP request ready to send.
 pub(crate) struct WireRequest {
     pub url: String,
     pub headers: Vec<(String, String)>,
-    pub body: Value,
+    /// The JSON body (shared by the attempts of a retried request).
+    pub body: Bytes,
 }
 
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
@@ -171,22 +192,13 @@ impl ModelStream {
     /// Sends the request; retries 429/5xx/connect errors per the provider's policy.
     pub async fn open(model: &ResolvedModel, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
         let draft = AssistantDraft::new();
-        let (wire, decoder): (WireRequest, Box<dyn Decoder>) = match model.provider.api {
-            Api::PincerEcho => {
-                return Ok(ModelStream {
-                    model: model.clone(),
-                    inner: Inner::Echo(echo::reply_chunks(&request.messages)),
-                    pending: VecDeque::new(),
-                    draft,
-                })
-            }
-            Api::OpenaiCompletions => {
-                (openai_completions::request(model, request), Box::new(openai_completions::Decoder::default()))
-            }
-            Api::OpenaiResponses => {
-                (openai_responses::request(model, request), Box::new(openai_responses::Decoder::default()))
-            }
-            Api::AnthropicMessages => (anthropic::request(model, request), Box::new(anthropic::Decoder::default())),
+        let Some((wire, decoder)) = wire_request(model, request) else {
+            return Ok(ModelStream {
+                model: model.clone(),
+                inner: Inner::Echo(echo::reply_chunks(&request.messages)),
+                pending: VecDeque::new(),
+                draft,
+            });
         };
         let response = send_with_retries(model, &wire).await?;
         Ok(ModelStream {
@@ -336,10 +348,7 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 
 async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<reqwest::Response, ProviderError> {
     let p = &model.provider;
-    let body = match serde_json::to_vec(&wire.body) {
-        Ok(b) => b,
-        Err(e) => return Err(provider_error(model, ErrorKind::Unknown, format!("cannot encode request: {e}"))),
-    };
+    let body = wire.body.clone();
     let mut attempt: u32 = 0;
     loop {
         let mut req = p.client.post(&wire.url).header("content-type", "application/json");

@@ -12,96 +12,99 @@ use serde_json::{json, Map, Value};
 
 use super::wire::{self, block_type, blocks, content_string, data_url, images, joined_text, str_of};
 use super::{ErrorKind, Fault, ModelRequest, StreamDelta, WireRequest};
-use crate::config::ResolvedModel;
+use crate::config::{Api, ResolvedModel};
+use crate::context::WireForm;
 use crate::message::{AssistantDraft, DraftBlock, StopReason, Usage};
 use crate::sse::SseEvent;
 
+/// How this API lists messages.
+const LAYOUT: wire::Layout =
+    wire::Layout { api: Api::OpenaiCompletions, build: wire_form, group_results: false, image_text_type: "text" };
+
+/// One message on this API's wire (cached on the message).
+fn wire_form(msg: &Value) -> WireForm {
+    let mut form = WireForm::default();
+    let out = &mut form.items;
+    match wire::role(msg) {
+        "user" => {
+            if let Some(s) = content_string(msg) {
+                wire::item(out, &json!({"role": "user", "content": s}));
+                return form;
+            }
+            let content = blocks(msg);
+            if images(content).is_empty() {
+                wire::item(out, &json!({"role": "user", "content": joined_text(content)}));
+                return form;
+            }
+            let parts: Vec<Value> = content
+                .iter()
+                .filter_map(|b| match block_type(b) {
+                    "text" => Some(json!({"type": "text", "text": str_of(b, "text")})),
+                    "image" => Some(json!({"type": "image_url", "image_url": {"url": data_url(b)}})),
+                    _ => None,
+                })
+                .collect();
+            wire::item(out, &json!({"role": "user", "content": parts}));
+        }
+        "assistant" => {
+            let content = blocks(msg);
+            let text = joined_text(content);
+            let calls: Vec<Value> = content
+                .iter()
+                .filter(|b| block_type(b) == "toolCall")
+                .map(|b| {
+                    let args = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
+                    json!({"id": str_of(b, "id"), "type": "function",
+                           "function": {"name": str_of(b, "name"), "arguments": args.to_string()}})
+                })
+                .collect();
+            if text.is_empty() && calls.is_empty() {
+                return form;
+            }
+            let mut m = Map::new();
+            m.insert("role".into(), "assistant".into());
+            m.insert("content".into(), if text.is_empty() { Value::Null } else { text.into() });
+            if !calls.is_empty() {
+                m.insert("tool_calls".into(), Value::Array(calls));
+            }
+            wire::item(out, &Value::Object(m));
+        }
+        "toolResult" => {
+            let content = blocks(msg);
+            let text = joined_text(content);
+            let imgs = images(content);
+            let text = match (text.is_empty(), imgs.is_empty()) {
+                (false, _) => text,
+                (true, false) => "(see attached image)".to_owned(),
+                (true, true) => "(no output)".to_owned(),
+            };
+            wire::item(out, &json!({"role": "tool", "tool_call_id": str_of(msg, "toolCallId"), "content": text}));
+            for i in imgs {
+                wire::item(&mut form.images, &json!({"type": "image_url", "image_url": {"url": data_url(i)}}));
+            }
+        }
+        _ => {}
+    }
+    form
+}
+
 /// Builds the request.
 pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest {
-    let mut messages = Vec::new();
-    if let Some(system) = req.system_prompt.as_deref().filter(|s| !s.is_empty()) {
-        messages.push(json!({"role": "system", "content": system}));
-    }
-    let mut pending_images: Vec<Value> = Vec::new();
-    let flush_images =
-        |messages: &mut Vec<Value>, pending: &mut Vec<Value>| wire::flush_tool_images(messages, pending, "text");
-    for msg in wire::prepare(&req.messages) {
-        let role = wire::role(&msg);
-        if role != "toolResult" {
-            flush_images(&mut messages, &mut pending_images);
+    let mut body = wire::Body::for_messages(&req.messages, &LAYOUT, 4096);
+    body.field("model", &model.model.id);
+    body.list("messages", |out| {
+        if let Some(system) = req.system_prompt.as_deref().filter(|s| !s.is_empty()) {
+            wire::item(out, &json!({"role": "system", "content": system}));
         }
-        match role {
-            "user" => {
-                if let Some(s) = content_string(&msg) {
-                    messages.push(json!({"role": "user", "content": s}));
-                    continue;
-                }
-                let content = blocks(&msg);
-                if images(content).is_empty() {
-                    messages.push(json!({"role": "user", "content": joined_text(content)}));
-                    continue;
-                }
-                let parts: Vec<Value> = content
-                    .iter()
-                    .filter_map(|b| match block_type(b) {
-                        "text" => Some(json!({"type": "text", "text": str_of(b, "text")})),
-                        "image" => Some(json!({"type": "image_url", "image_url": {"url": data_url(b)}})),
-                        _ => None,
-                    })
-                    .collect();
-                messages.push(json!({"role": "user", "content": parts}));
-            }
-            "assistant" => {
-                let content = blocks(&msg);
-                let text = joined_text(content);
-                let calls: Vec<Value> = content
-                    .iter()
-                    .filter(|b| block_type(b) == "toolCall")
-                    .map(|b| {
-                        let args = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
-                        json!({"id": str_of(b, "id"), "type": "function",
-                               "function": {"name": str_of(b, "name"), "arguments": args.to_string()}})
-                    })
-                    .collect();
-                if text.is_empty() && calls.is_empty() {
-                    continue;
-                }
-                let mut m = Map::new();
-                m.insert("role".into(), "assistant".into());
-                m.insert("content".into(), if text.is_empty() { Value::Null } else { text.into() });
-                if !calls.is_empty() {
-                    m.insert("tool_calls".into(), Value::Array(calls));
-                }
-                messages.push(Value::Object(m));
-            }
-            "toolResult" => {
-                let content = blocks(&msg);
-                let text = joined_text(content);
-                let imgs = images(content);
-                let text = match (text.is_empty(), imgs.is_empty()) {
-                    (false, _) => text,
-                    (true, false) => "(see attached image)".to_owned(),
-                    (true, true) => "(no output)".to_owned(),
-                };
-                messages.push(json!({"role": "tool", "tool_call_id": str_of(&msg, "toolCallId"), "content": text}));
-                pending_images
-                    .extend(imgs.into_iter().map(|i| json!({"type": "image_url", "image_url": {"url": data_url(i)}})));
-            }
-            _ => {}
-        }
-    }
-    flush_images(&mut messages, &mut pending_images);
-
-    let mut body = Map::new();
-    body.insert("model".into(), model.model.id.clone().into());
-    body.insert("messages".into(), Value::Array(messages));
-    body.insert("stream".into(), true.into());
-    body.insert("stream_options".into(), json!({"include_usage": true}));
+        wire::write_messages(out, &req.messages, &LAYOUT);
+    });
+    body.field("stream", &true);
+    body.field("stream_options", &json!({"include_usage": true}));
     if let Some(max) = model.model.max_tokens {
         // OpenAI itself wants the new name (required by its reasoning models); local servers know the old one.
         let key =
             if model.provider.base_url.contains("api.openai.com") { "max_completion_tokens" } else { "max_tokens" };
-        body.insert(key.into(), max.into());
+        body.field(key, &max);
     }
     if !req.tools.is_empty() {
         let tools: Vec<Value> = req
@@ -109,13 +112,13 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
             .iter()
             .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
             .collect();
-        body.insert("tools".into(), Value::Array(tools));
+        body.field("tools", &tools);
     }
     let mut headers = Vec::new();
     if let Some(key) = &model.provider.api_key {
         headers.push(("authorization".to_owned(), format!("Bearer {key}")));
     }
-    WireRequest { url: format!("{}/chat/completions", model.provider.base_url), headers, body: Value::Object(body) }
+    WireRequest { url: format!("{}/chat/completions", model.provider.base_url), headers, body: body.finish() }
 }
 
 /// Stream decoder.

@@ -8,105 +8,112 @@
 
 use std::collections::VecDeque;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::openai_completions::invalid_json;
 use super::wire::{self, block_type, blocks, content_string, data_url, images, joined_text, str_of};
 use super::{ErrorKind, Fault, ModelRequest, StreamDelta, WireRequest};
-use crate::config::ResolvedModel;
+use crate::config::{Api, ResolvedModel};
+use crate::context::WireForm;
 use crate::message::{AssistantDraft, DraftBlock, StopReason, Usage};
 use crate::sse::SseEvent;
 
+/// How this API lists input items.
+const LAYOUT: wire::Layout =
+    wire::Layout { api: Api::OpenaiResponses, build: wire_form, group_results: false, image_text_type: "input_text" };
+
+/// One message as this API's input items (cached on the message): an assistant message becomes
+/// its reasoning, text and function-call items.
+fn wire_form(msg: &Value) -> WireForm {
+    let mut form = WireForm::default();
+    let out = &mut form.items;
+    match wire::role(msg) {
+        "user" => {
+            let parts: Vec<Value> = match content_string(msg) {
+                Some(s) => vec![json!({"type": "input_text", "text": s})],
+                None => blocks(msg)
+                    .iter()
+                    .filter_map(|b| match block_type(b) {
+                        "text" => Some(json!({"type": "input_text", "text": str_of(b, "text")})),
+                        "image" => Some(json!({"type": "input_image", "detail": "auto", "image_url": data_url(b)})),
+                        _ => None,
+                    })
+                    .collect(),
+            };
+            if !parts.is_empty() {
+                wire::item(out, &json!({"role": "user", "content": parts}));
+            }
+        }
+        "assistant" => {
+            let same_api = str_of(msg, "api") == "openai-responses";
+            for b in blocks(msg) {
+                match block_type(b) {
+                    "thinking" if same_api => {
+                        let item = b
+                            .get("thinkingSignature")
+                            .and_then(Value::as_str)
+                            .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                            .filter(|v| str_of(v, "type") == "reasoning");
+                        if let Some(item) = item {
+                            wire::item(out, &item);
+                        }
+                    }
+                    "text" if !str_of(b, "text").is_empty() => {
+                        wire::item(out, &json!({"role": "assistant", "content": str_of(b, "text")}));
+                    }
+                    "toolCall" => {
+                        let args = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
+                        wire::item(
+                            out,
+                            &json!({"type": "function_call", "call_id": str_of(b, "id"),
+                                    "name": str_of(b, "name"), "arguments": args.to_string()}),
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+        "toolResult" => {
+            let content = blocks(msg);
+            let text = joined_text(content);
+            let imgs = images(content);
+            let output = match (text.is_empty(), imgs.is_empty()) {
+                (false, _) => text,
+                (true, false) => "(see attached image)".to_owned(),
+                (true, true) => "(no output)".to_owned(),
+            };
+            wire::item(
+                out,
+                &json!({"type": "function_call_output", "call_id": str_of(msg, "toolCallId"), "output": output}),
+            );
+            for i in imgs {
+                wire::item(
+                    &mut form.images,
+                    &json!({"type": "input_image", "detail": "auto", "image_url": data_url(i)}),
+                );
+            }
+        }
+        _ => {}
+    }
+    form
+}
+
 /// Builds the request.
 pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest {
-    let mut input = Vec::new();
-    let mut pending_images: Vec<Value> = Vec::new();
-    let flush_images =
-        |input: &mut Vec<Value>, pending: &mut Vec<Value>| wire::flush_tool_images(input, pending, "input_text");
-    for msg in wire::prepare(&req.messages) {
-        let role = wire::role(&msg);
-        if role != "toolResult" {
-            flush_images(&mut input, &mut pending_images);
-        }
-        match role {
-            "user" => {
-                let parts: Vec<Value> = match content_string(&msg) {
-                    Some(s) => vec![json!({"type": "input_text", "text": s})],
-                    None => blocks(&msg)
-                        .iter()
-                        .filter_map(|b| match block_type(b) {
-                            "text" => Some(json!({"type": "input_text", "text": str_of(b, "text")})),
-                            "image" => Some(json!({"type": "input_image", "detail": "auto", "image_url": data_url(b)})),
-                            _ => None,
-                        })
-                        .collect(),
-                };
-                if !parts.is_empty() {
-                    input.push(json!({"role": "user", "content": parts}));
-                }
-            }
-            "assistant" => {
-                let same_api = str_of(&msg, "api") == "openai-responses";
-                for b in blocks(&msg) {
-                    match block_type(b) {
-                        "thinking" if same_api => {
-                            let item = b
-                                .get("thinkingSignature")
-                                .and_then(Value::as_str)
-                                .and_then(|s| serde_json::from_str::<Value>(s).ok())
-                                .filter(|v| str_of(v, "type") == "reasoning");
-                            if let Some(item) = item {
-                                input.push(item);
-                            }
-                        }
-                        "text" if !str_of(b, "text").is_empty() => {
-                            input.push(json!({"role": "assistant", "content": str_of(b, "text")}));
-                        }
-                        "toolCall" => {
-                            let args = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
-                            input.push(json!({"type": "function_call", "call_id": str_of(b, "id"),
-                                              "name": str_of(b, "name"), "arguments": args.to_string()}));
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            "toolResult" => {
-                let content = blocks(&msg);
-                let text = joined_text(content);
-                let imgs = images(content);
-                let output = match (text.is_empty(), imgs.is_empty()) {
-                    (false, _) => text,
-                    (true, false) => "(see attached image)".to_owned(),
-                    (true, true) => "(no output)".to_owned(),
-                };
-                input.push(
-                    json!({"type": "function_call_output", "call_id": str_of(&msg, "toolCallId"), "output": output}),
-                );
-                pending_images.extend(
-                    imgs.into_iter()
-                        .map(|i| json!({"type": "input_image", "detail": "auto", "image_url": data_url(i)})),
-                );
-            }
-            _ => {}
-        }
-    }
-    flush_images(&mut input, &mut pending_images);
-
-    let mut body = Map::new();
-    body.insert("model".into(), model.model.id.clone().into());
+    let mut body = wire::Body::for_messages(&req.messages, &LAYOUT, 4096);
+    body.field("model", &model.model.id);
     if let Some(system) = req.system_prompt.as_deref().filter(|s| !s.is_empty()) {
-        body.insert("instructions".into(), system.into());
+        body.field("instructions", &system);
     }
-    body.insert("input".into(), Value::Array(input));
-    body.insert("stream".into(), true.into());
-    body.insert("store".into(), false.into());
+    body.list("input", |out| wire::write_messages(out, &req.messages, &LAYOUT));
+    body.field("stream", &true);
+    body.field("store", &false);
     if let Some(max) = model.model.max_tokens {
-        body.insert("max_output_tokens".into(), max.into());
+        body.field("max_output_tokens", &max);
     }
     if model.model.reasoning == Some(true) {
-        body.insert("include".into(), json!(["reasoning.encrypted_content"]));
-        body.insert("reasoning".into(), json!({"summary": "auto"}));
+        body.field("include", &json!(["reasoning.encrypted_content"]));
+        body.field("reasoning", &json!({"summary": "auto"}));
     }
     if !req.tools.is_empty() {
         let tools: Vec<Value> = req
@@ -114,13 +121,13 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
             .iter()
             .map(|t| json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": false}))
             .collect();
-        body.insert("tools".into(), Value::Array(tools));
+        body.field("tools", &tools);
     }
     let mut headers = Vec::new();
     if let Some(key) = &model.provider.api_key {
         headers.push(("authorization".to_owned(), format!("Bearer {key}")));
     }
-    WireRequest { url: format!("{}/responses", model.provider.base_url), headers, body: Value::Object(body) }
+    WireRequest { url: format!("{}/responses", model.provider.base_url), headers, body: body.finish() }
 }
 
 /// Stream decoder.

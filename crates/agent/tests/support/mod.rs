@@ -768,7 +768,7 @@ pub fn run_request(
     pincer_agent::RunRequest {
         model,
         system_prompt: Some("You are a test assistant.".into()),
-        messages: messages.into_iter().map(std::sync::Arc::new).collect(),
+        messages: messages.into_iter().map(pincer_agent::ContextMessage::shared).collect(),
         tools: Arc::new(tools),
         sink,
         cancel,

@@ -1,0 +1,213 @@
+//! One message of a run's context, shared (behind an `Arc`) by the gateway's context cache, the
+//! run and the request builders: the Pi message as it is in the transcript, and, each computed
+//! once per message rather than once per turn, what Pi's `convertToLlm` makes of it, the facts
+//! the pre-call clean-up needs, and its serialized wire form for each provider API. A turn in a
+//! long session then costs one pass that copies cached bytes into the request body.
+
+use std::ops::Deref;
+use std::sync::{Arc, OnceLock};
+
+use serde_json::Value;
+
+use crate::config::Api;
+
+/// A shared context message.
+pub type SharedMessage = Arc<ContextMessage>;
+
+/// What a request mapper makes of one message: JSON values, each followed by a comma, for the
+/// API's message list (or, for a tool result under Anthropic, for the user message grouping a run
+/// of results), and the image parts a tool result hands to the user message after its run.
+#[derive(Debug, Default)]
+pub(crate) struct WireForm {
+    pub items: Vec<u8>,
+    pub images: Vec<u8>,
+}
+
+/// The message's role in the pre-call clean-up (Pi's `transformMessages`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `user` (including what `convertToLlm` turned into one).
+    User,
+    /// `assistant`; `failed` when it ended in `error` or `aborted` (skipped); its tool calls (id, name).
+    Assistant { failed: bool, calls: Vec<(String, String)> },
+    /// `toolResult` answering the call `id`.
+    ToolResult { id: String },
+    /// Not sent to the model at all.
+    Dropped,
+}
+
+/// A Pi context message with its derived forms.
+#[derive(Debug)]
+pub struct ContextMessage {
+    value: Value,
+    llm: OnceLock<Option<Value>>,
+    kind: OnceLock<Kind>,
+    wire: [OnceLock<WireForm>; 3],
+}
+
+impl ContextMessage {
+    /// Wraps a Pi message.
+    pub fn new(value: Value) -> ContextMessage {
+        ContextMessage { value, llm: OnceLock::new(), kind: OnceLock::new(), wire: Default::default() }
+    }
+
+    /// Wraps a Pi message behind a shared handle.
+    pub fn shared(value: Value) -> SharedMessage {
+        Arc::new(ContextMessage::new(value))
+    }
+
+    /// The Pi message.
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// The message the model sees (Pi's `convertToLlm`): the message itself for `user`,
+    /// `assistant` and `toolResult`, a user message for the custom roles, `None` when dropped.
+    pub fn llm(&self) -> Option<&Value> {
+        match self.value.get("role").and_then(Value::as_str) {
+            Some("user" | "assistant" | "toolResult") => Some(&self.value),
+            _ => self.llm.get_or_init(|| crate::message::convert_one(&self.value)).as_ref(),
+        }
+    }
+
+    pub(crate) fn kind(&self) -> &Kind {
+        self.kind.get_or_init(|| {
+            let Some(m) = self.llm() else { return Kind::Dropped };
+            let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+            match m.get("role").and_then(Value::as_str) {
+                Some("assistant") => {
+                    let stop = m.get("stopReason").and_then(Value::as_str).unwrap_or_default();
+                    let calls = crate::provider::wire::blocks(m)
+                        .iter()
+                        .filter(|b| b.get("type").and_then(Value::as_str) == Some("toolCall"))
+                        .map(|b| (str_of(b, "id"), str_of(b, "name")))
+                        .collect();
+                    Kind::Assistant { failed: stop == "error" || stop == "aborted", calls }
+                }
+                Some("toolResult") => Kind::ToolResult { id: str_of(m, "toolCallId") },
+                _ => Kind::User,
+            }
+        })
+    }
+
+    /// The wire form for `api`, built by `build` from the model's view the first time it is asked for.
+    pub(crate) fn wire(&self, api: Api, build: fn(&Value) -> WireForm) -> &WireForm {
+        let slot = match api {
+            Api::OpenaiResponses => 1,
+            Api::AnthropicMessages => 2,
+            Api::OpenaiCompletions | Api::PincerEcho => 0,
+        };
+        self.wire[slot].get_or_init(|| self.llm().map(build).unwrap_or_default())
+    }
+}
+
+impl Deref for ContextMessage {
+    type Target = Value;
+    fn deref(&self) -> &Value {
+        &self.value
+    }
+}
+
+impl From<Value> for ContextMessage {
+    fn from(value: Value) -> ContextMessage {
+        ContextMessage::new(value)
+    }
+}
+
+impl PartialEq for ContextMessage {
+    fn eq(&self, other: &ContextMessage) -> bool {
+        self.value == other.value
+    }
+}
+
+/// Messages per frozen chunk of [`Messages`].
+const CHUNK: usize = 256;
+
+/// A run's context: a list of shared messages that is cheap to clone and to extend. Full chunks
+/// are frozen and shared between clones, so cloning a 10,000-message context copies a few dozen
+/// chunk handles and at most one chunk's messages, not every message handle.
+#[derive(Debug, Clone, Default)]
+pub struct Messages {
+    frozen: Vec<Arc<[SharedMessage]>>,
+    tail: Vec<SharedMessage>,
+}
+
+impl Messages {
+    /// An empty context.
+    pub fn new() -> Messages {
+        Messages::default()
+    }
+
+    /// Appends a message.
+    pub fn push(&mut self, m: SharedMessage) {
+        self.tail.push(m);
+        if self.tail.len() == CHUNK {
+            self.frozen.push(std::mem::take(&mut self.tail).into());
+        }
+    }
+
+    /// Number of messages.
+    pub fn len(&self) -> usize {
+        self.frozen.len() * CHUNK + self.tail.len()
+    }
+
+    /// True without messages.
+    pub fn is_empty(&self) -> bool {
+        self.frozen.is_empty() && self.tail.is_empty()
+    }
+
+    /// The messages in order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &SharedMessage> + '_ {
+        self.frozen.iter().flat_map(|c| c.iter()).chain(self.tail.iter())
+    }
+
+    /// The last message.
+    pub fn last(&self) -> Option<&SharedMessage> {
+        self.tail.last().or_else(|| self.frozen.last().and_then(|c| c.last()))
+    }
+}
+
+impl FromIterator<SharedMessage> for Messages {
+    fn from_iter<I: IntoIterator<Item = SharedMessage>>(iter: I) -> Messages {
+        let mut m = Messages::new();
+        for x in iter {
+            m.push(x);
+        }
+        m
+    }
+}
+
+impl From<Vec<SharedMessage>> for Messages {
+    fn from(v: Vec<SharedMessage>) -> Messages {
+        v.into_iter().collect()
+    }
+}
+
+impl PartialEq for Messages {
+    fn eq(&self, other: &Messages) -> bool {
+        self.len() == other.len() && self.iter().zip(other.iter()).all(|(a, b)| a == b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn clones_share_frozen_chunks_and_keep_order() {
+        let mut a: Messages = (0..600).map(|i| ContextMessage::shared(json!(i))).collect();
+        let b = a.clone();
+        a.push(ContextMessage::shared(json!(600)));
+        assert_eq!((a.len(), b.len()), (601, 600));
+        assert!(Arc::ptr_eq(&a.frozen[1], &b.frozen[1]), "full chunks are shared, not copied");
+        let seen: Vec<i64> = a.iter().map(|m| m.value().as_i64().unwrap_or(-1)).collect();
+        assert_eq!(seen, (0..601).collect::<Vec<_>>());
+        assert_eq!(a.iter().next_back().map(|m| m.value().clone()), Some(json!(600)));
+        assert_eq!(b.last().map(|m| m.value().clone()), Some(json!(599)));
+        let mut c: Messages = (0..CHUNK).map(|i| ContextMessage::shared(json!(i))).collect();
+        assert_eq!(c.last().map(|m| m.value().clone()), Some(json!(CHUNK - 1)), "last of a just-frozen chunk");
+        c.push(ContextMessage::shared(json!("x")));
+        assert_eq!(c.len(), CHUNK + 1);
+    }
+}
