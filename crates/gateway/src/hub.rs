@@ -8,7 +8,7 @@
 //! log is dropped when it is reset or deleted, so deleted content never replays.
 
 use crate::state::lock;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -88,6 +88,31 @@ struct Inner {
     /// Every logged event in publication order (session, id), for evicting the oldest overall.
     log_order: VecDeque<(String, u64)>,
     subscribers: BTreeMap<u64, Arc<dyn Subscriber>>,
+    /// Session key → the subscribers that watch it: a session's events go to these alone, so a
+    /// turn costs the same with 1 or 1,000 connections open.
+    watching: HashMap<String, BTreeSet<u64>>,
+    /// Subscriber → the keys it watches (to forget them with it).
+    watched_by: HashMap<u64, Vec<String>>,
+}
+
+impl Inner {
+    fn remove_subscriber(&mut self, id: u64) {
+        self.subscribers.remove(&id);
+        for key in self.watched_by.remove(&id).unwrap_or_default() {
+            if let Some(ids) = self.watching.get_mut(&key) {
+                ids.remove(&id);
+                if ids.is_empty() {
+                    self.watching.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn watch(&mut self, id: u64, key: &str) {
+        if self.subscribers.contains_key(&id) && self.watching.entry(key.to_owned()).or_default().insert(id) {
+            self.watched_by.entry(id).or_default().push(key.to_owned());
+        }
+    }
 }
 
 /// A subscription; dropping it unsubscribes.
@@ -96,9 +121,22 @@ pub struct Subscription {
     id: u64,
 }
 
+impl Subscription {
+    /// From now on the subscriber also gets the events of this session (`watch` is how a
+    /// subscriber says it may want them; it still chooses in [`Subscriber::deliver`]).
+    pub fn watch(&self, key: &str) {
+        self.hub.watch(self.id, key);
+    }
+
+    /// The subscriber's id (for [`Hub::watch`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 impl Drop for Subscription {
     fn drop(&mut self) {
-        lock(&self.hub.inner).subscribers.remove(&self.id);
+        lock(&self.hub.inner).remove_subscriber(self.id);
     }
 }
 
@@ -120,7 +158,8 @@ impl Hub {
         self.log_budget.unwrap_or(SSE_LOG_TOTAL_BYTES)
     }
 
-    /// Publishes one event to every subscriber.
+    /// Publishes one event: a session's event (other than a `sessions.subscribe` notice) to the
+    /// subscribers watching that session, any other event to every subscriber.
     pub fn publish(
         &self,
         name: &'static str,
@@ -170,7 +209,25 @@ impl Hub {
             _ => Arc::new(ev),
         };
         // Delivered while the hub is locked, so every subscriber sees the id order.
-        inner.subscribers.retain(|_, s| s.deliver(&ev));
+        let routed = ev.session_key.as_deref().filter(|_| ev.audience != Audience::SessionsWatchers);
+        let Some(key) = routed else {
+            let gone: Vec<u64> = inner.subscribers.iter().filter(|(_, s)| !s.deliver(&ev)).map(|(id, _)| *id).collect();
+            for id in gone {
+                inner.remove_subscriber(id);
+            }
+            return;
+        };
+        let mut gone = Vec::new();
+        if let Some(ids) = inner.watching.get(key) {
+            for id in ids {
+                if inner.subscribers.get(id).is_some_and(|s| !s.deliver(&ev)) {
+                    gone.push(*id);
+                }
+            }
+        }
+        for id in gone {
+            inner.remove_subscriber(id);
+        }
     }
 
     /// Drops the oldest logged events until the logs fit their byte budget.
@@ -207,6 +264,11 @@ impl Hub {
         }
     }
 
+    /// Subscriber `id` also gets the events of session `key` (see [`Subscription::watch`]).
+    pub fn watch(&self, id: u64, key: &str) {
+        lock(&self.inner).watch(id, key);
+    }
+
     /// Bytes held by the catch-up logs.
     pub fn log_bytes(&self) -> usize {
         lock(&self.inner).log_bytes
@@ -230,6 +292,7 @@ impl Hub {
         let mut inner = lock(&self.inner);
         let id = self.next_sub.fetch_add(1, Ordering::Relaxed);
         inner.subscribers.insert(id, sub);
+        inner.watch(id, key);
         let subscription = Subscription { hub: self.clone(), id };
         let Some(log) = inner.logs.get(key) else {
             return (subscription, if after.is_some_and(|a| a > 0) { Replay::Reset } else { Replay::Events(vec![]) });
@@ -327,8 +390,14 @@ mod tests {
         let c = Arc::new(Collect(Mutex::new(vec![])));
         let sub = hub.subscribe(c.clone());
         hub.publish("chat", Some("k"), json!({}), false, Audience::All);
+        assert!(lock(&c.0).is_empty(), "a session's events go to the subscribers watching it");
+        sub.watch("k");
+        hub.publish("chat", Some("k"), json!({}), false, Audience::All);
+        hub.publish("chat", Some("other"), json!({}), false, Audience::All);
         drop(sub);
         hub.publish("chat", Some("k"), json!({}), false, Audience::All);
-        assert_eq!(*lock(&c.0), vec![1]);
+        assert_eq!(*lock(&c.0), vec![2]);
+        let inner = lock(&hub.inner);
+        assert!(inner.watching.is_empty() && inner.watched_by.is_empty(), "a dropped subscriber is forgotten");
     }
 }

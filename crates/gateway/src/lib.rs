@@ -45,6 +45,28 @@ pub struct Subs {
     /// Sessions this connection works with (sent to, read the history of, subscribed to): it gets
     /// their `chat` and `agent` events. Other sessions' streams are not sent to it.
     pub chats: Mutex<HashSet<String>>,
+    /// The connection's hub subscriber, told which sessions to route to it.
+    pub route: std::sync::OnceLock<(Arc<hub::Hub>, u64)>,
+}
+
+impl Subs {
+    fn watch(&self, key: &str) {
+        if let Some((hub, id)) = self.route.get() {
+            hub.watch(*id, key);
+        }
+    }
+
+    /// The connection works with this session: it gets its `chat` and `agent` events.
+    pub fn add_chat(&self, key: String) {
+        self.watch(&key);
+        state::lock(&self.chats).insert(key);
+    }
+
+    /// `sessions.messages.subscribe`: the connection gets the session's `session.message` events.
+    pub fn add_messages(&self, key: String) {
+        self.watch(&key);
+        state::lock(&self.messages).insert(key);
+    }
 }
 
 /// The context of one request.

@@ -30,7 +30,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     ) {
         let raw = params.get("sessionKey").or_else(|| params.get("key")).and_then(Value::as_str);
         if let Some(Ok((key, _))) = raw.map(canonical_key) {
-            crate::state::lock(&ctx.subs.chats).insert(key);
+            ctx.subs.add_chat(key);
         }
     }
     match method {
@@ -78,7 +78,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         }
         "sessions.messages.subscribe" => {
             let key = canonical_key(required_str(params, "key")?)?.0;
-            crate::state::lock(&ctx.subs.messages).insert(key.clone());
+            ctx.subs.add_messages(key.clone());
             Ok(json!({"subscribed": true, "key": key}))
         }
         "sessions.messages.unsubscribe" => {

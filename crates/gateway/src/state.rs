@@ -60,6 +60,41 @@ impl RunHandle {
     }
 }
 
+/// The dedupe window: keys with when they were last set, and the order they were set in, so
+/// expiring and evicting the oldest cost O(1) per call rather than a scan of the window.
+#[derive(Default)]
+struct DedupeWindow {
+    keys: HashMap<String, (Instant, Dedupe)>,
+    order: std::collections::VecDeque<(Instant, String)>,
+}
+
+impl DedupeWindow {
+    fn set(&mut self, key: &str, now: Instant, state: Dedupe) {
+        self.keys.insert(key.to_owned(), (now, state));
+        self.order.push_back((now, key.to_owned()));
+        // Stale order entries (keys set again, or forgotten) count too, so `order` stays bounded.
+        while self.keys.len() > DEDUPE_MAX || self.order.len() > 4 * DEDUPE_MAX {
+            self.pop_oldest();
+        }
+    }
+
+    /// Forgets keys older than the window.
+    fn expire(&mut self, now: Instant) {
+        while self.order.front().is_some_and(|(t, _)| now.duration_since(*t) >= DEDUPE_TTL) {
+            self.pop_oldest();
+        }
+    }
+
+    /// Drops the oldest entry of `order`, and its key unless it was set again since.
+    fn pop_oldest(&mut self) {
+        if let Some((t, key)) = self.order.pop_front() {
+            if self.keys.get(&key).is_some_and(|(set, _)| *set == t) {
+                self.keys.remove(&key);
+            }
+        }
+    }
+}
+
 /// What the dedupe window knows about an idempotency key.
 #[derive(Clone)]
 pub enum Dedupe {
@@ -85,7 +120,7 @@ pub struct Gateway {
     /// WebSocket connection tasks, awaited on shutdown so clients get their close frames.
     pub sockets: TaskTracker,
     runs: Mutex<HashMap<String, Arc<RunHandle>>>,
-    dedupe: Mutex<HashMap<String, (Instant, Dedupe)>>,
+    dedupe: Mutex<DedupeWindow>,
     contexts: Mutex<HashMap<std::path::PathBuf, CachedContext>>,
     next_conn: AtomicU64,
 }
@@ -109,7 +144,7 @@ impl Gateway {
             tasks: TaskTracker::new(),
             sockets: TaskTracker::new(),
             runs: Mutex::new(HashMap::new()),
-            dedupe: Mutex::new(HashMap::new()),
+            dedupe: Mutex::new(DedupeWindow::default()),
             contexts: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
         })
@@ -189,26 +224,21 @@ impl Gateway {
     pub fn dedupe_begin(&self, key: &str) -> Option<Dedupe> {
         let mut d = lock(&self.dedupe);
         let now = Instant::now();
-        d.retain(|_, (t, _)| now.duration_since(*t) < DEDUPE_TTL);
-        if let Some((_, state)) = d.get(key) {
+        d.expire(now);
+        if let Some((_, state)) = d.keys.get(key) {
             return Some(state.clone());
         }
-        if d.len() >= DEDUPE_MAX {
-            if let Some(oldest) = d.iter().min_by_key(|(_, (t, _))| *t).map(|(k, _)| k.clone()) {
-                d.remove(&oldest);
-            }
-        }
-        d.insert(key.to_owned(), (now, Dedupe::InFlight));
+        d.set(key, now, Dedupe::InFlight);
         None
     }
 
     /// Releases a claimed key that led nowhere (the send was refused before anything was written).
     pub fn dedupe_forget(&self, key: &str) {
-        lock(&self.dedupe).remove(key);
+        lock(&self.dedupe).keys.remove(key);
     }
 
     pub fn dedupe_finish(&self, key: &str, result: Result<Value, RpcError>) {
-        lock(&self.dedupe).insert(key.to_owned(), (Instant::now(), Dedupe::Done(result)));
+        lock(&self.dedupe).set(key, Instant::now(), Dedupe::Done(result));
     }
 
     // ---- store work, off the async threads ----

@@ -118,36 +118,77 @@ fn clip_reason(reason: &str) -> Utf8Bytes {
 }
 
 /// Sends queued frames until the connection ends; always ends with a close frame.
+/// Most frames, and bytes, written before a flush (so a batch never holds much beyond the outbox's budget).
+const MAX_BATCH_FRAMES: usize = 64;
+const MAX_BATCH_BYTES: usize = 256 * 1024;
+
+/// Flushes the socket; `Ok(false)` when the connection is being aborted, `Err` when it failed.
+async fn flush(sink: &mut SplitSink<WebSocket, Message>, outbox: &Outbox) -> Result<bool, ()> {
+    tokio::select! {
+        biased;
+        _ = outbox.aborted.cancelled() => Ok(false),
+        r = sink.flush() => r.map(|()| true).map_err(|_| ()),
+    }
+}
+
 async fn write_loop(
     mut sink: SplitSink<WebSocket, Message>,
     mut rx: mpsc::UnboundedReceiver<Out>,
     outbox: Arc<Outbox>,
 ) {
     let mut close = (1000u16, String::from("bye"));
-    loop {
-        let out = tokio::select! {
+    'frames: loop {
+        let first = tokio::select! {
             biased;
             _ = outbox.aborted.cancelled() => break,
             o = rx.recv() => o,
         };
-        match out {
-            Some(Out::Text(t)) => {
-                let cost = t.len() + FRAME_OVERHEAD;
-                let sent = tokio::select! {
-                    biased;
-                    _ = outbox.aborted.cancelled() => break,
-                    r = sink.send(Message::Text(Utf8Bytes::from(t))) => r,
-                };
-                outbox.queued.fetch_sub(cost, Ordering::AcqRel);
-                if sent.is_err() {
-                    return;
+        // Frames queued together are written together and flushed once (one write, not one per frame).
+        let mut next = first;
+        let (mut batch, mut batch_bytes) = (0, 0);
+        loop {
+            match next {
+                Some(Out::Text(t)) => {
+                    let cost = t.len() + FRAME_OVERHEAD;
+                    let fed = tokio::select! {
+                        biased;
+                        _ = outbox.aborted.cancelled() => break 'frames,
+                        r = sink.feed(Message::Text(Utf8Bytes::from(t))) => r,
+                    };
+                    outbox.queued.fetch_sub(cost, Ordering::AcqRel);
+                    if fed.is_err() {
+                        return;
+                    }
+                    batch += 1;
+                    batch_bytes += cost;
+                }
+                Some(Out::Close(code, reason)) => {
+                    close = (code, reason);
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.flush()).await;
+                    break 'frames;
+                }
+                None => {
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.flush()).await;
+                    break 'frames;
                 }
             }
-            Some(Out::Close(code, reason)) => {
-                close = (code, reason);
-                break;
+            match rx.try_recv() {
+                Ok(o) if batch < MAX_BATCH_FRAMES && batch_bytes < MAX_BATCH_BYTES => next = Some(o),
+                Ok(o) => {
+                    // Flush a long batch, then go on with the frame already taken.
+                    if flush(&mut sink, &outbox).await.is_err() {
+                        return;
+                    }
+                    (batch, batch_bytes) = (0, 0);
+                    next = Some(o);
+                }
+                Err(_) => break,
             }
-            None => break,
+        }
+        match flush(&mut sink, &outbox).await {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(()) => return,
         }
     }
     if let Some(c) = lock(&outbox.abort).take() {
@@ -352,6 +393,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
     let seq = Arc::new(AtomicU64::new(0));
     let subscriber = ConnSubscriber { outbox: outbox.clone(), subs: subs.clone(), seq: seq.clone(), conn_id };
     let subscription = gw.hub.subscribe(Arc::new(subscriber));
+    let _ = subs.route.set((gw.hub.clone(), subscription.id()));
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     // Large reads (history) of one connection run one at a time, so their answers cannot pile up.
     let heavy = Arc::new(tokio::sync::Mutex::new(()));

@@ -8,7 +8,7 @@
 //! live OpenClaw processes (which do not flock) are respected until the process is gone.
 //!
 //! Within one process the lock is re-entrant: a registry counts holders per path, so a holder that
-//! appends again never deadlocks on its own lock. A released lock lingers for a few milliseconds
+//! appends again never deadlocks on its own lock. A released lock lingers for 500 ms
 //! (still flocked, still ours) so a burst of commits does not create and unlink the lock file —
 //! two metadata operations every fdatasync would otherwise have to journal — for each commit;
 //! [`LockRegistry::release_idle`] ends the linger at once (a CLI command's exit, shutdown). At most
@@ -49,8 +49,8 @@ impl Default for LockOptions {
             acquire_timeout: Duration::from_secs(60),
             max_hold: Duration::from_secs(300),
             payload_grace: Duration::from_secs(2),
-            linger: Duration::from_millis(10),
-            max_lingering: 16,
+            linger: Duration::from_millis(500),
+            max_lingering: 128,
         }
     }
 }
@@ -155,12 +155,30 @@ impl Drop for LockGuard {
             }
             return;
         }
-        h.idle_since = Some(Instant::now());
-        let max_lingering = h.max_lingering;
-        release_oldest_idle(&mut held.locks, max_lingering);
+        let now = Instant::now();
+        h.idle_since = Some(now);
+        let (max_lingering, deadline) = (h.max_lingering, now + h.linger);
+        // One pass, no allocation: how many linger, and when the reaper wakes next anyway.
+        let (mut idle, mut earliest) = (0, None::<Instant>);
+        for (p, h) in held.locks.iter().filter(|(_, h)| h.count == 0) {
+            idle += 1;
+            if p.as_os_str() != self.path.as_os_str() {
+                let t = h.idle_since.map(|t| t + h.linger);
+                earliest = match (earliest, t) {
+                    (Some(e), Some(t)) => Some(e.min(t)),
+                    (e, t) => e.or(t),
+                };
+            }
+        }
+        if idle > max_lingering {
+            release_oldest_idle(&mut held.locks, max_lingering);
+        }
         drop(held);
         self.registry.start_reaper();
-        shared.wake.notify_all();
+        // The reaper sleeps until the earliest linger ends: wake it only if this one ends sooner.
+        if earliest.is_none_or(|e| deadline < e) {
+            shared.wake.notify_all();
+        }
     }
 }
 

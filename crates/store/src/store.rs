@@ -191,9 +191,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Store {
-    pub fn new(opts: StoreOptions) -> Store {
-        let by_limit = open_file_limit().map(|l| usize::try_from(l / 4).unwrap_or(usize::MAX)).unwrap_or(usize::MAX);
-        let max_open = opts.max_open_files.min(by_limit).max(1);
+    pub fn new(mut opts: StoreOptions) -> Store {
+        // A quarter of the descriptors for open transcripts, an eighth for lingering lock files.
+        let share =
+            |d: u64| open_file_limit().map(|l| usize::try_from(l / d).unwrap_or(usize::MAX)).unwrap_or(usize::MAX);
+        let max_open = opts.max_open_files.min(share(4)).max(1);
+        opts.lock.max_lingering = opts.lock.max_lingering.min(share(8));
         Store {
             inner: Arc::new(Inner {
                 opts,

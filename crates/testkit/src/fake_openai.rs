@@ -3,7 +3,7 @@
 //! deltas, a usage chunk, `[DONE]`). What it does is chosen by markers in the last user message:
 //! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream), `[slowish]` 12 chunks 50 ms apart
 //! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
-//! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 with an
+//! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
@@ -97,37 +97,78 @@ fn last_user_text(body: &Value) -> String {
     }
 }
 
+/// Serves one connection: requests one after another on it (HTTP/1.1 keep-alive, chunked
+/// responses, as real providers answer), until the client closes it.
 async fn handle(mut sock: TcpStream, rec: Option<Arc<Mutex<Vec<Value>>>>) -> std::io::Result<()> {
     let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
-    let header_end = loop {
-        let n = sock.read(&mut tmp).await?;
-        if n == 0 {
-            return Ok(());
+    loop {
+        let Some(body_len) = read_request(&mut sock, &mut buf).await? else { return Ok(()) };
+        let body: Value = serde_json::from_slice(&buf[..body_len]).unwrap_or(Value::Null);
+        buf.drain(..body_len);
+        if !respond(&mut sock, body, body_len, rec.as_ref()).await? {
+            return sock.shutdown().await;
         }
-        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+/// Reads one request's head and body; leaves the body at the start of `buf` (and returns its
+/// length), followed by whatever of the next request came with it. `None`: the client closed.
+async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<Option<usize>> {
+    let mut tmp = [0u8; 65536];
+    let header_end = loop {
         if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break p + 4;
         }
+        let n = sock.read(&mut tmp).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&tmp[..n]);
     };
     let head = String::from_utf8_lossy(&buf[..header_end]).to_lowercase();
     let len: usize = head
         .lines()
         .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
         .unwrap_or(0);
-    while buf.len() < header_end + len {
+    buf.drain(..header_end);
+    while buf.len() < len {
         let n = sock.read(&mut tmp).await?;
         if n == 0 {
-            break;
+            return Ok(None);
         }
         buf.extend_from_slice(&tmp[..n]);
     }
-    let body: Value = serde_json::from_slice(&buf[header_end..]).unwrap_or(Value::Null);
-    if let Some(Ok(mut r)) = rec.as_ref().map(|r| r.lock()) {
+    Ok(Some(len))
+}
+
+/// Writes a chunked response body piece by piece.
+struct Chunked<'a>(&'a mut TcpStream);
+
+impl Chunked<'_> {
+    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        let mut framed = format!("{:x}\r\n", data.len()).into_bytes();
+        framed.extend_from_slice(data);
+        framed.extend_from_slice(b"\r\n");
+        self.0.write_all(&framed).await
+    }
+
+    async fn end(self) -> std::io::Result<()> {
+        self.0.write_all(b"0\r\n\r\n").await
+    }
+}
+
+/// Answers one request; `false` when the connection is to be closed after it.
+async fn respond(
+    sock: &mut TcpStream,
+    body: Value,
+    body_len: usize,
+    rec: Option<&Arc<Mutex<Vec<Value>>>>,
+) -> std::io::Result<bool> {
+    if let Some(Ok(mut r)) = rec.map(|r| r.lock()) {
         r.push(body.clone());
     }
     let said = last_user_text(&body);
-    let prompt_tokens = buf.len().saturating_sub(header_end) / 4;
+    let prompt_tokens = body_len / 4;
     if said.contains("[fail]") {
         let err = json!({"error": {"message": "The fake provider was told to fail", "type": "invalid_request_error", "code": null}});
         let text = err.to_string();
@@ -135,12 +176,14 @@ async fn handle(mut sock: TcpStream, rec: Option<Arc<Mutex<Vec<Value>>>>) -> std
             "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
             text.len()
         );
-        return sock.write_all(resp.as_bytes()).await;
+        sock.write_all(resp.as_bytes()).await?;
+        return Ok(false);
     }
     sock.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n",
     )
     .await?;
+    let mut sock = Chunked(sock);
     let chunk = |delta: Value, finish: Value| {
         format!(
             "data: {}\n\n",
@@ -210,5 +253,6 @@ async fn handle(mut sock: TcpStream, rec: Option<Arc<Mutex<Vec<Value>>>>) -> std
     let usage = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": "fake-model",
         "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}});
     sock.write_all(format!("data: {usage}\n\ndata: [DONE]\n\n").as_bytes()).await?;
-    sock.shutdown().await
+    sock.end().await?;
+    Ok(true)
 }
