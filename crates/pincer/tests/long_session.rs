@@ -1,0 +1,264 @@
+//! A long session through the real gateway, checked against the real Pi library: a 3,000-entry
+//! transcript with tool calls, a failed turn, a branch (with its branch summary) and a compaction in
+//! the middle; then turns that hit the gateway's in-memory context, a compaction by the gateway,
+//! and turns after it. For every turn, the request the provider received must be exactly the
+//! OpenAI wire form of the context Pi's `buildSessionContext` gives at that turn's user row, so
+//! the shared, cached context can never drift from the file.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::gateway::{Client, GatewayProcess};
+use pincer_testkit::oracle_context;
+use pincer_testkit::probe::read_rows;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::path::Path;
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+const KEY: &str = "agent:main:long";
+const SESSION_ID: &str = "long-session-1";
+
+fn id(i: usize) -> String {
+    format!("{:08x}", i + 1)
+}
+
+fn line(out: &mut String, id: &str, parent: Option<&str>, body: Value) {
+    let mut e = json!({"id": id, "parentId": parent, "timestamp": "2026-12-01T00:00:00.000Z"});
+    for (k, v) in body.as_object().expect("object") {
+        e[k] = v.clone();
+    }
+    let _ = writeln!(out, "{e}");
+}
+
+fn assistant(content: Value, stop: &str) -> Value {
+    json!({"type": "message", "message": {"role": "assistant", "content": content, "api": "openai-completions",
+        "provider": "fake", "model": "fake-model", "stopReason": stop,
+        "usage": {"input": 10, "output": 10, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 20,
+            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0}}, "timestamp": 1}})
+}
+
+/// Writes the transcript: user/assistant pairs; every 50th pair is a tool round (call, result,
+/// answer); at entry 1,000 a compaction keeps from entry 900 on; at entry 2,000 the chain goes back
+/// to entry 1,700 through a branch summary; entry 2,503 is a failed reply (`stopReason: error`,
+/// never sent); the tool call of entry 2,701 never got its result (an error result is sent).
+fn prefill(state: &Path) -> usize {
+    let sessions = state.join("agents/main/sessions");
+    std::fs::create_dir_all(&sessions).expect("dir");
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"{{"type":"session","version":3,"id":"{SESSION_ID}","timestamp":"2026-12-01T00:00:00.000Z","cwd":"/"}}"#
+    );
+    let filler = "lorem ipsum dolor sit amet ".repeat(6);
+    let mut parent: Option<String> = None;
+    let mut i = 0;
+    while i < 3000 {
+        let me = id(i);
+        let p = parent.clone();
+        let body = if i == 2000 {
+            // Back to entry 1,700 with a summary of the abandoned branch.
+            line(
+                &mut out,
+                &me,
+                Some(&id(1700)),
+                json!({"type": "branch_summary", "fromId": id(1999),
+                "summary": "Tried another approach on the abandoned branch."}),
+            );
+            parent = Some(me);
+            i += 1;
+            continue;
+        } else if i == 1000 {
+            json!({"type": "compaction", "summary": "## Goal\nThe long conversation so far.", "firstKeptEntryId": id(900),
+                "tokensBefore": 123_456})
+        } else if i % 100 == 1 {
+            assistant(
+                json!([{"type": "toolCall", "id": format!("call-{i}"), "name": "current_time", "arguments": {"tz": "UTC"}}]),
+                "toolUse",
+            )
+        } else if i == 2503 {
+            assistant(json!([{"type": "text", "text": "half an answer"}]), "error")
+        } else if i % 100 == 2 && i != 2702 {
+            json!({"type": "message", "message": {"role": "toolResult", "toolCallId": format!("call-{}", i - 1),
+                "toolName": "current_time", "content": [{"type": "text", "text": format!("12:{i:02} UTC")}], "isError": false, "timestamp": 1}})
+        } else if i % 2 == 0 {
+            json!({"type": "message", "message": {"role": "user", "content": format!("question {i}: {filler}"), "timestamp": 1}})
+        } else {
+            assistant(
+                json!([{"type": "thinking", "thinking": "hmm", "thinkingSignature": ""}, {"type": "text", "text": format!("answer {i}: {filler}")}]),
+                "stop",
+            )
+        };
+        line(&mut out, &me, p.as_deref(), body);
+        parent = Some(me);
+        i += 1;
+    }
+    std::fs::write(sessions.join(format!("{SESSION_ID}.jsonl")), out).expect("write");
+    let index = json!({KEY: {"sessionId": SESSION_ID, "updatedAt": 1, "sessionStartedAt": 1}});
+    std::fs::write(sessions.join("sessions.json"), index.to_string()).expect("index");
+    3000
+}
+
+/// Text blocks joined with `\n`.
+fn joined(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter(|b| b["type"] == "text")
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// A reference of the OpenAI chat-completions messages for Pi context messages, written from
+/// Pi's rules (convertToLlm and transformMessages) independently of Pincer's mapper.
+fn openai_messages(context: &[Value]) -> Vec<Value> {
+    let mut out = Vec::new();
+    // Tool calls of the last assistant message still waiting for their result.
+    let mut pending: Vec<Value> = Vec::new();
+    for m in context {
+        let role = m["role"].as_str().unwrap_or_default();
+        let failed = role == "assistant" && matches!(m["stopReason"].as_str(), Some("error" | "aborted"));
+        if role != "toolResult" && !failed {
+            for id in pending.drain(..) {
+                out.push(json!({"role": "tool", "tool_call_id": id, "content": "No result provided"}));
+            }
+        }
+        match role {
+            "user" => out.push(json!({"role": "user", "content": joined(&m["content"])})),
+            "compactionSummary" => out.push(json!({"role": "user", "content": format!(
+                "The conversation history before this point was compacted into the following summary:\n\n<summary>\n{}\n</summary>",
+                m["summary"].as_str().unwrap_or_default())})),
+            "branchSummary" => out.push(json!({"role": "user", "content": format!(
+                "The following is a summary of a branch that this conversation came back from:\n\n<summary>\n{}</summary>",
+                m["summary"].as_str().unwrap_or_default())})),
+            "assistant" => {
+                if matches!(m["stopReason"].as_str(), Some("error" | "aborted")) {
+                    continue;
+                }
+                let text = joined(&m["content"]);
+                let calls: Vec<Value> = m["content"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|b| b["type"] == "toolCall")
+                    .map(|b| json!({"id": b["id"], "type": "function",
+                        "function": {"name": b["name"], "arguments": b["arguments"].to_string()}}))
+                    .collect();
+                let mut a = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
+                if !calls.is_empty() {
+                    pending = calls.iter().map(|c| c["id"].clone()).collect();
+                    a["tool_calls"] = json!(calls);
+                }
+                out.push(a);
+            }
+            "toolResult" => {
+                pending.retain(|id| *id != m["toolCallId"]);
+                out.push(json!({"role": "tool", "tool_call_id": m["toolCallId"], "content": joined(&m["content"])}));
+            }
+            other => panic!("a context message of role {other:?} in this fixture"),
+        }
+    }
+    out
+}
+
+fn transcript(state: &Path) -> std::path::PathBuf {
+    state.join(format!("agents/main/sessions/{SESSION_ID}.jsonl"))
+}
+
+/// The chat requests the fake received (not summarization calls), in order.
+fn chat_requests(fake: &FakeOpenAi) -> Vec<Value> {
+    fake.requests().into_iter().filter(|r| !r.to_string().contains("context summarization assistant")).collect()
+}
+
+/// Checks one turn: the provider's request equals the wire form of Pi's context at the turn's user row.
+fn check_turn(state: &Path, request: &Value, said: &str) -> usize {
+    let file = transcript(state);
+    let rows = read_rows(&file);
+    let user = rows
+        .iter()
+        .rev()
+        .find(|e| e["message"]["role"] == "user" && e["message"]["content"].to_string().contains(said))
+        .unwrap_or_else(|| panic!("no user row for {said:?}"));
+    let pi = oracle_context(&file, user["id"].as_str());
+    let context = pi["context"]["messages"].as_array().expect("Pi's context messages");
+    let expected = openai_messages(context);
+    let got: Vec<Value> =
+        request["messages"].as_array().expect("messages").iter().filter(|m| m["role"] != "system").cloned().collect();
+    if let Some(i) = (0..got.len().max(expected.len())).find(|&i| got.get(i) != expected.get(i)) {
+        panic!(
+            "turn {said:?}: request message {i} of {} differs from Pi's context ({} messages):\n got: {}\nwant: {}",
+            got.len(),
+            expected.len(),
+            got.get(i).map(Value::to_string).unwrap_or_default(),
+            expected.get(i).map(Value::to_string).unwrap_or_default()
+        );
+    }
+    assert!(expected.len() > 100, "turn {said:?}: the context is long ({} messages)", expected.len());
+    expected.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_of_a_long_branched_compacted_session_is_what_pi_builds_from_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    prefill(&state);
+    let fake = FakeOpenAi::start().await;
+    // A window no turn reaches (no automatic compaction); the manual one below is the gateway's.
+    let config =
+        format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n", fake.provider_toml_window(100_000_000));
+    let mut gw = tokio::task::spawn_blocking({
+        let state = state.clone();
+        move || GatewayProcess::start(BIN, &state, &config)
+    })
+    .await
+    .expect("start");
+    let mut c = Client::connect(&gw.addr).await;
+    let turn = |n: usize| format!("long-turn-{n}");
+    let mut said = Vec::new();
+    for n in 1..=2 {
+        let text = turn(n);
+        let run = format!("long-run-{n}");
+        c.request("chat.send", json!({"sessionKey": KEY, "message": text, "idempotencyKey": run})).await.expect("send");
+        let end = c.chat_end(&run).await;
+        assert_eq!(end["payload"]["state"], "final", "{end}");
+        said.push(text);
+    }
+    let compacted = c.request("sessions.compact", json!({"key": KEY})).await.expect("compact");
+    assert_eq!(compacted["compacted"], true, "{compacted}");
+    for n in 3..=4 {
+        let text = turn(n);
+        let run = format!("long-run-{n}");
+        c.request("chat.send", json!({"sessionKey": KEY, "message": text, "idempotencyKey": run})).await.expect("send");
+        let end = c.chat_end(&run).await;
+        assert_eq!(end["payload"]["state"], "final", "{end}");
+        said.push(text);
+    }
+    assert!(gw.terminate().success());
+    let requests = chat_requests(&fake);
+    assert_eq!(requests.len(), 4, "one model call per turn");
+    let lengths: Vec<usize> = requests.iter().zip(&said).map(|(r, text)| check_turn(&state, r, text)).collect();
+    assert!(lengths[0] > 1000 && lengths[1] == lengths[0] + 2, "before the gateway's compaction: {lengths:?}");
+    let first = requests[0].to_string();
+    for (what, needle) in [
+        ("the fixture's compaction summary", "The long conversation so far."),
+        ("the branch summary", "Tried another approach"),
+        ("the error result of the orphaned call", "No result provided"),
+        ("a kept tool result", "12:2102 UTC"),
+    ] {
+        assert!(first.contains(needle), "the first request carries {what}");
+    }
+    for (what, needle) in [
+        ("the failed reply", "half an answer"),
+        ("the abandoned branch", "answer 1801:"),
+        ("compacted turns", "answer 801:"),
+    ] {
+        assert!(!first.contains(needle), "the first request leaves out {what}");
+    }
+    assert!(lengths[2] < lengths[1] && lengths[3] == lengths[2] + 2, "after it: {lengths:?}");
+    let rows = read_rows(&transcript(&state));
+    assert_eq!(rows.iter().filter(|e| e["type"] == "compaction").count(), 2, "the fixture's and the gateway's");
+}
