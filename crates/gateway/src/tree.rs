@@ -171,8 +171,8 @@ fn headline(path: &[&Node]) -> String {
     String::new()
 }
 
-/// The session a tree method works on; unknown sessions are an error.
-fn session_of(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
+/// The session of `sessionKey` (and `agentId`, which must agree with it), if it exists.
+fn find_session(gw: &Gateway, params: &Value) -> Result<Option<SessionRef>, RpcError> {
     let key = required_str(params, "sessionKey")?;
     if let Some(agent) = params.get("agentId").and_then(Value::as_str) {
         let (_, from_key) = crate::sessions::canonical_key(key)?;
@@ -180,7 +180,13 @@ fn session_of(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
             return Err(RpcError::invalid(format!("agentId {agent:?} does not match sessionKey {key:?}")));
         }
     }
-    gw.sessions.resolve(key, false)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))
+    gw.sessions.resolve(key, false)
+}
+
+/// The session a tree method works on; unknown sessions are an error.
+fn session_of(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
+    find_session(gw, params)?
+        .ok_or_else(|| RpcError::invalid(format!("session not found: {}", params["sessionKey"].as_str().unwrap_or(""))))
 }
 
 async fn blocking<T: Send + 'static>(
@@ -195,11 +201,8 @@ async fn blocking<T: Send + 'static>(
 pub async fn branches_list(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let params = params.clone();
     blocking(gw, move |gw| {
-        let Some(s) = session_of(gw, &params).ok() else {
-            // OpenClaw answers an unknown session with no branches.
-            required_str(&params, "sessionKey")?;
-            return Ok(json!({"branches": []}));
-        };
+        // OpenClaw answers an unknown session with no branches.
+        let Some(s) = find_session(gw, &params)? else { return Ok(json!({"branches": []})) };
         let tree = Tree::load(gw, &s)?;
         let branches: Vec<Value> = (tree.tips().into_iter())
             .map(|tip| {
@@ -444,8 +447,7 @@ pub async fn message_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, Rpc
     let max_chars = int_param(params, "maxChars", 1, MESSAGE_MAX_CHARS)?.unwrap_or(1_000_000) as usize;
     let p = params.clone();
     blocking(gw, move |gw| {
-        required_str(&p, "sessionKey")?;
-        let Ok(s) = session_of(gw, &p) else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
+        let Some(s) = find_session(gw, &p)? else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
         let tree = Tree::load(gw, &s)?;
         let Some(node) = tree.get(&id) else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
         let message = match node.kind {

@@ -161,10 +161,10 @@ export class MessageView {
     if (role === "assistant" && u && (u.input || u.output)) bits.append(el("span", { "data-testid": "usage", title: "tokens: input / output" }, `${u.input || 0} in · ${u.output || 0} out`));
     if (text.endsWith(TRUNCATED) && id) bits.append(el("button", { type: "button", "data-testid": "show-all", onclick: () => a.showAll(id) }, "Show all"));
     if (id && !this.readOnly) {
-      if (role === "user") bits.append(el("button", { type: "button", "data-testid": "edit", "aria-label": "Edit this message", disabled: !a.canChangeTree(), onclick: () => this.startEdit(m, id) }, "Edit"));
+      if (role === "user") bits.append(el("button", { type: "button", class: "act", "data-testid": "edit", "aria-label": "Edit this message", disabled: !a.canChangeTree(), onclick: () => this.startEdit(m, id) }, "Edit"));
       const user = role === "assistant" ? this.userBefore(m) : null;
-      if (user) bits.append(el("button", { type: "button", "data-testid": "regenerate", "aria-label": "Regenerate this reply", disabled: !a.canChangeTree(), onclick: () => a.regenerate(user) }, "Regenerate"));
-      bits.append(el("button", { type: "button", "data-testid": "set-label", "aria-label": label ? "Change the label" : "Add a label", onclick: () => {
+      if (user) bits.append(el("button", { type: "button", class: "act", "data-testid": "regenerate", "aria-label": "Regenerate this reply", disabled: !a.canChangeTree(), onclick: () => a.regenerate(user) }, "Regenerate"));
+      bits.append(el("button", { type: "button", class: "act", "data-testid": "set-label", "aria-label": label ? "Change the label" : "Add a label", onclick: () => {
         const v = prompt("Label for this message (empty to remove):", label || "");
         if (v !== null) a.label(id, v);
       } }, label ? "Relabel" : "Label"));
