@@ -372,6 +372,17 @@ describe("WebChat as a client of the session tree", () => {
     await waitFor("the reply", async () => (await page.locator('[data-testid="message"][data-role="assistant"] table').count()) >= 1);
     await page.setViewportSize({ width: 1280, height: 800 });
     await page.screenshot({ path: path.join(SHOTS, "webchat-1280.png") });
+    // Keyboard and screen readers: every control has a name, and the thread is a live log.
+    const unnamed = await page.$$eval("button, select, textarea, input", (els) => els
+      .filter((e) => e.offsetParent !== null || e.type === "file")
+      .filter((e) => !(e.getAttribute("aria-label") || e.textContent.trim() || (e.id && document.querySelector(`label[for="${e.id}"]`)) || e.closest("label")))
+      .map((e) => e.outerHTML.slice(0, 120)));
+    assert.deepEqual(unnamed, [], "controls without an accessible name");
+    assert.equal(await page.locator("#log").getAttribute("role"), "log");
+    await page.locator('[data-testid="composer"]').focus();
+    await page.keyboard.type("typed with the keyboard only");
+    await page.keyboard.press("Enter");
+    await waitForText(page, "assistant", fakeReply("typed with the keyboard only"));
     await page.setViewportSize({ width: 390, height: 844 });
     await page.waitForTimeout(400);
     await page.screenshot({ path: path.join(SHOTS, "webchat-390.png") });
