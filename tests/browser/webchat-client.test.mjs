@@ -311,6 +311,26 @@ describe("WebChat as a client of the session tree", () => {
     await page.locator('[data-testid="composer"]').fill("");
   });
 
+  test("5 a compaction is a divider whose summary opens; the turns before it stay on the page", async () => {
+    const { page } = main;
+    for (const t of ["alpha before compaction", "beta before compaction"]) {
+      await send(page, t);
+      await waitForText(page, "assistant", fakeReply(t));
+    }
+    await send(page, "/compact");
+    const divider = page.locator('[data-testid="compaction-divider"]');
+    await divider.waitFor({ timeout: 30000 });
+    const entry = readTranscript(gw.stateDir).filter((e) => e.type === "compaction").at(-1);
+    assert.ok(entry?.summary, "a compaction entry with a summary on disk");
+    assert.equal(await divider.getAttribute("data-entry-id"), entry.id);
+    await divider.locator('[data-testid="compaction-summary"]').click();
+    await waitFor("the summary", async () => (await divider.locator('[data-testid="compaction-text"]').textContent({ timeout: 500 })) === entry.summary);
+    assert.equal(await divider.locator('[data-testid="compaction-summary"]').getAttribute("aria-expanded"), "true");
+    assert.ok((await bodies(page, '[data-testid="message"][data-role="user"]')).includes("alpha before compaction"), "older turns are still shown");
+    const injected = page.locator('[data-testid="message"][data-role="assistant"]').last();
+    assert.equal(await injected.locator('[data-testid="regenerate"]').count(), 0, "a slash command's answer has no Regenerate");
+  });
+
   test("3 the gateway dies with a message pending: the page resends it after the restart, written once; a closed tab's outbox and draft survive", async () => {
     const { page, frames } = main;
     await gw.kill();

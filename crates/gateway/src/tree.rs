@@ -416,16 +416,26 @@ pub async fn fork(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> 
         .await
         .map_err(|e| RpcError::unavailable(e.to_string()))?
         .map_err(|e| RpcError::unavailable(format!("cannot create the transcript: {e}")))?;
+    // The store gives the copies new ids: references between them (a compaction's first kept
+    // entry, a label's target) follow.
+    let mut ids: HashMap<String, String> = HashMap::new();
     for entry in cut.prefix {
         let Some(obj) = entry.as_object() else { continue };
         let kind = obj.get("type").and_then(Value::as_str).unwrap_or("custom").to_owned();
         let payload: serde_json::Map<String, Value> = (obj.iter())
             .filter(|(k, _)| !matches!(k.as_str(), "type" | "id" | "parentId" | "timestamp"))
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| match (k.as_str(), v.as_str().and_then(|old| ids.get(old))) {
+                ("firstKeptEntryId" | "targetId" | "fromId", Some(new)) => (k.clone(), json!(new)),
+                _ => (k.clone(), v.clone()),
+            })
             .collect();
-        gw.append(&created, NewEntry::of(&kind, payload))
+        let a = gw
+            .append(&created, NewEntry::of(&kind, payload))
             .await
             .map_err(|e| RpcError::unavailable(format!("cannot write the forked transcript: {e}")))?;
+        if let (Some(old), Some(new)) = (obj.get("id").and_then(Value::as_str), a.id()) {
+            ids.insert(old.to_owned(), new.to_owned());
+        }
     }
     gw.hub.publish(
         "sessions.changed",

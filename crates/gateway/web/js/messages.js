@@ -162,7 +162,9 @@ export class MessageView {
     if (text.endsWith(TRUNCATED) && id) bits.append(el("button", { type: "button", "data-testid": "show-all", onclick: () => a.showAll(id) }, "Show all"));
     if (id && !this.readOnly) {
       if (role === "user") bits.append(el("button", { type: "button", class: "act", "data-testid": "edit", "aria-label": "Edit this message", disabled: !a.canChangeTree(), onclick: () => this.startEdit(m, id) }, "Edit"));
-      const user = role === "assistant" ? this.userBefore(m) : null;
+      // A slash command's answer comes from the gateway, not the model: nothing to regenerate.
+      const injected = m.model === "gateway-injected" && !m.openclawAbort;
+      const user = role === "assistant" && !injected ? this.userBefore(m) : null;
       if (user) bits.append(el("button", { type: "button", class: "act", "data-testid": "regenerate", "aria-label": "Regenerate this reply", disabled: !a.canChangeTree(), onclick: () => a.regenerate(user) }, "Regenerate"));
       bits.append(el("button", { type: "button", class: "act", "data-testid": "set-label", "aria-label": label ? "Change the label" : "Add a label", onclick: () => {
         const v = prompt("Label for this message (empty to remove):", label || "");
