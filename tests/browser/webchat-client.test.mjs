@@ -41,7 +41,7 @@ describe("WebChat as a client of the session tree", () => {
 
   before(async () => {
     provider = await startFakeProvider();
-    gw = await startGateway(provider);
+    gw = await startGateway(provider, "", { extraModels: ["fake-model-2"] });
     browser = await launchBrowser();
     fs.mkdirSync(SHOTS, { recursive: true });
   });
@@ -59,7 +59,9 @@ describe("WebChat as a client of the session tree", () => {
     const frames = recordFrames(page);
     const errors = [];
     page.on("pageerror", (e) => errors.push(e.message));
-    page.on("dialog", (d) => d.accept());
+    // confirm() is accepted; prompt() answers the next of page.answers (else its default).
+    page.answers = [];
+    page.on("dialog", (d) => d.accept(d.type() === "prompt" && page.answers.length ? page.answers.shift() : undefined));
     await page.goto(`${gw.url}/#token=${TOKEN}`);
     await page.locator('[data-testid="status"].ok').waitFor({ timeout: 20000 });
     return { page, frames, errors };
@@ -309,6 +311,36 @@ describe("WebChat as a client of the session tree", () => {
     assert.equal(await page.locator('[data-testid="error"]').isVisible(), false, "the error is dismissible");
     await page.locator('[data-testid="attachment-preview"] button').click();
     await page.locator('[data-testid="composer"]').fill("");
+  });
+
+  test("5/6 labels are shown and editable; replies show usage and the time (full date on hover); the model picker sets the session's model", async () => {
+    const { page } = main;
+    await send(page, "Label me");
+    await waitForText(page, "assistant", fakeReply("Label me"));
+    const reply = page.locator('[data-testid="message"][data-role="assistant"]').last();
+    const id = await reply.getAttribute("data-entry-id");
+    page.answers.push("a keeper");
+    await reply.locator('[data-testid="set-label"]').click();
+    await waitFor("the label on the page", async () => (await page.locator(`[data-entry-id="${id}"] [data-testid="label"]`).textContent({ timeout: 500 })) === "a keeper");
+    const label = readTranscript(gw.stateDir).filter((e) => e.type === "label").at(-1);
+    assert.deepEqual([label.targetId, label.label], [id, "a keeper"], "a Pi label entry on disk");
+    assert.equal(piContext(transcriptFile(gw)).extra.labels[id], "a keeper", "Pi reads the label");
+    const again = page.locator(`[data-entry-id="${id}"]`);
+    assert.match(await again.locator('[data-testid="usage"]').textContent(), /\d+ in · \d+ out/);
+    const title = await again.locator('[data-testid="timestamp"]').getAttribute("title");
+    assert.ok(title && title.length > 8, `a full date on hover: ${title}`);
+
+    const picker = page.locator('[data-testid="model-picker"]');
+    const options = await picker.locator("option").allTextContents();
+    assert.ok(options.includes("fake/fake-model") && options.includes("fake/fake-model-2"), `models.list's models: ${options}`);
+    assert.equal(await picker.inputValue(), "fake/fake-model");
+    await picker.selectOption("fake/fake-model-2");
+    await waitFor("the model in sessions.json", () => index(gw)["agent:main:main"].model === "fake/fake-model-2");
+    await send(page, "Which model?");
+    await waitForText(page, "assistant", fakeReply("Which model?"));
+    assert.equal(provider.requests.at(-1).model, "fake-model-2", "the turn used the session's model");
+    await picker.selectOption("fake/fake-model");
+    await waitFor("back to the default", () => index(gw)["agent:main:main"].model === "fake/fake-model");
   });
 
   test("5 a compaction is a divider whose summary opens; the turns before it stay on the page", async () => {

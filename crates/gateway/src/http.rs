@@ -276,3 +276,18 @@ fn event_stream(
     });
     stream::iter(first).chain(live).map(Ok)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_webchat_url_is_ready_to_open() {
+        let a: std::net::SocketAddr = "0.0.0.0:18789".parse().expect("addr");
+        assert_eq!(webchat_url(a, &AuthMode::Token("ab+c/d=".into())), "http://127.0.0.1:18789/#token=ab%2Bc%2Fd%3D");
+        let a: std::net::SocketAddr = "[::]:80".parse().expect("addr");
+        assert_eq!(webchat_url(a, &AuthMode::None), "http://[::1]:80/");
+        let a: std::net::SocketAddr = "[fe80::1]:8080".parse().expect("addr");
+        assert_eq!(webchat_url(a, &AuthMode::Token("t".into())), "http://[fe80::1]:8080/#token=t");
+    }
+}
