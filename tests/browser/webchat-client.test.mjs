@@ -343,6 +343,46 @@ describe("WebChat as a client of the session tree", () => {
     await waitFor("back to the default", () => index(gw)["agent:main:main"].model === "fake/fake-model");
   });
 
+  test("5 a long chat loads its last 200 messages; \"Load older\" fetches the turns before", async () => {
+    const { page } = main;
+    // 230 injected rows in a chat of their own, over the page's origin.
+    const count = await page.evaluate(async (token) => {
+      const ws = new WebSocket(`ws://${location.host}/`);
+      let n = 0;
+      await new Promise((resolve) => {
+        ws.onmessage = (e) => {
+          const f = JSON.parse(e.data);
+          if (f.event === "connect.challenge") {
+            ws.send(JSON.stringify({ type: "req", id: "c", method: "connect", params: { minProtocol: 3, maxProtocol: 4,
+              client: { id: "webchat-ui", version: "t", platform: "web", mode: "webchat" }, role: "operator",
+              scopes: ["operator.read", "operator.write"], auth: { token } } }));
+          } else if (f.id === "c") {
+            ws.send(JSON.stringify({ type: "req", id: "k", method: "sessions.create", params: { key: "older", label: "Older" } }));
+          } else if (f.id === "k" || (f.type === "res" && f.id.startsWith("i"))) {
+            if (n === 230) { resolve(); return; }
+            ws.send(JSON.stringify({ type: "req", id: `i${n}`, method: "chat.inject", params: { sessionKey: "older", message: `row ${n}` } }));
+            n++;
+          }
+        };
+      });
+      ws.close();
+      return n;
+    }, TOKEN);
+    assert.equal(count, 230);
+    await page.reload();
+    await page.locator('[data-testid="status"].ok').waitFor();
+    await page.locator('[data-testid="session-row"][data-key="agent:main:older"] .open').click();
+    await waitForText(page, "assistant", "row 229");
+    assert.equal(await page.locator('[data-testid="message"]').count(), 200, "the last 200");
+    assert.ok(!(await bodies(page, '[data-testid="message"]')).includes("row 0"));
+    await page.locator('[data-testid="load-older"]').click();
+    await waitForText(page, "assistant", "row 0");
+    assert.equal(await page.locator('[data-testid="message"]').count(), 230);
+    assert.equal(await page.locator('[data-testid="load-older"]').count(), 0, "nothing older is left");
+    await page.locator('[data-testid="session-row"][data-key="agent:main:main"] .open').click();
+    await waitForText(page, "user", "Label me");
+  });
+
   test("5 a compaction is a divider whose summary opens; the turns before it stay on the page", async () => {
     const { page } = main;
     for (const t of ["alpha before compaction", "beta before compaction"]) {
