@@ -155,11 +155,14 @@ async function spawnGateway(stateDir, bind) {
     async kill() {
       if (exited === null) { child.kill("SIGKILL"); await once(child, "exit").catch(() => {}); }
     },
+    // Always this object's: after a restart `kill` and `stop` act on the new process.
     async restart() {
       await gw.kill();
       const next = await spawnGateway(stateDir, `127.0.0.1:${port}`);
-      next.root = gw.root;
-      Object.assign(gw, { child: next.child, log: next.log, kill: next.kill, stop: next.stop, restart: next.restart });
+      Object.assign(gw, {
+        child: next.child, log: next.log, kill: next.kill,
+        stop: async () => { await next.stop(); if (gw.root) fs.rmSync(gw.root, { recursive: true, force: true }); },
+      });
       return gw;
     },
     async stop() {

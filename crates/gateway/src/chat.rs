@@ -26,8 +26,8 @@ use unicode_normalization::UnicodeNormalization;
 /// Deltas go out at most this often per run.
 const DELTA_INTERVAL: Duration = Duration::from_millis(150);
 /// Largest decoded attachment, and all attachments of one message together.
-const MAX_ATTACHMENT_BYTES: usize = 5 * 1024 * 1024;
-const MAX_ATTACHMENTS_BYTES: usize = 20 * 1024 * 1024;
+pub const MAX_ATTACHMENT_BYTES: usize = 5 * 1024 * 1024;
+pub const MAX_ATTACHMENTS_BYTES: usize = 20 * 1024 * 1024;
 const MAX_MESSAGE_CHARS: usize = 200_000;
 /// Longest idempotency key.
 pub const MAX_KEY_CHARS: usize = 256;

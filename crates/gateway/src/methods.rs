@@ -115,7 +115,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             "stateDir": gw.settings.state_dir.display().to_string(),
             "configFile": gw.settings.state_dir.join("pincer.toml").display().to_string(),
             "tokenSource": gw.settings.token_source, "model": gw.settings.model,
-            "modelIsFallback": gw.settings.model_is_fallback})),
+            "modelIsFallback": gw.settings.model_is_fallback,
+            "limits": {"attachmentBytes": chat::MAX_ATTACHMENT_BYTES, "attachmentsBytes": chat::MAX_ATTACHMENTS_BYTES}})),
         "connect" => Err(RpcError::invalid("already connected")),
         other => Err(RpcError::invalid(format!("unknown method: {other}"))),
     }

@@ -26,19 +26,33 @@ const HEADLINE_CHARS: usize = 120;
 /// `chat.message.get`'s default and largest `maxChars`.
 const MESSAGE_MAX_CHARS: u64 = 2_000_000;
 
-/// One entry of the tree, parents seen through `leaf` controls.
+/// One entry of the tree, parents seen through `leaf` controls. Only what every method needs is
+/// read up front (id, parent, type, a message's role); the entry itself is decoded when asked for.
 struct Node {
     id: String,
     parent: Option<String>,
     kind: Kind,
-    value: Value,
+    role: Option<String>,
+    /// Index in the parsed session.
+    at: usize,
+    value: std::cell::OnceCell<Value>,
 }
 
 /// A transcript as a tree, with the leaf the store appends to.
 struct Tree {
+    parsed: Session,
     nodes: Vec<Node>,
     by_id: HashMap<String, usize>,
     leaf: Option<String>,
+}
+
+/// A message's role from its raw JSON: Pi writes `role` first, so this rarely decodes the message.
+fn raw_role(raw: &str) -> Option<String> {
+    let quick = raw.strip_prefix("{\"role\":\"").and_then(|rest| rest.split('"').next());
+    if let Some(r) = quick.filter(|r| !r.contains('\\')) {
+        return Some(r.to_owned());
+    }
+    serde_json::from_str::<Value>(raw).ok()?.get("role")?.as_str().map(str::to_owned)
 }
 
 impl Tree {
@@ -57,14 +71,21 @@ impl Tree {
         let mut by_id = HashMap::new();
         for (i, e) in parsed.entries.iter().enumerate() {
             let Some(id) = e.id.as_deref() else { continue };
-            let value = parsed.value(i).unwrap_or(Value::Null);
+            let value = std::cell::OnceCell::new();
             let raw_parent = match e.kind {
                 // OpenClaw's reading: a leaf control hangs under its target.
-                Kind::Leaf => value.get("targetId").and_then(Value::as_str).map(str::to_owned),
+                Kind::Leaf => {
+                    let v = value.get_or_init(|| parsed.value(i).unwrap_or(Value::Null));
+                    v.get("targetId").and_then(Value::as_str).map(str::to_owned)
+                }
                 _ => parsed.parent_index(i).and_then(|p| parsed.entries[p].id.as_deref()).map(str::to_owned),
             };
+            let role = match e.kind {
+                Kind::Message => parsed.raw_message(i).and_then(|m| raw_role(&m)),
+                _ => None,
+            };
             by_id.insert(id.to_owned(), nodes.len());
-            nodes.push(Node { id: id.to_owned(), parent: raw_parent, kind: e.kind, value });
+            nodes.push(Node { id: id.to_owned(), parent: raw_parent, kind: e.kind, role, at: i, value });
         }
         // Children of a leaf control continue from its target.
         for i in 0..nodes.len() {
@@ -81,7 +102,12 @@ impl Tree {
                 nodes[i].parent = p;
             }
         }
-        Ok(Tree { nodes, by_id, leaf })
+        Ok(Tree { parsed, nodes, by_id, leaf })
+    }
+
+    /// The entry as it is on disk (decoded once).
+    fn value<'a>(&'a self, n: &'a Node) -> &'a Value {
+        n.value.get_or_init(|| self.parsed.value(n.at).unwrap_or(Value::Null))
     }
 
     fn get(&self, id: &str) -> Option<&Node> {
@@ -127,12 +153,12 @@ pub fn leaf_and_entry(
     id: Option<&str>,
 ) -> Result<(Option<String>, Option<Value>), RpcError> {
     let tree = Tree::load(gw, s)?;
-    let entry = id.and_then(|i| tree.get(i)).map(|n| n.value.clone());
+    let entry = id.and_then(|i| tree.get(i)).map(|n| tree.value(n).clone());
     Ok((tree.leaf, entry))
 }
 
 fn role(n: &Node) -> Option<&str> {
-    (n.kind == Kind::Message).then(|| n.value.get("message")?.get("role")?.as_str())?
+    n.role.as_deref()
 }
 
 /// The text blocks of a message, joined.
@@ -158,12 +184,12 @@ pub fn display_text(message: &Value) -> String {
     }
 }
 
-fn headline(path: &[&Node]) -> String {
+fn headline(tree: &Tree, path: &[&Node]) -> String {
     for n in path.iter().rev() {
         if !matches!(role(n), Some("user" | "assistant")) {
             continue;
         }
-        let text = display_text(&n.value["message"]);
+        let text = display_text(&tree.value(n)["message"]);
         if !text.is_empty() {
             return text;
         }
@@ -209,11 +235,13 @@ pub async fn branches_list(gw: &Arc<Gateway>, params: &Value) -> Result<Value, R
                 let path = tree.path(Some(&tip.id));
                 let mut b = json!({
                     "leafEntryId": tip.id,
-                    "headline": headline(&path),
+                    "headline": headline(&tree, &path),
                     "messageCount": path.iter().filter(|n| n.kind == Kind::Message).count(),
                     "active": tree.leaf.as_deref() == Some(tip.id.as_str()),
                 });
-                if let Some(ts) = tip.value.get("timestamp").and_then(Value::as_str).filter(|t| !t.trim().is_empty()) {
+                if let Some(ts) =
+                    tree.value(tip).get("timestamp").and_then(Value::as_str).filter(|t| !t.trim().is_empty())
+                {
                     b["updatedAt"] = json!(ts);
                 }
                 b
@@ -255,8 +283,9 @@ pub async fn tree(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> 
 fn labels(tree: &Tree) -> Value {
     let mut out = serde_json::Map::new();
     for n in tree.nodes.iter().filter(|n| n.kind == Kind::Label) {
-        let Some(target) = n.value.get("targetId").and_then(Value::as_str) else { continue };
-        match n.value.get("label").and_then(Value::as_str).filter(|l| !l.is_empty()) {
+        let v = tree.value(n);
+        let Some(target) = v.get("targetId").and_then(Value::as_str) else { continue };
+        match v.get("label").and_then(Value::as_str).filter(|l| !l.is_empty()) {
             Some(l) => out.insert(target.to_owned(), json!(l)),
             None => out.remove(target),
         };
@@ -365,8 +394,8 @@ fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, RpcError>
     };
     Ok(Cut {
         parent: node.parent.clone(),
-        text: text_of(&node.value["message"]),
-        prefix: path[..at].iter().map(|n| n.value.clone()).collect(),
+        text: text_of(&tree.value(node)["message"]),
+        prefix: path[..at].iter().map(|n| tree.value(n).clone()).collect(),
     })
 }
 
@@ -460,14 +489,15 @@ pub async fn message_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, Rpc
         let Some(s) = find_session(gw, &p)? else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
         let tree = Tree::load(gw, &s)?;
         let Some(node) = tree.get(&id) else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
+        let value = tree.value(node);
         let message = match node.kind {
             Kind::Compaction => Some(json!({
                 "role": "system",
-                "content": [{"type": "text", "text": node.value.get("summary").and_then(Value::as_str).unwrap_or("")}],
+                "content": [{"type": "text", "text": value.get("summary").and_then(Value::as_str).unwrap_or("")}],
                 "__openclaw": {"kind": "compaction", "id": node.id,
-                    "firstKeptEntryId": node.value.get("firstKeptEntryId"), "tokensBefore": node.value.get("tokensBefore")},
+                    "firstKeptEntryId": value.get("firstKeptEntryId"), "tokensBefore": value.get("tokensBefore")},
             })),
-            _ => project_entry(&node.value, max_chars),
+            _ => project_entry(value, max_chars),
         };
         Ok(match message {
             Some(m) => json!({"ok": true, "message": m}),
@@ -520,4 +550,26 @@ pub async fn label(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError>
     Ok(
         json!({"ok": true, "entryId": a.id(), "targetId": target, "label": if text.is_empty() { Value::Null } else { json!(text) }}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_read_without_decoding_when_role_comes_first() {
+        assert_eq!(raw_role(r#"{"role":"user","content":"x"}"#).as_deref(), Some("user"));
+        assert_eq!(raw_role(r#"{"content":"x","role":"assistant"}"#).as_deref(), Some("assistant"));
+        assert_eq!(raw_role(r#"{"role":"us\"er","content":"x"}"#).as_deref(), Some("us\"er"));
+        assert_eq!(raw_role(r#"{"content":"x"}"#), None);
+        assert_eq!(raw_role("not json"), None);
+    }
+
+    #[test]
+    fn headlines_are_one_line_and_bounded() {
+        assert_eq!(display_text(&json!({"content": "a\n\n  b\tc"})), "a b c");
+        let long = display_text(&json!({"content": [{"type": "text", "text": "x".repeat(500)}]}));
+        assert_eq!(long.chars().count(), HEADLINE_CHARS);
+        assert!(long.ends_with('…'));
+    }
 }

@@ -3,9 +3,13 @@
 // previews and the gateway's size limits checked before anything is sent.
 import { el, store } from "/webchat/js/util.js";
 
-/** The gateway's limits (crates/gateway/src/chat.rs). */
-export const MAX_IMAGE_BYTES = 5 * 1024 * 1024;
-export const MAX_IMAGES_BYTES = 20 * 1024 * 1024;
+/** The gateway's limits: `pincer.info` says them (see setLimits); these are only the values before it answered. */
+let MAX_IMAGE_BYTES = 5 * 1024 * 1024;
+let MAX_IMAGES_BYTES = 20 * 1024 * 1024;
+export function setLimits(limits) {
+  if (limits?.attachmentBytes > 0) MAX_IMAGE_BYTES = limits.attachmentBytes;
+  if (limits?.attachmentsBytes > 0) MAX_IMAGES_BYTES = limits.attachmentsBytes;
+}
 
 export class Composer {
   constructor({ form, input, attachments, fileInput, onSubmit, onError }) {

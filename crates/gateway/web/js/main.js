@@ -3,7 +3,7 @@
 // persisted messages, branch switches and session changes from other devices).
 import { Gateway } from "/webchat/js/rpc.js";
 import { Outbox } from "/webchat/js/outbox.js";
-import { Composer } from "/webchat/js/composer.js";
+import { Composer, setLimits } from "/webchat/js/composer.js";
 import { MessageView } from "/webchat/js/messages.js";
 import { Sidebar, titleOf } from "/webchat/js/sessions.js";
 import { $, el, store, textOf, uuid } from "/webchat/js/util.js";
@@ -267,6 +267,7 @@ async function onConnected(again) {
   $("token-banner").hidden = true;
   setStatus(again ? "reconnected" : "connected", true);
   state.info = await gw.request("pincer.info", {}).catch(() => null);
+  setLimits(state.info?.limits);
   state.models = await gw.request("models.list", {}).catch(() => null);
   showNotice(state.info?.modelIsFallback
     ? `No model provider is configured: replies come from Pincer's offline echo model. Configure one in ${state.info.configFile} ([models.providers.*]) or set OPENAI_API_KEY / ANTHROPIC_API_KEY and restart the gateway.`
