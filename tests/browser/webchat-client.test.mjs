@@ -104,8 +104,10 @@ describe("WebChat as a client of the session tree", () => {
     assert.equal(await page.locator('#log a[href^="javascript:"]').count(), 0, "no javascript: link survives");
     await page.waitForTimeout(300);
     assert.equal(await page.evaluate(() => window.__pwned), undefined, "the injected code never ran");
+    await browser.context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: gw.url });
     await page.locator('pre [data-testid="copy-code"]').first().click();
-    assert.equal(await page.locator('pre [data-testid="copy-code"]').first().textContent(), "Copied");
+    await waitFor("the copy button to confirm", async () => (await page.locator('pre [data-testid="copy-code"]').first().textContent()) === "Copied", 5000);
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "const x = 1;\n", "the code is on the clipboard");
 
     // On disk the text is as typed (rendering is the page's business).
     exactlyOnce(msgEntries(readTranscript(gw.stateDir)).map((e) => e.message), "user", said);
