@@ -156,11 +156,97 @@ describe("OpenClaw Control UI against Pincer", () => {
     await page.reload();
     await helloOk(connects + 1);
     await page.getByText(fakeReply(first.said), { exact: true }).first().waitFor({ timeout: SLOW });
-    assert.equal(await page.getByText(first.said, { exact: true }).count(), 1, "the first user turn shows once");
+    // The header shows the session's derived title (sessions.list includeDerivedTitles), which is
+    // this first message: count it in the thread only.
+    const inThread = (t) => page.getByText(t, { exact: true }).evaluateAll((els) => els.filter((e) => !e.closest(".chat-pane__session-title")).length);
+    assert.equal(await inThread(first.said), 1, "the first user turn shows once");
     assert.equal(await page.getByText(fakeReply(first.said), { exact: true }).count(), 1, "the first reply shows once");
     await page.getByText("Now a long one [slow]", { exact: true }).waitFor({ timeout: SLOW });
     await page.getByText(/^word0 word1 word2 word3 /).first().waitFor({ timeout: SLOW });
     await page.screenshot({ path: SCREENSHOT });
     assert.deepEqual(pageErrors, [], "no uncaught errors in the page");
+  });
+
+  // OpenClaw 2026.9.6's tree methods, called as its Control UI calls them (control-ui-core: the
+  // `Gs(sessionKey, agentId)` params, then `leafEntryId` for the switch), from the UI's own origin,
+  // with the answers checked against the package's TypeBox schemas (dist/sessions-*.mjs):
+  // SessionsBranchesListResultSchema = closedObject({branches: [SessionBranchSchema]}),
+  // SessionBranchSchema = closedObject({leafEntryId: NonEmptyString, headline: String,
+  // messageCount: Integer >= 0, updatedAt?: NonEmptyString, active: Boolean}),
+  // SessionsBranchesSwitchResultSchema = closedObject({}).
+  function checkClosed(obj, fields, where) {
+    assert.equal(typeof obj, "object", `${where} is an object`);
+    for (const k of Object.keys(obj)) assert.ok(k in fields, `${where}: unexpected property ${k} (closed object)`);
+    for (const [k, [type, optional]] of Object.entries(fields)) {
+      if (!(k in obj)) { assert.ok(optional, `${where}: ${k} is required`); continue; }
+      const v = obj[k];
+      if (type === "nonEmpty") assert.ok(typeof v === "string" && v.length > 0, `${where}.${k} is a non-empty string`);
+      if (type === "string") assert.equal(typeof v, "string", `${where}.${k} is a string`);
+      if (type === "uint") assert.ok(Number.isInteger(v) && v >= 0, `${where}.${k} is an integer >= 0`);
+      if (type === "bool") assert.equal(typeof v, "boolean", `${where}.${k} is a boolean`);
+      if (type === "array") assert.ok(Array.isArray(v), `${where}.${k} is an array`);
+    }
+  }
+  const BRANCH = { leafEntryId: ["nonEmpty"], headline: ["string"], messageCount: ["uint"], updatedAt: ["nonEmpty", true], active: ["bool"] };
+
+  test("sessions.branches.list and sessions.branches.switch answer the Control UI's calls in its schema's shape", async () => {
+    const key = "agent:main:main";
+    const call = (method, params) => page.evaluate(async ({ method, params, token }) => {
+      const ws = new WebSocket(`ws://${location.host}/`);
+      const frames = [];
+      const answer = new Promise((resolve, reject) => {
+        ws.onmessage = (e) => {
+          const f = JSON.parse(e.data);
+          if (f.event === "connect.challenge") {
+            ws.send(JSON.stringify({ type: "req", id: "c", method: "connect", params: { minProtocol: 3, maxProtocol: 4,
+              client: { id: "openclaw-control-ui", version: "test", platform: "web", mode: "webchat" },
+              role: "operator", scopes: ["operator.read", "operator.write"], auth: { token } } }));
+          } else if (f.type === "res" && f.id === "c") {
+            ws.send(JSON.stringify({ type: "req", id: "m", method, params }));
+          } else if (f.type === "res" && f.id === "m") resolve(f);
+          frames.push(f);
+        };
+        ws.onerror = () => reject(new Error("socket error"));
+      });
+      const res = await answer;
+      ws.close();
+      return res;
+    }, { method, params, token: TOKEN });
+
+    // The UI asks on its own when it opens the chat: its answers were well-formed too.
+    const own = out("sessions.branches.list");
+    assert.ok(own.length >= 1, "the Control UI called sessions.branches.list");
+    for (const req of own) {
+      const res = resTo(req);
+      assert.equal(res?.frame.ok, true, JSON.stringify(res?.frame));
+      checkClosed(res.frame.payload, { branches: ["array"] }, "SessionsBranchesListResult");
+      res.frame.payload.branches.forEach((b, i) => checkClosed(b, BRANCH, `branches[${i}]`));
+    }
+    const list = await call("sessions.branches.list", { sessionKey: key });
+    assert.equal(list.ok, true, JSON.stringify(list));
+    checkClosed(list.payload, { branches: ["array"] }, "SessionsBranchesListResult");
+    list.payload.branches.forEach((b, i) => checkClosed(b, BRANCH, `branches[${i}]`));
+    assert.equal(list.payload.branches.filter((b) => b.active).length, 1, "one active branch");
+
+    // Make a second branch on disk (a sibling reply, as the WebChat's regenerate does), then switch.
+    const lines = readTranscript(gw.stateDir);
+    const user = lines.filter((e) => e.type === "message" && e.message.role === "user").at(-1);
+    const regen = await call("chat.send", { sessionKey: key, message: "", idempotencyKey: "control-ui-regen", regenerateEntryId: user.id });
+    assert.equal(regen.ok, true, JSON.stringify(regen));
+    await waitFor("the sibling reply", () => readTranscript(gw.stateDir).filter((e) => e.type === "message" && e.parentId === user.id).length === 2);
+    const two = await call("sessions.branches.list", { sessionKey: key });
+    two.payload.branches.forEach((b, i) => checkClosed(b, BRANCH, `branches[${i}]`));
+    const other = two.payload.branches.find((b) => !b.active);
+    assert.ok(other, `an inactive branch: ${JSON.stringify(two.payload)}`);
+    const sw = await call("sessions.branches.switch", { sessionKey: key, leafEntryId: other.leafEntryId });
+    assert.equal(sw.ok, true, JSON.stringify(sw));
+    checkClosed(sw.payload, {}, "SessionsBranchesSwitchResult");
+    const after = await call("sessions.branches.list", { sessionKey: key });
+    assert.equal(after.payload.branches.find((b) => b.active).leafEntryId, other.leafEntryId, "the switch took");
+    assert.equal(readTranscript(gw.stateDir).at(-1).targetId, other.leafEntryId, "written as a leaf entry");
+    const bad = await call("sessions.branches.switch", { sessionKey: key, leafEntryId: "no-such-entry" });
+    assert.equal(bad.ok, false);
+    assert.equal(bad.error.code, "INVALID_REQUEST");
+    assert.equal(bad.error.message, "branch entry not found: no-such-entry (not in session agent:main:main)");
   });
 });

@@ -90,7 +90,7 @@ export async function startFakeProvider() {
  * Starts `pincer gateway --bind 127.0.0.1:0` with a fresh state dir whose pincer.toml points at the
  * fake provider (plus `extraToml`), and waits for `listening on ws://127.0.0.1:PORT` on stderr.
  */
-export async function startGateway(provider, extraToml = "") {
+export async function startGateway(provider, extraToml = "", { extraModels = [] } = {}) {
   assert.ok(fs.existsSync(PINCER_BIN), `no pincer binary at ${PINCER_BIN}: run cargo build -p pincer or set PINCER_BIN`);
   const root = fs.mkdtempSync(path.join(os.tmpdir(), "pincer-browser-"));
   const stateDir = path.join(root, "state");
@@ -104,14 +104,31 @@ export async function startGateway(provider, extraToml = "") {
     "[[models.providers.fake.models]]",
     'id = "fake-model"',
     "context_window = 32000",
+    ...extraModels.flatMap((id) => ["[[models.providers.fake.models]]", `id = "${id}"`, "context_window = 32000"]),
     "[agents.defaults]",
     'model = "fake/fake-model"',
     "",
   ].join("\n");
   fs.writeFileSync(path.join(stateDir, "pincer.toml"), toml);
+  const gw = await spawnGateway(stateDir, "127.0.0.1:0");
+  gw.root = root;
+  return gw;
+}
+
+/** The environment the gateway runs with: the test token, no provider keys from the outside. */
+export function gatewayEnv() {
   const env = { ...process.env, PINCER_GATEWAY_TOKEN: TOKEN, PINCER_LOG: "info" };
   for (const k of ["OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "PINCER_MODEL", "PINCER_STATE_DIR"]) delete env[k];
-  const child = spawn(PINCER_BIN, ["gateway", "--bind", "127.0.0.1:0", "--state-dir", stateDir],
+  return env;
+}
+
+/**
+ * Runs `pincer gateway` on `stateDir` and `bind`; `kill()` ends it with SIGKILL (a crash), `restart()`
+ * starts it again on the same port and state, and `stop()` ends it and removes the test's folder.
+ */
+async function spawnGateway(stateDir, bind) {
+  const env = gatewayEnv();
+  const child = spawn(PINCER_BIN, ["gateway", "--bind", bind, "--state-dir", stateDir],
     { env, stdio: ["ignore", "ignore", "pipe"] });
   const log = [];
   let exited = null;
@@ -132,9 +149,22 @@ export async function startGateway(provider, extraToml = "") {
     });
     child.on("exit", (code) => { clearTimeout(timer); reject(new Error(`the gateway exited (${code}) before listening:\n${log.join("\n")}`)); });
   });
-  return {
-    port, stateDir, root, log, child,
+  const gw = {
+    port, stateDir, root: null, log, child,
     url: `http://127.0.0.1:${port}`,
+    async kill() {
+      if (exited === null) { child.kill("SIGKILL"); await once(child, "exit").catch(() => {}); }
+    },
+    // Always this object's: after a restart `kill` and `stop` act on the new process.
+    async restart() {
+      await gw.kill();
+      const next = await spawnGateway(stateDir, `127.0.0.1:${port}`);
+      Object.assign(gw, {
+        child: next.child, log: next.log, kill: next.kill,
+        stop: async () => { await next.stop(); if (gw.root) fs.rmSync(gw.root, { recursive: true, force: true }); },
+      });
+      return gw;
+    },
     async stop() {
       if (exited === null) {
         child.kill("SIGTERM");
@@ -142,9 +172,10 @@ export async function startGateway(provider, extraToml = "") {
         await once(child, "exit").catch(() => {});
         clearTimeout(t);
       }
-      fs.rmSync(root, { recursive: true, force: true });
+      if (gw.root) fs.rmSync(gw.root, { recursive: true, force: true });
     },
   };
+  return gw;
 }
 
 /** Launches Debian's Chromium headless with a fresh user-data-dir (never a downloaded browser). */

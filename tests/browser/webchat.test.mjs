@@ -16,7 +16,7 @@ const STREAM_RECORDER = () => {
   window.__streamed = [];
   new MutationObserver(() => {
     for (const el of document.querySelectorAll(".msg.streaming")) {
-      const t = el.textContent;
+      const t = el.textContent.trim();
       if (window.__streamed[window.__streamed.length - 1] !== t) window.__streamed.push(t);
     }
   }).observe(document, { subtree: true, childList: true, characterData: true });
@@ -24,7 +24,7 @@ const STREAM_RECORDER = () => {
 
 /** The message text of a bubble, without its meta line. */
 const bubbleTexts = (page, selector) =>
-  page.$$eval(selector, (els) => els.map((el) => (el.firstChild && el.firstChild.nodeType === 3 ? el.firstChild.textContent : el.textContent)));
+  page.$$eval(selector, (els) => els.map((el) => (el.querySelector(".body") || el).textContent.trim()));
 
 describe("WebChat in a real browser", () => {
   let provider, gw, browser;
@@ -55,7 +55,7 @@ describe("WebChat in a real browser", () => {
   }
 
   async function send(page, text) {
-    await page.locator('[data-testid="input"]').fill(text);
+    await page.locator('[data-testid="composer"]').fill(text);
     await page.locator('[data-testid="send"]').click();
   }
 
@@ -65,9 +65,9 @@ describe("WebChat in a real browser", () => {
       (await bubbleTexts(page, ".msg.assistant:not(.streaming)")).includes(text));
   }
 
-  /** Every optimistic user bubble was confirmed by its persisted entry (session.message). */
+  /** The outbox is empty and every user bubble is a persisted entry (session.message). */
   async function allConfirmed(page) {
-    await waitFor("the user bubbles to be confirmed", async () => (await page.locator(".msg.user.pending").count()) === 0);
+    await waitFor("the outbox to be empty", async () => (await page.locator('[data-testid="outbox-item"]').count()) === 0);
     const keys = await page.$$eval(".msg.user", (els) => els.map((e) => Boolean(e.dataset.entryId)));
     assert.ok(keys.every(Boolean), "every user bubble carries its transcript entry id");
   }
@@ -181,16 +181,17 @@ describe("WebChat in a real browser", () => {
     assert.ok(abortReq, "the page sent chat.abort");
     const abortedEv = frames.find((f) => f.dir === "in" && f.frame.event === "chat" && f.frame.payload.state === "aborted");
     assert.ok(abortedEv, "the gateway announced the abort");
-    assert.equal(textOf(abortedEv.frame.payload.message), partial);
+    const persistedPartial = textOf(abortedEv.frame.payload.message);
+    assert.equal(persistedPartial.trim(), partial, "the page shows the partial the gateway kept");
 
     const msgs = checkChain(readTranscript(gw.stateDir));
     exactlyOnce(msgs, "user", said);
-    const kept = exactlyOnce(msgs, "assistant", partial);
+    const kept = exactlyOnce(msgs, "assistant", persistedPartial);
     assert.equal(kept.openclawAbort?.aborted, true, "the kept partial is marked as aborted");
     assert.equal(msgs.length, 6);
     assert.ok(!msgs.some((m) => textOf(m).includes("word39")), "no full reply was written after the stop");
 
-    await page.locator('[data-testid="input"]').fill("");
+    await page.locator('[data-testid="composer"]').fill("");
     await page.screenshot({ path: SCREENSHOT });
   });
 });

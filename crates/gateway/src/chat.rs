@@ -26,8 +26,8 @@ use unicode_normalization::UnicodeNormalization;
 /// Deltas go out at most this often per run.
 const DELTA_INTERVAL: Duration = Duration::from_millis(150);
 /// Largest decoded attachment, and all attachments of one message together.
-const MAX_ATTACHMENT_BYTES: usize = 5 * 1024 * 1024;
-const MAX_ATTACHMENTS_BYTES: usize = 20 * 1024 * 1024;
+pub const MAX_ATTACHMENT_BYTES: usize = 5 * 1024 * 1024;
+pub const MAX_ATTACHMENTS_BYTES: usize = 20 * 1024 * 1024;
 const MAX_MESSAGE_CHARS: usize = 200_000;
 /// Longest idempotency key.
 pub const MAX_KEY_CHARS: usize = 256;
@@ -121,13 +121,26 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
         Some(_) => return Err(RpcError::invalid("message must be a string")),
     };
     let images = parse_attachments(params)?;
-    if message.trim().is_empty() && images.is_empty() {
+    // Pincer: run the agent again for an existing user row (a sibling reply), writing no new row.
+    let regenerate = match params.get("regenerateEntryId") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) if !id.trim().is_empty() => Some(id.trim().to_owned()),
+        Some(_) => return Err(RpcError::invalid("regenerateEntryId must be a non-empty string")),
+    };
+    // OpenClaw's guard: the turn is refused when the active branch is not where the client thinks.
+    let expected_leaf = match params.get("expectedLeafEntryId") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(Value::String(id)) if !id.trim().is_empty() => Some(Some(id.trim().to_owned())),
+        Some(_) => return Err(RpcError::invalid("expectedLeafEntryId must be a non-empty string or null")),
+    };
+    if message.trim().is_empty() && images.is_empty() && regenerate.is_none() {
         return Err(RpcError::invalid("message or attachment required"));
     }
     let k = raw_key.to_owned();
     let session =
         gw.index(move |s| s.resolve(&k, true)).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
-    if images.is_empty() && is_stop(&message) {
+    if images.is_empty() && regenerate.is_none() && is_stop(&message) {
         let ids = abort_session(gw, &session.key, None, "stop-command");
         return Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}));
     }
@@ -156,6 +169,12 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
             return Err(e);
         }
     };
+    if resume.is_none() {
+        if let Err(e) = check_branch_point(gw, &session, expected_leaf.as_ref(), regenerate.as_deref()).await {
+            gw.dedupe_forget(&dedupe_key);
+            return Err(e);
+        }
+    }
     let Some(run) = gw.register_run_bounded(&run_id, &session.key, ctx.conn_id, MAX_QUEUED_PER_SESSION) else {
         gw.dedupe_forget(&dedupe_key);
         return Err(RpcError::unavailable(format!(
@@ -164,7 +183,7 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
         )));
     };
     let acked = ctx.after_response();
-    let turn = Turn { gw: gw.clone(), session, run, text: message, images, resume };
+    let turn = Turn { gw: gw.clone(), session, run, text: message, images, resume, regenerate };
     gw.tasks.spawn(async move {
         let _ = acked.await; // the ack goes out before any event of the run
         let (gw, session, run) = (turn.gw.clone(), turn.session.clone(), turn.run.clone());
@@ -177,10 +196,53 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
                     .unwrap_or_else(|| "panic".into()),
                 Err(e) => e.to_string(),
             };
-            Turn { gw, session, run, text: String::new(), images: vec![], resume: None }.crashed(&what).await;
+            Turn { gw, session, run, text: String::new(), images: vec![], resume: None, regenerate: None }
+                .crashed(&what)
+                .await;
         }
     });
     Ok(json!({"runId": run_id, "status": "started"}))
+}
+
+/// `expectedLeafEntryId` must be the session's leaf now; `regenerateEntryId` must be a user message
+/// of this session. Nothing is written when either is wrong.
+async fn check_branch_point(
+    gw: &Arc<Gateway>,
+    session: &SessionRef,
+    expected: Option<&Option<String>>,
+    regenerate: Option<&str>,
+) -> Result<(), RpcError> {
+    if expected.is_none() && regenerate.is_none() {
+        return Ok(());
+    }
+    let (gw2, s2, regen) = (gw.clone(), session.clone(), regenerate.map(str::to_owned));
+    let (leaf, target) = tokio::task::spawn_blocking(move || crate::tree::leaf_and_entry(&gw2, &s2, regen.as_deref()))
+        .await
+        .map_err(|e| RpcError::unavailable(format!("transcript check failed: {e}")))??;
+    if let Some(want) = expected {
+        if want != &leaf {
+            return Err(RpcError::invalid(format!(
+                "the active branch of {} moved (its leaf is {}, expectedLeafEntryId is {}); reload and send again",
+                session.key,
+                leaf.as_deref().unwrap_or("null"),
+                want.as_deref().unwrap_or("null"),
+            )));
+        }
+    }
+    if let Some(id) = regenerate {
+        let role = target.as_ref().and_then(|e| e.get("message")).and_then(|m| m.get("role")).and_then(Value::as_str);
+        match (target.is_some(), role) {
+            (false, _) => {
+                return Err(RpcError::invalid(format!(
+                    "regenerateEntryId {id} is not an entry of session {}",
+                    session.key
+                )))
+            }
+            (true, Some("user")) => {}
+            (true, _) => return Err(RpcError::invalid(format!("regenerateEntryId {id} is not a user message"))),
+        }
+    }
+    Ok(())
 }
 
 /// [`crate::turns::on_disk`] off the async threads; errors name the transcript.
@@ -244,6 +306,8 @@ struct Turn {
     images: Vec<Value>,
     /// The turn's user entry when it is being resumed after a restart (nothing new is written).
     resume: Option<Value>,
+    /// A user row to answer again: the leaf moves there and no user row is written.
+    regenerate: Option<String>,
 }
 
 impl Turn {
@@ -298,7 +362,7 @@ impl Turn {
             }
         };
         self.agent_event("lifecycle", json!({"phase": "start"}));
-        let command = slash_command(&self.text).filter(|_| self.images.is_empty());
+        let command = slash_command(&self.text).filter(|_| self.images.is_empty() && self.regenerate.is_none());
         if let (Some(_), Some(_)) = (command, &self.resume) {
             self.reply("This command was interrupted by a restart before it was answered; send it again.").await;
             self.finish(Ok(json!({"runId": self.run.run_id, "status": "interrupted"})));
@@ -424,6 +488,7 @@ impl Turn {
                         text: String::new(),
                         images: vec![],
                         resume: None,
+                        regenerate: None,
                     };
                     self.gw.hub.publish(
                         "sessions.changed",
@@ -475,7 +540,21 @@ impl Turn {
     }
 
     async fn agent_turn(&self) {
-        if self.resume.is_some() {
+        if let Some(target) = &self.regenerate {
+            // A sibling reply: the leaf moves to the user row, the run answers from there.
+            if let Err(e) = self.gw.append(&self.session, crate::tree::leaf_entry(Some(target))).await {
+                let (kind, message) = persist_failure(&e);
+                self.fail(&message, kind, None);
+                return;
+            }
+            self.gw.hub.publish(
+                "sessions.changed",
+                Some(&self.session.key),
+                json!({"sessionKey": self.session.key, "reason": "regenerate", "leafEntryId": target, "ts": now_ms()}),
+                true,
+                crate::hub::Audience::SessionsWatchers,
+            );
+        } else if self.resume.is_some() {
             // The user row is on disk from before a restart: record that it runs again (once).
             let why = "the turn's reply was never written; running it again for the same user row";
             let marker = crate::turns::marker(crate::turns::RESUMED, &self.run.run_id, why);

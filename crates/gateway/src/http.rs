@@ -1,4 +1,5 @@
-//! HTTP on the gateway port: a plain `GET /` is the WebChat page and a WebSocket upgrade on any path
+//! HTTP on the gateway port: a plain `GET /` is the WebChat page (its files under `/webchat/`,
+//! [`crate::assets`]) and a WebSocket upgrade on any path
 //! is the RPC socket (after the Origin and Host checks: a web page of another origin, or a
 //! rebound DNS name, gets 403); `/healthz`; `GET /api/sessions/{key}/events`, the session's `chat`
 //! and `session.message` events as Server-Sent Events with catch-up after `Last-Event-ID`; and,
@@ -12,7 +13,7 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{Extension, Path, Query, State, WebSocketUpgrade};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use futures::stream::{self, Stream, StreamExt};
@@ -20,8 +21,6 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
-
-const WEBCHAT: &str = include_str!("webchat.html");
 
 pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
@@ -33,6 +32,32 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
     Json(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// The ready-to-open WebChat address for a listening address: `http://host:port/#token=…` (the
+/// page stores the token and removes it from the address bar). An unspecified bind address
+/// (`0.0.0.0`, `::`) is shown as loopback, the one address sure to reach it from this machine.
+pub fn webchat_url(addr: std::net::SocketAddr, auth: &AuthMode) -> String {
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_string(),
+        ip if ip.is_unspecified() => "[::1]".to_string(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+    };
+    let base = format!("http://{host}:{}/", addr.port());
+    match auth {
+        AuthMode::Token(t) if !t.is_empty() => {
+            let enc: String = t
+                .bytes()
+                .map(|b| match b {
+                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+                    _ => format!("%{b:02X}"),
+                })
+                .collect();
+            format!("{base}#token={enc}")
+        }
+        _ => base,
+    }
 }
 
 /// The host part of a `Host` header or origin authority (`[v6]:port`, `name:port`, `name`).
@@ -101,7 +126,10 @@ async fn root(
     }
     let path = uri.path();
     if path == "/" || path == "/index.html" {
-        return ([(header::CACHE_CONTROL, "no-store")], Html(WEBCHAT)).into_response();
+        return crate::assets::serve("index.html", &headers);
+    }
+    if let Some(rel) = path.strip_prefix(crate::assets::PREFIX) {
+        return crate::assets::serve(rel, &headers);
     }
     if let (Some(rest), Some(dir)) = (path.strip_prefix("/control"), gw.settings.control_ui_dir.as_ref()) {
         return control_ui(dir, rest).await;
@@ -247,4 +275,19 @@ fn event_stream(
         futures::future::ready(out)
     });
     stream::iter(first).chain(live).map(Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_webchat_url_is_ready_to_open() {
+        let a: std::net::SocketAddr = "0.0.0.0:18789".parse().expect("addr");
+        assert_eq!(webchat_url(a, &AuthMode::Token("ab+c/d=".into())), "http://127.0.0.1:18789/#token=ab%2Bc%2Fd%3D");
+        let a: std::net::SocketAddr = "[::]:80".parse().expect("addr");
+        assert_eq!(webchat_url(a, &AuthMode::None), "http://[::1]:80/");
+        let a: std::net::SocketAddr = "[fe80::1]:8080".parse().expect("addr");
+        assert_eq!(webchat_url(a, &AuthMode::Token("t".into())), "http://[fe80::1]:8080/#token=t");
+    }
 }

@@ -13,6 +13,7 @@
 //! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
 //! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
 
+pub mod assets;
 pub mod chat;
 pub mod compact;
 pub mod config;
@@ -25,6 +26,7 @@ pub mod protocol;
 pub mod server;
 pub mod sessions;
 pub mod state;
+pub mod tree;
 pub mod turns;
 pub mod ws;
 

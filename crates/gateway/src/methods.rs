@@ -27,6 +27,9 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             | "chat.abort"
             | "sessions.messages.subscribe"
             | "sessions.compact"
+            | "chat.message.get"
+            | "sessions.branches.switch"
+            | "sessions.rewind"
     ) {
         let raw = params.get("sessionKey").or_else(|| params.get("key")).and_then(Value::as_str);
         if let Some(Ok((key, _))) = raw.map(canonical_key) {
@@ -39,6 +42,15 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         "chat.history" | "chat.startup" => chat::history(gw, params).await,
         "chat.abort" => chat::abort(gw, params).await,
         "chat.inject" => chat::inject(gw, params).await,
+        "chat.message.get" => crate::tree::message_get(gw, params).await,
+        "sessions.branches.list" => crate::tree::branches_list(gw, params).await,
+        "sessions.branches.switch" => crate::tree::branches_switch(gw, params).await,
+        "sessions.rewind" => crate::tree::rewind(gw, params).await,
+        "sessions.fork" => crate::tree::fork(gw, params).await,
+        "sessions.tree" => crate::tree::tree(gw, params).await,
+        "sessions.label" => crate::tree::label(gw, params).await,
+        "sessions.archives.list" => blocking(gw, params, archives_list).await,
+        "sessions.archives.get" => archives_get(gw, params).await,
         "sessions.list" => blocking(gw, params, sessions_list).await,
         "sessions.create" => sessions_create(gw, ctx, params).await,
         "sessions.patch" => blocking(gw, params, sessions_patch).await,
@@ -98,6 +110,13 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
                 .collect();
             Ok(json!({"models": models, "default": gw.settings.model}))
         }
+        // Pincer: the real paths for the WebChat's hints (never `~/.pincer` when the state is elsewhere).
+        "pincer.info" => Ok(json!({"version": env!("CARGO_PKG_VERSION"),
+            "stateDir": gw.settings.state_dir.display().to_string(),
+            "configFile": gw.settings.state_dir.join("pincer.toml").display().to_string(),
+            "tokenSource": gw.settings.token_source, "model": gw.settings.model,
+            "modelIsFallback": gw.settings.model_is_fallback,
+            "limits": {"attachmentBytes": chat::MAX_ATTACHMENT_BYTES, "attachmentsBytes": chat::MAX_ATTACHMENTS_BYTES}})),
         "connect" => Err(RpcError::invalid("already connected")),
         other => Err(RpcError::invalid(format!("unknown method: {other}"))),
     }
@@ -136,7 +155,26 @@ fn changed(gw: &Gateway, key: &str, reason: &str) {
 fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let agent = str_param(params, "agentId");
     let limit = params.get("limit").and_then(Value::as_u64).unwrap_or(200).min(1000) as usize;
-    let rows: Vec<Value> = gw.sessions.list(agent)?.iter().take(limit).map(SessionRef::row).collect();
+    let titles = params.get("includeDerivedTitles").and_then(Value::as_bool).unwrap_or(false);
+    // Archived sessions (`sessions.patch {archived: true}`) are left out unless asked for.
+    let archived = match params.get("includeArchived") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(RpcError::invalid("includeArchived must be a boolean")),
+    };
+    let rows: Vec<Value> = (gw.sessions.list(agent)?.iter())
+        .filter(|s| archived || !s.entry.contains_key("archivedAt"))
+        .take(limit)
+        .map(|s| {
+            let mut row = s.row();
+            if titles {
+                let (title, count) = transcript_summary(&s.path);
+                row["derivedTitle"] = json!(title);
+                row["messageCount"] = json!(count);
+            }
+            row
+        })
+        .collect();
     Ok(json!({"ts": pincer_store::ids::now_ms(), "count": rows.len(), "sessions": rows,
         "defaults": {"model": gw.settings.model, "mainSessionKey": crate::sessions::MAIN_KEY}}))
 }
@@ -197,6 +235,16 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
                 check_field(k, v)?;
                 fields.insert(k.clone(), v.clone());
             }
+            // Archiving hides the session from `sessions.list` (it stays on disk, restorable).
+            "archived" => match v {
+                Value::Bool(true) => {
+                    fields.insert("archivedAt".into(), json!(pincer_store::ids::now_ms()));
+                }
+                Value::Bool(false) | Value::Null => {
+                    fields.insert("archivedAt".into(), Value::Null);
+                }
+                _ => return Err(RpcError::invalid("archived must be a boolean")),
+            },
             _ => {} // fields Pincer does not use are accepted and ignored, as the Control UI sends many
         }
     }
@@ -261,4 +309,95 @@ fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     changed(gw, &key, "delete");
     let archived: Vec<String> = archived.iter().map(|p| p.display().to_string()).collect();
     Ok(json!({"ok": true, "key": key, "deleted": deleted, "archived": archived}))
+}
+
+/// Largest transcript read for a title and message count in `sessions.list`.
+const SUMMARY_MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The first user message (one line, shortened) and the number of user and assistant messages.
+fn transcript_summary(path: &std::path::Path) -> (Option<String>, usize) {
+    let too_big = std::fs::metadata(path).map(|m| m.len() > SUMMARY_MAX_BYTES).unwrap_or(true);
+    let Ok(bytes) = (if too_big { Err(()) } else { std::fs::read(path).map_err(|_| ()) }) else { return (None, 0) };
+    let (mut title, mut count) = (None, 0);
+    for line in bytes.split(|b| *b == b'\n') {
+        let has = |needle: &[u8]| line.windows(needle.len()).any(|w| w == needle);
+        if !has(b"\"type\":\"message\"") {
+            continue;
+        }
+        let user = has(b"\"role\":\"user\"");
+        if user || has(b"\"role\":\"assistant\"") {
+            count += 1;
+        }
+        if user && title.is_none() {
+            title = serde_json::from_slice::<Value>(line)
+                .ok()
+                .map(|v| crate::tree::display_text(&v["message"]))
+                .filter(|t| !t.is_empty());
+        }
+    }
+    (title, count)
+}
+
+/// Transcripts moved aside by `/new`, `sessions.reset` and `sessions.delete` (`<file>.<reason>.<ts>`).
+fn archive_files(gw: &Gateway, agent: &str) -> Vec<(String, String, std::path::PathBuf)> {
+    let dir = gw.sessions.sessions_dir(agent);
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((_, rest)) = name.split_once(".jsonl.") else { continue };
+        let Some((reason, stamp)) = rest.split_once('.') else { continue };
+        if matches!(reason, "reset" | "deleted" | "new") && !stamp.is_empty() {
+            out.push((name.clone(), reason.to_owned(), e.path()));
+        }
+    }
+    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out
+}
+
+/// `sessions.archives.list` (Pincer): archived transcripts, newest first, with a title and size.
+fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    let agent = str_param(params, "agentId").unwrap_or(crate::sessions::DEFAULT_AGENT);
+    if !gw.sessions.known_agent(agent) {
+        return Err(RpcError::invalid(format!("unknown agent id {agent:?}")));
+    }
+    let mut rows = Vec::new();
+    for (file, reason, path) in archive_files(gw, agent).into_iter().take(200) {
+        let h = pincer_store::history::read_history(
+            &path,
+            pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200 },
+        )
+        .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+        let count = h.messages.iter().filter(|m| matches!(m["role"].as_str(), Some("user" | "assistant"))).count();
+        let title = h.messages.iter().find(|m| m["role"] == "user").map(crate::tree::display_text).unwrap_or_default();
+        let modified = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64);
+        rows.push(
+            json!({"file": file, "reason": reason, "archivedAt": modified, "title": title, "messageCount": count}),
+        );
+    }
+    Ok(json!({"agentId": agent, "archives": rows}))
+}
+
+/// `sessions.archives.get` (Pincer): the messages of one archived transcript, read-only.
+async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let file = required_str(params, "file")?.to_owned();
+    let agent = str_param(params, "agentId").unwrap_or(crate::sessions::DEFAULT_AGENT).to_owned();
+    let gw2 = gw.clone();
+    tokio::task::spawn_blocking(move || {
+        if !gw2.sessions.known_agent(&agent) {
+            return Err(RpcError::invalid(format!("unknown agent id {agent:?}")));
+        }
+        // Only a name the listing gives: never a path of the client's choosing.
+        let Some((_, _, path)) = archive_files(&gw2, &agent).into_iter().find(|(n, _, _)| *n == file) else {
+            return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
+        };
+        let h = pincer_store::history::read_history(&path, pincer_store::history::HistoryOptions::default())
+            .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+        Ok(json!({"file": file, "messages": h.messages}))
+    })
+    .await
+    .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?
 }

@@ -42,6 +42,16 @@ pub const METHODS: &[&str] = &[
     "agents.list",
     "agent.identity.get",
     "models.list",
+    "chat.message.get",
+    "sessions.branches.list",
+    "sessions.branches.switch",
+    "sessions.rewind",
+    "sessions.fork",
+    "sessions.tree",
+    "sessions.label",
+    "sessions.archives.list",
+    "sessions.archives.get",
+    "pincer.info",
 ];
 
 /// Events emitted.

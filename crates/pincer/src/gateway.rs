@@ -17,6 +17,9 @@ pub struct GatewayArgs {
     /// Config file (default <state>/pincer.toml).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Print the ready-to-open WebChat URL (with the token) and exit without starting the gateway.
+    #[arg(long)]
+    print_url: bool,
 }
 
 /// Large buffers (history answers, frames queued for a slow reader) go back to the system when
@@ -35,11 +38,16 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
     let settings =
         config::load(&Overrides { offline: false, bind: args.bind, state_dir: args.state_dir, config: args.config })
             .map_err(Failure::usage)?;
+    if args.print_url {
+        println!("{}", pincer_gateway::http::webchat_url(settings.bind, &settings.auth));
+        return Ok(0);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::failed(format!("cannot start the runtime: {e}")))?;
     let token_source = settings.token_source.clone();
+    let auth = settings.auth.clone();
     let auth_none = settings.auth == AuthMode::None;
     let model = settings.model.clone();
     let fallback = settings.model_is_fallback;
@@ -47,11 +55,11 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
     runtime
         .block_on(pincer_gateway::serve(settings, shutdown_signal(), move |l| {
             tracing::info!("Pincer gateway listening on ws://{} (state {})", l.addr, state_dir.display());
-            tracing::info!("WebChat: http://{}/", l.addr);
+            tracing::info!("WebChat: open {}", pincer_gateway::http::webchat_url(l.addr, &auth));
             if auth_none {
                 tracing::warn!("authentication is off (gateway.auth.mode = \"none\"); loopback only");
             } else {
-                tracing::info!("gateway token: {token_source} (open http://{}/#token=<token> once to store it in the browser)", l.addr);
+                tracing::info!("gateway token: {token_source} (the WebChat link above carries it; the page stores it and drops it from the address bar)");
             }
             if fallback {
                 tracing::warn!("no model provider configured: using the offline echo model pincer/echo; set OPENAI_API_KEY or ANTHROPIC_API_KEY, or add [models.providers.<name>] to {}", state_dir.join("pincer.toml").display());

@@ -452,8 +452,16 @@ fn healthz_and_the_webchat_page_are_served() {
     let health = rt.block_on(raw_get(&s.gw.addr, "/healthz", "", None));
     assert!(health.contains("\"ok\":true"), "{health}");
     let log = s.gw.log_text();
-    assert!(log.contains("WebChat: http://"), "{log}");
-    assert!(!log.contains(TOKEN), "the token must not be logged");
+    // The ready-to-open link (issue 10): the only line that carries the token.
+    assert!(log.contains(&format!("WebChat: open http://{}/#token={TOKEN}", s.gw.addr)), "{log}");
+    assert_eq!(log.lines().filter(|l| l.contains(TOKEN)).count(), 1, "the token is in the WebChat link only: {log}");
+    // The page's files come from the binary with their types, and the page carries its CSP.
+    let page = rt.block_on(raw_get(&s.gw.addr, "/", "", None)).to_ascii_lowercase();
+    assert!(page.contains("content-security-policy: default-src 'none'; script-src 'self'"), "{page}");
+    let js = rt.block_on(raw_get(&s.gw.addr, "/webchat/js/main.js", "", None)).to_ascii_lowercase();
+    assert!(js.starts_with("http/1.1 200") && js.contains("content-type: text/javascript"), "{js}");
+    let missing = rt.block_on(raw_get(&s.gw.addr, "/webchat/../sessions.json", "", None));
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,575 @@
+//! The session tree over the protocol, with OpenClaw 2026.9.6's method names and shapes:
+//! `sessions.branches.list` (the tips one can switch to), `sessions.branches.switch` (moves the
+//! active leaf to a tip), `sessions.rewind` (moves it to the parent of a user message on the active
+//! path and hands its text back for editing), `sessions.fork` (a new session holding the active
+//! path before a user message) and `chat.message.get` (one entry in full). Pincer adds
+//! `sessions.tree` (the message nodes with their parents and tips, for the WebChat's "‹ 2/3 ›").
+//!
+//! A move of the leaf is one `leaf` control entry whose `parentId` is also its `targetId`: OpenClaw
+//! reads the target, and Pi (whose leaf is the last line) walks from that line through the target,
+//! so both build the same context. Nothing is written when the input is wrong: the errors name the
+//! session or the entry that was not found or not allowed.
+
+use crate::hub::Audience;
+use crate::protocol::{int_param, required_str, RpcError};
+use crate::sessions::SessionRef;
+use crate::state::Gateway;
+use pincer_store::history::project_entry;
+use pincer_store::session::{Kind, Session};
+use pincer_store::{NewEntry, ParentChoice};
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Longest branch headline, in characters (OpenClaw's `BRANCH_HEADLINE_MAX_CHARS`).
+const HEADLINE_CHARS: usize = 120;
+/// `chat.message.get`'s default and largest `maxChars`.
+const MESSAGE_MAX_CHARS: u64 = 2_000_000;
+
+/// One entry of the tree, parents seen through `leaf` controls. Only what every method needs is
+/// read up front (id, parent, type, a message's role); the entry itself is decoded when asked for.
+struct Node {
+    id: String,
+    parent: Option<String>,
+    kind: Kind,
+    role: Option<String>,
+    /// Index in the parsed session.
+    at: usize,
+    value: std::cell::OnceCell<Value>,
+}
+
+/// A transcript as a tree, with the leaf the store appends to.
+struct Tree {
+    parsed: Session,
+    nodes: Vec<Node>,
+    by_id: HashMap<String, usize>,
+    leaf: Option<String>,
+}
+
+/// A message's role from its raw JSON: Pi writes `role` first, so this rarely decodes the message.
+fn raw_role(raw: &str) -> Option<String> {
+    let quick = raw.strip_prefix("{\"role\":\"").and_then(|rest| rest.split('"').next());
+    if let Some(r) = quick.filter(|r| !r.contains('\\')) {
+        return Some(r.to_owned());
+    }
+    serde_json::from_str::<Value>(raw).ok()?.get("role")?.as_str().map(str::to_owned)
+}
+
+impl Tree {
+    fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, RpcError> {
+        let bytes = match std::fs::read(&s.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(RpcError::unavailable(format!("cannot read {}: {e}", s.path.display()))),
+        };
+        let leaf = match bytes.is_empty() {
+            true => None,
+            false => gw.store.leaf(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read the leaf: {e}")))?,
+        };
+        let parsed = Session::parse(bytes);
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut by_id = HashMap::new();
+        for (i, e) in parsed.entries.iter().enumerate() {
+            let Some(id) = e.id.as_deref() else { continue };
+            let value = std::cell::OnceCell::new();
+            let raw_parent = match e.kind {
+                // OpenClaw's reading: a leaf control hangs under its target.
+                Kind::Leaf => {
+                    let v = value.get_or_init(|| parsed.value(i).unwrap_or(Value::Null));
+                    v.get("targetId").and_then(Value::as_str).map(str::to_owned)
+                }
+                _ => parsed.parent_index(i).and_then(|p| parsed.entries[p].id.as_deref()).map(str::to_owned),
+            };
+            let role = match e.kind {
+                Kind::Message => parsed.raw_message(i).and_then(|m| raw_role(&m)),
+                _ => None,
+            };
+            by_id.insert(id.to_owned(), nodes.len());
+            nodes.push(Node { id: id.to_owned(), parent: raw_parent, kind: e.kind, role, at: i, value });
+        }
+        // Children of a leaf control continue from its target.
+        for i in 0..nodes.len() {
+            let mut p = nodes[i].parent.clone();
+            let mut hops = 0;
+            while let Some(pi) = p.as_ref().and_then(|id| by_id.get(id)).copied() {
+                if nodes[pi].kind != Kind::Leaf || hops > nodes.len() || pi == i {
+                    break;
+                }
+                p = nodes[pi].parent.clone();
+                hops += 1;
+            }
+            if nodes[i].kind != Kind::Leaf {
+                nodes[i].parent = p;
+            }
+        }
+        Ok(Tree { parsed, nodes, by_id, leaf })
+    }
+
+    /// The entry as it is on disk (decoded once).
+    fn value<'a>(&'a self, n: &'a Node) -> &'a Value {
+        n.value.get_or_init(|| self.parsed.value(n.at).unwrap_or(Value::Null))
+    }
+
+    fn get(&self, id: &str) -> Option<&Node> {
+        self.by_id.get(id).map(|&i| &self.nodes[i])
+    }
+
+    /// Root-first path to `id` (leaf controls left out).
+    fn path(&self, id: Option<&str>) -> Vec<&Node> {
+        let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        let mut cur = id.and_then(|i| self.get(i));
+        while let Some(n) = cur {
+            if !seen.insert(n.id.as_str()) {
+                break;
+            }
+            if n.kind != Kind::Leaf {
+                out.push(n);
+            }
+            cur = n.parent.as_deref().and_then(|p| self.get(p));
+        }
+        out.reverse();
+        out
+    }
+
+    /// Entries one can switch to: the active leaf and every entry without children (OpenClaw's
+    /// `selectSessionTranscriptTreeTipNodes`), newest first with the active one ahead.
+    fn tips(&self) -> Vec<&Node> {
+        let parents: HashSet<&str> =
+            self.nodes.iter().filter(|n| n.kind != Kind::Leaf).filter_map(|n| n.parent.as_deref()).collect();
+        let mut tips: Vec<(usize, &Node)> = (self.nodes.iter().enumerate())
+            .filter(|(_, n)| n.kind != Kind::Leaf)
+            .filter(|(_, n)| self.leaf.as_deref() == Some(n.id.as_str()) || !parents.contains(n.id.as_str()))
+            .collect();
+        tips.sort_by_key(|(i, n)| (self.leaf.as_deref() != Some(n.id.as_str()), std::cmp::Reverse(*i)));
+        tips.into_iter().map(|(_, n)| n).collect()
+    }
+}
+
+/// The leaf the store appends to, and the entry `id` (if given) as it is on disk.
+pub fn leaf_and_entry(
+    gw: &Gateway,
+    s: &SessionRef,
+    id: Option<&str>,
+) -> Result<(Option<String>, Option<Value>), RpcError> {
+    let tree = Tree::load(gw, s)?;
+    let entry = id.and_then(|i| tree.get(i)).map(|n| tree.value(n).clone());
+    Ok((tree.leaf, entry))
+}
+
+fn role(n: &Node) -> Option<&str> {
+    n.role.as_deref()
+}
+
+/// The text blocks of a message, joined.
+fn text_of(message: &Value) -> String {
+    match message.get("content") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(blocks)) => blocks
+            .iter()
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// The text of a projected message as one trimmed line (titles, headlines).
+pub fn display_text(message: &Value) -> String {
+    let text = text_of(message).split_whitespace().collect::<Vec<_>>().join(" ");
+    match text.chars().count() > HEADLINE_CHARS {
+        true => text.chars().take(HEADLINE_CHARS - 1).collect::<String>() + "…",
+        false => text,
+    }
+}
+
+fn headline(tree: &Tree, path: &[&Node]) -> String {
+    for n in path.iter().rev() {
+        if !matches!(role(n), Some("user" | "assistant")) {
+            continue;
+        }
+        let text = display_text(&tree.value(n)["message"]);
+        if !text.is_empty() {
+            return text;
+        }
+    }
+    String::new()
+}
+
+/// The session of `sessionKey` (and `agentId`, which must agree with it), if it exists.
+fn find_session(gw: &Gateway, params: &Value) -> Result<Option<SessionRef>, RpcError> {
+    let key = required_str(params, "sessionKey")?;
+    if let Some(agent) = params.get("agentId").and_then(Value::as_str) {
+        let (_, from_key) = crate::sessions::canonical_key(key)?;
+        if agent != from_key {
+            return Err(RpcError::invalid(format!("agentId {agent:?} does not match sessionKey {key:?}")));
+        }
+    }
+    gw.sessions.resolve(key, false)
+}
+
+/// The session a tree method works on; unknown sessions are an error.
+fn session_of(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
+    find_session(gw, params)?
+        .ok_or_else(|| RpcError::invalid(format!("session not found: {}", params["sessionKey"].as_str().unwrap_or(""))))
+}
+
+async fn blocking<T: Send + 'static>(
+    gw: &Arc<Gateway>,
+    f: impl FnOnce(&Gateway) -> Result<T, RpcError> + Send + 'static,
+) -> Result<T, RpcError> {
+    let gw = gw.clone();
+    tokio::task::spawn_blocking(move || f(&gw)).await.map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?
+}
+
+/// `sessions.branches.list`.
+pub async fn branches_list(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let params = params.clone();
+    blocking(gw, move |gw| {
+        // OpenClaw answers an unknown session with no branches.
+        let Some(s) = find_session(gw, &params)? else { return Ok(json!({"branches": []})) };
+        let tree = Tree::load(gw, &s)?;
+        let branches: Vec<Value> = (tree.tips().into_iter())
+            .map(|tip| {
+                let path = tree.path(Some(&tip.id));
+                let mut b = json!({
+                    "leafEntryId": tip.id,
+                    "headline": headline(&tree, &path),
+                    "messageCount": path.iter().filter(|n| n.kind == Kind::Message).count(),
+                    "active": tree.leaf.as_deref() == Some(tip.id.as_str()),
+                });
+                if let Some(ts) =
+                    tree.value(tip).get("timestamp").and_then(Value::as_str).filter(|t| !t.trim().is_empty())
+                {
+                    b["updatedAt"] = json!(ts);
+                }
+                b
+            })
+            .collect();
+        Ok(json!({"branches": branches}))
+    })
+    .await
+}
+
+/// `sessions.tree` (Pincer): every message with its parent and the newest tip below it.
+pub async fn tree(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let params = params.clone();
+    blocking(gw, move |gw| {
+        let s = session_of(gw, &params)?;
+        let tree = Tree::load(gw, &s)?;
+        // The newest tip under each entry: walk the tips newest first and claim their ancestors.
+        let mut tip_of: HashMap<&str, &str> = HashMap::new();
+        let mut tips = tree.tips();
+        tips.sort_by_key(|n| std::cmp::Reverse(tree.by_id.get(&n.id).copied().unwrap_or(0)));
+        for tip in tips {
+            for n in tree.path(Some(&tip.id)) {
+                tip_of.entry(n.id.as_str()).or_insert(tip.id.as_str());
+            }
+        }
+        let nodes: Vec<Value> = (tree.nodes.iter())
+            .filter_map(|n| {
+                let r = role(n)?;
+                Some(json!({"id": n.id, "parentId": n.parent, "role": r, "tipId": tip_of.get(n.id.as_str())}))
+            })
+            .collect();
+        let labels = labels(&tree);
+        Ok(json!({"sessionKey": s.key, "leafId": tree.leaf, "nodes": nodes, "labels": labels}))
+    })
+    .await
+}
+
+/// Pi's labels: the latest `label` entry per target wins; a falsy label clears it.
+fn labels(tree: &Tree) -> Value {
+    let mut out = serde_json::Map::new();
+    for n in tree.nodes.iter().filter(|n| n.kind == Kind::Label) {
+        let v = tree.value(n);
+        let Some(target) = v.get("targetId").and_then(Value::as_str) else { continue };
+        match v.get("label").and_then(Value::as_str).filter(|l| !l.is_empty()) {
+            Some(l) => out.insert(target.to_owned(), json!(l)),
+            None => out.remove(target),
+        };
+    }
+    Value::Object(out)
+}
+
+/// Tells every page of the session that its active branch changed.
+fn announce(gw: &Gateway, s: &SessionRef, reason: &str, leaf: Option<&str>) {
+    gw.hub.publish(
+        "sessions.changed",
+        Some(&s.key),
+        json!({"sessionKey": s.key, "reason": reason, "leafEntryId": leaf, "ts": pincer_store::ids::now_ms()}),
+        true,
+        Audience::SessionsWatchers,
+    );
+}
+
+/// Refuses tree changes while a turn of the session runs (OpenClaw's rule).
+fn idle(gw: &Gateway, s: &SessionRef, what: &str) -> Result<(), RpcError> {
+    match gw.runs_of(&s.key).is_empty() {
+        true => Ok(()),
+        false => Err(RpcError::unavailable(format!("{what} is unavailable while the agent is working."))),
+    }
+}
+
+/// The entry that moves the active leaf to `target` (see the module doc).
+pub fn leaf_entry(target: Option<&str>) -> NewEntry {
+    let mut e = NewEntry::move_leaf(target);
+    e.parent = match target {
+        Some(t) => ParentChoice::Entry(t.to_owned()),
+        None => ParentChoice::Root,
+    };
+    e
+}
+
+/// `sessions.branches.switch`.
+pub async fn branches_switch(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let target = required_str(params, "leafEntryId")?.trim().to_owned();
+    let p = params.clone();
+    let t = target.clone();
+    let s = blocking(gw, move |gw| {
+        let s = session_of(gw, &p)?;
+        check_not_archived(&s, "Branch switch")?;
+        let tree = Tree::load(gw, &s)?;
+        let Some(node) = tree.get(&t) else {
+            return Err(RpcError::invalid(format!("branch entry not found: {t} (not in session {})", s.key)));
+        };
+        if node.kind == Kind::Leaf || !tree.tips().iter().any(|n| n.id == t) {
+            return Err(RpcError::invalid(format!("entry is not a branch tip: {t}")));
+        }
+        if tree.leaf.as_deref() == Some(t.as_str()) {
+            return Err(RpcError::invalid(format!("branch is already active: {t}")));
+        }
+        Ok(s)
+    })
+    .await?;
+    move_leaf(gw, &s, Some(&target), "Branch switch", "branch-switch").await?;
+    Ok(json!({}))
+}
+
+/// Appends the leaf move in the session's queue (never beside a turn being written).
+async fn move_leaf(
+    gw: &Arc<Gateway>,
+    s: &SessionRef,
+    target: Option<&str>,
+    what: &str,
+    reason: &str,
+) -> Result<(), RpcError> {
+    idle(gw, s, what)?;
+    let cancel = gw.stopping();
+    let _slot = gw.queue.acquire(&s.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
+    idle(gw, s, what)?;
+    gw.append(s, leaf_entry(target))
+        .await
+        .map_err(|e| RpcError::unavailable(format!("cannot write the branch change: {e}")))?;
+    announce(gw, s, reason, target);
+    Ok(())
+}
+
+fn check_not_archived(s: &SessionRef, what: &str) -> Result<(), RpcError> {
+    match s.entry.contains_key("archivedAt") {
+        true => Err(RpcError::invalid(format!("{what} is unavailable for archived sessions."))),
+        false => Ok(()),
+    }
+}
+
+/// A user message on the active path: its parent, text and the path before it.
+struct Cut {
+    parent: Option<String>,
+    text: String,
+    prefix: Vec<Value>,
+}
+
+fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, RpcError> {
+    let tree = Tree::load(gw, s)?;
+    let Some(node) = tree.get(entry_id) else {
+        return Err(RpcError::invalid(format!("message entry not found: {entry_id} (not in session {})", s.key)));
+    };
+    if role(node) != Some("user") {
+        return Err(RpcError::invalid(format!("entry is not a user message: {entry_id}")));
+    }
+    let path = tree.path(tree.leaf.as_deref());
+    let Some(at) = path.iter().position(|n| n.id == entry_id) else {
+        return Err(RpcError::invalid(format!("message entry is not on the active path: {entry_id}")));
+    };
+    Ok(Cut {
+        parent: node.parent.clone(),
+        text: text_of(&tree.value(node)["message"]),
+        prefix: path[..at].iter().map(|n| tree.value(n).clone()).collect(),
+    })
+}
+
+/// `sessions.rewind`: the leaf goes to the parent of a user message; its text comes back.
+pub async fn rewind(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let entry_id = required_str(params, "entryId")?.trim().to_owned();
+    let p = params.clone();
+    let (s, cut) = blocking(gw, move |gw| {
+        let s = session_of(gw, &p)?;
+        check_not_archived(&s, "Rewind")?;
+        let cut = cut_at(gw, &s, &entry_id)?;
+        Ok((s, cut))
+    })
+    .await?;
+    move_leaf(gw, &s, cut.parent.as_deref(), "Rewind", "rewind").await?;
+    Ok(match cut.text.is_empty() {
+        true => json!({}),
+        false => json!({"editorText": cut.text}),
+    })
+}
+
+/// `sessions.fork`: a new dashboard session holding the active path before a user message.
+pub async fn fork(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let entry_id = required_str(params, "entryId")?.trim().to_owned();
+    let p = params.clone();
+    let (source, cut) = blocking(gw, move |gw| {
+        let s = session_of(gw, &p)?;
+        let cut = cut_at(gw, &s, &entry_id)?;
+        Ok((s, cut))
+    })
+    .await?;
+    let key = format!("agent:{}:dashboard:{}", source.agent_id, uuid::Uuid::new_v4());
+    let k = key.clone();
+    let label = source.entry.get("label").and_then(Value::as_str).map(|l| format!("Fork of {l}"));
+    let created = blocking(gw, move |gw| {
+        let s = gw.sessions.resolve(&k, true)?.ok_or_else(|| RpcError::unavailable("session not created"))?;
+        if let Some(l) = label {
+            let mut f = serde_json::Map::new();
+            f.insert("label".into(), json!(l.chars().take(crate::methods::MAX_LABEL_CHARS).collect::<String>()));
+            return gw.sessions.patch(&k, &f);
+        }
+        Ok(s)
+    })
+    .await?;
+    let (store, path, sid) = (gw.store.clone(), created.path.clone(), created.session_id.clone());
+    tokio::task::spawn_blocking(move || store.ensure_created(&path, Some(&sid)))
+        .await
+        .map_err(|e| RpcError::unavailable(e.to_string()))?
+        .map_err(|e| RpcError::unavailable(format!("cannot create the transcript: {e}")))?;
+    // The store gives the copies new ids: references between them (a compaction's first kept
+    // entry, a label's target) follow.
+    let mut ids: HashMap<String, String> = HashMap::new();
+    for entry in cut.prefix {
+        let Some(obj) = entry.as_object() else { continue };
+        let kind = obj.get("type").and_then(Value::as_str).unwrap_or("custom").to_owned();
+        let payload: serde_json::Map<String, Value> = (obj.iter())
+            .filter(|(k, _)| !matches!(k.as_str(), "type" | "id" | "parentId" | "timestamp"))
+            .map(|(k, v)| match (k.as_str(), v.as_str().and_then(|old| ids.get(old))) {
+                ("firstKeptEntryId" | "targetId" | "fromId", Some(new)) => (k.clone(), json!(new)),
+                _ => (k.clone(), v.clone()),
+            })
+            .collect();
+        let a = gw
+            .append(&created, NewEntry::of(&kind, payload))
+            .await
+            .map_err(|e| RpcError::unavailable(format!("cannot write the forked transcript: {e}")))?;
+        if let (Some(old), Some(new)) = (obj.get("id").and_then(Value::as_str), a.id()) {
+            ids.insert(old.to_owned(), new.to_owned());
+        }
+    }
+    gw.hub.publish(
+        "sessions.changed",
+        Some(&key),
+        json!({"sessionKey": key, "reason": "fork", "ts": pincer_store::ids::now_ms()}),
+        true,
+        Audience::SessionsWatchers,
+    );
+    let mut out = json!({"sessionKey": key});
+    if !cut.text.is_empty() {
+        out["editorText"] = json!(cut.text);
+    }
+    Ok(out)
+}
+
+/// `chat.message.get`: one entry of the session in full (up to `maxChars` per text).
+pub async fn message_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let id = required_str(params, "messageId")?.trim().to_owned();
+    let max_chars = int_param(params, "maxChars", 1, MESSAGE_MAX_CHARS)?.unwrap_or(1_000_000) as usize;
+    let p = params.clone();
+    blocking(gw, move |gw| {
+        let Some(s) = find_session(gw, &p)? else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
+        let tree = Tree::load(gw, &s)?;
+        let Some(node) = tree.get(&id) else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
+        let value = tree.value(node);
+        let message = match node.kind {
+            Kind::Compaction => Some(json!({
+                "role": "system",
+                "content": [{"type": "text", "text": value.get("summary").and_then(Value::as_str).unwrap_or("")}],
+                "__openclaw": {"kind": "compaction", "id": node.id,
+                    "firstKeptEntryId": value.get("firstKeptEntryId"), "tokensBefore": value.get("tokensBefore")},
+            })),
+            _ => project_entry(value, max_chars),
+        };
+        Ok(match message {
+            Some(m) => json!({"ok": true, "message": m}),
+            None => json!({"ok": false, "unavailableReason": "not_visible"}),
+        })
+    })
+    .await
+}
+
+/// Sets or clears a Pi `label` on an entry of the session (Pincer's `sessions.label`).
+pub async fn label(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let target = required_str(params, "entryId")?.trim().to_owned();
+    let text = match params.get("label") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(l)) if l.chars().count() <= crate::methods::MAX_LABEL_CHARS => l.trim().to_owned(),
+        Some(_) => {
+            return Err(RpcError::invalid(format!(
+                "label must be a string of at most {} characters",
+                crate::methods::MAX_LABEL_CHARS
+            )))
+        }
+    };
+    if text.chars().any(char::is_control) {
+        return Err(RpcError::invalid("label must not contain control characters"));
+    }
+    let p = params.clone();
+    let t = target.clone();
+    let s = blocking(gw, move |gw| {
+        let s = session_of(gw, &p)?;
+        let tree = Tree::load(gw, &s)?;
+        if tree.get(&t).is_none_or(|n| n.kind == Kind::Leaf) {
+            return Err(RpcError::invalid(format!("entry not found: {t} (not in session {})", s.key)));
+        }
+        Ok(s)
+    })
+    .await?;
+    idle(gw, &s, "Labelling")?;
+    let cancel = gw.stopping();
+    let _slot = gw.queue.acquire(&s.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
+    let mut payload = serde_json::Map::new();
+    payload.insert("targetId".into(), json!(target));
+    if !text.is_empty() {
+        payload.insert("label".into(), json!(text));
+    }
+    let a = gw
+        .append(&s, NewEntry::of("label", payload))
+        .await
+        .map_err(|e| RpcError::unavailable(format!("cannot write the label: {e}")))?;
+    announce(gw, &s, "label", a.id());
+    Ok(
+        json!({"ok": true, "entryId": a.id(), "targetId": target, "label": if text.is_empty() { Value::Null } else { json!(text) }}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_read_without_decoding_when_role_comes_first() {
+        assert_eq!(raw_role(r#"{"role":"user","content":"x"}"#).as_deref(), Some("user"));
+        assert_eq!(raw_role(r#"{"content":"x","role":"assistant"}"#).as_deref(), Some("assistant"));
+        assert_eq!(raw_role(r#"{"role":"us\"er","content":"x"}"#).as_deref(), Some("us\"er"));
+        assert_eq!(raw_role(r#"{"content":"x"}"#), None);
+        assert_eq!(raw_role("not json"), None);
+    }
+
+    #[test]
+    fn headlines_are_one_line_and_bounded() {
+        assert_eq!(display_text(&json!({"content": "a\n\n  b\tc"})), "a b c");
+        let long = display_text(&json!({"content": [{"type": "text", "text": "x".repeat(500)}]}));
+        assert_eq!(long.chars().count(), HEADLINE_CHARS);
+        assert!(long.ends_with('…'));
+    }
+}

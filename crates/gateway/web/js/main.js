@@ -1,0 +1,353 @@
+// The WebChat's entry point: wires the connection, the sidebar, the message list, the outbox and
+// the composer together, and keeps the page in step with the gateway's events (a run's deltas,
+// persisted messages, branch switches and session changes from other devices).
+import { Gateway } from "/webchat/js/rpc.js";
+import { Outbox } from "/webchat/js/outbox.js";
+import { Composer, setLimits } from "/webchat/js/composer.js";
+import { MessageView } from "/webchat/js/messages.js";
+import { Sidebar, titleOf } from "/webchat/js/sessions.js";
+import { $, el, store, textOf, uuid } from "/webchat/js/util.js";
+
+const MAIN = "agent:main:main";
+const state = {
+  sessionKey: store.get("pincer.session", MAIN),
+  subscribed: null, runs: new Set(), limit: 200, info: null, models: null, viewing: null, refreshWanted: false,
+};
+
+// ---- banners, status, theme, drawer -------------------------------------------------------------
+let retryFn = null;
+function showError(text, retry) {
+  $("error-text").textContent = text || "";
+  $("error").hidden = !text;
+  retryFn = retry || null;
+  $("error-retry").hidden = !retry;
+}
+$("error-close").addEventListener("click", () => showError(""));
+$("error-retry").addEventListener("click", () => { const f = retryFn; showError(""); if (f) f(); });
+function showNotice(text) { $("notice").textContent = text || ""; $("notice").hidden = !text; }
+function setStatus(text, ok) { const s = $("status"); s.textContent = text; s.className = ok === undefined ? "" : ok ? "ok" : "bad"; s.title = text; }
+
+/** Runs an action; a failure becomes a dismissible error with Retry. */
+async function attempt(what, fn) {
+  try { return await fn(); } catch (e) { showError(`${what}: ${e.message}`, () => attempt(what, fn)); return undefined; }
+}
+
+const THEMES = ["system", "light", "dark"];
+function applyTheme(t) {
+  if (t === "system") delete document.documentElement.dataset.theme; else document.documentElement.dataset.theme = t;
+  $("hljs-light").media = t === "system" ? "(prefers-color-scheme: light)" : t === "light" ? "all" : "not all";
+  $("hljs-dark").media = t === "system" ? "(prefers-color-scheme: dark)" : t === "dark" ? "all" : "not all";
+  $("theme").setAttribute("aria-label", `Colour theme: ${t} (change)`);
+  $("theme").title = `Theme: ${t}`;
+  $("theme").textContent = t === "light" ? "☀" : t === "dark" ? "☾" : "◐";
+}
+let theme = store.get("pincer.theme", "system");
+applyTheme(theme);
+$("theme").addEventListener("click", () => { theme = THEMES[(THEMES.indexOf(theme) + 1) % 3]; store.set("pincer.theme", theme); applyTheme(theme); });
+
+function drawer(open) {
+  $("app").classList.toggle("drawer-open", open);
+  $("scrim").hidden = !open;
+  $("open-drawer").setAttribute("aria-expanded", String(open));
+  if (open) $("new-session").focus();
+}
+$("open-drawer").addEventListener("click", () => drawer(true));
+$("close-drawer").addEventListener("click", () => { drawer(false); $("open-drawer").focus(); });
+$("scrim").addEventListener("click", () => drawer(false));
+document.addEventListener("keydown", (e) => { if (e.key === "Escape" && $("app").classList.contains("drawer-open")) { drawer(false); $("open-drawer").focus(); } });
+
+// ---- the pieces ---------------------------------------------------------------------------------
+const gw = new Gateway({
+  onOpen: (again) => onConnected(again),
+  onClose: () => { setStatus("disconnected — reconnecting…", false); state.subscribed = null; outbox.onChange(); },
+  onAuthError: (message, code) => {
+    showError(`Connecting failed: ${message}${code.startsWith("AUTH") ? " — check the token." : ""}`);
+    if (code.startsWith("AUTH")) { store.remove("pincer.token"); $("token-banner").hidden = false; setStatus("token needed", false); }
+  },
+  onEvent: (ev, p, gap) => onEvent(ev, p, gap),
+});
+
+const outbox = new Outbox({
+  canSend: (item) => gw.connected && !state.treeBusy && (item.sessionKey !== state.sessionKey || state.runs.size === 0),
+  send: async (item) => {
+    const params = { sessionKey: item.sessionKey, message: item.text, idempotencyKey: item.key };
+    if (item.attachments) params.attachments = item.attachments;
+    if (item.expectedLeafEntryId !== undefined) params.expectedLeafEntryId = item.expectedLeafEntryId;
+    const r = await gw.request("chat.send", params);
+    if ((r.status === "started" || r.status === "in_flight") && item.sessionKey === state.sessionKey) runStarted(r.runId);
+    return r;
+  },
+  onChange: () => { outbox.render($("outbox"), state.sessionKey); },
+  onError: (item, e) => showError(`A message could not be sent: ${e.message}`, () => outbox.retry(item.key)),
+});
+
+const composer = new Composer({
+  form: $("composer-form"), input: $("composer-input"), attachments: $("attachments"), fileInput: $("file-input"),
+  onSubmit: (text, attachments) => {
+    if (state.viewing) { showError("This is an archived transcript (read-only): open a chat to write."); return; }
+    outbox.add({ sessionKey: state.sessionKey, text, attachments });
+  },
+  onError: (text) => showError(text),
+});
+
+const view = new MessageView($("log"), {
+  canChangeTree: () => state.runs.size === 0 && gw.connected,
+  edit: (id, text) => attempt("Editing failed", async () => {
+    const parent = view.byId?.get(id)?.parentId ?? null;
+    state.treeBusy = true;
+    try {
+      await gw.request("sessions.rewind", { sessionKey: state.sessionKey, entryId: id });
+      outbox.add({ sessionKey: state.sessionKey, text, expectedLeafEntryId: parent });
+    } finally { state.treeBusy = false; }
+    await loadHistory();
+    outbox.flush();
+  }),
+  regenerate: (userId) => attempt("Regenerating failed", async () => {
+    const r = await gw.request("chat.send", { sessionKey: state.sessionKey, message: "", idempotencyKey: uuid(), regenerateEntryId: userId });
+    if (r.status === "started" || r.status === "in_flight") runStarted(r.runId);
+  }),
+  switchTo: (tip) => attempt("Switching the branch failed", async () => {
+    if (view.tree?.leafId === tip) return;
+    await gw.request("sessions.branches.switch", { sessionKey: state.sessionKey, leafEntryId: tip });
+    await loadHistory();
+  }),
+  showAll: (id) => attempt("Loading the whole message failed", async () => {
+    const r = await gw.request("chat.message.get", { sessionKey: state.sessionKey, messageId: id });
+    if (!r.ok) throw new Error(`the message is ${r.unavailableReason || "unavailable"}`);
+    view.replace(id, r.message);
+  }),
+  fullText: async (id) => {
+    const r = await gw.request("chat.message.get", { sessionKey: state.sessionKey, messageId: id }).catch(() => null);
+    return r?.ok ? textOf(r.message) : null;
+  },
+  summary: async (id) => {
+    const r = await gw.request("chat.message.get", { sessionKey: state.sessionKey, messageId: id }).catch((e) => ({ error: e.message }));
+    return r.ok ? textOf(r.message) : `(summary unavailable: ${r.error || r.unavailableReason})`;
+  },
+  label: (id, label) => attempt("Labelling failed", async () => {
+    await gw.request("sessions.label", { sessionKey: state.sessionKey, entryId: id, label: label.trim() || null });
+    await loadHistory();
+  }),
+  loadOlder: () => { state.limit = Math.min(state.limit * 2, 1000); loadHistory(); },
+});
+
+const sidebar = new Sidebar({
+  list: $("session-list"), archivedList: $("archived-list"), archiveFiles: $("archive-files"),
+  actions: {
+    open: (key) => { drawer(false); selectSession(key); },
+    rename: (key, label) => attempt("Renaming failed", async () => { await gw.request("sessions.patch", { key, label: label || null }); await loadSessions(); }),
+    archive: (key, on) => attempt(on ? "Archiving failed" : "Restoring failed", async () => {
+      await gw.request("sessions.patch", { key, archived: on });
+      if (!on) $("archived").open = true;
+      await loadSessions();
+    }),
+    remove: (key) => attempt("Deleting failed", async () => {
+      await gw.request("sessions.delete", { key });
+      if (key === state.sessionKey) await selectSession(MAIN);
+      await loadSessions();
+    }),
+    viewArchive: (a) => attempt("Opening the archived transcript failed", async () => {
+      const r = await gw.request("sessions.archives.get", { file: a.file });
+      drawer(false);
+      state.viewing = a.file; sidebar.setCurrent(state.sessionKey, a.file);
+      $("session-title").textContent = `Archived: ${a.title || a.file}`;
+      view.setTree(null);
+      view.setHistory(r.messages, { readOnly: true });
+      composerEnabled();
+    }),
+  },
+});
+
+$("new-session").addEventListener("click", () => attempt("Could not create a chat", async () => {
+  const r = await gw.request("sessions.create", {});
+  drawer(false);
+  await selectSession(r.key);
+  await loadSessions();
+}));
+
+$("stop").addEventListener("click", () => {
+  // Only the run that streams: a follow-up waiting in the outbox is not touched.
+  const runId = [...state.runs][0];
+  attempt("Stop failed", () => gw.request("chat.abort", runId ? { sessionKey: state.sessionKey, runId } : { sessionKey: state.sessionKey }));
+});
+
+$("model").addEventListener("change", (e) => attempt("Changing the model failed", async () => {
+  await gw.request("sessions.patch", { key: state.sessionKey, model: e.target.value });
+  await loadSessions();
+}));
+
+function composerEnabled() {
+  $("stop").disabled = state.runs.size === 0;
+  $("send").disabled = !!state.viewing;
+  $("send").textContent = state.runs.size && !state.viewing ? "Queue" : "Send";
+  $("send").title = state.runs.size ? "The reply is still streaming: this message waits in the outbox and goes when it ends" : "";
+}
+
+function runStarted(runId) { state.runs.add(runId); composerEnabled(); }
+function runEnded(runId) {
+  state.runs.delete(runId); composerEnabled();
+  if (state.runs.size === 0) { if (state.refreshWanted) loadHistory(); else loadTree(); }
+  outbox.flush();
+}
+
+// ---- loading ------------------------------------------------------------------------------------
+async function loadTree() {
+  const t = await gw.request("sessions.tree", { sessionKey: state.sessionKey }).catch(() => null);
+  view.setTree(t);
+  view.draw();
+}
+
+async function loadHistory() {
+  if (state.viewing) return;
+  if (state.runs.size) { state.refreshWanted = true; }
+  const key = state.sessionKey;
+  const [h, t] = await Promise.all([
+    gw.request("chat.history", { sessionKey: key, limit: state.limit }),
+    gw.request("sessions.tree", { sessionKey: key }).catch(() => null),
+  ]).catch((e) => { showError(`Could not load the history: ${e.message}`, loadHistory); return [null, null]; });
+  if (!h || key !== state.sessionKey) return;
+  state.refreshWanted = false;
+  view.setTree(t);
+  view.setHistory(h.messages, { hasOlder: h.messages.length >= state.limit && state.limit < 1000 });
+  state.runs = new Set((h.sessionInfo && h.sessionInfo.activeRunIds) || []);
+  composerEnabled();
+  outbox.flush();
+}
+
+let sessionsTimer = null;
+function loadSessionsSoon() { clearTimeout(sessionsTimer); sessionsTimer = setTimeout(loadSessions, 250); }
+
+async function loadSessions() {
+  const [r, a] = await Promise.all([
+    gw.request("sessions.list", { includeArchived: true, includeDerivedTitles: true }),
+    gw.request("sessions.archives.list", {}).catch(() => ({ archives: [] })),
+  ]).catch((e) => { showError(`Could not list the chats: ${e.message}`, loadSessions); return [null, null]; });
+  if (!r) return;
+  sidebar.set(r.sessions, a.archives);
+  sidebar.setCurrent(state.sessionKey, state.viewing);
+  const row = sidebar.row(state.sessionKey);
+  if (!state.viewing) $("session-title").textContent = row ? titleOf(row) : "New chat";
+  document.title = `${row ? titleOf(row) : "Pincer"} · Pincer WebChat`;
+  drawModels(row);
+}
+
+function drawModels(row) {
+  const sel = $("model");
+  const models = state.models?.models || [];
+  const current = row?.model || state.models?.default || "";
+  const specs = models.map((m) => `${m.provider}/${m.id}`);
+  if (current && !specs.includes(current)) specs.unshift(current);
+  sel.replaceChildren(...specs.map((s) => el("option", { value: s }, s)));
+  sel.value = current;
+  sel.disabled = specs.length < 2;
+}
+
+async function selectSession(key) {
+  const prev = state.subscribed;
+  state.viewing = null;
+  // One message subscription per socket; unsubscribe first, and only from another key.
+  if (prev && prev !== key) { state.subscribed = null; await gw.request("sessions.messages.unsubscribe", { key: prev }).catch(() => {}); }
+  if (key !== state.sessionKey) { state.limit = 200; state.runs.clear(); view.clear("Loading…"); }
+  state.sessionKey = key; store.set("pincer.session", key);
+  composer.setSession(key);
+  outbox.onChange();
+  sidebar.setCurrent(key);
+  const row = sidebar.row(key);
+  $("session-title").textContent = row ? titleOf(row) : "New chat";
+  drawModels(row);
+  if (state.subscribed !== key && gw.connected) {
+    await gw.request("sessions.messages.subscribe", { key }).then(() => { state.subscribed = key; }).catch(() => {});
+  }
+  if (gw.connected) await loadHistory();
+  composer.focus();
+}
+
+async function onConnected(again) {
+  showError("");
+  $("token-banner").hidden = true;
+  setStatus(again ? "reconnected" : "connected", true);
+  state.info = await gw.request("pincer.info", {}).catch(() => null);
+  setLimits(state.info?.limits);
+  state.models = await gw.request("models.list", {}).catch(() => null);
+  showNotice(state.info?.modelIsFallback
+    ? `No model provider is configured: replies come from Pincer's offline echo model. Configure one in ${state.info.configFile} ([models.providers.*]) or set OPENAI_API_KEY / ANTHROPIC_API_KEY and restart the gateway.`
+    : "");
+  await gw.request("sessions.subscribe", {}).catch(() => {});
+  await loadSessions();
+  await selectSession(state.sessionKey); // also catches up on what was missed while away
+  outbox.flush();
+}
+
+// ---- events -------------------------------------------------------------------------------------
+const TREE_REASONS = new Set(["branch-switch", "rewind", "regenerate", "label", "reset", "delete"]);
+
+function onEvent(ev, p, gap) {
+  if (gap && p.sessionKey === state.sessionKey) loadHistory();
+  if (ev === "session.message") {
+    if (p.sessionKey !== state.sessionKey || state.viewing) return;
+    view.addPersisted(p.message);
+    return;
+  }
+  if (ev === "chat") {
+    if (p.sessionKey !== state.sessionKey) { if (p.state !== "delta") outbox.flush(); return; }
+    if (state.viewing) return;
+    if (p.state === "delta") {
+      if (!state.runs.has(p.runId)) runStarted(p.runId);
+      view.delta(p.runId, p.message);
+    } else if (["final", "aborted", "error"].includes(p.state)) {
+      let final = p.message ? { ...p.message } : null;
+      if (final && p.state === "error") { final.stopReason = "error"; final.errorMessage = p.errorMessage; }
+      view.endRun(p.runId, final);
+      if (p.state === "error") showError(p.errorMessage || "The run failed.", null);
+      runEnded(p.runId);
+    }
+    return;
+  }
+  if (ev === "sessions.changed") {
+    loadSessionsSoon();
+    if (p.sessionKey === state.sessionKey && TREE_REASONS.has(p.reason)) {
+      if (p.reason === "reset" || p.reason === "delete") view.clear();
+      loadHistory();
+    }
+    return;
+  }
+  if (ev === "agent" && p.stream === "compaction" && p.sessionKey === state.sessionKey) {
+    const phase = p.data && p.data.phase;
+    showNotice(phase === "start" ? "Compacting older turns…" : phase === "error" ? `Compaction failed: ${p.data.error || ""}` : "");
+    if (phase === "end") loadHistory();
+    return;
+  }
+  if (ev === "shutdown") setStatus("gateway stopping", false);
+}
+
+// ---- the token ----------------------------------------------------------------------------------
+/** `#token=…` in the address (on load or added later to an open tab) is stored and removed. */
+function tokenFromHash() {
+  const m = location.hash.match(/(?:^#|&)token=([^&]+)/);
+  if (!m) return false;
+  store.set("pincer.token", decodeURIComponent(m[1]));
+  history.replaceState(null, "", location.pathname + location.search);
+  return true;
+}
+function start() {
+  const token = store.get("pincer.token");
+  if (!token) { $("token-banner").hidden = false; setStatus("token needed", false); return; }
+  setStatus("connecting…");
+  gw.connect(token);
+}
+window.addEventListener("hashchange", () => { if (tokenFromHash()) start(); });
+$("token-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const t = $("token-input").value.trim();
+  if (!t) return;
+  store.set("pincer.token", t); $("token-input").value = "";
+  start();
+});
+// Another tab sent what was queued here: keep the list in step.
+window.addEventListener("storage", (e) => { if (e.key === "pincer.outbox") { outbox.items = store.getJSON("pincer.outbox", []); outbox.onChange(); } });
+
+tokenFromHash();
+composer.setSession(state.sessionKey);
+outbox.onChange();
+composerEnabled();
+start();
