@@ -4,6 +4,7 @@
 use crate::Failure;
 use clap::Args;
 use pincer_gateway::config::{self, AuthMode, Overrides};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -55,11 +56,20 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
     runtime
         .block_on(pincer_gateway::serve(settings, shutdown_signal(), move |l| {
             tracing::info!("Pincer gateway listening on ws://{} (state {})", l.addr, state_dir.display());
-            tracing::info!("WebChat: open {}", pincer_gateway::http::webchat_url(l.addr, &auth));
+            // The token is a secret: the ready-to-open link goes to a person's terminal, never
+            // into a log file or journal (there the link comes from `pincer gateway --print-url`).
+            if std::io::stderr().is_terminal() {
+                tracing::info!("WebChat: open {}", pincer_gateway::http::webchat_url(l.addr, &auth));
+            } else {
+                tracing::info!(
+                    "WebChat: open {} (for the link with the token, run `pincer gateway --print-url`)",
+                    pincer_gateway::http::webchat_url(l.addr, &AuthMode::None)
+                );
+            }
             if auth_none {
                 tracing::warn!("authentication is off (gateway.auth.mode = \"none\"); loopback only");
             } else {
-                tracing::info!("gateway token: {token_source} (the WebChat link above carries it; the page stores it and drops it from the address bar)");
+                tracing::info!("gateway token: {token_source} (the WebChat link carries it; the page stores it and drops it from the address bar)");
             }
             if fallback {
                 tracing::warn!("no model provider configured: using the offline echo model pincer/echo; set OPENAI_API_KEY or ANTHROPIC_API_KEY, or add [models.providers.<name>] to {}", state_dir.join("pincer.toml").display());
