@@ -1,12 +1,13 @@
 //! One message of a run's context, shared (behind an `Arc`) by the gateway's context cache, the
-//! run and the request builders: the Pi message as it is in the transcript, and, each computed
-//! once per message rather than once per turn, what Pi's `convertToLlm` makes of it, the facts
-//! the pre-call clean-up needs, and its serialized wire form for each provider API. A turn in a
-//! long session then costs one pass that copies cached bytes into the request body.
+//! run and the request builders. It is kept as its JSON text (as in the transcript: a context
+//! built from a file parses no message), and, each computed once per message rather than once per
+//! turn, what Pi's `convertToLlm` makes of it, the facts the pre-call clean-up needs, and its
+//! serialized wire form for each provider API. A turn in a long session then costs one pass that
+//! copies cached bytes into the request body.
 
-use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::config::Api;
@@ -36,19 +37,40 @@ pub(crate) enum Kind {
     Dropped,
 }
 
+/// What one parse of the message tells.
+#[derive(Debug)]
+struct Facts {
+    kind: Kind,
+    /// The `convertToLlm` result of a custom role (`None`: the message is sent as it is, or dropped).
+    converted: Option<Box<RawValue>>,
+}
+
 /// A Pi context message with its derived forms.
 #[derive(Debug)]
 pub struct ContextMessage {
-    value: Value,
-    llm: OnceLock<Option<Value>>,
-    kind: OnceLock<Kind>,
+    raw: Box<RawValue>,
+    facts: OnceLock<Facts>,
     wire: [OnceLock<WireForm>; 3],
 }
 
+fn to_raw(v: &Value) -> Box<RawValue> {
+    serde_json::value::to_raw_value(v).unwrap_or_else(|_| RawValue::from_string("null".into()).unwrap_or_default())
+}
+
 impl ContextMessage {
-    /// Wraps a Pi message.
+    /// Wraps a Pi message (serialized once).
     pub fn new(value: Value) -> ContextMessage {
-        ContextMessage { value, llm: OnceLock::new(), kind: OnceLock::new(), wire: Default::default() }
+        ContextMessage::from_raw_value(to_raw(&value))
+    }
+
+    /// Wraps a Pi message given as JSON text (as the transcript has it); not valid JSON → `null`.
+    pub fn from_json(json: &str) -> ContextMessage {
+        let raw = RawValue::from_string(json.to_owned()).unwrap_or_else(|_| to_raw(&Value::Null));
+        ContextMessage::from_raw_value(raw)
+    }
+
+    fn from_raw_value(raw: Box<RawValue>) -> ContextMessage {
+        ContextMessage { raw, facts: OnceLock::new(), wire: Default::default() }
     }
 
     /// Wraps a Pi message behind a shared handle.
@@ -56,38 +78,66 @@ impl ContextMessage {
         Arc::new(ContextMessage::new(value))
     }
 
-    /// The Pi message.
-    pub fn value(&self) -> &Value {
-        &self.value
+    /// The message's JSON text.
+    pub fn json(&self) -> &str {
+        self.raw.get()
     }
 
-    /// The message the model sees (Pi's `convertToLlm`): the message itself for `user`,
-    /// `assistant` and `toolResult`, a user message for the custom roles, `None` when dropped.
-    pub fn llm(&self) -> Option<&Value> {
-        match self.value.get("role").and_then(Value::as_str) {
-            Some("user" | "assistant" | "toolResult") => Some(&self.value),
-            _ => self.llm.get_or_init(|| crate::message::convert_one(&self.value)).as_ref(),
-        }
+    /// The Pi message, decoded (a new value each time: for occasional use).
+    pub fn value(&self) -> Value {
+        serde_json::from_str(self.raw.get()).unwrap_or(Value::Null)
     }
 
-    pub(crate) fn kind(&self) -> &Kind {
-        self.kind.get_or_init(|| {
-            let Some(m) = self.llm() else { return Kind::Dropped };
+    fn facts(&self) -> &Facts {
+        self.facts.get_or_init(|| {
+            let v = self.value();
+            let role = v.get("role").and_then(Value::as_str).unwrap_or_default();
+            let (m, converted) = match role {
+                "user" | "assistant" | "toolResult" => (v, None),
+                _ => match crate::message::convert_one(&v) {
+                    Some(c) => {
+                        let raw = to_raw(&c);
+                        (c, Some(raw))
+                    }
+                    None => return Facts { kind: Kind::Dropped, converted: None },
+                },
+            };
             let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-            match m.get("role").and_then(Value::as_str) {
+            let kind = match m.get("role").and_then(Value::as_str) {
                 Some("assistant") => {
                     let stop = m.get("stopReason").and_then(Value::as_str).unwrap_or_default();
-                    let calls = crate::provider::wire::blocks(m)
+                    let calls = crate::provider::wire::blocks(&m)
                         .iter()
                         .filter(|b| b.get("type").and_then(Value::as_str) == Some("toolCall"))
                         .map(|b| (str_of(b, "id"), str_of(b, "name")))
                         .collect();
                     Kind::Assistant { failed: stop == "error" || stop == "aborted", calls }
                 }
-                Some("toolResult") => Kind::ToolResult { id: str_of(m, "toolCallId") },
+                Some("toolResult") => Kind::ToolResult { id: str_of(&m, "toolCallId") },
                 _ => Kind::User,
-            }
+            };
+            Facts { kind, converted }
         })
+    }
+
+    /// The JSON of the message the model sees (Pi's `convertToLlm`): the message itself for
+    /// `user`, `assistant` and `toolResult`, a user message for the custom roles, `None` when dropped.
+    pub fn llm_json(&self) -> Option<&str> {
+        let f = self.facts();
+        match (&f.kind, &f.converted) {
+            (Kind::Dropped, _) => None,
+            (_, Some(c)) => Some(c.get()),
+            (_, None) => Some(self.raw.get()),
+        }
+    }
+
+    /// [`ContextMessage::llm_json`] decoded.
+    pub fn llm(&self) -> Option<Value> {
+        self.llm_json().map(|j| serde_json::from_str(j).unwrap_or(Value::Null))
+    }
+
+    pub(crate) fn kind(&self) -> &Kind {
+        &self.facts().kind
     }
 
     /// The wire form for `api`, built by `build` from the model's view the first time it is asked for.
@@ -97,14 +147,7 @@ impl ContextMessage {
             Api::AnthropicMessages => 2,
             Api::OpenaiCompletions | Api::PincerEcho => 0,
         };
-        self.wire[slot].get_or_init(|| self.llm().map(build).unwrap_or_default())
-    }
-}
-
-impl Deref for ContextMessage {
-    type Target = Value;
-    fn deref(&self) -> &Value {
-        &self.value
+        self.wire[slot].get_or_init(|| self.llm().map(|v| build(&v)).unwrap_or_default())
     }
 }
 
@@ -116,7 +159,7 @@ impl From<Value> for ContextMessage {
 
 impl PartialEq for ContextMessage {
     fn eq(&self, other: &ContextMessage) -> bool {
-        self.value == other.value
+        self.raw.get() == other.raw.get()
     }
 }
 
@@ -203,10 +246,10 @@ mod tests {
         assert!(Arc::ptr_eq(&a.frozen[1], &b.frozen[1]), "full chunks are shared, not copied");
         let seen: Vec<i64> = a.iter().map(|m| m.value().as_i64().unwrap_or(-1)).collect();
         assert_eq!(seen, (0..601).collect::<Vec<_>>());
-        assert_eq!(a.iter().next_back().map(|m| m.value().clone()), Some(json!(600)));
-        assert_eq!(b.last().map(|m| m.value().clone()), Some(json!(599)));
+        assert_eq!(a.iter().next_back().map(|m| m.value()), Some(json!(600)));
+        assert_eq!(b.last().map(|m| m.value()), Some(json!(599)));
         let mut c: Messages = (0..CHUNK).map(|i| ContextMessage::shared(json!(i))).collect();
-        assert_eq!(c.last().map(|m| m.value().clone()), Some(json!(CHUNK - 1)), "last of a just-frozen chunk");
+        assert_eq!(c.last().map(|m| m.value()), Some(json!(CHUNK - 1)), "last of a just-frozen chunk");
         c.push(ContextMessage::shared(json!("x")));
         assert_eq!(c.len(), CHUNK + 1);
     }

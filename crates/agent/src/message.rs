@@ -32,7 +32,7 @@ pub fn js_number(x: f64) -> Value {
 /// (including `bashExecution` with `excludeFromContext`). Each message's result is computed
 /// once and kept on it ([`ContextMessage::llm`]).
 pub fn convert_to_llm(messages: &[SharedMessage]) -> Vec<Value> {
-    messages.iter().filter_map(|m| m.llm().cloned()).collect()
+    messages.iter().filter_map(|m| m.llm()).collect()
 }
 
 fn user_text(text: String, timestamp: Option<&Value>) -> Value {

@@ -16,14 +16,95 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
-/// Sessions whose context is kept in memory.
+/// Sessions whose context is kept in memory, and the JSON bytes of their messages together (in
+/// memory a message takes a few times its JSON: the decoded value and its wire form). Idle contexts
+/// go first, least recently used first; a context that does not fit is not kept.
 const CONTEXT_CACHE_SESSIONS: usize = 256;
+const CONTEXT_CACHE_BYTES: usize = 128 * 1024 * 1024;
+/// Only contexts unused this long make room for another: when the busy ones fill the budget, a
+/// newcomer is not kept (rather than all of them taking turns at being evicted and rebuilt).
+const CONTEXT_CACHE_IDLE: Duration = Duration::from_secs(30);
 
 /// A session's context as of `leaf`. Messages are shared with the runs that use them: a turn
 /// copies pointers, never the history.
 struct CachedContext {
     leaf: String,
     messages: Messages,
+    /// JSON bytes of the messages.
+    bytes: usize,
+    /// When it was last used.
+    used: Instant,
+}
+
+/// The contexts kept in memory (see [`CONTEXT_CACHE_BYTES`]).
+#[derive(Default)]
+struct ContextCache {
+    map: HashMap<std::path::PathBuf, CachedContext>,
+    bytes: usize,
+}
+
+impl ContextCache {
+    /// The context of `path` if it was built at `leaf`.
+    fn get(&mut self, path: &std::path::Path, leaf: &str) -> Option<Messages> {
+        let c = self.map.get_mut(path).filter(|c| c.leaf == leaf)?;
+        c.used = Instant::now();
+        Some(c.messages.clone())
+    }
+
+    /// Extends the context of `path` by a message entry `id` whose parent is `parent`; forgets the
+    /// context when the entry does not continue it.
+    fn extend(&mut self, path: &std::path::Path, parent: Option<&str>, id: Option<&str>, message: Option<Value>) {
+        let fits = self.map.get(path).is_some_and(|c| Some(c.leaf.as_str()) == parent);
+        match (fits, id, message) {
+            (true, Some(id), Some(m)) => {
+                let n = m.to_string().len();
+                if let Some(c) = self.map.get_mut(path) {
+                    c.leaf = id.to_owned();
+                    c.messages.push(ContextMessage::shared(m));
+                    c.bytes += n;
+                }
+                self.bytes += n;
+                if !self.make_room(0) {
+                    self.remove(path);
+                }
+            }
+            _ => self.remove(path),
+        }
+    }
+
+    fn remove(&mut self, path: &std::path::Path) {
+        if let Some(c) = self.map.remove(path) {
+            self.bytes -= c.bytes;
+        }
+    }
+
+    fn insert(&mut self, path: std::path::PathBuf, leaf: String, messages: Messages, bytes: usize) {
+        self.remove(&path);
+        if !self.make_room(bytes) {
+            return;
+        }
+        self.bytes += bytes;
+        self.map.insert(path, CachedContext { leaf, messages, bytes, used: Instant::now() });
+    }
+
+    /// Drops idle contexts, least recently used first, until `room` more bytes (and, for a new
+    /// context, one more session) fit; false when they cannot.
+    fn make_room(&mut self, room: usize) -> bool {
+        let adding = usize::from(room > 0);
+        while self.bytes + room > CONTEXT_CACHE_BYTES || self.map.len() + adding > CONTEXT_CACHE_SESSIONS {
+            let idle = self
+                .map
+                .iter()
+                .filter(|(_, c)| c.used.elapsed() >= CONTEXT_CACHE_IDLE)
+                .min_by_key(|(_, c)| c.used)
+                .map(|(p, _)| p.clone());
+            match idle {
+                Some(p) => self.remove(&p),
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 /// `chat.send` dedupe window (OpenClaw: 5 min, 1000 entries).
@@ -121,7 +202,7 @@ pub struct Gateway {
     pub sockets: TaskTracker,
     runs: Mutex<HashMap<String, Arc<RunHandle>>>,
     dedupe: Mutex<DedupeWindow>,
-    contexts: Mutex<HashMap<std::path::PathBuf, CachedContext>>,
+    contexts: Mutex<ContextCache>,
     next_conn: AtomicU64,
 }
 
@@ -145,7 +226,7 @@ impl Gateway {
             sockets: TaskTracker::new(),
             runs: Mutex::new(HashMap::new()),
             dedupe: Mutex::new(DedupeWindow::default()),
-            contexts: Mutex::new(HashMap::new()),
+            contexts: Mutex::new(ContextCache::default()),
             next_conn: AtomicU64::new(1),
         })
     }
@@ -263,27 +344,15 @@ impl Gateway {
             .await
             .unwrap_or_else(|e| Err(StoreError::Internal(format!("append task failed: {e}"))));
         // Keep the cached context in step with what was written.
-        let mut cache = lock(&self.contexts);
         match &r {
             Ok(a) if a.appended => {
-                let extends = cache.get(&session.path).is_some_and(|c| {
-                    Some(c.leaf.as_str()) == a.entry.get("parentId").and_then(Value::as_str)
-                        && a.entry.get("type").and_then(Value::as_str) == Some("message")
-                });
-                match (extends, cache.get_mut(&session.path), a.id()) {
-                    (true, Some(c), Some(id)) => {
-                        c.leaf = id.to_owned();
-                        c.messages.push(ContextMessage::shared(a.entry.get("message").cloned().unwrap_or(Value::Null)));
-                    }
-                    _ => {
-                        cache.remove(&session.path);
-                    }
-                }
+                let parent = a.entry.get("parentId").and_then(Value::as_str);
+                let is_message = a.entry.get("type").and_then(Value::as_str) == Some("message");
+                let message = a.entry.get("message").filter(|_| is_message).cloned();
+                lock(&self.contexts).extend(&session.path, parent, a.id(), message);
             }
             Ok(_) => {}
-            Err(_) => {
-                cache.remove(&session.path);
-            }
+            Err(_) => lock(&self.contexts).remove(&session.path),
         }
         r
     }
@@ -302,31 +371,23 @@ impl Gateway {
                 .map_err(|e| format!("context task failed: {e}"))?
                 .map_err(|e| e.to_string())?
         };
-        if let (Some(leaf), Some(c)) = (&leaf, lock(&self.contexts).get(&path)) {
-            if &c.leaf == leaf {
-                return Ok(c.messages.clone());
-            }
+        if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l)) {
+            return Ok(m);
         }
-        let messages = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
+        let (messages, bytes) = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
             Ok(bytes) => {
                 let s = Session::parse(bytes);
-                Ok(build_context(&s, &s.leaf)
-                    .message_values()
-                    .into_iter()
-                    .map(ContextMessage::shared)
-                    .collect::<Messages>())
+                let c = build_context(&s, &s.leaf);
+                let size = c.messages.iter().map(|m| m.len()).sum::<usize>();
+                Ok((c.messages.iter().map(|m| Arc::new(ContextMessage::from_json(m))).collect::<Messages>(), size))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Messages::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Messages::new(), 0)),
             Err(e) => Err(format!("{}: {e}", path.display())),
         })
         .await
         .unwrap_or_else(|e| Err(format!("context task failed: {e}")))?;
         if let Some(leaf) = leaf {
-            let mut cache = lock(&self.contexts);
-            if cache.len() >= CONTEXT_CACHE_SESSIONS {
-                cache.clear();
-            }
-            cache.insert(session.path.clone(), CachedContext { leaf, messages: messages.clone() });
+            lock(&self.contexts).insert(session.path.clone(), leaf, messages.clone(), bytes);
         }
         Ok(messages)
     }
@@ -365,4 +426,48 @@ pub fn injected_message(text: &str, idempotency_key: Option<&str>, abort: Option
         m["openclawAbort"] = a;
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn msgs(n: usize) -> Messages {
+        (0..n).map(|i| ContextMessage::shared(json!({"role": "user", "content": format!("m{i}")}))).collect()
+    }
+
+    #[test]
+    fn the_context_cache_keeps_within_its_byte_budget_and_busy_contexts_stay() {
+        let mut c = ContextCache::default();
+        let third = CONTEXT_CACHE_BYTES / 3;
+        for name in ["a", "b", "c"] {
+            c.insert(PathBuf::from(name), "leaf".into(), msgs(1), third);
+        }
+        c.insert(PathBuf::from("d"), "leaf".into(), msgs(1), third);
+        assert!(c.get(Path::new("d"), "leaf").is_none(), "no room while the others are busy: the newcomer is not kept");
+        assert_eq!(c.map.len(), 3);
+        // b and c have been idle long enough to make room; a was just used.
+        let long_ago = Instant::now().checked_sub(CONTEXT_CACHE_IDLE * 2).expect("an instant in the past");
+        for name in ["b", "c"] {
+            c.map.get_mut(Path::new(name)).expect("cached").used = long_ago;
+        }
+        c.map.get_mut(Path::new("c")).expect("cached").used = long_ago + Duration::from_secs(1);
+        c.insert(PathBuf::from("d"), "leaf".into(), msgs(1), third);
+        assert!(c.get(Path::new("b"), "leaf").is_none(), "the least recently used idle context went");
+        assert!(c.get(Path::new("c"), "leaf").is_some() && c.get(Path::new("d"), "leaf").is_some());
+        assert!(c.bytes <= CONTEXT_CACHE_BYTES, "{} bytes", c.bytes);
+        assert!(c.get(Path::new("a"), "other-leaf").is_none(), "a context is served only at its leaf");
+        c.insert(PathBuf::from("huge"), "leaf".into(), msgs(1), CONTEXT_CACHE_BYTES + 1);
+        assert!(c.get(Path::new("huge"), "leaf").is_none(), "a context larger than the budget is not kept");
+
+        let mut c = ContextCache::default();
+        c.insert(PathBuf::from("s"), "l1".into(), msgs(2), 10);
+        c.extend(Path::new("s"), Some("l1"), Some("l2"), Some(json!({"role": "assistant", "content": []})));
+        assert_eq!(c.get(Path::new("s"), "l2").map(|m| m.len()), Some(3), "an append continuing the leaf extends it");
+        assert!(c.bytes > 10);
+        c.extend(Path::new("s"), Some("elsewhere"), Some("l3"), Some(json!({})));
+        assert!(c.get(Path::new("s"), "l3").is_none() && c.map.is_empty(), "a branch forgets it");
+        assert_eq!(c.bytes, 0);
+    }
 }

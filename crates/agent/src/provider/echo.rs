@@ -14,14 +14,15 @@ pub const ECHO_PREFIX: &str =
 
 /// The reply for this context, split into streamable chunks (each word keeps its trailing space).
 pub(crate) fn reply_chunks(messages: &crate::context::Messages) -> VecDeque<String> {
-    let last_user = messages.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    let last_user =
+        messages.iter().rev().map(|m| m.value()).find(|m| m.get("role").and_then(Value::as_str) == Some("user"));
     let said = match last_user {
         None => " There is no user message to echo.".to_owned(),
         Some(m) => {
-            let (text, image_count) = match content_string(m) {
+            let (text, image_count) = match content_string(&m) {
                 Some(s) => (s.to_owned(), 0),
                 None => {
-                    let content = blocks(m);
+                    let content = blocks(&m);
                     (joined_text(content), content.iter().filter(|b| block_type(b) == "image").count())
                 }
             };

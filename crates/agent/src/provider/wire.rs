@@ -348,7 +348,7 @@ mod tests {
         ];
         let shared: Messages = input.into_iter().map(ContextMessage::shared).collect();
         let mut prepared = Vec::new();
-        prepare(&shared, |m| prepared.push(m.value().clone()));
+        prepare(&shared, |m| prepared.push(m.value()));
         assert_eq!(
             prepared,
             vec![
