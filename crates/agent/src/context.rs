@@ -151,18 +151,6 @@ impl ContextMessage {
     }
 }
 
-impl From<Value> for ContextMessage {
-    fn from(value: Value) -> ContextMessage {
-        ContextMessage::new(value)
-    }
-}
-
-impl PartialEq for ContextMessage {
-    fn eq(&self, other: &ContextMessage) -> bool {
-        self.raw.get() == other.raw.get()
-    }
-}
-
 /// Messages per frozen chunk of [`Messages`].
 const CHUNK: usize = 256;
 
@@ -223,12 +211,6 @@ impl FromIterator<SharedMessage> for Messages {
 impl From<Vec<SharedMessage>> for Messages {
     fn from(v: Vec<SharedMessage>) -> Messages {
         v.into_iter().collect()
-    }
-}
-
-impl PartialEq for Messages {
-    fn eq(&self, other: &Messages) -> bool {
-        self.len() == other.len() && self.iter().zip(other.iter()).all(|(a, b)| a == b)
     }
 }
 

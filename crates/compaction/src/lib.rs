@@ -42,4 +42,7 @@ pub use serialize::{
     compute_file_lists, convert_to_llm, format_file_operations, serialize_conversation, FileLists, FileOps,
 };
 pub use settings::{CompactionSettings, Mode};
-pub use tokens::{calculate_context_tokens, estimate_context_tokens, estimate_tokens, should_compact, ContextEstimate};
+pub use tokens::{
+    assistant_usage, calculate_context_tokens, estimate_context_tokens, estimate_tokens, should_compact,
+    ContextEstimate,
+};

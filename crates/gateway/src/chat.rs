@@ -215,10 +215,8 @@ async fn check_branch_point(
     if expected.is_none() && regenerate.is_none() {
         return Ok(());
     }
-    let (gw2, s2, regen) = (gw.clone(), session.clone(), regenerate.map(str::to_owned));
-    let (leaf, target) = tokio::task::spawn_blocking(move || crate::tree::leaf_and_entry(&gw2, &s2, regen.as_deref()))
-        .await
-        .map_err(|e| RpcError::unavailable(format!("transcript check failed: {e}")))??;
+    let (s2, regen) = (session.clone(), regenerate.map(str::to_owned));
+    let (leaf, target) = gw.blocking(move |gw| crate::tree::leaf_and_entry(gw, &s2, regen.as_deref())).await?;
     if let Some(want) = expected {
         if want != &leaf {
             return Err(RpcError::invalid(format!(
@@ -542,7 +540,7 @@ impl Turn {
     async fn agent_turn(&self) {
         if let Some(target) = &self.regenerate {
             // A sibling reply: the leaf moves to the user row, the run answers from there.
-            if let Err(e) = self.gw.append(&self.session, crate::tree::leaf_entry(Some(target))).await {
+            if let Err(e) = self.gw.append(&self.session, NewEntry::move_leaf(Some(target))).await {
                 let (kind, message) = persist_failure(&e);
                 self.fail(&message, kind, None);
                 return;

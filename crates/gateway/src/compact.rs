@@ -7,7 +7,9 @@ use crate::hub::Audience;
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_agent::{CancellationToken, Messages};
-use pincer_compaction::{calculate_context_tokens, estimate_context_tokens, CompactionOutcome, CompactionReason};
+use pincer_compaction::{
+    assistant_usage, calculate_context_tokens, estimate_context_tokens, CompactionOutcome, CompactionReason,
+};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -77,7 +79,19 @@ pub fn over_threshold(gw: &Gateway, session: &SessionRef, messages: &Messages, l
     let tokens = if reported > 0 {
         reported
     } else {
-        estimate_context_tokens(&messages.iter().map(|m| m.value()).collect::<Vec<_>>()).tokens
+        // Pi's estimate needs only the messages from the last assistant usage on: decode those
+        // (walking back), not the whole context.
+        let mut tail: Vec<Value> = Vec::new();
+        for m in messages.iter().rev() {
+            let v = m.value();
+            let has_usage = assistant_usage(&v).is_some();
+            tail.push(v);
+            if has_usage {
+                break;
+            }
+        }
+        tail.reverse();
+        estimate_context_tokens(&tail).tokens
     };
     gw.settings.compaction.over_threshold(tokens, window)
 }

@@ -57,10 +57,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         "sessions.reset" => blocking(gw, params, sessions_reset).await,
         "sessions.delete" => blocking(gw, params, sessions_delete).await,
         "sessions.compact" => {
-            let (gw2, p) = (gw.clone(), params.clone());
-            let session = tokio::task::spawn_blocking(move || existing(&gw2, &p))
-                .await
-                .map_err(|e| RpcError::unavailable(e.to_string()))??;
+            let p = params.clone();
+            let session = gw.blocking(move |gw| existing(gw, &p)).await?;
             let cancel = gw.stopping();
             // In the session's queue: never while a turn is being written.
             let _slot =
@@ -128,10 +126,8 @@ async fn blocking(
     params: &Value,
     f: fn(&Gateway, &Value) -> Result<Value, RpcError>,
 ) -> Result<Value, RpcError> {
-    let (gw, params) = (gw.clone(), params.clone());
-    tokio::task::spawn_blocking(move || f(&gw, &params))
-        .await
-        .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?
+    let params = params.clone();
+    gw.blocking(move |gw| f(gw, &params)).await
 }
 
 fn existing(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
@@ -207,11 +203,7 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
         let k = key.clone();
         session = gw.index(move |s| s.patch(&k, &fields)).await?;
     }
-    let (store, path, sid) = (gw.store.clone(), session.path.clone(), session.session_id.clone());
-    tokio::task::spawn_blocking(move || store.ensure_created(&path, Some(&sid)))
-        .await
-        .map_err(|e| RpcError::unavailable(e.to_string()))?
-        .map_err(|e| RpcError::unavailable(format!("cannot create the transcript: {e}")))?;
+    gw.ensure_transcript(&session).await?;
     changed(gw, &key, "create");
     let mut out =
         json!({"ok": true, "key": key, "sessionId": session.session_id, "entry": session.row(), "runStarted": false});

@@ -57,10 +57,11 @@ impl ContextCache {
         let fits = self.map.get(path).is_some_and(|c| Some(c.leaf.as_str()) == parent);
         match (fits, id, message) {
             (true, Some(id), Some(m)) => {
-                let n = m.to_string().len();
+                let m = ContextMessage::shared(m);
+                let n = m.json().len();
                 if let Some(c) = self.map.get_mut(path) {
                     c.leaf = id.to_owned();
-                    c.messages.push(ContextMessage::shared(m));
+                    c.messages.push(m);
                     c.bytes += n;
                 }
                 self.bytes += n;
@@ -324,15 +325,34 @@ impl Gateway {
 
     // ---- store work, off the async threads ----
 
-    /// Runs `f` on the session index on a blocking thread (it reads, locks and writes files).
+    /// Runs `f` on a blocking thread (it reads, locks or writes files).
+    pub async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Gateway) -> Result<T, RpcError> + Send + 'static,
+    ) -> Result<T, RpcError> {
+        let gw = self.clone();
+        tokio::task::spawn_blocking(move || f(&gw))
+            .await
+            .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?
+    }
+
+    /// Creates the session's transcript file (its header) if it is not there yet.
+    pub async fn ensure_transcript(self: &Arc<Self>, session: &SessionRef) -> Result<(), RpcError> {
+        let (path, sid) = (session.path.clone(), session.session_id.clone());
+        self.blocking(move |gw| {
+            gw.store
+                .ensure_created(&path, Some(&sid))
+                .map_err(|e| RpcError::unavailable(format!("cannot create the transcript: {e}")))
+        })
+        .await
+    }
+
+    /// Runs `f` on the session index on a blocking thread.
     pub async fn index<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&Sessions) -> Result<T, RpcError> + Send + 'static,
     ) -> Result<T, RpcError> {
-        let gw = self.clone();
-        tokio::task::spawn_blocking(move || f(&gw.sessions))
-            .await
-            .map_err(|e| RpcError::unavailable(format!("session index task failed: {e}")))?
+        self.blocking(move |gw| f(&gw.sessions)).await
     }
 
     /// Appends one entry to a session's transcript; returns it as written.

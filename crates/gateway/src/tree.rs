@@ -5,9 +5,8 @@
 //! path before a user message) and `chat.message.get` (one entry in full). Pincer adds
 //! `sessions.tree` (the message nodes with their parents and tips, for the WebChat's "‹ 2/3 ›").
 //!
-//! A move of the leaf is one `leaf` control entry whose `parentId` is also its `targetId`: OpenClaw
-//! reads the target, and Pi (whose leaf is the last line) walks from that line through the target,
-//! so both build the same context. Nothing is written when the input is wrong: the errors name the
+//! A move of the leaf is one `leaf` control entry ([`NewEntry::move_leaf`]), which OpenClaw and Pi
+//! read as the same leaf. Nothing is written when the input is wrong: the errors name the
 //! session or the entry that was not found or not allowed.
 
 use crate::hub::Audience;
@@ -16,7 +15,7 @@ use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_store::history::project_entry;
 use pincer_store::session::{Kind, Session};
-use pincer_store::{NewEntry, ParentChoice};
+use pincer_store::NewEntry;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -62,10 +61,7 @@ impl Tree {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(RpcError::unavailable(format!("cannot read {}: {e}", s.path.display()))),
         };
-        let leaf = match bytes.is_empty() {
-            true => None,
-            false => gw.store.leaf(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read the leaf: {e}")))?,
-        };
+        let leaf = if bytes.is_empty() { None } else { current_leaf(gw, s)? };
         let parsed = Session::parse(bytes);
         let mut nodes: Vec<Node> = Vec::new();
         let mut by_id = HashMap::new();
@@ -152,9 +148,19 @@ pub fn leaf_and_entry(
     s: &SessionRef,
     id: Option<&str>,
 ) -> Result<(Option<String>, Option<Value>), RpcError> {
+    // The leaf alone is the store's (no read of the file); an entry needs the tree.
+    let Some(id) = id else { return Ok((current_leaf(gw, s)?, None)) };
     let tree = Tree::load(gw, s)?;
-    let entry = id.and_then(|i| tree.get(i)).map(|n| tree.value(n).clone());
+    let entry = tree.get(id).map(|n| tree.value(n).clone());
     Ok((tree.leaf, entry))
+}
+
+/// The session's active leaf (`None` without a transcript).
+fn current_leaf(gw: &Gateway, s: &SessionRef) -> Result<Option<String>, RpcError> {
+    if !s.path.exists() {
+        return Ok(None);
+    }
+    gw.store.leaf(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read the leaf: {e}")))
 }
 
 fn role(n: &Node) -> Option<&str> {
@@ -215,18 +221,10 @@ fn session_of(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
         .ok_or_else(|| RpcError::invalid(format!("session not found: {}", params["sessionKey"].as_str().unwrap_or(""))))
 }
 
-async fn blocking<T: Send + 'static>(
-    gw: &Arc<Gateway>,
-    f: impl FnOnce(&Gateway) -> Result<T, RpcError> + Send + 'static,
-) -> Result<T, RpcError> {
-    let gw = gw.clone();
-    tokio::task::spawn_blocking(move || f(&gw)).await.map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?
-}
-
 /// `sessions.branches.list`.
 pub async fn branches_list(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let params = params.clone();
-    blocking(gw, move |gw| {
+    gw.blocking(move |gw| {
         // OpenClaw answers an unknown session with no branches.
         let Some(s) = find_session(gw, &params)? else { return Ok(json!({"branches": []})) };
         let tree = Tree::load(gw, &s)?;
@@ -255,7 +253,7 @@ pub async fn branches_list(gw: &Arc<Gateway>, params: &Value) -> Result<Value, R
 /// `sessions.tree` (Pincer): every message with its parent and the newest tip below it.
 pub async fn tree(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let params = params.clone();
-    blocking(gw, move |gw| {
+    gw.blocking(move |gw| {
         let s = session_of(gw, &params)?;
         let tree = Tree::load(gw, &s)?;
         // The newest tip under each entry: walk the tips newest first and claim their ancestors.
@@ -312,37 +310,28 @@ fn idle(gw: &Gateway, s: &SessionRef, what: &str) -> Result<(), RpcError> {
     }
 }
 
-/// The entry that moves the active leaf to `target` (see the module doc).
-pub fn leaf_entry(target: Option<&str>) -> NewEntry {
-    let mut e = NewEntry::move_leaf(target);
-    e.parent = match target {
-        Some(t) => ParentChoice::Entry(t.to_owned()),
-        None => ParentChoice::Root,
-    };
-    e
-}
-
 /// `sessions.branches.switch`.
 pub async fn branches_switch(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let target = required_str(params, "leafEntryId")?.trim().to_owned();
     let p = params.clone();
     let t = target.clone();
-    let s = blocking(gw, move |gw| {
-        let s = session_of(gw, &p)?;
-        check_not_archived(&s, "Branch switch")?;
-        let tree = Tree::load(gw, &s)?;
-        let Some(node) = tree.get(&t) else {
-            return Err(RpcError::invalid(format!("branch entry not found: {t} (not in session {})", s.key)));
-        };
-        if node.kind == Kind::Leaf || !tree.tips().iter().any(|n| n.id == t) {
-            return Err(RpcError::invalid(format!("entry is not a branch tip: {t}")));
-        }
-        if tree.leaf.as_deref() == Some(t.as_str()) {
-            return Err(RpcError::invalid(format!("branch is already active: {t}")));
-        }
-        Ok(s)
-    })
-    .await?;
+    let s = gw
+        .blocking(move |gw| {
+            let s = session_of(gw, &p)?;
+            check_not_archived(&s, "Branch switch")?;
+            let tree = Tree::load(gw, &s)?;
+            let Some(node) = tree.get(&t) else {
+                return Err(RpcError::invalid(format!("branch entry not found: {t} (not in session {})", s.key)));
+            };
+            if node.kind == Kind::Leaf || !tree.tips().iter().any(|n| n.id == t) {
+                return Err(RpcError::invalid(format!("entry is not a branch tip: {t}")));
+            }
+            if tree.leaf.as_deref() == Some(t.as_str()) {
+                return Err(RpcError::invalid(format!("branch is already active: {t}")));
+            }
+            Ok(s)
+        })
+        .await?;
     move_leaf(gw, &s, Some(&target), "Branch switch", "branch-switch").await?;
     Ok(json!({}))
 }
@@ -359,7 +348,7 @@ async fn move_leaf(
     let cancel = gw.stopping();
     let _slot = gw.queue.acquire(&s.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
     idle(gw, s, what)?;
-    gw.append(s, leaf_entry(target))
+    gw.append(s, NewEntry::move_leaf(target))
         .await
         .map_err(|e| RpcError::unavailable(format!("cannot write the branch change: {e}")))?;
     announce(gw, s, reason, target);
@@ -403,13 +392,14 @@ fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, RpcError>
 pub async fn rewind(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let entry_id = required_str(params, "entryId")?.trim().to_owned();
     let p = params.clone();
-    let (s, cut) = blocking(gw, move |gw| {
-        let s = session_of(gw, &p)?;
-        check_not_archived(&s, "Rewind")?;
-        let cut = cut_at(gw, &s, &entry_id)?;
-        Ok((s, cut))
-    })
-    .await?;
+    let (s, cut) = gw
+        .blocking(move |gw| {
+            let s = session_of(gw, &p)?;
+            check_not_archived(&s, "Rewind")?;
+            let cut = cut_at(gw, &s, &entry_id)?;
+            Ok((s, cut))
+        })
+        .await?;
     move_leaf(gw, &s, cut.parent.as_deref(), "Rewind", "rewind").await?;
     Ok(match cut.text.is_empty() {
         true => json!({}),
@@ -421,30 +411,28 @@ pub async fn rewind(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
 pub async fn fork(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let entry_id = required_str(params, "entryId")?.trim().to_owned();
     let p = params.clone();
-    let (source, cut) = blocking(gw, move |gw| {
-        let s = session_of(gw, &p)?;
-        let cut = cut_at(gw, &s, &entry_id)?;
-        Ok((s, cut))
-    })
-    .await?;
+    let (source, cut) = gw
+        .blocking(move |gw| {
+            let s = session_of(gw, &p)?;
+            let cut = cut_at(gw, &s, &entry_id)?;
+            Ok((s, cut))
+        })
+        .await?;
     let key = format!("agent:{}:dashboard:{}", source.agent_id, uuid::Uuid::new_v4());
     let k = key.clone();
     let label = source.entry.get("label").and_then(Value::as_str).map(|l| format!("Fork of {l}"));
-    let created = blocking(gw, move |gw| {
-        let s = gw.sessions.resolve(&k, true)?.ok_or_else(|| RpcError::unavailable("session not created"))?;
-        if let Some(l) = label {
-            let mut f = serde_json::Map::new();
-            f.insert("label".into(), json!(l.chars().take(crate::methods::MAX_LABEL_CHARS).collect::<String>()));
-            return gw.sessions.patch(&k, &f);
-        }
-        Ok(s)
-    })
-    .await?;
-    let (store, path, sid) = (gw.store.clone(), created.path.clone(), created.session_id.clone());
-    tokio::task::spawn_blocking(move || store.ensure_created(&path, Some(&sid)))
-        .await
-        .map_err(|e| RpcError::unavailable(e.to_string()))?
-        .map_err(|e| RpcError::unavailable(format!("cannot create the transcript: {e}")))?;
+    let created = gw
+        .blocking(move |gw| {
+            let s = gw.sessions.resolve(&k, true)?.ok_or_else(|| RpcError::unavailable("session not created"))?;
+            if let Some(l) = label {
+                let mut f = serde_json::Map::new();
+                f.insert("label".into(), json!(l.chars().take(crate::methods::MAX_LABEL_CHARS).collect::<String>()));
+                return gw.sessions.patch(&k, &f);
+            }
+            Ok(s)
+        })
+        .await?;
+    gw.ensure_transcript(&created).await?;
     // The store gives the copies new ids: references between them (a compaction's first kept
     // entry, a label's target) follow.
     let mut ids: HashMap<String, String> = HashMap::new();
@@ -485,7 +473,7 @@ pub async fn message_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, Rpc
     let id = required_str(params, "messageId")?.trim().to_owned();
     let max_chars = int_param(params, "maxChars", 1, MESSAGE_MAX_CHARS)?.unwrap_or(1_000_000) as usize;
     let p = params.clone();
-    blocking(gw, move |gw| {
+    gw.blocking(move |gw| {
         let Some(s) = find_session(gw, &p)? else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
         let tree = Tree::load(gw, &s)?;
         let Some(node) = tree.get(&id) else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
@@ -525,15 +513,16 @@ pub async fn label(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError>
     }
     let p = params.clone();
     let t = target.clone();
-    let s = blocking(gw, move |gw| {
-        let s = session_of(gw, &p)?;
-        let tree = Tree::load(gw, &s)?;
-        if tree.get(&t).is_none_or(|n| n.kind == Kind::Leaf) {
-            return Err(RpcError::invalid(format!("entry not found: {t} (not in session {})", s.key)));
-        }
-        Ok(s)
-    })
-    .await?;
+    let s = gw
+        .blocking(move |gw| {
+            let s = session_of(gw, &p)?;
+            let tree = Tree::load(gw, &s)?;
+            if tree.get(&t).is_none_or(|n| n.kind == Kind::Leaf) {
+                return Err(RpcError::invalid(format!("entry not found: {t} (not in session {})", s.key)));
+            }
+            Ok(s)
+        })
+        .await?;
     idle(gw, &s, "Labelling")?;
     let cancel = gw.stopping();
     let _slot = gw.queue.acquire(&s.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;

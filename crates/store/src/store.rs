@@ -100,11 +100,17 @@ impl NewEntry {
         NewEntry { kind: kind.into(), payload, parent: ParentChoice::Leaf }
     }
 
-    /// OpenClaw's `leaf` control entry: moves the active leaf to `target` (`None`: before the first entry).
+    /// OpenClaw's `leaf` control entry: moves the active leaf to `target` (`None`: before the first
+    /// entry). Its `parentId` is the target too: OpenClaw reads `targetId`, and Pi (whose leaf is the
+    /// file's last entry) walks from this entry through the target, so both build the same context.
     pub fn move_leaf(target: Option<&str>) -> NewEntry {
         let mut payload = Map::new();
         payload.insert("targetId".into(), target.map(Value::from).unwrap_or(Value::Null));
-        NewEntry { kind: "leaf".into(), payload, parent: ParentChoice::Leaf }
+        let parent = match target {
+            Some(t) => ParentChoice::Entry(t.to_owned()),
+            None => ParentChoice::Root,
+        };
+        NewEntry { kind: "leaf".into(), payload, parent }
     }
 
     /// Checks what can be checked without the file.
