@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::config::Api;
+use pincer_pi::llm::Converted;
 
 /// A shared context message.
 pub type SharedMessage = Arc<ContextMessage>;
@@ -91,16 +92,13 @@ impl ContextMessage {
     fn facts(&self) -> &Facts {
         self.facts.get_or_init(|| {
             let v = self.value();
-            let role = v.get("role").and_then(Value::as_str).unwrap_or_default();
-            let (m, converted) = match role {
-                "user" | "assistant" | "toolResult" => (v, None),
-                _ => match crate::message::convert_one(&v) {
-                    Some(c) => {
-                        let raw = to_raw(&c);
-                        (c, Some(raw))
-                    }
-                    None => return Facts { kind: Kind::Dropped, converted: None },
-                },
+            let (m, converted) = match pincer_pi::llm::convert_one(&v) {
+                Some(Converted::Same) => (v, None),
+                Some(Converted::User(c)) => {
+                    let raw = to_raw(&c);
+                    (c, Some(raw))
+                }
+                None => return Facts { kind: Kind::Dropped, converted: None },
             };
             let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
             let kind = match m.get("role").and_then(Value::as_str) {

@@ -1,5 +1,6 @@
-//! Pi message shapes (pi-session-format §5): `convert_to_llm` (§11), the assistant message
-//! under construction ([`AssistantDraft`]) that every provider fills, and usage with cost.
+//! Pi message shapes (pi-session-format §5): `convert_to_llm` over context messages (the rule
+//! itself is `pincer_pi::llm`), the assistant message under construction ([`AssistantDraft`])
+//! that every provider fills, and usage with cost.
 //!
 //! Messages stay `serde_json::Value` with Pi's key order, so what is persisted is exactly what
 //! Pi would write.
@@ -8,24 +9,8 @@ use serde_json::{json, Map, Value};
 
 use crate::config::{ModelCost, ResolvedModel};
 use crate::context::SharedMessage;
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// A JSON number the way JavaScript prints it: integral values without a fraction.
-pub fn js_number(x: f64) -> Value {
-    if x.is_finite() && x.fract() == 0.0 && x.abs() < 9_007_199_254_740_992.0 {
-        // Exact: |x| < 2^53 and integral.
-        #[allow(clippy::cast_possible_truncation)]
-        Value::from(x as i64)
-    } else {
-        serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
-    }
-}
+use pincer_pi::js::number_value as js_number;
+use pincer_pi::now_ms;
 
 /// Pi's `convertToLlm`: keeps `user`, `assistant`, `toolResult`; turns `bashExecution`,
 /// `custom`, `branchSummary` and `compactionSummary` into user messages; drops the rest
@@ -33,87 +18,6 @@ pub fn js_number(x: f64) -> Value {
 /// once and kept on it ([`ContextMessage::llm`]).
 pub fn convert_to_llm(messages: &[SharedMessage]) -> Vec<Value> {
     messages.iter().filter_map(|m| m.llm()).collect()
-}
-
-fn user_text(text: String, timestamp: Option<&Value>) -> Value {
-    let mut m = Map::new();
-    m.insert("role".into(), "user".into());
-    m.insert("content".into(), json!([{"type": "text", "text": text}]));
-    if let Some(ts) = timestamp {
-        m.insert("timestamp".into(), ts.clone());
-    }
-    Value::Object(m)
-}
-
-/// One message through `convertToLlm` (`None`: not for the model).
-pub(crate) fn convert_one(msg: &Value) -> Option<Value> {
-    let role = msg.get("role").and_then(Value::as_str)?;
-    let str_field = |k: &str| msg.get(k).and_then(Value::as_str).unwrap_or_default();
-    let ts = msg.get("timestamp");
-    match role {
-        "user" | "assistant" | "toolResult" => Some(msg.clone()),
-        "bashExecution" => {
-            if msg.get("excludeFromContext").and_then(Value::as_bool) == Some(true) {
-                return None;
-            }
-            Some(user_text(bash_execution_to_text(msg), ts))
-        }
-        "custom" => {
-            let content = match msg.get("content") {
-                Some(Value::String(s)) => json!([{"type": "text", "text": s}]),
-                Some(other) => other.clone(),
-                None => json!([]),
-            };
-            let mut m = Map::new();
-            m.insert("role".into(), "user".into());
-            m.insert("content".into(), content);
-            if let Some(ts) = ts {
-                m.insert("timestamp".into(), ts.clone());
-            }
-            Some(Value::Object(m))
-        }
-        "branchSummary" => Some(user_text(
-            format!(
-                "The following is a summary of a branch that this conversation came back from:\n\n<summary>\n{}</summary>",
-                str_field("summary")
-            ),
-            ts,
-        )),
-        "compactionSummary" => Some(user_text(
-            format!(
-                "The conversation history before this point was compacted into the following summary:\n\n<summary>\n{}\n</summary>",
-                str_field("summary")
-            ),
-            ts,
-        )),
-        _ => None,
-    }
-}
-
-fn bash_execution_to_text(msg: &Value) -> String {
-    let command = msg.get("command").and_then(Value::as_str).unwrap_or_default();
-    let output = msg.get("output").and_then(Value::as_str).unwrap_or_default();
-    let mut text = format!("Ran `{command}`\n");
-    if output.is_empty() {
-        text.push_str("(no output)");
-    } else {
-        text.push_str("```\n");
-        text.push_str(output);
-        text.push_str("\n```");
-    }
-    if msg.get("cancelled").and_then(Value::as_bool) == Some(true) {
-        text.push_str("\n\n(command cancelled)");
-    } else if let Some(code) = msg.get("exitCode").and_then(Value::as_f64) {
-        if code != 0.0 {
-            text.push_str(&format!("\n\nCommand exited with code {}", js_number(code)));
-        }
-    }
-    if msg.get("truncated").and_then(Value::as_bool) == Some(true) {
-        if let Some(path) = msg.get("fullOutputPath").and_then(Value::as_str).filter(|p| !p.is_empty()) {
-            text.push_str(&format!("\n\n[Output truncated. Full output: {path}]"));
-        }
-    }
-    text
 }
 
 /// Token counts of one model call.

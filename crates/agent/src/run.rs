@@ -28,10 +28,11 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ResolvedModel;
 use futures::FutureExt;
 
-use crate::message::{now_ms, AssistantDraft, StopReason};
+use crate::message::{AssistantDraft, StopReason};
 use crate::provider::{ErrorKind, ModelRequest, ModelStream, StreamDelta};
 use crate::sink::TranscriptSink;
 use crate::tools::ToolRegistry;
+use pincer_pi::now_ms;
 
 /// Everything a run needs.
 pub struct RunRequest {

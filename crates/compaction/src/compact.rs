@@ -5,13 +5,13 @@
 //! is written.
 
 use crate::guard::{self, Expectations, QualityIssues};
-use crate::js::utf16_len;
 use crate::llm::{self, CallError};
 use crate::prepare::{prepare_compaction, Preparation};
 use crate::prompts::{self, merge_summaries, SummaryRequest, SUMMARIZATION_SYSTEM_PROMPT, UPDATE_SUMMARIZATION_PROMPT};
 use crate::serialize::{convert_to_llm, serialize_conversation, FileLists};
 use crate::settings::{CompactionSettings, Mode};
 use pincer_agent::{CancellationToken, ResolvedModel};
+use pincer_pi::js::utf16_len;
 use pincer_store::{Leaf, NewEntry, Session, Store, StoreError};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -65,8 +65,6 @@ pub enum CompactionError {
     AlreadyCompacted,
     #[error("Nothing to compact (session too small)")]
     NothingToCompact,
-    #[error("cannot read transcript {path}: {source}")]
-    Read { path: String, source: std::io::Error },
     #[error("transcript {0}: a parentId cycle is reachable from the leaf; run `pincer transcript repair` first")]
     Cycle(String),
     #[error("compaction failed: the {what} summary call failed: {source}; the transcript was not changed")]
@@ -103,10 +101,8 @@ pub struct LoadedPath {
 
 /// Reads `file` and decodes its active path (as Pi's `getBranch()`).
 pub fn load_path(file: &Path) -> Result<LoadedPath, CompactionError> {
-    let bytes =
-        std::fs::read(file).map_err(|e| CompactionError::Read { path: file.display().to_string(), source: e })?;
-    let session = Session::parse(bytes);
-    let Leaf::Entry(leaf) = session.leaf else {
+    let session = Session::read(file)?;
+    let Some((session, &Leaf::Entry(leaf))) = session.as_ref().map(|s| (s, &s.leaf)) else {
         return Ok(LoadedPath { entries: Vec::new(), leaf_id: None });
     };
     let (path, cycle) = session.path_from(leaf);

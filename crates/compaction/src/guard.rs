@@ -97,19 +97,6 @@ pub fn identifiers_in(text: &str) -> Vec<String> {
     }
 }
 
-fn text_of(content: Option<&Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
 /// What the guard expects of a summary of `messages`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Expectations {
@@ -134,13 +121,13 @@ impl Expectations {
             let role = m.get("role").and_then(Value::as_str).unwrap_or("");
             let text = match role {
                 "user" => {
-                    let t = text_of(m.get("content"));
+                    let t = pincer_pi::text_blocks(m.get("content")).join("\n");
                     if !t.trim().is_empty() {
                         last_request = Some(t.clone());
                     }
                     t
                 }
-                "assistant" => text_of(m.get("content")),
+                "assistant" => pincer_pi::text_blocks(m.get("content")).join("\n"),
                 _ => continue,
             };
             ids.extend(identifiers_in(&text));

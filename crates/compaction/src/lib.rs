@@ -5,10 +5,10 @@
 //! deleted or rewritten, and a failed, timed-out or aborted compaction writes nothing.
 //!
 //! Layout:
-//! - [`js`]: the JavaScript semantics the algorithm depends on (UTF-16 lengths, `JSON.stringify`).
+//! - `pincer_pi`: the JavaScript semantics and `convertToLlm`, shared with the agent.
 //! - [`tokens`]: `estimateTokens`, `calculateContextTokens`, `estimateContextTokens`, `shouldCompact`.
 //! - [`prepare`]: `findCutPoint`, `prepareCompaction` (pure, exactly Pi 0.73.1).
-//! - [`serialize`]: `convertToLlm`, `serializeConversation`, file-operation lists.
+//! - [`serialize`]: `serializeConversation`, file-operation lists.
 //! - [`prompts`]: the prompt texts and the summary requests (`build_summary_request`).
 //! - [`settings`]: `[agents.defaults.compaction]` and the effective reserve.
 //! - [`guard`]: the safeguard quality guard.
@@ -17,7 +17,6 @@
 
 pub mod compact;
 pub mod guard;
-pub mod js;
 pub mod llm;
 pub mod prepare;
 mod prompt_texts;

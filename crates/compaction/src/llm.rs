@@ -5,7 +5,6 @@
 use crate::prompts::SummaryRequest;
 use pincer_agent::message::{DraftBlock, StopReason};
 use pincer_agent::{ModelRequest, ModelStream, ProviderError, ResolvedModel};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Why a summary call produced no summary.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -14,10 +13,6 @@ pub enum CallError {
     Provider(#[from] ProviderError),
     #[error("the model ended the summary with stop reason `error`")]
     StoppedWithError,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// `maxTokens` as sent: Pi's figure, lowered to the model's own output limit when one is configured.
@@ -34,7 +29,7 @@ pub async fn summarize(model: &ResolvedModel, req: &SummaryRequest) -> Result<St
     model.model.max_tokens = Some(effective_max_tokens(&model, req.max_tokens));
     let request = ModelRequest {
         system_prompt: Some(req.system_prompt.to_owned()),
-        messages: vec![pincer_agent::ContextMessage::shared(req.user_message(now_ms()))].into(),
+        messages: vec![pincer_agent::ContextMessage::shared(req.user_message(pincer_pi::now_ms()))].into(),
         tools: Vec::new(),
     };
     let mut stream = ModelStream::open(&model, &request).await?;

@@ -89,7 +89,7 @@ fn context_emit<'a>(e: &'a Value, out: &mut Vec<Cow<'a, Value>>) {
     match entry_type(e) {
         "message" => out.push(Cow::Borrowed(e.get("message").unwrap_or(&Value::Null))),
         "custom_message" => out.push(Cow::Owned(custom_message(e))),
-        "branch_summary" if e.get("summary").is_some_and(crate::js::truthy) => {
+        "branch_summary" if e.get("summary").is_some_and(pincer_pi::js::truthy) => {
             out.push(Cow::Owned(branch_summary_message(e)))
         }
         _ => {}
@@ -309,9 +309,9 @@ pub fn prepare_compaction(path: &[Value], settings: PrepareSettings) -> Option<P
     let cut = find_cut_point(path, boundary_start, path.len(), settings.keep_recent_tokens);
     let first_kept = path.get(cut.first_kept_entry_index)?;
     let first_kept_id = match first_kept.get("id") {
-        Some(v) if crate::js::truthy(v) => match v {
+        Some(v) if pincer_pi::js::truthy(v) => match v {
             Value::String(s) => s.clone(),
-            other => crate::js::stringify(other),
+            other => pincer_pi::js::stringify(other),
         },
         _ => return None,
     };
@@ -333,8 +333,8 @@ pub fn prepare_compaction(path: &[Value], settings: PrepareSettings) -> Option<P
     let mut file_ops = FileOps::default();
     if let Some(pi) = prev_idx {
         let prev = &path[pi];
-        if !prev.get("fromHook").is_some_and(crate::js::truthy) {
-            if let Some(d) = prev.get("details").filter(|d| crate::js::truthy(d)) {
+        if !prev.get("fromHook").is_some_and(pincer_pi::js::truthy) {
+            if let Some(d) = prev.get("details").filter(|d| pincer_pi::js::truthy(d)) {
                 for f in d.get("readFiles").and_then(Value::as_array).into_iter().flatten() {
                     if let Some(f) = f.as_str() {
                         file_ops.read.insert(f);

@@ -1,117 +1,20 @@
-//! What the summarizer reads: Pi's `convertToLlm` for the compaction path, `serializeConversation`
+//! What the summarizer reads: `serializeConversation`
 //! (the text inside `<conversation>`), and the file-operation lists (`extractFileOpsFromMessage`,
 //! `computeFileLists`, `formatFileOperations`) appended to every summary (§11, §12.5).
 
-use crate::js::{js_cmp, js_entries, stringify, truthy, utf16_len, utf16_prefix};
+use pincer_pi::js::{js_cmp, js_entries, stringify, utf16_len, utf16_prefix};
+use pincer_pi::text_blocks;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 
-/// Pi's `COMPACTION_SUMMARY_PREFIX` (the user message a compaction summary becomes).
-pub const COMPACTION_SUMMARY_PREFIX: &str =
-    "The conversation history before this point was compacted into the following summary:\n\n<summary>\n";
-/// Pi's `COMPACTION_SUMMARY_SUFFIX`.
-pub const COMPACTION_SUMMARY_SUFFIX: &str = "\n</summary>";
-/// Pi's `BRANCH_SUMMARY_PREFIX`.
-pub const BRANCH_SUMMARY_PREFIX: &str =
-    "The following is a summary of a branch that this conversation came back from:\n\n<summary>\n";
-/// Pi's `BRANCH_SUMMARY_SUFFIX` (no newline before the tag, unlike the compaction one).
-pub const BRANCH_SUMMARY_SUFFIX: &str = "</summary>";
 /// Tool results longer than this (UTF-16 units) are truncated in the serialized conversation.
 pub const TOOL_RESULT_MAX_CHARS: usize = 2000;
 
+/// Pi's `convertToLlm` (the one rule, `pincer_pi::llm`), as the summarizer calls it.
+pub use pincer_pi::llm::convert_to_llm;
+
 fn s<'a>(v: &'a Value, k: &str) -> &'a str {
     v.get(k).and_then(Value::as_str).unwrap_or("")
-}
-
-/// `bashExecutionToText`.
-pub fn bash_execution_to_text(m: &Value) -> String {
-    let mut text = format!("Ran `{}`\n", s(m, "command"));
-    let output = s(m, "output");
-    if !output.is_empty() {
-        text.push_str(&format!("```\n{output}\n```"));
-    } else {
-        text.push_str("(no output)");
-    }
-    if m.get("cancelled").is_some_and(truthy) {
-        text.push_str("\n\n(command cancelled)");
-    } else if let Some(code) = m.get("exitCode").filter(|c| !c.is_null()) {
-        if code.as_f64() != Some(0.0) {
-            let shown = match code {
-                Value::Number(n) => crate::js::number_string(n),
-                Value::String(x) => x.clone(),
-                other => stringify(other),
-            };
-            text.push_str(&format!("\n\nCommand exited with code {shown}"));
-        }
-    }
-    if m.get("truncated").is_some_and(truthy) {
-        if let Some(p) = m.get("fullOutputPath").filter(|p| truthy(p)).and_then(Value::as_str) {
-            text.push_str(&format!("\n\n[Output truncated. Full output: {p}]"));
-        }
-    }
-    text
-}
-
-fn user_text(text: String, ts: Option<&Value>) -> Value {
-    let mut m = serde_json::Map::new();
-    m.insert("role".into(), json!("user"));
-    m.insert("content".into(), json!([{"type": "text", "text": text}]));
-    if let Some(t) = ts {
-        m.insert("timestamp".into(), t.clone());
-    }
-    Value::Object(m)
-}
-
-/// Pi's `convertToLlm`: custom roles become user messages; user/assistant/toolResult pass through;
-/// excluded bash executions and unknown roles are dropped.
-pub fn convert_to_llm<M: std::borrow::Borrow<Value>>(messages: &[M]) -> Vec<Value> {
-    let mut out = Vec::with_capacity(messages.len());
-    for m in messages {
-        let m = m.borrow();
-        let ts = m.get("timestamp");
-        match m.get("role").and_then(Value::as_str) {
-            Some("bashExecution") if !m.get("excludeFromContext").is_some_and(truthy) => {
-                out.push(user_text(bash_execution_to_text(m), ts));
-            }
-            Some("bashExecution") => {}
-            Some("custom") => {
-                let content = match m.get("content") {
-                    Some(Value::String(t)) => json!([{"type": "text", "text": t}]),
-                    Some(c) => c.clone(),
-                    None => Value::Null,
-                };
-                let mut u = serde_json::Map::new();
-                u.insert("role".into(), json!("user"));
-                u.insert("content".into(), content);
-                if let Some(t) = ts {
-                    u.insert("timestamp".into(), t.clone());
-                }
-                out.push(Value::Object(u));
-            }
-            Some("branchSummary") => {
-                out.push(user_text(format!("{BRANCH_SUMMARY_PREFIX}{}{BRANCH_SUMMARY_SUFFIX}", s(m, "summary")), ts))
-            }
-            Some("compactionSummary") => out.push(user_text(
-                format!("{COMPACTION_SUMMARY_PREFIX}{}{COMPACTION_SUMMARY_SUFFIX}", s(m, "summary")),
-                ts,
-            )),
-            Some("user" | "assistant" | "toolResult") => out.push(m.clone()),
-            _ => {}
-        }
-    }
-    out
-}
-
-fn text_blocks(content: Option<&Value>) -> Vec<&str> {
-    match content {
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-            .map(|b| b.get("text").and_then(Value::as_str).unwrap_or(""))
-            .collect(),
-        Some(Value::String(t)) => vec![t.as_str()],
-        _ => vec![],
-    }
 }
 
 /// `truncateForSummary(text, max)`.
@@ -340,27 +243,6 @@ mod tests {
         assert_eq!(
             format_file_operations(&["a".into()], &["b".into(), "c".into()]),
             "\n\n<read-files>\na\n</read-files>\n\n<modified-files>\nb\nc\n</modified-files>"
-        );
-    }
-
-    #[test]
-    fn convert_custom_roles() {
-        let msgs = vec![
-            json!({"role":"bashExecution","command":"ls","output":"","exitCode":2,"timestamp":1}),
-            json!({"role":"bashExecution","command":"x","output":"o","excludeFromContext":true}),
-            json!({"role":"custom","customType":"n","content":"hello","display":true,"timestamp":2}),
-            json!({"role":"branchSummary","summary":"B","fromId":"x","timestamp":3}),
-            json!({"role":"compactionSummary","summary":"C","tokensBefore":1,"timestamp":4}),
-            json!({"role":"other"}),
-        ];
-        assert_eq!(
-            convert_to_llm(&msgs),
-            vec![
-                json!({"role":"user","content":[{"type":"text","text":"Ran `ls`\n(no output)\n\nCommand exited with code 2"}],"timestamp":1}),
-                json!({"role":"user","content":[{"type":"text","text":"hello"}],"timestamp":2}),
-                json!({"role":"user","content":[{"type":"text","text":format!("{BRANCH_SUMMARY_PREFIX}B</summary>")}],"timestamp":3}),
-                json!({"role":"user","content":[{"type":"text","text":format!("{COMPACTION_SUMMARY_PREFIX}C\n</summary>")}],"timestamp":4}),
-            ]
         );
     }
 }

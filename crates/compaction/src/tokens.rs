@@ -1,7 +1,7 @@
 //! Pi's token arithmetic: `estimateTokens` (chars/4 over UTF-16 lengths), `calculateContextTokens`,
 //! `estimateContextTokens` and `shouldCompact` (`pi-session-format.md` §12.1–12.2).
 
-use crate::js::{stringify, truthy, utf16_len};
+use pincer_pi::js::{stringify, truthy, utf16_len};
 use serde_json::Value;
 
 /// Pi's estimate for an image block in a tool result or custom message (1200 tokens).

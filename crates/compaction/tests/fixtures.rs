@@ -147,7 +147,7 @@ fn oracle_prepare(file: &Path, leaf: Option<&str>, keep: u64, reserve: u64) -> V
 /// A value as JavaScript holds it (`1.0` is the number 1, array-index keys first), so stored
 /// messages compare equal to what node printed.
 fn js_normal(v: &Value) -> Value {
-    serde_json::from_str(&pincer_compaction::js::stringify(v)).unwrap()
+    serde_json::from_str(&pincer_pi::js::stringify(v)).unwrap()
 }
 
 /// A session with trailing `custom` markers after the last message, tool calls with non-ASCII and

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 fn event(gw: &Gateway, session: &SessionRef, data: Value) {
-    let p = json!({"runId": null, "sessionKey": session.key, "stream": "compaction", "ts": pincer_store::ids::now_ms(), "data": data});
+    let p = json!({"runId": null, "sessionKey": session.key, "stream": "compaction", "ts": pincer_pi::now_ms(), "data": data});
     gw.hub.publish("agent", Some(&session.key), p, false, Audience::All);
 }
 
@@ -55,7 +55,7 @@ pub async fn run(
             gw.hub.publish(
                 "sessions.changed",
                 Some(&session.key),
-                json!({"sessionKey": session.key, "reason": "compaction", "ts": pincer_store::ids::now_ms()}),
+                json!({"sessionKey": session.key, "reason": "compaction", "ts": pincer_pi::now_ms()}),
                 true,
                 Audience::SessionsWatchers,
             );

@@ -328,7 +328,7 @@ fn load_or_create_token(path: &Path) -> Result<String, String> {
         Err(e) => return Err(format!("{}: cannot read the gateway token: {e}", path.display())),
     }
     let token = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
-    pincer_store::fsutil::write_private_atomically(path, format!("{token}\n").as_bytes())
+    pincer_store::files::write_token_file(path, &token)
         .map_err(|e| format!("{}: cannot write the gateway token: {e}", path.display()))?;
     Ok(token)
 }

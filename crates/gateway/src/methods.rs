@@ -142,7 +142,7 @@ fn changed(gw: &Gateway, key: &str, reason: &str) {
     gw.hub.publish(
         "sessions.changed",
         Some(key),
-        json!({"sessionKey": key, "reason": reason, "ts": pincer_store::ids::now_ms()}),
+        json!({"sessionKey": key, "reason": reason, "ts": pincer_pi::now_ms()}),
         true,
         Audience::SessionsWatchers,
     );
@@ -171,7 +171,7 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
             row
         })
         .collect();
-    Ok(json!({"ts": pincer_store::ids::now_ms(), "count": rows.len(), "sessions": rows,
+    Ok(json!({"ts": pincer_pi::now_ms(), "count": rows.len(), "sessions": rows,
         "defaults": {"model": gw.settings.model, "mainSessionKey": crate::sessions::MAIN_KEY}}))
 }
 
@@ -230,7 +230,7 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
             // Archiving hides the session from `sessions.list` (it stays on disk, restorable).
             "archived" => match v {
                 Value::Bool(true) => {
-                    fields.insert("archivedAt".into(), json!(pincer_store::ids::now_ms()));
+                    fields.insert("archivedAt".into(), json!(pincer_pi::now_ms()));
                 }
                 Value::Bool(false) | Value::Null => {
                     fields.insert("archivedAt".into(), Value::Null);

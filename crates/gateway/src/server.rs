@@ -218,7 +218,7 @@ pub async fn serve(
     let bind = settings.bind;
     let listener = tokio::net::TcpListener::bind(bind).await.map_err(|e| format!("cannot listen on {bind}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    pincer_store::fsutil::create_private_dir(&settings.state_dir)
+    pincer_store::files::create_state_dir(&settings.state_dir)
         .map_err(|e| format!("{}: cannot create the state directory: {e}", settings.state_dir.display()))?;
     let gw = Arc::new(Gateway::new(settings)?);
     on_listening(&Listening { addr, gateway: gw.clone() });

@@ -10,6 +10,7 @@
 //! threads ([`crate::state::Gateway::index`]).
 
 use crate::protocol::RpcError;
+use pincer_pi::now_ms;
 use pincer_store::{valid_session_id, Store};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -141,7 +142,7 @@ struct AgentIndex {
     /// The file version `map` was read from or written as (`None`: no file).
     stamp: Option<Stamp>,
     /// Activity not yet on disk: key → `updatedAt` (see [`Sessions::touch`]).
-    touched: HashMap<String, i64>,
+    touched: HashMap<String, u64>,
 }
 
 /// All agents' session indexes.
@@ -165,10 +166,6 @@ fn read_index(path: &Path) -> Result<(Map<String, Value>, Option<Stamp>), RpcErr
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Map::new(), None)),
         Err(e) => Err(RpcError::unavailable(format!("{}: cannot read: {e}", path.display()))),
     }
-}
-
-fn now_ms() -> i64 {
-    pincer_store::ids::now_ms()
 }
 
 impl Sessions {
@@ -204,7 +201,7 @@ impl Sessions {
         let _guard = match change {
             true => {
                 let fail = |e: String| RpcError::unavailable(format!("{}: {e}", path.display()));
-                pincer_store::fsutil::create_parent_dir(&path).map_err(|e| fail(e.to_string()))?;
+                pincer_store::files::create_dir_for(&path).map_err(|e| fail(e.to_string()))?;
                 Some(self.store.lock(&path).map_err(|e| fail(e.to_string()))?)
             }
             false => None,
@@ -229,13 +226,13 @@ impl Sessions {
     fn save(idx: &mut AgentIndex) -> Result<(), RpcError> {
         for (k, t) in idx.touched.drain() {
             if let Some(Value::Object(e)) = idx.map.get_mut(&k) {
-                if e.get("updatedAt").and_then(Value::as_i64).is_none_or(|u| u < t) {
+                if e.get("updatedAt").and_then(Value::as_u64).is_none_or(|u| u < t) {
                     e.insert("updatedAt".into(), json!(t));
                 }
             }
         }
         let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| RpcError::unavailable(e.to_string()))?;
-        pincer_store::fsutil::write_private_atomically(&idx.path, &bytes)
+        pincer_store::files::write_session_index(&idx.path, &bytes)
             .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", idx.path.display())))?;
         idx.stamp = stamp(&idx.path);
         Ok(())
@@ -362,7 +359,7 @@ impl Sessions {
                 _ => None,
             };
             let archived = match &old {
-                Some(o) => pincer_store::fsutil::archive(&o.path, reason)
+                Some(o) => pincer_store::files::archive_transcript(&o.path, reason)
                     .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", o.path.display())))?,
                 None => None,
             };
@@ -391,7 +388,7 @@ impl Sessions {
                 return Ok((false, vec![]));
             };
             let r = self.to_ref(&key, &agent, &e)?;
-            let archived = pincer_store::fsutil::archive(&r.path, "deleted")
+            let archived = pincer_store::files::archive_transcript(&r.path, "deleted")
                 .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", r.path.display())))?;
             idx.map.remove(&key);
             Self::save(idx)?;

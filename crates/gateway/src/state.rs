@@ -394,15 +394,14 @@ impl Gateway {
         if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l)) {
             return Ok(m);
         }
-        let (messages, bytes) = tokio::task::spawn_blocking(move || match std::fs::read(&path) {
-            Ok(bytes) => {
-                let s = Session::parse(bytes);
+        let (messages, bytes) = tokio::task::spawn_blocking(move || match Session::read(&path) {
+            Ok(Some(s)) => {
                 let c = build_context(&s, &s.leaf);
                 let size = c.messages.iter().map(|m| m.len()).sum::<usize>();
                 Ok((c.messages.iter().map(|m| Arc::new(ContextMessage::from_json(m))).collect::<Messages>(), size))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Messages::new(), 0)),
-            Err(e) => Err(format!("{}: {e}", path.display())),
+            Ok(None) => Ok((Messages::new(), 0)),
+            Err(e) => Err(e.to_string()),
         })
         .await
         .unwrap_or_else(|e| Err(format!("context task failed: {e}")))?;
@@ -413,12 +412,7 @@ impl Gateway {
     }
 }
 
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
+pub use pincer_pi::lock;
 
 /// Pi usage with every count zero.
 pub fn zero_usage() -> Value {
@@ -432,7 +426,7 @@ pub fn injected_message(text: &str, idempotency_key: Option<&str>, abort: Option
     let mut m = json!({
         "role": "assistant",
         "content": [{"type": "text", "text": text}],
-        "timestamp": pincer_store::ids::now_ms(),
+        "timestamp": pincer_pi::now_ms(),
         "stopReason": "stop",
         "usage": zero_usage(),
         "api": "openai-responses",

@@ -56,13 +56,11 @@ fn raw_role(raw: &str) -> Option<String> {
 
 impl Tree {
     fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, RpcError> {
-        let bytes = match std::fs::read(&s.path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(RpcError::unavailable(format!("cannot read {}: {e}", s.path.display()))),
+        let parsed = Session::read(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
+        let (leaf, parsed) = match parsed {
+            Some(p) => (current_leaf(gw, s)?, p),
+            None => (None, Session::parse(Vec::new())),
         };
-        let leaf = if bytes.is_empty() { None } else { current_leaf(gw, s)? };
-        let parsed = Session::parse(bytes);
         let mut nodes: Vec<Node> = Vec::new();
         let mut by_id = HashMap::new();
         for (i, e) in parsed.entries.iter().enumerate() {
@@ -167,23 +165,9 @@ fn role(n: &Node) -> Option<&str> {
     n.role.as_deref()
 }
 
-/// The text blocks of a message, joined.
-fn text_of(message: &Value) -> String {
-    match message.get("content") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-            .filter_map(|b| b.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
-    }
-}
-
 /// The text of a projected message as one trimmed line (titles, headlines).
 pub fn display_text(message: &Value) -> String {
-    let text = text_of(message).split_whitespace().collect::<Vec<_>>().join(" ");
+    let text = pincer_pi::text_blocks(message.get("content")).concat().split_whitespace().collect::<Vec<_>>().join(" ");
     match text.chars().count() > HEADLINE_CHARS {
         true => text.chars().take(HEADLINE_CHARS - 1).collect::<String>() + "…",
         false => text,
@@ -296,7 +280,7 @@ fn announce(gw: &Gateway, s: &SessionRef, reason: &str, leaf: Option<&str>) {
     gw.hub.publish(
         "sessions.changed",
         Some(&s.key),
-        json!({"sessionKey": s.key, "reason": reason, "leafEntryId": leaf, "ts": pincer_store::ids::now_ms()}),
+        json!({"sessionKey": s.key, "reason": reason, "leafEntryId": leaf, "ts": pincer_pi::now_ms()}),
         true,
         Audience::SessionsWatchers,
     );
@@ -383,7 +367,7 @@ fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, RpcError>
     };
     Ok(Cut {
         parent: node.parent.clone(),
-        text: text_of(&tree.value(node)["message"]),
+        text: pincer_pi::text_blocks(tree.value(node)["message"].get("content")).concat(),
         prefix: path[..at].iter().map(|n| tree.value(n).clone()).collect(),
     })
 }
@@ -457,7 +441,7 @@ pub async fn fork(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> 
     gw.hub.publish(
         "sessions.changed",
         Some(&key),
-        json!({"sessionKey": key, "reason": "fork", "ts": pincer_store::ids::now_ms()}),
+        json!({"sessionKey": key, "reason": "fork", "ts": pincer_pi::now_ms()}),
         true,
         Audience::SessionsWatchers,
     );

@@ -137,7 +137,7 @@ pub fn unanswered_at_leaf(store: &Store, path: &Path) -> Result<Option<String>, 
 pub fn marker(custom_type: &str, run_id: &str, reason: &str) -> NewEntry {
     let mut payload = Map::new();
     payload.insert("customType".into(), json!(custom_type));
-    payload.insert("data".into(), json!({"runId": run_id, "reason": reason, "at": pincer_store::ids::now_ms()}));
+    payload.insert("data".into(), json!({"runId": run_id, "reason": reason, "at": pincer_pi::now_ms()}));
     NewEntry::of("custom", payload)
 }
 

@@ -358,7 +358,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
     let writer = tokio::spawn(write_loop(sink, rx, outbox.clone()));
     let conn_id = gw.next_conn_id();
     let nonce = uuid::Uuid::new_v4().to_string();
-    let challenge = json!({"nonce": nonce, "ts": pincer_store::ids::now_ms()});
+    let challenge = json!({"nonce": nonce, "ts": pincer_pi::now_ms()});
     outbox.push(protocol::event("connect.challenge", &challenge, None), false);
 
     let handshake = tokio::select! {
@@ -451,7 +451,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
             _ = in_flight.acquire(), if !free => {}
             _ = tick.tick() => {
                 let s = seq.fetch_add(1, Ordering::AcqRel) + 1;
-                outbox.push(protocol::event("tick", &json!({"ts": pincer_store::ids::now_ms()}), Some(s)), true);
+                outbox.push(protocol::event("tick", &json!({"ts": pincer_pi::now_ms()}), Some(s)), true);
             }
             _ = outbox.aborted.cancelled() => break,
             _ = gw.shutdown.cancelled() => {

@@ -72,10 +72,6 @@ fn print_json(v: &Value) -> Result<(), Failure> {
     writeln!(out).map_err(|e| Failure::failed(format!("writing output: {e}")))
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>, Failure> {
-    std::fs::read(path).map_err(|e| Failure::usage(format!("{}: cannot read: {e}", path.display())))
-}
-
 fn store_failure(e: StoreError) -> Failure {
     match e {
         StoreError::InvalidEntry(_) | StoreError::UnknownEntry(_) => Failure::usage(e.to_string()),
@@ -86,7 +82,9 @@ fn store_failure(e: StoreError) -> Failure {
 pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
     match cmd {
         TranscriptCmd::Context { file, leaf } => {
-            let session = Session::parse(read_file(&file)?);
+            let session = Session::read(&file)
+                .map_err(|e| Failure::usage(format!("cannot read: {e}")))?
+                .ok_or_else(|| Failure::usage(format!("{}: no such file", file.display())))?;
             let leaf = leaf.as_deref().map(LeafArg::parse).unwrap_or(LeafArg::Default);
             let report = context_report(&session, &leaf).map_err(|e| Failure::usage(format!("--leaf: {e}")))?;
             for w in &report.warnings {

@@ -6,6 +6,7 @@
 
 use crate::ids::js_date_ms;
 use crate::session::{Kind, Leaf, Session};
+use pincer_pi::js::truthy;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
@@ -212,16 +213,5 @@ fn emit<'a>(kind: Kind, v: &mut Decoded<'a>, out: &mut Vec<Cow<'a, str>>) {
             out.push(raw(&Value::Object(m)));
         }
         _ => {}
-    }
-}
-
-/// JavaScript truthiness of a JSON value.
-pub fn truthy(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0 && !f.is_nan()),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(_) | Value::Object(_) => true,
     }
 }

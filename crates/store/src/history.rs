@@ -8,9 +8,9 @@
 //! thinking signatures are dropped, oversized lines and messages become placeholders, and the whole
 //! answer stays under 6 MiB.
 
-use crate::context::truthy;
 use crate::ids::js_date_ms;
 use crate::parse::{self, Key, LineValue, Parent};
+use pincer_pi::js::truthy;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::fs::File;

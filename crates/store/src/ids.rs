@@ -21,11 +21,6 @@ pub fn now_iso() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
 }
 
-/// `Date.now()`.
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
 /// `new Date(value).getTime()` for the values an entry's `timestamp` holds: ISO strings (with or
 /// without fraction or offset, date-only) and numbers. `None` is JavaScript's `NaN`.
 pub fn js_date_ms(v: Option<&serde_json::Value>) -> Option<i64> {

@@ -15,17 +15,21 @@
 //! - [`lock`]: OpenClaw's lock-file protocol with proof-of-death recovery.
 //! - [`rewrite`]: atomic replacement with backup, and cutting a torn tail.
 //! - [`verify`]: `verify` and `repair`.
-//! - [`fsutil`]: atomic private files (session index, token) and transcript archives.
+//! - [`files`]: the typed file operations offered to other crates (state dir, session index,
+//!   token file, archives), over the private `fsutil`.
 //! - [`redact`]: secret redaction before anything is written.
 
+// The modules that write files are private: other crates write only through `Store` and
+// `files` (and clippy forbids them the std writers, see the workspace's clippy.toml).
 pub mod context;
-pub mod fsutil;
+pub mod files;
+mod fsutil;
 pub mod history;
 pub mod ids;
 pub mod lock;
 pub mod parse;
 pub mod redact;
-pub mod rewrite;
+mod rewrite;
 pub mod session;
 pub mod store;
 pub mod verify;

@@ -18,6 +18,7 @@
 //! registry is dropped.
 
 use crate::ids::now_iso;
+use pincer_pi::lock;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -98,7 +99,7 @@ struct Registry {
 impl Drop for Registry {
     /// Stops the reaper (it releases whatever still lingers) and waits for it to end.
     fn drop(&mut self) {
-        lock_state(&self.shared.held).shutdown = true;
+        lock(&self.shared.held).shutdown = true;
         self.shared.wake.notify_all();
         let handle = match self.reaper.get_mut() {
             Ok(h) => h.take(),
@@ -107,7 +108,7 @@ impl Drop for Registry {
         if let Some(h) = handle {
             let _ = h.join();
         }
-        let mut held = lock_state(&self.shared.held);
+        let mut held = lock(&self.shared.held);
         for (p, h) in std::mem::take(&mut held.locks) {
             release(&p, h);
         }
@@ -118,13 +119,6 @@ impl Drop for Registry {
 #[derive(Default, Clone)]
 pub struct LockRegistry {
     inner: Arc<Registry>,
-}
-
-fn lock_state(m: &Mutex<HeldState>) -> std::sync::MutexGuard<'_, HeldState> {
-    match m.lock() {
-        Ok(h) => h,
-        Err(p) => p.into_inner(),
-    }
 }
 
 /// Unlinks while still holding the flock, then closes (which releases it). While we hold the flock
@@ -143,7 +137,7 @@ pub struct LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         let shared = &self.registry.inner.shared;
-        let mut held = lock_state(&shared.held);
+        let mut held = lock(&shared.held);
         let Some(h) = held.locks.get_mut(&self.path) else { return };
         h.count -= 1;
         if h.count > 0 {
@@ -206,21 +200,18 @@ pub fn lock_path_for(transcript: &Path) -> PathBuf {
 impl LockRegistry {
     /// Releases every lingering lock now.
     pub fn release_idle(&self) {
-        release_oldest_idle(&mut lock_state(&self.inner.shared.held).locks, 0);
+        release_oldest_idle(&mut lock(&self.inner.shared.held).locks, 0);
     }
 
     /// Lock files this process holds or keeps lingering (each is an open file descriptor).
     pub fn held_count(&self) -> usize {
-        lock_state(&self.inner.shared.held).locks.len()
+        lock(&self.inner.shared.held).locks.len()
     }
 
     /// Starts, once, the thread that releases locks whose linger ran out. It sleeps while nothing
     /// lingers, holds no reference to the registry, and ends when the registry is dropped.
     fn start_reaper(&self) {
-        let mut slot = match self.inner.reaper.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut slot = lock(&self.inner.reaper);
         if slot.is_some() {
             return;
         }
@@ -235,7 +226,7 @@ impl LockRegistry {
         let mut sleep = Duration::from_millis(1);
         loop {
             {
-                let mut held = lock_state(&self.inner.shared.held);
+                let mut held = lock(&self.inner.shared.held);
                 if let Some(h) = held.locks.get_mut(&path) {
                     h.count += 1;
                     h.idle_since = None;
@@ -278,13 +269,13 @@ impl LockRegistry {
     }
 
     fn holds(&self, path: &Path) -> bool {
-        lock_state(&self.inner.shared.held).locks.contains_key(path)
+        lock(&self.inner.shared.held).locks.contains_key(path)
     }
 }
 
 /// The reaper's loop: release expired lingers, sleep until the next expires or a lock is released.
 fn reap(shared: &Shared) {
-    let mut guard = lock_state(&shared.held);
+    let mut guard = lock(&shared.held);
     loop {
         if guard.shutdown {
             return;

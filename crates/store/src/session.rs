@@ -146,6 +146,17 @@ pub struct Session {
 }
 
 impl Session {
+    /// Reads and parses the transcript at `path`: the one place a whole transcript is read
+    /// (context, compaction, the tree, the CLI). `Ok(None)` when there is no file; the file is
+    /// never modified.
+    pub fn read(path: &std::path::Path) -> Result<Option<Session>, crate::StoreError> {
+        match std::fs::read(path) {
+            Ok(bytes) => Ok(Some(Session::parse(bytes))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(crate::StoreError::Io { path: path.display().to_string(), source }),
+        }
+    }
+
     /// Parses a whole file. Never fails: what cannot be read becomes a [`Problem`].
     pub fn parse(buf: Vec<u8>) -> Session {
         let mut s = Session {

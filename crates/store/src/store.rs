@@ -22,6 +22,7 @@ use crate::parse::{self, LineValue, Parent};
 use crate::redact::{Redactor, SecretRedactor};
 use crate::session::Session;
 use crate::StoreError;
+use pincer_pi::lock;
 use serde_json::{json, Map, Value};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -31,7 +32,7 @@ use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::sync::{Arc, Mutex, TryLockError, Weak};
 
 /// Settings of a [`Store`].
 #[derive(Clone)]
@@ -187,13 +188,6 @@ fn open_file_limit() -> Option<u64> {
     // SAFETY: getrlimit only writes the limits into the struct it is given.
     let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     (r == 0).then_some(lim.rlim_cur)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl Store {

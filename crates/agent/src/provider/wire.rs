@@ -137,7 +137,7 @@ mod pool {
     static FREE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 
     fn free() -> std::sync::MutexGuard<'static, Vec<Vec<u8>>> {
-        FREE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        pincer_pi::lock(&FREE)
     }
 
     /// An empty buffer with room for `n` bytes.

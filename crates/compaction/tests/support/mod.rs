@@ -206,7 +206,7 @@ pub fn system_text(body: &Value) -> String {
 
 /// A value as JavaScript holds it (`1.0` is 1, array-index keys first), to compare with node output.
 pub fn js_normal(v: &Value) -> Value {
-    serde_json::from_str(&pincer_compaction::js::stringify(v)).unwrap()
+    serde_json::from_str(&pincer_pi::js::stringify(v)).unwrap()
 }
 
 /// The context messages Pincer builds for `file` at its leaf.

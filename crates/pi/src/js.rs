@@ -1,6 +1,6 @@
-//! JavaScript semantics the Pi algorithm depends on: string `.length` in UTF-16 code units,
-//! `JSON.stringify` output (number formatting, key order), `Object.entries` order, default
-//! `Array.prototype.sort` order (UTF-16 code units) and truthiness.
+//! JavaScript semantics Pi's code depends on: string `.length` in UTF-16 code units,
+//! `JSON.stringify` output (number formatting, key order), `String(v)` (template literals and `+`),
+//! `Object.entries` order, default `Array.prototype.sort` order (UTF-16 code units) and truthiness.
 
 use serde_json::{Map, Value};
 
@@ -34,8 +34,34 @@ pub fn utf16_prefix(s: &str, units: usize) -> &str {
     s
 }
 
-/// JavaScript truthiness of a JSON value (the store's, so both crates agree).
-pub use pincer_store::context::truthy;
+/// JavaScript truthiness of a JSON value.
+pub fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0 && !f.is_nan()),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(_) | Value::Object(_) => true,
+    }
+}
+
+/// `String(v)`, as a template literal or `"" + v` prints a value read from JSON (`None` is
+/// `undefined`): arrays are joined with `,` (`null` elements empty), objects are `[object Object]`.
+pub fn to_js_string(v: Option<&Value>) -> String {
+    match v {
+        None => "undefined".into(),
+        Some(Value::Null) => "null".into(),
+        Some(Value::Bool(b)) => b.to_string(),
+        Some(Value::Number(n)) => number_string(n),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|x| if x.is_null() { String::new() } else { to_js_string(Some(x)) })
+            .collect::<Vec<_>>()
+            .join(","),
+        Some(Value::Object(_)) => "[object Object]".into(),
+    }
+}
 
 /// Is `k` an array index (`0`..`2^32-2` in canonical form)? JavaScript enumerates such keys first,
 /// in ascending numeric order, whatever order they were inserted in.
@@ -118,6 +144,18 @@ pub fn number_string(n: &serde_json::Number) -> String {
     }
 }
 
+/// A double as the JSON number JavaScript would write: integral values without a fraction
+/// (`1` not `1.0`), non-finite ones as `null`.
+pub fn number_value(x: f64) -> Value {
+    if x.is_finite() && x.fract() == 0.0 && x.abs() < 9_007_199_254_740_992.0 {
+        // Exact: |x| < 2^53 and integral.
+        #[allow(clippy::cast_possible_truncation)]
+        Value::from(x as i64)
+    } else {
+        serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+    }
+}
+
 /// `Number.prototype.toString()` for a double (ECMA-262 `Number::toString`).
 pub fn js_number(f: f64) -> String {
     if f.is_nan() || f.is_infinite() {
@@ -162,6 +200,7 @@ pub fn js_cmp(a: &str, b: &str) -> std::cmp::Ordering {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
 
@@ -199,6 +238,17 @@ mod tests {
         let v: Value = serde_json::from_str(r#"{"b":1.0,"2":"x","a":[1e21,null,true],"1":{"q":"\n\u0001é"}}"#).unwrap();
         assert_eq!(stringify(&v), r#"{"1":{"q":"\n\u0001é"},"2":"x","b":1,"a":[1e+21,null,true]}"#);
         assert_eq!(stringify(&json!({"path": "a.ts"})), r#"{"path":"a.ts"}"#);
+    }
+
+    #[test]
+    fn string_conversion_is_javascripts() {
+        let v: Value = serde_json::from_str(r#"[null, true, 2.0, 1e21, "s", [1, null, [2, 3]], {"a": 1}]"#).unwrap();
+        let got: Vec<String> = v.as_array().unwrap().iter().map(|x| to_js_string(Some(x))).collect();
+        assert_eq!(got, ["null", "true", "2", "1e+21", "s", "1,,2,3", "[object Object]"]);
+        assert_eq!(to_js_string(None), "undefined");
+        assert_eq!(number_value(3.0), json!(3));
+        assert_eq!(number_value(0.5), json!(0.5));
+        assert_eq!(number_value(f64::NAN), Value::Null);
     }
 
     #[test]
