@@ -2,6 +2,7 @@
 //! `isError` results, turn limit), abort at each stage (before the first byte, mid-stream,
 //! during a tool, during a retry wait), wire-format quirks of local servers, the echo model,
 //! persistence failures and the per-session queue.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;

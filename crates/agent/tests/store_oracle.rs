@@ -1,7 +1,7 @@
 //! One run per wire format persisted through the real transcript store (not the in-memory sink), then
 //! read back by the real Pi library: a tool-call loop with thinking, a tool error and the final text
 //! must give the same context in Pi as in Pincer, chained after the user turn.
-
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 mod support;

@@ -2,6 +2,7 @@
 //! the middle, tool calls and results, trailing cache markers). Prints the median of several runs
 //! for reading + indexing the file and decoding the active path, for `prepare_compaction`, and for
 //! serializing the history the summary request would carry.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 
 use pincer_compaction::{load_path, prepare_compaction, PrepareSettings};

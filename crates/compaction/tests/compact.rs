@@ -3,6 +3,7 @@
 //! with the UPDATE prompt, staged summaries for a small window, and the faults (HTTP 500, timeout,
 //! abort, quality guard) that must leave the transcript byte-identical. Contexts are checked
 //! against the real Pi library (`context.mjs`).
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;

@@ -1,6 +1,7 @@
 //! Preparation and requests against the real Pi library: every `prepare` item of the shared
 //! manifest, the recorded `*.compaction-request.json` calls, and the live `prepare.mjs` oracle on
 //! further files and settings (second compaction, tool flows, custom entries, trailing markers).
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use pincer_compaction::{

@@ -21,6 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 use unicode_normalization::UnicodeNormalization;
 
 /// Deltas go out at most this often per run.
@@ -187,7 +188,8 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
     gw.tasks.spawn(async move {
         let _ = acked.await; // the ack goes out before any event of the run
         let (gw, session, run) = (turn.gw.clone(), turn.session.clone(), turn.run.clone());
-        if let Err(e) = tokio::spawn(turn.execute()).await {
+        let span = tracing::info_span!("turn", session_key = %turn.session.key, run_id = %turn.run.run_id);
+        if let Err(e) = tokio::spawn(turn.execute().instrument(span)).await {
             let what = match e.try_into_panic() {
                 Ok(p) => p
                     .downcast_ref::<&str>()
@@ -344,12 +346,18 @@ impl Turn {
     }
 
     fn finish(&self, result: Result<Value, RpcError>) {
+        let status = match &result {
+            Ok(v) => v.get("status").and_then(Value::as_str).unwrap_or("ok"),
+            Err(_) => "error",
+        };
+        crate::metrics::turn_finished(status);
         self.gw.dedupe_finish(&format!("chat:{}", self.run.run_id), result);
         self.gw.finish_run(&self.run.run_id);
         self.gw.sessions.touch(&self.session);
     }
 
     async fn execute(self) {
+        let queued = crate::metrics::Live::queued();
         let guard = match self.gw.queue.acquire(&self.session.key, &self.run.cancel).await {
             Ok(g) => g,
             Err(_) => {
@@ -359,6 +367,8 @@ impl Turn {
                 return;
             }
         };
+        drop(queued);
+        let (_running, started) = (crate::metrics::Live::run(), Instant::now());
         self.agent_event("lifecycle", json!({"phase": "start"}));
         let command = slash_command(&self.text).filter(|_| self.images.is_empty() && self.regenerate.is_none());
         if let (Some(_), Some(_)) = (command, &self.resume) {
@@ -370,6 +380,7 @@ impl Turn {
             self.agent_turn().await;
         }
         self.agent_event("lifecycle", json!({"phase": "end"}));
+        crate::metrics::turn_seconds(started.elapsed());
         drop(guard);
     }
 
@@ -639,6 +650,7 @@ impl Turn {
     fn fail(&self, message: &str, kind: &str, entry: Option<&Value>) {
         // Provider errors can echo credentials back: redact before anything leaves the process.
         let message = &self.gw.redactor.redact_str(message);
+        crate::metrics::turn_error(kind);
         tracing::warn!(session = %self.session.key, run = %self.run.run_id, "run failed ({kind}): {message}");
         let mut extra = json!({"errorMessage": message, "errorKind": kind, "stopReason": "error"});
         if let Some(e) = entry {

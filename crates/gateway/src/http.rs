@@ -25,6 +25,7 @@ use std::sync::Arc;
 pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .route("/api/sessions/{key}/events", get(session_events))
         .fallback(get(root))
         .with_state(gw)
@@ -174,6 +175,22 @@ async fn control_ui(dir: &std::path::Path, rest: &str) -> Response {
     ([(header::CONTENT_TYPE, mime)], bytes).into_response()
 }
 
+/// `GET /metrics`: Prometheus text ([`crate::metrics`]), behind the token like the event streams.
+async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if !authorized(&gw, &headers, &HashMap::new()) {
+        return unauthorized();
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], crate::metrics::render()).into_response()
+}
+
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        Json(json!({"error": "unauthorized: send the gateway token as Authorization: Bearer <token> or ?token="})),
+    )
+        .into_response()
+}
+
 fn authorized(gw: &Gateway, headers: &HeaderMap, query: &HashMap<String, String>) -> bool {
     let AuthMode::Token(token) = &gw.settings.auth else { return true };
     let bearer = headers
@@ -194,11 +211,7 @@ async fn session_events(
     headers: HeaderMap,
 ) -> Response {
     if !authorized(&gw, &headers, &query) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            Json(json!({"error": "unauthorized: send the gateway token as Authorization: Bearer <token> or ?token="})),
-        )
-            .into_response();
+        return unauthorized();
     }
     let key = match crate::sessions::canonical_key(&raw_key) {
         Ok((k, _)) => k,

@@ -12,6 +12,7 @@
 //! - [`state`]: shared state (store, runs, dedupe, queue).
 //! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
 //! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
+#![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
 pub mod assets;
 pub mod chat;
@@ -22,6 +23,7 @@ pub mod hook;
 pub mod http;
 pub mod hub;
 pub mod methods;
+pub mod metrics;
 pub mod protocol;
 pub mod server;
 pub mod sessions;

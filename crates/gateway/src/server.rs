@@ -47,6 +47,8 @@ pub struct Conn {
     protected: AtomicBool,
     evict: CancellationToken,
     table: Weak<ConnTable>,
+    /// Counts the connection in `pincer_connections_open` while it lives.
+    _open: crate::metrics::Live,
 }
 
 impl Conn {
@@ -135,6 +137,7 @@ impl ConnTable {
             protected: AtomicBool::new(false),
             evict: CancellationToken::new(),
             table: Arc::downgrade(self),
+            _open: crate::metrics::Live::connection(),
         });
         self.live.fetch_add(1, Ordering::AcqRel);
         order.push_back(Arc::downgrade(&conn));
@@ -220,6 +223,7 @@ pub async fn serve(
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     pincer_store::files::create_state_dir(&settings.state_dir)
         .map_err(|e| format!("{}: cannot create the state directory: {e}", settings.state_dir.display()))?;
+    crate::metrics::install();
     let gw = Arc::new(Gateway::new(settings)?);
     on_listening(&Listening { addr, gateway: gw.clone() });
     crate::turns::mark_interrupted(&gw);

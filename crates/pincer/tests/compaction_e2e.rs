@@ -2,7 +2,7 @@
 //! compaction triggers; the compaction entry is on disk, the next model request carries the summary
 //! and only the kept messages, and the real Pi library builds the same context from the file. Also
 //! the CLI (`pincer transcript compact`) and `/compact`.
-
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;

@@ -6,6 +6,7 @@
 //! sessions, a full disk, graceful shutdown, the per-session queue, frame sizes, and a crash storm —
 //! asserts the bound with the measured numbers in the failure message, and checks that an ordinary
 //! client (connect, `chat.send`, `chat` final) keeps chatting during or after the attack.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use futures::{SinkExt, StreamExt};

@@ -1,6 +1,7 @@
 //! End to end: the real `pincer gateway` process on port 0, a fake OpenAI-compatible provider (a real
 //! HTTP server), the WebSocket protocol as an OpenClaw `gateway-client` speaks it, and the JSONL on
 //! disk read back after each step.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;
@@ -496,4 +497,58 @@ async fn without_a_provider_the_offline_echo_model_answers_and_says_so() {
         )));
     assert_eq!(l.len(), 3);
     assert_eq!(l[2]["message"]["provider"], "pincer");
+}
+
+/// The value of the sample `name{labels}` (or `name` without labels) in a Prometheus text page.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_the_token_and_move_with_each_turn() {
+    let s = setup();
+    let page = |token: &'static str| {
+        let addr = s.gw.addr.clone();
+        async move {
+            let raw = raw_get(&addr, "/metrics", token, None).await;
+            let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+            (head.to_owned(), body.to_owned())
+        }
+    };
+    let (head, _) = page("").await;
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+    let (head, _) = page("wrong-token").await;
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+
+    let mut c = Client::connect(&s.gw.addr).await;
+    send(&mut c, "main", "count me", "m-1").await;
+    assert_eq!(c.chat_end("m-1").await["payload"]["state"], "final");
+    let (head, one) = page(TOKEN).await;
+    assert!(
+        head.starts_with("HTTP/1.1 200") && head.to_ascii_lowercase().contains("content-type: text/plain"),
+        "{head}"
+    );
+    assert_eq!(sample(&one, "pincer_turns_total{status=\"ok\"}"), Some(1.0), "{one}");
+    assert_eq!(sample(&one, "pincer_turn_seconds_count"), Some(1.0), "{one}");
+    // Header, user row and reply: at least two appends, each fdatasynced.
+    let appends = sample(&one, "pincer_store_append_seconds_count").expect("append histogram");
+    assert!(appends >= 2.0, "{one}");
+    assert!(sample(&one, "pincer_store_fdatasync_seconds_count").is_some_and(|n| n >= appends), "{one}");
+    assert_eq!(sample(&one, "pincer_runs_active"), Some(0.0), "{one}");
+    assert!(sample(&one, "pincer_connections_open").is_some_and(|n| n >= 1.0), "{one}");
+    assert!(one.contains("# TYPE pincer_store_append_seconds histogram"), "{one}");
+
+    // A provider error (the fake answers `[fail]` with HTTP 400) is counted by its kind.
+    send(&mut c, "main", "again [fail]", "m-2").await;
+    assert_eq!(c.chat_end("m-2").await["payload"]["state"], "error");
+    let (_, two) = page(TOKEN).await;
+    assert_eq!(sample(&two, "pincer_turns_total{status=\"ok\"}"), Some(1.0), "{two}");
+    assert_eq!(sample(&two, "pincer_turns_total{status=\"error\"}"), Some(1.0), "{two}");
+    let errors: f64 = two
+        .lines()
+        .filter(|l| l.starts_with("pincer_turn_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(errors, 1.0, "{two}");
+    assert!(sample(&two, "pincer_store_append_seconds_count").is_some_and(|n| n > appends), "{two}");
 }

@@ -8,6 +8,7 @@
 //!
 //! The assertions are about structure (rows, chains, usage, stop reasons), never about what the
 //! 135M-parameter model says.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::gateway::{Client, GatewayProcess};

@@ -4,7 +4,7 @@
 //! and turns after it. For every turn, the request the provider received must be exactly the
 //! OpenAI wire form of the context Pi's `buildSessionContext` gives at that turn's user row, so
 //! the shared, cached context can never drift from the file.
-
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;

@@ -410,12 +410,10 @@ fn same_file(path: &Path, file: &File) -> bool {
 
 /// `kill(pid, 0)`: false only when the process does not exist.
 pub fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
+    let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) else {
         return false;
     };
-    // SAFETY: kill with signal 0 only checks for existence and permission; it sends nothing.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    !matches!(rustix::process::test_kill_process(pid), Err(rustix::io::Errno::SRCH))
 }
 
 /// Field 22 of `/proc/<pid>/stat` (start time in clock ticks), as OpenClaw records it.

@@ -182,12 +182,9 @@ struct Handles {
     order: BTreeMap<u64, Weak<FileWriter>>,
 }
 
-/// The soft `RLIMIT_NOFILE` of this process.
+/// The soft `RLIMIT_NOFILE` of this process (`None`: unlimited).
 fn open_file_limit() -> Option<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit only writes the limits into the struct it is given.
-    let r = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    (r == 0).then_some(lim.rlim_cur)
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 
 impl Store {
@@ -365,6 +362,14 @@ impl Store {
     /// Like [`Store::append`]; `session_id` names the header if the file has to be created
     /// (default: the file stem when it is a valid session id, else a new uuid v7).
     pub fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
+        let started = std::time::Instant::now();
+        let r = self.append_queued(path, entry, session_id);
+        metrics::histogram!("pincer_store_append_seconds").record(started.elapsed().as_secs_f64());
+        r
+    }
+
+    /// Queues the entry and commits the queue (its own and whatever others queued meanwhile).
+    fn append_queued(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
         entry.validate()?;
         let w = self.writer(path);
         let slot = Arc::new(Mutex::new(None));
@@ -852,11 +857,10 @@ impl FileState {
         let file = self.writable_file(path)?;
         let mut written = 0u64;
         let res = write_counting(file, bytes, &mut written).and_then(|_| {
-            if created {
-                file.sync_all()
-            } else {
-                file.sync_data()
-            }
+            let synced = std::time::Instant::now();
+            let r = if created { file.sync_all() } else { file.sync_data() };
+            metrics::histogram!("pincer_store_fdatasync_seconds").record(synced.elapsed().as_secs_f64());
+            r
         });
         if let Err(e) = res {
             // Cut only what this write added: if the file is not exactly `before + written` long,

@@ -50,11 +50,6 @@ fn fds_into(dir: &Path) -> usize {
         .count()
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 #[test]
 fn open_handles_stay_within_max_open_files_and_closed_files_are_revalidated() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -187,7 +182,7 @@ fn a_read_only_transcript_can_be_read_but_not_appended_to() {
     store.close();
     let before = std::fs::read(&f).expect("read");
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o400)).expect("chmod");
-    if is_root() {
+    if pincer_testkit::probe::is_root() {
         // Root ignores permissions: check as nobody, owning the directory and the 0400 file.
         std::os::unix::fs::chown(dir.path(), Some(65534), Some(65534)).expect("chown dir");
         std::os::unix::fs::chown(&f, Some(65534), Some(65534)).expect("chown file");
@@ -227,7 +222,7 @@ fn a_full_disk_leaves_no_litter_and_the_next_append_after_space_returns_is_chain
     // A private mount namespace (and, unprivileged, a user namespace): the tmpfs disappears with
     // the child and is never visible outside it.
     let mut wrap = vec!["unshare", "--mount"];
-    if !is_root() {
+    if !pincer_testkit::probe::is_root() {
         wrap.push("--map-root-user");
     }
     let script = "mount -t tmpfs -o size=256k tmpfs \"$0\" && exec \"$@\"";

@@ -36,32 +36,28 @@ pub fn fd_count(pid: u32) -> usize {
 
 /// Raises this process's soft limit on open files to the hard limit; returns the new soft limit.
 pub fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed by pointer.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
-            return 0;
-        }
-        if lim.rlim_cur < lim.rlim_max {
-            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return raised.rlim_cur;
-            }
-        }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    let (Some(cur), max) = (lim.current, lim.maximum) else { return u64::MAX };
+    let target = max.unwrap_or(cur);
+    if cur < target && setrlimit(Resource::Nofile, Rlimit { current: Some(target), maximum: max }).is_ok() {
+        return target;
     }
-    lim.rlim_cur
+    cur
 }
 
 /// Whether this process runs as root.
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
-/// Sends `signal` to `pid`.
+/// Sends `signal` (a signal number such as `libc::SIGTERM`) to `pid`.
 pub fn signal(pid: u32, signal: i32) -> bool {
-    // SAFETY: kill(2) on a pid of a child this test started.
-    unsafe { libc::kill(pid as libc::pid_t, signal) == 0 }
+    let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
+    match (pid, rustix::process::Signal::from_named_raw(signal)) {
+        (Some(pid), Some(sig)) => rustix::process::kill_process(pid, sig).is_ok(),
+        _ => false,
+    }
 }
 
 /// What a [`Sampler`] saw.
@@ -386,22 +382,22 @@ impl Rng {
     }
 }
 
-/// The kernel's TCP state of a socket (`tcpi_state`: 1 established, 7 closed, 8 close-wait, …),
-/// read with `TCP_INFO` without touching the data queued on it.
+/// The kernel's TCP state of a socket of this process (1 established, 7 closed, 8 close-wait, …:
+/// the `st` column of `/proc/net/tcp{,6}`, numbered as `tcpi_state`), found by the socket's inode,
+/// without touching the data queued on it.
 pub fn tcp_state(fd: std::os::fd::RawFd) -> Option<u8> {
-    // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes into it.
-    unsafe {
-        let mut info: libc::tcp_info = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        let r = libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        );
-        (r == 0).then_some(info.tcpi_state)
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        for row in text.lines().skip(1) {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            if cols.get(9) == Some(&inode.as_str()) {
+                return u8::from_str_radix(cols.get(3)?, 16).ok();
+            }
+        }
     }
+    None
 }
 
 /// `tcpi_state` of an established connection.

@@ -1,0 +1,106 @@
+//! Prometheus metrics, served at `GET /metrics` behind the gateway token. The names, in one place:
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `pincer_turns_total` | counter | `status`: `ok`, `error`, `aborted`, `blocked`, `interrupted`, … |
+//! | `pincer_turn_seconds` | histogram | from the start of the run (after the queue) to its end |
+//! | `pincer_turn_errors_total` | counter | `kind`: the `errorKind` of the `chat` error (provider errors: `rate_limit`, `context_length`, `auth`, `provider`, …; `persistence`, `internal`) |
+//! | `pincer_runs_active` | gauge | runs executing now |
+//! | `pincer_turns_queued` | gauge | turns waiting for their session's queue |
+//! | `pincer_connections_open` | gauge | open HTTP/WebSocket connections |
+//! | `pincer_store_append_seconds` | histogram | a transcript append, from call to durable (`pincer-store`) |
+//! | `pincer_store_fdatasync_seconds` | histogram | the `fdatasync` of an append (`pincer-store`) |
+//!
+//! The recorder is installed once per process; [`render`] is what the endpoint returns.
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+
+/// Histogram buckets in seconds: 50 µs … 30 s.
+const BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the Prometheus recorder (once per process; later calls do nothing). Without it every
+/// metric call is a no-op.
+pub fn install() {
+    HANDLE.get_or_init(|| match PrometheusBuilder::new().set_buckets(BUCKETS).and_then(|b| b.install_recorder()) {
+        Ok(h) => {
+            describe();
+            Some(h)
+        }
+        Err(e) => {
+            tracing::warn!("metrics are off: {e}");
+            None
+        }
+    });
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!("pincer_turns_total", "chat turns finished, by status");
+    describe_histogram!("pincer_turn_seconds", Unit::Seconds, "duration of a turn's run");
+    describe_counter!("pincer_turn_errors_total", "turns that ended in an error, by errorKind");
+    describe_gauge!("pincer_runs_active", "runs executing now");
+    describe_gauge!("pincer_turns_queued", "turns waiting for their session's queue");
+    describe_gauge!("pincer_connections_open", "open client connections");
+    describe_histogram!("pincer_store_append_seconds", Unit::Seconds, "transcript append, call to durable");
+    describe_histogram!("pincer_store_fdatasync_seconds", Unit::Seconds, "fdatasync of a transcript append");
+}
+
+/// The Prometheus text exposition of every metric (empty when the recorder is off).
+pub fn render() -> String {
+    match HANDLE.get() {
+        Some(Some(h)) => {
+            h.run_upkeep();
+            h.render()
+        }
+        _ => String::new(),
+    }
+}
+
+/// A turn ended with `status`.
+pub fn turn_finished(status: &str) {
+    metrics::counter!("pincer_turns_total", "status" => status.to_owned()).increment(1);
+}
+
+/// A turn's run took `d`.
+pub fn turn_seconds(d: std::time::Duration) {
+    metrics::histogram!("pincer_turn_seconds").record(d.as_secs_f64());
+}
+
+/// A turn failed with `kind` (its `errorKind`).
+pub fn turn_error(kind: &str) {
+    metrics::counter!("pincer_turn_errors_total", "kind" => kind.to_owned()).increment(1);
+}
+
+/// A gauge that is raised while the value lives (a run executing, a turn waiting, a connection).
+pub struct Live(&'static str);
+
+impl Live {
+    /// `pincer_runs_active`.
+    pub fn run() -> Live {
+        Live::up("pincer_runs_active")
+    }
+    /// `pincer_turns_queued`.
+    pub fn queued() -> Live {
+        Live::up("pincer_turns_queued")
+    }
+    /// `pincer_connections_open`.
+    pub fn connection() -> Live {
+        Live::up("pincer_connections_open")
+    }
+    fn up(name: &'static str) -> Live {
+        metrics::gauge!(name).increment(1.0);
+        Live(name)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        metrics::gauge!(self.0).decrement(1.0);
+    }
+}
