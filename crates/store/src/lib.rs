@@ -12,9 +12,9 @@
 //! - [`ids`]: ids and timestamps.
 //! - [`history`]: `chat.history` from a bounded tail read.
 //! - [`store`]: the append path (FIFO per file, group commit, lock file, O(1) in the file size).
-//! - [`lock`]: OpenClaw's lock-file protocol with proof-of-death recovery.
-//! - [`rewrite`]: atomic replacement with backup, and cutting a torn tail.
-//! - [`verify`]: `verify` and `repair`.
+//! - `lock` (private): OpenClaw's lock-file protocol with proof-of-death recovery.
+//! - `rewrite` (private): atomic replacement with backup, and cutting a torn tail.
+//! - [`verify`]: `verify` (and `repair`, offered as [`Store::repair`]).
 //! - [`files`]: the typed file operations offered to other crates (state dir, session index,
 //!   token file, archives), over the private `fsutil`.
 //! - [`redact`]: secret redaction before anything is written.
@@ -26,7 +26,7 @@ pub mod files;
 mod fsutil;
 pub mod history;
 pub mod ids;
-pub mod lock;
+mod lock;
 pub mod parse;
 pub mod redact;
 mod rewrite;
@@ -34,6 +34,7 @@ pub mod session;
 pub mod store;
 pub mod verify;
 
+pub use lock::{LockError, LockGuard, LockOptions};
 pub use store::{valid_session_id, Appended, NewEntry, ParentChoice, Store, StoreOptions};
 
 pub use context::{build_context, Context};

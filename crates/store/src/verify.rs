@@ -156,7 +156,7 @@ pub struct Repaired {
 
 /// Fixes torn tails, missing newlines, `null` lines, linear entries, old versions and a missing
 /// header, under the session lock, atomically, keeping `<file>.bak.<timestamp>`.
-pub fn repair(path: &Path, opts: &StoreOptions, locks: &LockRegistry) -> Result<Repaired, StoreError> {
+pub(crate) fn repair(path: &Path, opts: &StoreOptions, locks: &LockRegistry) -> Result<Repaired, StoreError> {
     let _guard = locks.acquire(path, &opts.lock)?;
     let report = verify(path)?;
     let mut s = report.session;
