@@ -307,7 +307,7 @@ fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 const SUMMARY_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The first user message (one line, shortened) and the number of user and assistant messages.
-fn transcript_summary(path: &std::path::Path) -> (Option<String>, usize) {
+pub fn transcript_summary(path: &std::path::Path) -> (Option<String>, usize) {
     let too_big = std::fs::metadata(path).map(|m| m.len() > SUMMARY_MAX_BYTES).unwrap_or(true);
     let Ok(bytes) = (if too_big { Err(()) } else { std::fs::read(path).map_err(|_| ()) }) else { return (None, 0) };
     let (mut title, mut count) = (None, 0);

@@ -105,9 +105,8 @@ pub struct ListArgs {
     /// Only this agent's sessions.
     #[arg(long)]
     agent: Option<String>,
-    /// Machine-readable output.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: crate::table::OutputArgs,
     /// State directory (default $PINCER_STATE_DIR or ~/.pincer).
     #[arg(long)]
     state_dir: Option<PathBuf>,
@@ -117,7 +116,7 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
     let dir = args.state_dir.unwrap_or_else(config::default_state_dir);
     let sessions = pincer_gateway::sessions::Sessions::new(&dir, pincer_store::Store::new(Default::default()));
     let rows = sessions.list(args.agent.as_deref()).map_err(|e| Failure::failed(e.message))?;
-    if args.json {
+    if args.output.json() {
         let v: Vec<serde_json::Value> = rows
             .iter()
             .map(|r| {
@@ -130,10 +129,19 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
     } else if rows.is_empty() {
         println!("no sessions in {}", dir.display());
     } else {
+        use crate::table::{local_time, one_line, Table};
+        let mut t = Table::new(&["KEY", "TITLE", "MESSAGES", "UPDATED", "SESSION"]);
         for r in rows {
-            let updated = r.entry.get("updatedAt").and_then(serde_json::Value::as_i64).unwrap_or(0);
-            println!("{}\t{}\t{}\t{}", r.key, r.session_id, updated, r.path.display());
+            let (derived, count) = pincer_gateway::methods::transcript_summary(&r.path);
+            let label = r.entry.get("label").and_then(serde_json::Value::as_str).map(str::to_owned);
+            let mut title = label.or(derived).map_or_else(|| "-".to_owned(), |t| one_line(&t, 48));
+            if r.entry.get("archivedAt").is_some_and(|a| !a.is_null()) {
+                title.push_str(" (archived)");
+            }
+            let updated = local_time(r.entry.get("updatedAt").and_then(serde_json::Value::as_i64));
+            t.row(vec![r.key, title, count.to_string(), updated, r.session_id]);
         }
+        print!("{}", t.render());
     }
     Ok(0)
 }

@@ -4,6 +4,7 @@
 #![allow(clippy::print_stdout)]
 
 mod gateway;
+mod table;
 mod transcript;
 
 use clap::{Parser, Subcommand};

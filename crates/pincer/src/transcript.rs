@@ -63,7 +63,31 @@ pub enum TranscriptCmd {
         limit: usize,
         #[arg(long, default_value_t = DEFAULT_MAX_CHARS)]
         max_chars: usize,
+        #[command(flatten)]
+        output: crate::table::OutputArgs,
     },
+}
+
+/// `transcript history` on a terminal: one row per message (local time, role with the model of a
+/// reply, the text on one line), under a line naming the session.
+fn history_table(session_id: Option<&str>, messages: &[Value]) -> String {
+    use crate::table::{local_time, message_summary, one_line, Table};
+    let mut t = Table::new(&["TIME", "ROLE", "MESSAGE"]);
+    for m in messages {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
+        let kind = m.pointer("/__openclaw/kind").and_then(Value::as_str);
+        let who = match (kind, m.get("model").and_then(Value::as_str)) {
+            (Some("compaction"), _) => "compaction".to_owned(),
+            (_, Some(model)) if role == "assistant" => format!("assistant ({model})"),
+            _ => role.to_owned(),
+        };
+        let mut text = message_summary(m);
+        if let Some(err) = m.get("errorMessage").and_then(Value::as_str) {
+            text = format!("{text} [error: {err}]").trim().to_owned();
+        }
+        t.row(vec![local_time(m.get("timestamp").and_then(Value::as_i64)), who, one_line(&text, 100)]);
+    }
+    format!("session {} · {} messages\n{}", session_id.unwrap_or("-"), messages.len(), t.render())
 }
 
 fn print_json(v: &Value) -> Result<(), Failure> {
@@ -165,7 +189,7 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             }
             compact(&file, model, instructions, state_dir, config)
         }
-        TranscriptCmd::History { file, limit, max_chars } => {
+        TranscriptCmd::History { file, limit, max_chars, output } => {
             if limit == 0 || limit > MAX_LIMIT {
                 return Err(Failure::usage(format!("--limit must be between 1 and {MAX_LIMIT}")));
             }
@@ -177,7 +201,11 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             }
             let h = read_history(&file, HistoryOptions { limit, max_chars })
                 .map_err(|e| Failure::usage(format!("{}: cannot read: {e}", file.display())))?;
-            print_json(&json!({"sessionId": h.session_id, "messages": h.messages}))?;
+            if output.json() {
+                print_json(&json!({"sessionId": h.session_id, "messages": h.messages}))?;
+            } else {
+                print!("{}", history_table(h.session_id.as_deref(), &h.messages));
+            }
             Ok(0)
         }
     }
