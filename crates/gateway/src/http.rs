@@ -26,6 +26,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/api/sessions/{key}/events", get(session_events))
+        .merge(crate::openai::routes())
         .fallback(get(root))
         .with_state(gw)
 }
