@@ -145,6 +145,70 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
         let ids = abort_session(gw, &session.key, None, "stop-command");
         return Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}));
     }
+    let request = TurnRequest {
+        session,
+        run_id,
+        text: message,
+        images,
+        regenerate,
+        expected_leaf,
+        graft: None,
+        model: None,
+        conn_id: ctx.conn_id,
+    };
+    start_turn(gw, request, ctx.after_response()).await
+}
+
+/// A validated turn, as `chat.send` and the OpenAI-compatible endpoint ask for one.
+pub struct TurnRequest {
+    pub session: SessionRef,
+    /// The idempotency key (the run id).
+    pub run_id: String,
+    pub text: String,
+    /// Pi image blocks.
+    pub images: Vec<Value>,
+    /// A user row to answer again (no new user row).
+    pub regenerate: Option<String>,
+    /// OpenClaw's guard: the turn is refused unless the leaf is this.
+    pub expected_leaf: Option<Option<String>>,
+    /// A stateless client's turn: where it joins the tree and what comes before its user row.
+    pub graft: Option<Graft>,
+    /// The model of this turn instead of the session's (`provider/model`).
+    pub model: Option<String>,
+    /// The connection that asked (0: none).
+    pub conn_id: u64,
+}
+
+/// How a stateless client's turn (the OpenAI endpoint) joins the session's tree. Applied in the
+/// session's queue, after the hook and before the user row, so nothing can slip in between.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graft {
+    /// The entry the client's history ends at (`Some(None)`: before the first entry); `None`:
+    /// wherever the leaf is.
+    pub at: Option<Option<String>>,
+    /// The leaf when the match was made, if the client's history ended on the active branch: the
+    /// turn continues there without a leaf move while the leaf has not moved since.
+    pub leaf_seen: Option<String>,
+    /// A new system prompt for the session (`Some(None)`: back to the configured one).
+    pub system_prompt: Option<Option<String>>,
+    /// Pi messages the client sent that the tree lacks, written (chained) before the user row.
+    pub prelude: Vec<Value>,
+}
+
+/// `customType` of the entry recording a session's new system prompt (`data.systemPrompt`, `null`
+/// for the configured one); the session row keeps the current one as [`SYSTEM_PROMPT_FIELD`].
+pub const SYSTEM_PROMPT_CHANGE: &str = "pincer.system-prompt";
+pub const SYSTEM_PROMPT_FIELD: &str = "pincerSystemPrompt";
+
+/// Dedupes a turn (in memory, then from the transcript), registers it in its session's queue and
+/// runs it once `acked` fires: the one turn pipeline of the gateway.
+pub async fn start_turn(
+    gw: &Arc<Gateway>,
+    request: TurnRequest,
+    acked: tokio::sync::oneshot::Receiver<()>,
+) -> Result<Value, RpcError> {
+    let TurnRequest { session, run_id, text: message, images, regenerate, expected_leaf, graft, model, conn_id } =
+        request;
     let dedupe_key = format!("chat:{run_id}");
     match gw.dedupe_begin(&dedupe_key) {
         Some(Dedupe::InFlight) => return Ok(json!({"runId": run_id, "status": "in_flight"})),
@@ -176,15 +240,14 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
             return Err(e);
         }
     }
-    let Some(run) = gw.register_run_bounded(&run_id, &session.key, ctx.conn_id, MAX_QUEUED_PER_SESSION) else {
+    let Some(run) = gw.register_run_bounded(&run_id, &session.key, conn_id, MAX_QUEUED_PER_SESSION) else {
         gw.dedupe_forget(&dedupe_key);
         return Err(RpcError::unavailable(format!(
             "session busy: {MAX_QUEUED_PER_SESSION} turns are already running or waiting in {}; send again when one has finished",
             session.key
         )));
     };
-    let acked = ctx.after_response();
-    let turn = Turn { gw: gw.clone(), session, run, text: message, images, resume, regenerate };
+    let turn = Turn { gw: gw.clone(), session, run, text: message, images, resume, regenerate, graft, model };
     gw.tasks.spawn(async move {
         let _ = acked.await; // the ack goes out before any event of the run
         let (gw, session, run) = (turn.gw.clone(), turn.session.clone(), turn.run.clone());
@@ -198,12 +261,18 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
                     .unwrap_or_else(|| "panic".into()),
                 Err(e) => e.to_string(),
             };
-            Turn { gw, session, run, text: String::new(), images: vec![], resume: None, regenerate: None }
-                .crashed(&what)
-                .await;
+            Turn::bare(gw, session, run).crashed(&what).await;
         }
     });
     Ok(json!({"runId": run_id, "status": "started"}))
+}
+
+/// A session's system prompt: the one a client set ([`SYSTEM_PROMPT_FIELD`]), else the configured one.
+pub fn session_system_prompt(gw: &Gateway, session: &SessionRef) -> Option<String> {
+    match session.entry.get(SYSTEM_PROMPT_FIELD) {
+        Some(Value::String(p)) => Some(p.clone()),
+        _ => gw.settings.system_prompt.clone(),
+    }
 }
 
 /// `expectedLeafEntryId` must be the session's leaf now; `regenerateEntryId` must be a user message
@@ -308,9 +377,28 @@ struct Turn {
     resume: Option<Value>,
     /// A user row to answer again: the leaf moves there and no user row is written.
     regenerate: Option<String>,
+    /// Where a stateless client's turn joins the tree (see [`Graft`]).
+    graft: Option<Graft>,
+    /// The model of this turn instead of the session's.
+    model: Option<String>,
 }
 
 impl Turn {
+    /// A turn with nothing to write (for gateway replies and crash records).
+    fn bare(gw: Arc<Gateway>, session: SessionRef, run: Arc<RunHandle>) -> Turn {
+        Turn {
+            gw,
+            session,
+            run,
+            text: String::new(),
+            images: vec![],
+            resume: None,
+            regenerate: None,
+            graft: None,
+            model: None,
+        }
+    }
+
     fn chat_event(&self, state: &str, extra: Value) {
         let mut p = json!({
             "runId": self.run.run_id,
@@ -370,7 +458,9 @@ impl Turn {
         drop(queued);
         let (_running, started) = (crate::metrics::Live::run(), Instant::now());
         self.agent_event("lifecycle", json!({"phase": "start"}));
-        let command = slash_command(&self.text).filter(|_| self.images.is_empty() && self.regenerate.is_none());
+        // A stateless client's text is never a command (its history would not say what it did).
+        let command = slash_command(&self.text)
+            .filter(|_| self.images.is_empty() && self.regenerate.is_none() && self.graft.is_none());
         if let (Some(_), Some(_)) = (command, &self.resume) {
             self.reply("This command was interrupted by a restart before it was answered; send it again.").await;
             self.finish(Ok(json!({"runId": self.run.run_id, "status": "interrupted"})));
@@ -490,15 +580,7 @@ impl Turn {
                         None => "Started a new session.".into(),
                     };
                     self.gw.hub.forget_session(&self.session.key);
-                    let turn = Turn {
-                        gw: self.gw.clone(),
-                        session: fresh,
-                        run: self.run.clone(),
-                        text: String::new(),
-                        images: vec![],
-                        resume: None,
-                        regenerate: None,
-                    };
+                    let turn = Turn::bare(self.gw.clone(), fresh, self.run.clone());
                     self.gw.hub.publish(
                         "sessions.changed",
                         Some(&self.session.key),
@@ -536,6 +618,9 @@ impl Turn {
                 Decision::Block { reason, replacement } => {
                     let shown = replacement.unwrap_or_else(|| "[message blocked]".into());
                     let block = json!({"blocked": true, "reason": reason});
+                    if !self.apply_graft().await {
+                        return false;
+                    }
                     if self.write_user(&shown, Some(("openclawHookBlock", block))).await.is_none() {
                         return false;
                     }
@@ -545,24 +630,90 @@ impl Turn {
                 }
             }
         }
-        self.write_user(&self.text, None).await.is_some()
+        self.apply_graft().await && self.write_user(&self.text, None).await.is_some()
+    }
+
+    /// Joins a stateless client's turn to the tree: moves the leaf to where its history ends
+    /// (unless the leaf is still where the match found it), records a new system prompt, and
+    /// writes the messages the tree lacks. False (after a `chat` error) when a write failed.
+    async fn apply_graft(&self) -> bool {
+        let Some(g) = &self.graft else { return true };
+        if let Some(at) = &g.at {
+            let (s, path) = (self.session.clone(), self.session.path.clone());
+            let leaf = match self.gw.blocking(move |gw| crate::tree::leaf_and_entry(gw, &s, None)).await {
+                Ok((leaf, _)) => leaf,
+                Err(e) => {
+                    let why = format!("cannot read the leaf of {}: {}", path.display(), e.message);
+                    self.fail(&why, "persistence", None);
+                    return false;
+                }
+            };
+            let stays = g.leaf_seen.is_some() && leaf == g.leaf_seen;
+            if !stays && leaf != *at && !self.move_leaf(at.as_deref(), "branch").await {
+                return false;
+            }
+        }
+        if let Some(prompt) = &g.system_prompt {
+            let mut payload = Map::new();
+            payload.insert("customType".into(), json!(SYSTEM_PROMPT_CHANGE));
+            payload.insert("data".into(), json!({"systemPrompt": prompt, "at": now_ms()}));
+            if let Err(e) = self.gw.append(&self.session, NewEntry::of("custom", payload)).await {
+                let (kind, message) = persist_failure(&e);
+                self.fail(&message, kind, None);
+                return false;
+            }
+            let (key, mut fields) = (self.session.key.clone(), Map::new());
+            fields.insert(SYSTEM_PROMPT_FIELD.into(), json!(prompt));
+            if let Err(e) = self.gw.index(move |s| s.patch(&key, &fields)).await {
+                self.fail(&format!("the system prompt could not be saved: {}", e.message), "persistence", None);
+                return false;
+            }
+        }
+        for m in &g.prelude {
+            match self.gw.append(&self.session, NewEntry::message(m.clone())).await {
+                Ok(a) => self.session_message(&a.entry),
+                Err(e) => {
+                    let (kind, message) = persist_failure(&e);
+                    self.fail(&message, kind, None);
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Moves the session's leaf (a `leaf` entry) and tells the session lists; false (after a `chat`
+    /// error) when it could not be written.
+    async fn move_leaf(&self, target: Option<&str>, reason: &str) -> bool {
+        if let Err(e) = self.gw.append(&self.session, NewEntry::move_leaf(target)).await {
+            let (kind, message) = persist_failure(&e);
+            self.fail(&message, kind, None);
+            return false;
+        }
+        self.gw.hub.publish(
+            "sessions.changed",
+            Some(&self.session.key),
+            json!({"sessionKey": self.session.key, "reason": reason, "leafEntryId": target, "ts": now_ms()}),
+            true,
+            crate::hub::Audience::SessionsWatchers,
+        );
+        true
+    }
+
+    /// The system prompt of this turn's run: the one it sets, else the session's, else the configured one.
+    fn system_prompt(&self) -> Option<String> {
+        match self.graft.as_ref().and_then(|g| g.system_prompt.as_ref()) {
+            Some(p) => p.clone().or_else(|| self.gw.settings.system_prompt.clone()),
+            None => session_system_prompt(&self.gw, &self.session),
+        }
     }
 
     async fn agent_turn(&self) {
         if let Some(target) = &self.regenerate {
             // A sibling reply: the leaf moves to the user row, the run answers from there.
-            if let Err(e) = self.gw.append(&self.session, NewEntry::move_leaf(Some(target))).await {
-                let (kind, message) = persist_failure(&e);
-                self.fail(&message, kind, None);
+            if !self.move_leaf(Some(target), "regenerate").await {
                 return;
             }
-            self.gw.hub.publish(
-                "sessions.changed",
-                Some(&self.session.key),
-                json!({"sessionKey": self.session.key, "reason": "regenerate", "leafEntryId": target, "ts": now_ms()}),
-                true,
-                crate::hub::Audience::SessionsWatchers,
-            );
         } else if self.resume.is_some() {
             // The user row is on disk from before a restart: record that it runs again (once).
             let why = "the turn's reply was never written; running it again for the same user row";
@@ -593,7 +744,7 @@ impl Turn {
         loop {
             let rx = start_run(RunRequest {
                 model: model.clone(),
-                system_prompt: self.gw.settings.system_prompt.clone(),
+                system_prompt: self.system_prompt(),
                 messages: messages.clone(),
                 tools: self.gw.tools.clone(),
                 sink: Arc::new(StoreSink { gw: self.gw.clone(), session: self.session.clone() }),
@@ -639,6 +790,9 @@ impl Turn {
     }
 
     fn session_model(&self) -> String {
+        if let Some(m) = &self.model {
+            return m.clone();
+        }
         self.session
             .entry
             .get("model")

@@ -31,6 +31,18 @@ pub struct GatewaySection {
     pub max_connections: Option<usize>,
     /// Time a client has to send its request headers (default 10 s).
     pub header_timeout_ms: Option<u64>,
+    /// `[gateway.openai_api]`: the OpenAI-compatible endpoint (off unless enabled).
+    pub openai_api: OpenAiApiSection,
+}
+
+/// `[gateway.openai_api]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OpenAiApiSection {
+    /// Serve `POST /v1/chat/completions` and `GET /v1/models` (or env `PINCER_OPENAI_API=1`).
+    pub enabled: Option<bool>,
+    /// API keys accepted as `Authorization: Bearer <key>` besides the gateway token (one per client).
+    pub api_keys: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -122,6 +134,21 @@ pub struct Settings {
     pub max_connections: usize,
     pub header_timeout: std::time::Duration,
     pub max_reply_bytes: usize,
+    /// The OpenAI-compatible endpoint, when enabled.
+    pub openai_api: Option<OpenAiApi>,
+}
+
+/// The enabled OpenAI-compatible endpoint.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct OpenAiApi {
+    /// Bearer keys accepted besides the gateway token.
+    pub api_keys: Vec<String>,
+}
+
+impl std::fmt::Debug for OpenAiApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiApi").field("api_keys", &self.api_keys.len()).finish()
+    }
 }
 
 impl std::fmt::Debug for Settings {
@@ -155,6 +182,9 @@ impl Settings {
         let mut out = self.providers.secret_values();
         if let AuthMode::Token(t) = &self.auth {
             out.push(t.clone());
+        }
+        if let Some(api) = &self.openai_api {
+            out.extend(api.api_keys.iter().cloned());
         }
         out.extend(
             std::env::vars_os()
@@ -256,6 +286,7 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
         Some("off") => false,
         Some(other) => return Err(format!("logging.redact {other:?} is not \"on\" or \"off\"")),
     };
+    let openai_api = openai_api(&file.gateway.openai_api, &config_path)?;
     if let Some(h) = &file.hooks.before_agent_run {
         if h.command.is_empty() {
             return Err("hooks.before_agent_run.command is empty".into());
@@ -286,7 +317,27 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
             .max_reply_bytes
             .unwrap_or(pincer_agent::DEFAULT_MAX_REPLY_BYTES)
             .max(1024),
+        openai_api,
     })
+}
+
+/// `[gateway.openai_api]`, switched on by `enabled = true` or `PINCER_OPENAI_API=1`
+/// (`PINCER_OPENAI_API=0` switches it off whatever the file says).
+fn openai_api(section: &OpenAiApiSection, config_path: &Path) -> Result<Option<OpenAiApi>, String> {
+    let enabled = match env("PINCER_OPENAI_API").as_deref().map(str::trim) {
+        None => section.enabled.unwrap_or(false),
+        Some("1" | "true" | "on" | "yes") => true,
+        Some("0" | "false" | "off" | "no") => false,
+        Some(other) => return Err(format!("PINCER_OPENAI_API={other:?} is not 1 or 0")),
+    };
+    if let Some(k) = section.api_keys.iter().find(|k| k.trim().len() < 16) {
+        let shown: String = k.chars().take(3).collect();
+        return Err(format!(
+            "{}: gateway.openai_api.api_keys: the key starting {shown:?} is shorter than 16 characters; use long random keys",
+            config_path.display()
+        ));
+    }
+    Ok(enabled.then(|| OpenAiApi { api_keys: section.api_keys.iter().map(|k| k.trim().to_owned()).collect() }))
 }
 
 /// Checks and normalises `gateway.allowed_origins`.

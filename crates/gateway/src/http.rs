@@ -27,6 +27,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/api/sessions/{key}/events", get(session_events))
+        .merge(crate::openai::routes())
         .fallback(get(root))
         .with_state(gw)
 }

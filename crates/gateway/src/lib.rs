@@ -6,7 +6,8 @@
 //! - [`http`]: the WebChat page, `/healthz`, the per-session SSE stream, the optional Control UI.
 //! - [`ws`]: one WebSocket connection: handshake, dispatch, event forwarding, slow consumers.
 //! - [`protocol`]: frames, errors and limits of OpenClaw's gateway protocol (v3/v4).
-//! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends.
+//! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends (the one turn pipeline).
+//! - [`openai`]: the OpenAI-compatible endpoint, mapping stateless clients onto session trees.
 //! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
 //! - [`hub`]: the one in-process event bus with SSE catch-up logs.
 //! - [`state`]: shared state (store, runs, dedupe, queue).
@@ -24,6 +25,7 @@ pub mod http;
 pub mod hub;
 pub mod methods;
 pub mod metrics;
+pub mod openai;
 pub mod protocol;
 pub mod server;
 pub mod sessions;

@@ -192,6 +192,8 @@ pub struct Gateway {
     pub queue: SessionQueue,
     pub tools: Arc<ToolRegistry>,
     pub redactor: Arc<dyn Redactor>,
+    /// Where stateless clients' histories end in the session trees (the OpenAI endpoint).
+    pub conversations: Arc<crate::openai::index::ConversationIndex>,
     pub started: Instant,
     /// Fired on SIGINT/SIGTERM once runs have ended: connections say goodbye.
     pub shutdown: CancellationToken,
@@ -220,6 +222,7 @@ impl Gateway {
             queue: SessionQueue::new(),
             tools,
             redactor,
+            conversations: Arc::default(),
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             stopping_runs: CancellationToken::new(),
@@ -360,9 +363,18 @@ impl Gateway {
         let store = self.store.clone();
         let path = session.path.clone();
         let sid = session.session_id.clone();
-        let r = tokio::task::spawn_blocking(move || store.append_with(&path, entry, Some(&sid)))
-            .await
-            .unwrap_or_else(|e| Err(StoreError::Internal(format!("append task failed: {e}"))));
+        let (index, key) = (self.conversations.clone(), session.key.clone());
+        let r = tokio::task::spawn_blocking(move || {
+            let r = store.append_with(&path, entry, Some(&sid));
+            if let Ok(a) = &r {
+                if a.appended {
+                    index.appended(&key, &path, &a.entry);
+                }
+            }
+            r
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Internal(format!("append task failed: {e}"))));
         // Keep the cached context in step with what was written.
         match &r {
             Ok(a) if a.appended => {

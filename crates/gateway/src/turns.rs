@@ -102,6 +102,40 @@ pub fn on_disk(store: &Store, path: &Path, run_id: &str) -> Result<OnDisk, Store
     Ok(if at_leaf && !resumed { OnDisk::Resume(user) } else { OnDisk::Interrupted })
 }
 
+/// The assistant messages of a finished turn `run_id`, in order (its tool steps, then the reply);
+/// empty when the transcript has no reply for it.
+pub fn replies(store: &Store, path: &Path, run_id: &str) -> Result<Vec<Value>, StoreError> {
+    if let Some((e, _)) = store.find_keyed(path, &format!("{run_id}:assistant"))? {
+        return Ok(message(&e).map(|m| vec![Value::Object(m.clone())]).unwrap_or_default());
+    }
+    let Some((user, offset)) = store.find_keyed(path, &format!("{run_id}:user"))? else { return Ok(vec![]) };
+    let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(vec![]) };
+    let mut turn: Vec<String> = vec![user_id.to_owned()];
+    let mut out = Vec::new();
+    for e in store.entries_from(path, offset, TURN_WINDOW)?.iter().skip(1) {
+        let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
+        if !turn.iter().any(|t| t == parent) {
+            continue;
+        }
+        if let Some(m) = message(e) {
+            match m.get("role").and_then(Value::as_str) {
+                Some("user") => break,
+                Some("assistant") => {
+                    out.push(Value::Object(m.clone()));
+                    if reply_status(m).is_some() {
+                        return Ok(out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(id) = e.get("id").and_then(Value::as_str) {
+            turn.push(id.to_owned());
+        }
+    }
+    Ok(vec![])
+}
+
 /// The run id of an unanswered `chat.send` turn ending at the file's leaf, if there is one. Reads a
 /// small tail first and a larger one only while the leaf's chain leaves it.
 pub fn unanswered_at_leaf(store: &Store, path: &Path) -> Result<Option<String>, StoreError> {

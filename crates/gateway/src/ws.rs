@@ -226,8 +226,8 @@ impl crate::hub::Subscriber for ConnSubscriber {
     }
 }
 
-/// Constant-time comparison of secrets.
-fn same_secret(a: &str, b: &str) -> bool {
+/// Constant-time comparison of two secrets (the length is not hidden).
+pub fn same_secret(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

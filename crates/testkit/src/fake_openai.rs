@@ -19,6 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct FakeOpenAi {
     pub addr: std::net::SocketAddr,
     requests: Arc<Mutex<Vec<Value>>>,
+    usages: Arc<Mutex<Vec<Value>>>,
 }
 
 impl FakeOpenAi {
@@ -36,7 +37,8 @@ impl FakeOpenAi {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake provider");
         let addr = listener.local_addr().expect("addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let rec = record.then(|| requests.clone());
+        let usages = Arc::new(Mutex::new(Vec::new()));
+        let rec = record.then(|| Recorder { requests: requests.clone(), usages: usages.clone() });
         tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
                 let _ = sock.set_nodelay(true);
@@ -46,7 +48,7 @@ impl FakeOpenAi {
                 });
             }
         });
-        FakeOpenAi { addr, requests }
+        FakeOpenAi { addr, requests, usages }
     }
 
     /// Starts it on a thread of its own (for tests that are not async).
@@ -70,6 +72,11 @@ impl FakeOpenAi {
     /// The request bodies received so far.
     pub fn requests(&self) -> Vec<Value> {
         self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// The `usage` objects of the streams answered so far, in the order of [`FakeOpenAi::requests`].
+    pub fn usages(&self) -> Vec<Value> {
+        self.usages.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// A `[models.providers.fake]` section pointing at this server.
@@ -99,7 +106,14 @@ fn last_user_text(body: &Value) -> String {
 
 /// Serves one connection: requests one after another on it (HTTP/1.1 keep-alive, chunked
 /// responses, as real providers answer), until the client closes it.
-async fn handle(mut sock: TcpStream, rec: Option<Arc<Mutex<Vec<Value>>>>) -> std::io::Result<()> {
+/// Where a recording server keeps what it received and the usage it answered.
+#[derive(Clone)]
+struct Recorder {
+    requests: Arc<Mutex<Vec<Value>>>,
+    usages: Arc<Mutex<Vec<Value>>>,
+}
+
+async fn handle(mut sock: TcpStream, rec: Option<Recorder>) -> std::io::Result<()> {
     let mut buf = Vec::new();
     loop {
         let Some(body_len) = read_request(&mut sock, &mut buf).await? else { return Ok(()) };
@@ -158,13 +172,8 @@ impl Chunked<'_> {
 }
 
 /// Answers one request; `false` when the connection is to be closed after it.
-async fn respond(
-    sock: &mut TcpStream,
-    body: Value,
-    body_len: usize,
-    rec: Option<&Arc<Mutex<Vec<Value>>>>,
-) -> std::io::Result<bool> {
-    if let Some(Ok(mut r)) = rec.map(|r| r.lock()) {
+async fn respond(sock: &mut TcpStream, body: Value, body_len: usize, rec: Option<&Recorder>) -> std::io::Result<bool> {
+    if let Some(Ok(mut r)) = rec.map(|r| r.requests.lock()) {
         r.push(body.clone());
     }
     let said = last_user_text(&body);
@@ -252,6 +261,9 @@ async fn respond(
     }
     let usage = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": "fake-model",
         "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}});
+    if let Some(Ok(mut u)) = rec.map(|r| r.usages.lock()) {
+        u.push(usage["usage"].clone());
+    }
     sock.write_all(format!("data: {usage}\n\ndata: [DONE]\n\n").as_bytes()).await?;
     sock.end().await?;
     Ok(true)

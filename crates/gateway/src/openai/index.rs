@@ -1,0 +1,408 @@
+//! The conversation index: which session (and which entry of its tree) a stateless client's
+//! history ends at. Every entry of every session gets the chain hash of the messages on its path
+//! as an OpenAI client would resend them ([`super::wire::message_hash`]; entries a client never
+//! sees inherit their parent's chain), and a map from chain hash to the entries that have it turns
+//! "these N messages equal a prefix of some branch" into at most N hash lookups: the cost of a
+//! match grows with the request, not with the number of sessions or their length.
+//!
+//! Built in memory from the transcripts on first use, then kept in step with every append of this
+//! gateway ([`ConversationIndex::appended`]). A session whose file grew behind the index (another
+//! process) is re-read when it turns up as a candidate.
+
+use super::wire::{chain, message_hash, Hash, ROOT};
+use crate::state::lock;
+use pincer_store::session::Kind;
+use pincer_store::Session;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Prefix of the idempotency keys of the OpenAI endpoint's turns (only those are indexed).
+pub const KEY_PREFIX: &str = "oai-";
+
+/// An entry of a session: its transcript and the entry's id.
+type Spot = (Arc<Path>, Arc<str>);
+
+/// One indexed session.
+struct Tracked {
+    key: String,
+    /// Every entry's chain hash, and whether the entry is a message a client sees (then it is in
+    /// [`Inner::by_hash`] under that hash).
+    chains: HashMap<Arc<str>, (Hash, bool)>,
+    /// User rows written by the OpenAI endpoint: entry id → (run id, timestamp in ms).
+    keys: HashMap<Arc<str>, (Arc<str>, u64)>,
+    leaf: Option<Arc<str>>,
+    /// File length the index has read (`u64::MAX`: re-read it).
+    len: u64,
+    /// When it was last changed (the index's own clock).
+    touched: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    built: bool,
+    by_hash: HashMap<Hash, Vec<Spot>>,
+    sessions: HashMap<Arc<Path>, Tracked>,
+    clock: u64,
+}
+
+/// Where a client's history ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Match {
+    pub key: String,
+    pub path: PathBuf,
+    /// How many history messages matched.
+    pub depth: usize,
+    /// The entry the matched messages end at.
+    pub entry: String,
+    /// The session's leaf, when it is on the matched entry's chain end (the history ends on the
+    /// active branch: the turn continues there without moving the leaf).
+    pub leaf: Option<String>,
+}
+
+/// A turn of the OpenAI endpoint found in a transcript.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyedTurn {
+    pub key: String,
+    pub path: PathBuf,
+    pub run_id: String,
+    pub timestamp: u64,
+}
+
+#[derive(Default)]
+pub struct ConversationIndex {
+    inner: Mutex<Inner>,
+}
+
+fn file_len(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|m| m.len())
+}
+
+impl Inner {
+    fn forget(&mut self, path: &Path) {
+        let Some((p, t)) = self.sessions.remove_entry(path) else { return };
+        for (id, (hash, listed)) in &t.chains {
+            if !*listed {
+                continue;
+            }
+            if let Some(v) = self.by_hash.get_mut(hash) {
+                v.retain(|(vp, vid)| !(Arc::ptr_eq(vp, &p) || **vp == *p) || vid != id);
+                if v.is_empty() {
+                    self.by_hash.remove(hash);
+                }
+            }
+        }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Reads a transcript into the index (replacing what it had of it).
+    fn index_file(&mut self, key: &str, path: &Path) {
+        self.forget(path);
+        let Ok(bytes) = std::fs::read(path) else { return };
+        let len = bytes.len() as u64;
+        let s = Session::parse(bytes);
+        let n = s.entries.len();
+        let mut memo: Vec<Option<Hash>> = vec![None; n];
+        let mut own: Vec<Option<Option<Hash>>> = vec![None; n];
+        let mut messages: Vec<Option<Value>> = vec![None; n];
+        let message_of = |i: usize, messages: &mut Vec<Option<Value>>| -> Option<Value> {
+            if messages[i].is_none() && s.entries[i].kind == Kind::Message {
+                messages[i] = s.raw_message(i).and_then(|m| serde_json::from_str(&m).ok());
+            }
+            messages[i].clone()
+        };
+        let p = Arc::<Path>::from(path);
+        let mut t = Tracked {
+            key: key.to_owned(),
+            chains: HashMap::with_capacity(n),
+            keys: HashMap::new(),
+            leaf: s.leaf_id().map(Arc::from),
+            len,
+            touched: 0,
+        };
+        for i in 0..n {
+            // Walk up to an entry whose chain is known (parents usually come first in the file).
+            let mut stack = vec![i];
+            while let Some(&top) = stack.last() {
+                if memo[top].is_some() || stack.len() > n + 1 {
+                    break;
+                }
+                match s.parent_index(top) {
+                    Some(parent) if memo[parent].is_none() && !stack.contains(&parent) => stack.push(parent),
+                    _ => break,
+                }
+            }
+            while let Some(j) = stack.pop() {
+                if memo[j].is_some() {
+                    continue;
+                }
+                let base = s.parent_index(j).and_then(|p| memo[p]).unwrap_or(ROOT);
+                let m = message_of(j, &mut messages);
+                let h = m.as_ref().and_then(message_hash);
+                own[j] = Some(h);
+                memo[j] = Some(h.map_or(base, |h| chain(base, h)));
+            }
+            let Some(id) = s.entries[i].id.clone() else { continue };
+            let Some(c) = memo[i] else { continue };
+            let listed = matches!(own[i], Some(Some(_)));
+            if listed {
+                self.by_hash.entry(c).or_default().push((p.clone(), id.clone()));
+            }
+            if let Some(k) = message_of(i, &mut messages).as_ref().and_then(keyed) {
+                t.keys.insert(id.clone(), k);
+            }
+            t.chains.insert(id, (c, listed));
+        }
+        t.touched = self.tick();
+        self.sessions.insert(p, t);
+    }
+}
+
+/// The run id and timestamp of a user row written by the OpenAI endpoint.
+fn keyed(message: &Value) -> Option<(Arc<str>, u64)> {
+    if message.get("role")?.as_str()? != "user" {
+        return None;
+    }
+    let key = message.get("idempotencyKey")?.as_str()?.strip_suffix(":user")?;
+    key.starts_with(KEY_PREFIX).then(|| (Arc::from(key), message.get("timestamp").and_then(Value::as_u64).unwrap_or(0)))
+}
+
+impl ConversationIndex {
+    /// Whether the index has been built (until then appends are not followed: the build reads them).
+    pub fn is_built(&self) -> bool {
+        lock(&self.inner).built
+    }
+
+    /// Builds the index from these sessions (key, transcript) unless it is built. Blocking.
+    pub fn build(&self, sessions: impl IntoIterator<Item = (String, PathBuf)>) {
+        let mut inner = lock(&self.inner);
+        if inner.built {
+            return;
+        }
+        for (key, path) in sessions {
+            inner.index_file(&key, &path);
+        }
+        inner.built = true;
+    }
+
+    /// Makes sure a session is indexed as its file is now. Blocking.
+    pub fn track(&self, key: &str, path: &Path) {
+        let mut inner = lock(&self.inner);
+        let fresh = inner.sessions.get(path).is_some_and(|t| Some(t.len) == file_len(path) && t.key == key);
+        if !fresh {
+            inner.index_file(key, path);
+        }
+    }
+
+    /// Drops a session (its transcript was archived or deleted).
+    pub fn forget(&self, path: &Path) {
+        lock(&self.inner).forget(path);
+    }
+
+    /// Follows one entry the gateway appended to `path` (as written). Blocking (a `stat`).
+    pub fn appended(&self, key: &str, path: &Path, entry: &Value) {
+        let mut inner = lock(&self.inner);
+        if !inner.built {
+            return;
+        }
+        let Some(id) = entry.get("id").and_then(Value::as_str).map(Arc::<str>::from) else { return };
+        let parent = entry.get("parentId").and_then(Value::as_str);
+        let now = inner.tick();
+        let p = match inner.sessions.get_key_value(path) {
+            Some((p, _)) => p.clone(),
+            None => {
+                let p = Arc::<Path>::from(path);
+                let t = Tracked {
+                    key: key.to_owned(),
+                    chains: HashMap::new(),
+                    keys: HashMap::new(),
+                    leaf: None,
+                    len: 0,
+                    touched: now,
+                };
+                inner.sessions.insert(p.clone(), t);
+                p
+            }
+        };
+        let len = file_len(path).unwrap_or(u64::MAX);
+        let Some(t) = inner.sessions.get_mut(path) else { return };
+        let base = match parent {
+            None => Some(ROOT),
+            Some(parent) => t.chains.get(parent).map(|(c, _)| *c),
+        };
+        let Some(base) = base else {
+            t.len = u64::MAX; // its parent is not indexed: re-read the file when it matters
+            return;
+        };
+        let is_message = entry.get("type").and_then(Value::as_str) == Some("message");
+        let message = entry.get("message").filter(|_| is_message);
+        let h = message.and_then(message_hash);
+        let c = h.map_or(base, |h| chain(base, h));
+        if let Some(k) = message.and_then(keyed) {
+            t.keys.insert(id.clone(), k);
+        }
+        t.chains.insert(id.clone(), (c, h.is_some()));
+        t.leaf = Some(id.clone());
+        t.touched = now;
+        // Only a file that had exactly what the index read before this entry is still in step.
+        t.len = if t.len == u64::MAX { u64::MAX } else { len };
+        if h.is_some() {
+            inner.by_hash.entry(c).or_default().push((p, id));
+        }
+    }
+
+    /// The deepest prefix of `chains` (the chain hash after each history message) that ends at an
+    /// entry, in `within` only when given. At most `chains.len()` lookups; candidates whose file
+    /// grew behind the index are re-read first. Among several sessions, one whose active branch
+    /// ends there wins, then the most recently changed. Blocking (a `stat` per candidate).
+    pub fn deepest(&self, chains: &[Hash], within: Option<&Path>) -> Option<Match> {
+        let mut inner = lock(&self.inner);
+        for _ in 0..3 {
+            let mut found = None;
+            for depth in (1..=chains.len()).rev() {
+                let spots: Vec<Spot> = inner
+                    .by_hash
+                    .get(&chains[depth - 1])
+                    .map(|v| v.iter().filter(|(p, _)| within.is_none_or(|w| w == &**p)).cloned().collect())
+                    .unwrap_or_default();
+                if !spots.is_empty() {
+                    found = Some((depth, spots));
+                    break;
+                }
+            }
+            let (depth, spots) = found?;
+            let stale: Vec<(String, Arc<Path>)> = spots
+                .iter()
+                .filter_map(|(p, _)| inner.sessions.get(&**p).map(|t| (p, t)))
+                .filter(|(p, t)| Some(t.len) != file_len(p))
+                .map(|(p, t)| (t.key.clone(), p.clone()))
+                .collect();
+            if !stale.is_empty() {
+                for (key, p) in stale {
+                    match file_len(&p) {
+                        Some(_) => inner.index_file(&key, &p),
+                        None => inner.forget(&p),
+                    }
+                }
+                continue;
+            }
+            let want = chains[depth - 1];
+            let best = spots
+                .iter()
+                .filter_map(|(p, id)| inner.sessions.get(&**p).map(|t| (p, id, t)))
+                .map(|(p, id, t)| {
+                    let leaf_on = t.leaf.as_ref().filter(|l| t.chains.get(&***l).is_some_and(|(c, _)| *c == want));
+                    (leaf_on.is_some(), t.touched, p, id, t, leaf_on.cloned())
+                })
+                .max_by_key(|(on, touched, ..)| (*on, *touched))?;
+            let (_, _, p, id, t, leaf) = best;
+            return Some(Match {
+                key: t.key.clone(),
+                path: p.to_path_buf(),
+                depth,
+                entry: id.to_string(),
+                leaf: leaf.map(|l| l.to_string()),
+            });
+        }
+        None
+    }
+
+    /// The newest turn of the OpenAI endpoint whose user row ends the history `full` (the chain of
+    /// the whole request) and whose run id starts with `run_prefix`.
+    pub fn keyed_turn(&self, full: Hash, run_prefix: &str) -> Option<KeyedTurn> {
+        let inner = lock(&self.inner);
+        inner
+            .by_hash
+            .get(&full)?
+            .iter()
+            .filter_map(|(p, id)| {
+                let t = inner.sessions.get(&**p)?;
+                let (run, ts) = t.keys.get(id)?;
+                run.starts_with(run_prefix).then(|| KeyedTurn {
+                    key: t.key.clone(),
+                    path: p.to_path_buf(),
+                    run_id: run.to_string(),
+                    timestamp: *ts,
+                })
+            })
+            .max_by_key(|k| k.timestamp)
+    }
+
+    /// Sessions and entries indexed (for the benchmark's report).
+    pub fn size(&self) -> (usize, usize) {
+        let inner = lock(&self.inner);
+        (inner.sessions.len(), inner.sessions.values().map(|t| t.chains.len()).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pincer_store::{NewEntry, Store, StoreOptions};
+    use serde_json::json;
+
+    fn chains_of(msgs: &[Value]) -> Vec<Hash> {
+        let mut c = ROOT;
+        msgs.iter()
+            .map(|m| {
+                c = chain(c, message_hash(m).expect("a client message"));
+                c
+            })
+            .collect()
+    }
+
+    #[test]
+    fn histories_are_found_at_their_entry_on_any_branch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.jsonl");
+        let store = Store::new(StoreOptions::default());
+        let add = |m: Value| store.append(&path, NewEntry::message(m)).expect("append").entry;
+        let u1 = json!({"role": "user", "content": "one", "idempotencyKey": "oai-x:user", "timestamp": 7});
+        let a1 = json!({"role": "assistant", "content": [{"type": "text", "text": "reply one"}], "stopReason": "stop"});
+        let u2 = json!({"role": "user", "content": "two"});
+        let e_u1 = add(u1.clone());
+        let e_a1 = add(a1.clone());
+        let _e_u2 = add(u2.clone());
+        let idx = ConversationIndex::default();
+        idx.build([("agent:main:a".to_string(), path.clone())]);
+        let m = idx.deepest(&chains_of(&[u1.clone(), a1.clone()]), None).expect("found");
+        assert_eq!((m.depth, m.entry.as_str(), m.leaf), (2, e_a1["id"].as_str().expect("id"), None));
+        let edited = json!({"role": "user", "content": "two, edited"});
+        let m = idx.deepest(&chains_of(&[u1.clone(), a1.clone(), edited]), None).expect("found");
+        assert_eq!(m.depth, 2, "the edit diverges after the first reply");
+        assert_eq!(idx.deepest(&chains_of(&[json!({"role": "user", "content": "other"})]), None), None);
+        // The endpoint's turns are found by the chain of the whole request.
+        let k = idx.keyed_turn(chains_of(std::slice::from_ref(&u1))[0], "oai-x").expect("keyed");
+        assert_eq!((k.run_id.as_str(), k.timestamp), ("oai-x", 7));
+        // Appends are followed; the leaf's chain tells that a history ends on the active branch.
+        let e_a2 = store
+            .append(&path, NewEntry::message(json!({"role": "assistant", "content": [{"type": "text", "text": "r2"}]})))
+            .expect("append")
+            .entry;
+        idx.appended("agent:main:a", &path, &e_a2);
+        let a2 = json!({"role": "assistant", "content": "r2"});
+        let m = idx.deepest(&chains_of(&[u1, a1, u2, a2]), None).expect("found");
+        assert_eq!((m.depth, m.leaf.as_deref()), (4, e_a2["id"].as_str()));
+        assert!(e_u1["id"].is_string());
+    }
+
+    #[test]
+    fn a_file_grown_behind_the_index_is_read_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.jsonl");
+        let store = Store::new(StoreOptions::default());
+        let u1 = json!({"role": "user", "content": "one"});
+        store.append(&path, NewEntry::message(u1.clone())).expect("append");
+        let idx = ConversationIndex::default();
+        idx.build([("agent:main:a".to_string(), path.clone())]);
+        let a1 = json!({"role": "assistant", "content": [{"type": "text", "text": "r"}]});
+        store.append(&path, NewEntry::message(a1.clone())).expect("append"); // not through the index
+        let m = idx.deepest(&chains_of(&[u1, a1]), None).expect("found after a re-read");
+        assert_eq!(m.depth, 2);
+    }
+}

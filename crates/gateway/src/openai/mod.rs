@@ -1,0 +1,695 @@
+//! The OpenAI-compatible endpoint (`[gateway.openai_api] enabled = true`): `POST
+//! /v1/chat/completions` (streamed in OpenAI's chunk format, or whole) and `GET /v1/models`, behind
+//! `Authorization: Bearer <gateway token or a configured API key>`.
+//!
+//! A stateless client resends its whole conversation each time; the endpoint maps it onto one
+//! session's tree. An explicit `x-openclaw-session-key` / `x-pincer-session-key` names the session;
+//! otherwise the [`index`] finds where the history ends: on a session's active branch (the new turn
+//! is appended there), inside some branch (the turn branches from the last common entry, as an edit
+//! in the WebChat does), or nowhere (a new session). The turn itself runs through `chat.send`'s
+//! pipeline ([`crate::chat::start_turn`]): user row persisted before the model is called, live
+//! events to every watcher of the session, the reply persisted before the final chunk, and the
+//! idempotency key (from `x-request-id`, or the body's hash within [`BODY_RETRY_WINDOW_MS`]) durable
+//! in the transcript.
+
+pub mod index;
+pub mod wire;
+
+use crate::chat::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
+use crate::config::AuthMode;
+use crate::hub::{BusEvent, Subscriber};
+use crate::sessions::{SessionRef, DEFAULT_AGENT};
+use crate::state::{lock, Gateway};
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wire::{ApiError, Conversation, Hash, ROOT};
+
+/// Largest request body (room for 20 MB of images as base64).
+pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// An identical body (without `x-request-id`) within this long is a retry of the same turn.
+pub const BODY_RETRY_WINDOW_MS: u64 = 10 * 60 * 1000;
+/// Longest `x-request-id` taken as an idempotency key.
+const MAX_REQUEST_ID: usize = 200;
+
+/// The endpoint's routes (they answer 404 in OpenAI's shape while it is off).
+pub fn routes() -> Router<Arc<Gateway>> {
+    Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self.body())).into_response()
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, rest) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// The endpoint is on, and the request carries the gateway token or a configured key.
+fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(api) = &gw.settings.openai_api else {
+        return Err(ApiError::new(
+            404,
+            "invalid_request_error",
+            Some("not_found"),
+            "the OpenAI-compatible API is off: set [gateway.openai_api] enabled = true in pincer.toml (or PINCER_OPENAI_API=1)",
+        ));
+    };
+    let token = match &gw.settings.auth {
+        AuthMode::Token(t) if !t.is_empty() => Some(t.as_str()),
+        AuthMode::Token(_) => None,
+        AuthMode::None if api.api_keys.is_empty() => return Ok(()),
+        AuthMode::None => None,
+    };
+    let Some(given) = bearer(headers) else {
+        return Err(ApiError::new(
+            401,
+            "invalid_request_error",
+            Some("missing_api_key"),
+            "no API key: send the gateway token (or a key of gateway.openai_api.api_keys) as Authorization: Bearer <key>",
+        ));
+    };
+    // Every candidate is compared (in constant time each), so timing tells nothing about which matched.
+    let ok = token
+        .into_iter()
+        .chain(api.api_keys.iter().map(String::as_str))
+        .fold(false, |ok, k| crate::ws::same_secret(given, k) | ok);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(401, "invalid_request_error", Some("invalid_api_key"), "incorrect API key provided"))
+    }
+}
+
+/// The names `model` may take: `pincer`, the agent ids, and every configured `provider/model`.
+fn model_names(gw: &Gateway) -> Vec<(String, &'static str)> {
+    let mut out = vec![("pincer".to_string(), "pincer"), (DEFAULT_AGENT.to_string(), "pincer")];
+    let mut configured = gw.settings.providers.configured();
+    if !configured.contains(&gw.settings.model) {
+        configured.push(gw.settings.model.clone());
+    }
+    out.extend(configured.into_iter().filter(|m| !m.contains("/<")).map(|m| (m, "pincer-config")));
+    out
+}
+
+fn model_object(id: &str, owner: &str, created: u64) -> Value {
+    json!({"id": id, "object": "model", "created": created, "owned_by": owner})
+}
+
+fn started_secs(gw: &Gateway) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    now.saturating_sub(gw.started.elapsed().as_secs())
+}
+
+async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&gw, &headers) {
+        return e.into_response();
+    }
+    let created = started_secs(&gw);
+    let data: Vec<Value> = model_names(&gw).iter().map(|(id, owner)| model_object(id, owner, created)).collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn model(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(e) = authorize(&gw, &headers) {
+        return e.into_response();
+    }
+    match model_names(&gw).into_iter().find(|(m, _)| *m == id) {
+        Some((m, owner)) => Json(model_object(&m, owner, started_secs(&gw))).into_response(),
+        None => unknown_model(&id).into_response(),
+    }
+}
+
+fn unknown_model(name: &str) -> ApiError {
+    ApiError::new(
+        404,
+        "invalid_request_error",
+        Some("model_not_found"),
+        format!("the model {name:?} does not exist here; GET /v1/models lists pincer, the agent ids and the configured provider/model names"),
+    )
+}
+
+/// The agent and the model override a request's `model` names.
+fn resolve_model(gw: &Gateway, name: &str) -> Result<(String, Option<String>), ApiError> {
+    let lowered = name.trim().to_ascii_lowercase();
+    if lowered.is_empty() || lowered == "pincer" || lowered == "pincer/default" || lowered == DEFAULT_AGENT {
+        return Ok((DEFAULT_AGENT.into(), None));
+    }
+    if name.contains('/') && gw.settings.providers.resolve(name.trim()).is_ok() {
+        return Ok((DEFAULT_AGENT.into(), Some(name.trim().to_owned())));
+    }
+    Err(unknown_model(name))
+}
+
+/// The request's idempotency key prefix: `x-request-id` and the body, hashed.
+fn request_key(headers: &HeaderMap, body: &[u8]) -> Result<(String, bool), ApiError> {
+    let id = match headers.get("x-request-id") {
+        None => None,
+        Some(v) => {
+            let v = v.to_str().map_err(|_| ApiError::bad("x-request-id must be ASCII"))?.trim();
+            if v.len() > MAX_REQUEST_ID || v.is_empty() {
+                return Err(ApiError::bad(format!("x-request-id must be 1 to {MAX_REQUEST_ID} characters")));
+            }
+            Some(v.to_owned())
+        }
+    };
+    let mut h = Sha256::new();
+    h.update(id.as_deref().unwrap_or("").as_bytes());
+    h.update([0]);
+    h.update(body);
+    let hex: String = h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let by_id = id.is_some();
+    Ok((format!("{}{}{hex}", index::KEY_PREFIX, if by_id { "r" } else { "b" }), by_id))
+}
+
+/// The validated request.
+struct Ask {
+    stream: bool,
+    include_usage: bool,
+    model_name: String,
+    agent: String,
+    model: Option<String>,
+    conversation: Conversation,
+    explicit_key: Option<String>,
+    key_prefix: String,
+    by_request_id: bool,
+}
+
+fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8]) -> Result<Ask, ApiError> {
+    let req: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the request body is not JSON: {e}")))?;
+    if !req.is_object() {
+        return Err(ApiError::bad("the request body must be a JSON object"));
+    }
+    let stream = match req.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad("stream must be a boolean")),
+    };
+    let include_usage = match req.pointer("/stream_options/include_usage") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad("stream_options.include_usage must be a boolean")),
+    };
+    match req.get("n") {
+        None | Some(Value::Null) => {}
+        Some(n) if n.as_u64() == Some(1) => {}
+        Some(_) => return Err(ApiError::bad("n must be 1: one session turn gives one reply")),
+    }
+    if req.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::bad(
+            "tools (functions run by the client) are not supported: the agent runs its own tools in the gateway",
+        ));
+    }
+    let model_name = match req.get("model") {
+        None | Some(Value::Null) => "pincer".to_string(),
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => return Err(ApiError::bad("model must be a string")),
+    };
+    let (agent, model) = resolve_model(gw, &model_name)?;
+    let messages = req.get("messages").ok_or_else(|| ApiError::bad("messages is required"))?;
+    let conversation = wire::conversation(messages, gw.redactor.as_ref()).map_err(ApiError::bad)?;
+    let explicit_key = ["x-pincer-session-key", "x-openclaw-session-key"]
+        .iter()
+        .find_map(|h| headers.get(*h))
+        .map(|v| v.to_str().map(|s| s.trim().to_owned()))
+        .transpose()
+        .map_err(|_| ApiError::bad("the session key header must be ASCII"))?
+        .filter(|k| !k.is_empty());
+    let (key_prefix, by_request_id) = request_key(headers, body)?;
+    Ok(Ask { stream, include_usage, model_name, agent, model, conversation, explicit_key, key_prefix, by_request_id })
+}
+
+/// Where the turn goes.
+struct Placement {
+    session: SessionRef,
+    run_id: String,
+    graft: Graft,
+}
+
+fn chains(c: &Conversation) -> (Vec<Hash>, Hash) {
+    let (history, trailing) = c.hashes();
+    let mut at = ROOT;
+    let mut out = Vec::with_capacity(history.len());
+    for h in history.iter().flatten() {
+        at = wire::chain(at, *h);
+        out.push(at);
+    }
+    let full = trailing.iter().flatten().fold(at, |c, h| wire::chain(c, *h));
+    (out, full)
+}
+
+fn internal(e: crate::protocol::RpcError) -> ApiError {
+    ApiError::new(500, "api_error", None, e.message)
+}
+
+/// Finds (or makes) the session and the point of its tree the request continues. Blocking.
+fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
+    let idx = &gw.conversations;
+    if !idx.is_built() {
+        let all = gw.sessions.list(None).map_err(internal)?;
+        idx.build(all.into_iter().map(|s| (s.key, s.path)));
+    }
+    let conv = &ask.conversation;
+    let (history, full) = chains(conv);
+    let explicit = match &ask.explicit_key {
+        Some(k) => {
+            let s = gw
+                .sessions
+                .resolve(k, true)
+                .map_err(|e| ApiError::bad(format!("session key header: {}", e.message)))?
+                .ok_or_else(|| ApiError::new(404, "invalid_request_error", None, format!("no session {k}")))?;
+            idx.track(&s.key, &s.path);
+            Some(s)
+        }
+        None => None,
+    };
+    let now = pincer_pi::now_ms();
+    let run_id = format!("{}-{now}", ask.key_prefix);
+    let system_change = |s: &SessionRef| {
+        let current = s.entry.get(SYSTEM_PROMPT_FIELD).and_then(Value::as_str).map(str::to_owned);
+        (current != conv.system).then(|| conv.system.clone())
+    };
+    // A retry: the whole request already ended in a user row of this key.
+    if allow_retry {
+        if let Some(t) = idx.keyed_turn(full, &ask.key_prefix) {
+            let fresh = ask.by_request_id || now.saturating_sub(t.timestamp) < BODY_RETRY_WINDOW_MS;
+            let same = explicit.as_ref().is_none_or(|s| s.path == t.path);
+            if fresh && same {
+                if let Some(s) = gw.sessions.resolve(&t.key, false).map_err(internal)?.filter(|s| s.path == t.path) {
+                    return Ok(Placement { session: s, run_id: t.run_id, graft: Graft::default() });
+                }
+            }
+        }
+    }
+    for _ in 0..3 {
+        let found = idx.deepest(&history, explicit.as_ref().map(|s| s.path.as_path()));
+        let found = match (found, &explicit) {
+            // Without a session key, a shared first message is not enough to join someone's
+            // conversation: the common part must hold a reply, or be the whole history.
+            (Some(m), None)
+                if m.depth < history.len()
+                    && !conv.history[..m.depth]
+                        .iter()
+                        .any(|h| h.get("role").and_then(Value::as_str) == Some("assistant")) =>
+            {
+                None
+            }
+            (m, _) => m,
+        };
+        let (session, at, leaf_seen, depth) = match (found, &explicit) {
+            (Some(m), _) => {
+                let s = gw.sessions.resolve(&m.key, false).map_err(internal)?.filter(|s| s.path == m.path);
+                let Some(s) = s else {
+                    idx.forget(&m.path); // reset or deleted since: not a candidate any more
+                    continue;
+                };
+                (s, Some(Some(m.entry)), m.leaf, m.depth)
+            }
+            (None, Some(s)) if conv.history.is_empty() => (s.clone(), None, None, 0),
+            (None, Some(s)) => (s.clone(), Some(None), None, 0),
+            (None, None) => {
+                let key = format!("agent:{}:openai:{}", ask.agent, uuid::Uuid::new_v4());
+                let s = gw
+                    .sessions
+                    .resolve(&key, true)
+                    .map_err(internal)?
+                    .ok_or_else(|| ApiError::new(500, "api_error", None, format!("cannot create session {key}")))?;
+                (s, None, None, 0)
+            }
+        };
+        let mut prelude: Vec<Value> = conv.history[depth..].to_vec();
+        prelude.extend(conv.extra_users.iter().cloned());
+        let graft = Graft { at, leaf_seen, system_prompt: system_change(&session), prelude };
+        return Ok(Placement { session, run_id: run_id.clone(), graft });
+    }
+    Err(ApiError::new(500, "api_error", None, "the sessions changed while the request was matched; send it again"))
+}
+
+/// What a run's `chat` events say, as the endpoint relays them.
+enum Step {
+    Text(String),
+    Done { finish: &'static str, usage: Value },
+    Failed(ApiError),
+}
+
+/// The `chat` events of one run, kept for the request that relays them: deltas supersede each
+/// other (each carries the message's text so far), so only the latest is kept; the run's end is
+/// kept apart and never dropped.
+struct RunWatch {
+    run_id: String,
+    key: String,
+    delta: Mutex<Option<Value>>,
+    end: Mutex<Option<Value>>,
+    wake: tokio::sync::Notify,
+}
+
+impl Subscriber for RunWatch {
+    fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
+        if ev.name != "chat" || ev.session_key.as_deref() != Some(self.key.as_str()) {
+            return true;
+        }
+        let Ok(p) = serde_json::from_str::<Value>(&ev.payload_json) else { return true };
+        if p.get("runId").and_then(Value::as_str) != Some(self.run_id.as_str()) {
+            return true;
+        }
+        let slot = if p.get("state").and_then(Value::as_str) == Some("delta") { &self.delta } else { &self.end };
+        *lock(slot) = Some(p);
+        self.wake.notify_one();
+        true
+    }
+}
+
+/// Turns a run's events into text pieces and its end.
+struct Relay {
+    gw: Arc<Gateway>,
+    watch: Arc<RunWatch>,
+    _subscription: crate::hub::Subscription,
+    session: SessionRef,
+    /// Text of the current assistant message already relayed.
+    current: String,
+    /// Steps ready to go out.
+    queue: std::collections::VecDeque<Step>,
+    ended: bool,
+}
+
+impl Relay {
+    fn open(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Relay {
+        let watch = Arc::new(RunWatch {
+            run_id: run_id.to_owned(),
+            key: session.key.clone(),
+            delta: Mutex::new(None),
+            end: Mutex::new(None),
+            wake: tokio::sync::Notify::new(),
+        });
+        let sub = gw.hub.subscribe(watch.clone());
+        sub.watch(&session.key);
+        Relay {
+            gw: gw.clone(),
+            watch,
+            _subscription: sub,
+            session: session.clone(),
+            current: String::new(),
+            queue: Default::default(),
+            ended: false,
+        }
+    }
+
+    /// Queues the new text of an assistant message whose text so far is `text`.
+    fn piece(&mut self, text: &str) {
+        let new = match text.strip_prefix(self.current.as_str()) {
+            Some(rest) => rest.to_owned(),
+            None => text.to_owned(), // the next assistant message of the run (after a tool step)
+        };
+        self.current = text.to_owned();
+        if !new.is_empty() {
+            self.queue.push_back(Step::Text(new));
+        }
+    }
+
+    /// The next piece of text, or the end (once).
+    async fn next(&mut self) -> Option<Step> {
+        loop {
+            if let Some(step) = self.queue.pop_front() {
+                return Some(step);
+            }
+            if self.ended {
+                return None;
+            }
+            let end = lock(&self.watch.end).take();
+            if let Some(end) = end {
+                // A delta held back behind the end is part of the end's message.
+                lock(&self.watch.delta).take();
+                self.finish(&end);
+                continue;
+            }
+            let delta = lock(&self.watch.delta).take();
+            if let Some(d) = delta {
+                self.piece(&wire::assistant_text(&d["message"]));
+                continue;
+            }
+            tokio::select! {
+                _ = self.watch.wake.notified() => {}
+                // A run that ended before this request subscribed (a retry racing its original):
+                // its end is read from the transcript.
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                    if self.gw.run(&self.watch.run_id).is_none() && lock(&self.watch.end).is_none() {
+                        self.ended = true;
+                        match finished(&self.gw, &self.session, &self.watch.run_id).await {
+                            Ok(f) => {
+                                let rest = f.text.strip_prefix(self.current.as_str()).unwrap_or(&f.text).to_owned();
+                                if !rest.is_empty() {
+                                    self.queue.push_back(Step::Text(rest));
+                                }
+                                self.queue.push_back(Step::Done { finish: f.finish, usage: f.usage });
+                            }
+                            Err(e) => self.queue.push_back(Step::Failed(e)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, end: &Value) {
+        self.ended = true;
+        if end.get("state").and_then(Value::as_str) == Some("error") {
+            self.queue.push_back(Step::Failed(ApiError::from_run(
+                end.get("errorMessage").and_then(Value::as_str).unwrap_or("the run failed"),
+                end.get("errorKind").and_then(Value::as_str).unwrap_or("unknown"),
+            )));
+            return;
+        }
+        let msg = end.get("message").cloned().unwrap_or(Value::Null);
+        self.piece(&wire::assistant_text(&msg));
+        let usage = end.get("usage").filter(|u| u.is_object()).or_else(|| msg.get("usage"));
+        let finish = wire::finish_reason(msg.get("stopReason").and_then(Value::as_str));
+        self.queue.push_back(Step::Done { finish, usage: wire::usage(usage) });
+    }
+}
+
+/// A finished turn read back from its transcript.
+struct Finished {
+    text: String,
+    finish: &'static str,
+    usage: Value,
+}
+
+async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Result<Finished, ApiError> {
+    let (path, id) = (session.path.clone(), run_id.to_owned());
+    let replies = gw
+        .blocking(move |gw| {
+            crate::turns::replies(&gw.store, &path, &id)
+                .map_err(|e| crate::protocol::RpcError::unavailable(format!("cannot read the transcript: {e}")))
+        })
+        .await
+        .map_err(internal)?;
+    let Some(last) = replies.last().cloned() else {
+        return Err(ApiError::new(500, "api_error", None, format!("the turn {run_id} has no reply in its transcript")));
+    };
+    if last.get("stopReason").and_then(Value::as_str) == Some("error") {
+        let message = last.get("errorMessage").and_then(Value::as_str).unwrap_or("the run failed");
+        return Err(ApiError::from_run(message, "unknown"));
+    }
+    Ok(Finished {
+        text: replies.iter().map(wire::assistant_text).collect(),
+        finish: wire::finish_reason(last.get("stopReason").and_then(Value::as_str)),
+        usage: wire::usage(last.get("usage")),
+    })
+}
+
+async fn completions(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes) -> Response {
+    match complete(&gw, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+    authorize(gw, headers)?;
+    let ask = Arc::new(parse(gw, headers, &body)?);
+    drop(body);
+    let mut allow_retry = true;
+    loop {
+        let a = ask.clone();
+        let placed = gw.blocking(move |gw| Ok(place(gw, &a, allow_retry))).await.map_err(internal)??;
+        let Placement { session, run_id, graft } = placed;
+        let relay = Relay::open(gw, &session, &run_id);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = tx.send(());
+        let request = TurnRequest {
+            session: session.clone(),
+            run_id: run_id.clone(),
+            text: ask.conversation.text.clone(),
+            images: ask.conversation.images.clone(),
+            regenerate: None,
+            expected_leaf: None,
+            graft: Some(graft),
+            model: ask.model.clone(),
+            conn_id: 0,
+        };
+        let started = start_turn(gw, request, rx).await.map_err(|e| match e.code {
+            "UNAVAILABLE" if e.message.starts_with("session busy") => {
+                ApiError::new(429, "rate_limit_error", Some("session_busy"), e.message)
+            }
+            "INVALID_REQUEST" => ApiError::bad(e.message),
+            _ => internal(e),
+        })?;
+        let status = started.get("status").and_then(Value::as_str).unwrap_or("");
+        let reply = Reply { gw: gw.clone(), session, run_id, ask: ask.clone() };
+        return match status {
+            "started" | "in_flight" => reply.relay(relay).await,
+            "ok" | "aborted" | "blocked" => {
+                let f = finished(gw, &reply.session, &reply.run_id).await?;
+                Ok(reply.whole(f.text, f.finish, f.usage))
+            }
+            // A retry of a turn that failed or was cut off runs anew (as a sibling of it).
+            _ if allow_retry => {
+                allow_retry = false;
+                continue;
+            }
+            other => Err(ApiError::new(500, "api_error", None, format!("the turn ended as {other:?}"))),
+        };
+    }
+}
+
+/// Writes the answer of one turn.
+struct Reply {
+    gw: Arc<Gateway>,
+    session: SessionRef,
+    run_id: String,
+    ask: Arc<Ask>,
+}
+
+fn created() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl Reply {
+    fn id(&self) -> String {
+        format!("chatcmpl-{}", self.run_id)
+    }
+
+    fn with_session(&self, mut r: Response) -> Response {
+        if let Ok(v) = HeaderValue::from_str(&self.session.key) {
+            r.headers_mut().insert("x-pincer-session-key", v.clone());
+            r.headers_mut().insert("x-openclaw-session-key", v);
+        }
+        r
+    }
+
+    /// A non-streamed answer, or the whole answer as a stream when one was asked for.
+    fn whole(&self, text: String, finish: &'static str, usage: Value) -> Response {
+        if self.ask.stream {
+            let mut steps = Vec::new();
+            if !text.is_empty() {
+                steps.push(Some(Step::Text(text)));
+            }
+            steps.push(Some(Step::Done { finish, usage }));
+            return self.sse(Box::pin(futures::stream::iter(steps)));
+        }
+        let body = json!({
+            "id": self.id(),
+            "object": "chat.completion",
+            "created": created(),
+            "model": self.ask.model_name,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
+                "logprobs": null, "finish_reason": finish}],
+            "usage": usage,
+        });
+        self.with_session(Json(body).into_response())
+    }
+
+    async fn relay(self, mut relay: Relay) -> Result<Response, ApiError> {
+        if !self.ask.stream {
+            let mut text = String::new();
+            while let Some(step) = relay.next().await {
+                match step {
+                    Step::Text(t) => text.push_str(&t),
+                    Step::Done { finish, usage } => return Ok(self.whole(text, finish, usage)),
+                    Step::Failed(e) => return Err(e),
+                }
+            }
+            return Err(ApiError::new(500, "api_error", None, "the run ended without a result"));
+        }
+        // The status line waits for the first event, so a run that fails at once gets its status.
+        let first = relay.next().await;
+        if let Some(Step::Failed(e)) = first {
+            return Err(e);
+        }
+        let steps = futures::stream::unfold((first, relay), |(pending, mut relay)| async move {
+            let step = match pending {
+                Some(s) => Some(s),
+                None => relay.next().await,
+            };
+            step.map(|s| (Some(s), (None, relay)))
+        });
+        Ok(self.sse(Box::pin(steps)))
+    }
+
+    fn chunk(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut c = json!({"id": self.id(), "object": "chat.completion.chunk", "created": created(),
+            "model": self.ask.model_name, "system_fingerprint": null, "choices": choices});
+        if self.ask.include_usage {
+            c["usage"] = usage.unwrap_or(Value::Null);
+        }
+        Bytes::from(format!("data: {c}\n\n"))
+    }
+
+    fn sse(&self, steps: futures::stream::BoxStream<'static, Option<Step>>) -> Response {
+        use futures::StreamExt;
+        let me = Arc::new(Reply {
+            gw: self.gw.clone(),
+            session: self.session.clone(),
+            run_id: self.run_id.clone(),
+            ask: self.ask.clone(),
+        });
+        let role = me.chunk(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None);
+        let m2 = me.clone();
+        let body = futures::stream::once(async move { role })
+            .chain(steps.filter_map(|s| async move { s }).flat_map(move |step| {
+                let out: Vec<Bytes> = match step {
+                    Step::Text(t) => vec![m2.chunk(
+                        json!([{"index": 0, "delta": {"content": t}, "logprobs": null, "finish_reason": null}]),
+                        None,
+                    )],
+                    Step::Done { finish, usage } => {
+                        let mut v = vec![m2.chunk(
+                            json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}]),
+                            None,
+                        )];
+                        if m2.ask.include_usage {
+                            v.push(m2.chunk(json!([]), Some(usage)));
+                        }
+                        v.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                        v
+                    }
+                    Step::Failed(e) => {
+                        vec![Bytes::from(format!("data: {}\n\n", e.body())), Bytes::from_static(b"data: [DONE]\n\n")]
+                    }
+                };
+                futures::stream::iter(out)
+            }))
+            .map(Ok::<Bytes, std::convert::Infallible>);
+        let mut r = Response::new(Body::from_stream(body));
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        self.with_session(r)
+    }
+}
