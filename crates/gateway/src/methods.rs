@@ -4,7 +4,7 @@
 
 use crate::chat;
 use crate::hub::Audience;
-use crate::protocol::{required_str, str_param, RpcError};
+use crate::protocol::{required_str, str_param, Method, RpcError};
 use crate::sessions::{canonical_key, SessionRef};
 use crate::state::Gateway;
 use crate::Ctx;
@@ -17,46 +17,37 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     if !params.is_object() {
         return Err(RpcError::invalid("params must be an object"));
     }
+    let Some(method) = Method::parse(method) else {
+        return Err(RpcError::invalid(format!("unknown method: {method}")));
+    };
     // A connection that works with a session hears that session's `chat` and `agent` events.
-    if matches!(
-        method,
-        "chat.send"
-            | "chat.history"
-            | "chat.startup"
-            | "chat.inject"
-            | "chat.abort"
-            | "sessions.messages.subscribe"
-            | "sessions.compact"
-            | "chat.message.get"
-            | "sessions.branches.switch"
-            | "sessions.rewind"
-    ) {
+    if method.joins_session() {
         let raw = params.get("sessionKey").or_else(|| params.get("key")).and_then(Value::as_str);
         if let Some(Ok((key, _))) = raw.map(canonical_key) {
             ctx.subs.add_chat(key);
         }
     }
     match method {
-        "health" => Ok(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "activeRuns": gw.all_runs().len()})),
-        "chat.send" => chat::send(gw, ctx, params).await,
-        "chat.history" | "chat.startup" => chat::history(gw, params).await,
-        "chat.abort" => chat::abort(gw, params).await,
-        "chat.inject" => chat::inject(gw, params).await,
-        "chat.message.get" => crate::tree::message_get(gw, params).await,
-        "sessions.branches.list" => crate::tree::branches_list(gw, params).await,
-        "sessions.branches.switch" => crate::tree::branches_switch(gw, params).await,
-        "sessions.rewind" => crate::tree::rewind(gw, params).await,
-        "sessions.fork" => crate::tree::fork(gw, params).await,
-        "sessions.tree" => crate::tree::tree(gw, params).await,
-        "sessions.label" => crate::tree::label(gw, params).await,
-        "sessions.archives.list" => blocking(gw, params, archives_list).await,
-        "sessions.archives.get" => archives_get(gw, params).await,
-        "sessions.list" => blocking(gw, params, sessions_list).await,
-        "sessions.create" => sessions_create(gw, ctx, params).await,
-        "sessions.patch" => blocking(gw, params, sessions_patch).await,
-        "sessions.reset" => blocking(gw, params, sessions_reset).await,
-        "sessions.delete" => blocking(gw, params, sessions_delete).await,
-        "sessions.compact" => {
+        Method::Health => Ok(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "activeRuns": gw.all_runs().len()})),
+        Method::ChatSend => chat::send(gw, ctx, params).await,
+        Method::ChatHistory | Method::ChatStartup => chat::history(gw, params).await,
+        Method::ChatAbort => chat::abort(gw, params).await,
+        Method::ChatInject => chat::inject(gw, params).await,
+        Method::ChatMessageGet => crate::tree::message_get(gw, params).await,
+        Method::SessionsBranchesList => crate::tree::branches_list(gw, params).await,
+        Method::SessionsBranchesSwitch => crate::tree::branches_switch(gw, params).await,
+        Method::SessionsRewind => crate::tree::rewind(gw, params).await,
+        Method::SessionsFork => crate::tree::fork(gw, params).await,
+        Method::SessionsTree => crate::tree::tree(gw, params).await,
+        Method::SessionsLabel => crate::tree::label(gw, params).await,
+        Method::SessionsArchivesList => blocking(gw, params, archives_list).await,
+        Method::SessionsArchivesGet => archives_get(gw, params).await,
+        Method::SessionsList => blocking(gw, params, sessions_list).await,
+        Method::SessionsCreate => sessions_create(gw, ctx, params).await,
+        Method::SessionsPatch => blocking(gw, params, sessions_patch).await,
+        Method::SessionsReset => blocking(gw, params, sessions_reset).await,
+        Method::SessionsDelete => blocking(gw, params, sessions_delete).await,
+        Method::SessionsCompact => {
             let p = params.clone();
             let session = gw.blocking(move |gw| existing(gw, &p)).await?;
             let cancel = gw.stopping();
@@ -71,36 +62,36 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
                 Err(reason) => Ok(json!({"ok": true, "key": session.key, "compacted": false, "reason": reason})),
             }
         }
-        "sessions.abort" => {
+        Method::SessionsAbort => {
             let key = canonical_key(required_str(params, "key")?)?.0;
             let ids = chat::abort_session(gw, &key, str_param(params, "runId"), "rpc");
             Ok(
                 json!({"ok": true, "abortedRunId": ids.first(), "status": if ids.is_empty() { "no-active-run" } else { "aborted" }}),
             )
         }
-        "sessions.subscribe" => {
+        Method::SessionsSubscribe => {
             ctx.subs.sessions.store(true, Ordering::Relaxed);
             Ok(json!({"subscribed": true}))
         }
-        "sessions.unsubscribe" => {
+        Method::SessionsUnsubscribe => {
             ctx.subs.sessions.store(false, Ordering::Relaxed);
             Ok(json!({"subscribed": false}))
         }
-        "sessions.messages.subscribe" => {
+        Method::SessionsMessagesSubscribe => {
             let key = canonical_key(required_str(params, "key")?)?.0;
             ctx.subs.add_messages(key.clone());
             Ok(json!({"subscribed": true, "key": key}))
         }
-        "sessions.messages.unsubscribe" => {
+        Method::SessionsMessagesUnsubscribe => {
             let key = canonical_key(required_str(params, "key")?)?.0;
             crate::state::lock(&ctx.subs.messages).remove(&key);
             Ok(json!({"subscribed": false, "key": key}))
         }
         // The Control UI gates sending on the agent's `model.primary` ("No AI provider configured").
-        "agents.list" => Ok(json!({"defaultId": "main", "mainKey": "main",
+        Method::AgentsList => Ok(json!({"defaultId": "main", "mainKey": "main",
             "agents": [{"id": "main", "name": "Main", "model": {"primary": gw.settings.model}}]})),
-        "agent.identity.get" => Ok(json!({"agentId": "main", "name": "Pincer", "avatar": null})),
-        "models.list" => {
+        Method::AgentIdentityGet => Ok(json!({"agentId": "main", "name": "Pincer", "avatar": null})),
+        Method::ModelsList => {
             // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
             let models: Vec<Value> = (gw.settings.providers.configured().iter())
                 .filter_map(|spec| spec.split_once('/').filter(|(_, id)| !id.starts_with('<')))
@@ -109,14 +100,13 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             Ok(json!({"models": models, "default": gw.settings.model}))
         }
         // Pincer: the real paths for the WebChat's hints (never `~/.pincer` when the state is elsewhere).
-        "pincer.info" => Ok(json!({"version": env!("CARGO_PKG_VERSION"),
+        Method::PincerInfo => Ok(json!({"version": env!("CARGO_PKG_VERSION"),
             "stateDir": gw.settings.state_dir.display().to_string(),
             "configFile": gw.settings.state_dir.join("pincer.toml").display().to_string(),
             "tokenSource": gw.settings.token_source, "model": gw.settings.model,
             "modelIsFallback": gw.settings.model_is_fallback,
             "limits": {"attachmentBytes": chat::MAX_ATTACHMENT_BYTES, "attachmentsBytes": chat::MAX_ATTACHMENTS_BYTES}})),
-        "connect" => Err(RpcError::invalid("already connected")),
-        other => Err(RpcError::invalid(format!("unknown method: {other}"))),
+        Method::Connect => Err(RpcError::invalid("already connected")),
     }
 }
 

@@ -19,40 +19,89 @@ pub const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 pub const PROTOCOL_MIN: u64 = 3;
 pub const PROTOCOL_MAX: u64 = 4;
 
-/// Methods served (also advertised in `hello-ok`).
-pub const METHODS: &[&str] = &[
-    "connect",
-    "health",
-    "chat.send",
-    "chat.startup",
-    "chat.history",
-    "chat.abort",
-    "chat.inject",
-    "sessions.list",
-    "sessions.create",
-    "sessions.patch",
-    "sessions.reset",
-    "sessions.delete",
-    "sessions.compact",
-    "sessions.abort",
-    "sessions.subscribe",
-    "sessions.unsubscribe",
-    "sessions.messages.subscribe",
-    "sessions.messages.unsubscribe",
-    "agents.list",
-    "agent.identity.get",
-    "models.list",
-    "chat.message.get",
-    "sessions.branches.list",
-    "sessions.branches.switch",
-    "sessions.rewind",
-    "sessions.fork",
-    "sessions.tree",
-    "sessions.label",
-    "sessions.archives.list",
-    "sessions.archives.get",
-    "pincer.info",
-];
+/// The RPC methods served: the one list (`hello-ok` advertises [`Method::ALL`]; the dispatcher
+/// matches every variant, so a method cannot be listed without being served, or the reverse).
+macro_rules! methods {
+    ($($variant:ident = $name:literal,)*) => {
+        /// An RPC method by name.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Method { $($variant,)* }
+
+        impl Method {
+            /// Every method, in the order `hello-ok` lists them.
+            pub const ALL: &'static [Method] = &[$(Method::$variant,)*];
+
+            /// The wire name.
+            pub fn name(self) -> &'static str {
+                match self { $(Method::$variant => $name,)* }
+            }
+
+            /// The method of a wire name.
+            pub fn parse(name: &str) -> Option<Method> {
+                match name { $($name => Some(Method::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+methods! {
+    Connect = "connect",
+    Health = "health",
+    ChatSend = "chat.send",
+    ChatStartup = "chat.startup",
+    ChatHistory = "chat.history",
+    ChatAbort = "chat.abort",
+    ChatInject = "chat.inject",
+    SessionsList = "sessions.list",
+    SessionsCreate = "sessions.create",
+    SessionsPatch = "sessions.patch",
+    SessionsReset = "sessions.reset",
+    SessionsDelete = "sessions.delete",
+    SessionsCompact = "sessions.compact",
+    SessionsAbort = "sessions.abort",
+    SessionsSubscribe = "sessions.subscribe",
+    SessionsUnsubscribe = "sessions.unsubscribe",
+    SessionsMessagesSubscribe = "sessions.messages.subscribe",
+    SessionsMessagesUnsubscribe = "sessions.messages.unsubscribe",
+    AgentsList = "agents.list",
+    AgentIdentityGet = "agent.identity.get",
+    ModelsList = "models.list",
+    ChatMessageGet = "chat.message.get",
+    SessionsBranchesList = "sessions.branches.list",
+    SessionsBranchesSwitch = "sessions.branches.switch",
+    SessionsRewind = "sessions.rewind",
+    SessionsFork = "sessions.fork",
+    SessionsTree = "sessions.tree",
+    SessionsLabel = "sessions.label",
+    SessionsArchivesList = "sessions.archives.list",
+    SessionsArchivesGet = "sessions.archives.get",
+    PincerInfo = "pincer.info",
+}
+
+impl Method {
+    /// The names, for `hello-ok`'s `features.methods`.
+    pub fn names() -> Vec<&'static str> {
+        Method::ALL.iter().map(|m| m.name()).collect()
+    }
+
+    /// Methods about one session: the connection calling them hears that session's `chat` and
+    /// `agent` events from then on.
+    pub fn joins_session(self) -> bool {
+        matches!(
+            self,
+            Method::ChatSend
+                | Method::ChatHistory
+                | Method::ChatStartup
+                | Method::ChatInject
+                | Method::ChatAbort
+                | Method::SessionsMessagesSubscribe
+                | Method::SessionsCompact
+                | Method::ChatMessageGet
+                | Method::SessionsBranchesSwitch
+                | Method::SessionsRewind
+        )
+    }
+}
 
 /// Events emitted.
 pub const EVENTS: &[&str] =
@@ -163,6 +212,45 @@ pub fn str_param<'a>(params: &'a Value, key: &str) -> Option<&'a str> {
     params.get(key).and_then(Value::as_str)
 }
 
+/// Decodes a method's params into its struct: a missing, mistyped or empty field is refused naming
+/// the method and the field, as OpenClaw words it (`invalid sessions.rewind params: at /entryId:
+/// must not be empty`). Fields the struct does not know are ignored (clients send `agentId` and
+/// other extras); unknown top-level frame keys are refused earlier.
+pub fn params<T: serde::de::DeserializeOwned>(method: Method, params: &Value) -> Result<T, RpcError> {
+    serde_path_to_error::deserialize(params).map_err(|e| {
+        let at = e.path().to_string();
+        let why = e.into_inner().to_string();
+        let why = why.split(" at line ").next().unwrap_or(&why).to_owned();
+        match at.as_str() {
+            "." | "" => RpcError::invalid(format!("invalid {} params: {why}", method.name())),
+            path => {
+                RpcError::invalid(format!("invalid {} params: at /{}: {why}", method.name(), path.replace('.', "/")))
+            }
+        }
+    })
+}
+
+/// A required string parameter that is not blank, trimmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NonBlank(pub String);
+
+impl<'de> serde::Deserialize<'de> for NonBlank {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <String as serde::Deserialize>::deserialize(d)?;
+        match s.trim() {
+            "" => Err(serde::de::Error::custom("must not be empty")),
+            t => Ok(NonBlank(t.to_owned())),
+        }
+    }
+}
+
+impl std::ops::Deref for NonBlank {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A required non-empty string parameter.
 pub fn required_str<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
     match params.get(key) {
@@ -187,6 +275,38 @@ pub fn int_param(params: &Value, key: &str, min: u64, max: u64) -> Result<Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct Example {
+        session_key: NonBlank,
+        limit: Option<u32>,
+    }
+
+    #[test]
+    fn params_name_the_method_and_the_field() {
+        let m = Method::SessionsRewind;
+        let err = |v: Value| params::<Example>(m, &v).map(|_| ()).unwrap_err().message;
+        assert_eq!(err(json!({})), "invalid sessions.rewind params: missing field `sessionKey`");
+        assert_eq!(
+            err(json!({"sessionKey": "  "})),
+            "invalid sessions.rewind params: at /sessionKey: must not be empty"
+        );
+        assert_eq!(
+            err(json!({"sessionKey": 5})),
+            "invalid sessions.rewind params: at /sessionKey: invalid type: integer `5`, expected a string"
+        );
+        assert_eq!(
+            err(json!({"sessionKey": "main", "limit": -1})),
+            "invalid sessions.rewind params: at /limit: invalid value: integer `-1`, expected u32"
+        );
+        let ok: Example = params(m, &json!({"sessionKey": " main ", "agentId": "x"})).unwrap();
+        assert_eq!(&*ok.session_key, "main");
+        // Every method has one name, and the names parse back.
+        assert!(Method::ALL.iter().all(|m| Method::parse(m.name()) == Some(*m)));
+        assert_eq!(Method::parse("nope"), None);
+    }
 
     #[test]
     fn request_validation() {

@@ -10,12 +10,13 @@
 //! session or the entry that was not found or not allowed.
 
 use crate::hub::Audience;
-use crate::protocol::{int_param, required_str, RpcError};
+use crate::protocol::{params, Method, NonBlank, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_store::history::project_entry;
 use pincer_store::session::{Kind, Session};
 use pincer_store::NewEntry;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -187,12 +188,58 @@ fn headline(tree: &Tree, path: &[&Node]) -> String {
     String::new()
 }
 
+/// `{sessionKey, agentId?}`: the session every tree method works on.
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SessionParams {
+    session_key: NonBlank,
+    agent_id: Option<String>,
+}
+
+/// `sessions.branches.switch`.
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SwitchParams {
+    #[serde(flatten)]
+    session: SessionParams,
+    leaf_entry_id: NonBlank,
+}
+
+/// `sessions.rewind`, `sessions.fork`.
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EntryParams {
+    #[serde(flatten)]
+    session: SessionParams,
+    entry_id: NonBlank,
+}
+
+/// `chat.message.get`.
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageGetParams {
+    #[serde(flatten)]
+    session: SessionParams,
+    message_id: NonBlank,
+    max_chars: Option<u64>,
+}
+
+/// `sessions.label` (`label: null` or absent clears it).
+#[derive(Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LabelParams {
+    #[serde(flatten)]
+    session: SessionParams,
+    entry_id: NonBlank,
+    label: Option<String>,
+}
+
 /// The session of `sessionKey` (and `agentId`, which must agree with it), if it exists.
-fn find_session(gw: &Gateway, params: &Value) -> Result<Option<SessionRef>, RpcError> {
-    let key = required_str(params, "sessionKey")?;
-    if let Some(agent) = params.get("agentId").and_then(Value::as_str) {
+fn find_session(gw: &Gateway, p: &SessionParams) -> Result<Option<SessionRef>, RpcError> {
+    let key = &*p.session_key;
+    if let Some(agent) = &p.agent_id {
         let (_, from_key) = crate::sessions::canonical_key(key)?;
-        if agent != from_key {
+        if *agent != from_key {
             return Err(RpcError::invalid(format!("agentId {agent:?} does not match sessionKey {key:?}")));
         }
     }
@@ -200,14 +247,13 @@ fn find_session(gw: &Gateway, params: &Value) -> Result<Option<SessionRef>, RpcE
 }
 
 /// The session a tree method works on; unknown sessions are an error.
-fn session_of(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
-    find_session(gw, params)?
-        .ok_or_else(|| RpcError::invalid(format!("session not found: {}", params["sessionKey"].as_str().unwrap_or(""))))
+fn session_of(gw: &Gateway, p: &SessionParams) -> Result<SessionRef, RpcError> {
+    find_session(gw, p)?.ok_or_else(|| RpcError::invalid(format!("session not found: {}", &*p.session_key)))
 }
 
 /// `sessions.branches.list`.
-pub async fn branches_list(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let params = params.clone();
+pub async fn branches_list(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+    let params: SessionParams = params(Method::SessionsBranchesList, raw)?;
     gw.blocking(move |gw| {
         // OpenClaw answers an unknown session with no branches.
         let Some(s) = find_session(gw, &params)? else { return Ok(json!({"branches": []})) };
@@ -235,8 +281,8 @@ pub async fn branches_list(gw: &Arc<Gateway>, params: &Value) -> Result<Value, R
 }
 
 /// `sessions.tree` (Pincer): every message with its parent and the newest tip below it.
-pub async fn tree(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let params = params.clone();
+pub async fn tree(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+    let params: SessionParams = params(Method::SessionsTree, raw)?;
     gw.blocking(move |gw| {
         let s = session_of(gw, &params)?;
         let tree = Tree::load(gw, &s)?;
@@ -295,13 +341,13 @@ fn idle(gw: &Gateway, s: &SessionRef, what: &str) -> Result<(), RpcError> {
 }
 
 /// `sessions.branches.switch`.
-pub async fn branches_switch(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let target = required_str(params, "leafEntryId")?.trim().to_owned();
-    let p = params.clone();
+pub async fn branches_switch(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+    let p: SwitchParams = params(Method::SessionsBranchesSwitch, raw)?;
+    let target = p.leaf_entry_id.0.clone();
     let t = target.clone();
     let s = gw
         .blocking(move |gw| {
-            let s = session_of(gw, &p)?;
+            let s = session_of(gw, &p.session)?;
             check_not_archived(&s, "Branch switch")?;
             let tree = Tree::load(gw, &s)?;
             let Some(node) = tree.get(&t) else {
@@ -373,12 +419,12 @@ fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, RpcError>
 }
 
 /// `sessions.rewind`: the leaf goes to the parent of a user message; its text comes back.
-pub async fn rewind(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let entry_id = required_str(params, "entryId")?.trim().to_owned();
-    let p = params.clone();
+pub async fn rewind(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+    let p: EntryParams = params(Method::SessionsRewind, raw)?;
+    let entry_id = p.entry_id.0.clone();
     let (s, cut) = gw
         .blocking(move |gw| {
-            let s = session_of(gw, &p)?;
+            let s = session_of(gw, &p.session)?;
             check_not_archived(&s, "Rewind")?;
             let cut = cut_at(gw, &s, &entry_id)?;
             Ok((s, cut))
@@ -392,12 +438,12 @@ pub async fn rewind(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
 }
 
 /// `sessions.fork`: a new dashboard session holding the active path before a user message.
-pub async fn fork(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let entry_id = required_str(params, "entryId")?.trim().to_owned();
-    let p = params.clone();
+pub async fn fork(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+    let p: EntryParams = params(Method::SessionsFork, raw)?;
+    let entry_id = p.entry_id.0.clone();
     let (source, cut) = gw
         .blocking(move |gw| {
-            let s = session_of(gw, &p)?;
+            let s = session_of(gw, &p.session)?;
             let cut = cut_at(gw, &s, &entry_id)?;
             Ok((s, cut))
         })
@@ -453,12 +499,18 @@ pub async fn fork(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> 
 }
 
 /// `chat.message.get`: one entry of the session in full (up to `maxChars` per text).
-pub async fn message_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let id = required_str(params, "messageId")?.trim().to_owned();
-    let max_chars = int_param(params, "maxChars", 1, MESSAGE_MAX_CHARS)?.unwrap_or(1_000_000) as usize;
-    let p = params.clone();
+pub async fn message_get(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+    let p: MessageGetParams = params(Method::ChatMessageGet, raw)?;
+    let max_chars = match p.max_chars {
+        None => 1_000_000,
+        Some(n) if (1..=MESSAGE_MAX_CHARS).contains(&n) => n as usize,
+        Some(_) => return Err(RpcError::invalid(format!("maxChars must be an integer from 1 to {MESSAGE_MAX_CHARS}"))),
+    };
+    let id = p.message_id.0.clone();
     gw.blocking(move |gw| {
-        let Some(s) = find_session(gw, &p)? else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
+        let Some(s) = find_session(gw, &p.session)? else {
+            return Ok(json!({"ok": false, "unavailableReason": "not_found"}));
+        };
         let tree = Tree::load(gw, &s)?;
         let Some(node) = tree.get(&id) else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
         let value = tree.value(node);
@@ -480,11 +532,12 @@ pub async fn message_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, Rpc
 }
 
 /// Sets or clears a Pi `label` on an entry of the session (Pincer's `sessions.label`).
-pub async fn label(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let target = required_str(params, "entryId")?.trim().to_owned();
-    let text = match params.get("label") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(l)) if l.chars().count() <= crate::methods::MAX_LABEL_CHARS => l.trim().to_owned(),
+pub async fn label(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+    let p: LabelParams = params(Method::SessionsLabel, raw)?;
+    let target = p.entry_id.0.clone();
+    let text = match &p.label {
+        None => String::new(),
+        Some(l) if l.chars().count() <= crate::methods::MAX_LABEL_CHARS => l.trim().to_owned(),
         Some(_) => {
             return Err(RpcError::invalid(format!(
                 "label must be a string of at most {} characters",
@@ -495,11 +548,10 @@ pub async fn label(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError>
     if text.chars().any(char::is_control) {
         return Err(RpcError::invalid("label must not contain control characters"));
     }
-    let p = params.clone();
     let t = target.clone();
     let s = gw
         .blocking(move |gw| {
-            let s = session_of(gw, &p)?;
+            let s = session_of(gw, &p.session)?;
             let tree = Tree::load(gw, &s)?;
             if tree.get(&t).is_none_or(|n| n.kind == Kind::Leaf) {
                 return Err(RpcError::invalid(format!("entry not found: {t} (not in session {})", s.key)));

@@ -284,7 +284,7 @@ fn hello(gw: &Gateway, protocol: u64, conn_id: u64, params: &Value) -> Value {
         "type": "hello-ok",
         "protocol": protocol,
         "server": {"version": env!("CARGO_PKG_VERSION"), "connId": format!("c-{conn_id}"), "name": "pincer"},
-        "features": {"methods": protocol::METHODS, "events": protocol::EVENTS},
+        "features": {"methods": protocol::Method::names(), "events": protocol::EVENTS},
         "snapshot": {
             "presence": [], "health": {}, "stateVersion": {"presence": 0, "health": 0},
             "uptimeMs": gw.uptime_ms(),

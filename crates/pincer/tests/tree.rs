@@ -181,7 +181,11 @@ async fn bad_tree_input_names_what_is_wrong_and_writes_nothing() {
             json!({"sessionKey": "ghost", "leafEntryId": answer}),
             "session not found: ghost".into(),
         ),
-        ("sessions.branches.switch", json!({"sessionKey": "main"}), "leafEntryId is required".into()),
+        (
+            "sessions.branches.switch",
+            json!({"sessionKey": "main"}),
+            "invalid sessions.branches.switch params: missing field `leafEntryId`".into(),
+        ),
         (
             "sessions.branches.switch",
             json!({"sessionKey": "main", "leafEntryId": "nope"}),
@@ -203,6 +207,21 @@ async fn bad_tree_input_names_what_is_wrong_and_writes_nothing() {
             format!("branch is already active: {answer}"),
         ),
         ("sessions.rewind", json!({"sessionKey": "ghost", "entryId": user}), "session not found: ghost".into()),
+        (
+            "sessions.rewind",
+            json!({"sessionKey": "main"}),
+            "invalid sessions.rewind params: missing field `entryId`".into(),
+        ),
+        (
+            "sessions.branches.switch",
+            json!({"sessionKey": "main", "leafEntryId": " "}),
+            "invalid sessions.branches.switch params: at /leafEntryId: must not be empty".into(),
+        ),
+        (
+            "sessions.tree",
+            json!({"sessionKey": 7}),
+            "invalid sessions.tree params: at /sessionKey: invalid type".into(),
+        ),
         ("sessions.rewind", json!({"sessionKey": "main", "entryId": "nope"}), "message entry not found: nope".into()),
         (
             "sessions.rewind",
