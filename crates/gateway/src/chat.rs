@@ -6,7 +6,7 @@
 //! gateway-injected row; `chat.history`/`chat.startup` read the active branch from a bounded tail.
 
 use crate::hook::{self, Decision};
-use crate::protocol::{int_param, required_str, str_param, RpcError};
+use crate::protocol::{int_param, Method, NonBlank, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
 use crate::turns::OnDisk;
@@ -35,9 +35,24 @@ pub const MAX_KEY_CHARS: usize = 256;
 /// Turns of one session running or waiting; beyond this `chat.send` answers "session busy".
 pub const MAX_QUEUED_PER_SESSION: usize = 32;
 
+/// `chat.send`'s params (OpenClaw's, and Pincer's `regenerateEntryId`).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SendParams {
+    session_key: NonBlank,
+    idempotency_key: NonBlank,
+    message: Option<String>,
+    attachments: Option<Vec<Value>>,
+    /// Pincer: run the agent again for an existing user row (a sibling reply), writing no new row.
+    regenerate_entry_id: Option<NonBlank>,
+    /// OpenClaw's guard: the turn is refused when the active branch is not where the client
+    /// thinks (`null`: before the first entry).
+    #[serde(default, deserialize_with = "crate::protocol::present")]
+    expected_leaf_entry_id: Option<Option<NonBlank>>,
+}
+
 /// An idempotency key: non-empty, at most [`MAX_KEY_CHARS`], no control characters.
-pub fn idempotency_key(params: &Value) -> Result<String, RpcError> {
-    let k = required_str(params, "idempotencyKey")?;
+fn check_idempotency_key(k: &str) -> Result<String, RpcError> {
     if k.chars().count() > MAX_KEY_CHARS {
         return Err(RpcError::invalid(format!("idempotencyKey is longer than {MAX_KEY_CHARS} characters")));
     }
@@ -61,11 +76,7 @@ pub fn sanitize_message(raw: &str) -> Result<String, RpcError> {
 
 /// Attachments as Pi image blocks. Only images are accepted; each is checked to be base64 and
 /// within the size limits.
-fn parse_attachments(params: &Value) -> Result<Vec<Value>, RpcError> {
-    let Some(list) = params.get("attachments") else { return Ok(vec![]) };
-    let Some(list) = list.as_array() else {
-        return Err(RpcError::invalid("attachments must be an array"));
-    };
+fn parse_attachments(list: &[Value]) -> Result<Vec<Value>, RpcError> {
     let mut total = 0;
     let mut out = Vec::new();
     for (i, a) in list.iter().enumerate() {
@@ -114,27 +125,13 @@ fn slash_command(text: &str) -> Option<&'static str> {
 
 /// `chat.send`.
 pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
-    let raw_key = required_str(params, "sessionKey")?;
-    let run_id = idempotency_key(params)?;
-    let message = match params.get("message") {
-        Some(Value::String(s)) => sanitize_message(s)?,
-        None | Some(Value::Null) => String::new(),
-        Some(_) => return Err(RpcError::invalid("message must be a string")),
-    };
-    let images = parse_attachments(params)?;
-    // Pincer: run the agent again for an existing user row (a sibling reply), writing no new row.
-    let regenerate = match params.get("regenerateEntryId") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(id)) if !id.trim().is_empty() => Some(id.trim().to_owned()),
-        Some(_) => return Err(RpcError::invalid("regenerateEntryId must be a non-empty string")),
-    };
-    // OpenClaw's guard: the turn is refused when the active branch is not where the client thinks.
-    let expected_leaf = match params.get("expectedLeafEntryId") {
-        None => None,
-        Some(Value::Null) => Some(None),
-        Some(Value::String(id)) if !id.trim().is_empty() => Some(Some(id.trim().to_owned())),
-        Some(_) => return Err(RpcError::invalid("expectedLeafEntryId must be a non-empty string or null")),
-    };
+    let p: SendParams = crate::protocol::params(Method::ChatSend, params)?;
+    let raw_key = &*p.session_key;
+    let run_id = check_idempotency_key(&p.idempotency_key)?;
+    let message = sanitize_message(p.message.as_deref().unwrap_or_default())?;
+    let images = parse_attachments(p.attachments.as_deref().unwrap_or_default())?;
+    let regenerate = p.regenerate_entry_id.map(|id| id.0);
+    let expected_leaf = p.expected_leaf_entry_id.map(|leaf| leaf.map(|id| id.0));
     if message.trim().is_empty() && images.is_empty() && regenerate.is_none() {
         return Err(RpcError::invalid("message or attachment required"));
     }
@@ -352,9 +349,15 @@ pub fn abort_session(gw: &Gateway, session_key: &str, run_id: Option<&str>, orig
 
 /// `chat.abort`.
 pub async fn abort(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let raw_key = required_str(params, "sessionKey")?;
-    let (key, _) = crate::sessions::canonical_key(raw_key)?;
-    let run_id = str_param(params, "runId");
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct AbortParams {
+        session_key: NonBlank,
+        run_id: Option<String>,
+    }
+    let p: AbortParams = crate::protocol::params(Method::ChatAbort, params)?;
+    let (key, _) = crate::sessions::canonical_key(&p.session_key)?;
+    let run_id = p.run_id.as_deref();
     if let Some(id) = run_id {
         if let Some(r) = gw.run(id) {
             if r.session_key != key {
@@ -1003,18 +1006,23 @@ impl TranscriptSink for StoreSink {
 
 /// `chat.inject`: a gateway-injected assistant row, announced as a `final`.
 pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let raw_key = required_str(params, "sessionKey")?;
-    let message = sanitize_message(required_str(params, "message")?)?;
-    let label = match params.get("label") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(l)) if l.chars().count() <= 100 => Some(sanitize_message(l)?),
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct InjectParams {
+        session_key: NonBlank,
+        message: NonBlank,
+        label: Option<String>,
+        idempotency_key: Option<NonBlank>,
+    }
+    let p: InjectParams = crate::protocol::params(Method::ChatInject, params)?;
+    let message = sanitize_message(&p.message)?;
+    let label = match p.label {
+        None => None,
+        Some(l) if l.chars().count() <= 100 => Some(sanitize_message(&l)?),
         Some(_) => return Err(RpcError::invalid("label must be a string of at most 100 characters")),
     };
-    let key = match params.get("idempotencyKey") {
-        None | Some(Value::Null) => None,
-        Some(_) => Some(idempotency_key(params)?),
-    };
-    let k = raw_key.to_owned();
+    let key = p.idempotency_key.as_deref().map(check_idempotency_key).transpose()?;
+    let k = p.session_key.0.clone();
     let session =
         gw.index(move |s| s.resolve(&k, false)).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
     let text = match &label {
@@ -1040,10 +1048,15 @@ pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
 
 /// `chat.history` and `chat.startup`.
 pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let raw_key = required_str(params, "sessionKey")?;
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct HistoryParams {
+        session_key: NonBlank,
+    }
+    let p: HistoryParams = crate::protocol::params(Method::ChatHistory, params)?;
     let limit = int_param(params, "limit", 1, MAX_LIMIT as u64)?.unwrap_or(200) as usize;
     let max_chars = int_param(params, "maxChars", 1, 500_000)?.unwrap_or(DEFAULT_MAX_CHARS as u64) as usize;
-    let (key, agent) = crate::sessions::canonical_key(raw_key)?;
+    let (key, agent) = crate::sessions::canonical_key(&p.session_key)?;
     let k = key.clone();
     let session = gw.index(move |s| s.resolve(&k, false)).await?;
     let (session_id, messages, thinking) = match &session {

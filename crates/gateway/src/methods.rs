@@ -4,7 +4,7 @@
 
 use crate::chat;
 use crate::hub::Audience;
-use crate::protocol::{required_str, str_param, Method, RpcError};
+use crate::protocol::{required_str, str_param, Method, NonBlank, RpcError};
 use crate::sessions::{canonical_key, SessionRef};
 use crate::state::Gateway;
 use crate::Ctx;
@@ -63,8 +63,15 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             }
         }
         Method::SessionsAbort => {
-            let key = canonical_key(required_str(params, "key")?)?.0;
-            let ids = chat::abort_session(gw, &key, str_param(params, "runId"), "rpc");
+            #[derive(serde::Deserialize)]
+            #[serde(rename_all = "camelCase")]
+            struct AbortParams {
+                key: NonBlank,
+                run_id: Option<String>,
+            }
+            let p: AbortParams = crate::protocol::params(method, params)?;
+            let key = canonical_key(&p.key)?.0;
+            let ids = chat::abort_session(gw, &key, p.run_id.as_deref(), "rpc");
             Ok(
                 json!({"ok": true, "abortedRunId": ids.first(), "status": if ids.is_empty() { "no-active-run" } else { "aborted" }}),
             )
@@ -78,12 +85,12 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             Ok(json!({"subscribed": false}))
         }
         Method::SessionsMessagesSubscribe => {
-            let key = canonical_key(required_str(params, "key")?)?.0;
+            let key = session_key(method, params)?;
             ctx.subs.add_messages(key.clone());
             Ok(json!({"subscribed": true, "key": key}))
         }
         Method::SessionsMessagesUnsubscribe => {
-            let key = canonical_key(required_str(params, "key")?)?.0;
+            let key = session_key(method, params)?;
             crate::state::lock(&ctx.subs.messages).remove(&key);
             Ok(json!({"subscribed": false, "key": key}))
         }
@@ -108,6 +115,16 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             "limits": {"attachmentBytes": chat::MAX_ATTACHMENT_BYTES, "attachmentsBytes": chat::MAX_ATTACHMENTS_BYTES}})),
         Method::Connect => Err(RpcError::invalid("already connected")),
     }
+}
+
+/// The canonical session key of a method whose params are `{key, …}`.
+fn session_key(method: Method, params: &Value) -> Result<String, RpcError> {
+    #[derive(serde::Deserialize)]
+    struct KeyParams {
+        key: NonBlank,
+    }
+    let p: KeyParams = crate::protocol::params(method, params)?;
+    Ok(canonical_key(&p.key)?.0)
 }
 
 /// Runs a method that works on the session index on a blocking thread.
@@ -262,7 +279,7 @@ fn check_field(key: &str, v: &Value) -> Result<(), RpcError> {
 }
 
 fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
-    let key = canonical_key(required_str(params, "key")?)?.0;
+    let key = session_key(Method::SessionsReset, params)?;
     let reason = match str_param(params, "reason") {
         None | Some("reset") => "reset",
         Some("new") => "reset",
@@ -280,7 +297,7 @@ fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 }
 
 fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
-    let key = canonical_key(required_str(params, "key")?)?.0;
+    let key = session_key(Method::SessionsDelete, params)?;
     chat::abort_session(gw, &key, None, "rpc");
     let old = gw.sessions.resolve(&key, false)?;
     let (deleted, archived) = gw.sessions.delete(&key)?;

@@ -230,6 +230,16 @@ pub fn params<T: serde::de::DeserializeOwned>(method: Method, params: &Value) ->
     })
 }
 
+/// For `Option<Option<T>>` fields with `#[serde(default)]`: absent is `None`, `null` is
+/// `Some(None)`, a value is `Some(Some(v))`.
+pub fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 /// A required string parameter that is not blank, trimmed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NonBlank(pub String);

@@ -334,7 +334,7 @@ async fn bad_input_is_refused_with_a_clear_error_and_nothing_is_written() {
         (json!({"sessionKey": "main", "message": "", "idempotencyKey": "n2"}), "message or attachment required"),
         (json!({"sessionKey": "../../etc/passwd", "message": "x", "idempotencyKey": "n3"}), "not allowed"),
         (json!({"sessionKey": "agent:..:y", "message": "x", "idempotencyKey": "n4"}), "agent:<agentId>:<key>"),
-        (json!({"sessionKey": "main", "message": "x"}), "idempotencyKey is required"),
+        (json!({"sessionKey": "main", "message": "x"}), "invalid chat.send params: missing field `idempotencyKey`"),
         (
             json!({"sessionKey": "main", "message": "x", "idempotencyKey": "n5",
             "attachments": [{"mimeType": "image/png", "content": "%%%"}]}),
