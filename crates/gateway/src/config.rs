@@ -45,10 +45,28 @@ pub struct OpenAiApiSection {
     pub api_keys: Vec<String>,
 }
 
+/// `gateway.auth.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthModeName {
+    /// The default: every client sends the gateway token.
+    Token,
+    /// No auth (refused unless the gateway listens on loopback only).
+    None,
+}
+
+/// An `"on"`/`"off"` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    On,
+    Off,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSection {
-    pub mode: Option<String>,
+    pub mode: Option<AuthModeName>,
     pub token: Option<String>,
 }
 
@@ -83,7 +101,7 @@ pub struct AgentDefaults {
 #[serde(default, deny_unknown_fields)]
 pub struct LoggingSection {
     /// `"on"` (default) or `"off"`: secret redaction in transcripts and logs.
-    pub redact: Option<String>,
+    pub redact: Option<Switch>,
     /// Extra regular expressions to redact.
     pub redact_patterns: Vec<String>,
 }
@@ -218,7 +236,11 @@ fn env(name: &str) -> Option<String> {
 }
 
 /// Loads and validates the configuration. Errors name the file or variable at fault.
-pub fn load(o: &Overrides) -> Result<Settings, String> {
+pub fn load(o: &Overrides) -> Result<Settings, crate::error::GatewayError> {
+    load_settings(o).map_err(crate::error::GatewayError::Config)
+}
+
+fn load_settings(o: &Overrides) -> Result<Settings, String> {
     let state_dir = o.state_dir.clone().unwrap_or_else(default_state_dir);
     let config_path = o.config.clone().unwrap_or_else(|| state_dir.join("pincer.toml"));
     let file: FileConfig = match std::fs::read_to_string(&config_path) {
@@ -230,9 +252,9 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
     let bind: SocketAddr = bind_text
         .parse()
         .map_err(|e| format!("bind address {bind_text:?} is not HOST:PORT ({e}); e.g. 127.0.0.1:18789"))?;
-    let mode = if o.offline { "none".into() } else { file.gateway.auth.mode.clone().unwrap_or_else(|| "token".into()) };
-    let (auth, token_source) = match mode.as_str() {
-        "none" => {
+    let mode = if o.offline { AuthModeName::None } else { file.gateway.auth.mode.unwrap_or(AuthModeName::Token) };
+    let (auth, token_source) = match mode {
+        AuthModeName::None => {
             if !bind.ip().is_loopback() && !o.offline {
                 return Err(format!(
                     "gateway.auth.mode = \"none\" is refused on {bind}: without auth the gateway may only listen on loopback"
@@ -240,7 +262,7 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
             }
             (AuthMode::None, "auth disabled (loopback only)".to_string())
         }
-        "token" => {
+        AuthModeName::Token => {
             if let Some(t) = env("PINCER_GATEWAY_TOKEN") {
                 (AuthMode::Token(t), "PINCER_GATEWAY_TOKEN".into())
             } else if let Some(t) = file.gateway.auth.token.clone().filter(|t| !t.trim().is_empty()) {
@@ -250,7 +272,6 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
                 (AuthMode::Token(load_or_create_token(&path)?), path.display().to_string())
             }
         }
-        other => return Err(format!("gateway.auth.mode {other:?} is not \"token\" or \"none\"")),
     };
     let mut providers = file.models.providers;
     if let Some(key) = env("OPENAI_API_KEY") {
@@ -281,11 +302,7 @@ pub fn load(o: &Overrides) -> Result<Settings, String> {
     if let Some(m) = &compaction.model {
         providers.resolve(m).map_err(|e| format!("agents.defaults.compaction.model {m:?}: {e}"))?;
     }
-    let redact = match file.logging.redact.as_deref() {
-        None | Some("on") => true,
-        Some("off") => false,
-        Some(other) => return Err(format!("logging.redact {other:?} is not \"on\" or \"off\"")),
-    };
+    let redact = file.logging.redact != Some(Switch::Off);
     let openai_api = openai_api(&file.gateway.openai_api, &config_path)?;
     if let Some(h) = &file.hooks.before_agent_run {
         if h.command.is_empty() {
@@ -390,6 +407,16 @@ mod tests {
     use super::*;
     use pincer_store::{NewEntry, Store, StoreOptions};
     use serde_json::json;
+
+    #[test]
+    fn enum_settings_name_the_field_and_the_choices() {
+        let err = toml::from_str::<FileConfig>("[gateway.auth]\nmode = \"tokn\"\n").unwrap_err().to_string();
+        assert!(err.contains("unknown variant `tokn`, expected `token` or `none`") && err.contains("mode"), "{err}");
+        let err = toml::from_str::<FileConfig>("[logging]\nredact = \"no\"\n").unwrap_err().to_string();
+        assert!(err.contains("unknown variant `no`, expected `on` or `off`"), "{err}");
+        let ok: FileConfig = toml::from_str("[gateway.auth]\nmode = \"none\"\n[logging]\nredact = \"off\"\n").unwrap();
+        assert_eq!((ok.gateway.auth.mode, ok.logging.redact), (Some(AuthModeName::None), Some(Switch::Off)));
+    }
 
     const GATEWAY_TOKEN: &str = "gw-token-3f9a1c77b2e04d55";
     const CONFIG_KEY: &str = "local-config-key-0001";

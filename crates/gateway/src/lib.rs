@@ -20,6 +20,7 @@ pub mod chat;
 pub mod compact;
 pub mod config;
 pub mod device;
+pub mod error;
 pub mod hook;
 pub mod http;
 pub mod hub;

@@ -12,6 +12,7 @@
 //! `shutdown` event and a close frame (1012), flushes the session index and returns (exit 0).
 
 use crate::config::Settings;
+use crate::error::GatewayError;
 use crate::state::{lock, Gateway};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::collections::VecDeque;
@@ -217,12 +218,13 @@ pub async fn serve(
     settings: Settings,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
     on_listening: impl FnOnce(&Listening),
-) -> Result<(), String> {
+) -> Result<(), GatewayError> {
     let bind = settings.bind;
-    let listener = tokio::net::TcpListener::bind(bind).await.map_err(|e| format!("cannot listen on {bind}: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let listen = |source| GatewayError::Listen { addr: bind, source };
+    let listener = tokio::net::TcpListener::bind(bind).await.map_err(listen)?;
+    let addr = listener.local_addr().map_err(listen)?;
     pincer_store::files::create_state_dir(&settings.state_dir)
-        .map_err(|e| format!("{}: cannot create the state directory: {e}", settings.state_dir.display()))?;
+        .map_err(|source| GatewayError::StateDir { path: settings.state_dir.clone(), source })?;
     crate::metrics::install();
     let gw = Arc::new(Gateway::new(settings)?);
     on_listening(&Listening { addr, gateway: gw.clone() });

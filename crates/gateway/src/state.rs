@@ -3,6 +3,7 @@
 //! work off the async threads.
 
 use crate::config::Settings;
+use crate::error::GatewayError;
 use crate::hub::Hub;
 use crate::protocol::RpcError;
 use crate::sessions::{SessionRef, Sessions};
@@ -210,8 +211,8 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub fn new(settings: Settings) -> Result<Gateway, String> {
-        let redactor = settings.redactor()?;
+    pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
+        let redactor = settings.redactor().map_err(GatewayError::Config)?;
         let store = Store::new(StoreOptions { redactor: redactor.clone(), ..StoreOptions::default() });
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {
@@ -393,15 +394,13 @@ impl Gateway {
     /// while the file's leaf is the one the cache was built at (every append of this gateway keeps
     /// the cache in step), so a turn does not re-read a long transcript; rebuilt from the file when
     /// anything else moved the leaf (another process, a compaction, a branch).
-    pub async fn context(&self, session: &SessionRef) -> Result<Messages, String> {
+    pub async fn context(&self, session: &SessionRef) -> Result<Messages, GatewayError> {
         let path = session.path.clone();
         let store = self.store.clone();
+        let task = |source| GatewayError::Task { what: "context", source };
         let leaf = {
             let (store, path) = (store.clone(), path.clone());
-            tokio::task::spawn_blocking(move || store.leaf(&path))
-                .await
-                .map_err(|e| format!("context task failed: {e}"))?
-                .map_err(|e| e.to_string())?
+            tokio::task::spawn_blocking(move || store.leaf(&path)).await.map_err(task)??
         };
         if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l)) {
             return Ok(m);
@@ -413,10 +412,10 @@ impl Gateway {
                 Ok((c.messages.iter().map(|m| Arc::new(ContextMessage::from_json(m))).collect::<Messages>(), size))
             }
             Ok(None) => Ok((Messages::new(), 0)),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(GatewayError::Store(e)),
         })
         .await
-        .unwrap_or_else(|e| Err(format!("context task failed: {e}")))?;
+        .map_err(task)??;
         if let Some(leaf) = leaf {
             lock(&self.contexts).insert(session.path.clone(), leaf, messages.clone(), bytes);
         }

@@ -38,7 +38,7 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
     return_large_allocations();
     let settings =
         config::load(&Overrides { offline: false, bind: args.bind, state_dir: args.state_dir, config: args.config })
-            .map_err(Failure::usage)?;
+            .map_err(|e| Failure::usage(e.to_string()))?;
     if args.print_url {
         println!("{}", pincer_gateway::http::webchat_url(settings.bind, &settings.auth));
         return Ok(0);
@@ -77,7 +77,7 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
                 tracing::info!("model: {model}");
             }
         }))
-        .map_err(Failure::failed)?;
+        .map_err(|e| Failure::failed(e.to_string()))?;
     Ok(0)
 }
 

@@ -219,7 +219,8 @@ fn compact(
     config: Option<PathBuf>,
 ) -> Result<u8, Failure> {
     use pincer_gateway::config::{self, Overrides};
-    let settings = config::load(&Overrides { offline: true, bind: None, state_dir, config }).map_err(Failure::usage)?;
+    let settings = config::load(&Overrides { offline: true, bind: None, state_dir, config })
+        .map_err(|e| Failure::usage(e.to_string()))?;
     let spec = model.or(settings.compaction.model.clone()).unwrap_or_else(|| settings.model.clone());
     let resolved = settings.providers.resolve(&spec).map_err(|e| Failure::usage(format!("--model: {e}")))?;
     let mut compaction = settings.compaction.clone();

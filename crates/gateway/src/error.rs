@@ -1,0 +1,23 @@
+//! The gateway's own errors (starting, configuration, reading a transcript for a turn), typed so
+//! callers can tell them apart; RPC methods answer with [`crate::protocol::RpcError`] instead.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Why the gateway could not start or a turn could not read its session.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// `pincer.toml`, the environment or the command line asked for something invalid.
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("{}: cannot create the state directory: {source}", path.display())]
+    StateDir { path: PathBuf, source: std::io::Error },
+    /// The transcript could not be read or its leaf not found.
+    #[error(transparent)]
+    Store(#[from] pincer_store::StoreError),
+    /// A blocking worker task panicked or was cancelled.
+    #[error("{what} task failed: {source}")]
+    Task { what: &'static str, source: tokio::task::JoinError },
+}
