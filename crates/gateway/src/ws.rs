@@ -356,39 +356,72 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
     let (sink, mut stream) = socket.split();
     let (outbox, rx) = Outbox::new(protocol::MAX_BUFFERED_BYTES);
     let writer = tokio::spawn(write_loop(sink, rx, outbox.clone()));
+    let close = match greet(&mut stream, &gw, &conn, &outbox).await {
+        Ok(hello) => session(&mut stream, &gw, &outbox, hello).await,
+        Err(close) => close,
+    };
+    // The one way a connection ends: the close frame after what is queued (or at once), the
+    // socket dropped, the writer drained.
+    match close {
+        Close::AfterQueued(code, reason) => outbox.close_after_queued(code, reason),
+        Close::Now => outbox.close_now(1000, "bye"),
+    }
+    drop(stream);
+    let _ = writer.await;
+}
+
+/// How a connection ends.
+enum Close {
+    /// A close frame with this code and reason once the queued frames are sent.
+    AfterQueued(u16, String),
+    /// The socket is gone: close without waiting.
+    Now,
+}
+
+/// Who connected: what the event loop needs from the handshake.
+struct Hello {
+    conn_id: u64,
+    client_id: String,
+}
+
+/// The challenge, the `connect` frame and its checks, and `hello-ok`.
+async fn greet(
+    stream: &mut SplitStream<WebSocket>,
+    gw: &Gateway,
+    conn: &Conn,
+    outbox: &Arc<Outbox>,
+) -> Result<Hello, Close> {
     let conn_id = gw.next_conn_id();
     let nonce = uuid::Uuid::new_v4().to_string();
     let challenge = json!({"nonce": nonce, "ts": pincer_pi::now_ms()});
     outbox.push(protocol::event("connect.challenge", &challenge, None), false);
-
     let handshake = tokio::select! {
-        h = handshake(&mut stream, &gw, &nonce) => h,
+        h = handshake(stream, gw, &nonce) => h,
         _ = conn.evicted() => Err(Refused::Close(None, 1013, "too many connections; try again later".into())),
         _ = gw.shutdown.cancelled() => Err(Refused::Close(None, 1012, "gateway stopping".into())),
     };
     let (req, protocol_version) = match handshake {
         Ok(ok) => ok,
-        Err(refused) => {
-            match refused {
-                Refused::Close(frame, code, reason) => {
-                    if let Some(f) = frame {
-                        outbox.push(f, false);
-                    }
-                    outbox.close_after_queued(code, reason);
-                }
-                Refused::Gone => outbox.close_now(1000, "bye"),
+        Err(Refused::Close(frame, code, reason)) => {
+            if let Some(f) = frame {
+                outbox.push(f, false);
             }
-            drop(stream);
-            let _ = writer.await;
-            return;
+            return Err(Close::AfterQueued(code, reason));
         }
+        Err(Refused::Gone) => return Err(Close::Now),
     };
     // Authenticated: the full frame size applies, and the connection is not evicted for newcomers.
     conn.authenticated();
     let client_id = req.params.get("client").and_then(|c| c.get("id")).and_then(Value::as_str).unwrap_or("").to_owned();
-    outbox.push(protocol::response(&req.id, Ok(hello(&gw, protocol_version, conn_id, &req.params))), false);
+    outbox.push(protocol::response(&req.id, Ok(hello(gw, protocol_version, conn_id, &req.params))), false);
     tracing::debug!(conn = conn_id, client = %client_id, "connected");
+    Ok(Hello { conn_id, client_id })
+}
 
+/// The connected loop: requests (at most [`MAX_IN_FLIGHT`] at once), events through the hub,
+/// ticks, and the goodbye at shutdown.
+async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox: &Arc<Outbox>, who: Hello) -> Close {
+    let Hello { conn_id, client_id } = who;
     let subs = Arc::new(Subs::default());
     let seq = Arc::new(AtomicU64::new(0));
     let subscriber = ConnSubscriber { outbox: outbox.clone(), subs: subs.clone(), seq: seq.clone(), conn_id };
@@ -414,8 +447,7 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
                         let limit = protocol::MAX_PAYLOAD_BYTES;
                         let e = RpcError::invalid(format!("frame exceeds maxPayload ({limit} bytes): {e}"));
                         outbox.push(protocol::response("unknown", Err(e)), false);
-                        outbox.close_after_queued(1009, format!("frame exceeds maxPayload ({limit} bytes)"));
-                        break;
+                        return Close::AfterQueued(1009, format!("frame exceeds maxPayload ({limit} bytes)"));
                     }
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
                     Some(Ok(_)) => continue,
@@ -434,8 +466,8 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
                 tokio::spawn(async move {
                     let ctx = Ctx::new(conn_id, client_id, subs);
                     // Held until the answer is queued, so one connection builds one large answer at a time.
-                    let serial = match req.method.as_str() {
-                        "chat.history" | "chat.startup" => Some(heavy.lock().await),
+                    let serial = match protocol::Method::parse(&req.method) {
+                        Some(protocol::Method::ChatHistory | protocol::Method::ChatStartup) => Some(heavy.lock().await),
                         _ => None,
                     };
                     if outbox.aborted.is_cancelled() {
@@ -459,15 +491,12 @@ pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
                 let s = seq.fetch_add(1, Ordering::AcqRel) + 1;
                 let ev = protocol::event("shutdown", &json!({"reason": "gateway stopping"}), Some(s));
                 outbox.push(ev, false);
-                outbox.close_after_queued(1012, "gateway stopping");
-                break;
+                return Close::AfterQueued(1012, "gateway stopping".into());
             }
         }
     }
     drop(subscription);
-    outbox.close_after_queued(1000, "bye");
-    drop(stream);
-    let _ = writer.await;
+    Close::AfterQueued(1000, "bye".into())
 }
 
 fn wanted(ev: &BusEvent, subs: &Subs) -> bool {

@@ -176,106 +176,18 @@ impl Session {
         let buf = std::mem::take(&mut s.buf);
         let ranges = parse::line_ranges(&buf);
         let parsed = parse_all(&buf, &ranges);
-        let last_range = ranges.last().copied();
-        let mut header_seen = false;
-        let mut first_value_seen = false;
-        let mut headerless = false;
-        let mut entries = Vec::with_capacity(ranges.len());
+        let mut scan = Scan {
+            buf: &buf,
+            last: ranges.last().copied(),
+            header_seen: false,
+            first_value_seen: false,
+            headerless: false,
+            entries: Vec::with_capacity(ranges.len()),
+        };
         for (&(start, end), v) in ranges.iter().zip(parsed) {
-            let line = &buf[start..end];
-            let Some(v) = v else {
-                if Some((start, end)) == last_range && end == buf.len() {
-                    s.problems.push(Problem::TornTail { offset: start });
-                } else {
-                    s.problems.push(Problem::Malformed { offset: start });
-                }
-                s.lines.push((start, end, LineRole::Malformed));
-                continue;
-            };
-            if Some((start, end)) == last_range && end == buf.len() {
-                s.problems.push(Problem::MissingNewline { offset: start });
-            }
-            let first = !first_value_seen;
-            first_value_seen = true;
-            match v {
-                LineValue::Null => {
-                    s.lines.push((start, end, LineRole::Null));
-                    s.problems.push(Problem::NullLine { offset: start });
-                    if first {
-                        headerless = true;
-                        s.problems
-                            .push(Problem::NoHeader { offset: start, reason: "the first JSON line is null".into() });
-                    }
-                }
-                LineValue::Scalar => {
-                    s.problems.push(Problem::NotAnObject { offset: start });
-                    if first {
-                        headerless = true;
-                        s.problems.push(Problem::NoHeader {
-                            offset: start,
-                            reason: "the first JSON line is not an object".into(),
-                        });
-                    }
-                    s.lines.push((start, end, LineRole::Entry(entries.len())));
-                    entries.push(EntryRec {
-                        kind: Kind::Other,
-                        id: None,
-                        parent: Parent::Absent,
-                        offset: start,
-                        is_object: false,
-                        message: None,
-                        source: Source::Line(start, end),
-                    });
-                }
-                LineValue::Object(head) => {
-                    let kind = head.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
-                    if kind == Kind::Session {
-                        if first {
-                            match serde_json::from_slice::<Map<String, Value>>(line) {
-                                Ok(h) if h.get("id").is_some_and(Value::is_string) => {
-                                    s.source_version = Some(h.get("version").and_then(Value::as_u64).unwrap_or(1));
-                                    s.lines.push((start, end, LineRole::Header));
-                                    s.header = Some(h);
-                                    header_seen = true;
-                                }
-                                _ => {
-                                    headerless = true;
-                                    s.lines.push((start, end, LineRole::ExtraHeader));
-                                    s.problems.push(Problem::NoHeader {
-                                        offset: start,
-                                        reason: "the header's id is not a string".into(),
-                                    });
-                                }
-                            }
-                        } else {
-                            s.lines.push((start, end, LineRole::ExtraHeader));
-                            s.problems.push(Problem::ExtraHeader { offset: start });
-                        }
-                        continue;
-                    }
-                    if first {
-                        headerless = true;
-                        s.problems.push(Problem::NoHeader {
-                            offset: start,
-                            reason: "the first JSON line is not a session header".into(),
-                        });
-                    }
-                    s.lines.push((start, end, LineRole::Entry(entries.len())));
-                    entries.push(EntryRec {
-                        kind,
-                        id: head.id,
-                        parent: head.parent.unwrap_or(Parent::Absent),
-                        offset: start,
-                        is_object: true,
-                        message: head.message.map(|m| {
-                            let at = m.get().as_ptr() as usize - buf.as_ptr() as usize;
-                            (at, at + m.get().len())
-                        }),
-                        source: Source::Line(start, end),
-                    });
-                }
-            }
+            scan.line(&mut s, start, end, v);
         }
+        let Scan { header_seen, headerless, entries, .. } = scan;
         if headerless || !header_seen {
             // Pi reads such a file as an empty session. Keep what we found for `verify`/`repair`,
             // but expose no entries.
@@ -652,6 +564,124 @@ fn trim_cr(line: &[u8]) -> &[u8] {
 }
 
 /// The light parse of every line; large files are split over the available cores.
+/// One pass of [`Session::parse`] over the lines: what each line is, the problems found, the
+/// entries in file order.
+struct Scan<'a> {
+    buf: &'a [u8],
+    /// The last line's range (a torn tail or a missing newline can only be there).
+    last: Option<(usize, usize)>,
+    header_seen: bool,
+    first_value_seen: bool,
+    /// The first JSON line is not a valid header: Pi reads the file as empty.
+    headerless: bool,
+    entries: Vec<EntryRec>,
+}
+
+impl Scan<'_> {
+    fn line(&mut self, s: &mut Session, start: usize, end: usize, v: Option<LineValue<'_>>) {
+        let at_end = self.last == Some((start, end)) && end == self.buf.len();
+        let Some(v) = v else {
+            s.problems.push(if at_end {
+                Problem::TornTail { offset: start }
+            } else {
+                Problem::Malformed { offset: start }
+            });
+            s.lines.push((start, end, LineRole::Malformed));
+            return;
+        };
+        if at_end {
+            s.problems.push(Problem::MissingNewline { offset: start });
+        }
+        let first = !self.first_value_seen;
+        self.first_value_seen = true;
+        match v {
+            LineValue::Null => {
+                s.lines.push((start, end, LineRole::Null));
+                s.problems.push(Problem::NullLine { offset: start });
+                self.not_a_header(s, first, start, "the first JSON line is null");
+            }
+            LineValue::Scalar => {
+                s.problems.push(Problem::NotAnObject { offset: start });
+                self.not_a_header(s, first, start, "the first JSON line is not an object");
+                self.push(
+                    s,
+                    start,
+                    end,
+                    EntryRec {
+                        kind: Kind::Other,
+                        id: None,
+                        parent: Parent::Absent,
+                        offset: start,
+                        is_object: false,
+                        message: None,
+                        source: Source::Line(start, end),
+                    },
+                );
+            }
+            LineValue::Object(head) => {
+                let kind = head.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
+                if kind == Kind::Session {
+                    return self.header(s, first, start, end);
+                }
+                self.not_a_header(s, first, start, "the first JSON line is not a session header");
+                let buf_start = self.buf.as_ptr() as usize;
+                self.push(
+                    s,
+                    start,
+                    end,
+                    EntryRec {
+                        kind,
+                        id: head.id,
+                        parent: head.parent.unwrap_or(Parent::Absent),
+                        offset: start,
+                        is_object: true,
+                        message: head.message.map(|m| {
+                            let at = m.get().as_ptr() as usize - buf_start;
+                            (at, at + m.get().len())
+                        }),
+                        source: Source::Line(start, end),
+                    },
+                );
+            }
+        }
+    }
+
+    /// A `session` line: the header when it is the first JSON line and its id is a string.
+    fn header(&mut self, s: &mut Session, first: bool, start: usize, end: usize) {
+        if !first {
+            s.lines.push((start, end, LineRole::ExtraHeader));
+            s.problems.push(Problem::ExtraHeader { offset: start });
+            return;
+        }
+        match serde_json::from_slice::<Map<String, Value>>(&self.buf[start..end]) {
+            Ok(h) if h.get("id").is_some_and(Value::is_string) => {
+                s.source_version = Some(h.get("version").and_then(Value::as_u64).unwrap_or(1));
+                s.lines.push((start, end, LineRole::Header));
+                s.header = Some(h);
+                self.header_seen = true;
+            }
+            _ => {
+                self.headerless = true;
+                s.lines.push((start, end, LineRole::ExtraHeader));
+                s.problems.push(Problem::NoHeader { offset: start, reason: "the header's id is not a string".into() });
+            }
+        }
+    }
+
+    /// The first JSON line is something other than a header.
+    fn not_a_header(&mut self, s: &mut Session, first: bool, offset: usize, reason: &str) {
+        if first {
+            self.headerless = true;
+            s.problems.push(Problem::NoHeader { offset, reason: reason.into() });
+        }
+    }
+
+    fn push(&mut self, s: &mut Session, start: usize, end: usize, e: EntryRec) {
+        s.lines.push((start, end, LineRole::Entry(self.entries.len())));
+        self.entries.push(e);
+    }
+}
+
 fn parse_all<'a>(buf: &'a [u8], ranges: &[(usize, usize)]) -> Vec<Option<LineValue<'a>>> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
     if threads < 2 || ranges.len() < 8192 {
