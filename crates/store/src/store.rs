@@ -651,79 +651,17 @@ impl FileState {
             last_line_start: meta.len(),
             ..FileState::default()
         };
-        // Header: the first line that parses.
-        let mut version = None;
-        self.header = HeaderState::Missing;
-        let mut pos = 0u64;
-        let mut carry = Vec::new();
-        'head: while pos < self.len {
-            let n = CHUNK.min(self.len - pos) as usize;
-            carry.extend_from_slice(&read_at(&file, pos, n).map_err(io_err(path))?);
-            pos += n as u64;
-            let complete = if pos == self.len { carry.len() } else { memchr::memrchr(b'\n', &carry).unwrap_or(0) };
-            for (s, e) in parse::line_ranges(&carry[..complete]) {
-                match parse::parse_line(&carry[s..e]) {
-                    None => continue,
-                    Some(LineValue::Object(h)) if h.ty.as_deref() == Some("session") => {
-                        match serde_json::from_slice::<Map<String, Value>>(&carry[s..e]) {
-                            Ok(obj) if obj.get("id").is_some_and(Value::is_string) => {
-                                self.header = HeaderState::Valid;
-                                version = Some(obj.get("version").and_then(Value::as_u64).unwrap_or(1));
-                            }
-                            _ => self.header = HeaderState::Invalid,
-                        }
-                        break 'head;
-                    }
-                    Some(_) => {
-                        self.header = HeaderState::Invalid;
-                        break 'head;
-                    }
-                }
-            }
-            if complete > 0 {
-                carry.drain(..complete);
-            }
-        }
+        let (header, version) = read_header(&file, self.len).map_err(io_err(path))?;
+        self.header = header;
         self.needs_rewrite = version.is_some_and(|v| v < 3);
-        // Tail: walk lines backwards until one decides the leaf.
-        let len = self.len;
-        let mut first = true;
-        let mut suspicious_linear = false;
-        let (mut tail, mut last_line_start, mut leaf) = (Tail::Clean, len, None);
-        scan_back(&file, len, |offset, line| {
-            let at_end = std::mem::take(&mut first);
-            if parse::is_blank(line) {
-                return false;
-            }
-            let parsed = parse::parse_line(line);
-            if at_end {
-                last_line_start = offset;
-                tail = if parsed.is_some() { Tail::NeedsNewline } else { Tail::Torn(offset) };
-            }
-            match parsed {
-                // Reached the header: nothing above it decides the leaf.
-                Some(LineValue::Object(h)) if h.ty.as_deref() == Some("session") => true,
-                Some(LineValue::Object(h)) => {
-                    suspicious_linear |= h.parent.is_none();
-                    match leaf_of(&h, line) {
-                        Some(l) => {
-                            leaf = l;
-                            true
-                        }
-                        None => false,
-                    }
-                }
-                _ => false,
-            }
-        })
-        .map_err(io_err(path))?;
+        let TailScan { tail, last_line_start, leaf, suspicious_linear } =
+            scan_tail(&file, self.len).map_err(io_err(path))?;
         self.tail = tail;
         self.last_line_start = last_line_start;
         self.leaf = leaf;
         if self.header == HeaderState::Valid && suspicious_linear && !self.needs_rewrite {
             // The leaf has no parentId key: check whether the whole file is linear (rare, full read).
-            let data = std::fs::read(path).map_err(io_err(path))?;
-            self.needs_rewrite = Session::parse(data).is_linear();
+            self.needs_rewrite = Session::read(path)?.is_some_and(|s| s.is_linear());
         }
         if self.header == HeaderState::Missing && self.len > 0 {
             // Only blank lines: treat as empty.
@@ -882,6 +820,79 @@ impl FileState {
         self.tail = Tail::Clean;
         Ok(())
     }
+}
+
+/// The header of a transcript: the first line that parses decides (a `session` object with a
+/// string id is valid), and its `version` (1 when absent).
+fn read_header(file: &File, len: u64) -> std::io::Result<(HeaderState, Option<u64>)> {
+    let mut pos = 0u64;
+    let mut carry = Vec::new();
+    while pos < len {
+        let n = CHUNK.min(len - pos) as usize;
+        carry.extend_from_slice(&read_at(file, pos, n)?);
+        pos += n as u64;
+        let complete = if pos == len { carry.len() } else { memchr::memrchr(b'\n', &carry).unwrap_or(0) };
+        for (s, e) in parse::line_ranges(&carry[..complete]) {
+            match parse::parse_line(&carry[s..e]) {
+                None => continue,
+                Some(LineValue::Object(h)) if h.ty.as_deref() == Some("session") => {
+                    return Ok(match serde_json::from_slice::<Map<String, Value>>(&carry[s..e]) {
+                        Ok(obj) if obj.get("id").is_some_and(Value::is_string) => {
+                            (HeaderState::Valid, Some(obj.get("version").and_then(Value::as_u64).unwrap_or(1)))
+                        }
+                        _ => (HeaderState::Invalid, None),
+                    });
+                }
+                Some(_) => return Ok((HeaderState::Invalid, None)),
+            }
+        }
+        if complete > 0 {
+            carry.drain(..complete);
+        }
+    }
+    Ok((HeaderState::Missing, None))
+}
+
+/// What the end of a transcript says: the state of its last line, where that line starts, the
+/// leaf, and whether an entry without a `parentId` key was met on the way (a linear file, maybe).
+struct TailScan {
+    tail: Tail,
+    last_line_start: u64,
+    leaf: Option<String>,
+    suspicious_linear: bool,
+}
+
+/// Walks lines backwards from the end until one decides the leaf (or the header is reached).
+fn scan_tail(file: &File, len: u64) -> std::io::Result<TailScan> {
+    let mut first = true;
+    let mut t = TailScan { tail: Tail::Clean, last_line_start: len, leaf: None, suspicious_linear: false };
+    scan_back(file, len, |offset, line| {
+        let at_end = std::mem::take(&mut first);
+        if parse::is_blank(line) {
+            return false;
+        }
+        let parsed = parse::parse_line(line);
+        if at_end {
+            t.last_line_start = offset;
+            t.tail = if parsed.is_some() { Tail::NeedsNewline } else { Tail::Torn(offset) };
+        }
+        match parsed {
+            // Reached the header: nothing above it decides the leaf.
+            Some(LineValue::Object(h)) if h.ty.as_deref() == Some("session") => true,
+            Some(LineValue::Object(h)) => {
+                t.suspicious_linear |= h.parent.is_none();
+                match leaf_of(&h, line) {
+                    Some(l) => {
+                        t.leaf = l;
+                        true
+                    }
+                    None => false,
+                }
+            }
+            _ => false,
+        }
+    })?;
+    Ok(t)
 }
 
 /// `write_all` that counts the bytes that reached the file, also when it fails part-way.
