@@ -243,52 +243,13 @@ pub fn load(o: &Overrides) -> Result<Settings, crate::error::GatewayError> {
 fn load_settings(o: &Overrides) -> Result<Settings, String> {
     let state_dir = o.state_dir.clone().unwrap_or_else(default_state_dir);
     let config_path = o.config.clone().unwrap_or_else(|| state_dir.join("pincer.toml"));
-    let file: FileConfig = match std::fs::read_to_string(&config_path) {
-        Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", config_path.display()))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && o.config.is_none() => FileConfig::default(),
-        Err(e) => return Err(format!("{}: cannot read: {e}", config_path.display())),
-    };
+    let file = read_config_file(&config_path, o.config.is_some())?;
     let bind_text = o.bind.clone().or(file.gateway.bind.clone()).unwrap_or_else(|| "127.0.0.1:18789".into());
     let bind: SocketAddr = bind_text
         .parse()
         .map_err(|e| format!("bind address {bind_text:?} is not HOST:PORT ({e}); e.g. 127.0.0.1:18789"))?;
-    let mode = if o.offline { AuthModeName::None } else { file.gateway.auth.mode.unwrap_or(AuthModeName::Token) };
-    let (auth, token_source) = match mode {
-        AuthModeName::None => {
-            if !bind.ip().is_loopback() && !o.offline {
-                return Err(format!(
-                    "gateway.auth.mode = \"none\" is refused on {bind}: without auth the gateway may only listen on loopback"
-                ));
-            }
-            (AuthMode::None, "auth disabled (loopback only)".to_string())
-        }
-        AuthModeName::Token => {
-            if let Some(t) = env("PINCER_GATEWAY_TOKEN") {
-                (AuthMode::Token(t), "PINCER_GATEWAY_TOKEN".into())
-            } else if let Some(t) = file.gateway.auth.token.clone().filter(|t| !t.trim().is_empty()) {
-                (AuthMode::Token(t), format!("gateway.auth.token in {}", config_path.display()))
-            } else {
-                let path = state_dir.join("gateway.token");
-                (AuthMode::Token(load_or_create_token(&path)?), path.display().to_string())
-            }
-        }
-    };
-    let mut providers = file.models.providers;
-    if let Some(key) = env("OPENAI_API_KEY") {
-        let base = env("OPENAI_BASE_URL").unwrap_or_else(|| "https://api.openai.com/v1".into());
-        providers.entry("openai".into()).or_insert_with(|| {
-            let mut p = ProviderConfig::new(Api::OpenaiCompletions, base);
-            p.api_key = Some(key);
-            p
-        });
-    }
-    if let Some(key) = env("ANTHROPIC_API_KEY") {
-        providers.entry("anthropic".into()).or_insert_with(|| {
-            let mut p = ProviderConfig::new(Api::AnthropicMessages, "https://api.anthropic.com");
-            p.api_key = Some(key);
-            p
-        });
-    }
+    let (auth, token_source) = auth_settings(o, &file.gateway.auth, bind, &state_dir, &config_path)?;
+    let providers = with_env_providers(file.models.providers);
     let first_model = providers.iter().find_map(|(name, p)| p.models.first().map(|m| format!("{name}/{}", m.id)));
     let providers = Providers::new(providers).map_err(|e| format!("{}: {e}", config_path.display()))?;
     let chosen = env("PINCER_MODEL").or(file.agents.defaults.model.clone()).or(first_model);
@@ -340,6 +301,68 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
 
 /// `[gateway.openai_api]`, switched on by `enabled = true` or `PINCER_OPENAI_API=1`
 /// (`PINCER_OPENAI_API=0` switches it off whatever the file says).
+/// `pincer.toml` (a missing default file is an empty config; a missing `--config` file is an error).
+fn read_config_file(path: &Path, explicit: bool) -> Result<FileConfig, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(FileConfig::default()),
+        Err(e) => Err(format!("{}: cannot read: {e}", path.display())),
+    }
+}
+
+/// The auth mode and where its token comes from: `PINCER_GATEWAY_TOKEN`, `gateway.auth.token`,
+/// else `<state>/gateway.token` (made on first start). No auth only on loopback.
+fn auth_settings(
+    o: &Overrides,
+    section: &AuthSection,
+    bind: SocketAddr,
+    state_dir: &Path,
+    config_path: &Path,
+) -> Result<(AuthMode, String), String> {
+    let mode = if o.offline { AuthModeName::None } else { section.mode.unwrap_or(AuthModeName::Token) };
+    Ok(match mode {
+        AuthModeName::None => {
+            if !bind.ip().is_loopback() && !o.offline {
+                return Err(format!(
+                    "gateway.auth.mode = \"none\" is refused on {bind}: without auth the gateway may only listen on loopback"
+                ));
+            }
+            (AuthMode::None, "auth disabled (loopback only)".to_string())
+        }
+        AuthModeName::Token => {
+            if let Some(t) = env("PINCER_GATEWAY_TOKEN") {
+                (AuthMode::Token(t), "PINCER_GATEWAY_TOKEN".into())
+            } else if let Some(t) = section.token.clone().filter(|t| !t.trim().is_empty()) {
+                (AuthMode::Token(t), format!("gateway.auth.token in {}", config_path.display()))
+            } else {
+                let path = state_dir.join("gateway.token");
+                (AuthMode::Token(load_or_create_token(&path)?), path.display().to_string())
+            }
+        }
+    })
+}
+
+/// The configured providers plus `openai` from `OPENAI_API_KEY` (+ `OPENAI_BASE_URL`) and
+/// `anthropic` from `ANTHROPIC_API_KEY`, unless the file already names them.
+fn with_env_providers(mut providers: BTreeMap<String, ProviderConfig>) -> BTreeMap<String, ProviderConfig> {
+    if let Some(key) = env("OPENAI_API_KEY") {
+        let base = env("OPENAI_BASE_URL").unwrap_or_else(|| "https://api.openai.com/v1".into());
+        providers.entry("openai".into()).or_insert_with(|| {
+            let mut p = ProviderConfig::new(Api::OpenaiCompletions, base);
+            p.api_key = Some(key);
+            p
+        });
+    }
+    if let Some(key) = env("ANTHROPIC_API_KEY") {
+        providers.entry("anthropic".into()).or_insert_with(|| {
+            let mut p = ProviderConfig::new(Api::AnthropicMessages, "https://api.anthropic.com");
+            p.api_key = Some(key);
+            p
+        });
+    }
+    providers
+}
+
 fn openai_api(section: &OpenAiApiSection, config_path: &Path) -> Result<Option<OpenAiApi>, String> {
     let enabled = match env("PINCER_OPENAI_API").as_deref().map(str::trim) {
         None => section.enabled.unwrap_or(false),
