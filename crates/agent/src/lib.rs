@@ -33,6 +33,6 @@ pub use provider::echo::ECHO_PREFIX;
 pub use provider::{ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec};
 pub use queue::{Cancelled, SessionGuard, SessionQueue};
 pub use run::{start_run, RunEvent, RunRequest, DEFAULT_MAX_REPLY_BYTES};
-pub use sink::{MemorySink, TranscriptSink};
+pub use sink::{MemorySink, SinkError, SinkFuture, TranscriptSink};
 pub use tokio_util::sync::CancellationToken;
-pub use tools::{CurrentTimeTool, ReadFileTool, Tool, ToolOutput, ToolRegistry};
+pub use tools::{CurrentTimeTool, ReadFileTool, Tool, ToolError, ToolOutput, ToolRegistry};

@@ -322,7 +322,9 @@ impl Runner {
                 })
                 .await;
                 let outcome = match &call.arguments_error {
-                    Some(e) => Err(format!("Invalid arguments for {}: {e}", call.name)),
+                    Some(e) => {
+                        Err(crate::tools::ToolError::InvalidArguments { tool: call.name.clone(), reason: e.clone() })
+                    }
                     None => {
                         match self.unless_cancelled(self.req.tools.execute(&call.name, call.arguments.clone())).await {
                             Step::Cancelled => return self.aborted(None).await,
@@ -352,10 +354,14 @@ impl Runner {
 }
 
 /// Pi's toolResult message.
-pub fn tool_result_message(id: &str, name: &str, outcome: Result<crate::tools::ToolOutput, String>) -> Value {
+pub fn tool_result_message(
+    id: &str,
+    name: &str,
+    outcome: Result<crate::tools::ToolOutput, crate::tools::ToolError>,
+) -> Value {
     let (content, details, is_error) = match outcome {
         Ok(out) => (Value::Array(out.content), out.details, false),
-        Err(e) => (serde_json::json!([{"type": "text", "text": e}]), None, true),
+        Err(e) => (serde_json::json!([{"type": "text", "text": e.to_string()}]), None, true),
     };
     let mut m = Map::new();
     m.insert("role".into(), "toolResult".into());

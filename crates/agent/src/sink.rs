@@ -8,11 +8,26 @@ use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
+/// Why a message could not be appended: the transcript store's own error, kept as the source.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct SinkError(Box<dyn std::error::Error + Send + Sync>);
+
+impl SinkError {
+    /// Wraps the sink's error (a store error, or a message).
+    pub fn new(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> SinkError {
+        SinkError(e.into())
+    }
+}
+
+/// What [`TranscriptSink::append_message`] returns.
+pub type SinkFuture<'a> = Pin<Box<dyn Future<Output = Result<Value, SinkError>> + Send + 'a>>;
+
 /// Appends messages to a session's transcript.
 pub trait TranscriptSink: Send + Sync {
     /// Appends one complete message (assistant or toolResult) as the child of the current leaf
     /// and returns the JSONL entry as written: `{type:"message",id,parentId,timestamp,message}`.
-    fn append_message(&self, message: Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>>;
+    fn append_message(&self, message: Value) -> SinkFuture<'_>;
 }
 
 /// In-memory transcript for tests and benches: 8-hex ids from a v4 uuid, chained by `parentId`.
@@ -42,12 +57,12 @@ impl MemorySink {
 }
 
 impl TranscriptSink for MemorySink {
-    fn append_message(&self, message: Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>> {
+    fn append_message(&self, message: Value) -> SinkFuture<'_> {
         let result = (|| {
-            if let Some(msg) = self.fail_with.lock().map_err(|e| e.to_string())?.clone() {
-                return Err(msg);
+            if let Some(msg) = pincer_pi::lock(&self.fail_with).clone() {
+                return Err(SinkError::new(msg));
             }
-            let mut entries = self.entries.lock().map_err(|e| e.to_string())?;
+            let mut entries = pincer_pi::lock(&self.entries);
             let parent = entries.last().and_then(|e| e.get("id")).cloned().unwrap_or(Value::Null);
             let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
             let timestamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);

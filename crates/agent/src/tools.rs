@@ -31,8 +31,29 @@ impl ToolOutput {
     }
 }
 
+/// Why a tool call failed. Its text becomes the error tool result the model reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    /// The model named a tool that is not registered.
+    #[error("Tool {name} not found. Available tools: {}", available.join(", "))]
+    NotFound { name: String, available: Vec<String> },
+    /// The arguments do not fit the tool's schema.
+    #[error("Invalid arguments for {tool}: {reason}")]
+    InvalidArguments { tool: String, reason: String },
+    /// The tool ran and failed (a refused path, a missing file, …).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl ToolError {
+    /// A failure of the tool itself.
+    pub fn failed(message: impl Into<String>) -> ToolError {
+        ToolError::Failed(message.into())
+    }
+}
+
 /// Future returned by [`Tool::call`].
-pub type ToolFuture<'a> = Pin<Box<dyn Future<Output = Result<ToolOutput, String>> + Send + 'a>>;
+pub type ToolFuture<'a> = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send + 'a>>;
 
 /// A tool. `call` is dropped when the run is aborted, so it must not leave half-done work.
 pub trait Tool: Send + Sync {
@@ -96,12 +117,13 @@ impl ToolRegistry {
 
     /// Validates the arguments and runs the tool. Every failure is an `Err` with a message for
     /// the model (unknown tool, invalid arguments, the tool's own error).
-    pub async fn execute(&self, name: &str, arguments: Value) -> Result<ToolOutput, String> {
+    pub async fn execute(&self, name: &str, arguments: Value) -> Result<ToolOutput, ToolError> {
         let Some(tool) = self.tools.get(name) else {
-            let known: Vec<&str> = self.tools.keys().map(String::as_str).collect();
-            return Err(format!("Tool {name} not found. Available tools: {}", known.join(", ")));
+            let available = self.tools.keys().cloned().collect();
+            return Err(ToolError::NotFound { name: name.to_owned(), available });
         };
-        validate(&tool.parameters(), &arguments).map_err(|e| format!("Invalid arguments for {name}: {e}"))?;
+        validate(&tool.parameters(), &arguments)
+            .map_err(|reason| ToolError::InvalidArguments { tool: name.to_owned(), reason })?;
         tool.call(arguments).await
     }
 }
@@ -180,21 +202,24 @@ impl ReadFileTool {
     }
 
     /// Resolves `path` (relative to the workspace) to a canonical path inside it, or says why not.
-    pub async fn resolve(&self, path: &str) -> Result<PathBuf, String> {
+    pub async fn resolve(&self, path: &str) -> Result<PathBuf, ToolError> {
         let rel = Path::new(path);
         if path.is_empty() {
-            return Err("path is empty".to_owned());
+            return Err(ToolError::failed("path is empty"));
         }
         if rel.is_absolute() {
-            return Err(format!("{path}: absolute paths are refused; give a path relative to the workspace"));
+            return Err(ToolError::failed(format!(
+                "{path}: absolute paths are refused; give a path relative to the workspace"
+            )));
         }
         let root = tokio::fs::canonicalize(&self.workspace)
             .await
-            .map_err(|e| format!("workspace {} is not available: {e}", self.workspace.display()))?;
+            .map_err(|e| ToolError::Failed(format!("workspace {} is not available: {e}", self.workspace.display())))?;
         // canonicalize resolves `..` and every symlink, so the prefix check sees the real location.
-        let real = tokio::fs::canonicalize(root.join(rel)).await.map_err(|e| format!("{path}: {e}"))?;
+        let real =
+            tokio::fs::canonicalize(root.join(rel)).await.map_err(|e| ToolError::Failed(format!("{path}: {e}")))?;
         if !real.starts_with(&root) {
-            return Err(format!("{path}: refused, it resolves outside the workspace"));
+            return Err(ToolError::failed(format!("{path}: refused, it resolves outside the workspace")));
         }
         Ok(real)
     }
@@ -219,11 +244,11 @@ impl Tool for ReadFileTool {
         Box::pin(async move {
             let path = arguments.get("path").and_then(Value::as_str).unwrap_or_default().to_owned();
             let real = self.resolve(&path).await?;
-            let meta = tokio::fs::metadata(&real).await.map_err(|e| format!("{path}: {e}"))?;
+            let meta = tokio::fs::metadata(&real).await.map_err(|e| ToolError::failed(format!("{path}: {e}")))?;
             if !meta.is_file() {
-                return Err(format!("{path}: not a regular file"));
+                return Err(ToolError::failed(format!("{path}: not a regular file")));
             }
-            let bytes = tokio::fs::read(&real).await.map_err(|e| format!("{path}: {e}"))?;
+            let bytes = tokio::fs::read(&real).await.map_err(|e| ToolError::failed(format!("{path}: {e}")))?;
             let total = bytes.len();
             let (slice, cut) =
                 if total > Self::MAX_BYTES { (&bytes[..Self::MAX_BYTES], true) } else { (&bytes[..], false) };
@@ -232,7 +257,7 @@ impl Tool for ReadFileTool {
                 Err(e) if cut && e.error_len().is_none() => {
                     String::from_utf8_lossy(&slice[..e.valid_up_to()]).into_owned()
                 }
-                Err(_) => return Err(format!("{path}: not a UTF-8 text file")),
+                Err(_) => return Err(ToolError::failed(format!("{path}: not a UTF-8 text file"))),
             };
             if cut {
                 text.push_str(&format!("\n\n[File truncated: showing {} of {total} bytes]", Self::MAX_BYTES));
@@ -264,7 +289,10 @@ mod tests {
     async fn read_file_stays_inside_the_workspace() {
         let (ws, outside) = workspace();
         let reg = ToolRegistry::with_builtins(ws.path());
-        let read = |p: &str| reg.execute("read_file", json!({"path": p}));
+        let read = |p: &str| {
+            let call = reg.execute("read_file", json!({"path": p}));
+            async move { call.await.map_err(|e| e.to_string()) }
+        };
         assert_eq!(read("sub/notes.txt").await, Ok(ToolOutput::text("hello notes")));
         assert_eq!(read("sub/../inner-link").await, Ok(ToolOutput::text("hello notes")));
         assert_eq!(read("escape").await, Err("escape: refused, it resolves outside the workspace".to_owned()));
@@ -286,18 +314,22 @@ mod tests {
     #[tokio::test]
     async fn registry_validates_arguments_and_names() {
         let reg = ToolRegistry::with_builtins("/nonexistent");
+        let missing = reg.execute("read_file", json!({})).await.unwrap_err();
         assert_eq!(
-            reg.execute("read_file", json!({})).await,
-            Err("Invalid arguments for read_file: missing required property \"path\"".to_owned())
+            missing,
+            ToolError::InvalidArguments {
+                tool: "read_file".into(),
+                reason: "missing required property \"path\"".into()
+            }
         );
+        assert_eq!(missing.to_string(), "Invalid arguments for read_file: missing required property \"path\"");
         assert_eq!(
-            reg.execute("read_file", json!({"path": 3})).await,
+            reg.execute("read_file", json!({"path": 3})).await.map_err(|e| e.to_string()),
             Err("Invalid arguments for read_file: property \"path\" must be of type string, got 3".to_owned())
         );
-        assert_eq!(
-            reg.execute("rm_rf", json!({})).await,
-            Err("Tool rm_rf not found. Available tools: current_time, read_file".to_owned())
-        );
+        let unknown = reg.execute("rm_rf", json!({})).await.unwrap_err();
+        assert!(matches!(&unknown, ToolError::NotFound { name, .. } if name == "rm_rf"), "{unknown:?}");
+        assert_eq!(unknown.to_string(), "Tool rm_rf not found. Available tools: current_time, read_file");
         let t = reg.execute("current_time", json!({})).await.unwrap();
         let text = t.content[0]["text"].as_str().unwrap();
         assert_eq!(

@@ -71,7 +71,7 @@ impl Tool for TestTool {
                     ],
                     details: None,
                 }),
-                _ => Err("disk on fire".to_owned()),
+                _ => Err(pincer_agent::ToolError::failed("disk on fire")),
             }
         })
     }
@@ -515,10 +515,7 @@ struct PanicsOnce {
 }
 
 impl pincer_agent::TranscriptSink for PanicsOnce {
-    fn append_message(
-        &self,
-        message: Value,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, String>> + Send + '_>> {
+    fn append_message(&self, message: Value) -> pincer_agent::SinkFuture<'_> {
         if !self.panicked.swap(true, std::sync::atomic::Ordering::SeqCst) {
             panic!("sink exploded");
         }

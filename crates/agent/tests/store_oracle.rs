@@ -10,9 +10,9 @@ use pincer_agent::{start_run, CancellationToken, RunRequest, ToolRegistry, Trans
 use pincer_store::{context_report, LeafArg, NewEntry, Session, Store, StoreOptions};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
-use std::future::Future;
+
 use std::path::PathBuf;
-use std::pin::Pin;
+
 use std::sync::Arc;
 use support::*;
 
@@ -22,14 +22,14 @@ struct FileSink {
 }
 
 impl TranscriptSink for FileSink {
-    fn append_message(&self, message: Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>> {
+    fn append_message(&self, message: Value) -> pincer_agent::SinkFuture<'_> {
         let (store, path) = (self.store.clone(), self.path.clone());
         Box::pin(async move {
             tokio::task::spawn_blocking(move || store.append(&path, NewEntry::message(message)))
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(pincer_agent::SinkError::new)?
                 .map(|a| a.entry)
-                .map_err(|e| e.to_string())
+                .map_err(pincer_agent::SinkError::new)
         })
     }
 }

@@ -12,13 +12,12 @@ use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
 use crate::turns::OnDisk;
 use crate::Ctx;
 use base64::Engine;
-use pincer_agent::{start_run, ContextMessage, RunEvent, RunRequest, TranscriptSink};
+use pincer_agent::{start_run, ContextMessage, RunEvent, RunRequest, SinkError, TranscriptSink};
 use pincer_pi::now_ms;
 use pincer_store::history::{read_history, HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
 use pincer_store::NewEntry;
 use serde_json::{json, Map, Value};
-use std::future::Future;
-use std::pin::Pin;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -997,9 +996,9 @@ struct StoreSink {
 }
 
 impl TranscriptSink for StoreSink {
-    fn append_message(&self, message: Value) -> Pin<Box<dyn Future<Output = Result<Value, String>> + Send + '_>> {
+    fn append_message(&self, message: Value) -> pincer_agent::SinkFuture<'_> {
         Box::pin(async move {
-            self.gw.append(&self.session, NewEntry::message(message)).await.map(|a| a.entry).map_err(|e| e.to_string())
+            self.gw.append(&self.session, NewEntry::message(message)).await.map(|a| a.entry).map_err(SinkError::new)
         })
     }
 }
