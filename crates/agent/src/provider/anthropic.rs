@@ -118,19 +118,8 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
         body.field("system", &system);
     }
     body.list("messages", |out| wire::write_messages(out, &req.messages, &LAYOUT));
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
-            .collect();
-        body.field("tools", &tools);
-    }
-    let mut headers = vec![("anthropic-version".to_owned(), VERSION.to_owned())];
-    if let Some(key) = &model.provider.api_key {
-        headers.push(("x-api-key".to_owned(), key.clone()));
-    }
-    WireRequest { url: format!("{}/v1/messages", model.provider.base_url), headers, body: body.finish() }
+    body.tools(&req.tools, |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}));
+    body.request(model, "/v1/messages", vec![("anthropic-version".to_owned(), VERSION.to_owned())], "x-api-key")
 }
 
 /// Stream decoder.

@@ -106,19 +106,10 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
             if model.provider.base_url.contains("api.openai.com") { "max_completion_tokens" } else { "max_tokens" };
         body.field(key, &max);
     }
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
-            .collect();
-        body.field("tools", &tools);
-    }
-    let mut headers = Vec::new();
-    if let Some(key) = &model.provider.api_key {
-        headers.push(("authorization".to_owned(), format!("Bearer {key}")));
-    }
-    WireRequest { url: format!("{}/chat/completions", model.provider.base_url), headers, body: body.finish() }
+    body.tools(&req.tools, |t| {
+        json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})
+    });
+    body.request(model, "/chat/completions", Vec::new(), "authorization")
 }
 
 /// Stream decoder.

@@ -115,19 +115,10 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
         body.field("include", &json!(["reasoning.encrypted_content"]));
         body.field("reasoning", &json!({"summary": "auto"}));
     }
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": false}))
-            .collect();
-        body.field("tools", &tools);
-    }
-    let mut headers = Vec::new();
-    if let Some(key) = &model.provider.api_key {
-        headers.push(("authorization".to_owned(), format!("Bearer {key}")));
-    }
-    WireRequest { url: format!("{}/responses", model.provider.base_url), headers, body: body.finish() }
+    body.tools(&req.tools, |t| {
+        json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": false})
+    });
+    body.request(model, "/responses", Vec::new(), "authorization")
 }
 
 /// Stream decoder.

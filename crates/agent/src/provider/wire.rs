@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::config::ResolvedModel;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -231,6 +232,29 @@ impl Body {
         write(&mut self.0);
         end_list(&mut self.0);
         self.0.push(b']');
+    }
+
+    /// `tools`, each spelled as the API wants a function declared; left out when the run has none.
+    pub(crate) fn tools(&mut self, tools: &[super::ToolSpec], spell: impl Fn(&super::ToolSpec) -> Value) {
+        if !tools.is_empty() {
+            self.field("tools", &tools.iter().map(spell).collect::<Vec<Value>>());
+        }
+    }
+
+    /// The finished request: `POST {base_url}{path}` with this body, the API's headers, and the
+    /// provider's key as `key_header` (prefixed `Bearer ` for `authorization`) when it has one.
+    pub(crate) fn request(
+        self,
+        model: &ResolvedModel,
+        path: &str,
+        mut headers: Vec<(String, String)>,
+        key_header: &str,
+    ) -> super::WireRequest {
+        if let Some(key) = &model.provider.api_key {
+            let value = if key_header == "authorization" { format!("Bearer {key}") } else { key.clone() };
+            headers.push((key_header.to_owned(), value));
+        }
+        super::WireRequest { url: format!("{}{path}", model.provider.base_url), headers, body: self.finish() }
     }
 
     pub(crate) fn finish(mut self) -> bytes::Bytes {
