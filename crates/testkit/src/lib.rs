@@ -1,7 +1,8 @@
 //! Test support shared by Pincer's crates: where `shared/` is, the real Pi library (the oracle) run
-//! over a session file, a fake OpenAI-compatible provider ([`fake_openai`]) and the gateway as a real
-//! process with a protocol client ([`gateway`]), and probes of a running process and its state dir
-//! ([`probe`]: memory, descriptors, raw sockets, transcripts).
+//! over a session file, the fake model provider every test uses ([`fake_provider`]: the three wire
+//! formats, scripted replies and faults; its marker-driven OpenAI preset for the gateway,
+//! [`fake_openai`]), the gateway as a real process with a protocol client ([`gateway`]), and probes
+//! of a running process and its state dir ([`probe`]: memory, descriptors, raw sockets, transcripts).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -11,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod fake_openai;
+pub mod fake_provider;
 pub mod gateway;
 pub mod probe;
 
