@@ -2,7 +2,8 @@
 //! keep-alive, with a script that answers
 //! `POST /v1/chat/completions` with an SSE stream in OpenAI's exact framing (role chunk, content
 //! deltas, a usage chunk, `[DONE]`). What it does is chosen by markers in the last user message:
-//! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream), `[slowish]` 12 chunks 50 ms apart
+//! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream; [`Pacing`] sets that and a pause
+//! between the pieces of ordinary replies), `[slowish]` 12 chunks 50 ms apart
 //! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
@@ -15,6 +16,21 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How fast replies stream: the pause after each piece of an ordinary reply, and after each of the
+/// 40 pieces of a `[slow]` one.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing {
+    pub word: Duration,
+    pub slow: Duration,
+}
+
+impl Default for Pacing {
+    /// Ordinary replies at once, `[slow]` ones 100 ms apart.
+    fn default() -> Self {
+        Pacing { word: Duration::ZERO, slow: Duration::from_millis(100) }
+    }
+}
+
 #[derive(Clone)]
 pub struct FakeOpenAi {
     pub addr: std::net::SocketAddr,
@@ -24,19 +40,23 @@ pub struct FakeOpenAi {
 impl FakeOpenAi {
     /// Starts the server on the current tokio runtime (it serves until the runtime ends).
     pub async fn start() -> FakeOpenAi {
-        Self::start_with(true).await
+        Self::start_with(true, Pacing::default()).await
     }
 
     /// Starts a server that keeps no request bodies (for load: long sessions send large ones).
     pub async fn start_unrecorded() -> FakeOpenAi {
-        Self::start_with(false).await
+        Self::start_with(false, Pacing::default()).await
     }
 
-    async fn start_with(record: bool) -> FakeOpenAi {
+    /// Starts a server whose replies stream at this pace (the browser tests watch them arrive).
+    pub async fn start_paced(pacing: Pacing) -> FakeOpenAi {
+        Self::start_with(true, pacing).await
+    }
+
+    async fn start_with(record: bool, pacing: Pacing) -> FakeOpenAi {
         let options = Options { record, keep_alive: true };
-        let server = FakeProvider::start_with(Format::OpenaiCompletions, options, Box::new(|r, _| Some(answer(r))))
-            .await
-            .detach();
+        let script = Box::new(move |r: &Recorded, _| Some(answer(r, pacing)));
+        let server = FakeProvider::start_with(Format::OpenaiCompletions, options, script).await.detach();
         FakeOpenAi { addr: server.addr, server: Arc::new(server) }
     }
 
@@ -61,6 +81,11 @@ impl FakeOpenAi {
     /// The request bodies received so far.
     pub fn requests(&self) -> Vec<Value> {
         self.server.bodies()
+    }
+
+    /// Waits until at least `n` requests have arrived.
+    pub async fn wait_requests(&self, n: usize) {
+        self.server.wait_requests(n).await
     }
 
     /// A `[models.providers.fake]` section pointing at this server.
@@ -97,7 +122,7 @@ fn chunk(delta: Value, finish: Value) -> String {
 }
 
 /// The reply to one request, chosen by the markers of its last user message.
-fn answer(req: &Recorded) -> Reply {
+fn answer(req: &Recorded, pacing: Pacing) -> Reply {
     let body = &req.body;
     let said = last_user_text(body);
     let prompt_tokens = req.body_len / 4;
@@ -143,11 +168,11 @@ fn answer(req: &Recorded) -> Reply {
     } else {
         let reply = format!("Fake reply: you said \"{said}\"");
         let (slow, gap) = if said.contains("[slow]") {
-            (Some(40), 100)
+            (Some(40), pacing.slow)
         } else if said.contains("[slowish]") {
-            (Some(12), 50)
+            (Some(12), Duration::from_millis(50))
         } else {
-            (None, 0)
+            (None, pacing.word)
         };
         let pieces: Vec<String> = if let Some(n) = slow {
             (0..n).map(|i| format!("word{i} ")).collect()
@@ -156,8 +181,8 @@ fn answer(req: &Recorded) -> Reply {
         };
         for p in pieces {
             steps.push(Step::Send(chunk(json!({"content": p}), Value::Null)));
-            if slow.is_some() {
-                steps.push(Step::Pause(Duration::from_millis(gap)));
+            if !gap.is_zero() {
+                steps.push(Step::Pause(gap));
             }
         }
         steps.push(Step::Send(chunk(json!({}), json!("stop"))));
