@@ -1,12 +1,12 @@
-// Shared setup of the browser tests: a fake OpenAI-compatible provider (a real Node HTTP server),
+// Shared setup of the browser tests: the Rust tests' fake OpenAI-compatible provider (a process),
 // the real `pincer gateway` process on port 0 with a temp state dir, Debian's Chromium driven by
 // playwright-core, and readers for the transcript JSONL that the gateway wrote to disk.
 import { spawn } from "node:child_process";
 import { once } from "node:events";
 import fs from "node:fs";
-import http from "node:http";
 import os from "node:os";
 import path from "node:path";
+import readline from "node:readline";
 import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
 import { chromium } from "playwright-core";
@@ -18,71 +18,43 @@ export const TOKEN = "browser-test-token-0123456789";
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-/** The last user message of an OpenAI chat-completions request body, as text. */
-function lastUserText(body) {
-  const msgs = Array.isArray(body?.messages) ? body.messages : [];
-  const m = [...msgs].reverse().find((x) => x.role === "user");
-  if (!m) return "";
-  if (typeof m.content === "string") return m.content;
-  if (Array.isArray(m.content)) return m.content.map((p) => p.text || "").join("");
-  return "";
-}
-
 /** The reply the fake provider streams for a user message (without `[slow]`). */
 export function fakeReply(said) {
   return `Fake reply: you said "${said}"`;
 }
 
+/** The testkit's fake provider binary (`cargo build -p pincer-testkit --example fake_provider`). */
+export const FAKE_PROVIDER_BIN = process.env.PINCER_FAKE_PROVIDER || path.join(REPO, "target/debug/examples/fake_provider");
+
 /**
- * Starts the fake provider on 127.0.0.1:0. POST /v1/chat/completions answers with an SSE stream in
- * OpenAI's framing: a role chunk, content deltas, a finish chunk, a usage chunk, `data: [DONE]`.
- * A message containing `[slow]` streams 40 chunks ("word0 " …) 150 ms apart and stops early when
- * the client hangs up (that is what an abort looks like from here).
+ * Starts the Rust tests' fake provider (crates/testkit, `fake_openai`) as a process on 127.0.0.1:0.
+ * POST /v1/chat/completions answers with an SSE stream in OpenAI's framing: a role chunk, content
+ * deltas 40 ms apart, a finish chunk, a usage chunk, `data: [DONE]`. A message containing `[slow]`
+ * streams 40 chunks ("word0 " …) 150 ms apart and stops early when the client hangs up (that is
+ * what an abort looks like from there). The process prints each request body as a JSON line;
+ * `requests` collects them in arrival order.
  */
 export async function startFakeProvider() {
+  assert.ok(fs.existsSync(FAKE_PROVIDER_BIN),
+    `no fake provider at ${FAKE_PROVIDER_BIN}: run cargo build -p pincer-testkit --example fake_provider or set PINCER_FAKE_PROVIDER`);
+  const child = spawn(FAKE_PROVIDER_BIN, ["--word-ms", "40", "--slow-ms", "150"], { stdio: ["pipe", "pipe", "inherit"] });
   const requests = [];
-  const server = http.createServer(async (req, res) => {
-    if (req.method !== "POST" || !req.url.endsWith("/chat/completions")) {
-      res.writeHead(404, { "content-type": "application/json" });
-      res.end(JSON.stringify({ error: { message: `no route ${req.method} ${req.url}` } }));
-      return;
-    }
-    let raw = "";
-    for await (const c of req) raw += c;
-    let body = {};
-    try { body = JSON.parse(raw); } catch { /* recorded as {} */ }
-    requests.push(body);
-    const said = lastUserText(body);
-    let closed = false;
-    res.on("close", () => { closed = true; });
-    res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache", connection: "close" });
-    const chunk = (delta, finish = null, extra = {}) =>
-      `data: ${JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1, model: "fake-model",
-        choices: [{ index: 0, delta, finish_reason: finish }], ...extra })}\n\n`;
-    res.write(chunk({ role: "assistant", content: "" }));
-    const slow = said.includes("[slow]");
-    const pieces = slow
-      ? Array.from({ length: 40 }, (_, i) => `word${i} `)
-      : fakeReply(said).split(/(?<= )/);
-    for (const p of pieces) {
-      if (closed) return;
-      res.write(chunk({ content: p }));
-      await sleep(slow ? 150 : 40);
-    }
-    if (closed) return;
-    res.write(chunk({}, "stop"));
-    res.write(`data: ${JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1, model: "fake-model",
-      choices: [], usage: { prompt_tokens: 12, completion_tokens: pieces.length, total_tokens: 12 + pieces.length } })}\n\n`);
-    res.write("data: [DONE]\n\n");
-    res.end();
+  const lines = readline.createInterface({ input: child.stdout });
+  const first = new Promise((resolve, reject) => {
+    child.once("exit", (code) => reject(new Error(`the fake provider exited (${code}) before it listened`)));
+    lines.once("line", resolve);
   });
-  server.listen(0, "127.0.0.1");
-  await once(server, "listening");
-  const { port } = server.address();
+  const { baseUrl } = JSON.parse(await first);
+  lines.on("line", (line) => {
+    try { requests.push(JSON.parse(line)); } catch { requests.push({}); }
+  });
   return {
-    baseUrl: `http://127.0.0.1:${port}/v1`,
+    baseUrl,
     requests,
-    close: () => new Promise((r) => { server.closeAllConnections?.(); server.close(() => r()); }),
+    close: async () => {
+      child.stdin.end(); // it exits when stdin closes
+      if (child.exitCode === null) await once(child, "exit");
+    },
   };
 }
 

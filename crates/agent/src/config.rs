@@ -118,6 +118,10 @@ pub struct ProviderConfig {
     /// Longest wait accepted before a retry, in milliseconds (default 60 000). A longer
     /// `retry-after` ends the run with a rate-limit error instead of waiting.
     pub retry_max_delay_ms: Option<u64>,
+    /// A PEM file of extra CA certificates trusted for this provider's HTTPS, for a self-hosted
+    /// server whose certificate comes from a private CA (or is self-signed). The system's roots
+    /// stay trusted.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl ProviderConfig {
@@ -136,6 +140,7 @@ impl ProviderConfig {
             max_retries: None,
             retry_base_delay_ms: None,
             retry_max_delay_ms: None,
+            ca_file: None,
         }
     }
 }
@@ -149,6 +154,7 @@ impl fmt::Debug for ProviderConfig {
             .field("api_key_env", &self.api_key_env)
             .field("headers", &self.headers.as_ref().map(|h| h.keys().collect::<Vec<_>>()))
             .field("models", &self.models)
+            .field("ca_file", &self.ca_file)
             .finish_non_exhaustive()
     }
 }
@@ -231,7 +237,7 @@ impl ResolvedModel {
                 headers: BTreeMap::new(),
                 timeouts: Timeouts { connect: DEFAULT_CONNECT, first_byte: DEFAULT_FIRST_BYTE, idle: DEFAULT_IDLE },
                 retry: RetryPolicy { max_retries: 0, base_delay: Duration::ZERO, max_delay: Duration::ZERO },
-                client: reqwest::Client::new(),
+                client: crate::provider::default_client(),
             }),
             model: ModelConfig {
                 id: ECHO_MODEL.to_owned(),
@@ -351,11 +357,8 @@ impl Providers {
                 base_delay: Duration::from_millis(cfg.retry_base_delay_ms.unwrap_or(1000)),
                 max_delay: Duration::from_millis(cfg.retry_max_delay_ms.unwrap_or(60_000)),
             };
-            let client = reqwest::Client::builder()
-                .connect_timeout(timeouts.connect)
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build()
-                .map_err(|e| ConfigError::Client { provider: name.clone(), message: e.to_string() })?;
+            let client = crate::provider::http_client(timeouts.connect, cfg.ca_file.as_deref())
+                .map_err(|message| ConfigError::Client { provider: name.clone(), message })?;
             let runtime = ProviderRuntime {
                 name: name.clone(),
                 api: cfg.api,

@@ -12,7 +12,6 @@ use pincer_store::{Leaf, Session};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn fixtures() -> PathBuf {
     pincer_testkit::fixtures_dir()
@@ -132,17 +131,7 @@ fn f09_context_estimate() {
 }
 
 fn oracle_prepare(file: &Path, leaf: Option<&str>, keep: u64, reserve: u64) -> Value {
-    let mut cmd = Command::new("node");
-    // prepare.mjs only runs when argv[1] is its real path (it compares with import.meta.url).
-    let script = pincer_testkit::oracle_dir().join("prepare.mjs");
-    cmd.arg(std::fs::canonicalize(&script).unwrap_or(script)).arg(file);
-    if let Some(l) = leaf {
-        cmd.arg(l);
-    }
-    cmd.args(["--keep", &keep.to_string(), "--reserve", &reserve.to_string()]);
-    let out = cmd.output().expect("node");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("prepare.mjs output: {e}: {}", String::from_utf8_lossy(&out.stderr)))
+    pincer_testkit::oracle_prepare(file, leaf, keep, reserve)
 }
 
 /// A value as JavaScript holds it (`1.0` is the number 1, array-index keys first), so stored

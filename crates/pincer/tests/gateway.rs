@@ -388,7 +388,7 @@ async fn sse_replays_missed_events_after_last_event_id() {
 }
 
 async fn raw_get(addr: &str, path: &str, token: &str, last: Option<u64>) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
     if !token.is_empty() {
@@ -399,14 +399,8 @@ async fn raw_get(addr: &str, path: &str, token: &str, last: Option<u64>) -> Stri
     }
     req.push_str("\r\n");
     sock.write_all(req.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 16384];
-    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(700), sock.read(&mut buf)).await {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
+    // A complete response ends the read at once; a stream (SSE) is read until it is quiet.
+    let out = pincer_testkit::probe::read_response(&mut sock, Duration::from_millis(700)).await;
     String::from_utf8_lossy(&out).to_string()
 }
 

@@ -1,54 +1,63 @@
-//! A fake OpenAI-compatible provider: a real HTTP server on 127.0.0.1:0 that answers
+//! A fake OpenAI-compatible provider for the gateway's tests: the one [`crate::fake_provider`] server,
+//! keep-alive, with a script that answers
 //! `POST /v1/chat/completions` with an SSE stream in OpenAI's exact framing (role chunk, content
 //! deltas, a usage chunk, `[DONE]`). What it does is chosen by markers in the last user message:
-//! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream), `[slowish]` 12 chunks 50 ms apart
+//! `[slow]` streams 40 chunks 100 ms apart (to abort mid-stream; [`Pacing`] sets that and a pause
+//! between the pieces of ordinary replies), `[slowish]` 12 chunks 50 ms apart
 //! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
-//! provider would. Every request body is recorded.
+//! provider would. Every request body is recorded (unless started unrecorded).
 
+use crate::fake_provider::{FakeProvider, Format, Framing, Options, Recorded, Reply, Step};
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+
+/// How fast replies stream: the pause after each piece of an ordinary reply, and after each of the
+/// 40 pieces of a `[slow]` one.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacing {
+    pub word: Duration,
+    pub slow: Duration,
+}
+
+impl Default for Pacing {
+    /// Ordinary replies at once, `[slow]` ones 100 ms apart.
+    fn default() -> Self {
+        Pacing { word: Duration::ZERO, slow: Duration::from_millis(100) }
+    }
+}
 
 #[derive(Clone)]
 pub struct FakeOpenAi {
     pub addr: std::net::SocketAddr,
-    requests: Arc<Mutex<Vec<Value>>>,
-    usages: Arc<Mutex<Vec<Value>>>,
+    server: Arc<FakeProvider>,
 }
 
 impl FakeOpenAi {
-    /// Starts the server on the current tokio runtime.
+    /// Starts the server on the current tokio runtime (it serves until the runtime ends).
     pub async fn start() -> FakeOpenAi {
-        Self::start_with(true).await
+        Self::start_with(true, Pacing::default()).await
     }
 
     /// Starts a server that keeps no request bodies (for load: long sessions send large ones).
     pub async fn start_unrecorded() -> FakeOpenAi {
-        Self::start_with(false).await
+        Self::start_with(false, Pacing::default()).await
     }
 
-    async fn start_with(record: bool) -> FakeOpenAi {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake provider");
-        let addr = listener.local_addr().expect("addr");
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let usages = Arc::new(Mutex::new(Vec::new()));
-        let rec = record.then(|| Recorder { requests: requests.clone(), usages: usages.clone() });
-        tokio::spawn(async move {
-            while let Ok((sock, _)) = listener.accept().await {
-                let _ = sock.set_nodelay(true);
-                let rec = rec.clone();
-                tokio::spawn(async move {
-                    let _ = handle(sock, rec).await;
-                });
-            }
-        });
-        FakeOpenAi { addr, requests, usages }
+    /// Starts a server whose replies stream at this pace (the browser tests watch them arrive).
+    pub async fn start_paced(pacing: Pacing) -> FakeOpenAi {
+        Self::start_with(true, pacing).await
+    }
+
+    async fn start_with(record: bool, pacing: Pacing) -> FakeOpenAi {
+        let options = Options { record, keep_alive: true };
+        let script = Box::new(move |r: &Recorded, _| Some(answer(r, pacing)));
+        let server = FakeProvider::start_with(Format::OpenaiCompletions, options, script).await.detach();
+        FakeOpenAi { addr: server.addr, server: Arc::new(server) }
     }
 
     /// Starts it on a thread of its own (for tests that are not async).
@@ -66,17 +75,23 @@ impl FakeOpenAi {
     }
 
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        self.server.base_url()
     }
 
     /// The request bodies received so far.
     pub fn requests(&self) -> Vec<Value> {
-        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+        self.server.bodies()
     }
 
-    /// The `usage` objects of the streams answered so far, in the order of [`FakeOpenAi::requests`].
+    /// The `usage` objects of the streams answered so far, in the order of [`FakeOpenAi::requests`]
+    /// (a `[fail]` request answers with an error and has none).
     pub fn usages(&self) -> Vec<Value> {
-        self.usages.lock().map(|r| r.clone()).unwrap_or_default()
+        self.server.requests().iter().filter_map(usage_of).collect()
+    }
+
+    /// Waits until at least `n` requests have arrived.
+    pub async fn wait_requests(&self, n: usize) {
+        self.server.wait_requests(n).await
     }
 
     /// A `[models.providers.fake]` section pointing at this server.
@@ -104,109 +119,37 @@ fn last_user_text(body: &Value) -> String {
     }
 }
 
-/// Serves one connection: requests one after another on it (HTTP/1.1 keep-alive, chunked
-/// responses, as real providers answer), until the client closes it.
-/// Where a recording server keeps what it received and the usage it answered.
-#[derive(Clone)]
-struct Recorder {
-    requests: Arc<Mutex<Vec<Value>>>,
-    usages: Arc<Mutex<Vec<Value>>>,
+fn chunk(delta: Value, finish: Value) -> String {
+    format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": "fake-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    )
 }
 
-async fn handle(mut sock: TcpStream, rec: Option<Recorder>) -> std::io::Result<()> {
-    let mut buf = Vec::new();
-    loop {
-        let Some(body_len) = read_request(&mut sock, &mut buf).await? else { return Ok(()) };
-        let body: Value = serde_json::from_slice(&buf[..body_len]).unwrap_or(Value::Null);
-        buf.drain(..body_len);
-        if !respond(&mut sock, body, body_len, rec.as_ref()).await? {
-            return sock.shutdown().await;
-        }
-    }
+/// The usage a streamed answer reports: about a token per four bytes of the request, as a real
+/// provider would; `None` for a request answered with an error.
+fn usage_of(req: &Recorded) -> Option<Value> {
+    let prompt_tokens = req.body_len / 4;
+    (!last_user_text(&req.body).contains("[fail]"))
+        .then(|| json!({"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}))
 }
 
-/// Reads one request's head and body; leaves the body at the start of `buf` (and returns its
-/// length), followed by whatever of the next request came with it. `None`: the client closed.
-async fn read_request(sock: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<Option<usize>> {
-    let mut tmp = [0u8; 65536];
-    let header_end = loop {
-        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break p + 4;
-        }
-        let n = sock.read(&mut tmp).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&tmp[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..header_end]).to_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
-        .unwrap_or(0);
-    buf.drain(..header_end);
-    while buf.len() < len {
-        let n = sock.read(&mut tmp).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&tmp[..n]);
-    }
-    Ok(Some(len))
-}
-
-/// Writes a chunked response body piece by piece.
-struct Chunked<'a>(&'a mut TcpStream);
-
-impl Chunked<'_> {
-    async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
-        let mut framed = format!("{:x}\r\n", data.len()).into_bytes();
-        framed.extend_from_slice(data);
-        framed.extend_from_slice(b"\r\n");
-        self.0.write_all(&framed).await
-    }
-
-    async fn end(self) -> std::io::Result<()> {
-        self.0.write_all(b"0\r\n\r\n").await
-    }
-}
-
-/// Answers one request; `false` when the connection is to be closed after it.
-async fn respond(sock: &mut TcpStream, body: Value, body_len: usize, rec: Option<&Recorder>) -> std::io::Result<bool> {
-    if let Some(Ok(mut r)) = rec.map(|r| r.requests.lock()) {
-        r.push(body.clone());
-    }
-    let said = last_user_text(&body);
-    let prompt_tokens = body_len / 4;
+/// The reply to one request, chosen by the markers of its last user message.
+fn answer(req: &Recorded, pacing: Pacing) -> Reply {
+    let body = &req.body;
+    let said = last_user_text(body);
     if said.contains("[fail]") {
         let err = json!({"error": {"message": "The fake provider was told to fail", "type": "invalid_request_error", "code": null}});
-        let text = err.to_string();
-        let resp = format!(
-            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-            text.len()
-        );
-        sock.write_all(resp.as_bytes()).await?;
-        return Ok(false);
+        return Reply::Status { status: 400, headers: vec![], body: err.to_string() };
     }
-    sock.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n",
-    )
-    .await?;
-    let mut sock = Chunked(sock);
-    let chunk = |delta: Value, finish: Value| {
-        format!(
-            "data: {}\n\n",
-            json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": "fake-model",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-        )
-    };
-    sock.write_all(chunk(json!({"role": "assistant", "content": ""}), Value::Null).as_bytes()).await?;
+    let mut steps = vec![Step::Send(chunk(json!({"role": "assistant", "content": ""}), Value::Null))];
     let has_tool_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
     if said.contains("[tool]") && !has_tool_result {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
             "function": {"name": "current_time", "arguments": "{}"}}]});
-        sock.write_all(chunk(call, Value::Null).as_bytes()).await?;
-        sock.write_all(chunk(json!({}), json!("tool_calls")).as_bytes()).await?;
+        steps.push(Step::Send(chunk(call, Value::Null)));
+        steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
     } else if body.to_string().contains("context summarization assistant") {
         // A real model keeps what the conversation and the previous summary say; so does the fake.
         let between = |open: &str, close: &str| {
@@ -229,22 +172,20 @@ async fn respond(sock: &mut TcpStream, body: Value, body_len: usize, rec: Option
                  ## Next Steps\n1. answer the next message\n\n## Critical Context\n{conversation}"
             )
         };
-        sock.write_all(chunk(json!({"content": summary}), Value::Null).as_bytes()).await?;
-        sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;
+        steps.push(Step::Send(chunk(json!({"content": summary}), Value::Null)));
+        steps.push(Step::Send(chunk(json!({}), json!("stop"))));
     } else if said.contains("[huge]") {
         let piece = "x".repeat(64 * 1024);
-        for _ in 0..(100_000_000 / piece.len()) {
-            sock.write_all(chunk(json!({"content": piece}), Value::Null).as_bytes()).await?;
-        }
-        sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;
+        steps.push(Step::Repeat(chunk(json!({"content": piece}), Value::Null), 100_000_000 / piece.len()));
+        steps.push(Step::Send(chunk(json!({}), json!("stop"))));
     } else {
         let reply = format!("Fake reply: you said \"{said}\"");
         let (slow, gap) = if said.contains("[slow]") {
-            (Some(40), 100)
+            (Some(40), pacing.slow)
         } else if said.contains("[slowish]") {
-            (Some(12), 50)
+            (Some(12), Duration::from_millis(50))
         } else {
-            (None, 0)
+            (None, pacing.word)
         };
         let pieces: Vec<String> = if let Some(n) = slow {
             (0..n).map(|i| format!("word{i} ")).collect()
@@ -252,19 +193,15 @@ async fn respond(sock: &mut TcpStream, body: Value, body_len: usize, rec: Option
             reply.split_inclusive(' ').map(str::to_owned).collect()
         };
         for p in pieces {
-            sock.write_all(chunk(json!({"content": p}), Value::Null).as_bytes()).await?;
-            if slow.is_some() {
-                tokio::time::sleep(Duration::from_millis(gap)).await;
+            steps.push(Step::Send(chunk(json!({"content": p}), Value::Null)));
+            if !gap.is_zero() {
+                steps.push(Step::Pause(gap));
             }
         }
-        sock.write_all(chunk(json!({}), json!("stop")).as_bytes()).await?;
+        steps.push(Step::Send(chunk(json!({}), json!("stop"))));
     }
     let usage = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": "fake-model",
-        "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}});
-    if let Some(Ok(mut u)) = rec.map(|r| r.usages.lock()) {
-        u.push(usage["usage"].clone());
-    }
-    sock.write_all(format!("data: {usage}\n\ndata: [DONE]\n\n").as_bytes()).await?;
-    sock.end().await?;
-    Ok(true)
+        "choices": [], "usage": usage_of(req)});
+    steps.push(Step::Send(format!("data: {usage}\n\ndata: [DONE]\n\n")));
+    Reply::Stream(steps, Framing::Chunked)
 }

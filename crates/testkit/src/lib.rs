@@ -1,7 +1,9 @@
 //! Test support shared by Pincer's crates: where `shared/` is, the real Pi library (the oracle) run
-//! over a session file, a fake OpenAI-compatible provider ([`fake_openai`]) and the gateway as a real
-//! process with a protocol client ([`gateway`]), and probes of a running process and its state dir
-//! ([`probe`]: memory, descriptors, raw sockets, transcripts).
+//! over a session file by one Node process per test binary ([`oracle`]), the fake model provider
+//! every test uses ([`fake_provider`]: the three wire formats, scripted replies and faults; its
+//! marker-driven OpenAI preset for the gateway, [`fake_openai`]), the gateway as a real process
+//! with a protocol client ([`gateway`]), and probes of a running process and its state dir
+//! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -11,12 +13,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod fake_openai;
+pub mod fake_provider;
 pub mod gateway;
+pub mod oracle;
 pub mod probe;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -46,25 +49,17 @@ pub fn oracle_dir() -> PathBuf {
     dir
 }
 
-/// Runs the real Pi library's `context.mjs` on `file` (optionally at `leaf`) and returns its JSON
-/// output (`{"error": …}` when Pi fails).
+/// Runs the real Pi library's `context.mjs` logic on `file` (optionally at `leaf`) and returns its
+/// JSON output (`{"error": …}` when Pi fails), through the test binary's one oracle process
+/// ([`oracle`]).
 pub fn oracle_context(file: &Path, leaf: Option<&str>) -> Value {
-    let mut cmd = Command::new("node");
-    // context.mjs only runs when argv[1] is its real path (it compares with import.meta.url).
-    let script = oracle_dir().join("context.mjs");
-    cmd.arg(std::fs::canonicalize(&script).unwrap_or(script)).arg(file);
-    if let Some(l) = leaf {
-        cmd.arg(l);
-    }
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run node: {e}"));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "oracle output is not JSON ({e}); exit {:?}\nstdout: {}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    oracle::context(file, leaf)
+}
+
+/// Runs the real Pi library's `prepare.mjs` logic (compaction preparation, no model call) on
+/// `file` (optionally at `leaf`) with `keepRecentTokens`/`reserveTokens`, and returns its JSON.
+pub fn oracle_prepare(file: &Path, leaf: Option<&str>, keep: u64, reserve: u64) -> Value {
+    oracle::prepare(file, leaf, keep, reserve)
 }
 
 /// The keys `pincer transcript context` shares with the oracle.

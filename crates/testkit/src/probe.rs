@@ -258,15 +258,36 @@ pub async fn http_get(addr: &str, path: &str, headers: &[(&str, &str)], read_for
     if sock.write_all(req.as_bytes()).await.is_err() {
         return String::new();
     }
+    String::from_utf8_lossy(&read_response(&mut sock, read_for).await).to_string()
+}
+
+/// Reads an HTTP/1.1 response: until it is complete (its `content-length` arrived, or a status
+/// without a body), the server closes, or nothing came for `idle` (a stream such as SSE).
+pub async fn read_response(sock: &mut TcpStream, idle: Duration) -> Vec<u8> {
     let mut out = Vec::new();
     let mut buf = [0u8; 65536];
-    while let Ok(Ok(n)) = tokio::time::timeout(read_for, sock.read(&mut buf)).await {
-        if n == 0 {
-            break;
+    while !response_complete(&out) {
+        match tokio::time::timeout(idle, sock.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => out.extend_from_slice(&buf[..n]),
+            _ => break,
         }
-        out.extend_from_slice(&buf[..n]);
     }
-    String::from_utf8_lossy(&out).to_string()
+    out
+}
+
+/// Whether `bytes` hold a whole response whose end is known without waiting: a head with a
+/// `content-length` and that many body bytes, or a 1xx/204/304 head.
+pub fn response_complete(bytes: &[u8]) -> bool {
+    let Some(end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else { return false };
+    let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status.starts_with('1') || status == "204" || status == "304" {
+        return true;
+    }
+    head.lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .is_some_and(|len| bytes.len() >= end + 4 + len)
 }
 
 /// One Server-Sent Event.

@@ -157,6 +157,43 @@ pub fn request_body(model: &ResolvedModel, request: &ModelRequest) -> Option<Byt
     wire_request(model, request).map(|(w, _)| w.body)
 }
 
+/// Makes *ring* the process's rustls crypto provider, unless one is installed already (reqwest is
+/// built with `rustls-no-provider`; see the workspace Cargo.toml for why ring).
+fn install_crypto_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // An error only says another provider was installed first: that one is used.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// The HTTP client of a provider: HTTPS through rustls, the system's roots plus the PEM
+/// certificates of `ca_file`. The error names the file or reqwest's reason.
+pub(crate) fn http_client(
+    connect_timeout: Duration,
+    ca_file: Option<&std::path::Path>,
+) -> Result<reqwest::Client, String> {
+    install_crypto_provider();
+    let mut builder =
+        reqwest::Client::builder().connect_timeout(connect_timeout).pool_idle_timeout(Duration::from_secs(30));
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("ca_file {}: {e}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| format!("ca_file {}: {}", path.display(), error_chain(&e)))?;
+        if certs.is_empty() {
+            return Err(format!("ca_file {}: no PEM certificate in it", path.display()));
+        }
+        builder = builder.tls_certs_merge(certs);
+    }
+    builder.build().map_err(|e| error_chain(&e))
+}
+
+/// A client with default settings (the offline model never sends with it).
+pub(crate) fn default_client() -> reqwest::Client {
+    install_crypto_provider();
+    reqwest::Client::new()
+}
+
 /// An HTTP request ready to send.
 pub(crate) struct WireRequest {
     pub url: String,

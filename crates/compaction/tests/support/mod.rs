@@ -1,19 +1,15 @@
-//! Test support: a fake OpenAI chat-completions provider (a real HTTP/1.1 server on 127.0.0.1:0,
-//! adapted from `crates/agent/tests/support`) that records every request and answers each one
-//! through a script (a canned summary stream, an error status, or no answer at all), plus
+//! Test support: the compaction tests' view of the fake model provider
+//! ([`pincer_testkit::fake_provider`], OpenAI chat completions): each request is answered through a
+//! script (a canned summary stream, an error status, or no answer at all) and recorded; plus
 //! transcript helpers.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use pincer_agent::{Api, ProviderConfig, Providers, ResolvedModel};
+use pincer_testkit::fake_provider::{self as fake, Format, Options};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Notify;
 
 /// How the fake answers one request.
 pub enum Reply {
@@ -28,64 +24,41 @@ pub enum Reply {
 /// Chooses the reply from the request body and its 0-based arrival index.
 pub type Script = Box<dyn Fn(&Value, usize) -> Reply + Send + Sync>;
 
-struct State {
-    script: Mutex<Script>,
-    requests: Mutex<Vec<Value>>,
-    arrived: Notify,
+fn server_script(script: Script) -> fake::Script {
+    Box::new(move |req, index| {
+        Some(match script(&req.body, index) {
+            Reply::Text(text) => fake::Reply::stream(text_events(&text)),
+            Reply::Status(status, message) => fake::Reply::status(Format::OpenaiCompletions, status, &message),
+            Reply::NoResponse => fake::Reply::NoResponse,
+        })
+    })
 }
 
-pub struct FakeProvider {
-    pub addr: SocketAddr,
-    state: Arc<State>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeProvider {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+pub struct FakeProvider(fake::FakeProvider);
 
 impl FakeProvider {
     pub async fn start(script: Script) -> FakeProvider {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let state =
-            Arc::new(State { script: Mutex::new(script), requests: Mutex::new(Vec::new()), arrived: Notify::new() });
-        let st = state.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((sock, _)) = listener.accept().await {
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let _ = serve(sock, st).await;
-                });
-            }
-        });
-        FakeProvider { addr, state, task }
+        FakeProvider(
+            fake::FakeProvider::start_with(Format::OpenaiCompletions, Options::default(), server_script(script)).await,
+        )
     }
 
     /// Replaces the script (for a later compaction in the same test).
     pub fn set_script(&self, script: Script) {
-        *self.state.script.lock().unwrap() = script;
+        self.0.set_script(server_script(script));
     }
 
     pub fn bodies(&self) -> Vec<Value> {
-        self.state.requests.lock().unwrap().clone()
+        self.0.bodies()
     }
 
     pub async fn wait_requests(&self, n: usize) {
-        loop {
-            let notified = self.state.arrived.notified();
-            if self.state.requests.lock().unwrap().len() >= n {
-                return;
-            }
-            notified.await;
-        }
+        self.0.wait_requests(n).await
     }
 
     /// A model on this provider: no retries, no output limit, the given context window.
     pub fn model(&self, context_window: Option<u64>) -> ResolvedModel {
-        let mut cfg = ProviderConfig::new(Api::OpenaiCompletions, format!("http://{}/v1", self.addr));
+        let mut cfg = ProviderConfig::new(Api::OpenaiCompletions, self.0.base_url());
         cfg.api_key = Some("sk-test".into());
         let mut m = pincer_agent::ModelConfig::named("summarizer");
         m.context_window = context_window;
@@ -96,37 +69,6 @@ impl FakeProvider {
         let providers = Providers::new(BTreeMap::from([("fake".to_owned(), cfg)])).unwrap();
         providers.resolve("fake/summarizer").unwrap()
     }
-}
-
-async fn read_request(sock: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
-        let n = sock.read(&mut tmp).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&tmp[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-    let len: usize = head
-        .split("\r\n")
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim() == "content-length")
-        .and_then(|(_, v)| v.trim().parse().ok())
-        .unwrap_or(0);
-    let mut body = buf[head_end + 4..].to_vec();
-    while body.len() < len {
-        let n = sock.read(&mut tmp).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&tmp[..n]);
-    }
-    Some(body)
 }
 
 fn chunk(delta: Value, finish: Value) -> String {
@@ -150,47 +92,6 @@ pub fn text_events(text: &str) -> Vec<String> {
     out.push(format!("data: {usage}\n\n"));
     out.push("data: [DONE]\n\n".to_owned());
     out
-}
-
-async fn serve(mut sock: TcpStream, st: Arc<State>) -> std::io::Result<()> {
-    let Some(body) = read_request(&mut sock).await else { return Ok(()) };
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let index = {
-        let mut reqs = st.requests.lock().unwrap();
-        reqs.push(body.clone());
-        reqs.len() - 1
-    };
-    st.arrived.notify_waiters();
-    let reply = (st.script.lock().unwrap())(&body, index);
-    match reply {
-        Reply::NoResponse => {
-            let mut tmp = [0u8; 1024];
-            while sock.read(&mut tmp).await? > 0 {}
-            Ok(())
-        }
-        Reply::Status(status, message) => {
-            let body =
-                json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}}).to_string();
-            let head = format!(
-                "HTTP/1.1 {status} Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                body.len()
-            );
-            sock.write_all(head.as_bytes()).await?;
-            sock.write_all(body.as_bytes()).await?;
-            sock.shutdown().await
-        }
-        Reply::Text(text) => {
-            let mut out = String::from(
-                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n",
-            );
-            for ev in text_events(&text) {
-                out.push_str(&format!("{:x}\r\n{ev}\r\n", ev.len()));
-            }
-            out.push_str("0\r\n\r\n");
-            sock.write_all(out.as_bytes()).await?;
-            sock.shutdown().await
-        }
-    }
 }
 
 /// The user text of a recorded chat-completions request (its last message).
