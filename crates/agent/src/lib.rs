@@ -30,7 +30,9 @@ pub use config::{Api, ConfigError, ModelConfig, ModelCost, ProviderConfig, Provi
 pub use context::{ContextMessage, Messages, SharedMessage};
 pub use message::convert_to_llm;
 pub use provider::echo::ECHO_PREFIX;
-pub use provider::{ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec};
+pub use provider::{
+    install_crypto_provider, ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec,
+};
 pub use queue::{Cancelled, SessionGuard, SessionQueue};
 pub use run::{start_run, RunEvent, RunRequest, DEFAULT_MAX_REPLY_BYTES};
 pub use sink::{MemorySink, SinkError, SinkFuture, TranscriptSink};

@@ -33,6 +33,7 @@ fn reply(said: &str) -> String {
 
 /// `POST /v1/chat/completions`: status, body (JSON, or the SSE text), and the session header.
 async fn post(addr: &str, token: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, String, Option<String>) {
+    pincer_agent::install_crypto_provider(); // reqwest is built without one (see the workspace Cargo.toml)
     let mut req = reqwest::Client::new()
         .post(format!("http://{addr}/v1/chat/completions"))
         .header("authorization", format!("Bearer {token}"))

@@ -159,7 +159,7 @@ pub fn request_body(model: &ResolvedModel, request: &ModelRequest) -> Option<Byt
 
 /// Makes *ring* the process's rustls crypto provider, unless one is installed already (reqwest is
 /// built with `rustls-no-provider`; see the workspace Cargo.toml for why ring).
-fn install_crypto_provider() {
+pub fn install_crypto_provider() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // An error only says another provider was installed first: that one is used.
