@@ -380,7 +380,37 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// Statuses worth another attempt: rate limits, overload and the gateway errors of a proxy.
 const RETRYABLE: [u16; 6] = [429, 500, 502, 503, 504, 529];
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    Retry,
+    Fail,
+}
+
+/// The one retry rule: a connect failure (`status: None`) or a [`RETRYABLE`] status is tried again
+/// while attempts are left; anything else fails at once.
+fn classify(status: Option<u16>, attempt: u32, max_retries: u32) -> Verdict {
+    let retryable = status.is_none_or(|s| RETRYABLE.contains(&s));
+    if retryable && attempt < max_retries {
+        Verdict::Retry
+    } else {
+        Verdict::Fail
+    }
+}
+
+/// Exponential backoff with jitter: `base · 2^attempt`, scaled by a random factor in [½, 1], so
+/// that clients that failed together do not come back together.
+fn backoff(base: Duration, attempt: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let full = base.saturating_mul(1u32 << attempt.min(16));
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(attempt);
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64; // uniform in [0, 1)
+    full.mul_f64(0.5 + unit / 2.0)
+}
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
 async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<reqwest::Response, ProviderError> {
@@ -403,7 +433,7 @@ async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<
                 format!(" (after {} attempts)", attempt + 1)
             }
         };
-        let (retry_detail, retry_after) = match tokio::time::timeout(p.timeouts.first_byte, req.send()).await {
+        let (retry_detail, retry_after, kind) = match tokio::time::timeout(p.timeouts.first_byte, req.send()).await {
             Err(_) => {
                 let detail = format!(
                     "no response from {} within {} (first-byte timeout){}",
@@ -420,11 +450,11 @@ async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<
                 } else {
                     format!("cannot connect to {}: {}", wire.url, error_chain(&e))
                 };
-                if attempt >= p.retry.max_retries {
-                    let kind = if timed_out { ErrorKind::Timeout } else { ErrorKind::Unknown };
+                let kind = if timed_out { ErrorKind::Timeout } else { ErrorKind::Unknown };
+                if classify(None, attempt, p.retry.max_retries) == Verdict::Fail {
                     return Err(provider_error(model, kind, format!("{what}{}", attempts())));
                 }
-                (what, None)
+                (what, None, kind)
             }
             Ok(Err(e)) => {
                 let kind = if e.is_timeout() { ErrorKind::Timeout } else { ErrorKind::Unknown };
@@ -439,16 +469,14 @@ async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<
                 let message = wire::error_message_from_body(&text);
                 let kind = classify_http(status.as_u16(), &text);
                 let what = format!("HTTP {status}: {message}");
-                if !RETRYABLE.contains(&status.as_u16()) || attempt >= p.retry.max_retries {
+                if classify(Some(status.as_u16()), attempt, p.retry.max_retries) == Verdict::Fail {
                     return Err(provider_error(model, kind, format!("{what}{}", attempts())));
                 }
-                (what, retry_after)
+                (what, retry_after, kind)
             }
         };
-        let backoff = p.retry.base_delay.saturating_mul(1u32 << attempt.min(16));
-        let delay = retry_after.unwrap_or(backoff);
+        let delay = retry_after.unwrap_or_else(|| backoff(p.retry.base_delay, attempt));
         if delay > p.retry.max_delay {
-            let kind = if retry_detail.contains("429") { ErrorKind::RateLimit } else { ErrorKind::Unknown };
             let detail = format!(
                 "{retry_detail}; the server asks to wait {}, longer than retry_max_delay_ms ({})",
                 secs(delay),
@@ -516,6 +544,24 @@ mod tests {
             h.insert(*k, HeaderValue::from_str(v).unwrap_or(HeaderValue::from_static("?")));
         }
         parse_retry_after(&h)
+    }
+
+    #[test]
+    fn retries_are_classified_by_status_and_attempts_and_jittered() {
+        assert_eq!(classify(Some(429), 0, 2), Verdict::Retry);
+        assert_eq!(classify(Some(503), 1, 2), Verdict::Retry);
+        assert_eq!(classify(Some(503), 2, 2), Verdict::Fail, "no attempts left");
+        assert_eq!(classify(None, 0, 2), Verdict::Retry, "a connect failure");
+        for s in [400, 401, 403, 404, 422] {
+            assert_eq!(classify(Some(s), 0, 5), Verdict::Fail, "{s}");
+        }
+        let base = Duration::from_millis(100);
+        let waits: Vec<Duration> = (0..64).map(|_| backoff(base, 3)).collect();
+        assert!(
+            waits.iter().all(|w| *w >= Duration::from_millis(400) && *w <= Duration::from_millis(800)),
+            "{waits:?}"
+        );
+        assert!(waits.iter().any(|w| *w != waits[0]), "jittered: {waits:?}");
     }
 
     #[test]
