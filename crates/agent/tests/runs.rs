@@ -17,20 +17,6 @@ use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use support::*;
 
-macro_rules! per_format {
-    ($($name:ident),* $(,)?) => { $(
-        mod $name {
-            use super::*;
-            #[tokio::test]
-            async fn openai_completions() { super::$name(Format::OpenaiCompletions).await }
-            #[tokio::test]
-            async fn openai_responses() { super::$name(Format::OpenaiResponses).await }
-            #[tokio::test]
-            async fn anthropic() { super::$name(Format::Anthropic).await }
-        }
-    )* };
-}
-
 per_format!(
     tool_loop_persists_in_order,
     turn_limit_ends_with_error,

@@ -254,3 +254,22 @@ pub async fn simple_run(fake: &FakeProvider, model: ResolvedModel) -> (Vec<Value
     let events = collect(rx).await;
     (events_json(&events), chained_messages(&sink.entries()))
 }
+
+/// One test per wire format: `per_format!(name, …)` makes `name::{openai_completions,
+/// openai_responses, anthropic}`, each calling `name(Format::…)`.
+#[allow(unused_macros)] // not every test binary that includes this module uses it
+macro_rules! per_format {
+    ($($name:ident),* $(,)?) => { $(
+        mod $name {
+            use super::*;
+            #[tokio::test]
+            async fn openai_completions() { super::$name(Format::OpenaiCompletions).await }
+            #[tokio::test]
+            async fn openai_responses() { super::$name(Format::OpenaiResponses).await }
+            #[tokio::test]
+            async fn anthropic() { super::$name(Format::Anthropic).await }
+        }
+    )* };
+}
+#[allow(unused_imports)]
+pub(crate) use per_format;
