@@ -52,7 +52,7 @@ struct SendParams {
 }
 
 /// An idempotency key: non-empty, at most [`MAX_KEY_CHARS`], no control characters.
-fn check_idempotency_key(k: &str) -> Result<String, RpcError> {
+pub(crate) fn check_idempotency_key(k: &str) -> Result<String, RpcError> {
     if k.chars().count() > MAX_KEY_CHARS {
         return Err(RpcError::invalid(format!("idempotencyKey is longer than {MAX_KEY_CHARS} characters")));
     }
@@ -76,7 +76,7 @@ pub fn sanitize_message(raw: &str) -> Result<String, RpcError> {
 
 /// Attachments as Pi image blocks. Only images are accepted; each is checked to be base64 and
 /// within the size limits.
-fn parse_attachments(list: &[Value]) -> Result<Vec<Value>, RpcError> {
+pub(crate) fn parse_attachments(list: &[Value]) -> Result<Vec<Value>, RpcError> {
     let mut total = 0;
     let mut out = Vec::new();
     for (i, a) in list.iter().enumerate() {
@@ -108,7 +108,7 @@ fn parse_attachments(list: &[Value]) -> Result<Vec<Value>, RpcError> {
     Ok(out)
 }
 
-fn is_stop(text: &str) -> bool {
+pub(crate) fn is_stop(text: &str) -> bool {
     matches!(text.trim().to_lowercase().as_str(), "/stop" | "/abort" | "stop" | "/cancel")
 }
 
@@ -796,12 +796,7 @@ impl Turn {
         if let Some(m) = &self.model {
             return m.clone();
         }
-        self.session
-            .entry
-            .get("model")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .unwrap_or_else(|| self.gw.settings.model.clone())
+        self.session.model().unwrap_or_else(|| self.gw.settings.model.clone())
     }
 
     fn fail(&self, message: &str, kind: &str, entry: Option<&Value>) {
@@ -1076,7 +1071,8 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     );
     info["hasActiveRun"] = json!(!active.is_empty());
     info["activeRunIds"] = json!(active);
-    let (provider, model) = gw.settings.model.split_once('/').unwrap_or(("pincer", "echo"));
+    let session_model = session.as_ref().and_then(SessionRef::model).unwrap_or_else(|| gw.settings.model.clone());
+    let (provider, model) = session_model.split_once('/').unwrap_or(("pincer", "echo"));
     info["modelProvider"] = json!(provider);
     info["model"] = json!(model);
     let total = messages.len();

@@ -30,6 +30,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     match method {
         Method::Health => Ok(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "activeRuns": gw.all_runs().len()})),
         Method::ChatSend => chat::send(gw, ctx, params).await,
+        Method::Agent => crate::agent::agent(gw, ctx, params).await,
+        Method::AgentWait => crate::agent::wait(gw, params).await,
         Method::ChatHistory | Method::ChatStartup => chat::history(gw, params).await,
         Method::ChatAbort => chat::abort(gw, params).await,
         Method::ChatInject => chat::inject(gw, params).await,
@@ -250,9 +252,16 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(m) = fields.get("model").and_then(Value::as_str) {
         gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
     }
+    if fields.contains_key("model") {
+        // The patched `provider/model` replaces OpenClaw's own model fields, so they cannot override it.
+        for (m, p) in crate::sessions::MODEL_FIELDS {
+            fields.entry(m).or_insert(Value::Null);
+            fields.insert(p.into(), Value::Null);
+        }
+    }
     let s = gw.sessions.patch(key, &fields)?;
     changed(gw, &s.key, "patch");
-    let model = s.entry.get("model").and_then(Value::as_str).unwrap_or(&gw.settings.model).to_owned();
+    let model = s.model().unwrap_or_else(|| gw.settings.model.clone());
     let (provider, model_id) = model.split_once('/').unwrap_or(("", model.as_str()));
     Ok(json!({"ok": true, "path": s.path.display().to_string(), "key": s.key, "entry": s.row(),
         "resolved": {"modelProvider": provider, "model": model_id}}))

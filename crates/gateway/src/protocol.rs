@@ -76,6 +76,8 @@ methods! {
     SessionsArchivesList = "sessions.archives.list",
     SessionsArchivesGet = "sessions.archives.get",
     PincerInfo = "pincer.info",
+    Agent = "agent",
+    AgentWait = "agent.wait",
 }
 
 impl Method {

@@ -123,6 +123,10 @@ pub struct RunHandle {
     pub abort_origin: Mutex<Option<&'static str>>,
     /// Per-run `seq` of `chat` events.
     pub seq: AtomicU64,
+    /// Cancelled when the run has finished (its result is in the dedupe window by then).
+    pub done: CancellationToken,
+    /// When the run was registered (ms since the epoch).
+    pub started_at: u64,
 }
 
 impl RunHandle {
@@ -271,11 +275,15 @@ impl Gateway {
             owner_conn,
             abort_origin: Mutex::new(None),
             seq: AtomicU64::new(0),
+            done: CancellationToken::new(),
+            started_at: pincer_pi::now_ms(),
         })
     }
 
     pub fn finish_run(&self, run_id: &str) {
-        lock(&self.runs).remove(run_id);
+        if let Some(run) = lock(&self.runs).remove(run_id) {
+            run.done.cancel();
+        }
     }
 
     pub fn run(&self, run_id: &str) -> Option<Arc<RunHandle>> {
@@ -321,6 +329,14 @@ impl Gateway {
     /// Releases a claimed key that led nowhere (the send was refused before anything was written).
     pub fn dedupe_forget(&self, key: &str) {
         lock(&self.dedupe).keys.remove(key);
+    }
+
+    /// The result recorded for an idempotency key, if its run has finished.
+    pub fn dedupe_result(&self, key: &str) -> Option<Result<Value, RpcError>> {
+        match lock(&self.dedupe).keys.get(key) {
+            Some((_, Dedupe::Done(r))) => Some(r.clone()),
+            _ => None,
+        }
     }
 
     pub fn dedupe_finish(&self, key: &str, result: Result<Value, RpcError>) {

@@ -1,0 +1,152 @@
+//! OpenClaw's own clients' calls against the real `pincer gateway` (fake provider, real files):
+//! `agent` (accepted, then the final on the same request id, the turn on disk and chained), and
+//! sessions OpenClaw wrote itself (a bare `model` beside `modelProvider`) continuing on Pincer.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::gateway::{Client, GatewayProcess};
+use pincer_testkit::probe::{message_text as text, read_rows, transcript_path};
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+
+fn start(dir: &tempfile::TempDir, fake: &FakeOpenAi) -> GatewayProcess {
+    let config = format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n", fake.provider_toml());
+    GatewayProcess::start(BIN, &dir.path().join("state"), &config)
+}
+
+/// Sends a request frame and returns every response frame with its id up to the one that is not
+/// `accepted` (OpenClaw's `expectFinal`).
+async fn call_until_final(c: &mut Client, id: &str, method: &str, params: Value) -> Vec<Value> {
+    let frame = json!({"type": "req", "id": id, "method": method, "params": params});
+    c.send_raw(&frame.to_string()).await;
+    let mut out = Vec::new();
+    loop {
+        let r = c.response().await;
+        assert_eq!(r["id"], id, "{r}");
+        let accepted = r["ok"] == true && r["payload"]["status"] == "accepted";
+        out.push(r);
+        if !accepted {
+            return out;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_is_accepted_then_answered_with_the_reply_written_and_chained() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+
+    let params = json!({"message": "hi", "agentId": "main", "idempotencyKey": "agent-run-1", "deliver": false,
+        "timeout": 600, "channel": "last"});
+    let frames = call_until_final(&mut c, "a1", "agent", params).await;
+    assert_eq!(frames.len(), 2, "accepted, then the final: {frames:#?}");
+    let accepted = &frames[0]["payload"];
+    assert_eq!(
+        (&accepted["runId"], &accepted["sessionKey"], &accepted["agentId"]),
+        (&json!("agent-run-1"), &json!("agent:main:main"), &json!("main"))
+    );
+    let fin = &frames[1];
+    assert_eq!(fin["ok"], true, "{fin}");
+    let p = &fin["payload"];
+    assert_eq!((&p["runId"], &p["status"], &p["summary"]), (&json!("agent-run-1"), &json!("ok"), &json!("completed")));
+    assert_eq!(p["result"]["payloads"], json!([{"text": "Fake reply: you said \"hi\""}]));
+    assert_eq!(p["result"]["meta"]["agentMeta"]["provider"], "fake");
+    assert_eq!(p["result"]["meta"]["agentMeta"]["model"], "fake-model");
+
+    // On disk: the user row and the reply, chained, with the run's keys; the final's session id is the file's.
+    let file = transcript_path(&gw.state_dir, "agent:main:main").expect("transcript");
+    let rows = read_rows(&file);
+    assert_eq!(rows.len(), 3, "{rows:#?}");
+    assert_eq!(rows[0]["id"], p["result"]["meta"]["agentMeta"]["sessionId"]);
+    assert_eq!((rows[1]["message"]["role"].as_str(), text(&rows[1]["message"]).as_str()), (Some("user"), "hi"));
+    assert_eq!(rows[1]["message"]["idempotencyKey"], "agent-run-1:user");
+    assert_eq!(rows[2]["parentId"], rows[1]["id"]);
+    assert_eq!(text(&rows[2]["message"]), "Fake reply: you said \"hi\"");
+
+    // The same key again is the same run: answered from the transcript, nothing new written.
+    let again = json!({"message": "hi", "sessionKey": "main", "idempotencyKey": "agent-run-1"});
+    let frames = call_until_final(&mut c, "a2", "agent", again).await;
+    assert_eq!(frames.last().expect("final")["payload"]["result"]["payloads"], p["result"]["payloads"]);
+    assert_eq!(read_rows(&file).len(), 3);
+
+    // A second run chains after the first reply; agent.wait knows how it ended.
+    let next = json!({"message": "more", "sessionKey": "agent:main:main", "idempotencyKey": "agent-run-2"});
+    let frames = call_until_final(&mut c, "a3", "agent", next).await;
+    assert_eq!(frames.last().expect("final")["payload"]["status"], "ok");
+    let rows = read_rows(&file);
+    assert_eq!(rows[3]["parentId"], rows[2]["id"]);
+    let waited = c.request("agent.wait", json!({"runId": "agent-run-2", "timeoutMs": 1000})).await.expect("wait");
+    assert_eq!(waited["status"], "ok", "{waited}");
+
+    // Bad input: named, and nothing written.
+    let err = c.request("agent", json!({"message": " ", "idempotencyKey": "x"})).await.expect_err("blank");
+    assert_eq!(err["message"], "invalid agent params: at /message: must not be empty");
+    let err = c.request("agent", json!({"message": "hi"})).await.expect_err("no key");
+    assert_eq!(err["message"], "invalid agent params: missing field `idempotencyKey`");
+    let err = c
+        .request("agent", json!({"message": "hi", "idempotencyKey": "y", "model": "nope/none"}))
+        .await
+        .expect_err("model");
+    assert!(err["message"].as_str().expect("message").starts_with("invalid agent params: at /model:"), "{err}");
+    assert_eq!(read_rows(&file).len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_openclaw_wrote_with_a_bare_model_and_its_provider_continues() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    // OpenClaw's own files: a transcript with one turn, and its session entry (bare model + provider).
+    let sessions = dir.path().join("state/agents/main/sessions");
+    std::fs::create_dir_all(&sessions).expect("mkdir");
+    let sid = "0f0e0d0c-0b0a-4908-8706-050403020100";
+    let file = sessions.join(format!("{sid}.jsonl"));
+    let lines = [
+        json!({"type": "session", "version": 3, "id": sid, "timestamp": "2026-05-28T10:00:00.000Z", "cwd": "/tmp"}),
+        json!({"type": "message", "id": "aaaa0001", "parentId": null, "timestamp": "2026-05-28T10:00:01.000Z",
+            "message": {"role": "user", "content": [{"type": "text", "text": "first"}], "timestamp": 1}}),
+        json!({"type": "message", "id": "aaaa0002", "parentId": "aaaa0001", "timestamp": "2026-05-28T10:00:02.000Z",
+            "message": {"role": "assistant", "content": [{"type": "text", "text": "first reply"}],
+                "api": "openai-completions", "provider": "fake", "model": "fake-model",
+                "usage": {"input": 3, "output": 2, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 5,
+                    "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0}},
+                "stopReason": "stop", "timestamp": 2}}),
+    ];
+    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&file, body).expect("transcript");
+    let index = json!({"agent:main:main": {"sessionId": sid, "updatedAt": 1_780_000_000_000u64,
+        "sessionFile": file.display().to_string(), "model": "fake-model", "modelProvider": "fake",
+        "contextTokens": 128000, "chatType": "direct", "systemSent": true}});
+    std::fs::write(sessions.join("sessions.json"), index.to_string()).expect("index");
+
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+    let h = c.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+    assert_eq!(
+        (&h["sessionInfo"]["modelProvider"], &h["sessionInfo"]["model"]),
+        (&json!("fake"), &json!("fake-model"))
+    );
+    let ack = c
+        .request("chat.send", json!({"sessionKey": "main", "message": "second", "idempotencyKey": "oc-1"}))
+        .await
+        .expect("chat.send");
+    assert_eq!(ack["status"], "started");
+    let fin = c.chat_end("oc-1").await;
+    assert_eq!(fin["payload"]["state"], "final", "{fin}");
+    let rows = read_rows(&file);
+    assert_eq!(rows.len(), 5, "{rows:#?}");
+    assert_eq!(rows[3]["parentId"], "aaaa0002", "chained after OpenClaw's leaf");
+    assert_eq!(rows[4]["parentId"], rows[3]["id"]);
+    assert_eq!(rows[4]["message"]["model"], "fake-model");
+    let sent = fake.requests();
+    assert_eq!(sent.last().expect("request")["model"], "fake-model");
+
+    // Patching a `provider/model` replaces OpenClaw's pair (it cannot override the new choice).
+    let p = c.request("sessions.patch", json!({"key": "main", "model": "fake/fake-model"})).await.expect("patch");
+    assert_eq!(p["entry"].get("modelProvider"), None, "{p}");
+    assert_eq!(p["resolved"], json!({"modelProvider": "fake", "model": "fake-model"}));
+}
