@@ -1,7 +1,8 @@
 //! Test support shared by Pincer's crates: where `shared/` is, the real Pi library (the oracle) run
 //! over a session file, a fake OpenAI-compatible provider ([`fake_openai`]) and the gateway as a real
 //! process with a protocol client ([`gateway`]), and probes of a running process and its state dir
-//! ([`probe`]: memory, descriptors, raw sockets, transcripts).
+//! ([`probe`]: memory, descriptors, raw sockets, transcripts), and OpenClaw's own CLI in a loopback-only
+//! network namespace ([`openclaw`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -12,6 +13,7 @@
 
 pub mod fake_openai;
 pub mod gateway;
+pub mod openclaw;
 pub mod probe;
 
 use serde_json::Value;
