@@ -13,6 +13,9 @@
 //! - [`hub`]: the one in-process event bus with SSE catch-up logs.
 //! - [`state`]: shared state (store, runs, dedupe, queue).
 //! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
+//! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
+//!   the other read-only discovery methods; [`usage`]: token usage from the transcripts; [`stubs`]: empty
+//!   answers for OpenClaw features Pincer lacks.
 //! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
@@ -26,6 +29,7 @@ pub mod error;
 pub mod hook;
 pub mod http;
 pub mod hub;
+pub mod logs;
 pub mod methods;
 pub mod metrics;
 pub mod openai;
@@ -33,8 +37,11 @@ pub mod protocol;
 pub mod server;
 pub mod sessions;
 pub mod state;
+pub mod status;
+pub mod stubs;
 pub mod tree;
 pub mod turns;
+pub mod usage;
 pub mod ws;
 
 pub use server::{serve, Listening};

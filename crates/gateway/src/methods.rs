@@ -32,6 +32,35 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::ChatSend => chat::send(gw, ctx, params).await,
         Method::Agent => crate::agent::agent(gw, ctx, params).await,
         Method::AgentWait => crate::agent::wait(gw, params).await,
+        Method::Status
+        | Method::SystemPresence
+        | Method::LogsTail
+        | Method::SessionsDescribe
+        | Method::CommandsList
+        | Method::ChatMetadata
+        | Method::ModelsAuthStatus
+        | Method::ConfigGet
+        | Method::ThemesList
+        | Method::UpdateStatus => crate::status::dispatch(gw, method, params).await,
+        Method::SessionsUsage => blocking(gw, params, crate::usage::sessions_usage).await,
+        Method::UsageStatus => Ok(crate::usage::usage_status()),
+        Method::CronList
+        | Method::CronStatus
+        | Method::CronRuns
+        | Method::ChannelsStatus
+        | Method::ChannelsPairingList
+        | Method::SkillsStatus
+        | Method::SkillsSearch
+        | Method::SkillsLibraryList
+        | Method::PluginsList
+        | Method::TasksList
+        | Method::ArtifactsList
+        | Method::QuestionList
+        | Method::ProgressCardGet
+        | Method::LastHeartbeat
+        | Method::DiagnosticsLanes => {
+            crate::stubs::answer(method).ok_or_else(|| RpcError::invalid(format!("unknown method: {}", method.name())))
+        }
         Method::ChatHistory | Method::ChatStartup => chat::history(gw, params).await,
         Method::ChatAbort => chat::abort(gw, params).await,
         Method::ChatInject => chat::inject(gw, params).await,
@@ -100,14 +129,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::AgentsList => Ok(json!({"defaultId": "main", "mainKey": "main",
             "agents": [{"id": "main", "name": "Main", "model": {"primary": gw.settings.model}}]})),
         Method::AgentIdentityGet => Ok(json!({"agentId": "main", "name": "Pincer", "avatar": null})),
-        Method::ModelsList => {
-            // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
-            let models: Vec<Value> = (gw.settings.providers.configured().iter())
-                .filter_map(|spec| spec.split_once('/').filter(|(_, id)| !id.starts_with('<')))
-                .map(|(provider, id)| json!({"id": id, "name": id, "provider": provider}))
-                .collect();
-            Ok(json!({"models": models, "default": gw.settings.model}))
-        }
+        // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
+        Method::ModelsList => Ok(json!({"models": crate::status::models(gw), "default": gw.settings.model})),
         // Pincer: the real paths for the WebChat's hints (never `~/.pincer` when the state is elsewhere).
         Method::PincerInfo => Ok(json!({"version": env!("CARGO_PKG_VERSION"),
             "stateDir": gw.settings.state_dir.display().to_string(),
@@ -171,7 +194,7 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         .filter(|s| archived || !s.entry.contains_key("archivedAt"))
         .take(limit)
         .map(|s| {
-            let mut row = s.row();
+            let mut row = session_row(gw, s);
             if titles {
                 let (title, count) = transcript_summary(&s.path);
                 row["derivedTitle"] = json!(title);
@@ -265,6 +288,27 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let (provider, model_id) = model.split_once('/').unwrap_or(("", model.as_str()));
     Ok(json!({"ok": true, "path": s.path.display().to_string(), "key": s.key, "entry": s.row(),
         "resolved": {"modelProvider": provider, "model": model_id}}))
+}
+
+/// A session's row as `sessions.list` and `sessions.describe` give it: the index entry, its run
+/// status (`running` while a turn runs or waits, else `done` after a reply, `idle` before any) and
+/// its token counts from the transcript (last turn's usage, context tokens vs the model's window).
+pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
+    let mut row = s.row();
+    let usage = crate::usage::of_transcript(&s.path);
+    let running = !gw.runs_of(&s.key).is_empty();
+    row["status"] = json!(match (running, usage.assistant_messages) {
+        (true, _) => "running",
+        (false, 0) => "idle",
+        (false, _) => "done",
+    });
+    row["hasActiveRun"] = json!(running);
+    if let (Value::Object(row), Value::Object(tokens)) = (&mut row, crate::usage::row_fields(gw, s, &usage)) {
+        for (k, v) in tokens {
+            row.entry(k).or_insert(v);
+        }
+    }
+    row
 }
 
 /// Longest label or display name, and longest other string field of `sessions.patch`.

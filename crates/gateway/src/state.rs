@@ -217,6 +217,7 @@ pub struct Gateway {
 impl Gateway {
     pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
+        crate::logs::set_redactor(redactor.clone());
         let store = Store::new(StoreOptions { redactor: redactor.clone(), ..StoreOptions::default() });
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {

@@ -150,3 +150,94 @@ async fn a_session_openclaw_wrote_with_a_bare_model_and_its_provider_continues()
     assert_eq!(p["entry"].get("modelProvider"), None, "{p}");
     assert_eq!(p["resolved"], json!({"modelProvider": "fake", "model": "fake-model"}));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_discovery_and_empty_feature_methods_answer_in_openclaws_shapes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+    let methods: Vec<String> = serde_json::from_value(c.hello["features"]["methods"].clone()).expect("methods");
+    let ack = c
+        .request("chat.send", json!({"sessionKey": "main", "message": "count me", "idempotencyKey": "u-1"}))
+        .await
+        .expect("send");
+    assert_eq!(ack["status"], "started");
+    c.chat_end("u-1").await;
+
+    // Every method these clients call without params answers ok, and hello-ok lists it.
+    let no_params = [
+        "status",
+        "system-presence",
+        "logs.tail",
+        "commands.list",
+        "sessions.usage",
+        "usage.status",
+        "chat.metadata",
+        "models.authStatus",
+        "config.get",
+        "themes.list",
+        "update.status",
+        "cron.list",
+        "cron.status",
+        "cron.runs",
+        "channels.status",
+        "channels.pairing.list",
+        "skills.status",
+        "skills.search",
+        "skills.library.list",
+        "plugins.list",
+        "tasks.list",
+        "artifacts.list",
+        "question.list",
+        "progressCard.get",
+        "last-heartbeat",
+        "diagnostics.lanes",
+    ];
+    let mut got = std::collections::HashMap::new();
+    for m in no_params {
+        assert!(methods.iter().any(|x| x == m), "hello-ok lists {m}");
+        let r = c.request(m, json!({})).await.unwrap_or_else(|e| panic!("{m} failed: {e}"));
+        got.insert(m, r);
+    }
+    assert_eq!(got["status"]["server"]["name"], "pincer");
+    assert_eq!(got["status"]["sessions"]["count"], 1);
+    assert_eq!(got["system-presence"][0]["mode"], "gateway");
+    assert!(got["logs.tail"]["lines"].as_array().expect("lines").iter().any(|l| l
+        .as_str()
+        .unwrap_or("")
+        .contains("listening")
+        || !l.as_str().unwrap_or("").is_empty()));
+    let names: Vec<&str> = got["commands.list"]["commands"]
+        .as_array()
+        .expect("commands")
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["stop", "new", "compact", "status", "help"]);
+    assert_eq!(got["question.list"], json!({"questions": []}));
+    assert_eq!(got["progressCard.get"], json!({"card": null}));
+    let config = got["config.get"].to_string();
+    assert!(!config.contains(pincer_testkit::gateway::TOKEN), "config.get never shows the token: {config}");
+
+    // Usage is the transcript's: the reply's recorded usage, per session and in total.
+    let file = transcript_path(&gw.state_dir, "agent:main:main").expect("transcript");
+    let recorded = read_rows(&file)[2]["message"]["usage"].clone();
+    let u = &got["sessions.usage"];
+    assert_eq!(u["totals"]["input"], recorded["input"], "{u:#}");
+    assert_eq!(u["totals"]["output"], recorded["output"]);
+    assert_eq!(u["sessions"][0]["key"], "agent:main:main");
+    assert_eq!(u["sessions"][0]["usage"]["messageCounts"]["total"], 2);
+
+    // Session rows say what the Control UI and the TUI show: status and token counts.
+    let d = c.request("sessions.describe", json!({"key": "main"})).await.expect("describe");
+    assert_eq!(d["session"]["status"], "done", "{d:#}");
+    assert_eq!(d["session"]["inputTokens"], recorded["input"]);
+    assert_eq!(d["session"]["messageCount"], 2);
+    let list = c.request("sessions.list", json!({})).await.expect("list");
+    assert_eq!(list["sessions"][0]["status"], "done");
+    let err = c.request("sessions.describe", json!({})).await.expect_err("no key");
+    assert_eq!(err["message"], "invalid sessions.describe params: missing field `key`");
+    let err = c.request("logs.tail", json!({"limit": 0})).await.expect_err("limit");
+    assert_eq!(err["message"], "invalid logs.tail params: at /limit: must be from 1 to 5000");
+}
