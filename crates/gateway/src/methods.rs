@@ -303,6 +303,7 @@ pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
         (false, _) => "done",
     });
     row["hasActiveRun"] = json!(running);
+    row["archived"] = json!(s.entry.get("archivedAt").is_some_and(|a| !a.is_null()));
     if let (Value::Object(row), Value::Object(tokens)) = (&mut row, crate::usage::row_fields(gw, s, &usage)) {
         for (k, v) in tokens {
             row.entry(k).or_insert(v);

@@ -56,3 +56,47 @@ fn openclaw_agent_prints_the_reply_and_the_turn_is_on_disk_chained() {
     assert_eq!(rows.len(), 5, "{rows:#?}");
     assert_eq!(rows[3]["parentId"], rows[2]["id"]);
 }
+
+fn run_ok(home: &std::path::Path, gw: &GatewayProcess, args: &[&str]) -> String {
+    let out = openclaw::run(home, &gw.addr, TOKEN, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "openclaw {args:?} exited {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status.code()
+    );
+    stdout
+}
+
+#[test]
+fn openclaw_gateway_call_status_logs_and_sessions_archive_succeed() {
+    if !openclaw::in_loopback_namespace("openclaw_gateway_call_status_logs_and_sessions_archive_succeed") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let home = dir.path().join("home");
+
+    let status = run_ok(&home, &gw, &["gateway", "call", "status", "--json"]);
+    let v: Value = serde_json::from_str(status.trim()).unwrap_or_else(|e| panic!("{e}: {status}"));
+    assert_eq!(v["server"]["name"], "pincer", "{v:#}");
+
+    let logs = run_ok(&home, &gw, &["logs", "--json", "--limit", "50"]);
+    assert!(logs.contains("listening") && false, "{logs}");
+
+    // A session to archive: made by a turn, then archived by OpenClaw's CLI and gone from the list.
+    run_ok(&home, &gw, &["agent", "-m", "to archive", "--json", "--session-key", "agent:main:side"]);
+    run_ok(&home, &gw, &["sessions", "archive", "agent:main:side"]);
+    let index: Value = serde_json::from_slice(
+        &std::fs::read(gw.state_dir.join("agents/main/sessions/sessions.json")).expect("sessions.json"),
+    )
+    .expect("index");
+    assert!(index["agent:main:side"]["archivedAt"].is_u64(), "{index:#}");
+    let list = run_ok(&home, &gw, &["gateway", "call", "sessions.list", "--json"]);
+    let v: Value = serde_json::from_str(list.trim()).unwrap_or_else(|e| panic!("{e}: {list}"));
+    let keys: Vec<&str> =
+        v["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["key"].as_str()).collect();
+    assert!(!keys.contains(&"agent:main:side"), "{keys:?}");
+}
