@@ -190,8 +190,10 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(RpcError::invalid("includeArchived must be a boolean")),
     };
-    let rows: Vec<Value> = (gw.sessions.list(agent)?.iter())
-        .filter(|s| archived || !s.entry.contains_key("archivedAt"))
+    let listed: Vec<SessionRef> =
+        gw.sessions.list(agent)?.into_iter().filter(|s| archived || !s.entry.contains_key("archivedAt")).collect();
+    let total = listed.len();
+    let rows: Vec<Value> = (listed.iter())
         .take(limit)
         .map(|s| {
             let mut row = session_row(gw, s);
@@ -203,7 +205,8 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
             row
         })
         .collect();
-    Ok(json!({"ts": pincer_pi::now_ms(), "count": rows.len(), "sessions": rows,
+    let more = total > rows.len();
+    Ok(json!({"ts": pincer_pi::now_ms(), "count": rows.len(), "totalCount": total, "hasMore": more, "sessions": rows,
         "defaults": {"model": gw.settings.model, "mainSessionKey": crate::sessions::MAIN_KEY}}))
 }
 
@@ -292,10 +295,10 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 
 /// A session's row as `sessions.list` and `sessions.describe` give it: the index entry, its run
 /// status (`running` while a turn runs or waits, else `done` after a reply, `idle` before any) and
-/// its token counts from the transcript (last turn's usage, context tokens vs the model's window).
+/// its token counts from the transcript's tail (last turn's usage, context tokens vs the model's window).
 pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     let mut row = s.row();
-    let usage = crate::usage::of_transcript(&s.path);
+    let usage = crate::usage::of_tail(&s.path);
     let running = !gw.runs_of(&s.key).is_empty();
     row["status"] = json!(match (running, usage.assistant_messages) {
         (true, _) => "running",

@@ -75,10 +75,10 @@ pub fn describe(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         .resolve(&p.key, false)?
         .ok_or_else(|| RpcError::invalid(format!("session not found: {}", &*p.key)))?;
     let mut row = crate::methods::session_row(gw, &s);
+    let (title, count) = crate::methods::transcript_summary(&s.path);
+    row["messageCount"] = json!(count);
     if p.include_derived_titles == Some(true) {
-        let (title, count) = crate::methods::transcript_summary(&s.path);
         row["derivedTitle"] = json!(title);
-        row["messageCount"] = json!(count);
     }
     Ok(json!({"ok": true, "key": s.key, "session": row}))
 }

@@ -61,9 +61,37 @@ impl Usage {
 
 /// Reads a transcript's usage (a transcript too large to read, or unreadable, counts nothing).
 pub fn of_transcript(path: &Path) -> Usage {
-    let mut u = Usage::default();
     let too_big = std::fs::metadata(path).map(|m| m.len() > MAX_BYTES).unwrap_or(true);
-    let Ok(bytes) = (if too_big { Err(()) } else { std::fs::read(path).map_err(|_| ()) }) else { return u };
+    match if too_big { Err(()) } else { std::fs::read(path).map_err(|_| ()) } {
+        Ok(bytes) => scan(&bytes),
+        Err(()) => Usage::default(),
+    }
+}
+
+/// Bytes read from a transcript's end for a session row's last-turn usage.
+const TAIL_BYTES: u64 = 256 * 1024;
+
+/// The usage of a transcript's last [`TAIL_BYTES`] (cheap for every row of `sessions.list`):
+/// `last` is the last turn's usage; the counts cover the tail only.
+pub fn of_tail(path: &Path) -> Usage {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return Usage::default() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let from = len.saturating_sub(TAIL_BYTES);
+    let mut bytes = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.take(TAIL_BYTES).read_to_end(&mut bytes).is_err() {
+        return Usage::default();
+    }
+    if from > 0 {
+        // The first line is cut: it starts before the tail.
+        let cut = bytes.iter().position(|b| *b == b'\n').map_or(bytes.len(), |i| i + 1);
+        bytes.drain(..cut);
+    }
+    scan(&bytes)
+}
+
+fn scan(bytes: &[u8]) -> Usage {
+    let mut u = Usage::default();
     for line in bytes.split(|b| *b == b'\n') {
         let has = |needle: &[u8]| line.windows(needle.len()).any(|w| w == needle);
         if !has(b"\"type\":\"message\"") {
@@ -109,7 +137,7 @@ pub fn row_fields(gw: &Gateway, s: &SessionRef, u: &Usage) -> Value {
     let n = |k: &str| last.and_then(|l| l.get(k)).and_then(Value::as_u64);
     json!({"inputTokens": n("input"), "outputTokens": n("output"), "cacheRead": n("cacheRead"),
         "cacheWrite": n("cacheWrite"), "totalTokens": u.context_tokens(), "totalTokensFresh": last.is_some(),
-        "contextTokens": window, "messageCount": u.user_messages + u.assistant_messages})
+        "contextTokens": window})
 }
 
 #[derive(serde::Deserialize)]

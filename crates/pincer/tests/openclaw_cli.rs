@@ -1,6 +1,7 @@
 //! OpenClaw 2026.9.6's own CLI against the real `pincer gateway`, on a loopback-only network
 //! namespace (see `pincer_testkit::openclaw`): `openclaw agent -m hi --json` prints the fake
-//! provider's reply and the turn is on disk, chained.
+//! provider's reply and the turn is on disk, chained; `openclaw gateway call status`, `openclaw
+//! logs` (Pincer's log ring) and `openclaw sessions archive KEY` succeed.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
@@ -84,7 +85,9 @@ fn openclaw_gateway_call_status_logs_and_sessions_archive_succeed() {
     assert_eq!(v["server"]["name"], "pincer", "{v:#}");
 
     let logs = run_ok(&home, &gw, &["logs", "--json", "--limit", "50"]);
-    assert!(logs.contains("listening") && false, "{logs}");
+    // Pincer's own lines, from its ring (not a local file of OpenClaw's), never the token.
+    assert!(logs.contains(r#""file":"pincer://gateway-log""#) && logs.contains("Pincer gateway listening"), "{logs}");
+    assert!(!logs.contains(TOKEN), "{logs}");
 
     // A session to archive: made by a turn, then archived by OpenClaw's CLI and gone from the list.
     run_ok(&home, &gw, &["agent", "-m", "to archive", "--json", "--session-key", "agent:main:side"]);

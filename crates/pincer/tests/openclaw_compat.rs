@@ -236,6 +236,13 @@ async fn the_discovery_and_empty_feature_methods_answer_in_openclaws_shapes() {
     assert_eq!(d["session"]["messageCount"], 2);
     let list = c.request("sessions.list", json!({})).await.expect("list");
     assert_eq!(list["sessions"][0]["status"], "done");
+    assert_eq!(list["sessions"][0]["inputTokens"], recorded["input"]);
+    assert_eq!((&list["totalCount"], &list["hasMore"]), (&json!(1), &json!(false)));
+    c.request("sessions.create", json!({"key": "agent:main:second"})).await.expect("create");
+    let page = c.request("sessions.list", json!({"limit": 1})).await.expect("list");
+    assert_eq!((&page["count"], &page["totalCount"], &page["hasMore"]), (&json!(1), &json!(2), &json!(true)));
+    let second = c.request("sessions.describe", json!({"key": "agent:main:second"})).await.expect("describe");
+    assert_eq!((&second["session"]["status"], &second["session"]["messageCount"]), (&json!("idle"), &json!(0)));
     let err = c.request("sessions.describe", json!({})).await.expect_err("no key");
     assert_eq!(err["message"], "invalid sessions.describe params: missing field `key`");
     let err = c.request("logs.tail", json!({"limit": 0})).await.expect_err("limit");
