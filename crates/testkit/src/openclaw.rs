@@ -32,7 +32,10 @@ pub fn in_loopback_namespace(name: &str) -> bool {
         return true;
     }
     cli();
-    let ns = format!("pincer-oc-{}", std::process::id());
+    // One namespace per test, also when several tests of one binary run at once.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ns = format!("pincer-oc-{}-{n}", std::process::id());
     let ip = |args: &[&str]| {
         let out = Command::new("ip").args(args).output().expect("run ip (iproute2; the test runs as root)");
         assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
