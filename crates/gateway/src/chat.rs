@@ -277,7 +277,18 @@ pub async fn start_turn(
             session.key
         )));
     };
-    let turn = Turn { gw: gw.clone(), session, run, text: message, images, resume, regenerate, graft, model };
+    let turn = Turn {
+        gw: gw.clone(),
+        session,
+        run,
+        text: message,
+        images,
+        resume,
+        regenerate,
+        graft,
+        model,
+        ended: Default::default(),
+    };
     gw.tasks.spawn(async move {
         let _ = acked.await; // the ack goes out before any event of the run
         let (gw, session, run) = (turn.gw.clone(), turn.session.clone(), turn.run.clone());
@@ -417,6 +428,8 @@ struct Turn {
     graft: Option<Graft>,
     /// The model of this turn instead of the session's.
     model: Option<String>,
+    /// The lifecycle `end` went out (it comes before the final, once).
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl Turn {
@@ -432,15 +445,22 @@ impl Turn {
             regenerate: None,
             graft: None,
             model: None,
+            ended: Default::default(),
         }
     }
 
+    /// A `chat` event. As OpenClaw numbers them, the final repeats the last delta's `seq` (a
+    /// final without deltas, an abort or an error takes the next one).
     fn chat_event(&self, state: &str, extra: Value) {
+        let seq = match (state, self.run.last_seq()) {
+            ("final", last) if last > 0 => last,
+            _ => self.run.next_seq(),
+        };
         let mut p = json!({
             "runId": self.run.run_id,
             "sessionKey": self.session.key,
             "agentId": self.session.agent_id,
-            "seq": self.run.next_seq(),
+            "seq": seq,
             "state": state,
         });
         if let (Some(p), Value::Object(extra)) = (p.as_object_mut(), extra) {
@@ -461,8 +481,17 @@ impl Turn {
                 crate::hub::Audience::SessionsWatchers,
             );
         }
-        let p = json!({"runId": self.run.run_id, "sessionKey": self.session.key, "stream": stream, "ts": now_ms(), "data": data});
+        let p = json!({"runId": self.run.run_id, "seq": self.run.next_agent_seq(), "sessionKey": self.session.key,
+            "agentId": self.session.agent_id, "sessionId": self.session.session_id, "stream": stream, "ts": now_ms(),
+            "data": data});
         self.gw.hub.publish("agent", Some(&self.session.key), p, true, crate::hub::Audience::All);
+    }
+
+    /// The lifecycle `end`, once: before the final (as OpenClaw orders them), else when the turn is over.
+    fn lifecycle_end(&self) {
+        if !self.ended.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.agent_event("lifecycle", json!({"phase": "end"}));
+        }
     }
 
     fn session_message(&self, entry: &Value) {
@@ -505,7 +534,7 @@ impl Turn {
         } else {
             self.agent_turn().await;
         }
-        self.agent_event("lifecycle", json!({"phase": "end"}));
+        self.lifecycle_end();
         crate::metrics::turn_seconds(started.elapsed());
         drop(guard);
     }
@@ -565,7 +594,7 @@ impl Turn {
             }
         };
         self.fail(&text, "internal", entry.as_ref());
-        self.agent_event("lifecycle", json!({"phase": "end"}));
+        self.lifecycle_end();
     }
 
     /// Appends a gateway-injected assistant row and sends it as the final.
@@ -582,6 +611,7 @@ impl Turn {
                 msg
             }
         };
+        self.lifecycle_end();
         self.chat_event("final", json!({"stopReason": "stop", "message": message}));
     }
 
@@ -906,6 +936,7 @@ impl Turn {
                     if let Some(u) = msg.get("usage") {
                         extra["usage"] = u.clone();
                     }
+                    self.lifecycle_end();
                     self.chat_event("final", extra);
                     self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
                     return StreamEnd::Finished { usage: msg.get("usage").cloned(), message: msg.clone() };

@@ -123,6 +123,8 @@ pub struct RunHandle {
     pub abort_origin: Mutex<Option<&'static str>>,
     /// Per-run `seq` of `chat` events.
     pub seq: AtomicU64,
+    /// Per-run `seq` of `agent` events.
+    pub agent_seq: AtomicU64,
     /// Cancelled when the run has finished (its result is in the dedupe window by then).
     pub done: CancellationToken,
     /// When the run was registered (ms since the epoch).
@@ -132,6 +134,15 @@ pub struct RunHandle {
 impl RunHandle {
     pub fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The `seq` of the last `chat` event sent (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
+    pub fn next_agent_seq(&self) -> u64 {
+        self.agent_seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Cancels the run, remembering why (the first reason wins).
@@ -276,6 +287,7 @@ impl Gateway {
             owner_conn,
             abort_origin: Mutex::new(None),
             seq: AtomicU64::new(0),
+            agent_seq: AtomicU64::new(0),
             done: CancellationToken::new(),
             started_at: pincer_pi::now_ms(),
         })

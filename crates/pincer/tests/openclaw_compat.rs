@@ -248,3 +248,37 @@ async fn the_discovery_and_empty_feature_methods_answer_in_openclaws_shapes() {
     let err = c.request("logs.tail", json!({"limit": 0})).await.expect_err("limit");
     assert_eq!(err["message"], "invalid logs.tail params: at /limit: must be from 1 to 5000");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_events_are_numbered_and_ordered_as_openclaw_sends_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+    let ack = c
+        .request("chat.send", json!({"sessionKey": "main", "message": "number these", "idempotencyKey": "seq-1"}))
+        .await
+        .expect("send");
+    assert_eq!(ack["status"], "started");
+    let fin = c.chat_end("seq-1").await;
+    // Everything of the run that came before the final, in order.
+    let before: Vec<Value> = c.events.iter().filter(|f| f["payload"]["runId"] == "seq-1").cloned().collect();
+    let deltas: Vec<&Value> =
+        before.iter().filter(|f| f["event"] == "chat" && f["payload"]["state"] == "delta").collect();
+    let last_delta = deltas.last().expect("the fake streams deltas");
+    assert_eq!(fin["payload"]["seq"], last_delta["payload"]["seq"], "the final repeats the last delta's seq");
+    let agent: Vec<&Value> = before.iter().filter(|f| f["event"] == "agent").collect();
+    let phases: Vec<&str> = agent
+        .iter()
+        .filter(|f| f["payload"]["stream"] == "lifecycle")
+        .filter_map(|f| f["payload"]["data"]["phase"].as_str())
+        .collect();
+    assert_eq!(phases, ["start", "end"], "lifecycle end comes before the final");
+    let seqs: Vec<u64> = agent.iter().filter_map(|f| f["payload"]["seq"].as_u64()).collect();
+    assert_eq!(seqs, (1..=agent.len() as u64).collect::<Vec<_>>(), "agent events carry the run's seq");
+    let session_id =
+        read_rows(&transcript_path(&gw.state_dir, "agent:main:main").expect("transcript"))[0]["id"].clone();
+    for f in &agent {
+        assert_eq!((&f["payload"]["agentId"], &f["payload"]["sessionId"]), (&json!("main"), &session_id), "{f}");
+    }
+}
