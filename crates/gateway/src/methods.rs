@@ -58,7 +58,13 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         | Method::QuestionList
         | Method::ProgressCardGet
         | Method::LastHeartbeat
-        | Method::DiagnosticsLanes => {
+        | Method::DiagnosticsLanes
+        | Method::ExecApprovalList
+        | Method::PluginApprovalList
+        | Method::OpenclawApprovalList
+        | Method::SessionsObserverVisibility
+        | Method::SessionsCompanionState
+        | Method::TalkCatalog => {
             crate::stubs::answer(method).ok_or_else(|| RpcError::invalid(format!("unknown method: {}", method.name())))
         }
         Method::ChatHistory | Method::ChatStartup => chat::history(gw, params).await,

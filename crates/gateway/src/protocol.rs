@@ -105,6 +105,12 @@ methods! {
     ProgressCardGet = "progressCard.get",
     LastHeartbeat = "last-heartbeat",
     DiagnosticsLanes = "diagnostics.lanes",
+    ExecApprovalList = "exec.approval.list",
+    PluginApprovalList = "plugin.approval.list",
+    OpenclawApprovalList = "openclaw.approval.list",
+    SessionsObserverVisibility = "sessions.observer.visibility",
+    SessionsCompanionState = "sessions.companion.state",
+    TalkCatalog = "talk.catalog",
 }
 
 impl Method {

@@ -70,10 +70,14 @@ struct DescribeParams {
 /// `sessions.describe {key}` → `{key, session}`: one session's row (as `sessions.list` has it).
 pub fn describe(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let p: DescribeParams = crate::protocol::params(Method::SessionsDescribe, params)?;
-    let s = gw
-        .sessions
-        .resolve(&p.key, false)?
-        .ok_or_else(|| RpcError::invalid(format!("session not found: {}", &*p.key)))?;
+    let Some(s) = gw.sessions.resolve(&p.key, false)? else {
+        // A key no turn has used yet (the UI describes `agent:main:main` before the first message):
+        // the row it will have, empty, as `chat.history` answers for it. Nothing is written.
+        let (key, agent) = crate::sessions::canonical_key(&p.key)?;
+        let row = json!({"key": key, "agentId": agent, "kind": "direct", "isMain": key == crate::sessions::MAIN_KEY,
+            "status": "idle", "hasActiveRun": false, "archived": false, "messageCount": 0});
+        return Ok(json!({"ok": true, "key": key, "session": row}));
+    };
     let mut row = crate::methods::session_row(gw, &s);
     let (title, count) = crate::methods::transcript_summary(&s.path);
     row["messageCount"] = json!(count);

@@ -193,6 +193,12 @@ async fn the_discovery_and_empty_feature_methods_answer_in_openclaws_shapes() {
         "progressCard.get",
         "last-heartbeat",
         "diagnostics.lanes",
+        "exec.approval.list",
+        "plugin.approval.list",
+        "openclaw.approval.list",
+        "sessions.observer.visibility",
+        "sessions.companion.state",
+        "talk.catalog",
     ];
     let mut got = std::collections::HashMap::new();
     for m in no_params {
@@ -243,6 +249,9 @@ async fn the_discovery_and_empty_feature_methods_answer_in_openclaws_shapes() {
     assert_eq!((&page["count"], &page["totalCount"], &page["hasMore"]), (&json!(1), &json!(2), &json!(true)));
     let second = c.request("sessions.describe", json!({"key": "agent:main:second"})).await.expect("describe");
     assert_eq!((&second["session"]["status"], &second["session"]["messageCount"]), (&json!("idle"), &json!(0)));
+    let unused = c.request("sessions.describe", json!({"key": "agent:main:later"})).await.expect("describe");
+    assert_eq!((&unused["session"]["status"], &unused["session"]["messageCount"]), (&json!("idle"), &json!(0)));
+    assert!(transcript_path(&gw.state_dir, "agent:main:later").is_none(), "describing writes nothing");
     let err = c.request("sessions.describe", json!({})).await.expect_err("no key");
     assert_eq!(err["message"], "invalid sessions.describe params: missing field `key`");
     let err = c.request("logs.tail", json!({"limit": 0})).await.expect_err("limit");
