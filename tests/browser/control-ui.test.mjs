@@ -250,3 +250,48 @@ describe("OpenClaw Control UI against Pincer", () => {
     assert.equal(bad.error.message, "branch entry not found: no-such-entry (not in session agent:main:main)");
   });
 });
+
+// A tour of the Control UI's main views: each view's own calls are answered, and over the whole tour
+// Pincer answers no request of the UI with an error (the frames on the wire), and no error banner shows.
+describe("OpenClaw Control UI's views against Pincer", () => {
+  let provider, gw, browser, page, frames;
+  const VIEWS = [
+    // [route, a method the view calls when it opens]
+    ["chat", "chat.startup"], ["sessions", "sessions.list"], ["usage", "sessions.usage"], ["logs", "logs.tail"],
+    ["settings", "config.get"], ["agents", "agents.list"], ["cron", "cron.list"], ["skills", "skills.status"],
+    ["channels", "channels.status"], ["tasks", "tasks.list"], ["debug", "status"],
+  ];
+
+  before(async () => {
+    if (!fs.existsSync(path.join(UI_DIR, "index.html"))) {
+      execFileSync(process.execPath, [path.join(HERE, "fetch-control-ui.mjs"), UI_DIR], { stdio: "inherit" });
+    }
+    provider = await startFakeProvider();
+    gw = await startGateway(provider, `[gateway]\ncontrol_ui_dir = ${JSON.stringify(UI_DIR)}\n`);
+    browser = await launchBrowser();
+    page = await browser.context.newPage();
+    frames = recordFrames(page);
+  });
+  after(async () => {
+    await browser?.close();
+    await gw?.stop();
+    await provider?.close();
+  });
+
+  const answered = (method) => {
+    const reqs = frames.filter((f) => f.dir === "out" && f.frame.type === "req" && f.frame.method === method);
+    return reqs.some((r) => frames.some((f) => f.dir === "in" && f.frame.type === "res" && f.frame.id === r.frame.id));
+  };
+
+  test("every main view opens and Pincer answers none of the UI's requests with an error", async () => {
+    for (const [i, [route, method]] of VIEWS.entries()) {
+      await page.goto(`${gw.url}/control/${route}#token=${TOKEN}`);
+      await waitFor(`the ${route} view's ${method}`, () => answered(method), SLOW);
+      await page.screenshot({ path: `/tmp/pincer-control-ui-tour-${i}-${route}.png` });
+    }
+    const byId = new Map(frames.filter((f) => f.dir === "out" && f.frame.type === "req").map((f) => [f.frame.id, f.frame.method]));
+    const errors = frames.filter((f) => f.dir === "in" && f.frame.type === "res" && f.frame.ok === false)
+      .map((f) => `${byId.get(f.frame.id)}: ${f.frame.error?.message}`);
+    assert.deepEqual([...new Set(errors)], [], "error responses over the tour");
+  });
+});

@@ -51,7 +51,7 @@ struct SendParams {
 }
 
 /// An idempotency key: non-empty, at most [`MAX_KEY_CHARS`], no control characters.
-fn check_idempotency_key(k: &str) -> Result<String, RpcError> {
+pub(crate) fn check_idempotency_key(k: &str) -> Result<String, RpcError> {
     if k.chars().count() > MAX_KEY_CHARS {
         return Err(RpcError::invalid(format!("idempotencyKey is longer than {MAX_KEY_CHARS} characters")));
     }
@@ -75,7 +75,7 @@ pub fn sanitize_message(raw: &str) -> Result<String, RpcError> {
 
 /// Attachments as Pi image blocks. Only images are accepted; each is checked to be base64 and
 /// within the size limits.
-fn parse_attachments(list: &[Value]) -> Result<Vec<Value>, RpcError> {
+pub(crate) fn parse_attachments(list: &[Value]) -> Result<Vec<Value>, RpcError> {
     let mut total = 0;
     let mut out = Vec::new();
     for (i, a) in list.iter().enumerate() {
@@ -107,19 +107,52 @@ fn parse_attachments(list: &[Value]) -> Result<Vec<Value>, RpcError> {
     Ok(out)
 }
 
-fn is_stop(text: &str) -> bool {
-    matches!(text.trim().to_lowercase().as_str(), "/stop" | "/abort" | "stop" | "/cancel")
+/// A slash command `chat.send` answers itself: its name, the texts that invoke it, what it does,
+/// and whether it takes an argument.
+pub struct SlashCommand {
+    pub name: &'static str,
+    pub texts: &'static [&'static str],
+    pub description: &'static str,
+    pub accepts_args: bool,
+}
+
+/// The slash commands, the one list (`commands.list` reads it too). `stop` also answers a bare `stop`.
+pub const SLASH_COMMANDS: &[SlashCommand] = &[
+    SlashCommand {
+        name: "stop",
+        texts: &["/stop", "/abort", "/cancel"],
+        description: "Stop the running turn",
+        accepts_args: false,
+    },
+    SlashCommand {
+        name: "new",
+        texts: &["/new", "/reset"],
+        description: "Start a new session (the transcript is archived)",
+        accepts_args: false,
+    },
+    SlashCommand {
+        name: "compact",
+        texts: &["/compact"],
+        description: "Summarise older turns to free context (optional focus)",
+        accepts_args: true,
+    },
+    SlashCommand {
+        name: "status",
+        texts: &["/status"],
+        description: "Show the session's model, size and usage",
+        accepts_args: false,
+    },
+    SlashCommand { name: "help", texts: &["/help"], description: "List the commands", accepts_args: false },
+];
+
+pub(crate) fn is_stop(text: &str) -> bool {
+    let t = text.trim().to_lowercase();
+    t == "stop" || SLASH_COMMANDS[0].texts.contains(&t.as_str())
 }
 
 fn slash_command(text: &str) -> Option<&'static str> {
     let first = text.split_whitespace().next()?.to_lowercase();
-    Some(match first.as_str() {
-        "/status" => "status",
-        "/new" | "/reset" => "new",
-        "/compact" => "compact",
-        "/help" => "help",
-        _ => return None,
-    })
+    SLASH_COMMANDS.iter().skip(1).find(|c| c.texts.contains(&first.as_str())).map(|c| c.name)
 }
 
 /// `chat.send`.
@@ -243,7 +276,18 @@ pub async fn start_turn(
             session.key
         )));
     };
-    let turn = Turn { gw: gw.clone(), session, run, text: message, images, resume, regenerate, graft, model };
+    let turn = Turn {
+        gw: gw.clone(),
+        session,
+        run,
+        text: message,
+        images,
+        resume,
+        regenerate,
+        graft,
+        model,
+        ended: Default::default(),
+    };
     gw.tasks.spawn(async move {
         let _ = acked.await; // the ack goes out before any event of the run
         let (gw, session, run) = (turn.gw.clone(), turn.session.clone(), turn.run.clone());
@@ -383,6 +427,8 @@ struct Turn {
     graft: Option<Graft>,
     /// The model of this turn instead of the session's.
     model: Option<String>,
+    /// The lifecycle `end` went out (it comes before the final, once).
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl Turn {
@@ -398,15 +444,22 @@ impl Turn {
             regenerate: None,
             graft: None,
             model: None,
+            ended: Default::default(),
         }
     }
 
+    /// A `chat` event. As OpenClaw numbers them, the final repeats the last delta's `seq` (a
+    /// final without deltas, an abort or an error takes the next one).
     fn chat_event(&self, state: &str, extra: Value) {
+        let seq = match (state, self.run.last_seq()) {
+            ("final", last) if last > 0 => last,
+            _ => self.run.next_seq(),
+        };
         let mut p = json!({
             "runId": self.run.run_id,
             "sessionKey": self.session.key,
             "agentId": self.session.agent_id,
-            "seq": self.run.next_seq(),
+            "seq": seq,
             "state": state,
         });
         if let (Some(p), Value::Object(extra)) = (p.as_object_mut(), extra) {
@@ -427,8 +480,17 @@ impl Turn {
                 crate::hub::Audience::SessionsWatchers,
             );
         }
-        let p = json!({"runId": self.run.run_id, "sessionKey": self.session.key, "stream": stream, "ts": now_ms(), "data": data});
+        let p = json!({"runId": self.run.run_id, "seq": self.run.next_agent_seq(), "sessionKey": self.session.key,
+            "agentId": self.session.agent_id, "sessionId": self.session.session_id, "stream": stream, "ts": now_ms(),
+            "data": data});
         self.gw.hub.publish("agent", Some(&self.session.key), p, true, crate::hub::Audience::All);
+    }
+
+    /// The lifecycle `end`, once: before the final (as OpenClaw orders them), else when the turn is over.
+    fn lifecycle_end(&self) {
+        if !self.ended.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            self.agent_event("lifecycle", json!({"phase": "end"}));
+        }
     }
 
     fn session_message(&self, entry: &Value) {
@@ -471,7 +533,7 @@ impl Turn {
         } else {
             self.agent_turn().await;
         }
-        self.agent_event("lifecycle", json!({"phase": "end"}));
+        self.lifecycle_end();
         crate::metrics::turn_seconds(started.elapsed());
         drop(guard);
     }
@@ -531,7 +593,7 @@ impl Turn {
             }
         };
         self.fail(&text, "internal", entry.as_ref());
-        self.agent_event("lifecycle", json!({"phase": "end"}));
+        self.lifecycle_end();
     }
 
     /// Appends a gateway-injected assistant row and sends it as the final.
@@ -548,6 +610,7 @@ impl Turn {
                 msg
             }
         };
+        self.lifecycle_end();
         self.chat_event("final", json!({"stopReason": "stop", "message": message}));
     }
 
@@ -795,12 +858,7 @@ impl Turn {
         if let Some(m) = &self.model {
             return m.clone();
         }
-        self.session
-            .entry
-            .get("model")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .unwrap_or_else(|| self.gw.settings.model.clone())
+        self.session.model().unwrap_or_else(|| self.gw.settings.model.clone())
     }
 
     fn fail(&self, message: &str, kind: &str, entry: Option<&Value>) {
@@ -877,6 +935,7 @@ impl Turn {
                     if let Some(u) = msg.get("usage") {
                         extra["usage"] = u.clone();
                     }
+                    self.lifecycle_end();
                     self.chat_event("final", extra);
                     self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
                     return StreamEnd::Finished { usage: msg.get("usage").cloned(), message: msg.clone() };
@@ -1075,7 +1134,8 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     );
     info["hasActiveRun"] = json!(!active.is_empty());
     info["activeRunIds"] = json!(active);
-    let (provider, model) = gw.settings.model.split_once('/').unwrap_or(("pincer", "echo"));
+    let session_model = session.as_ref().and_then(SessionRef::model).unwrap_or_else(|| gw.settings.model.clone());
+    let (provider, model) = session_model.split_once('/').unwrap_or(("pincer", "echo"));
     info["modelProvider"] = json!(provider);
     info["model"] = json!(model);
     let total = messages.len();

@@ -20,14 +20,7 @@ fn event(gw: &Gateway, session: &SessionRef, data: Value) {
 
 /// The model a session's compaction uses.
 fn model_spec(gw: &Gateway, session: &SessionRef) -> String {
-    gw.settings.compaction.model.clone().unwrap_or_else(|| {
-        session
-            .entry
-            .get("model")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .unwrap_or_else(|| gw.settings.model.clone())
-    })
+    gw.settings.compaction.model.clone().unwrap_or_else(|| session.model().unwrap_or_else(|| gw.settings.model.clone()))
 }
 
 /// Compacts one session now. The caller holds the session's queue slot.

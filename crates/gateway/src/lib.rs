@@ -6,15 +6,20 @@
 //! - [`http`]: the WebChat page, `/healthz`, the per-session SSE stream, the optional Control UI.
 //! - [`ws`]: one WebSocket connection: handshake, dispatch, event forwarding, slow consumers.
 //! - [`protocol`]: frames, errors and limits of OpenClaw's gateway protocol (v3/v4).
-//! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends (the one turn pipeline).
+//! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends (the one turn pipeline);
+//!   [`agent`]: OpenClaw's `agent`/`agent.wait` on that pipeline.
 //! - [`openai`]: the OpenAI-compatible endpoint, mapping stateless clients onto session trees.
 //! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
 //! - [`hub`]: the one in-process event bus with SSE catch-up logs.
 //! - [`state`]: shared state (store, runs, dedupe, queue).
 //! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
+//! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
+//!   the other read-only discovery methods; [`usage`]: token usage from the transcripts; [`stubs`]: empty
+//!   answers for OpenClaw features Pincer lacks.
 //! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
+pub mod agent;
 pub mod assets;
 pub mod chat;
 pub mod compact;
@@ -24,6 +29,7 @@ pub mod error;
 pub mod hook;
 pub mod http;
 pub mod hub;
+pub mod logs;
 pub mod methods;
 pub mod metrics;
 pub mod openai;
@@ -31,8 +37,11 @@ pub mod protocol;
 pub mod server;
 pub mod sessions;
 pub mod state;
+pub mod status;
+pub mod stubs;
 pub mod tree;
 pub mod turns;
+pub mod usage;
 pub mod ws;
 
 pub use server::{serve, Listening};
@@ -76,17 +85,34 @@ impl Subs {
     }
 }
 
+/// Sends an interim `ok` response to the request (OpenClaw's `status: "accepted"` before the final).
+pub type Interim = Box<dyn Fn(serde_json::Value) + Send + Sync>;
+
 /// The context of one request.
 pub struct Ctx {
     pub conn_id: u64,
     pub client_id: String,
     pub subs: Arc<Subs>,
     acks: Mutex<Vec<oneshot::Sender<()>>>,
+    interim: Option<Interim>,
 }
 
 impl Ctx {
     pub fn new(conn_id: u64, client_id: String, subs: Arc<Subs>) -> Ctx {
-        Ctx { conn_id, client_id, subs, acks: Mutex::new(Vec::new()) }
+        Ctx { conn_id, client_id, subs, acks: Mutex::new(Vec::new()), interim: None }
+    }
+
+    /// A transport that can answer a request more than once (the WebSocket) says how.
+    pub fn with_interim(mut self, interim: Interim) -> Ctx {
+        self.interim = Some(interim);
+        self
+    }
+
+    /// Queues an interim response (nothing when the transport has none); the final one follows.
+    pub fn interim(&self, payload: serde_json::Value) {
+        if let Some(f) = &self.interim {
+            f(payload);
+        }
     }
 
     /// Resolves once this request's response has been queued (so a run's events follow its ack).

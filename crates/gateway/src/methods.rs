@@ -30,6 +30,43 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     match method {
         Method::Health => Ok(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "activeRuns": gw.all_runs().len()})),
         Method::ChatSend => chat::send(gw, ctx, params).await,
+        Method::Agent => crate::agent::agent(gw, ctx, params).await,
+        Method::AgentWait => crate::agent::wait(gw, params).await,
+        Method::Status
+        | Method::SystemPresence
+        | Method::LogsTail
+        | Method::SessionsDescribe
+        | Method::CommandsList
+        | Method::ChatMetadata
+        | Method::ModelsAuthStatus
+        | Method::ConfigGet
+        | Method::ThemesList
+        | Method::UpdateStatus => crate::status::dispatch(gw, method, params).await,
+        Method::SessionsUsage => blocking(gw, params, crate::usage::sessions_usage).await,
+        Method::UsageStatus => Ok(crate::usage::usage_status()),
+        Method::CronList
+        | Method::CronStatus
+        | Method::CronRuns
+        | Method::ChannelsStatus
+        | Method::ChannelsPairingList
+        | Method::SkillsStatus
+        | Method::SkillsSearch
+        | Method::SkillsLibraryList
+        | Method::PluginsList
+        | Method::TasksList
+        | Method::ArtifactsList
+        | Method::QuestionList
+        | Method::ProgressCardGet
+        | Method::LastHeartbeat
+        | Method::DiagnosticsLanes
+        | Method::ExecApprovalList
+        | Method::PluginApprovalList
+        | Method::OpenclawApprovalList
+        | Method::SessionsObserverVisibility
+        | Method::SessionsCompanionState
+        | Method::TalkCatalog => {
+            crate::stubs::answer(method).ok_or_else(|| RpcError::invalid(format!("unknown method: {}", method.name())))
+        }
         Method::ChatHistory | Method::ChatStartup => chat::history(gw, params).await,
         Method::ChatAbort => chat::abort(gw, params).await,
         Method::ChatInject => chat::inject(gw, params).await,
@@ -98,14 +135,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::AgentsList => Ok(json!({"defaultId": "main", "mainKey": "main",
             "agents": [{"id": "main", "name": "Main", "model": {"primary": gw.settings.model}}]})),
         Method::AgentIdentityGet => Ok(json!({"agentId": "main", "name": "Pincer", "avatar": null})),
-        Method::ModelsList => {
-            // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
-            let models: Vec<Value> = (gw.settings.providers.configured().iter())
-                .filter_map(|spec| spec.split_once('/').filter(|(_, id)| !id.starts_with('<')))
-                .map(|(provider, id)| json!({"id": id, "name": id, "provider": provider}))
-                .collect();
-            Ok(json!({"models": models, "default": gw.settings.model}))
-        }
+        // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
+        Method::ModelsList => Ok(json!({"models": crate::status::models(gw), "default": gw.settings.model})),
         // Pincer: the real paths for the WebChat's hints (never `~/.pincer` when the state is elsewhere).
         Method::PincerInfo => Ok(json!({"version": env!("CARGO_PKG_VERSION"),
             "stateDir": gw.settings.state_dir.display().to_string(),
@@ -165,11 +196,13 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(RpcError::invalid("includeArchived must be a boolean")),
     };
-    let rows: Vec<Value> = (gw.sessions.list(agent)?.iter())
-        .filter(|s| archived || !s.entry.contains_key("archivedAt"))
+    let listed: Vec<SessionRef> =
+        gw.sessions.list(agent)?.into_iter().filter(|s| archived || !s.entry.contains_key("archivedAt")).collect();
+    let total = listed.len();
+    let rows: Vec<Value> = (listed.iter())
         .take(limit)
         .map(|s| {
-            let mut row = s.row();
+            let mut row = session_row(gw, s);
             if titles {
                 let (title, count) = transcript_summary(&s.path);
                 row["derivedTitle"] = json!(title);
@@ -178,7 +211,8 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
             row
         })
         .collect();
-    Ok(json!({"ts": pincer_pi::now_ms(), "count": rows.len(), "sessions": rows,
+    let more = total > rows.len();
+    Ok(json!({"ts": pincer_pi::now_ms(), "count": rows.len(), "totalCount": total, "hasMore": more, "sessions": rows,
         "defaults": {"model": gw.settings.model, "mainSessionKey": crate::sessions::MAIN_KEY}}))
 }
 
@@ -250,12 +284,41 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(m) = fields.get("model").and_then(Value::as_str) {
         gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
     }
+    if fields.contains_key("model") {
+        // The patched `provider/model` replaces OpenClaw's own model fields, so they cannot override it.
+        for (m, p) in crate::sessions::MODEL_FIELDS {
+            fields.entry(m).or_insert(Value::Null);
+            fields.insert(p.into(), Value::Null);
+        }
+    }
     let s = gw.sessions.patch(key, &fields)?;
     changed(gw, &s.key, "patch");
-    let model = s.entry.get("model").and_then(Value::as_str).unwrap_or(&gw.settings.model).to_owned();
+    let model = s.model().unwrap_or_else(|| gw.settings.model.clone());
     let (provider, model_id) = model.split_once('/').unwrap_or(("", model.as_str()));
     Ok(json!({"ok": true, "path": s.path.display().to_string(), "key": s.key, "entry": s.row(),
         "resolved": {"modelProvider": provider, "model": model_id}}))
+}
+
+/// A session's row as `sessions.list` and `sessions.describe` give it: the index entry, its run
+/// status (`running` while a turn runs or waits, else `done` after a reply, `idle` before any) and
+/// its token counts from the transcript's tail (last turn's usage, context tokens vs the model's window).
+pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
+    let mut row = s.row();
+    let usage = crate::usage::of_tail(&s.path);
+    let running = !gw.runs_of(&s.key).is_empty();
+    row["status"] = json!(match (running, usage.assistant_messages) {
+        (true, _) => "running",
+        (false, 0) => "idle",
+        (false, _) => "done",
+    });
+    row["hasActiveRun"] = json!(running);
+    row["archived"] = json!(s.entry.get("archivedAt").is_some_and(|a| !a.is_null()));
+    if let (Value::Object(row), Value::Object(tokens)) = (&mut row, crate::usage::row_fields(gw, s, &usage)) {
+        for (k, v) in tokens {
+            row.entry(k).or_insert(v);
+        }
+    }
+    row
 }
 
 /// Longest label or display name, and longest other string field of `sessions.patch`.

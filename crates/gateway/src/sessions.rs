@@ -47,6 +47,29 @@ impl SessionRef {
         row.insert("isMain".into(), json!(self.key == MAIN_KEY));
         Value::Object(row)
     }
+
+    /// The session's own model as `provider/model`, if it has one: Pincer's `model` (already
+    /// `provider/model`), or OpenClaw's pairs, a bare model id beside its provider
+    /// (`modelOverride` + `providerOverride`, the user's choice, before `model` + `modelProvider`,
+    /// the model last run). The one reading of a session's model.
+    pub fn model(&self) -> Option<String> {
+        entry_model(&self.entry)
+    }
+}
+
+/// Entry fields naming a session's model: the pairs [`SessionRef::model`] reads, in its order.
+pub const MODEL_FIELDS: [(&str, &str); 2] = [("modelOverride", "providerOverride"), ("model", "modelProvider")];
+
+/// [`SessionRef::model`] of an index entry.
+pub fn entry_model(entry: &Map<String, Value>) -> Option<String> {
+    let text = |k: &str| entry.get(k).and_then(Value::as_str).map(str::trim).filter(|s| !s.is_empty());
+    MODEL_FIELDS.iter().find_map(|(model, provider)| {
+        let model = text(model)?;
+        Some(match text(provider) {
+            Some(p) if !model.starts_with(&format!("{p}/")) => format!("{p}/{model}"),
+            _ => model.to_owned(),
+        })
+    })
 }
 
 fn valid_agent_id(id: &str) -> bool {
@@ -366,7 +389,8 @@ impl Sessions {
             let mut e = Self::fresh_entry();
             if let Some(o) = &old {
                 for (k, v) in &o.entry {
-                    if matches!(k.as_str(), "label" | "displayName" | "model" | "thinkingLevel") {
+                    let model_field = MODEL_FIELDS.iter().any(|(m, p)| k == m || k == p);
+                    if model_field || matches!(k.as_str(), "label" | "displayName" | "thinkingLevel") {
                         e.insert(k.clone(), v.clone());
                     }
                 }

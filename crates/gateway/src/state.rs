@@ -123,11 +123,26 @@ pub struct RunHandle {
     pub abort_origin: Mutex<Option<&'static str>>,
     /// Per-run `seq` of `chat` events.
     pub seq: AtomicU64,
+    /// Per-run `seq` of `agent` events.
+    pub agent_seq: AtomicU64,
+    /// Cancelled when the run has finished (its result is in the dedupe window by then).
+    pub done: CancellationToken,
+    /// When the run was registered (ms since the epoch).
+    pub started_at: u64,
 }
 
 impl RunHandle {
     pub fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The `seq` of the last `chat` event sent (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.seq.load(Ordering::Relaxed)
+    }
+
+    pub fn next_agent_seq(&self) -> u64 {
+        self.agent_seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Cancels the run, remembering why (the first reason wins).
@@ -213,6 +228,7 @@ pub struct Gateway {
 impl Gateway {
     pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
+        crate::logs::set_redactor(redactor.clone());
         let store = Store::new(StoreOptions { redactor: redactor.clone(), ..StoreOptions::default() });
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {
@@ -271,11 +287,16 @@ impl Gateway {
             owner_conn,
             abort_origin: Mutex::new(None),
             seq: AtomicU64::new(0),
+            agent_seq: AtomicU64::new(0),
+            done: CancellationToken::new(),
+            started_at: pincer_pi::now_ms(),
         })
     }
 
     pub fn finish_run(&self, run_id: &str) {
-        lock(&self.runs).remove(run_id);
+        if let Some(run) = lock(&self.runs).remove(run_id) {
+            run.done.cancel();
+        }
     }
 
     pub fn run(&self, run_id: &str) -> Option<Arc<RunHandle>> {
@@ -321,6 +342,14 @@ impl Gateway {
     /// Releases a claimed key that led nowhere (the send was refused before anything was written).
     pub fn dedupe_forget(&self, key: &str) {
         lock(&self.dedupe).keys.remove(key);
+    }
+
+    /// The result recorded for an idempotency key, if its run has finished.
+    pub fn dedupe_result(&self, key: &str) -> Option<Result<Value, RpcError>> {
+        match lock(&self.dedupe).keys.get(key) {
+            Some((_, Dedupe::Done(r))) => Some(r.clone()),
+            _ => None,
+        }
     }
 
     pub fn dedupe_finish(&self, key: &str, result: Result<Value, RpcError>) {

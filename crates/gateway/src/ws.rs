@@ -464,7 +464,12 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                 let (gw, outbox, subs, client_id, heavy) =
                     (gw.clone(), outbox.clone(), subs.clone(), client_id.clone(), heavy.clone());
                 tokio::spawn(async move {
-                    let ctx = Ctx::new(conn_id, client_id, subs);
+                    let (early, id) = (outbox.clone(), req.id.clone());
+                    let interim: crate::Interim =
+                        Box::new(move |payload| {
+                            early.push(protocol::response(&id, Ok(payload)), false);
+                        });
+                    let ctx = Ctx::new(conn_id, client_id, subs).with_interim(interim);
                     // Held until the answer is queued, so one connection builds one large answer at a time.
                     let serial = match protocol::Method::parse(&req.method) {
                         Some(protocol::Method::ChatHistory | protocol::Method::ChatStartup) => Some(heavy.lock().await),

@@ -54,13 +54,20 @@ impl Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // stderr, and the bounded ring `logs.tail` reads (pincer_gateway::logs).
+    tracing_subscriber::registry()
+        .with(
             tracing_subscriber::EnvFilter::try_from_env("PINCER_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .with(pincer_gateway::logs::layer())
         .init();
     let result = match cli.command {
         Command::Gateway(args) => gateway::run(args),

@@ -2,8 +2,9 @@
 //! over a session file by one Node process per test binary ([`oracle`]), the fake model provider
 //! every test uses ([`fake_provider`]: the three wire formats, scripted replies and faults; its
 //! marker-driven OpenAI preset for the gateway, [`fake_openai`]), the gateway as a real process
-//! with a protocol client ([`gateway`]), and probes of a running process and its state dir
-//! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline).
+//! with a protocol client ([`gateway`]), probes of a running process and its state dir
+//! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
+//! own CLI in a loopback-only network namespace ([`openclaw`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -15,6 +16,7 @@
 pub mod fake_openai;
 pub mod fake_provider;
 pub mod gateway;
+pub mod openclaw;
 pub mod oracle;
 pub mod probe;
 

@@ -1,0 +1,174 @@
+//! Pincer's own recent log lines for `logs.tail` (`openclaw logs`, the Control UI's logs view): a
+//! tracing layer writes each formatted line into a ring bounded in lines and bytes; lines are
+//! redacted by the gateway's redactor as they enter (once the gateway set it) and again as they
+//! are read, so a secret logged before the gateway started never leaves the process either. The
+//! ring is a virtual log file: a line's cursor is the byte offset after it, so OpenClaw's
+//! `{cursor, size, reset}` follow-up reads work unchanged.
+
+use crate::protocol::{Method, RpcError};
+use pincer_store::redact::Redactor;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Lines and bytes kept.
+pub const MAX_LINES: usize = 2000;
+pub const MAX_BYTES: usize = 1024 * 1024;
+/// Longest line kept (longer ones are cut, with `…`).
+pub const MAX_LINE_BYTES: usize = 4096;
+/// The name `logs.tail` gives the ring (OpenClaw's clients show a file name).
+pub const RING_NAME: &str = "pincer://gateway-log";
+
+#[derive(Default)]
+struct Ring {
+    /// (end offset, line) oldest first.
+    lines: VecDeque<(u64, String)>,
+    bytes: usize,
+    /// Bytes ever written: the virtual file's size.
+    written: u64,
+}
+
+static RING: Mutex<Ring> = Mutex::new(Ring { lines: VecDeque::new(), bytes: 0, written: 0 });
+static REDACTOR: OnceLock<Arc<dyn Redactor>> = OnceLock::new();
+
+/// The gateway's redactor, for the lines from now on (the first call wins).
+pub fn set_redactor(r: Arc<dyn Redactor>) {
+    let _ = REDACTOR.set(r);
+}
+
+fn cut(line: &str) -> String {
+    if line.len() <= MAX_LINE_BYTES {
+        return line.to_owned();
+    }
+    let mut end = MAX_LINE_BYTES - 3;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &line[..end])
+}
+
+/// Adds one line (no trailing newline).
+pub fn push(line: &str) {
+    let line = match REDACTOR.get() {
+        Some(r) => cut(&r.redact_str(line)),
+        None => cut(line),
+    };
+    let mut ring = crate::state::lock(&RING);
+    ring.written += line.len() as u64 + 1;
+    ring.bytes += line.len() + 1;
+    let end = ring.written;
+    ring.lines.push_back((end, line));
+    while ring.lines.len() > MAX_LINES || ring.bytes > MAX_BYTES {
+        let Some((_, old)) = ring.lines.pop_front() else { break };
+        ring.bytes -= old.len() + 1;
+    }
+}
+
+/// A `tracing` writer into the ring: what one event formats to is split into lines.
+#[derive(Default)]
+pub struct RingWriter(Vec<u8>);
+
+impl std::io::Write for RingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for RingWriter {
+    fn drop(&mut self) {
+        for line in String::from_utf8_lossy(&self.0).lines().filter(|l| !l.trim().is_empty()) {
+            push(line);
+        }
+    }
+}
+
+/// The layer feeding the ring (plain text, no colours), for the binary's subscriber.
+pub fn layer<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer().with_ansi(false).with_writer(RingWriter::default)
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TailParams {
+    cursor: Option<u64>,
+    limit: Option<u32>,
+    max_bytes: Option<u32>,
+}
+
+/// `logs.tail {cursor?, limit? (1–5000), maxBytes? (1–1e6)}` → `{file, cursor, size, lines,
+/// truncated, reset}`: the lines after `cursor` (the newest `limit`, within `maxBytes`), or the
+/// newest ones without a cursor; `reset` when the cursor is older than the ring or past its end.
+pub fn tail(redactor: &dyn Redactor, params: &Value) -> Result<Value, RpcError> {
+    let p: TailParams = crate::protocol::params(Method::LogsTail, params)?;
+    let limit = p.limit.unwrap_or(200) as usize;
+    let max_bytes = p.max_bytes.unwrap_or(250_000) as usize;
+    if !(1..=5000).contains(&limit) {
+        return Err(RpcError::invalid("invalid logs.tail params: at /limit: must be from 1 to 5000"));
+    }
+    if !(1..=1_000_000).contains(&max_bytes) {
+        return Err(RpcError::invalid("invalid logs.tail params: at /maxBytes: must be from 1 to 1000000"));
+    }
+    let ring = crate::state::lock(&RING);
+    let first = ring.lines.front().map(|(end, l)| end - l.len() as u64 - 1).unwrap_or(ring.written);
+    let (after, reset) = match p.cursor {
+        None => (0, false),
+        Some(c) if c > ring.written || c < first => (0, true),
+        Some(c) => (c, false),
+    };
+    let newer: Vec<&(u64, String)> = ring.lines.iter().filter(|(end, _)| *end > after).collect();
+    let mut picked: Vec<String> = Vec::new();
+    let mut bytes = 0;
+    for (_, line) in newer.iter().rev().take(limit) {
+        if bytes + line.len() + 1 > max_bytes && !picked.is_empty() {
+            break;
+        }
+        bytes += line.len() + 1;
+        picked.push(redactor.redact_str(line));
+    }
+    let truncated = picked.len() < newer.len();
+    picked.reverse();
+    let mut out = json!({"file": RING_NAME, "cursor": ring.written, "size": ring.written, "lines": picked,
+        "truncated": truncated});
+    if reset {
+        out["reset"] = json!(true);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pincer_store::redact::NoRedaction;
+
+    #[test]
+    fn the_ring_is_bounded_redacted_and_read_after_a_cursor() {
+        set_redactor(Arc::new(pincer_store::redact::SecretRedactor::new(&[]).expect("redactor")));
+        push("first line");
+        push("my key is sk-abcdefghijklmnopqrstuvwxyz0123456789");
+        let all = tail(&NoRedaction, &json!({})).expect("tail");
+        let lines: Vec<String> = serde_json::from_value(all["lines"].clone()).expect("lines");
+        let at = lines.iter().position(|l| l == "first line").expect("first line");
+        assert!(!lines[at + 1].contains("sk-abcdefghijklmnopqrstuvwxyz0123456789"), "{}", lines[at + 1]);
+        let cursor = all["cursor"].as_u64().expect("cursor");
+        push("third");
+        let next = tail(&NoRedaction, &json!({"cursor": cursor})).expect("tail");
+        assert_eq!(next["lines"], json!(["third"]));
+        assert_eq!(tail(&NoRedaction, &json!({"cursor": cursor + 10_000})).expect("tail")["reset"], true);
+        for i in 0..(MAX_LINES + 10) {
+            push(&format!("line {i} {}", "x".repeat(MAX_LINE_BYTES * 2)));
+        }
+        let ring = crate::state::lock(&RING);
+        assert!(ring.lines.len() <= MAX_LINES && ring.bytes <= MAX_BYTES);
+        assert!(ring.lines.iter().all(|(_, l)| l.len() <= MAX_LINE_BYTES));
+        drop(ring);
+        let err = tail(&NoRedaction, &json!({"limit": 0})).expect_err("limit");
+        assert_eq!(err.message, "invalid logs.tail params: at /limit: must be from 1 to 5000");
+    }
+}

@@ -1,0 +1,216 @@
+//! Token usage as the transcripts record it (each assistant message's `usage`), in OpenClaw's
+//! shapes: `sessions.usage` (per session and in total, for the usage view), `usage.status`
+//! (provider quota windows: Pincer tracks none), and the last turn's usage and context tokens
+//! that session rows show.
+
+use crate::protocol::{Method, RpcError};
+use crate::sessions::SessionRef;
+use crate::state::Gateway;
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// Largest transcript read for usage.
+const MAX_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The usage of one transcript's assistant messages.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    pub total_tokens: u64,
+    pub total_cost: f64,
+    pub messages: u64,
+    pub user_messages: u64,
+    pub assistant_messages: u64,
+    pub errors: u64,
+    /// The last assistant message's usage: what the context held at the last turn.
+    pub last: Option<Value>,
+    pub last_at: Option<u64>,
+}
+
+impl Usage {
+    /// Prompt tokens of the last turn (input + cached): the context's size then.
+    pub fn context_tokens(&self) -> Option<u64> {
+        let l = self.last.as_ref()?;
+        let n = |k: &str| l.get(k).and_then(Value::as_u64).unwrap_or(0);
+        Some(n("input") + n("cacheRead") + n("cacheWrite") + n("output"))
+    }
+
+    fn add(&mut self, other: &Usage) {
+        self.input += other.input;
+        self.output += other.output;
+        self.cache_read += other.cache_read;
+        self.cache_write += other.cache_write;
+        self.total_tokens += other.total_tokens;
+        self.total_cost += other.total_cost;
+        self.messages += other.messages;
+        self.user_messages += other.user_messages;
+        self.assistant_messages += other.assistant_messages;
+        self.errors += other.errors;
+    }
+
+    /// OpenClaw's totals object.
+    pub fn totals(&self) -> Value {
+        json!({"input": self.input, "output": self.output, "cacheRead": self.cache_read,
+            "cacheWrite": self.cache_write, "totalTokens": self.total_tokens, "totalCost": self.total_cost,
+            "inputCost": 0, "outputCost": 0, "cacheReadCost": 0, "cacheWriteCost": 0, "missingCostEntries": 0})
+    }
+}
+
+/// Reads a transcript's usage (a transcript too large to read, or unreadable, counts nothing).
+pub fn of_transcript(path: &Path) -> Usage {
+    let too_big = std::fs::metadata(path).map(|m| m.len() > MAX_BYTES).unwrap_or(true);
+    match if too_big { Err(()) } else { std::fs::read(path).map_err(|_| ()) } {
+        Ok(bytes) => scan(&bytes),
+        Err(()) => Usage::default(),
+    }
+}
+
+/// Bytes read from a transcript's end for a session row's last-turn usage.
+const TAIL_BYTES: u64 = 256 * 1024;
+
+/// The usage of a transcript's last [`TAIL_BYTES`] (cheap for every row of `sessions.list`):
+/// `last` is the last turn's usage; the counts cover the tail only.
+pub fn of_tail(path: &Path) -> Usage {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return Usage::default() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let from = len.saturating_sub(TAIL_BYTES);
+    let mut bytes = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.take(TAIL_BYTES).read_to_end(&mut bytes).is_err() {
+        return Usage::default();
+    }
+    if from > 0 {
+        // The first line is cut: it starts before the tail.
+        let cut = bytes.iter().position(|b| *b == b'\n').map_or(bytes.len(), |i| i + 1);
+        bytes.drain(..cut);
+    }
+    scan(&bytes)
+}
+
+fn scan(bytes: &[u8]) -> Usage {
+    let mut u = Usage::default();
+    for line in bytes.split(|b| *b == b'\n') {
+        let has = |needle: &[u8]| line.windows(needle.len()).any(|w| w == needle);
+        if !has(b"\"type\":\"message\"") {
+            continue;
+        }
+        let Ok(entry) = serde_json::from_slice::<Value>(line) else { continue };
+        let m = &entry["message"];
+        match m["role"].as_str() {
+            Some("user") => {
+                u.user_messages += 1;
+                u.messages += 1;
+            }
+            Some("assistant") => {
+                u.assistant_messages += 1;
+                u.messages += 1;
+                if m["stopReason"] == "error" {
+                    u.errors += 1;
+                }
+                let usage = &m["usage"];
+                if usage.is_object() {
+                    let n = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
+                    u.input += n("input");
+                    u.output += n("output");
+                    u.cache_read += n("cacheRead");
+                    u.cache_write += n("cacheWrite");
+                    u.total_tokens += n("totalTokens");
+                    u.total_cost += usage["cost"]["total"].as_f64().unwrap_or(0.0);
+                    u.last = Some(usage.clone());
+                    u.last_at = m["timestamp"].as_u64();
+                }
+            }
+            _ => {}
+        }
+    }
+    u
+}
+
+/// The token fields of a session row: the last turn's usage and the context against the window.
+pub fn row_fields(gw: &Gateway, s: &SessionRef, u: &Usage) -> Value {
+    let model = s.model().unwrap_or_else(|| gw.settings.model.clone());
+    let window = gw.settings.providers.resolve(&model).ok().and_then(|m| m.model.context_window);
+    let last = u.last.as_ref();
+    let n = |k: &str| last.and_then(|l| l.get(k)).and_then(Value::as_u64);
+    json!({"inputTokens": n("input"), "outputTokens": n("output"), "cacheRead": n("cacheRead"),
+        "cacheWrite": n("cacheWrite"), "totalTokens": u.context_tokens(), "totalTokensFresh": last.is_some(),
+        "contextTokens": window})
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageParams {
+    key: Option<crate::protocol::NonBlank>,
+    agent_id: Option<String>,
+    limit: Option<u32>,
+}
+
+/// `sessions.usage {key?, agentId?, limit?}`: per-session usage, totals and aggregates.
+pub fn sessions_usage(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    let p: UsageParams = crate::protocol::params(Method::SessionsUsage, params)?;
+    let list = match &p.key {
+        Some(k) => gw.sessions.resolve(k, false)?.into_iter().collect(),
+        None => gw.sessions.list(p.agent_id.as_deref())?,
+    };
+    let limit = p.limit.unwrap_or(1000).min(1000) as usize;
+    let mut total = Usage::default();
+    let mut rows = Vec::new();
+    for s in list.iter() {
+        let u = of_transcript(&s.path);
+        total.add(&u);
+        if rows.len() < limit {
+            let (provider, model) = match s.model() {
+                Some(m) => m.split_once('/').map(|(p, m)| (json!(p), json!(m))).unwrap_or((Value::Null, json!(m))),
+                None => (Value::Null, Value::Null),
+            };
+            let mut usage = u.totals();
+            usage["messageCounts"] = json!({"total": u.messages, "user": u.user_messages,
+                "assistant": u.assistant_messages, "toolCalls": 0, "toolResults": 0, "errors": u.errors});
+            usage["lastActivity"] = json!(u.last_at);
+            rows.push(json!({"key": s.key, "label": s.entry.get("label"), "sessionId": s.session_id,
+                "updatedAt": s.entry.get("updatedAt"), "agentId": s.agent_id, "chatType": "direct",
+                "modelProvider": provider, "model": model, "usage": usage, "hasContextWeight": false}));
+        }
+    }
+    let today = chrono_free_date(pincer_pi::now_ms());
+    Ok(json!({"updatedAt": pincer_pi::now_ms(), "startDate": today, "endDate": today, "sessions": rows,
+        "totals": total.totals(),
+        "aggregates": {"messages": {"total": total.messages, "user": total.user_messages,
+            "assistant": total.assistant_messages, "toolCalls": 0, "toolResults": 0, "errors": total.errors},
+            "tools": {"totalCalls": 0, "uniqueTools": 0, "tools": []},
+            "byModel": [], "byProvider": [], "byAgent": [], "byChannel": [], "daily": []},
+        "creatorOptions": []}))
+}
+
+/// `YYYY-MM-DD` (UTC) of a time in ms since the epoch.
+fn chrono_free_date(ms: u64) -> String {
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = (ms / 86_400_000) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// `usage.status`: provider quota windows (Pincer tracks none).
+pub fn usage_status() -> Value {
+    json!({"updatedAt": pincer_pi::now_ms(), "providers": []})
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dates() {
+        assert_eq!(super::chrono_free_date(0), "1970-01-01");
+        assert_eq!(super::chrono_free_date(1_780_000_000_000), "2026-05-28");
+        assert_eq!(super::chrono_free_date(951_782_400_000), "2000-02-29");
+    }
+}

@@ -1,0 +1,81 @@
+//! OpenClaw's own CLI (openclaw@2026.9.6 on Node 24, installed by `scripts/test` into
+//! `tests/openclaw-cli`) as a client of a test gateway, in a network namespace with loopback
+//! alone: OpenClaw makes outbound lookups at run time, so a test runs itself again inside a fresh
+//! namespace (fake provider, gateway and CLI all on that loopback) and the outer test checks it passed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Set in the copy of a test that runs inside the namespace.
+const INSIDE: &str = "PINCER_TEST_IN_NETNS";
+
+/// The installed CLI: (node, openclaw.mjs). Panics naming the fix when it is missing (never skips).
+pub fn cli() -> (PathBuf, PathBuf) {
+    let dir = crate::repo_root().join("tests/openclaw-cli");
+    let node = dir.join("node/node_modules/.bin/node");
+    let entry = dir.join("node_modules/openclaw/openclaw.mjs");
+    assert!(
+        node.exists() && entry.exists(),
+        "OpenClaw's CLI is not installed ({} / {}): run scripts/test, or `npm ci` in tests/openclaw-cli/node and then, \
+         with that node on PATH, in tests/openclaw-cli",
+        node.display(),
+        entry.display()
+    );
+    (node, entry)
+}
+
+/// Runs the calling test (`name`, its exact name) again inside a new network namespace with only
+/// loopback up, and asserts it passed there. Returns true in that inner run (go on with the test),
+/// false in the outer one (done).
+pub fn in_loopback_namespace(name: &str) -> bool {
+    if std::env::var_os(INSIDE).is_some() {
+        return true;
+    }
+    cli();
+    // One namespace per test, also when several tests of one binary run at once.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ns = format!("pincer-oc-{}-{n}", std::process::id());
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().expect("run ip (iproute2; the test runs as root)");
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    ip(&["netns", "add", &ns]);
+    struct Gone(String);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
+        }
+    }
+    let _gone = Gone(ns.clone());
+    ip(&["netns", "exec", &ns, "ip", "link", "set", "lo", "up"]);
+    let exe = std::env::current_exe().expect("test binary");
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env(INSIDE, "1")
+        .output()
+        .expect("run the test in the namespace");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("1 passed"), "{name} in {ns}:\n{stdout}\n{stderr}");
+    false
+}
+
+/// Runs `openclaw <args>` against the gateway at `addr` with `token`, with its home and state in `home`.
+pub fn run(home: &Path, addr: &str, token: &str, args: &[&str]) -> Output {
+    let (node, entry) = cli();
+    std::fs::create_dir_all(home).expect("openclaw home");
+    Command::new(node)
+        .arg(entry)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("OPENCLAW_STATE_DIR", home.join(".openclaw"))
+        .env("OPENCLAW_GATEWAY_URL", format!("ws://{addr}"))
+        .env("OPENCLAW_GATEWAY_TOKEN", token)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run openclaw")
+}
