@@ -93,13 +93,15 @@ pub struct Ctx {
     pub conn_id: u64,
     pub client_id: String,
     pub subs: Arc<Subs>,
+    /// The connection was granted `operator.write` (true unless it asked for less).
+    pub can_write: bool,
     acks: Mutex<Vec<oneshot::Sender<()>>>,
     interim: Option<Interim>,
 }
 
 impl Ctx {
     pub fn new(conn_id: u64, client_id: String, subs: Arc<Subs>) -> Ctx {
-        Ctx { conn_id, client_id, subs, acks: Mutex::new(Vec::new()), interim: None }
+        Ctx { conn_id, client_id, subs, can_write: true, acks: Mutex::new(Vec::new()), interim: None }
     }
 
     /// A transport that can answer a request more than once (the WebSocket) says how.

@@ -20,6 +20,12 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     let Some(method) = Method::parse(method) else {
         return Err(RpcError::invalid(format!("unknown method: {method}")));
     };
+    if method.writes() && !ctx.can_write {
+        return Err(RpcError::invalid(format!(
+            "missing scope: operator.write ({} changes state; this connection was granted read only)",
+            method.name()
+        )));
+    }
     // A connection that works with a session hears that session's `chat` and `agent` events.
     if method.joins_session() {
         let raw = params.get("sessionKey").or_else(|| params.get("key")).and_then(Value::as_str);

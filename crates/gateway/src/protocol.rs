@@ -138,6 +138,56 @@ impl Method {
     }
 }
 
+impl Method {
+    /// Methods that change something (a transcript, the session index, a run): they need
+    /// `operator.write`, so a client that asked for `[operator.read]` alone cannot call them.
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Method::ChatSend
+                | Method::ChatAbort
+                | Method::ChatInject
+                | Method::Agent
+                | Method::SessionsCreate
+                | Method::SessionsPatch
+                | Method::SessionsReset
+                | Method::SessionsDelete
+                | Method::SessionsCompact
+                | Method::SessionsAbort
+                | Method::SessionsBranchesSwitch
+                | Method::SessionsRewind
+                | Method::SessionsFork
+                | Method::SessionsLabel
+        )
+    }
+}
+
+/// Operator scopes `connect` may ask for.
+pub const SCOPES: &[&str] =
+    &["operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing"];
+
+/// The scopes a token holder is granted: those it asked for (`operator.admin` brings read and
+/// write, write brings read), or read and write when it asked for none.
+pub fn granted_scopes(connect_params: &Value) -> Vec<&'static str> {
+    let asked: Vec<&str> = (connect_params.get("scopes").and_then(Value::as_array).into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    let mut scopes: Vec<&'static str> = SCOPES.iter().copied().filter(|s| asked.contains(s)).collect();
+    let implied: &[&'static str] = if asked.is_empty() || scopes.contains(&"operator.admin") {
+        &["operator.read", "operator.write"]
+    } else if scopes.contains(&"operator.write") {
+        &["operator.read"]
+    } else {
+        &[]
+    };
+    for s in implied {
+        if !scopes.contains(s) {
+            scopes.push(s);
+        }
+    }
+    scopes
+}
+
 /// Events emitted.
 pub const EVENTS: &[&str] =
     &["connect.challenge", "tick", "chat", "agent", "session.message", "sessions.changed", "shutdown"];

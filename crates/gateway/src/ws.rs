@@ -269,17 +269,7 @@ fn negotiate(params: &Value) -> Result<u64, RpcError> {
 }
 
 fn hello(gw: &Gateway, protocol: u64, conn_id: u64, params: &Value) -> Value {
-    let known = ["operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing"];
-    let mut scopes: Vec<&str> = params
-        .get("scopes")
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).filter(|s| known.contains(s)).collect())
-        .unwrap_or_default();
-    for s in ["operator.read", "operator.write"] {
-        if !scopes.contains(&s) {
-            scopes.push(s);
-        }
-    }
+    let scopes = protocol::granted_scopes(params);
     json!({
         "type": "hello-ok",
         "protocol": protocol,
@@ -382,6 +372,8 @@ enum Close {
 struct Hello {
     conn_id: u64,
     client_id: String,
+    /// Granted `operator.write`.
+    can_write: bool,
 }
 
 /// The challenge, the `connect` frame and its checks, and `hello-ok`.
@@ -415,13 +407,14 @@ async fn greet(
     let client_id = req.params.get("client").and_then(|c| c.get("id")).and_then(Value::as_str).unwrap_or("").to_owned();
     outbox.push(protocol::response(&req.id, Ok(hello(gw, protocol_version, conn_id, &req.params))), false);
     tracing::debug!(conn = conn_id, client = %client_id, "connected");
-    Ok(Hello { conn_id, client_id })
+    let can_write = protocol::granted_scopes(&req.params).contains(&"operator.write");
+    Ok(Hello { conn_id, client_id, can_write })
 }
 
 /// The connected loop: requests (at most [`MAX_IN_FLIGHT`] at once), events through the hub,
 /// ticks, and the goodbye at shutdown.
 async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox: &Arc<Outbox>, who: Hello) -> Close {
-    let Hello { conn_id, client_id } = who;
+    let Hello { conn_id, client_id, can_write } = who;
     let subs = Arc::new(Subs::default());
     let seq = Arc::new(AtomicU64::new(0));
     let subscriber = ConnSubscriber { outbox: outbox.clone(), subs: subs.clone(), seq: seq.clone(), conn_id };
@@ -469,7 +462,8 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                         Box::new(move |payload| {
                             early.push(protocol::response(&id, Ok(payload)), false);
                         });
-                    let ctx = Ctx::new(conn_id, client_id, subs).with_interim(interim);
+                    let mut ctx = Ctx::new(conn_id, client_id, subs).with_interim(interim);
+                    ctx.can_write = can_write;
                     // Held until the answer is queued, so one connection builds one large answer at a time.
                     let serial = match protocol::Method::parse(&req.method) {
                         Some(protocol::Method::ChatHistory | protocol::Method::ChatStartup) => Some(heavy.lock().await),

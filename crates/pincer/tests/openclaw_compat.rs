@@ -291,3 +291,30 @@ async fn run_events_are_numbered_and_ordered_as_openclaw_sends_them() {
         assert_eq!((&f["payload"]["agentId"], &f["payload"]["sessionId"]), (&json!("main"), &session_id), "{f}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_asked_for_read_only_cannot_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let mut params = pincer_testkit::gateway::connect_params(pincer_testkit::gateway::TOKEN);
+    params["scopes"] = json!(["operator.read"]);
+    let mut c = Client::connect_with(&gw.addr, params).await.expect("connect");
+    assert_eq!(c.hello["auth"]["scopes"], json!(["operator.read"]));
+    c.request("sessions.list", json!({})).await.expect("reads are allowed");
+    for (method, p) in [
+        ("chat.send", json!({"sessionKey": "main", "message": "hi", "idempotencyKey": "ro-1"})),
+        ("agent", json!({"message": "hi", "idempotencyKey": "ro-2"})),
+        ("sessions.create", json!({"key": "agent:main:ro"})),
+    ] {
+        let err = c.request(method, p).await.expect_err(method);
+        assert!(err["message"].as_str().expect("message").starts_with("missing scope: operator.write"), "{err}");
+    }
+    assert!(transcript_path(&gw.state_dir, "agent:main:main").is_none(), "nothing written");
+    assert!(fake.requests().is_empty(), "no run");
+    // Asking for nothing still grants read and write (clients that send no scopes keep working).
+    let mut params = pincer_testkit::gateway::connect_params(pincer_testkit::gateway::TOKEN);
+    params.as_object_mut().expect("params").remove("scopes");
+    let c = Client::connect_with(&gw.addr, params).await.expect("connect");
+    assert_eq!(c.hello["auth"]["scopes"], json!(["operator.read", "operator.write"]));
+}
