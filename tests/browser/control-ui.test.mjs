@@ -19,19 +19,24 @@ const UI_DIR = process.env.PINCER_CONTROL_UI_DIR ||
 const SCREENSHOT = process.env.PINCER_CONTROL_UI_SCREENSHOT || "/tmp/pincer-control-ui.png";
 const SLOW = 45000; // the UI needs several seconds to settle (failed optional calls, polling)
 
+/** The fake provider, a gateway serving the Control UI, and a browser page recording its frames. */
+async function openControlUi() {
+  if (!fs.existsSync(path.join(UI_DIR, "index.html"))) {
+    execFileSync(process.execPath, [path.join(HERE, "fetch-control-ui.mjs"), UI_DIR], { stdio: "inherit" });
+  }
+  const provider = await startFakeProvider();
+  const gw = await startGateway(provider, `[gateway]\ncontrol_ui_dir = ${JSON.stringify(UI_DIR)}\n`);
+  const browser = await launchBrowser();
+  const page = await browser.context.newPage();
+  return { provider, gw, browser, page, frames: recordFrames(page) };
+}
+
 describe("OpenClaw Control UI against Pincer", () => {
   let provider, gw, browser, page, frames;
   const pageErrors = [];
 
   before(async () => {
-    if (!fs.existsSync(path.join(UI_DIR, "index.html"))) {
-      execFileSync(process.execPath, [path.join(HERE, "fetch-control-ui.mjs"), UI_DIR], { stdio: "inherit" });
-    }
-    provider = await startFakeProvider();
-    gw = await startGateway(provider, `[gateway]\ncontrol_ui_dir = ${JSON.stringify(UI_DIR)}\n`);
-    browser = await launchBrowser();
-    page = await browser.context.newPage();
-    frames = recordFrames(page);
+    ({ provider, gw, browser, page, frames } = await openControlUi());
     page.on("pageerror", (e) => pageErrors.push(e.message));
   });
   after(async () => {
@@ -263,14 +268,7 @@ describe("OpenClaw Control UI's views against Pincer", () => {
   ];
 
   before(async () => {
-    if (!fs.existsSync(path.join(UI_DIR, "index.html"))) {
-      execFileSync(process.execPath, [path.join(HERE, "fetch-control-ui.mjs"), UI_DIR], { stdio: "inherit" });
-    }
-    provider = await startFakeProvider();
-    gw = await startGateway(provider, `[gateway]\ncontrol_ui_dir = ${JSON.stringify(UI_DIR)}\n`);
-    browser = await launchBrowser();
-    page = await browser.context.newPage();
-    frames = recordFrames(page);
+    ({ provider, gw, browser, page, frames } = await openControlUi());
   });
   after(async () => {
     await browser?.close();

@@ -35,8 +35,7 @@ fn message(n: usize) -> String {
 async fn automatic_compaction_keeps_the_tail_and_pi_agrees() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fake = FakeOpenAi::start().await;
-    let config =
-        format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n{COMPACTION}", fake.provider_toml_window(3000));
+    let config = format!("{}{COMPACTION}", fake.gateway_toml_window(3000));
     let state = dir.path().join("state");
     let gw = tokio::task::spawn_blocking({
         let state = state.clone();
@@ -133,7 +132,7 @@ async fn automatic_compaction_keeps_the_tail_and_pi_agrees() {
 async fn manual_compaction_by_command_and_cli_and_failures_leave_the_file_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fake = FakeOpenAi::start().await;
-    let config = format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n{COMPACTION}", fake.provider_toml());
+    let config = format!("{}{COMPACTION}", fake.gateway_toml());
     let state = dir.path().join("state");
     let gw = tokio::task::spawn_blocking({
         let (state, config) = (state.clone(), config.clone());

@@ -33,7 +33,7 @@ struct Env {
 }
 
 fn config(fake: &FakeOpenAi, extra: &str) -> String {
-    format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n{extra}", fake.provider_toml())
+    format!("{}{extra}", fake.gateway_toml())
 }
 
 fn start(extra: &str, options: StartOptions) -> Env {

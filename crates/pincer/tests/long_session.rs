@@ -208,8 +208,7 @@ async fn every_request_of_a_long_branched_compacted_session_is_what_pi_builds_fr
     prefill(&state);
     let fake = FakeOpenAi::start().await;
     // A window no turn reaches (no automatic compaction); the manual one below is the gateway's.
-    let config =
-        format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n", fake.provider_toml_window(100_000_000));
+    let config = fake.gateway_toml_window(100_000_000);
     let mut gw = tokio::task::spawn_blocking({
         let state = state.clone();
         move || GatewayProcess::start(BIN, &state, &config)

@@ -16,10 +16,7 @@ use std::path::{Path, PathBuf};
 const BIN: &str = env!("CARGO_BIN_EXE_pincer");
 
 fn config(fake: &FakeOpenAi, enabled: bool) -> String {
-    format!(
-        "{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n[gateway.openai_api]\nenabled = {enabled}\n",
-        fake.provider_toml()
-    )
+    format!("{}[gateway.openai_api]\nenabled = {enabled}\n", fake.gateway_toml())
 }
 
 async fn start(state: &Path, config: String) -> GatewayProcess {

@@ -15,7 +15,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_pincer");
 
 fn start(dir: &tempfile::TempDir, fake: &FakeOpenAi) -> GatewayProcess {
-    let config = format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n", fake.provider_toml());
+    let config = fake.gateway_toml();
     GatewayProcess::start(BIN, &dir.path().join("state"), &config)
 }
 

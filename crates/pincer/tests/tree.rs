@@ -23,7 +23,7 @@ struct Setup {
 fn setup() -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let fake = FakeOpenAi::start_in_thread();
-    let config = format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n", fake.provider_toml());
+    let config = fake.gateway_toml();
     let gw = GatewayProcess::start(BIN, &dir.path().join("state"), &config);
     Setup { _dir: dir, gw, _fake: fake }
 }

@@ -103,8 +103,7 @@ async fn main() {
     std::fs::write(dir.join("agents/main/sessions/sessions.json"), serde_json::to_vec(&index).expect("index"))
         .expect("write sessions.json");
     // A window no prefilled session reaches: compaction would otherwise run after every turn.
-    let config =
-        format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n", fake.provider_toml_window(100_000_000));
+    let config = fake.gateway_toml_window(100_000_000);
 
     let t0 = Instant::now();
     let gw = tokio::task::spawn_blocking({

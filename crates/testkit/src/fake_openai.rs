@@ -99,7 +99,18 @@ impl FakeOpenAi {
         self.provider_toml_window(32000)
     }
 
+    /// [`FakeOpenAi::provider_toml`] with `fake/fake-model` as the agents' default model: the config
+    /// most gateway tests start from (append more sections to it).
+    pub fn gateway_toml(&self) -> String {
+        self.gateway_toml_window(32000)
+    }
+
     /// The same, with a given context window.
+    pub fn gateway_toml_window(&self, window: u64) -> String {
+        format!("{}\n[agents.defaults]\nmodel = \"fake/fake-model\"\n", self.provider_toml_window(window))
+    }
+
+    /// The provider section with a given context window.
     pub fn provider_toml_window(&self, window: u64) -> String {
         format!(
             "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
