@@ -127,7 +127,7 @@ describe("OpenClaw Control UI against Pincer", () => {
     assert.ok(userRow.frame.payload.activeRunIds.includes(runId));
     const stop = page.locator('button[aria-label="Stop generating"]');
     await stop.waitFor({ state: "visible", timeout: SLOW });
-    assert.equal(chatEvents(runId).filter((e) => e.state !== "delta").length, 0, "Stop is shown while the reply streams");
+    assert.equal(chatEvents(runId).filter((e) => e.state !== "delta").length, 0, `Stop is shown while the reply streams: ${JSON.stringify(chatEvents(runId).filter((e) => e.state !== "delta")).slice(0, 600)}`);
     await stop.click();
 
     const clickedAt = Date.now();

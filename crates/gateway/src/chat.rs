@@ -6,7 +6,7 @@
 //! gateway-injected row; `chat.history`/`chat.startup` read the active branch from a bounded tail.
 
 use crate::hook::{self, Decision};
-use crate::protocol::{int_param, Method, NonBlank, RpcError};
+use crate::protocol::{Bounded, Method, NonBlank, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
 use crate::turns::OnDisk;
@@ -1110,10 +1110,12 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     #[serde(rename_all = "camelCase")]
     struct HistoryParams {
         session_key: NonBlank,
+        limit: Option<Bounded<1, { MAX_LIMIT as u64 }>>,
+        max_chars: Option<Bounded<1, 500_000>>,
     }
     let p: HistoryParams = crate::protocol::params(Method::ChatHistory, params)?;
-    let limit = int_param(params, "limit", 1, MAX_LIMIT as u64)?.unwrap_or(200) as usize;
-    let max_chars = int_param(params, "maxChars", 1, 500_000)?.unwrap_or(DEFAULT_MAX_CHARS as u64) as usize;
+    let limit = p.limit.map_or(200, |l| l.0 as usize);
+    let max_chars = p.max_chars.map_or(DEFAULT_MAX_CHARS, |m| m.0 as usize);
     let (key, agent) = crate::sessions::canonical_key(&p.session_key)?;
     let k = key.clone();
     let session = gw.index(move |s| s.resolve(&k, false)).await?;

@@ -4,10 +4,11 @@
 
 use crate::chat;
 use crate::hub::Audience;
-use crate::protocol::{required_str, str_param, Method, NonBlank, RpcError};
+use crate::protocol::{present, Bounded, Method, NonBlank, RpcError, Text};
 use crate::sessions::{canonical_key, SessionRef};
 use crate::state::Gateway;
 use crate::Ctx;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -91,13 +92,20 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::SessionsReset => blocking(gw, params, sessions_reset).await,
         Method::SessionsDelete => blocking(gw, params, sessions_delete).await,
         Method::SessionsCompact => {
-            let p = params.clone();
-            let session = gw.blocking(move |gw| existing(gw, &p)).await?;
+            #[derive(Deserialize)]
+            struct CompactParams {
+                #[serde(alias = "sessionKey")]
+                key: NonBlank,
+                instructions: Option<String>,
+            }
+            let p: CompactParams = crate::protocol::params(method, params)?;
+            let key = p.key.0;
+            let session = gw.blocking(move |gw| existing(gw, &key)).await?;
             let cancel = gw.stopping();
             // In the session's queue: never while a turn is being written.
             let _slot =
                 gw.queue.acquire(&session.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
-            let focus = str_param(params, "instructions").map(str::to_owned);
+            let focus = p.instructions.filter(|i| !i.trim().is_empty());
             let reason = pincer_compaction::CompactionReason::Manual;
             match crate::compact::run(gw, &session, reason, focus, cancel).await {
                 Ok(o) => Ok(json!({"ok": true, "key": session.key, "compacted": true, "tokensBefore": o.tokens_before,
@@ -106,7 +114,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             }
         }
         Method::SessionsAbort => {
-            #[derive(serde::Deserialize)]
+            #[derive(Deserialize)]
             #[serde(rename_all = "camelCase")]
             struct AbortParams {
                 key: NonBlank,
@@ -156,7 +164,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
 
 /// The canonical session key of a method whose params are `{key, …}`.
 fn session_key(method: Method, params: &Value) -> Result<String, RpcError> {
-    #[derive(serde::Deserialize)]
+    #[derive(Deserialize)]
     struct KeyParams {
         key: NonBlank,
     }
@@ -174,11 +182,7 @@ async fn blocking(
     gw.blocking(move |gw| f(gw, &params)).await
 }
 
-fn existing(gw: &Gateway, params: &Value) -> Result<SessionRef, RpcError> {
-    let key = params.get("key").or_else(|| params.get("sessionKey")).and_then(Value::as_str).unwrap_or("");
-    if key.is_empty() {
-        return Err(RpcError::invalid("key is required"));
-    }
+fn existing(gw: &Gateway, key: &str) -> Result<SessionRef, RpcError> {
     gw.sessions.resolve(key, false)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))
 }
 
@@ -192,20 +196,30 @@ fn changed(gw: &Gateway, key: &str, reason: &str) {
     );
 }
 
+/// Most rows `sessions.list` returns at once.
+const MAX_LIST_ROWS: u64 = 1000;
+
 fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
-    let agent = str_param(params, "agentId");
-    let limit = params.get("limit").and_then(Value::as_u64).unwrap_or(200).min(1000) as usize;
-    let titles = params.get("includeDerivedTitles").and_then(Value::as_bool).unwrap_or(false);
-    // Archived sessions (`sessions.patch {archived: true}`) are left out unless asked for.
-    let archived = match params.get("includeArchived") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(RpcError::invalid("includeArchived must be a boolean")),
-    };
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ListParams {
+        agent_id: Option<NonBlank>,
+        limit: Option<Bounded<1, { u32::MAX as u64 }>>,
+        offset: Option<Bounded<0, { u32::MAX as u64 }>>,
+        include_derived_titles: Option<bool>,
+        /// Archived sessions (`sessions.patch {archived: true}`) are left out unless asked for.
+        include_archived: Option<bool>,
+    }
+    let p: ListParams = crate::protocol::params(Method::SessionsList, params)?;
+    let agent = p.agent_id.as_deref();
+    let limit = p.limit.map_or(200, |l| l.0.min(MAX_LIST_ROWS)) as usize;
+    let offset = p.offset.map_or(0, |o| o.0) as usize;
+    let (titles, archived) = (p.include_derived_titles.unwrap_or(false), p.include_archived.unwrap_or(false));
     let listed: Vec<SessionRef> =
         gw.sessions.list(agent)?.into_iter().filter(|s| archived || !s.entry.contains_key("archivedAt")).collect();
     let total = listed.len();
     let rows: Vec<Value> = (listed.iter())
+        .skip(offset)
         .take(limit)
         .map(|s| {
             let mut row = session_row(gw, s);
@@ -217,17 +231,30 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
             row
         })
         .collect();
-    let more = total > rows.len();
+    let more = total > offset.saturating_add(rows.len());
     Ok(json!({"ts": pincer_pi::now_ms(), "count": rows.len(), "totalCount": total, "hasMore": more, "sessions": rows,
         "defaults": {"model": gw.settings.model, "mainSessionKey": crate::sessions::MAIN_KEY}}))
 }
 
 async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
-    let agent = str_param(params, "agentId").unwrap_or(crate::sessions::DEFAULT_AGENT);
-    let key = match str_param(params, "key") {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct CreateParams {
+        key: Option<NonBlank>,
+        agent_id: Option<NonBlank>,
+        label: Option<Text<MAX_LABEL_CHARS>>,
+        model: Option<Text<MAX_FIELD_CHARS>>,
+        message: Option<String>,
+    }
+    let p: CreateParams = crate::protocol::params(Method::SessionsCreate, params)?;
+    let agent = p.agent_id.as_deref().unwrap_or(crate::sessions::DEFAULT_AGENT);
+    let key = match &p.key {
         Some(k) => canonical_key(k)?.0,
         None => format!("agent:{agent}:dashboard:{}", uuid::Uuid::new_v4()),
     };
+    if let Some(m) = &p.model {
+        gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
+    }
     let k = key.clone();
     let created = gw
         .index(move |s| match s.resolve(&k, false)? {
@@ -237,14 +264,10 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
         .await?;
     let mut session = created.ok_or_else(|| RpcError::unavailable("session not created"))?;
     let mut fields = Map::new();
-    for k in ["label", "model"] {
-        if let Some(v) = params.get(k).filter(|v| v.is_string()) {
-            check_field(k, v)?;
-            fields.insert(k.into(), v.clone());
+    for (k, v) in [("label", p.label.map(|t| t.0)), ("model", p.model.map(|t| t.0))] {
+        if let Some(v) = v {
+            fields.insert(k.into(), Value::String(v));
         }
-    }
-    if let Some(m) = fields.get("model").and_then(Value::as_str) {
-        gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
     }
     if !fields.is_empty() {
         let k = key.clone();
@@ -254,7 +277,7 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
     changed(gw, &key, "create");
     let mut out =
         json!({"ok": true, "key": key, "sessionId": session.session_id, "entry": session.row(), "runStarted": false});
-    if let Some(message) = params.get("message").and_then(Value::as_str).filter(|m| !m.trim().is_empty()) {
+    if let Some(message) = p.message.filter(|m| !m.trim().is_empty()) {
         let run_id = uuid::Uuid::new_v4().to_string();
         let r = chat::send(gw, ctx, &json!({"sessionKey": key, "message": message, "idempotencyKey": run_id})).await?;
         out["runStarted"] = json!(true);
@@ -265,36 +288,65 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
 }
 
 fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
-    let key = required_str(params, "key")?;
+    /// A field that is left alone when absent, removed when `null`, set otherwise.
+    type Change<T> = Option<Option<T>>;
+    /// The fields Pincer keeps; the many others the Control UI sends are accepted and ignored.
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct PatchParams {
+        key: NonBlank,
+        #[serde(default, deserialize_with = "present")]
+        label: Change<Text<MAX_LABEL_CHARS>>,
+        #[serde(default, deserialize_with = "present")]
+        display_name: Change<Text<MAX_LABEL_CHARS>>,
+        #[serde(default, deserialize_with = "present")]
+        thinking_level: Change<Text<MAX_FIELD_CHARS>>,
+        #[serde(default, deserialize_with = "present")]
+        verbose_level: Change<Text<MAX_FIELD_CHARS>>,
+        #[serde(default, deserialize_with = "present")]
+        model: Change<Text<MAX_FIELD_CHARS>>,
+        #[serde(default, deserialize_with = "present")]
+        send_policy: Change<SendPolicy>,
+        #[serde(default, deserialize_with = "present")]
+        unread: Change<bool>,
+        /// Archiving hides the session from `sessions.list` (it stays on disk, restorable).
+        #[serde(default, deserialize_with = "present")]
+        archived: Change<bool>,
+    }
+    #[derive(Deserialize, serde::Serialize)]
+    #[serde(rename_all = "lowercase")]
+    enum SendPolicy {
+        Allow,
+        Deny,
+    }
+    let p: PatchParams = crate::protocol::params(Method::SessionsPatch, params)?;
     let mut fields = Map::new();
-    for (k, v) in params.as_object().into_iter().flatten() {
-        match k.as_str() {
-            "key" => {}
-            "label" | "thinkingLevel" | "model" | "displayName" | "verboseLevel" | "sendPolicy" | "unread" => {
-                check_field(k, v)?;
-                fields.insert(k.clone(), v.clone());
-            }
-            // Archiving hides the session from `sessions.list` (it stays on disk, restorable).
-            "archived" => match v {
-                Value::Bool(true) => {
-                    fields.insert("archivedAt".into(), json!(pincer_pi::now_ms()));
-                }
-                Value::Bool(false) | Value::Null => {
-                    fields.insert("archivedAt".into(), Value::Null);
-                }
-                _ => return Err(RpcError::invalid("archived must be a boolean")),
-            },
-            _ => {} // fields Pincer does not use are accepted and ignored, as the Control UI sends many
+    let text = |t: Option<Text<MAX_LABEL_CHARS>>| t.map_or(Value::Null, |t| Value::String(t.0));
+    let short = |t: Option<Text<MAX_FIELD_CHARS>>| t.map_or(Value::Null, |t| Value::String(t.0));
+    let changes = [
+        ("label", p.label.map(text)),
+        ("displayName", p.display_name.map(text)),
+        ("thinkingLevel", p.thinking_level.map(short)),
+        ("verboseLevel", p.verbose_level.map(short)),
+        ("model", p.model.map(short)),
+        ("sendPolicy", p.send_policy.map(|s| json!(s))),
+        ("unread", p.unread.map(|u| json!(u))),
+        ("archivedAt", p.archived.map(|a| if a == Some(true) { json!(pincer_pi::now_ms()) } else { Value::Null })),
+    ];
+    for (k, v) in changes {
+        if let Some(v) = v {
+            fields.insert(k.into(), v);
         }
     }
+    let key = &p.key;
     if let Some(m) = fields.get("model").and_then(Value::as_str) {
         gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
     }
     if fields.contains_key("model") {
         // The patched `provider/model` replaces OpenClaw's own model fields, so they cannot override it.
-        for (m, p) in crate::sessions::MODEL_FIELDS {
-            fields.entry(m).or_insert(Value::Null);
-            fields.insert(p.into(), Value::Null);
+        for (model_field, provider_field) in crate::sessions::MODEL_FIELDS {
+            fields.entry(model_field).or_insert(Value::Null);
+            fields.insert(provider_field.into(), Value::Null);
         }
     }
     let s = gw.sessions.patch(key, &fields)?;
@@ -327,33 +379,26 @@ pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     row
 }
 
-/// Longest label or display name, and longest other string field of `sessions.patch`.
+/// Longest label or display name, and longest other string field of `sessions.create|patch`.
 pub const MAX_LABEL_CHARS: usize = 256;
 const MAX_FIELD_CHARS: usize = 128;
 
-/// A patched field: null (removes it), a boolean, or a bounded string without control characters.
-fn check_field(key: &str, v: &Value) -> Result<(), RpcError> {
-    let max = if matches!(key, "label" | "displayName") { MAX_LABEL_CHARS } else { MAX_FIELD_CHARS };
-    match v {
-        Value::Null | Value::Bool(_) => Ok(()),
-        Value::String(s) if s.chars().count() > max => {
-            Err(RpcError::invalid(format!("{key} is longer than {max} characters")))
-        }
-        Value::String(s) if s.chars().any(char::is_control) => {
-            Err(RpcError::invalid(format!("{key} must not contain control characters or null bytes")))
-        }
-        Value::String(_) => Ok(()),
-        _ => Err(RpcError::invalid(format!("{key} must be a string, a boolean or null"))),
-    }
-}
-
 fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    /// OpenClaw's reasons; both archive the old transcript as `reset`.
+    #[derive(Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum Reason {
+        New,
+        Reset,
+    }
+    #[derive(Deserialize)]
+    struct ResetParams {
+        #[serde(rename = "reason")]
+        _reason: Option<Reason>,
+    }
     let key = session_key(Method::SessionsReset, params)?;
-    let reason = match str_param(params, "reason") {
-        None | Some("reset") => "reset",
-        Some("new") => "reset",
-        Some(r) => return Err(RpcError::invalid(format!("reason {r:?} is not \"new\" or \"reset\""))),
-    };
+    let _: ResetParams = crate::protocol::params(Method::SessionsReset, params)?;
+    let reason = "reset";
     chat::abort_session(gw, &key, None, "rpc");
     let old = gw.sessions.resolve(&key, false)?;
     let (s, archived) = gw.sessions.reset(&key, reason)?;
@@ -423,8 +468,17 @@ fn archive_files(gw: &Gateway, agent: &str) -> Vec<(String, String, std::path::P
 }
 
 /// `sessions.archives.list` (Pincer): archived transcripts, newest first, with a title and size.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ArchivesParams {
+    agent_id: Option<NonBlank>,
+    /// `sessions.archives.get`: a file name as `sessions.archives.list` gives it.
+    file: Option<NonBlank>,
+}
+
 fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
-    let agent = str_param(params, "agentId").unwrap_or(crate::sessions::DEFAULT_AGENT);
+    let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesList, params)?;
+    let agent = p.agent_id.as_deref().unwrap_or(crate::sessions::DEFAULT_AGENT);
     if !gw.sessions.known_agent(agent) {
         return Err(RpcError::invalid(format!("unknown agent id {agent:?}")));
     }
@@ -451,8 +505,11 @@ fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 
 /// `sessions.archives.get` (Pincer): the messages of one archived transcript, read-only.
 async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
-    let file = required_str(params, "file")?.to_owned();
-    let agent = str_param(params, "agentId").unwrap_or(crate::sessions::DEFAULT_AGENT).to_owned();
+    let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesGet, params)?;
+    let Some(NonBlank(file)) = p.file else {
+        return Err(RpcError::invalid("invalid sessions.archives.get params: missing field `file`"));
+    };
+    let agent = p.agent_id.map_or_else(|| crate::sessions::DEFAULT_AGENT.to_owned(), |a| a.0);
     let gw2 = gw.clone();
     tokio::task::spawn_blocking(move || {
         if !gw2.sessions.known_agent(&agent) {

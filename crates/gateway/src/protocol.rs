@@ -292,11 +292,6 @@ pub fn event_frame(name: &str, payload_json: &str, seq: Option<u64>) -> String {
     f
 }
 
-/// Reads a string parameter.
-pub fn str_param<'a>(params: &'a Value, key: &str) -> Option<&'a str> {
-    params.get(key).and_then(Value::as_str)
-}
-
 /// Decodes a method's params into its struct: a missing, mistyped or empty field is refused naming
 /// the method and the field, as OpenClaw words it (`invalid sessions.rewind params: at /entryId:
 /// must not be empty`). Fields the struct does not know are ignored (clients send `agentId` and
@@ -346,24 +341,45 @@ impl std::ops::Deref for NonBlank {
     }
 }
 
-/// A required non-empty string parameter.
-pub fn required_str<'a>(params: &'a Value, key: &str) -> Result<&'a str, RpcError> {
-    match params.get(key) {
-        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s),
-        Some(Value::String(_)) => Err(RpcError::invalid(format!("{key} must not be empty"))),
-        Some(_) => Err(RpcError::invalid(format!("{key} must be a string"))),
-        None => Err(RpcError::invalid(format!("{key} is required"))),
+/// An integer parameter within `MIN..=MAX`; anything else is refused as "must be an integer from
+/// MIN to MAX".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounded<const MIN: u64, const MAX: u64>(pub u64);
+
+impl<'de, const MIN: u64, const MAX: u64> serde::Deserialize<'de> for Bounded<MIN, MAX> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match <Value as serde::Deserialize>::deserialize(d)?.as_u64() {
+            Some(n) if (MIN..=MAX).contains(&n) => Ok(Bounded(n)),
+            _ => Err(serde::de::Error::custom(format!("must be an integer from {MIN} to {MAX}"))),
+        }
     }
 }
 
-/// An optional integer parameter within bounds.
-pub fn int_param(params: &Value, key: &str, min: u64, max: u64) -> Result<Option<u64>, RpcError> {
-    match params.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
-            _ => Err(RpcError::invalid(format!("{key} must be an integer from {min} to {max}"))),
-        },
+/// A short text parameter (a label, a level name, a model id): not blank, at most `MAX`
+/// characters, no control characters or null bytes. Kept as sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text<const MAX: usize>(pub String);
+
+impl<'de, const MAX: usize> serde::Deserialize<'de> for Text<MAX> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let s = <String as serde::Deserialize>::deserialize(d)?;
+        if s.trim().is_empty() {
+            Err(D::Error::custom("must not be empty"))
+        } else if s.chars().count() > MAX {
+            Err(D::Error::custom(format!("must be at most {MAX} characters")))
+        } else if s.chars().any(char::is_control) {
+            Err(D::Error::custom("must not contain control characters or null bytes"))
+        } else {
+            Ok(Text(s))
+        }
+    }
+}
+
+impl<const MAX: usize> std::ops::Deref for Text<MAX> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
     }
 }
 

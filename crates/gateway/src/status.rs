@@ -105,11 +105,17 @@ pub fn commands() -> Value {
 }
 
 /// `chat.metadata`: what the chat view's model picker and composer need.
-pub fn chat_metadata(gw: &Gateway, params: &Value) -> Value {
-    let agent = params.get("agentId").and_then(Value::as_str).unwrap_or(crate::sessions::DEFAULT_AGENT);
+pub fn chat_metadata(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct MetadataParams {
+        agent_id: Option<crate::protocol::NonBlank>,
+    }
+    let p: MetadataParams = crate::protocol::params(Method::ChatMetadata, params)?;
+    let agent = p.agent_id.as_deref().unwrap_or(crate::sessions::DEFAULT_AGENT);
     let (provider, model) = gw.settings.model.split_once('/').unwrap_or(("", gw.settings.model.as_str()));
-    json!({"agentId": agent, "models": models(gw), "defaults": {"modelProvider": provider, "model": model},
-        "thinkingLevels": ["off", "minimal", "low", "medium", "high"], "commands": commands()["commands"]})
+    Ok(json!({"agentId": agent, "models": models(gw), "defaults": {"modelProvider": provider, "model": model},
+        "thinkingLevels": ["off", "minimal", "low", "medium", "high"], "commands": commands()["commands"]}))
 }
 
 /// `models.authStatus`: each configured provider, with whether Pincer holds a credential for it
@@ -156,7 +162,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, method: Method, params: &Value) -> Resu
         Method::SystemPresence => Ok(presence()),
         Method::SessionsDescribe => gw.blocking(move |gw| describe(gw, &params)).await,
         Method::CommandsList => Ok(commands()),
-        Method::ChatMetadata => Ok(chat_metadata(gw, &params)),
+        Method::ChatMetadata => chat_metadata(gw, &params),
         Method::ModelsAuthStatus => Ok(auth_status(gw)),
         Method::ConfigGet => Ok(config_get(gw)),
         Method::ThemesList => Ok(themes()),

@@ -10,7 +10,7 @@
 //! session or the entry that was not found or not allowed.
 
 use crate::hub::Audience;
-use crate::protocol::{params, Method, NonBlank, RpcError};
+use crate::protocol::{params, Bounded, Method, NonBlank, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_store::history::project_entry;
@@ -221,7 +221,7 @@ struct MessageGetParams {
     #[serde(flatten)]
     session: SessionParams,
     message_id: NonBlank,
-    max_chars: Option<u64>,
+    max_chars: Option<Bounded<1, MESSAGE_MAX_CHARS>>,
 }
 
 /// `sessions.label` (`label: null` or absent clears it).
@@ -501,11 +501,7 @@ pub async fn fork(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
 /// `chat.message.get`: one entry of the session in full (up to `maxChars` per text).
 pub async fn message_get(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
     let p: MessageGetParams = params(Method::ChatMessageGet, raw)?;
-    let max_chars = match p.max_chars {
-        None => 1_000_000,
-        Some(n) if (1..=MESSAGE_MAX_CHARS).contains(&n) => n as usize,
-        Some(_) => return Err(RpcError::invalid(format!("maxChars must be an integer from 1 to {MESSAGE_MAX_CHARS}"))),
-    };
+    let max_chars = p.max_chars.map_or(1_000_000, |m| m.0 as usize);
     let id = p.message_id.0.clone();
     gw.blocking(move |gw| {
         let Some(s) = find_session(gw, &p.session)? else {

@@ -260,6 +260,57 @@ async fn bad_tree_input_names_what_is_wrong_and_writes_nothing() {
             json!({"sessionKey": "main", "agentId": "ops"}),
             "agentId \"ops\" does not match sessionKey \"main\"".into(),
         ),
+        // The session methods' params, typed: the method and the field are named, nothing is written.
+        (
+            "sessions.patch",
+            json!({"key": "other", "label": "x".repeat(257)}),
+            "invalid sessions.patch params: at /label: must be at most 256 characters".into(),
+        ),
+        (
+            "sessions.patch",
+            json!({"key": "other", "displayName": "a\u{0}b"}),
+            "invalid sessions.patch params: at /displayName: must not contain control characters or null bytes".into(),
+        ),
+        (
+            "sessions.patch",
+            json!({"key": "other", "sendPolicy": "maybe"}),
+            "invalid sessions.patch params: at /sendPolicy: unknown variant `maybe`, expected `allow` or `deny`".into(),
+        ),
+        (
+            "sessions.patch",
+            json!({"key": "other", "unread": "yes"}),
+            "invalid sessions.patch params: at /unread: invalid type: string \"yes\", expected a boolean".into(),
+        ),
+        ("sessions.patch", json!({"label": "x"}), "invalid sessions.patch params: missing field `key`".into()),
+        (
+            "sessions.list",
+            json!({"limit": 0}),
+            "invalid sessions.list params: at /limit: must be an integer from 1 to 4294967295".into(),
+        ),
+        (
+            "sessions.list",
+            json!({"includeArchived": "yes"}),
+            "invalid sessions.list params: at /includeArchived: invalid type: string \"yes\", expected a boolean"
+                .into(),
+        ),
+        (
+            "sessions.create",
+            json!({"key": "fresh", "label": 5}),
+            "invalid sessions.create params: at /label: invalid type: integer `5`, expected a string".into(),
+        ),
+        ("sessions.create", json!({"key": "fresh", "model": "ghost/model"}), "ghost".into()),
+        (
+            "chat.history",
+            json!({"sessionKey": "main", "maxChars": 0}),
+            "invalid chat.history params: at /maxChars: must be an integer from 1 to 500000".into(),
+        ),
+        ("sessions.compact", json!({}), "invalid sessions.compact params: missing field `key`".into()),
+        (
+            "sessions.reset",
+            json!({"key": "other", "reason": "wipe"}),
+            "invalid sessions.reset params: at /reason: unknown variant `wipe`, expected `new` or `reset`".into(),
+        ),
+        ("sessions.archives.get", json!({}), "invalid sessions.archives.get params: missing field `file`".into()),
     ];
     for (method, params, want) in cases {
         let e = c.request(method, params.clone()).await.expect_err(method);
@@ -293,7 +344,10 @@ async fn bad_tree_input_names_what_is_wrong_and_writes_nothing() {
         c.request("sessions.rewind", json!({"sessionKey": "other", "entryId": foreign})).await.expect_err("archived");
     assert_eq!(e["message"], "Rewind is unavailable for archived sessions.");
     let e = c.request("sessions.patch", json!({"key": "other", "archived": "yes"})).await.expect_err("bad");
-    assert_eq!(e["message"], "archived must be a boolean");
+    assert_eq!(
+        e["message"],
+        "invalid sessions.patch params: at /archived: invalid type: string \"yes\", expected a boolean"
+    );
     c.request("sessions.patch", json!({"key": "other", "archived": false})).await.expect("restore");
     let l = c.request("sessions.list", json!({})).await.expect("list");
     assert!(l["sessions"]
