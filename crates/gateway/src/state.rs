@@ -482,6 +482,12 @@ pub fn injected_message(text: &str, idempotency_key: Option<&str>, abort: Option
     m
 }
 
+/// Whether `m` is one of [`injected_message`]'s: written by the gateway, not a provider's reply, so
+/// its (zero) usage says nothing about the context.
+pub fn is_injected(m: &Value) -> bool {
+    m["provider"] == "openclaw" && m["model"] == "gateway-injected"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

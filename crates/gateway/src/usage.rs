@@ -5,7 +5,7 @@
 
 use crate::protocol::{Method, RpcError};
 use crate::sessions::SessionRef;
-use crate::state::Gateway;
+use crate::state::{is_injected, Gateway};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -119,6 +119,12 @@ fn scan(bytes: &[u8]) -> Usage {
                     u.cache_write += n("cacheWrite");
                     u.total_tokens += n("totalTokens");
                     u.total_cost += usage["cost"]["total"].as_f64().unwrap_or(0.0);
+                }
+                // What the context held: an aborted or failed reply's usage does not say (as Pi's
+                // `getLastAssistantUsage`), nor does an injected note or an abort's kept partial, so
+                // the token bar keeps the last complete turn's.
+                let reported = pincer_compaction::tokens::assistant_usage(m).filter(|_| !is_injected(m));
+                if let Some(usage) = reported {
                     u.last = Some(usage.clone());
                     u.last_at = m["timestamp"].as_u64();
                 }
@@ -212,5 +218,21 @@ mod tests {
         assert_eq!(super::chrono_free_date(0), "1970-01-01");
         assert_eq!(super::chrono_free_date(1_780_000_000_000), "2026-05-28");
         assert_eq!(super::chrono_free_date(951_782_400_000), "2000-02-29");
+    }
+
+    #[test]
+    fn an_aborted_reply_keeps_the_last_complete_turns_usage() {
+        let row = |stop: &str, input: u64, ts: u64| {
+            serde_json::json!({"type": "message", "message": {"role": "assistant", "stopReason": stop, "timestamp": ts,
+                "usage": {"input": input, "output": 1, "totalTokens": input + 1}}})
+            .to_string()
+        };
+        let partial = serde_json::json!({"type": "message",
+            "message": crate::state::injected_message("word0 word1", Some("r:assistant"), None)})
+        .to_string();
+        let lines = [row("stop", 180, 1), row("aborted", 0, 2), row("error", 0, 3), partial].join("\n");
+        let u = super::scan(lines.as_bytes());
+        assert_eq!((u.assistant_messages, u.errors, u.input, u.output), (4, 1, 180, 3));
+        assert_eq!((u.last.as_ref().map(|l| l["input"].clone()), u.last_at), (Some(180.into()), Some(1)));
     }
 }

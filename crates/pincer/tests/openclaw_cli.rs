@@ -103,3 +103,56 @@ fn openclaw_gateway_call_status_logs_and_sessions_archive_succeed() {
         v["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["key"].as_str()).collect();
     assert!(!keys.contains(&"agent:main:side"), "{keys:?}");
 }
+
+/// The status line's token gauge, e.g. `tokens 182/32k (1%)`.
+fn token_gauge(screen: &str) -> String {
+    let at = screen.find("tokens ").unwrap_or_else(|| panic!("no token gauge on the screen:\n{screen}"));
+    screen[at..].split_whitespace().take(2).collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn openclaw_tui_streams_a_reply_aborts_and_shows_no_error() {
+    if !openclaw::in_loopback_namespace("openclaw_tui_streams_a_reply_aborts_and_shows_no_error") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
+    tui.wait_for("gateway connected");
+
+    tui.send(&["hello tui", "Enter"]);
+    let screen = tui.wait_for("Fake reply: you said \"hello tui\"");
+    let file = transcript_path(&gw.state_dir, "agent:main:main").expect("transcript");
+    let rows = read_rows(&file);
+    assert_eq!((text(&rows[1]["message"]), text(&rows[2]["message"])), ("hello tui".into(), screen_line(&screen)));
+    assert_eq!(rows[2]["parentId"], rows[1]["id"]);
+    // The gauge shows the context the provider reported, against the model's window.
+    let gauge = tui.wait_for("/32k");
+    let tokens = token_gauge(&gauge);
+    assert!(!tokens.contains('?') && !tokens.starts_with("tokens 0/"), "{tokens}");
+
+    // A long reply streams word by word; Esc aborts it; the partial is kept, chained.
+    tui.send(&["a long one [slow]", "Enter"]);
+    tui.wait_for("word3 ");
+    tui.send(&["Escape"]);
+    let screen = tui.wait_for("run aborted");
+    let rows = read_rows(&file);
+    let partial = rows.last().expect("rows");
+    // Kept as OpenClaw keeps an aborted run's partial: an injected assistant message marked aborted.
+    assert_eq!(partial["message"]["openclawAbort"]["aborted"], true, "{partial:#}");
+    assert!(text(&partial["message"]).starts_with("word0 word1 word2 word3"), "{partial:#}");
+    assert_eq!(partial["parentId"], rows[rows.len() - 2]["id"]);
+    assert_eq!(text(&rows[rows.len() - 2]["message"]), "a long one [slow]");
+    // Nothing on the screen reports a failure, and the gauge still shows the last complete turn.
+    let lower = screen.to_lowercase();
+    for bad in ["error", "failed", "unknown method", "disconnected"] {
+        assert!(!lower.contains(bad), "the TUI shows {bad:?}:\n{screen}");
+    }
+    assert_eq!(token_gauge(&screen), tokens, "{screen}");
+}
+
+/// The line of `screen` that holds the fake's first reply.
+fn screen_line(screen: &str) -> String {
+    screen.lines().find(|l| l.starts_with("Fake reply")).map(|l| l.trim_end().to_owned()).unwrap_or_default()
+}

@@ -79,3 +79,70 @@ pub fn run(home: &Path, addr: &str, token: &str, args: &[&str]) -> Output {
         .output()
         .expect("run openclaw")
 }
+
+/// `openclaw tui` in a detached tmux session of its own (a private tmux server), driven by
+/// `send-keys` and read by `capture-pane`, as a person at a terminal would use it.
+pub struct Tui {
+    socket: String,
+}
+
+impl Tui {
+    /// Starts the TUI against the gateway at `addr` on `session`, in a 120×40 pane.
+    pub fn start(home: &Path, addr: &str, token: &str, session: &str) -> Tui {
+        let (node, entry) = cli();
+        std::fs::create_dir_all(home).expect("openclaw home");
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tui = Tui { socket: format!("pincer-tui-{}-{n}", std::process::id()) };
+        let path = std::env::var("PATH").unwrap_or_default();
+        let q = |p: &Path| format!("'{}'", p.display());
+        // The pane's program gets a clean environment, as `run` gives the CLI.
+        let command = format!(
+            "env -i PATH='{path}' HOME={} OPENCLAW_STATE_DIR={} TERM=xterm-256color NO_COLOR=1 {} {} tui \
+             --url ws://{addr} --token '{token}' --session '{session}'",
+            q(home),
+            q(&home.join(".openclaw")),
+            q(&node),
+            q(&entry)
+        );
+        tui.tmux(&["new-session", "-d", "-s", "tui", "-x", "120", "-y", "40", &command]);
+        tui
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .expect("run tmux (Debian's tmux; scripts/test installs it)");
+        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `keys` (tmux key names such as `Enter` and `Escape` are pressed, not typed).
+    pub fn send(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "tui"];
+        args.extend_from_slice(keys);
+        self.tmux(&args);
+    }
+
+    /// What the pane shows now.
+    pub fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t", "tui"])
+    }
+
+    /// Waits until the pane shows `text`, and returns the screen; panics with the screen after 60 s.
+    pub fn wait_for(&self, text: &str) -> String {
+        let every = std::time::Duration::from_millis(100);
+        crate::probe::poll(std::time::Duration::from_secs(60), every, || {
+            Some(self.screen()).filter(|s| s.contains(text))
+        })
+        .unwrap_or_else(|| panic!("the TUI never showed {text:?}; its screen:\n{}", self.screen()))
+    }
+}
+
+impl Drop for Tui {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).output();
+    }
+}
