@@ -156,3 +156,87 @@ fn openclaw_tui_streams_a_reply_aborts_and_shows_no_error() {
 fn screen_line(screen: &str) -> String {
     screen.lines().find(|l| l.starts_with("Fake reply")).map(|l| l.trim_end().to_owned()).unwrap_or_default()
 }
+
+/// OpenClaw 2026.5.28's config for the fake provider (its `models.providers` shape), with a window
+/// large enough that its own run does not compact.
+fn openclaw_2026_5_28_config(fake: &FakeOpenAi) -> Value {
+    serde_json::json!({
+        "models": {"mode": "replace", "providers": {"fake": {"baseUrl": fake.base_url(), "apiKey": "test-key",
+            "api": "openai-completions", "models": [{"id": "fake-model", "name": "Fake", "contextWindow": 1_000_000,
+            "maxTokens": 4096, "input": ["text"], "reasoning": false,
+            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}},
+        "agents": {"defaults": {"model": {"primary": "fake/fake-model"}}}
+    })
+}
+
+#[test]
+fn a_state_dir_written_by_openclaw_2026_5_28_continues_on_pincer() {
+    if !openclaw::in_loopback_namespace("a_state_dir_written_by_openclaw_2026_5_28_continues_on_pincer") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let home = dir.path().join("home");
+    let state = home.join(".openclaw");
+    std::fs::create_dir_all(&state).expect("state");
+    std::fs::write(state.join("openclaw.json"), openclaw_2026_5_28_config(&fake).to_string()).expect("config");
+
+    // OpenClaw 2026.5.28's own embedded run writes the session: its transcript and its index entry.
+    let out =
+        openclaw::run_2026_5_28(&home, &["agent", "--local", "--agent", "main", "-m", "hello from 5.28", "--json"]);
+    let v = stdout_json(&out);
+    assert_eq!(v["payloads"][0]["text"], "Fake reply: you said \"hello from 5.28\"", "{v:#}");
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(state.join("agents/main/sessions/sessions.json")).expect("index"))
+            .expect("sessions.json");
+    let entry = &index["agent:main:main"];
+    // OpenClaw's shape: a bare model id and its provider apart.
+    assert_eq!((entry["model"].as_str(), entry["modelProvider"].as_str()), (Some("fake-model"), Some("fake")));
+    let file = transcript_path(&state, "agent:main:main").expect("transcript");
+    let written = std::fs::read(&file).expect("transcript");
+    let before = read_rows(&file);
+    let leaf = before.last().expect("rows")["id"].as_str().expect("leaf id").to_owned();
+
+    // Pincer on that state dir: chat.send continues the session, chained after OpenClaw's leaf.
+    let gw = GatewayProcess::start(BIN, &state, &fake.gateway_toml());
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let end = rt.block_on(async {
+        let mut c = pincer_testkit::gateway::Client::connect(&gw.addr).await;
+        let r = c
+            .request(
+                "chat.send",
+                serde_json::json!({"sessionKey": "main", "message": "and now on Pincer", "idempotencyKey": "p1"}),
+            )
+            .await
+            .expect("chat.send");
+        c.chat_end(r["runId"].as_str().expect("runId")).await
+    });
+    assert_eq!(end["payload"]["state"], "final", "{end:#}");
+    let rows = read_rows(&file);
+    assert_eq!(rows.len(), before.len() + 2, "{rows:#?}");
+    let (user, reply) = (&rows[before.len()], &rows[before.len() + 1]);
+    assert_eq!((user["parentId"].as_str(), text(&user["message"])), (Some(leaf.as_str()), "and now on Pincer".into()));
+    assert_eq!(reply["parentId"], user["id"]);
+    assert_eq!(text(&reply["message"]), "Fake reply: you said \"and now on Pincer\"");
+    // OpenClaw's lines are kept byte for byte; the request carried OpenClaw's turn as context.
+    assert_eq!(&std::fs::read(&file).expect("transcript")[..written.len()], &written[..]);
+    let request = fake.requests().last().cloned().expect("a request");
+    let said: Vec<String> = (request["messages"].as_array().expect("messages").iter())
+        .filter(|m| m["role"] != "system")
+        .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or(""), text(m)))
+        .collect();
+    assert_eq!(
+        said,
+        ["user: hello from 5.28", "assistant: Fake reply: you said \"hello from 5.28\"", "user: and now on Pincer"],
+        "{request:#}"
+    );
+    // The real Pi library opens the file both programs wrote, without rewriting it, and its leaf
+    // is Pincer's reply.
+    let pi = pincer_testkit::oracle::context(&file, None);
+    assert_eq!((pi["leafId"].as_str(), pi["extra"]["rewrittenOnOpen"].as_bool()), (reply["id"].as_str(), Some(false)));
+    let pi_said: Vec<String> = (pi["context"]["messages"].as_array().expect("messages").iter())
+        .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or(""), text(m)))
+        .collect();
+    assert_eq!(pi_said[..3], said[..], "{pi:#}");
+    assert_eq!(pi_said.len(), 4, "{pi_said:?}");
+}

@@ -1,5 +1,5 @@
 //! OpenClaw's own CLI (openclaw@2026.9.6 on Node 24, installed by `scripts/test` into
-//! `tests/openclaw-cli`) as a client of a test gateway, in a network namespace with loopback
+//! `tests/openclaw-cli`; and 2026.5.28 as a writer of state dirs) as a client of a test gateway, in a network namespace with loopback
 //! alone: OpenClaw makes outbound lookups at run time, so a test runs itself again inside a fresh
 //! namespace (fake provider, gateway and CLI all on that loopback) and the outer test checks it passed.
 
@@ -65,19 +65,34 @@ pub fn in_loopback_namespace(name: &str) -> bool {
 /// Runs `openclaw <args>` against the gateway at `addr` with `token`, with its home and state in `home`.
 pub fn run(home: &Path, addr: &str, token: &str, args: &[&str]) -> Output {
     let (node, entry) = cli();
-    std::fs::create_dir_all(home).expect("openclaw home");
-    Command::new(node)
-        .arg(entry)
+    command(&node, &entry, home)
         .args(args)
+        .env("OPENCLAW_GATEWAY_URL", format!("ws://{addr}"))
+        .env("OPENCLAW_GATEWAY_TOKEN", token)
+        .output()
+        .expect("run openclaw")
+}
+
+/// OpenClaw 2026.5.28 (the JSONL-era transcript code, installed by `scripts/test` into
+/// `tests/openclaw-528`): `openclaw <args>` on its own, its home and state in `home`.
+pub fn run_2026_5_28(home: &Path, args: &[&str]) -> Output {
+    let (node, _) = cli();
+    let entry = crate::repo_root().join("tests/openclaw-528/node_modules/openclaw/openclaw.mjs");
+    assert!(entry.exists(), "OpenClaw 2026.5.28 is not installed ({}): run scripts/test", entry.display());
+    command(&node, &entry, home).args(args).output().expect("run openclaw 2026.5.28")
+}
+
+/// `node <entry>` with a clean environment: `HOME` and the OpenClaw state under `home`.
+fn command(node: &Path, entry: &Path, home: &Path) -> Command {
+    std::fs::create_dir_all(home).expect("openclaw home");
+    let mut c = Command::new(node);
+    c.arg(entry)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", home)
         .env("OPENCLAW_STATE_DIR", home.join(".openclaw"))
-        .env("OPENCLAW_GATEWAY_URL", format!("ws://{addr}"))
-        .env("OPENCLAW_GATEWAY_TOKEN", token)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run openclaw")
+        .env("NO_COLOR", "1");
+    c
 }
 
 /// `openclaw tui` in a detached tmux session of its own (a private tmux server), driven by
