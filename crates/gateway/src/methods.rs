@@ -146,9 +146,9 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             Ok(json!({"subscribed": false, "key": key}))
         }
         // The Control UI gates sending on the agent's `model.primary` ("No AI provider configured").
-        Method::AgentsList => Ok(json!({"defaultId": "main", "mainKey": "main",
+        Method::AgentsList => Ok(json!({"defaultId": "main", "mainKey": "main", "scope": "per-sender",
             "agents": [{"id": "main", "name": "Main", "model": {"primary": gw.settings.model}}]})),
-        Method::AgentIdentityGet => Ok(json!({"agentId": "main", "name": "Pincer", "avatar": null})),
+        Method::AgentIdentityGet => Ok(json!({"agentId": "main", "name": "Pincer", "avatarStatus": "none"})),
         // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
         Method::ModelsList => Ok(json!({"models": crate::status::models(gw), "default": gw.settings.model})),
         // Pincer: the real paths for the WebChat's hints (never `~/.pincer` when the state is elsewhere).

@@ -273,7 +273,8 @@ fn hello(gw: &Gateway, protocol: u64, conn_id: u64, params: &Value) -> Value {
     json!({
         "type": "hello-ok",
         "protocol": protocol,
-        "server": {"version": env!("CARGO_PKG_VERSION"), "connId": format!("c-{conn_id}"), "name": "pincer"},
+        // OpenClaw's schema is closed: the server is named by `status`, not here.
+        "server": {"version": env!("CARGO_PKG_VERSION"), "connId": format!("c-{conn_id}")},
         "features": {"methods": protocol::Method::names(), "events": protocol::EVENTS},
         "snapshot": {
             "presence": [], "health": {}, "stateVersion": {"presence": 0, "health": 0},

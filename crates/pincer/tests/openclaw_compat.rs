@@ -318,3 +318,111 @@ async fn a_client_that_asked_for_read_only_cannot_write() {
     let c = Client::connect_with(&gw.addr, params).await.expect("connect");
     assert_eq!(c.hello["auth"]["scopes"], json!(["operator.read", "operator.write"]));
 }
+
+/// Checks `(what, schema name, value)` against OpenClaw 2026.9.6's own TypeBox schemas
+/// (`tests/openclaw-cli/schemas.mjs`); returns the failures as readable lines.
+fn openclaw_schema_failures(checks: &[(String, &str, Value)]) -> Vec<String> {
+    use std::io::Write;
+    let (node, _) = pincer_testkit::openclaw::cli();
+    let script = pincer_testkit::repo_root().join("tests/openclaw-cli/schemas.mjs");
+    let input = json!({"checks": checks.iter().map(|(what, name, value)| json!({"what": what, "name": name, "value": value})).collect::<Vec<_>>()});
+    let mut child = std::process::Command::new(node)
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("node schemas.mjs");
+    child.stdin.take().expect("stdin").write_all(input.to_string().as_bytes()).expect("write checks");
+    let out = child.wait_with_output().expect("schemas.mjs");
+    assert!(out.status.success(), "schemas.mjs failed: {}", String::from_utf8_lossy(&out.stdout));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("schemas.mjs JSON");
+    let mut failures = Vec::new();
+    for r in v["results"].as_array().expect("results") {
+        if r["found"] != true {
+            failures.push(format!("{}: OpenClaw has no {}", r["what"], r["name"]));
+        }
+        for e in r["errors"].as_array().into_iter().flatten() {
+            failures.push(format!("{} ({}): {}", r["what"], r["name"], e.as_str().unwrap_or("")));
+        }
+    }
+    failures
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_ok_and_the_answers_pass_openclaws_own_result_schemas() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+    let ack = c.request("chat.send", json!({"sessionKey": "main", "message": "one", "idempotencyKey": "s-1"})).await;
+    assert_eq!(ack.expect("send")["status"], "started");
+    let first_final = c.chat_end("s-1").await;
+    let rows = read_rows(&transcript_path(&gw.state_dir, "agent:main:main").expect("transcript"));
+    let (user, reply) = (rows[1]["id"].clone(), rows[2]["id"].clone());
+
+    let mut checks = vec![("hello-ok".to_owned(), "HelloOkSchema", c.hello.clone())];
+    // Rewinding before the first turn and sending again makes a second branch to list and switch.
+    let params = json!({"sessionKey": "main", "entryId": user});
+    let r = c.request("sessions.rewind", params.clone()).await.expect("rewind");
+    checks.push((format!("sessions.rewind {params}"), "SessionsRewindResultSchema", r));
+    let ack = c.request("chat.send", json!({"sessionKey": "main", "message": "two", "idempotencyKey": "s-2"})).await;
+    assert_eq!(ack.expect("send")["status"], "started");
+    c.chat_end("s-2").await;
+    // Each method with the params a client sends, and the schema OpenClaw checks its answer with.
+    let calls = [
+        ("agents.list", "AgentsListResultSchema", json!({})),
+        ("agent.identity.get", "AgentIdentityResultSchema", json!({})),
+        ("sessions.create", "SessionsCreateResultSchema", json!({"key": "schema-check", "label": "Checked"})),
+        ("sessions.branches.list", "SessionsBranchesListResultSchema", json!({"sessionKey": "main"})),
+        (
+            "sessions.branches.switch",
+            "SessionsBranchesSwitchResultSchema",
+            json!({"sessionKey": "main", "leafEntryId": reply}),
+        ),
+        ("sessions.fork", "SessionsForkResultSchema", json!({"sessionKey": "main", "entryId": user})),
+        ("logs.tail", "LogsTailResultSchema", json!({})),
+        ("commands.list", "CommandsListResultSchema", json!({})),
+        ("update.status", "UpdateStatusResultSchema", json!({})),
+        ("channels.status", "ChannelsStatusResultSchema", json!({})),
+        ("channels.pairing.list", "ChannelsPairingListResultSchema", json!({})),
+        ("skills.search", "SkillsSearchResultSchema", json!({})),
+        ("plugins.list", "PluginsListResultSchema", json!({})),
+        ("tasks.list", "TasksListResultSchema", json!({})),
+        ("question.list", "QuestionListResultSchema", json!({})),
+        ("progressCard.get", "ProgressCardGetResultSchema", json!({})),
+        ("sessions.observer.visibility", "SessionsObserverVisibilityResultSchema", json!({})),
+        ("sessions.companion.state", "SessionsCompanionStateResultSchema", json!({})),
+        ("talk.catalog", "TalkCatalogResultSchema", json!({})),
+        ("sessions.delete", "SessionsDeleteResultSchema", json!({"key": "schema-check"})),
+    ];
+    for (method, schema, params) in calls {
+        let r = c.request(method, params.clone()).await.unwrap_or_else(|e| panic!("{method} {params}: {e}"));
+        checks.push((format!("{method} {params}"), schema, r));
+    }
+    // The live events of those turns, in OpenClaw's event schemas.
+    let mut events = vec![first_final];
+    events.append(&mut c.events);
+    let mut kinds = std::collections::BTreeSet::new();
+    for e in events {
+        let schema = match e["event"].as_str() {
+            Some("chat") => "ChatEventSchema",
+            Some("agent") => "AgentEventSchema",
+            Some("tick") => "TickEventSchema",
+            _ => continue,
+        };
+        kinds.insert(e["event"].as_str().unwrap_or_default().to_owned());
+        let mut payload = e["payload"].clone();
+        if schema == "AgentEventSchema" {
+            // OpenClaw's gateway adds `sessionKey` and `agentId` to the schema's event when it
+            // broadcasts it (server-chat: `{...eventForClients, sessionKey, agentId}`); Pincer also
+            // names the `sessionId`, which the TUI matches its scope against.
+            for k in ["sessionKey", "agentId", "sessionId"] {
+                payload.as_object_mut().map(|p| p.remove(k));
+            }
+        }
+        checks.push((format!("event {}", e["event"]), schema, payload));
+    }
+    assert!(kinds.contains("chat") && kinds.contains("agent"), "chat and agent events were seen: {kinds:?}");
+    let failures = openclaw_schema_failures(&checks);
+    assert!(failures.is_empty(), "answers OpenClaw's schemas refuse:\n{}", failures.join("\n"));
+}
