@@ -268,23 +268,36 @@ fn negotiate(params: &Value) -> Result<u64, RpcError> {
     Ok(chosen)
 }
 
+/// This process's id for `hello-ok`'s `server.bootId`: a client that sees it change knows the
+/// gateway restarted (and re-reads what it cached).
+fn boot_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| uuid::Uuid::new_v4().to_string())
+}
+
 fn hello(gw: &Gateway, protocol: u64, conn_id: u64, params: &Value) -> Value {
     let scopes = protocol::granted_scopes(params);
+    let auth_method = match gw.settings.auth {
+        AuthMode::Token(_) => "token",
+        AuthMode::None => "none",
+    };
     json!({
         "type": "hello-ok",
         "protocol": protocol,
         // OpenClaw's schema is closed: the server is named by `status`, not here.
-        "server": {"version": env!("CARGO_PKG_VERSION"), "connId": format!("c-{conn_id}")},
-        "features": {"methods": protocol::Method::names(), "events": protocol::EVENTS},
+        "server": {"version": env!("CARGO_PKG_VERSION"), "bootId": boot_id(), "connId": format!("c-{conn_id}")},
+        // No capability contract of OpenClaw's (board widgets, worker bundles, unread acks…) is offered.
+        "features": {"methods": protocol::Method::names(), "events": protocol::EVENTS, "capabilities": []},
         "snapshot": {
             "presence": [], "health": {}, "stateVersion": {"presence": 0, "health": 0},
             "uptimeMs": gw.uptime_ms(),
             "sessionDefaults": {"defaultAgentId": "main", "mainKey": "main", "mainSessionKey": crate::sessions::MAIN_KEY},
-            "authMode": match gw.settings.auth { AuthMode::Token(_) => "token", AuthMode::None => "none" },
+            "authMode": auth_method,
         },
-        "auth": {"role": "operator", "scopes": scopes},
+        "auth": {"method": auth_method, "role": "operator", "scopes": scopes},
         "policy": {"maxPayload": protocol::MAX_PAYLOAD_BYTES, "maxBufferedBytes": protocol::MAX_BUFFERED_BYTES,
-            "tickIntervalMs": protocol::TICK_INTERVAL_MS},
+            "tickIntervalMs": protocol::TICK_INTERVAL_MS,
+            "attachments": {"maxBytes": crate::chat::MAX_ATTACHMENTS_BYTES, "maxImageBytes": crate::chat::MAX_ATTACHMENT_BYTES}},
     })
 }
 

@@ -360,6 +360,14 @@ async fn hello_ok_and_the_answers_pass_openclaws_own_result_schemas() {
     let rows = read_rows(&transcript_path(&gw.state_dir, "agent:main:main").expect("transcript"));
     let (user, reply) = (rows[1]["id"].clone(), rows[2]["id"].clone());
 
+    // The optional hello-ok fields OpenClaw's clients read are there (the schema checks their shapes).
+    let h = &c.hello;
+    assert!(h["server"]["bootId"].as_str().is_some_and(|b| b.len() == 36), "{h:#}");
+    assert_eq!(
+        (h["auth"]["method"].as_str(), h["features"]["capabilities"].as_array().map(Vec::len)),
+        (Some("token"), Some(0))
+    );
+    assert!(h["policy"]["attachments"]["maxImageBytes"].as_u64().is_some_and(|n| n > 0), "{h:#}");
     let mut checks = vec![("hello-ok".to_owned(), "HelloOkSchema", c.hello.clone())];
     // Rewinding before the first turn and sending again makes a second branch to list and switch.
     let params = json!({"sessionKey": "main", "entryId": user});
