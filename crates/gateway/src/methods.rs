@@ -93,10 +93,13 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::SessionsDelete => blocking(gw, params, sessions_delete).await,
         Method::SessionsCompact => {
             #[derive(Deserialize)]
+            #[serde(rename_all = "camelCase")]
             struct CompactParams {
                 #[serde(alias = "sessionKey")]
                 key: NonBlank,
                 instructions: Option<String>,
+                /// OpenClaw's compaction without a model: keep the last lines (see `pincer_store::trim`).
+                max_lines: Option<Bounded<1, { u32::MAX as u64 }>>,
             }
             let p: CompactParams = crate::protocol::params(method, params)?;
             let key = p.key.0;
@@ -105,6 +108,9 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             // In the session's queue: never while a turn is being written.
             let _slot =
                 gw.queue.acquire(&session.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
+            if let Some(Bounded(max_lines)) = p.max_lines {
+                return trim(gw, session, max_lines as usize).await;
+            }
             let focus = p.instructions.filter(|i| !i.trim().is_empty());
             let reason = pincer_compaction::CompactionReason::Manual;
             match crate::compact::run(gw, &session, reason, focus, cancel).await {
@@ -160,6 +166,34 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             "limits": {"attachmentBytes": chat::MAX_ATTACHMENT_BYTES, "attachmentsBytes": chat::MAX_ATTACHMENTS_BYTES}})),
         Method::Connect => Err(RpcError::invalid("already connected")),
     }
+}
+
+/// `sessions.compact {maxLines}`: the transcript keeps its last lines (the whole old file stays
+/// beside it), in OpenClaw's answer shape.
+async fn trim(gw: &Arc<Gateway>, session: SessionRef, max_lines: usize) -> Result<Value, RpcError> {
+    let key = session.key.clone();
+    let trimmed = gw
+        .blocking(move |gw| {
+            if !session.path.exists() {
+                return Ok(None);
+            }
+            let t = gw.store.trim(&session.path, max_lines).map_err(|e| RpcError::unavailable(e.to_string()))?;
+            if t.compacted {
+                gw.replaced(&session);
+            }
+            Ok(Some(t))
+        })
+        .await?;
+    Ok(match trimmed {
+        None => json!({"ok": true, "key": key, "compacted": false, "reason": "no transcript"}),
+        Some(t) => {
+            if t.compacted {
+                changed(gw, &key, "compact");
+            }
+            json!({"ok": true, "key": key, "compacted": t.compacted, "kept": t.kept,
+                "backup": t.backup.map(|b| b.display().to_string())})
+        }
+    })
 }
 
 /// The canonical session key of a method whose params are `{key, …}`.

@@ -419,6 +419,16 @@ impl Gateway {
         r
     }
 
+    /// Drops what is cached about a session whose transcript was replaced (trimmed by
+    /// `sessions.compact {maxLines}`): the next turn and the OpenAI index read the file anew. Blocking.
+    pub fn replaced(&self, session: &SessionRef) {
+        lock(&self.contexts).remove(&session.path);
+        self.conversations.forget(&session.path);
+        if self.conversations.is_built() {
+            self.conversations.track(&session.key, &session.path);
+        }
+    }
+
     /// The LLM context of a session's active branch (empty for a missing file). Served from memory
     /// while the file's leaf is the one the cache was built at (every append of this gateway keeps
     /// the cache in step), so a turn does not re-read a long transcript; rebuilt from the file when

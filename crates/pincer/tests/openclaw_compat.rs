@@ -434,3 +434,59 @@ async fn hello_ok_and_the_answers_pass_openclaws_own_result_schemas() {
     let failures = openclaw_schema_failures(&checks);
     assert!(failures.is_empty(), "answers OpenClaw's schemas refuse:\n{}", failures.join("\n"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_compact_with_max_lines_keeps_the_last_lines_and_the_whole_old_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+    for (i, said) in ["first", "second", "third"].iter().enumerate() {
+        let key = format!("t-{i}");
+        c.request("chat.send", json!({"sessionKey": "main", "message": said, "idempotencyKey": key}))
+            .await
+            .expect("send");
+        c.chat_end(&key).await;
+    }
+    let file = transcript_path(&gw.state_dir, "agent:main:main").expect("transcript");
+    let original = std::fs::read(&file).expect("file");
+    let rows = read_rows(&file);
+    assert_eq!(rows.len(), 7, "header + three turns");
+
+    // More lines allowed than there are: nothing changes.
+    let r = c.request("sessions.compact", json!({"key": "main", "maxLines": 7})).await.expect("compact");
+    assert_eq!((r["compacted"].as_bool(), r["kept"].as_u64()), (Some(false), Some(7)), "{r}");
+    assert_eq!(std::fs::read(&file).expect("file"), original);
+    let e = c.request("sessions.compact", json!({"key": "main", "maxLines": 0})).await.expect_err("zero");
+    assert_eq!(e["message"], "invalid sessions.compact params: at /maxLines: must be an integer from 1 to 4294967295");
+
+    // Four lines: the header and the last three entries; the first kept is re-rooted; no model call.
+    let calls = fake.requests().len();
+    let r = c.request("sessions.compact", json!({"key": "main", "maxLines": 4})).await.expect("compact");
+    assert_eq!((r["compacted"].as_bool(), r["kept"].as_u64()), (Some(true), Some(4)), "{r}");
+    assert_eq!(fake.requests().len(), calls, "no summary was asked of the model");
+    let kept = read_rows(&file);
+    assert_eq!(kept.len(), 4);
+    assert_eq!((&kept[0], &kept[2], &kept[3]), (&rows[0], &rows[5], &rows[6]));
+    assert_eq!((kept[1]["id"].clone(), kept[1]["parentId"].clone()), (rows[4]["id"].clone(), Value::Null));
+    let backup = std::path::PathBuf::from(r["backup"].as_str().expect("backup"));
+    assert_eq!(std::fs::read(&backup).expect("backup"), original, "the whole old file is kept");
+    // Pi opens the trimmed file as it is.
+    let pi = pincer_testkit::oracle::context(&file, None);
+    assert_eq!(
+        (pi["leafId"].as_str(), pi["extra"]["rewrittenOnOpen"].as_bool()),
+        (rows[6]["id"].as_str(), Some(false))
+    );
+
+    // The next turn chains after the leaf and sends only what was kept.
+    c.request("chat.send", json!({"sessionKey": "main", "message": "fourth", "idempotencyKey": "t-4"}))
+        .await
+        .expect("send");
+    c.chat_end("t-4").await;
+    let after = read_rows(&file);
+    assert_eq!(after[4]["parentId"], rows[6]["id"]);
+    let request = fake.requests().last().cloned().expect("request");
+    let said: Vec<String> =
+        (request["messages"].as_array().expect("messages").iter()).filter(|m| m["role"] == "user").map(text).collect();
+    assert_eq!(said, ["third", "fourth"], "{request:#}");
+}

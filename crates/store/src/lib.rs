@@ -15,6 +15,7 @@
 //! - `lock` (private): OpenClaw's lock-file protocol with proof-of-death recovery.
 //! - `rewrite` (private): atomic replacement with backup, and cutting a torn tail.
 //! - [`verify`]: `verify` (and `repair`, offered as [`Store::repair`]).
+//! - [`trim`]: `sessions.compact {maxLines}` (offered as [`Store::trim`]): keep the last lines.
 //! - [`files`]: the typed file operations offered to other crates (state dir, session index,
 //!   token file, archives), over the private `fsutil`.
 //! - [`redact`]: secret redaction before anything is written.
@@ -32,6 +33,7 @@ pub mod redact;
 mod rewrite;
 pub mod session;
 pub mod store;
+pub mod trim;
 pub mod verify;
 
 pub use lock::{LockError, LockGuard, LockOptions};

@@ -435,6 +435,17 @@ impl Store {
         r
     }
 
+    /// [`crate::trim`] under this store's locks (`max_lines` counts the header); cached state of
+    /// the file is dropped afterwards.
+    pub fn trim(&self, path: &Path, max_lines: usize) -> Result<crate::trim::Trimmed, StoreError> {
+        let key = normalize(path);
+        let w = self.writer(&key);
+        let mut st = lock(&w.state);
+        let r = crate::trim::trim(&key, &self.inner.opts, &self.inner.locks, max_lines);
+        st.loaded = false;
+        r
+    }
+
     /// Forgets cached state of `path` (after it was replaced, e.g. archived by a reset).
     pub fn forget(&self, path: &Path) {
         lock(&self.inner.aliases).retain(|_, w| w.path != normalize(path));
