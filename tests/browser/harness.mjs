@@ -30,14 +30,14 @@ export const FAKE_PROVIDER_BIN = process.env.PINCER_FAKE_PROVIDER || path.join(R
  * Starts the Rust tests' fake provider (crates/testkit, `fake_openai`) as a process on 127.0.0.1:0.
  * POST /v1/chat/completions answers with an SSE stream in OpenAI's framing: a role chunk, content
  * deltas 40 ms apart, a finish chunk, a usage chunk, `data: [DONE]`. A message containing `[slow]`
- * streams 40 chunks ("word0 " …) 150 ms apart and stops early when the client hangs up (that is
+ * streams 40 chunks ("word0 " …) 400 ms apart (16 s: time for a loaded machine to show Stop) and stops early when the client hangs up (that is
  * what an abort looks like from there). The process prints each request body as a JSON line;
  * `requests` collects them in arrival order.
  */
 export async function startFakeProvider() {
   assert.ok(fs.existsSync(FAKE_PROVIDER_BIN),
     `no fake provider at ${FAKE_PROVIDER_BIN}: run cargo build -p pincer-testkit --example fake_provider or set PINCER_FAKE_PROVIDER`);
-  const child = spawn(FAKE_PROVIDER_BIN, ["--word-ms", "40", "--slow-ms", "150"], { stdio: ["pipe", "pipe", "inherit"] });
+  const child = spawn(FAKE_PROVIDER_BIN, ["--word-ms", "40", "--slow-ms", "400"], { stdio: ["pipe", "pipe", "inherit"] });
   const requests = [];
   const lines = readline.createInterface({ input: child.stdout });
   const first = new Promise((resolve, reject) => {

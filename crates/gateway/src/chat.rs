@@ -465,7 +465,9 @@ impl Turn {
         if let (Some(p), Value::Object(extra)) = (p.as_object_mut(), extra) {
             p.extend(extra);
         }
-        self.gw.hub.publish("chat", Some(&self.session.key), p, state == "delta", crate::hub::Audience::All);
+        // Deltas and startup phases are superseded by what follows: droppable for a slow client.
+        let droppable = matches!(state, "delta" | "status");
+        self.gw.hub.publish("chat", Some(&self.session.key), p, droppable, crate::hub::Audience::All);
     }
 
     fn agent_event(&self, stream: &str, data: Value) {
@@ -791,6 +793,8 @@ impl Turn {
         } else if !self.admit_user().await {
             return;
         }
+        // OpenClaw's startup phases, shown by its Control UI while the reply has not begun.
+        self.chat_event("status", json!({"phase": "preparing_context"}));
         let mut messages = match self.gw.context(&self.session).await {
             Ok(m) => m,
             Err(e) => {
@@ -807,6 +811,7 @@ impl Turn {
         };
         let mut retried = false;
         loop {
+            self.chat_event("status", json!({"phase": "starting_model"}));
             let rx = start_run(RunRequest {
                 model: model.clone(),
                 system_prompt: self.system_prompt(),

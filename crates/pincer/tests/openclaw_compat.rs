@@ -411,6 +411,19 @@ async fn hello_ok_and_the_answers_pass_openclaws_own_result_schemas() {
     let mut events = vec![first_final];
     events.append(&mut c.events);
     let mut kinds = std::collections::BTreeSet::new();
+    // OpenClaw's startup phases come before the reply streams (its Control UI shows them).
+    let run_states: Vec<String> = (events.iter())
+        .filter(|e| e["event"] == "chat" && e["payload"]["runId"] == "s-2")
+        .map(|e| {
+            format!(
+                "{}{}",
+                e["payload"]["state"].as_str().unwrap_or(""),
+                e["payload"]["phase"].as_str().map(|p| format!(":{p}")).unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(run_states[..2], ["status:preparing_context", "status:starting_model"], "{run_states:?}");
+    assert!(run_states[2..].iter().all(|s| s == "delta"), "then the reply streams: {run_states:?}");
     for e in events {
         let schema = match e["event"].as_str() {
             Some("chat") => "ChatEventSchema",

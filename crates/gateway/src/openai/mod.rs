@@ -369,7 +369,11 @@ impl Subscriber for RunWatch {
         if p.get("runId").and_then(Value::as_str) != Some(self.run_id.as_str()) {
             return true;
         }
-        let slot = if p.get("state").and_then(Value::as_str) == Some("delta") { &self.delta } else { &self.end };
+        let slot = match p.get("state").and_then(Value::as_str) {
+            Some("delta") => &self.delta,
+            Some("final" | "aborted" | "error") => &self.end,
+            _ => return true, // `status`: the startup phases say nothing the API client reads
+        };
         *lock(slot) = Some(p);
         self.wake.notify_one();
         true

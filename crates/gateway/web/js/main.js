@@ -289,7 +289,7 @@ function onEvent(ev, p, gap) {
     return;
   }
   if (ev === "chat") {
-    if (p.sessionKey !== state.sessionKey) { if (p.state !== "delta") outbox.flush(); return; }
+    if (p.sessionKey !== state.sessionKey) { if (["final", "aborted", "error"].includes(p.state)) outbox.flush(); return; }
     if (state.viewing) return;
     if (p.state === "delta") {
       if (!state.runs.has(p.runId)) runStarted(p.runId);
