@@ -364,7 +364,6 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         ("verboseLevel", p.verbose_level.map(short)),
         ("model", p.model.map(short)),
         ("sendPolicy", p.send_policy.map(|s| json!(s))),
-        ("unread", p.unread.map(|u| json!(u))),
         ("archivedAt", p.archived.map(|a| if a == Some(true) { json!(pincer_pi::now_ms()) } else { Value::Null })),
     ];
     for (k, v) in changes {
@@ -372,7 +371,21 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
             fields.insert(k.into(), v);
         }
     }
+    // As OpenClaw records it: marking unread stamps `markedUnreadAt` (always later than the last
+    // mark); reading clears it and stamps `lastReadAt`, after which a new reply is unread again.
     let key = &p.key;
+    match p.unread {
+        Some(Some(true)) => {
+            let last = gw.sessions.resolve(key, false)?.and_then(|s| s.entry.get("markedUnreadAt")?.as_u64());
+            let at = pincer_pi::now_ms().max(last.map_or(0, |l| l + 1));
+            fields.insert("markedUnreadAt".into(), json!(at));
+        }
+        Some(Some(false)) | Some(None) => {
+            fields.insert("lastReadAt".into(), json!(pincer_pi::now_ms()));
+            fields.insert("markedUnreadAt".into(), Value::Null);
+        }
+        None => {}
+    }
     if let Some(m) = fields.get("model").and_then(Value::as_str) {
         gw.settings.providers.resolve(m).map_err(|e| RpcError::invalid(e.to_string()))?;
     }
@@ -405,6 +418,11 @@ pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     });
     row["hasActiveRun"] = json!(running);
     row["archived"] = json!(s.entry.get("archivedAt").is_some_and(|a| !a.is_null()));
+    // Unread: marked so, or a reply came after the session was last read (OpenClaw's rule, with
+    // `lastReadAt` alone as the baseline: a session nobody has read yet is not flagged).
+    let at = |k: &str| s.entry.get(k).and_then(Value::as_u64);
+    let replied_since_read = matches!((at("lastReadAt"), usage.last_at), (Some(read), Some(reply)) if reply > read);
+    row["unread"] = json!(at("markedUnreadAt").is_some() || replied_since_read);
     if let (Value::Object(row), Value::Object(tokens)) = (&mut row, crate::usage::row_fields(gw, s, &usage)) {
         for (k, v) in tokens {
             row.entry(k).or_insert(v);

@@ -503,3 +503,40 @@ async fn sessions_compact_with_max_lines_keeps_the_last_lines_and_the_whole_old_
         (request["messages"].as_array().expect("messages").iter()).filter(|m| m["role"] == "user").map(text).collect();
     assert_eq!(said, ["third", "fourth"], "{request:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_marks_follow_openclaws_rules() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+    async fn turn(c: &mut Client, key: &str) {
+        c.request("chat.send", json!({"sessionKey": "main", "message": key, "idempotencyKey": key}))
+            .await
+            .expect("send");
+        c.chat_end(key).await;
+    }
+    async fn row(c: &mut Client) -> Value {
+        let l = c.request("sessions.list", json!({})).await.expect("list");
+        l["sessions"].as_array().expect("rows").iter().find(|r| r["key"] == "agent:main:main").cloned().expect("row")
+    }
+    turn(&mut c, "u-1").await;
+    assert_eq!(row(&mut c).await["unread"], false, "never read: not flagged by activity alone");
+    c.request("sessions.patch", json!({"key": "main", "unread": true})).await.expect("mark");
+    let marked = row(&mut c).await;
+    assert_eq!((marked["unread"].as_bool(), marked["markedUnreadAt"].is_u64()), (Some(true), true), "{marked}");
+    c.request("sessions.patch", json!({"key": "main", "unread": true})).await.expect("mark again");
+    let again = row(&mut c).await;
+    assert!(again["markedUnreadAt"].as_u64() > marked["markedUnreadAt"].as_u64(), "each mark is later: {again}");
+    c.request("sessions.patch", json!({"key": "main", "unread": false})).await.expect("read");
+    let read = row(&mut c).await;
+    assert_eq!((read["unread"].as_bool(), read.get("markedUnreadAt")), (Some(false), None), "{read}");
+    let read_at = read["lastReadAt"].as_u64().expect("lastReadAt");
+    // A reply after the read makes it unread again (once the clock has passed the read's millisecond).
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    while now() <= read_at {
+        tokio::task::yield_now().await;
+    }
+    turn(&mut c, "u-2").await;
+    assert_eq!(row(&mut c).await["unread"], true);
+}
