@@ -71,7 +71,9 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         | Method::OpenclawApprovalList
         | Method::SessionsObserverVisibility
         | Method::SessionsCompanionState
-        | Method::TalkCatalog => {
+        | Method::TalkCatalog
+        | Method::DevicePairList
+        | Method::NodeList => {
             crate::stubs::answer(method).ok_or_else(|| RpcError::invalid(format!("unknown method: {}", method.name())))
         }
         Method::ChatHistory | Method::ChatStartup => chat::history(gw, params).await,

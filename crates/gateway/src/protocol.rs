@@ -111,6 +111,8 @@ methods! {
     SessionsObserverVisibility = "sessions.observer.visibility",
     SessionsCompanionState = "sessions.companion.state",
     TalkCatalog = "talk.catalog",
+    DevicePairList = "device.pair.list",
+    NodeList = "node.list",
 }
 
 impl Method {

@@ -1,6 +1,6 @@
 //! Well-formed empty answers, in OpenClaw 2026.9.6's result shapes, for features Pincer does not
 //! have (cron, channels, skills, plugins, tasks, artifacts, questions, progress cards, heartbeats,
-//! diagnostics lanes, approvals, the session companion, talk): the Control UI and the CLI then show "none" instead of an error. Each is a
+//! diagnostics lanes, approvals, the session companion, talk, paired devices and nodes): the Control UI and the CLI then show "none" instead of an error. Each is a
 //! `Method` (so `hello-ok` lists it) because it really answers.
 
 use crate::protocol::Method;
@@ -10,9 +10,9 @@ use serde_json::{json, Value};
 pub fn answer(method: Method) -> Option<Value> {
     let now = pincer_pi::now_ms();
     Some(match method {
-        Method::CronList => {
-            json!({"jobs": [], "total": 0, "offset": 0, "limit": 50, "hasMore": false, "nextOffset": null})
-        }
+        // The CLI pages with `snapshotRevision` and refuses a page without it.
+        Method::CronList => json!({"jobs": [], "snapshotRevision": "none", "total": 0, "offset": 0, "limit": 50,
+            "hasMore": false, "nextOffset": null}),
         Method::CronStatus => json!({"enabled": false, "jobs": 0, "nextWakeAtMs": null}),
         Method::CronRuns => {
             json!({"entries": [], "total": 0, "offset": 0, "limit": 50, "hasMore": false, "nextOffset": null})
@@ -39,6 +39,9 @@ pub fn answer(method: Method) -> Option<Value> {
             let none = json!({"ready": false, "providers": []});
             json!({"modes": [], "transports": [], "brains": [], "speech": none, "transcription": none, "realtime": none})
         }
+        // Device pairing is the token's job here, and Pincer drives no nodes.
+        Method::DevicePairList => json!({"pending": [], "paired": []}),
+        Method::NodeList => json!({"ts": now, "nodes": []}),
         _ => return None,
     })
 }

@@ -89,6 +89,24 @@ fn openclaw_gateway_call_status_logs_and_sessions_archive_succeed() {
     assert!(logs.contains(r#""file":"pincer://gateway-log""#) && logs.contains("Pincer gateway listening"), "{logs}");
     assert!(!logs.contains(TOKEN), "{logs}");
 
+    // The CLI's other views of a gateway: each answers from Pincer (not a local fallback), as JSON.
+    let url = format!("ws://{}", gw.addr);
+    let probe = run_ok(&home, &gw, &["gateway", "probe", "--url", &url, "--token", TOKEN, "--json"]);
+    let v: Value = serde_json::from_str(probe.trim()).unwrap_or_else(|e| panic!("{e}: {probe}"));
+    assert_eq!((v["ok"].as_bool(), v["targets"][0]["connect"]["rpcOk"].as_bool()), (Some(true), Some(true)), "{v:#}");
+    for (args, key) in [
+        (&["devices", "list", "--json"][..], "paired"),
+        (&["nodes", "status", "--json"][..], "nodes"),
+        (&["cron", "list", "--json"][..], "jobs"),
+        (&["channels", "status", "--json"][..], "channels"),
+    ] {
+        let out = run_ok(&home, &gw, args);
+        let v: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"));
+        assert!(v.get(key).is_some(), "{args:?}: {v:#}");
+    }
+    let presence = run_ok(&home, &gw, &["system", "presence", "--json"]);
+    assert!(presence.contains("pincer"), "{presence}");
+
     // A session to archive: made by a turn, then archived by OpenClaw's CLI and gone from the list.
     run_ok(&home, &gw, &["agent", "-m", "to archive", "--json", "--session-key", "agent:main:side"]);
     run_ok(&home, &gw, &["sessions", "archive", "agent:main:side"]);

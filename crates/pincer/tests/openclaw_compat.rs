@@ -199,6 +199,8 @@ async fn the_discovery_and_empty_feature_methods_answer_in_openclaws_shapes() {
         "sessions.observer.visibility",
         "sessions.companion.state",
         "talk.catalog",
+        "device.pair.list",
+        "node.list",
     ];
     let mut got = std::collections::HashMap::new();
     for m in no_params {
