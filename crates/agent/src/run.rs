@@ -91,6 +91,8 @@ pub enum RunEvent {
     },
     /// Pi usage object of the assistant message just completed.
     Usage(Value),
+    /// The model request failed and is about to be sent again (after `retry.delay`).
+    Retrying(crate::provider::Retry),
     /// The run ended normally; the last assistant entry (already announced by `Persisted`).
     Final {
         /// The entry.
@@ -180,7 +182,8 @@ fn end_name(ev: &RunEvent) -> &'static str {
         | RunEvent::ThinkingDelta { .. }
         | RunEvent::ToolCallStart { .. }
         | RunEvent::Persisted { .. }
-        | RunEvent::Usage(_) => "other",
+        | RunEvent::Usage(_)
+        | RunEvent::Retrying(_) => "other",
     }
 }
 
@@ -257,7 +260,11 @@ impl Runner {
                 messages: context.clone(),
                 tools: specs.clone(),
             };
-            let opened = match self.unless_cancelled(ModelStream::open(&self.req.model, &request)).await {
+            // A full event buffer drops the notice, never the retry.
+            let tx = self.tx.clone();
+            let on_retry = move |r| drop(tx.try_send(RunEvent::Retrying(r)));
+            let opened = match self.unless_cancelled(ModelStream::open_with(&self.req.model, &request, &on_retry)).await
+            {
                 Step::Cancelled => return self.aborted(None).await,
                 Step::Done(r) => r,
             };

@@ -136,6 +136,14 @@ async fn retries_429_then_succeeds(f: Format) {
     let (events, messages) = simple_run(&fake, fake.model()).await;
     assert_eq!(messages, vec![expected_assistant(f, &hello())]);
     assert_eq!(events.last().unwrap()["final"]["message"], expected_assistant(f, &hello()));
+    // Each retry is told before its wait: the first one was rate limited, the second was not.
+    assert_eq!(
+        events[..2],
+        [
+            json!({"retrying": {"attempt": 1, "maxRetries": 2, "rateLimited": true}}),
+            json!({"retrying": {"attempt": 2, "maxRetries": 2, "rateLimited": false}})
+        ]
+    );
     let bodies = fake.bodies();
     assert_eq!(bodies.len(), 3);
     assert!(bodies.iter().all(|b| *b == bodies[0]), "every retry sends the same body");
@@ -149,7 +157,8 @@ async fn gives_up_after_retries_on_5xx(f: Format) {
     let (events, messages) = simple_run(&fake, fake.model()).await;
     let message = format!("{}HTTP 503 Service Unavailable: The server is overloaded (after 3 attempts)", prefix(f));
     let msg = error_message(f, json!([]), zero_usage(), false, &message);
-    assert_eq!(events, error_events(&msg, &message, "unknown"));
+    let retries = (1..=2).map(|n| json!({"retrying": {"attempt": n, "maxRetries": 2, "rateLimited": false}}));
+    assert_eq!(events, retries.chain(error_events(&msg, &message, "unknown")).collect::<Vec<_>>());
     assert_eq!(messages, vec![msg]);
     assert_eq!(fake.requests().len(), 3);
 }

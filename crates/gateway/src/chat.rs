@@ -932,6 +932,16 @@ impl Turn {
                     }
                 }
                 RunEvent::Usage(u) => self.agent_event("usage", u),
+                // As OpenClaw tells it: starting the model again, with the count when rate limited.
+                RunEvent::Retrying(r) => {
+                    let mut extra = json!({"phase": "starting_model"});
+                    if r.rate_limited {
+                        let n = |v: u32| v.clamp(1, 10); // the schema's bounds
+                        extra["retry"] = json!({"attempt": n(r.attempt), "maxAttempts": n(r.max_retries),
+                            "reason": "rate_limit"});
+                    }
+                    self.chat_event("status", extra);
+                }
                 RunEvent::Final { entry } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
                     let msg = &entry["message"];

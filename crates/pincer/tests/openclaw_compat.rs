@@ -542,3 +542,32 @@ async fn unread_marks_follow_openclaws_rules() {
     turn(&mut c, "u-2").await;
     assert_eq!(row(&mut c).await["unread"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_model_call_is_announced_as_openclaw_does_and_then_answered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+    let said = "slow down [ratelimit]";
+    c.request("chat.send", json!({"sessionKey": "main", "message": said, "idempotencyKey": "r-1"}))
+        .await
+        .expect("send");
+    let end = c.chat_end("r-1").await;
+    assert_eq!(text(&end["payload"]["message"]), format!("Fake reply: you said \"{said}\""), "{end:#}");
+    let statuses: Vec<Value> = (c.events.iter())
+        .filter(|e| e["event"] == "chat" && e["payload"]["state"] == "status")
+        .map(|e| json!({"phase": e["payload"]["phase"], "retry": e["payload"]["retry"]}))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            json!({"phase": "preparing_context", "retry": null}),
+            json!({"phase": "starting_model", "retry": null}),
+            json!({"phase": "starting_model", "retry": {"attempt": 1, "maxAttempts": 2, "reason": "rate_limit"}}),
+        ]
+    );
+    assert_eq!(fake.requests().len(), 2, "refused once, then answered");
+    let rows = read_rows(&transcript_path(&gw.state_dir, "agent:main:main").expect("transcript"));
+    assert_eq!(rows.len(), 3, "one user row, one reply: the retry wrote nothing");
+}

@@ -6,7 +6,8 @@
 //! between the pieces of ordinary replies), `[slowish]` 12 chunks 50 ms apart
 //! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
-//! OpenAI error body, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
+//! OpenAI error body, `[ratelimit]` answers 429 (`retry-after: 0`) the first time a message carries it
+//! and streams the reply when it is sent again, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
 //! provider would. Every request body is recorded (unless started unrecorded).
@@ -55,7 +56,21 @@ impl FakeOpenAi {
 
     async fn start_with(record: bool, pacing: Pacing) -> FakeOpenAi {
         let options = Options { record, keep_alive: true };
-        let script = Box::new(move |r: &Recorded, _| Some(answer(r, pacing)));
+        // `[ratelimit]`: the first request with a given such message is refused with 429 (retry at once).
+        let limited = std::sync::Mutex::new(std::collections::HashSet::new());
+        let script = Box::new(move |r: &Recorded, _| {
+            let said = last_user_text(&r.body);
+            if said.contains("[ratelimit]") && limited.lock().unwrap_or_else(|e| e.into_inner()).insert(said) {
+                let err = json!({"error": {"message": "Rate limit reached (the fake's [ratelimit])",
+                    "type": "rate_limit_exceeded", "code": "rate_limit_exceeded"}});
+                return Some(Reply::Status {
+                    status: 429,
+                    headers: vec![("retry-after".into(), "0".into())],
+                    body: err.to_string(),
+                });
+            }
+            Some(answer(r, pacing))
+        });
         let server = FakeProvider::start_with(Format::OpenaiCompletions, options, script).await.detach();
         FakeOpenAi { addr: server.addr, server: Arc::new(server) }
     }

@@ -225,9 +225,31 @@ pub struct ModelStream {
     draft: AssistantDraft,
 }
 
+/// A model request about to be sent again, told to [`ModelStream::open_with`]'s caller before the wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// Which retry this is (1 for the first).
+    pub attempt: u32,
+    /// How many retries the provider's policy allows.
+    pub max_retries: u32,
+    /// The provider said 429 Too Many Requests.
+    pub rate_limited: bool,
+    /// How long the request waits before it is sent again.
+    pub delay: Duration,
+}
+
 impl ModelStream {
     /// Sends the request; retries 429/5xx/connect errors per the provider's policy.
     pub async fn open(model: &ResolvedModel, request: &ModelRequest) -> Result<ModelStream, ProviderError> {
+        Self::open_with(model, request, &|_| {}).await
+    }
+
+    /// [`ModelStream::open`], telling `on_retry` of each retry before its wait.
+    pub async fn open_with(
+        model: &ResolvedModel,
+        request: &ModelRequest,
+        on_retry: &(dyn Fn(Retry) + Send + Sync),
+    ) -> Result<ModelStream, ProviderError> {
         let draft = AssistantDraft::new();
         let Some((wire, decoder)) = wire_request(model, request) else {
             return Ok(ModelStream {
@@ -237,7 +259,7 @@ impl ModelStream {
                 draft,
             });
         };
-        let response = send_with_retries(model, &wire).await?;
+        let response = send_with_retries(model, &wire, on_retry).await?;
         Ok(ModelStream {
             model: model.clone(),
             inner: Inner::Http(Box::new(HttpState {
@@ -413,7 +435,11 @@ fn backoff(base: Duration, attempt: u32) -> Duration {
 }
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<reqwest::Response, ProviderError> {
+async fn send_with_retries(
+    model: &ResolvedModel,
+    wire: &WireRequest,
+    on_retry: &(dyn Fn(Retry) + Send + Sync),
+) -> Result<reqwest::Response, ProviderError> {
     let p = &model.provider;
     let body = wire.body.clone();
     let mut attempt: u32 = 0;
@@ -486,6 +512,8 @@ async fn send_with_retries(model: &ResolvedModel, wire: &WireRequest) -> Result<
         }
         tracing::warn!(provider = %p.name, model = %model.model.id, attempt, delay_ms = delay.as_millis() as u64,
             "retrying model request: {retry_detail}");
+        let rate_limited = kind == ErrorKind::RateLimit;
+        on_retry(Retry { attempt: attempt + 1, max_retries: p.retry.max_retries, rate_limited, delay });
         tokio::time::sleep(delay).await;
         attempt += 1;
     }

@@ -162,6 +162,9 @@ pub fn events_json(events: &[RunEvent]) -> Vec<Value> {
             RunEvent::ToolCallStart { id, name, arguments } => json!({"toolCallStart": {"id": id, "name": name, "arguments": arguments}}),
             RunEvent::Persisted { entry } => json!({"persisted": normalize(entry)}),
             RunEvent::Usage(u) => json!({"usage": u}),
+            RunEvent::Retrying(r) => {
+                json!({"retrying": {"attempt": r.attempt, "maxRetries": r.max_retries, "rateLimited": r.rate_limited}})
+            }
             RunEvent::Final { entry } => json!({"final": normalize(entry)}),
             RunEvent::Error { entry, message, kind } => {
                 json!({"error": {"entry": entry.as_ref().map(normalize), "message": message, "kind": kind.as_str()}})
