@@ -1,12 +1,17 @@
 //! The index kept up to date beside a running gateway: one thread owns the database, takes the
 //! paths the store reports after each durable commit (sending one never blocks an append: it is
 //! a channel send) and indexes what was appended. At start it syncs every transcript, so what a
-//! crash left out is indexed again; [`Indexer::flush`] waits until everything sent is indexed.
+//! crash left out is indexed again, and again every [`FULL_SYNC`] when idle (transcripts written by
+//! other processes, such as `pincer transcript append` or `import`); [`Indexer::flush`] waits
+//! until everything sent is indexed.
 
 use crate::{Index, Result, SearchError};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
+
+/// How often an idle indexer looks at every transcript.
+pub const FULL_SYNC: std::time::Duration = std::time::Duration::from_secs(30);
 
 enum Job {
     File(PathBuf),
@@ -30,7 +35,17 @@ impl Indexer {
                 if let Err(e) = index.sync_all() {
                     tracing_warn(&e);
                 }
-                while let Ok(job) = rx.recv() {
+                loop {
+                    let job = match rx.recv_timeout(FULL_SYNC) {
+                        Ok(job) => job,
+                        Err(RecvTimeoutError::Timeout) => {
+                            if let Err(e) = index.sync_all() {
+                                tracing_warn(&e);
+                            }
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    };
                     let mut jobs = vec![job];
                     jobs.extend(rx.try_iter());
                     let mut files: Vec<PathBuf> = Vec::new();
