@@ -1,5 +1,5 @@
 // The viewer inside a Pincer HTML export (crates/export/src/html.rs inlines it): reads the
-// embedded JSONL (base64 in <script id="pincer-session">), builds the id/parentId tree as Pi and
+// embedded JSONL (base64 in the element with id "pincer-session"), builds the id/parentId tree as Pi and
 // OpenClaw read it (a `leaf` entry moves the active leaf to its targetId), and shows one branch at
 // a time: every tip of the tree is listed and can be opened, `#entry=<id>` opens the branch holding
 // that entry and scrolls to it, "User messages only" hides the rest. Markdown is rendered by marked
@@ -251,11 +251,26 @@
     branchList.append(el("li", {}, b));
   }
 
+  // A long branch is drawn from its end, WINDOW entries at a time ("Show earlier" adds more); a
+  // deep link to an entry further back starts the window there.
+  const WINDOW = 400;
+  let from = 0;
+  function draw(p) {
+    const earlier = from > 0
+      ? el("button", { type: "button", class: "earlier", "data-testid": "show-earlier", onclick: () => { from = Math.max(0, from - WINDOW); draw(p); } },
+        `Show ${Math.min(WINDOW, from)} earlier entries (${from} not shown)`)
+      : null;
+    thread.replaceChildren(...[earlier, ...p.slice(from).map(render)].filter(Boolean));
+    if (!p.length) thread.append(el("p", { class: "muted" }, "This branch has no messages."));
+  }
   function show(tip, target) {
-    if (shown !== tip) {
+    const p = path(tip);
+    const at = target ? p.findIndex((e) => e.id === target) : -1;
+    if (shown !== tip || (at >= 0 && at < from)) {
+      if (shown !== tip) from = Math.max(0, p.length - WINDOW);
+      if (at >= 0 && at < from) from = Math.max(0, at - 20);
       shown = tip;
-      thread.replaceChildren(...path(tip).map(render).filter(Boolean));
-      if (!thread.children.length) thread.append(el("p", { class: "muted" }, "This branch has no messages."));
+      draw(p);
       for (const b of branchList.querySelectorAll(".branch")) b.classList.toggle("current", b.dataset.tip === tip);
     }
     for (const t of thread.querySelectorAll(".target")) t.classList.remove("target");

@@ -286,52 +286,75 @@ impl Index {
     }
 
     /// The best `limit` hits of a query among the transcripts `files` (relative paths; `None`: all).
+    ///
+    /// Ranked by BM25 among the newest [`CANDIDATES`] matches: FTS5 walks a term's rows newest
+    /// first and stops there, so a word found in half the messages costs no more than a rare one
+    /// (for queries with fewer matches, which are what people look for, this is the full ranking).
     pub fn search(&self, query: &str, files: Option<&[String]>, limit: usize) -> Result<Vec<Hit>> {
         let Some(q) = fts_query(query) else {
             return Err(SearchError(format!("query {query:?} has no words to search for")));
         };
-        let ids: Option<Vec<i64>> = match files {
-            None => None,
+        let known: Vec<(i64, String)> = {
+            let mut st = self.conn.prepare_cached("SELECT id, path FROM files")?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<std::result::Result<_, _>>()?
+        };
+        let filter = match files {
+            None => String::new(),
             Some(fs) => {
-                let mut st = self.conn.prepare_cached("SELECT id FROM files WHERE path = ?1")?;
-                let mut ids = Vec::with_capacity(fs.len());
-                for f in fs {
-                    if let Some(id) = st.query_row([f], |r| r.get::<_, i64>(0)).optional()? {
-                        ids.push(id);
+                let visible: std::collections::HashSet<&str> = fs.iter().map(String::as_str).collect();
+                let (shown, hidden): (Vec<_>, Vec<_>) = known.iter().partition(|(_, p)| visible.contains(p.as_str()));
+                let list = |v: &[&(i64, String)]| v.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(",");
+                match (shown.is_empty(), hidden.is_empty()) {
+                    (true, _) => return Ok(Vec::new()),
+                    (false, true) => String::new(),
+                    _ if hidden.len() <= shown.len() => {
+                        format!(" AND (rowid >> {SEQ_BITS}) NOT IN ({})", list(&hidden))
                     }
+                    _ => format!(" AND (rowid >> {SEQ_BITS}) IN ({})", list(&shown)),
                 }
-                Some(ids)
             }
         };
-        if ids.as_ref().is_some_and(Vec::is_empty) {
-            return Ok(Vec::new());
-        }
-        let filter = match &ids {
-            None => String::new(),
-            Some(ids) => format!(
-                " AND (m.rowid >> {SEQ_BITS}) IN ({})",
-                ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
-            ),
-        };
+        let paths: std::collections::HashMap<i64, String> = known.into_iter().collect();
         let sql = format!(
-            "SELECT f.path, m.entry, m.role, m.ts, snippet(messages, 0, '', '', '…', 24), bm25(messages)
-             FROM messages m JOIN files f ON f.id = (m.rowid >> {SEQ_BITS})
-             WHERE messages MATCH ?1{filter} ORDER BY rank LIMIT ?2"
+            "SELECT rowid, entry, role, ts, bm25(messages) FROM messages
+             WHERE messages MATCH ?1{filter} ORDER BY rowid DESC LIMIT {CANDIDATES}"
         );
-        let mut st = self.conn.prepare(&sql)?;
-        let rows = st.query_map(params![q, limit as i64], |r| {
-            Ok(Hit {
-                file: r.get(0)?,
-                entry_id: r.get(1)?,
-                role: r.get(2)?,
-                timestamp: r.get(3)?,
-                snippet: r.get(4)?,
-                score: -r.get::<_, f64>(5)?,
-            })
+        let mut st = self.conn.prepare_cached(&sql)?;
+        let rows = st.query_map(params![q], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, f64>(4)?,
+            ))
         })?;
-        Ok(rows.collect::<std::result::Result<_, _>>()?)
+        let mut found: Vec<(i64, String, String, i64, f64)> = rows.collect::<std::result::Result<_, _>>()?;
+        // bm25() is lower for better matches; newer first among equals.
+        found.sort_by(|a, b| a.4.total_cmp(&b.4).then(b.0.cmp(&a.0)));
+        found.truncate(limit);
+        let mut snip = self.conn.prepare_cached(
+            "SELECT snippet(messages, 0, '', '', '…', 24) FROM messages WHERE messages MATCH ?1 AND rowid = ?2",
+        )?;
+        let mut out = Vec::with_capacity(found.len());
+        for (rowid, entry_id, role, timestamp, rank) in found {
+            let snippet = snip.query_row(params![q, rowid], |r| r.get::<_, String>(0)).optional()?.unwrap_or_default();
+            out.push(Hit {
+                file: paths.get(&(rowid >> SEQ_BITS)).cloned().unwrap_or_default(),
+                entry_id,
+                role,
+                timestamp,
+                snippet,
+                score: -rank,
+            });
+        }
+        Ok(out)
     }
 }
+
+/// How many of the newest matches a query ranks (see [`Index::search`]).
+pub const CANDIDATES: usize = 500;
 
 fn drop_rows(tx: &rusqlite::Transaction<'_>, file_id: i64) -> Result<()> {
     tx.execute(
