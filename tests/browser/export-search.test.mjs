@@ -55,6 +55,9 @@ describe("HTML export from file:// without network", () => {
     const { page, errors } = await open();
     const branches = page.locator('[data-testid="branch"]');
     assert.equal(await branches.count(), 3, "three tips: branches A, B and C");
+    const headlines = await page.$$eval('[data-testid="branch"] .headline', (els) => els.map((e) => e.textContent));
+    assert.deepEqual(headlines, ["Branch A answer: try pastéis de nata.", "Branch C answer: Pena Palace in Sintra.",
+      "Branch B answer: Porto is lovely."], "each branch named by its last message, the active one first");
     // The file's leaf (moved by a `leaf` entry) is open first: branch A.
     assert.deepEqual(await shownIds(page), ["u1", "a1", "u2", "a2", "t2", "a2b", "c1", "u3", "a3"]);
     assert.equal(await page.locator('.entry[data-entry-id="c1"].compaction').count(), 1, "the compaction");

@@ -245,7 +245,7 @@
   let shown = null;
   for (const t of tips) {
     const b = el("button", { type: "button", class: "branch", "data-tip": t.id, "data-testid": "branch" },
-      el("span", { class: "headline" }, headline(t)),
+      el("span", { class: "headline" }, headline(t.id)),
       el("span", { class: "muted" }, `${path(t.id).length} entries${t.id === activeLeaf ? " · active" : ""}`));
     b.addEventListener("click", () => show(t.id, null));
     branchList.append(el("li", {}, b));
