@@ -251,24 +251,28 @@
     branchList.append(el("li", {}, b));
   }
 
-  // A long branch is drawn from its end, WINDOW entries at a time ("Show earlier" adds more); a
-  // deep link to an entry further back starts the window there.
+  // A long branch is drawn WINDOW entries at a time, from its end ("Show earlier" / "Show later"
+  // add more); a deep link to an entry outside the window moves the window to it.
   const WINDOW = 400;
-  let from = 0;
+  let from = 0, to = 0;
   function draw(p) {
     const earlier = from > 0
       ? el("button", { type: "button", class: "earlier", "data-testid": "show-earlier", onclick: () => { from = Math.max(0, from - WINDOW); draw(p); } },
         `Show ${Math.min(WINDOW, from)} earlier entries (${from} not shown)`)
       : null;
-    thread.replaceChildren(...[earlier, ...p.slice(from).map(render)].filter(Boolean));
+    const later = to < p.length
+      ? el("button", { type: "button", class: "earlier", "data-testid": "show-later", onclick: () => { to = Math.min(p.length, to + WINDOW); draw(p); } },
+        `Show ${Math.min(WINDOW, p.length - to)} later entries (${p.length - to} not shown)`)
+      : null;
+    thread.replaceChildren(...[earlier, ...p.slice(from, to).map(render), later].filter(Boolean));
     if (!p.length) thread.append(el("p", { class: "muted" }, "This branch has no messages."));
   }
   function show(tip, target) {
     const p = path(tip);
     const at = target ? p.findIndex((e) => e.id === target) : -1;
-    if (shown !== tip || (at >= 0 && at < from)) {
-      if (shown !== tip) from = Math.max(0, p.length - WINDOW);
-      if (at >= 0 && at < from) from = Math.max(0, at - 20);
+    if (shown !== tip || (at >= 0 && (at < from || at >= to))) {
+      if (shown !== tip) { from = Math.max(0, p.length - WINDOW); to = p.length; }
+      if (at >= 0 && (at < from || at >= to)) { from = Math.max(0, at - 20); to = Math.min(p.length, from + WINDOW); }
       shown = tip;
       draw(p);
       for (const b of branchList.querySelectorAll(".branch")) b.classList.toggle("current", b.dataset.tip === tip);
