@@ -139,6 +139,16 @@ describe("WebChat search over 1,000 sessions and export", () => {
   });
 
   async function search(query) {
+    // Until the gateway's first sync of the 100,000 generated entries is done, answers say so.
+    await waitFor("the index to be complete", async () => {
+      await searchOnce(query);
+      return page.evaluate(() => document.querySelector('[data-testid="search-results"]').dataset.indexing === "false");
+    }, 240000);
+    return page.$$eval('[data-testid="search-hit"]', (els) => els.map((e) => `${e.dataset.key} ${e.dataset.entryId}`));
+  }
+
+  async function searchOnce(query) {
+    await page.evaluate(() => { delete document.querySelector('[data-testid="search-results"]').dataset.query; });
     await page.locator('[data-testid="search-input"]').fill(query);
     await page.locator('[data-testid="search-input"]').press("Enter");
     // The results of this query (and these options), not the previous ones.
@@ -147,7 +157,6 @@ describe("WebChat search over 1,000 sessions and export", () => {
       const box = document.querySelector('[data-testid="search-results"]');
       return box.dataset.query === q && box.dataset.archived === String(archived) && !box.hidden;
     }, [query, archived]), 120000);
-    return page.$$eval('[data-testid="search-hit"]', (els) => els.map((e) => `${e.dataset.key} ${e.dataset.entryId}`));
   }
 
   test("the planted words, phrase and prefix are found", async () => {

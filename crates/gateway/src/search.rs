@@ -1,6 +1,6 @@
 //! `sessions.search` with OpenClaw 2026.9.6's parameters (`query`, `agentId`, `sessionKeys`,
 //! `limit`; `scope.archived`) and result shape (`{results: [{sessionKey, sessionId, messageId,
-//! role, timestamp, snippet, score}], truncated}`), plus Pincer's `entryId` (the same id as
+//! role, timestamp, snippet, score}], truncated, indexing?}`), plus Pincer's `entryId` (the same id as
 //! `messageId`, the name the WebChat and the CLI use), `title` and `archived` on each hit and
 //! `includeArchived`. The full-text index is `pincer_search`'s; this module joins its hits to
 //! the session index (keys, titles, archived sessions), the one place `pincer sessions search`
@@ -91,7 +91,9 @@ pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
         let Some(indexer) = gw.indexer.as_ref() else {
             return Err(RpcError::unavailable("the search index could not be opened; see the gateway's log"));
         };
-        indexer.flush();
+        // What was appended is searchable at once; while the first sync of a large state dir runs,
+        // the answer says `indexing` (OpenClaw's flag) and holds what is indexed so far.
+        let indexing = !indexer.flush_within(Some(std::time::Duration::from_secs(2)));
         let mut reader = crate::state::lock(&gw.search_reader);
         if reader.is_none() {
             *reader = Some(
@@ -99,7 +101,11 @@ pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
             );
         }
         let index = reader.as_ref().ok_or_else(|| RpcError::unavailable("search index not open"))?;
-        search(&gw.sessions, index, &p)
+        let mut found = search(&gw.sessions, index, &p)?;
+        if indexing {
+            found["indexing"] = json!(true);
+        }
+        Ok(found)
     })
     .await
 }

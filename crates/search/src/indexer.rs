@@ -90,10 +90,20 @@ impl Indexer {
 
     /// Waits until everything queued so far is indexed.
     pub fn flush(&self) {
+        self.flush_within(None);
+    }
+
+    /// [`Indexer::flush`] for at most `patience`; false when the indexer is still busy then (the
+    /// first sync of a large state directory).
+    pub fn flush_within(&self, patience: Option<std::time::Duration>) -> bool {
         let (tx, rx) = channel();
         let sent = pincer_pi::lock(&self.tx).as_ref().is_some_and(|t| t.send(Job::Flush(tx)).is_ok());
-        if sent {
-            let _ = rx.recv();
+        if !sent {
+            return true;
+        }
+        match patience {
+            None => rx.recv().is_ok(),
+            Some(d) => rx.recv_timeout(d).is_ok(),
         }
     }
 

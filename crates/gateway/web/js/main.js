@@ -234,9 +234,11 @@ async function runSearch() {
   box.hidden = false;
   box.dataset.query = query;
   box.dataset.archived = String($("search-archived").checked);
+  box.dataset.indexing = String(!!r.indexing);
+  const busy = r.indexing ? el("div", { class: "none", "data-testid": "search-indexing" }, "Still indexing: results may be incomplete.") : null;
   if (r.error) { box.replaceChildren(el("div", { class: "none", "data-testid": "search-error" }, r.error)); return; }
-  if (!r.results.length) { box.replaceChildren(el("div", { class: "none", "data-testid": "search-none" }, "No matches.")); return; }
-  box.replaceChildren(el("ul", {}, ...r.results.map((h) => el("li", {},
+  if (!r.results.length) { box.replaceChildren(...[busy, el("div", { class: "none", "data-testid": "search-none" }, "No matches.")].filter(Boolean)); return; }
+  box.replaceChildren(...[busy].filter(Boolean), el("ul", {}, ...r.results.map((h) => el("li", {},
     el("button", { type: "button", "data-testid": "search-hit", "data-key": h.sessionKey, "data-entry-id": h.entryId, onclick: () => openHit(h) },
       el("span", { class: "name" }, h.title || h.sessionKey),
       el("span", { class: "snippet" }, ...marked(h.snippet, query)),

@@ -12,7 +12,7 @@ export class Sidebar {
   /** actions: open(key), rename(key, label), exportAs(key, format), archive(key, bool), remove(key), viewArchive(file) */
   constructor({ list, archivedList, archiveFiles, actions }) {
     Object.assign(this, { list, archivedList, archiveFiles, actions });
-    this.rows = []; this.archives = []; this.current = null; this.viewing = null;
+    this.rows = []; this.archives = []; this.current = null; this.viewing = null; this.exporting = null;
   }
 
   set(rows, archives) { this.rows = rows; this.archives = archives; this.draw(); }
@@ -48,20 +48,26 @@ export class Sidebar {
       r.key === "agent:main:main" ? null : el("button", { type: "button", "data-testid": "delete", "aria-label": `Delete ${titleOf(r)}`, title: "Delete", onclick: () => {
         if (confirm(`Delete "${titleOf(r)}"? Its transcript is kept on disk as an archive.`)) a.remove(r.key);
       } }, icon("trash")));
-    li.append(open, actions);
+    li.append(open, this.exporting === r.key ? this.exportMenu(r) : actions);
     return li;
   }
 
-  /** The export formats in place of the row's actions; one click downloads the file. */
+  /** The export formats in place of the row's actions (kept when the list is redrawn); one click
+   *  downloads the file. */
   startExport(li, r) {
-    const pick = (format) => { this.draw(); this.actions.exportAs(r.key, format); };
-    const menu = el("span", { class: "export-menu", role: "group", "aria-label": `Export ${titleOf(r)} as` },
+    this.exporting = r.key;
+    li.querySelector(".actions").replaceWith(this.exportMenu(r));
+    li.querySelector(".export-menu button").focus();
+  }
+
+  exportMenu(r) {
+    const done = () => { this.exporting = null; this.draw(); };
+    const pick = (format) => { done(); this.actions.exportAs(r.key, format); };
+    return el("span", { class: "export-menu", role: "group", "aria-label": `Export ${titleOf(r)} as` },
       el("button", { type: "button", "data-testid": "export-html", title: "One page with the whole tree", onclick: () => pick("html") }, "HTML"),
       el("button", { type: "button", "data-testid": "export-md", title: "The active branch as Markdown", onclick: () => pick("md") }, "Markdown"),
       el("button", { type: "button", "data-testid": "export-jsonl", title: "The transcript file", onclick: () => pick("jsonl") }, "JSONL"),
-      el("button", { type: "button", class: "icon", "aria-label": "Cancel", onclick: () => this.draw() }, "✕"));
-    li.querySelector(".actions").replaceWith(menu);
-    menu.querySelector("button").focus();
+      el("button", { type: "button", class: "icon", "aria-label": "Cancel", onclick: done }, "✕"));
   }
 
   startRename(li, r) {
