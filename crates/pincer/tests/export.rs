@@ -67,6 +67,13 @@ fn jsonl_export_is_the_file_and_html_embeds_it() {
     assert!(text.contains("<title>Plan a trip to **Lisbon**, please.</title>"), "title");
     assert!(text.contains("script-src 'sha256-") && text.contains("default-src 'none'"), "a CSP without network");
     assert!(!text.contains("window.__injected"), "message text only inside the base64 JSONL");
+    let at_c = String::from_utf8(ok(&["transcript", "export", s(&f), "--leaf", "a5"])).unwrap();
+    assert!(
+        at_c.contains("id=\"pincer-session\" data-encoding=\"base64\" data-leaf=\"a5\""),
+        "--leaf opens that branch"
+    );
+    let out = pincer(&["transcript", "export", s(&f), "--format", "pdf"]);
+    assert_eq!(out.status.code(), Some(2));
 }
 
 #[test]
