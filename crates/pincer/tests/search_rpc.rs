@@ -124,4 +124,12 @@ async fn search_and_export_over_the_protocol_and_http() {
     let (status, _, _) =
         get(&format!("http://{}/api/sessions/agent%3Amain%3Aghost/export", gw.addr), Some(TOKEN)).await;
     assert_eq!(status, 400);
+
+    // The index of the running gateway (the database and SQLite's journal files) is private.
+    use std::os::unix::fs::PermissionsExt;
+    let files: Vec<_> = std::fs::read_dir(gw.state_dir.join("search")).unwrap().flatten().collect();
+    assert!(files.len() >= 2, "the database and its WAL: {files:?}");
+    for f in files {
+        assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o600, "{:?}", f.path());
+    }
 }
