@@ -2,7 +2,8 @@
 //! [`crate::assets`]) and a WebSocket upgrade on any path
 //! is the RPC socket (after the Origin and Host checks: a web page of another origin, or a
 //! rebound DNS name, gets 403); `/healthz`; `GET /api/sessions/{key}/events`, the session's `chat`
-//! and `session.message` events as Server-Sent Events with catch-up after `Last-Event-ID`; and,
+//! and `session.message` events as Server-Sent Events with catch-up after `Last-Event-ID`;
+//! `GET /api/sessions/{key}/export?format=html|md|jsonl&leaf=<id>` ([`crate::export`]); and,
 //! when configured, OpenClaw's Control UI as static files under `/control/`.
 
 use crate::config::AuthMode;
@@ -27,6 +28,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/api/sessions/{key}/events", get(session_events))
+        .route("/api/sessions/{key}/export", get(session_export))
         .merge(crate::openai::routes())
         .fallback(get(root))
         .with_state(gw)
@@ -202,6 +204,40 @@ fn authorized(gw: &Gateway, headers: &HeaderMap, query: &HashMap<String, String>
     let given = bearer.or_else(|| query.get("token").cloned());
     let auth = json!({"auth": {"token": given}});
     crate::ws::check_auth(&gw.settings.auth, &auth).is_ok() && !token.is_empty()
+}
+
+/// A session's export as a download, behind the token. An HTML export is sandboxed (an opaque
+/// origin: even opened here, its page can reach nothing of the gateway's).
+async fn session_export(
+    State(gw): State<Arc<Gateway>>,
+    Path(raw_key): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&gw, &headers, &query) {
+        return unauthorized();
+    }
+    let format = query.get("format").cloned().unwrap_or_else(|| "html".into());
+    let leaf = query.get("leaf").cloned().filter(|l| !l.is_empty());
+    let r = gw.blocking(move |gw| crate::export::export(gw, &raw_key, &format, leaf.as_deref())).await;
+    match r {
+        Ok(e) => (
+            [
+                (header::CONTENT_TYPE, e.format.mime().to_owned()),
+                (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{}\"", e.file_name)),
+                (header::CONTENT_SECURITY_POLICY, "sandbox allow-scripts".to_owned()),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff".to_owned()),
+                (header::CACHE_CONTROL, "no-store".to_owned()),
+            ],
+            e.bytes,
+        )
+            .into_response(),
+        Err(e) => {
+            let status =
+                if e.code == "INVALID_REQUEST" { StatusCode::BAD_REQUEST } else { StatusCode::SERVICE_UNAVAILABLE };
+            (status, Json(json!({"error": e.message}))).into_response()
+        }
+    }
 }
 
 async fn session_events(

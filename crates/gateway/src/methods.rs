@@ -88,6 +88,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::SessionsLabel => crate::tree::label(gw, params).await,
         Method::SessionsArchivesList => blocking(gw, params, archives_list).await,
         Method::SessionsArchivesGet => archives_get(gw, params).await,
+        Method::SessionsSearch => crate::search::rpc(gw, params).await,
+        Method::SessionsExport => crate::export::rpc(gw, params).await,
         Method::SessionsList => blocking(gw, params, sessions_list).await,
         Method::SessionsCreate => sessions_create(gw, ctx, params).await,
         Method::SessionsPatch => blocking(gw, params, sessions_patch).await,

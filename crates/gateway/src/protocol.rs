@@ -75,6 +75,8 @@ methods! {
     SessionsLabel = "sessions.label",
     SessionsArchivesList = "sessions.archives.list",
     SessionsArchivesGet = "sessions.archives.get",
+    SessionsSearch = "sessions.search",
+    SessionsExport = "sessions.export",
     PincerInfo = "pincer.info",
     Agent = "agent",
     AgentWait = "agent.wait",

@@ -420,6 +420,44 @@ impl Sessions {
         })
     }
 
+    /// Imports a transcript (checked by `pincer_export::prepare_import`) as a new session of the
+    /// default agent, `agent:main:import:<sessionId>`. The session id is kept unless it clashes
+    /// with a session or file already here (or cannot name a file): then a new one is put in the
+    /// header, the only byte that changes. The transcript is written first (never over an
+    /// existing file), then the index row, both under the index's lock.
+    pub fn import(&self, prepared: &pincer_export::Prepared) -> Result<SessionRef, RpcError> {
+        let agent = DEFAULT_AGENT;
+        let dir = self.sessions_dir(agent);
+        self.with_index(agent, true, |idx| {
+            let taken = |id: &str| {
+                dir.join(format!("{id}.jsonl")).exists()
+                    || idx.map.values().any(|v| v.get("sessionId").and_then(Value::as_str) == Some(id))
+                    || idx.map.contains_key(&format!("agent:{agent}:import:{id}"))
+            };
+            let (id, bytes) = match prepared.session_id.as_deref().filter(|id| !taken(id)) {
+                Some(id) => (id.to_owned(), std::borrow::Cow::Borrowed(&prepared.bytes)),
+                None => {
+                    let id = uuid::Uuid::new_v4().to_string();
+                    let b = pincer_export::import::with_session_id(&prepared.bytes, &id)
+                        .map_err(|e| RpcError::invalid(e.to_string()))?;
+                    (id, std::borrow::Cow::Owned(b))
+                }
+            };
+            let key = format!("agent:{agent}:import:{id}");
+            let path = dir.join(format!("{id}.jsonl"));
+            pincer_store::files::import_transcript(&path, &bytes)
+                .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", path.display())))?;
+            let now = now_ms();
+            let mut e = Map::new();
+            e.insert("sessionId".into(), json!(id));
+            e.insert("updatedAt".into(), json!(now));
+            e.insert("sessionStartedAt".into(), json!(now));
+            idx.map.insert(key.clone(), Value::Object(e.clone()));
+            Self::save(idx)?;
+            self.to_ref(&key, agent, &e)
+        })
+    }
+
     /// Sessions of one agent (or all agents found on disk), most recent first.
     pub fn list(&self, agent: Option<&str>) -> Result<Vec<SessionRef>, RpcError> {
         let agents: Vec<String> = match agent {

@@ -223,13 +223,25 @@ pub struct Gateway {
     dedupe: Mutex<DedupeWindow>,
     contexts: Mutex<ContextCache>,
     next_conn: AtomicU64,
+    /// The search index kept up to date from the store's commits (`None`: it could not be opened).
+    pub indexer: Option<Arc<pincer_search::Indexer>>,
+    /// The connection `sessions.search` reads the index with.
+    pub search_reader: Mutex<Option<pincer_search::Index>>,
 }
 
 impl Gateway {
     pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
         crate::logs::set_redactor(redactor.clone());
-        let store = Store::new(StoreOptions { redactor: redactor.clone(), ..StoreOptions::default() });
+        let indexer = match pincer_search::Indexer::start(&settings.state_dir) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                tracing::warn!("search is off: {e}");
+                None
+            }
+        };
+        let on_append = indexer.as_ref().map(pincer_search::Indexer::observer);
+        let store = Store::new(StoreOptions { redactor: redactor.clone(), on_append, ..StoreOptions::default() });
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {
             sessions: Sessions::new(&settings.state_dir, store.clone()),
@@ -249,6 +261,8 @@ impl Gateway {
             dedupe: Mutex::new(DedupeWindow::default()),
             contexts: Mutex::new(ContextCache::default()),
             next_conn: AtomicU64::new(1),
+            indexer,
+            search_reader: Mutex::new(None),
         })
     }
 

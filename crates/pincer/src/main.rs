@@ -4,6 +4,7 @@
 #![allow(clippy::print_stdout)]
 
 mod gateway;
+mod search;
 mod table;
 mod transcript;
 
@@ -34,6 +35,10 @@ enum Command {
 enum SessionsCmd {
     /// List sessions, most recent first.
     List(gateway::ListArgs),
+    /// Full-text search over the messages of every session: {sessionKey, sessionId, entryId, snippet} per hit.
+    Search(search::SearchArgs),
+    /// Rebuild the search index from the transcripts.
+    Reindex(search::ReindexArgs),
 }
 
 /// A failure with the exit code it maps to (1: the operation failed, 2: bad usage or input).
@@ -73,6 +78,8 @@ fn main() -> ExitCode {
         Command::Gateway(args) => gateway::run(args),
         Command::Transcript(cmd) => transcript::run(cmd),
         Command::Sessions(SessionsCmd::List(args)) => gateway::list(args),
+        Command::Sessions(SessionsCmd::Search(args)) => search::search(args),
+        Command::Sessions(SessionsCmd::Reindex(args)) => search::reindex(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -1,5 +1,5 @@
-//! `pincer transcript …`: context, append, verify, repair and history over one session file,
-//! all through the store library (the same code the gateway uses).
+//! `pincer transcript …`: context, append, verify, repair, history, export and import over one
+//! session file, all through the store library (the same code the gateway uses).
 
 use crate::Failure;
 use clap::Subcommand;
@@ -55,6 +55,27 @@ pub enum TranscriptCmd {
         /// Config file (default <state>/pincer.toml).
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// Export FILE: `html` (one self-contained page with the whole tree and the original JSONL),
+    /// `md` (the active branch, or --leaf, as Markdown) or `jsonl` (the file as it is). Never modifies FILE.
+    Export {
+        file: PathBuf,
+        #[arg(long, default_value = "html", value_parser = ["html", "md", "markdown", "jsonl"])]
+        format: String,
+        /// The branch to show (md) or to open first (html): an entry id; `null` for before the first entry (md).
+        #[arg(long)]
+        leaf: Option<String>,
+        /// Write here instead of stdout (a new file, 0600; an existing one is never overwritten).
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+    /// Restore a session from an HTML export or a JSONL file into a state directory; prints
+    /// {"sessionKey","sessionId","file"}. A clashing session id is replaced by a new one.
+    Import {
+        input: PathBuf,
+        /// State directory (default $PINCER_STATE_DIR or ~/.pincer).
+        #[arg(long, env = "PINCER_STATE_DIR")]
+        state_dir: Option<PathBuf>,
     },
     /// The messages chat.history would return for FILE.
     History {
@@ -189,6 +210,8 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             }
             compact(&file, model, instructions, state_dir, config)
         }
+        TranscriptCmd::Export { file, format, leaf, output } => export(&file, &format, leaf.as_deref(), output),
+        TranscriptCmd::Import { input, state_dir } => import(&input, state_dir),
         TranscriptCmd::History { file, limit, max_chars, output } => {
             if limit == 0 || limit > MAX_LIMIT {
                 return Err(Failure::usage(format!("--limit must be between 1 and {MAX_LIMIT}")));
@@ -253,5 +276,75 @@ fn compact(
         "tokensBefore": outcome.tokens_before,
         "summarizedMessages": outcome.summarized_messages,
     }))?;
+    Ok(0)
+}
+
+fn export(file: &Path, format: &str, leaf: Option<&str>, output: Option<PathBuf>) -> Result<u8, Failure> {
+    let format = pincer_export::Format::parse(format)
+        .ok_or_else(|| Failure::usage(format!("--format {format:?}: expected html, md or jsonl")))?;
+    let session = Session::read(file)
+        .map_err(|e| Failure::usage(format!("cannot read: {e}")))?
+        .ok_or_else(|| Failure::usage(format!("{}: no such file", file.display())))?;
+    if session.header.is_none() {
+        return Err(Failure::usage(format!(
+            "{}: no valid session header (not a Pi session; `pincer transcript verify` says more)",
+            file.display()
+        )));
+    }
+    if let Some(id) = leaf.filter(|l| *l != "null") {
+        if !session.by_id.contains_key(id) {
+            return Err(Failure::usage(format!("--leaf: unknown entry id {id:?} in {}", file.display())));
+        }
+    }
+    let bytes = match format {
+        pincer_export::Format::Jsonl => session.bytes().to_vec(),
+        pincer_export::Format::Markdown => {
+            let leaf = leaf.map(LeafArg::parse).unwrap_or(LeafArg::Default);
+            pincer_export::markdown(&session, &leaf).map_err(|e| Failure::usage(e.to_string()))?.into_bytes()
+        }
+        pincer_export::Format::Html => pincer_export::html(&session, leaf.filter(|l| *l != "null")).into_bytes(),
+    };
+    match output {
+        Some(out) => {
+            if same_file(&out, file) {
+                return Err(Failure::usage(format!("--output {} is the transcript itself", out.display())));
+            }
+            pincer_store::files::write_export(&out, &bytes).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => {
+                    Failure::usage(format!("--output {} exists; nothing written (choose a new file)", out.display()))
+                }
+                _ => Failure::failed(format!("{}: cannot write: {e}", out.display())),
+            })?;
+        }
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&bytes)
+                .and_then(|_| out.flush())
+                .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
+        }
+    }
+    Ok(0)
+}
+
+/// True when both paths name one existing file.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
+fn import(input: &Path, state_dir: Option<PathBuf>) -> Result<u8, Failure> {
+    let bytes = std::fs::read(input).map_err(|e| Failure::usage(format!("{}: cannot read: {e}", input.display())))?;
+    let prepared =
+        pincer_export::prepare_import(&bytes).map_err(|e| Failure::usage(format!("{}: {e}", input.display())))?;
+    let dir = state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
+    let store = Store::new(StoreOptions::default());
+    let sessions = pincer_gateway::sessions::Sessions::new(&dir, store.clone());
+    let r = sessions.import(&prepared);
+    store.close();
+    let s = r.map_err(|e| Failure::failed(e.message))?;
+    print_json(&json!({"sessionKey": s.key, "sessionId": s.session_id, "file": s.path.display().to_string()}))?;
     Ok(0)
 }

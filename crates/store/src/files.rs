@@ -3,6 +3,7 @@
 //! only through these and [`crate::Store`] (clippy's `disallowed-methods` in the workspace's
 //! `clippy.toml` forbids the `std::fs`/`tokio::fs` writers outside this crate), so nothing can write
 //! around the store's rules: private modes, temp file + fsync + rename, directory fsync.
+//! Also the one incremental reader of a transcript's appended lines ([`read_appended`]).
 
 use crate::fsutil;
 use std::io;
@@ -32,4 +33,61 @@ pub fn write_token_file(path: &Path, token: &str) -> io::Result<()> {
 /// ever deleted). Returns the new path, or `None` when there was no file.
 pub fn archive_transcript(path: &Path, reason: &str) -> io::Result<Option<PathBuf>> {
     fsutil::archive(path, reason)
+}
+
+/// Writes an imported transcript to `path`, which must not exist yet: a temp file (0600) written
+/// and fsynced, then linked into place without replacing anything (an existing file is an
+/// `AlreadyExists` error and is left alone), and the directory fsynced.
+pub fn import_transcript(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    fsutil::write_private_new(path, bytes)
+}
+
+/// Creates an empty private file (0600) at `path` if there is none (the search index database,
+/// whose journal files SQLite then creates with the same mode).
+pub fn create_private_file(path: &Path) -> io::Result<()> {
+    fsutil::create_parent_dir(path)?;
+    fsutil::touch_private(path)
+}
+
+/// What [`read_appended`] found: the whole lines from the offset asked for, and the file's
+/// identity so a caller can tell a replaced file (repair, archive) from a grown one.
+pub struct AppendedLines {
+    /// Complete lines (each ending in `\n`) starting at the offset; a last line still being
+    /// written is left for the next read.
+    pub bytes: Vec<u8>,
+    /// Offset just past `bytes`.
+    pub end: u64,
+    /// `(dev, ino)` of the file.
+    pub ident: (u64, u64),
+    /// Its length now.
+    pub len: u64,
+}
+
+/// Reads the complete lines of a transcript from `offset` on (`None` when there is no file). An
+/// offset past the end reads nothing (the caller sees `len < offset` and starts over).
+pub fn read_appended(path: &Path, offset: u64) -> io::Result<Option<AppendedLines>> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::MetadataExt;
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let meta = f.metadata()?;
+    let (ident, len) = ((meta.dev(), meta.ino()), meta.len());
+    if offset >= len {
+        return Ok(Some(AppendedLines { bytes: Vec::new(), end: offset.min(len), ident, len }));
+    }
+    f.seek(SeekFrom::Start(offset))?;
+    let mut bytes = Vec::with_capacity((len - offset) as usize);
+    f.take(len - offset).read_to_end(&mut bytes)?;
+    let whole = memchr::memrchr(b'\n', &bytes).map_or(0, |p| p + 1);
+    bytes.truncate(whole);
+    Ok(Some(AppendedLines { end: offset + whole as u64, bytes, ident, len }))
+}
+
+/// Writes an export (`pincer transcript export --output`) to `path`, which must not exist
+/// (0600, fsynced; an existing file is an `AlreadyExists` error and is left as it is).
+pub fn write_export(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    fsutil::write_private_new(path, bytes)
 }

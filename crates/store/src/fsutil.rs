@@ -53,6 +53,34 @@ pub fn write_private_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()
     res
 }
 
+/// Writes a new file at `path` (0600) that must not exist: temp file, fsync, hard link into
+/// place (fails with `AlreadyExists` rather than replacing anything), temp removed, directory fsync.
+pub fn write_private_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    create_parent_dir(path)?;
+    let tmp = with_suffix(path, &format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
+    let res = (|| {
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::hard_link(&tmp, path)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    res?;
+    sync_parent_dir(path)
+}
+
+/// Creates `path` empty with mode 0600 unless it exists (whatever its content).
+pub fn touch_private(path: &Path) -> std::io::Result<()> {
+    match OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(f) => {
+            f.sync_all()?;
+            sync_parent_dir(path)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Moves a transcript aside as `<path>.<reason>.<timestamp>` (OpenClaw's archive names). Returns the
 /// new path, or `None` when there was nothing to move.
 pub fn archive(path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {

@@ -324,6 +324,11 @@ impl Session {
         None
     }
 
+    /// The file's bytes exactly as read.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// Index of the entry's parent, if it has one that exists.
     pub fn parent_index(&self, i: usize) -> Option<usize> {
         self.parents.get(i).copied().flatten()

@@ -48,7 +48,13 @@ pub struct StoreOptions {
     /// Most files whose writer (cached leaf, length, index) is kept; idle writers beyond it are
     /// dropped and rebuilt from the file when it is used again.
     pub max_writers: usize,
+    /// Told the path of a transcript after each durable commit (and repair) to it, on the
+    /// committing thread: it must only queue work (the search index is updated from it).
+    pub on_append: Option<AppendObserver>,
 }
+
+/// See [`StoreOptions::on_append`].
+pub type AppendObserver = Arc<dyn Fn(&Path) + Send + Sync>;
 
 /// Default of [`StoreOptions::max_open_files`].
 pub const DEFAULT_MAX_OPEN_FILES: usize = 256;
@@ -63,6 +69,7 @@ impl Default for StoreOptions {
             cwd: std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_else(|_| "/".into()),
             max_open_files: DEFAULT_MAX_OPEN_FILES,
             max_writers: DEFAULT_MAX_WRITERS,
+            on_append: None,
         }
     }
 }
@@ -382,6 +389,9 @@ impl Store {
         w.commit(&mut st, batch, &self.inner);
         self.used(&w, &st);
         drop(st);
+        if let Some(observe) = &self.inner.opts.on_append {
+            observe(&w.path);
+        }
         let r = lock(&slot).take();
         r.unwrap_or_else(|| Err(StoreError::Internal("append was not committed".into())))
     }
@@ -432,6 +442,10 @@ impl Store {
         let mut st = lock(&w.state);
         let r = crate::verify::repair(&key, &self.inner.opts, &self.inner.locks);
         st.loaded = false;
+        drop(st);
+        if let Some(observe) = &self.inner.opts.on_append {
+            observe(&w.path);
+        }
         r
     }
 

@@ -4,7 +4,8 @@
 //! marker-driven OpenAI preset for the gateway, [`fake_openai`]), the gateway as a real process
 //! with a protocol client ([`gateway`]), probes of a running process and its state dir
 //! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
-//! own CLI in a loopback-only network namespace ([`openclaw`]).
+//! own CLI in a loopback-only network namespace ([`openclaw`]), and a generated state directory
+//! with known search hits ([`corpus`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -13,6 +14,7 @@
 // Test support fails loudly: a panic here is a failed test with its reason.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod corpus;
 pub mod fake_openai;
 pub mod fake_provider;
 pub mod gateway;

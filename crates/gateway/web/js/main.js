@@ -1,6 +1,7 @@
 // The WebChat's entry point: wires the connection, the sidebar, the message list, the outbox and
 // the composer together, and keeps the page in step with the gateway's events (a run's deltas,
-// persisted messages, branch switches and session changes from other devices).
+// persisted messages, branch switches and session changes from other devices), searches across
+// chats (opening a hit on the branch that holds it) and downloads exports.
 import { Gateway } from "/webchat/js/rpc.js";
 import { Outbox } from "/webchat/js/outbox.js";
 import { Composer, setLimits } from "/webchat/js/composer.js";
@@ -85,6 +86,7 @@ const composer = new Composer({
   form: $("composer-form"), input: $("composer-input"), attachments: $("attachments"), fileInput: $("file-input"),
   onSubmit: (text, attachments) => {
     if (state.viewing) { showError("This is an archived transcript (read-only): open a chat to write."); return; }
+    state.hitId = null;
     outbox.add({ sessionKey: state.sessionKey, text, attachments });
   },
   onError: (text) => showError(text),
@@ -136,6 +138,7 @@ const sidebar = new Sidebar({
   actions: {
     open: (key) => { drawer(false); selectSession(key); },
     rename: (key, label) => attempt("Renaming failed", async () => { await gw.request("sessions.patch", { key, label: label || null }); await loadSessions(); }),
+    exportAs: (key, format) => attempt("Exporting failed", () => download(key, format)),
     archive: (key, on) => attempt(on ? "Archiving failed" : "Restoring failed", async () => {
       await gw.request("sessions.patch", { key, archived: on });
       if (!on) $("archived").open = true;
@@ -190,6 +193,96 @@ function runEnded(runId) {
   outbox.flush();
 }
 
+// ---- export and search --------------------------------------------------------------------------
+/** Downloads a session's export (GET /api/sessions/{key}/export, behind the token). */
+async function download(key, format) {
+  const res = await fetch(`/api/sessions/${encodeURIComponent(key)}/export?format=${encodeURIComponent(format)}`,
+    { headers: { Authorization: `Bearer ${store.get("pincer.token", "")}` } });
+  if (!res.ok) {
+    const body = await res.json().catch(() => ({}));
+    throw new Error(body.error || `HTTP ${res.status}`);
+  }
+  const name = /filename="([^"]+)"/.exec(res.headers.get("content-disposition") || "")?.[1] || `pincer-export.${format}`;
+  const url = URL.createObjectURL(await res.blob());
+  const a = el("a", { href: url, download: name, hidden: true });
+  document.body.append(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}
+
+/** The snippet with the query's words marked (text nodes only: nothing is parsed as HTML). */
+function marked(snippet, query) {
+  const words = [...query.matchAll(/"([^"]+)"|(\S+)/g)].flatMap((m) => (m[1] || m[2]).split(/\s+/))
+    .map((w) => w.replace(/\*$/, "").toLowerCase()).filter((w) => /[\p{L}\p{N}]/u.test(w));
+  const out = [];
+  const re = /[\p{L}\p{N}_]+|[^\p{L}\p{N}_]+/gu;
+  for (const [part] of snippet.matchAll(re)) {
+    const hit = words.some((w) => part.toLowerCase().startsWith(w));
+    out.push(hit && /[\p{L}\p{N}]/u.test(part) ? el("mark", {}, part) : part);
+  }
+  return out;
+}
+
+let searchSeq = 0;
+async function runSearch() {
+  const query = $("search-input").value.trim();
+  const box = $("search-results");
+  const seq = ++searchSeq;
+  if (!query) { box.hidden = true; box.replaceChildren(); delete box.dataset.query; return; }
+  const r = await gw.request("sessions.search", { query, limit: 25, includeArchived: $("search-archived").checked })
+    .catch((e) => ({ error: e.message }));
+  if (seq !== searchSeq) return;
+  box.hidden = false;
+  box.dataset.query = query;
+  box.dataset.archived = String($("search-archived").checked);
+  box.dataset.indexing = String(!!r.indexing);
+  const busy = r.indexing ? el("div", { class: "none", "data-testid": "search-indexing" }, "Still indexing: results may be incomplete.") : null;
+  if (r.error) { box.replaceChildren(el("div", { class: "none", "data-testid": "search-error" }, r.error)); return; }
+  if (!r.results.length) { box.replaceChildren(...[busy, el("div", { class: "none", "data-testid": "search-none" }, "No matches.")].filter(Boolean)); return; }
+  box.replaceChildren(...[busy].filter(Boolean), el("ul", {}, ...r.results.map((h) => el("li", {},
+    el("button", { type: "button", "data-testid": "search-hit", "data-key": h.sessionKey, "data-entry-id": h.entryId, onclick: () => openHit(h) },
+      el("span", { class: "name" }, h.title || h.sessionKey),
+      el("span", { class: "snippet" }, ...marked(h.snippet, query)),
+      el("span", { class: "sub" }, `${h.role} · ${new Date(h.timestamp).toLocaleString()}${h.archived ? " · archived" : ""}`))))));
+}
+
+/** Opens a hit: its session, on the branch that holds the entry (switching to that branch's
+ *  newest tip when it is not the active one), scrolled to the entry. */
+async function openHit(h) {
+  await attempt("Opening the search result failed", async () => {
+    drawer(false);
+    if (h.sessionKey !== state.sessionKey || state.viewing) await selectSession(h.sessionKey);
+    const t = await gw.request("sessions.tree", { sessionKey: h.sessionKey });
+    const parent = new Map(t.nodes.map((n) => [n.id, n.parentId]));
+    const onActive = new Set();
+    for (let id = t.leafId; id && !onActive.has(id); id = parent.get(id)) onActive.add(id);
+    const node = t.nodes.find((n) => n.id === h.entryId);
+    if (node && !onActive.has(h.entryId) && node.tipId && node.tipId !== t.leafId) {
+      await gw.request("sessions.branches.switch", { sessionKey: h.sessionKey, leafEntryId: node.tipId });
+    }
+    await loadHistory();
+    let target = $("log").querySelector(`[data-entry-id="${CSS.escape(h.entryId)}"]`);
+    if (!target && state.limit < 1000) { state.limit = 1000; await loadHistory(); target = $("log").querySelector(`[data-entry-id="${CSS.escape(h.entryId)}"]`); }
+    if (!target) throw new Error("the message is not in the loaded history");
+    state.hitId = h.entryId;
+    markHit();
+  });
+}
+
+/** Keeps the opened search hit marked and in view when the history is drawn again. */
+function markHit() {
+  if (!state.hitId) return;
+  for (const old of $("log").querySelectorAll(".hit")) old.classList.remove("hit");
+  const target = $("log").querySelector(`[data-entry-id="${CSS.escape(state.hitId)}"]`);
+  if (!target) return;
+  target.classList.add("hit");
+  target.scrollIntoView({ block: "center" });
+}
+
+let searchTimer = null;
+$("search-input").addEventListener("input", () => { clearTimeout(searchTimer); searchTimer = setTimeout(runSearch, 200); });
+$("search-archived").addEventListener("change", runSearch);
+$("search-form").addEventListener("submit", (e) => { e.preventDefault(); clearTimeout(searchTimer); runSearch(); });
+
 // ---- loading ------------------------------------------------------------------------------------
 async function loadTree() {
   const t = await gw.request("sessions.tree", { sessionKey: state.sessionKey }).catch(() => null);
@@ -209,6 +302,7 @@ async function loadHistory() {
   state.refreshWanted = false;
   view.setTree(t);
   view.setHistory(h.messages, { hasOlder: h.messages.length >= state.limit && state.limit < 1000 });
+  markHit();
   state.runs = new Set((h.sessionInfo && h.sessionInfo.activeRunIds) || []);
   composerEnabled();
   outbox.flush();
@@ -244,6 +338,7 @@ function drawModels(row) {
 
 async function selectSession(key) {
   const prev = state.subscribed;
+  state.hitId = null;
   state.viewing = null;
   // One message subscription per socket; unsubscribe first, and only from another key.
   if (prev && prev !== key) { state.subscribed = null; await gw.request("sessions.messages.unsubscribe", { key: prev }).catch(() => {}); }

@@ -1,6 +1,7 @@
 // The sessions sidebar: chats with their title (label, else the first user message), relative
-// date and message count; new, open, rename (label), archive, delete; and "Archived": archived
-// chats (restorable) and transcripts moved aside by /new, reset and delete (read-only view).
+// date and message count; new, open, rename (label), export (HTML, Markdown or JSONL), archive,
+// delete; and "Archived": archived chats (restorable) and transcripts moved aside by /new, reset
+// and delete (read-only view).
 import { el, icon, relTime, fullTime } from "/webchat/js/util.js";
 
 export function titleOf(row) {
@@ -8,10 +9,10 @@ export function titleOf(row) {
 }
 
 export class Sidebar {
-  /** actions: open(key), rename(key, label), archive(key, bool), remove(key), viewArchive(file) */
+  /** actions: open(key), rename(key, label), exportAs(key, format), archive(key, bool), remove(key), viewArchive(file) */
   constructor({ list, archivedList, archiveFiles, actions }) {
     Object.assign(this, { list, archivedList, archiveFiles, actions });
-    this.rows = []; this.archives = []; this.current = null; this.viewing = null;
+    this.rows = []; this.archives = []; this.current = null; this.viewing = null; this.exporting = null;
   }
 
   set(rows, archives) { this.rows = rows; this.archives = archives; this.draw(); }
@@ -40,14 +41,33 @@ export class Sidebar {
       el("span", { class: "sub", title: fullTime(r.updatedAt) }, `${relTime(r.updatedAt)}${count}`));
     const actions = el("span", { class: "actions" },
       el("button", { type: "button", "data-testid": "rename", "aria-label": `Rename ${titleOf(r)}`, title: "Rename", onclick: () => this.startRename(li, r) }, icon("pencil")),
+      el("button", { type: "button", "data-testid": "export", "aria-label": `Export ${titleOf(r)}`, title: "Export", onclick: () => this.startExport(li, r) }, icon("download")),
       archived
         ? el("button", { type: "button", "data-testid": "restore", "aria-label": `Restore ${titleOf(r)}`, title: "Restore", onclick: () => a.archive(r.key, false) }, icon("restore"))
         : el("button", { type: "button", "data-testid": "archive", "aria-label": `Archive ${titleOf(r)}`, title: "Archive", onclick: () => a.archive(r.key, true) }, icon("archive")),
       r.key === "agent:main:main" ? null : el("button", { type: "button", "data-testid": "delete", "aria-label": `Delete ${titleOf(r)}`, title: "Delete", onclick: () => {
         if (confirm(`Delete "${titleOf(r)}"? Its transcript is kept on disk as an archive.`)) a.remove(r.key);
       } }, icon("trash")));
-    li.append(open, actions);
+    li.append(open, this.exporting === r.key ? this.exportMenu(r) : actions);
     return li;
+  }
+
+  /** The export formats in place of the row's actions (kept when the list is redrawn); one click
+   *  downloads the file. */
+  startExport(li, r) {
+    this.exporting = r.key;
+    li.querySelector(".actions").replaceWith(this.exportMenu(r));
+    li.querySelector(".export-menu button").focus();
+  }
+
+  exportMenu(r) {
+    const done = () => { this.exporting = null; this.draw(); };
+    const pick = (format) => { done(); this.actions.exportAs(r.key, format); };
+    return el("span", { class: "export-menu", role: "group", "aria-label": `Export ${titleOf(r)} as` },
+      el("button", { type: "button", "data-testid": "export-html", title: "One page with the whole tree", onclick: () => pick("html") }, "HTML"),
+      el("button", { type: "button", "data-testid": "export-md", title: "The active branch as Markdown", onclick: () => pick("md") }, "Markdown"),
+      el("button", { type: "button", "data-testid": "export-jsonl", title: "The transcript file", onclick: () => pick("jsonl") }, "JSONL"),
+      el("button", { type: "button", class: "icon", "aria-label": "Cancel", onclick: done }, "✕"));
   }
 
   startRename(li, r) {

@@ -82,6 +82,7 @@ const ICONS = {
   clip: "M21 11.5l-8.5 8.5a5 5 0 0 1-7-7L14 4.5a3.5 3.5 0 0 1 5 5L10.5 18a2 2 0 0 1-3-3L15 7.5",
   pencil: "M4 20h4L19 9l-4-4L4 16zM13.5 6.5l4 4",
   restore: "M4 12a8 8 0 1 0 3-6.2M4 4v5h5",
+  download: "M12 4v11M7 10l5 5 5-5M5 20h14",
 };
 
 /** A small stroke icon (inline SVG, so no font or image is needed). */

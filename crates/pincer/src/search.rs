@@ -1,0 +1,99 @@
+//! `pincer sessions search` and `pincer sessions reindex`: the full-text index of a state
+//! directory (`pincer_search`), brought up to date with the transcripts before each search (only
+//! what was appended since is read), and rebuilt from them on request.
+
+use crate::Failure;
+use clap::Args;
+use pincer_gateway::search::{SearchParams, DEFAULT_LIMIT};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct SearchArgs {
+    /// Words (all must match), "quoted phrases", prefix* (on a word or a phrase).
+    query: String,
+    /// State directory (default $PINCER_STATE_DIR or ~/.pincer).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Most hits.
+    #[arg(long, default_value_t = DEFAULT_LIMIT)]
+    limit: usize,
+    /// Include archived sessions.
+    #[arg(long)]
+    archived: bool,
+    /// Only this agent's sessions.
+    #[arg(long)]
+    agent: Option<String>,
+    #[command(flatten)]
+    output: crate::table::OutputArgs,
+}
+
+#[derive(Args)]
+pub struct ReindexArgs {
+    /// State directory (default $PINCER_STATE_DIR or ~/.pincer).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+fn open(dir: &std::path::Path) -> Result<pincer_search::Index, Failure> {
+    if !dir.is_dir() {
+        return Err(Failure::usage(format!("{}: no such state directory", dir.display())));
+    }
+    pincer_search::Index::open(dir).map_err(|e| Failure::failed(e.to_string()))
+}
+
+pub fn search(args: SearchArgs) -> Result<u8, Failure> {
+    let dir = args.state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
+    let mut index = open(&dir)?;
+    index.sync_all().map_err(|e| Failure::failed(e.to_string()))?;
+    let sessions = pincer_gateway::sessions::Sessions::new(&dir, pincer_store::Store::new(Default::default()));
+    let params = SearchParams {
+        query: args.query,
+        agent_id: args.agent,
+        limit: Some(args.limit),
+        include_archived: Some(args.archived),
+        ..SearchParams::default()
+    };
+    let found = pincer_gateway::search::search(&sessions, &index, &params).map_err(|e| Failure::usage(e.message))?;
+    let hits = found["results"].as_array().cloned().unwrap_or_default();
+    if args.output.json() {
+        let rows: Vec<Value> = hits
+            .iter()
+            .map(|h| {
+                json!({"sessionKey": h["sessionKey"], "sessionId": h["sessionId"], "entryId": h["entryId"],
+                    "snippet": h["snippet"], "title": h["title"], "role": h["role"], "timestamp": h["timestamp"]})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| Failure::failed(e.to_string()))?);
+    } else if hits.is_empty() {
+        println!("no matches in {}", dir.display());
+    } else {
+        use crate::table::{local_time, one_line, Table};
+        let mut t = Table::new(&["SESSION", "TITLE", "TIME", "ENTRY", "SNIPPET"]);
+        for h in &hits {
+            let s = |k: &str| h[k].as_str().unwrap_or("-").to_owned();
+            t.row(vec![
+                s("sessionKey"),
+                one_line(h["title"].as_str().unwrap_or("-"), 32),
+                local_time(h["timestamp"].as_i64()),
+                s("entryId"),
+                one_line(&s("snippet"), 80),
+            ]);
+        }
+        print!("{}", t.render());
+    }
+    Ok(0)
+}
+
+pub fn reindex(args: ReindexArgs) -> Result<u8, Failure> {
+    let dir = args.state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
+    let started = std::time::Instant::now();
+    let mut index = open(&dir)?;
+    let done = index.rebuild().map_err(|e| Failure::failed(e.to_string()))?;
+    let ms = started.elapsed().as_millis() as u64;
+    println!(
+        "{}",
+        json!({"files": done.files, "messages": done.messages, "ms": ms, "index": pincer_search::db_path(&dir).display().to_string()})
+    );
+    Ok(0)
+}

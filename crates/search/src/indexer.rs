@@ -1,0 +1,121 @@
+//! The index kept up to date beside a running gateway: one thread owns the database, takes the
+//! paths the store reports after each durable commit (sending one never blocks an append: it is
+//! a channel send) and indexes what was appended. At start it syncs every transcript, so what a
+//! crash left out is indexed again, and again every [`FULL_SYNC`] when idle (transcripts written by
+//! other processes, such as `pincer transcript append` or `import`); [`Indexer::flush`] waits
+//! until everything sent is indexed.
+
+use crate::{Index, Result, SearchError};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+
+/// How often an idle indexer looks at every transcript.
+pub const FULL_SYNC: std::time::Duration = std::time::Duration::from_secs(30);
+
+enum Job {
+    File(PathBuf),
+    Flush(Sender<()>),
+}
+
+/// The background indexer of one state directory.
+pub struct Indexer {
+    tx: Mutex<Option<Sender<Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Indexer {
+    /// Opens the index and starts its thread (which first syncs every transcript).
+    pub fn start(state_dir: &Path) -> Result<Arc<Indexer>> {
+        let mut index = Index::open(state_dir)?;
+        let (tx, rx) = channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("pincer-search-index".into())
+            .spawn(move || {
+                if let Err(e) = index.sync_all() {
+                    tracing_warn(&e);
+                }
+                loop {
+                    let job = match rx.recv_timeout(FULL_SYNC) {
+                        Ok(job) => job,
+                        Err(RecvTimeoutError::Timeout) => {
+                            if let Err(e) = index.sync_all() {
+                                tracing_warn(&e);
+                            }
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    };
+                    let mut jobs = vec![job];
+                    jobs.extend(rx.try_iter());
+                    let mut files: Vec<PathBuf> = Vec::new();
+                    let mut waiters = Vec::new();
+                    for j in jobs {
+                        match j {
+                            Job::File(p) if !files.contains(&p) => files.push(p),
+                            Job::File(_) => {}
+                            Job::Flush(w) => waiters.push(w),
+                        }
+                    }
+                    for f in files {
+                        if let Err(e) = index.sync_file(&f) {
+                            tracing_warn(&e);
+                        }
+                    }
+                    for w in waiters {
+                        let _ = w.send(());
+                    }
+                }
+            })
+            .map_err(|e| SearchError(format!("cannot start the search indexer: {e}")))?;
+        Ok(Arc::new(Indexer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) }))
+    }
+
+    /// Queues `path` to be indexed (never blocks).
+    pub fn notify(&self, path: &Path) {
+        if let Some(tx) = pincer_pi::lock(&self.tx).as_ref() {
+            let _ = tx.send(Job::File(path.to_path_buf()));
+        }
+    }
+
+    /// The store observer that feeds this indexer.
+    pub fn observer(self: &Arc<Self>) -> pincer_store::store::AppendObserver {
+        let me = Arc::downgrade(self);
+        Arc::new(move |p: &Path| {
+            if let Some(i) = me.upgrade() {
+                i.notify(p);
+            }
+        })
+    }
+
+    /// Waits until everything queued so far is indexed.
+    pub fn flush(&self) {
+        self.flush_within(None);
+    }
+
+    /// [`Indexer::flush`] for at most `patience`; false when the indexer is still busy then (the
+    /// first sync of a large state directory).
+    pub fn flush_within(&self, patience: Option<std::time::Duration>) -> bool {
+        let (tx, rx) = channel();
+        let sent = pincer_pi::lock(&self.tx).as_ref().is_some_and(|t| t.send(Job::Flush(tx)).is_ok());
+        if !sent {
+            return true;
+        }
+        match patience {
+            None => rx.recv().is_ok(),
+            Some(d) => rx.recv_timeout(d).is_ok(),
+        }
+    }
+
+    /// Indexes what is queued and stops the thread.
+    pub fn stop(&self) {
+        pincer_pi::lock(&self.tx).take();
+        if let Some(t) = pincer_pi::lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn tracing_warn(e: &SearchError) {
+    tracing::warn!("{e} (`pincer sessions reindex` rebuilds the search index)");
+}

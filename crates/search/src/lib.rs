@@ -1,0 +1,420 @@
+//! Pincer's full-text index of session messages: SQLite FTS5 in `<state>/search/messages.sqlite`
+//! (0600, as are the journal files SQLite creates beside it), one row per user or assistant
+//! message (its text blocks), keyed by transcript and entry id.
+//!
+//! The index is derived data, never a transcript: it follows the files. For each transcript it
+//! records how many bytes were indexed and the file's identity; [`Index::sync_file`] reads only the
+//! whole lines appended since (a replaced or shortened file is indexed again from the start), so
+//! it can be called after every append ([`Indexer`] does it on its own thread, off the append
+//! path), at start-up over every file ([`Index::sync_all`]: what a crash left out is indexed
+//! then), or from scratch ([`Index::rebuild`], `pincer sessions reindex`).
+//!
+//! Queries ([`fts_query`]) are words (all must match, diacritics ignored), `"quoted phrases"`, and
+//! `prefix*` on a word or a phrase; nothing a user types can reach FTS5's own syntax.
+
+mod indexer;
+
+pub use indexer::Indexer;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The index database under a state directory.
+pub fn db_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("search").join("messages.sqlite")
+}
+
+/// Errors of the index.
+#[derive(Debug)]
+pub struct SearchError(pub String);
+
+impl std::fmt::Display for SearchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SearchError {}
+
+impl From<rusqlite::Error> for SearchError {
+    fn from(e: rusqlite::Error) -> Self {
+        SearchError(format!("search index: {e}"))
+    }
+}
+
+type Result<T> = std::result::Result<T, SearchError>;
+
+/// Bits of a row id that number the messages of one file (the rest is the file's id), so all
+/// rows of a file are one rowid range and can be dropped without scanning the index.
+const SEQ_BITS: u32 = 32;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS files(
+  id INTEGER PRIMARY KEY,
+  path TEXT NOT NULL UNIQUE,
+  dev INTEGER NOT NULL,
+  ino INTEGER NOT NULL,
+  indexed INTEGER NOT NULL,
+  next_seq INTEGER NOT NULL,
+  title TEXT
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS messages USING fts5(
+  text, entry UNINDEXED, role UNINDEXED, ts UNINDEXED,
+  tokenize = 'unicode61 remove_diacritics 2', prefix = '2 3'
+);
+";
+
+/// One hit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hit {
+    /// The transcript, relative to the state directory.
+    pub file: String,
+    pub entry_id: String,
+    pub role: String,
+    /// The message's time (ms since the epoch; 0 when unknown).
+    pub timestamp: i64,
+    /// The matching part of the text, words around it.
+    pub snippet: String,
+    /// BM25 relevance (higher is better).
+    pub score: f64,
+}
+
+/// The index, open for reading and writing.
+pub struct Index {
+    conn: Connection,
+    state_dir: PathBuf,
+}
+
+/// What a sync did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Synced {
+    pub files: usize,
+    pub messages: usize,
+}
+
+#[derive(Deserialize)]
+struct LineHead<'a> {
+    #[serde(rename = "type")]
+    ty: Option<std::borrow::Cow<'a, str>>,
+    id: Option<String>,
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: Option<String>,
+    content: Option<Value>,
+    timestamp: Option<Value>,
+}
+
+/// The text a message is found by: its text blocks, for user and assistant messages.
+fn message_text(raw: &RawValue) -> Option<(String, String, i64)> {
+    let m: Message = serde_json::from_str(raw.get()).ok()?;
+    let role = m.role?;
+    if role != "user" && role != "assistant" {
+        return None;
+    }
+    let text = pincer_pi::text_blocks(m.content.as_ref()).join("\n");
+    if text.trim().is_empty() {
+        return None;
+    }
+    let ts = pincer_store::ids::js_date_ms(m.timestamp.as_ref()).unwrap_or(0);
+    Some((role, text, ts))
+}
+
+impl Index {
+    /// Opens (creating it, 0600, if needed) the index of a state directory.
+    pub fn open(state_dir: &Path) -> Result<Index> {
+        let path = db_path(state_dir);
+        pincer_store::files::create_private_file(&path)
+            .map_err(|e| SearchError(format!("{}: cannot create the search index: {e}", path.display())))?;
+        let conn = Connection::open(&path)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)?;
+        let state_dir = state_dir.canonicalize().unwrap_or_else(|_| state_dir.to_path_buf());
+        Ok(Index { conn, state_dir })
+    }
+
+    /// The transcripts of the state directory: `agents/<agent>/sessions/*.jsonl`.
+    pub fn transcripts(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for agent in std::fs::read_dir(self.state_dir.join("agents")).into_iter().flatten().flatten() {
+            for f in std::fs::read_dir(agent.path().join("sessions")).into_iter().flatten().flatten() {
+                let p = f.path();
+                if p.extension().is_some_and(|e| e == "jsonl") && f.file_type().is_ok_and(|t| t.is_file()) {
+                    out.push(p);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// `path` relative to the state directory, when it is a transcript of it.
+    fn relative(&self, path: &Path) -> Option<String> {
+        let rel = path.strip_prefix(&self.state_dir).ok()?;
+        let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        match parts.as_slice() {
+            ["agents", _, "sessions", name] if name.ends_with(".jsonl") => Some(parts.join("/")),
+            _ => None,
+        }
+    }
+
+    /// Indexes what was appended to `path` since it was last indexed (everything, when the file is
+    /// new to the index or was replaced); drops its rows when it is gone. Paths that are not
+    /// transcripts of this state directory are ignored.
+    pub fn sync_file(&mut self, path: &Path) -> Result<usize> {
+        let Some(rel) = self.relative(path) else { return Ok(0) };
+        let row: Option<(i64, i64, i64, i64, i64)> = self
+            .conn
+            .query_row("SELECT id, dev, ino, indexed, next_seq FROM files WHERE path = ?1", [&rel], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .optional()?;
+        let from = row.map_or(0, |r| r.3 as u64);
+        let read = pincer_store::files::read_appended(path, from)
+            .map_err(|e| SearchError(format!("{}: {e}", path.display())))?;
+        let tx = self.conn.transaction()?;
+        let Some(mut lines) = read else {
+            if let Some((id, ..)) = row {
+                drop_rows(&tx, id)?;
+                tx.execute("DELETE FROM files WHERE id = ?1", [id])?;
+            }
+            tx.commit()?;
+            return Ok(0);
+        };
+        let ident = (lines.ident.0 as i64, lines.ident.1 as i64);
+        let (id, mut seq) = match row {
+            Some((id, dev, ino, indexed, seq)) if (dev, ino) == ident && lines.len >= indexed as u64 => {
+                if lines.bytes.is_empty() {
+                    return Ok(0);
+                }
+                (id, seq)
+            }
+            Some((id, ..)) => {
+                // Replaced (repair, a reset that reused the name) or cut: index it again.
+                drop_rows(&tx, id)?;
+                tx.execute("UPDATE files SET indexed = 0, next_seq = 0, title = NULL WHERE id = ?1", [id])?;
+                if from > 0 {
+                    lines = pincer_store::files::read_appended(path, 0)
+                        .map_err(|e| SearchError(format!("{}: {e}", path.display())))?
+                        .unwrap_or(lines);
+                }
+                (id, 0)
+            }
+            None => {
+                tx.execute(
+                    "INSERT INTO files(path, dev, ino, indexed, next_seq) VALUES (?1, ?2, ?3, 0, 0)",
+                    params![rel, ident.0, ident.1],
+                )?;
+                (tx.last_insert_rowid(), 0)
+            }
+        };
+        let mut title: Option<String> =
+            tx.query_row("SELECT title FROM files WHERE id = ?1", [id], |r| r.get::<_, Option<String>>(0))?;
+        let mut added = 0;
+        {
+            let mut insert =
+                tx.prepare_cached("INSERT INTO messages(rowid, text, entry, role, ts) VALUES (?1, ?2, ?3, ?4, ?5)")?;
+            for line in lines.bytes.split(|&b| b == b'\n') {
+                let Ok(head) = serde_json::from_slice::<LineHead<'_>>(line) else { continue };
+                if head.ty.as_deref() != Some("message") {
+                    continue;
+                }
+                let (Some(entry), Some(raw)) = (head.id, head.message) else { continue };
+                let Some((role, text, ts)) = message_text(raw) else { continue };
+                if title.is_none() && role == "user" {
+                    title = Some(text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(120).collect());
+                }
+                insert.execute(params![(id << SEQ_BITS) | seq, text, entry, role, ts])?;
+                seq += 1;
+                added += 1;
+            }
+        }
+        tx.execute(
+            "UPDATE files SET dev = ?2, ino = ?3, indexed = ?4, next_seq = ?5, title = ?6 WHERE id = ?1",
+            params![id, ident.0, ident.1, lines.end as i64, seq, title],
+        )?;
+        tx.commit()?;
+        Ok(added)
+    }
+
+    /// Brings the index up to date with every transcript of the state directory (and forgets
+    /// files that are gone).
+    pub fn sync_all(&mut self) -> Result<Synced> {
+        let files = self.transcripts();
+        let known: Vec<String> = {
+            let mut st = self.conn.prepare("SELECT path FROM files")?;
+            let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+            rows.collect::<std::result::Result<_, _>>()?
+        };
+        let mut out = Synced::default();
+        for f in &files {
+            out.messages += self.sync_file(f)?;
+            out.files += 1;
+        }
+        for rel in known {
+            let p = self.state_dir.join(&rel);
+            if !p.exists() {
+                self.sync_file(&p)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops everything and indexes every transcript again.
+    pub fn rebuild(&mut self) -> Result<Synced> {
+        self.conn.execute_batch(
+            "DELETE FROM files; DELETE FROM messages; INSERT INTO messages(messages) VALUES('optimize');",
+        )?;
+        self.sync_all()
+    }
+
+    /// Title (the first user message, one line) of an indexed transcript.
+    pub fn title(&self, file: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn
+            .query_row("SELECT title FROM files WHERE path = ?1", [file], |r| r.get::<_, Option<String>>(0))
+            .optional()?
+            .flatten())
+    }
+
+    /// The best `limit` hits of a query among the transcripts `files` (relative paths; `None`: all).
+    ///
+    /// Ranked by BM25 among the newest [`CANDIDATES`] matches: FTS5 walks a term's rows newest
+    /// first and stops there, so a word found in half the messages costs no more than a rare one
+    /// (for queries with fewer matches, which are what people look for, this is the full ranking).
+    pub fn search(&self, query: &str, files: Option<&[String]>, limit: usize) -> Result<Vec<Hit>> {
+        let Some(q) = fts_query(query) else {
+            return Err(SearchError(format!("query {query:?} has no words to search for")));
+        };
+        let known: Vec<(i64, String)> = {
+            let mut st = self.conn.prepare_cached("SELECT id, path FROM files")?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<std::result::Result<_, _>>()?
+        };
+        let filter = match files {
+            None => String::new(),
+            Some(fs) => {
+                let visible: std::collections::HashSet<&str> = fs.iter().map(String::as_str).collect();
+                let (shown, hidden): (Vec<_>, Vec<_>) = known.iter().partition(|(_, p)| visible.contains(p.as_str()));
+                let list = |v: &[&(i64, String)]| v.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>().join(",");
+                match (shown.is_empty(), hidden.is_empty()) {
+                    (true, _) => return Ok(Vec::new()),
+                    (false, true) => String::new(),
+                    _ if hidden.len() <= shown.len() => {
+                        format!(" AND (rowid >> {SEQ_BITS}) NOT IN ({})", list(&hidden))
+                    }
+                    _ => format!(" AND (rowid >> {SEQ_BITS}) IN ({})", list(&shown)),
+                }
+            }
+        };
+        let paths: std::collections::HashMap<i64, String> = known.into_iter().collect();
+        let sql = format!(
+            "SELECT rowid, entry, role, ts, bm25(messages) FROM messages
+             WHERE messages MATCH ?1{filter} ORDER BY rowid DESC LIMIT {CANDIDATES}"
+        );
+        let mut st = self.conn.prepare_cached(&sql)?;
+        let rows = st.query_map(params![q], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, f64>(4)?,
+            ))
+        })?;
+        let mut found: Vec<(i64, String, String, i64, f64)> = rows.collect::<std::result::Result<_, _>>()?;
+        // bm25() is lower for better matches; newer first among equals.
+        found.sort_by(|a, b| a.4.total_cmp(&b.4).then(b.0.cmp(&a.0)));
+        found.truncate(limit);
+        let mut snip = self.conn.prepare_cached(
+            "SELECT snippet(messages, 0, '', '', '…', 24) FROM messages WHERE messages MATCH ?1 AND rowid = ?2",
+        )?;
+        let mut out = Vec::with_capacity(found.len());
+        for (rowid, entry_id, role, timestamp, rank) in found {
+            let snippet = snip.query_row(params![q, rowid], |r| r.get::<_, String>(0)).optional()?.unwrap_or_default();
+            out.push(Hit {
+                file: paths.get(&(rowid >> SEQ_BITS)).cloned().unwrap_or_default(),
+                entry_id,
+                role,
+                timestamp,
+                snippet,
+                score: -rank,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// How many of the newest matches a query ranks (see [`Index::search`]).
+pub const CANDIDATES: usize = 500;
+
+fn drop_rows(tx: &rusqlite::Transaction<'_>, file_id: i64) -> Result<()> {
+    tx.execute(
+        "DELETE FROM messages WHERE rowid >= ?1 AND rowid < ?2",
+        params![file_id << SEQ_BITS, (file_id + 1) << SEQ_BITS],
+    )?;
+    Ok(())
+}
+
+/// A user's query as an FTS5 query: every word and `"phrase"` must match (each quoted, so no
+/// FTS5 operator or column filter can be typed), `word*` and `"a phrase"*` match prefixes.
+/// `None` when nothing searchable is left.
+pub fn fts_query(input: &str) -> Option<String> {
+    let mut terms: Vec<String> = Vec::new();
+    let mut chars = input.chars().peekable();
+    let push = |terms: &mut Vec<String>, text: &str, prefix: bool| {
+        if text.chars().any(char::is_alphanumeric) {
+            let quoted = format!("\"{}\"", text.replace('"', "\"\""));
+            terms.push(if prefix { format!("{quoted}*") } else { quoted });
+        }
+    };
+    while let Some(&c) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+            continue;
+        }
+        if c == '"' {
+            chars.next();
+            let phrase: String = chars.by_ref().take_while(|&c| c != '"').collect();
+            let prefix = chars.peek() == Some(&'*');
+            if prefix {
+                chars.next();
+            }
+            push(&mut terms, phrase.trim(), prefix);
+            continue;
+        }
+        let mut word = String::new();
+        while let Some(&c) = chars.peek() {
+            if c.is_whitespace() || c == '"' {
+                break;
+            }
+            word.push(c);
+            chars.next();
+        }
+        let prefix = word.ends_with('*');
+        push(&mut terms, word.trim_end_matches('*'), prefix);
+    }
+    (!terms.is_empty()).then(|| terms.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_cannot_reach_fts5_syntax() {
+        assert_eq!(fts_query("lisbon museum").as_deref(), Some("\"lisbon\" \"museum\""));
+        assert_eq!(fts_query("\"pena palace\" sin*").as_deref(), Some("\"pena palace\" \"sin\"*"));
+        assert_eq!(fts_query("\"pena pal\"*").as_deref(), Some("\"pena pal\"*"));
+        assert_eq!(fts_query("a\"b OR text:NEAR(").as_deref(), Some("\"a\" \"b OR text:NEAR(\""));
+        assert_eq!(fts_query("  * \"\" -- ").as_deref(), None);
+    }
+}
