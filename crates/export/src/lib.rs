@@ -63,9 +63,6 @@ pub enum ExportError {
     NotImportable(String),
 }
 
-/// Longest derived title, in characters.
-const TITLE_CHARS: usize = 80;
-
 /// The session's title: the newest `session_info` name, else the first user message's text on
 /// one line (shortened), else `None`.
 pub fn title(s: &Session) -> Option<String> {
@@ -82,20 +79,6 @@ pub fn title(s: &Session) -> Option<String> {
         if m.get("role").and_then(Value::as_str) != Some("user") {
             return None;
         }
-        let text = one_line(&pincer_pi::text_blocks(m.get("content")).concat());
-        (!text.is_empty()).then(|| shorten(&text, TITLE_CHARS))
+        Some(pincer_pi::headline(m.get("content"), pincer_pi::HEADLINE_CHARS)).filter(|t| !t.is_empty())
     })
-}
-
-/// Whitespace runs as one space, trimmed.
-pub(crate) fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// At most `max` characters, with `…` when cut.
-pub(crate) fn shorten(s: &str, max: usize) -> String {
-    match s.chars().count() > max {
-        true => s.chars().take(max.saturating_sub(1)).collect::<String>() + "…",
-        false => s.to_owned(),
-    }
 }

@@ -3,7 +3,8 @@
 //! Markdown), tool calls and results in fenced blocks, images named, compaction and branch
 //! summaries quoted, labels and model changes noted. The branch is the file's leaf or a given one.
 
-use crate::{one_line, title, ExportError};
+use crate::{title, ExportError};
+use pincer_pi::one_line;
 use pincer_store::session::{Kind, Leaf, Session};
 use pincer_store::LeafArg;
 use serde_json::Value;
@@ -94,7 +95,7 @@ fn heading(out: &mut String, who: &str, v: &Value, labels: &HashMap<String, Stri
     }
     let _ = writeln!(out, " · `{id}`\n");
     if let Some(l) = labels.get(id) {
-        let _ = writeln!(out, "Label: **{}**\n", one_line(l));
+        let _ = writeln!(out, "Label: **{}**\n", one_line(l, usize::MAX));
     }
 }
 
@@ -147,7 +148,7 @@ fn message(out: &mut String, v: &Value, labels: &HashMap<String, String>) {
             heading(out, &who, v, labels);
             content(out, m.get("content"));
             if let Some(e) = m.get("errorMessage").and_then(Value::as_str) {
-                let _ = writeln!(out, "**Error:** {}\n", one_line(e));
+                let _ = writeln!(out, "**Error:** {}\n", one_line(e, usize::MAX));
             }
         }
         "toolResult" => {

@@ -21,8 +21,6 @@ use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// Longest branch headline, in characters (OpenClaw's `BRANCH_HEADLINE_MAX_CHARS`).
-const HEADLINE_CHARS: usize = 120;
 /// `chat.message.get`'s default and largest `maxChars`.
 const MESSAGE_MAX_CHARS: u64 = 2_000_000;
 
@@ -168,11 +166,7 @@ fn role(n: &Node) -> Option<&str> {
 
 /// The text of a projected message as one trimmed line (titles, headlines).
 pub fn display_text(message: &Value) -> String {
-    let text = pincer_pi::text_blocks(message.get("content")).concat().split_whitespace().collect::<Vec<_>>().join(" ");
-    match text.chars().count() > HEADLINE_CHARS {
-        true => text.chars().take(HEADLINE_CHARS - 1).collect::<String>() + "…",
-        false => text,
-    }
+    pincer_pi::headline(message.get("content"), pincer_pi::HEADLINE_CHARS)
 }
 
 fn headline(tree: &Tree, path: &[&Node]) -> String {
@@ -590,7 +584,7 @@ mod tests {
     fn headlines_are_one_line_and_bounded() {
         assert_eq!(display_text(&json!({"content": "a\n\n  b\tc"})), "a b c");
         let long = display_text(&json!({"content": [{"type": "text", "text": "x".repeat(500)}]}));
-        assert_eq!(long.chars().count(), HEADLINE_CHARS);
+        assert_eq!(long.chars().count(), pincer_pi::HEADLINE_CHARS);
         assert!(long.ends_with('…'));
     }
 }

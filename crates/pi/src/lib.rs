@@ -23,6 +23,25 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Longest session title or message headline shown, in characters (OpenClaw's
+/// `BRANCH_HEADLINE_MAX_CHARS`).
+pub const HEADLINE_CHARS: usize = 120;
+
+/// A message's text as one line for a title or a headline: its text blocks joined, as [`one_line`].
+pub fn headline(content: Option<&serde_json::Value>, max_chars: usize) -> String {
+    one_line(&text_blocks(content).concat(), max_chars)
+}
+
+/// `text` with whitespace runs as one space, trimmed, at most `max_chars` characters (`…` ending
+/// one that was cut).
+pub fn one_line(text: &str, max_chars: usize) -> String {
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match text.chars().count() > max_chars {
+        true => text.chars().take(max_chars.saturating_sub(1)).collect::<String>() + "…",
+        false => text,
+    }
+}
+
 /// The text blocks of a message's `content` in order: a string content is one block; blocks of
 /// another type are skipped; a text block without a string `text` counts as `""`.
 pub fn text_blocks(content: Option<&serde_json::Value>) -> Vec<&str> {

@@ -230,7 +230,7 @@ impl Index {
                 let (Some(entry), Some(raw)) = (head.id, head.message) else { continue };
                 let Some((role, text, ts)) = message_text(raw) else { continue };
                 if title.is_none() && role == "user" {
-                    title = Some(text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(120).collect());
+                    title = Some(pincer_pi::one_line(&text, pincer_pi::HEADLINE_CHARS));
                 }
                 insert.execute(params![(id << SEQ_BITS) | seq, text, entry, role, ts])?;
                 seq += 1;
