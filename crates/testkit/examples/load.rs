@@ -6,6 +6,8 @@
 //! The request-body pass (writing the model call's JSON body, O(context) by nature) is read from
 //! the gateway's `/metrics` (`pincer_request_body_*`, the writing thread's CPU clock) and reported
 //! on its own: its share of the CPU per turn, its throughput in MB/s, and the CPU per turn without it.
+//! From the same place: fdatasyncs per turn, their mean time, and how many were in flight on
+//! average (their summed time over the wall time: above 1 they overlapped).
 //! Sessions of L entries are written as fixture files (user/assistant pairs chained as Pi does)
 //! before the gateway starts.
 //!
@@ -74,8 +76,29 @@ fn prefill(dir: &std::path::Path, session_id: &str, entries: usize) -> serde_jso
     json!({"sessionId": session_id, "updatedAt": 1, "sessionStartedAt": 1})
 }
 
-/// The gateway's request-body totals from `/metrics`: (bytes, CPU seconds).
-async fn body_pass(addr: &str) -> (f64, f64) {
+/// Totals the gateway exports on `/metrics`: the request-body pass (bytes, CPU seconds) and the
+/// transcript fdatasyncs (count, seconds spent in them).
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    body_bytes: f64,
+    body_cpu: f64,
+    syncs: f64,
+    sync_seconds: f64,
+}
+
+impl std::ops::Sub for Totals {
+    type Output = Totals;
+    fn sub(self, o: Totals) -> Totals {
+        Totals {
+            body_bytes: self.body_bytes - o.body_bytes,
+            body_cpu: self.body_cpu - o.body_cpu,
+            syncs: self.syncs - o.syncs,
+            sync_seconds: self.sync_seconds - o.sync_seconds,
+        }
+    }
+}
+
+async fn totals(addr: &str) -> Totals {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect /metrics");
     let req =
@@ -84,9 +107,18 @@ async fn body_pass(addr: &str) -> (f64, f64) {
     let mut text = String::new();
     sock.read_to_string(&mut text).await.expect("read /metrics");
     let value = |name: &str| {
-        text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.trim().parse::<f64>().ok())).unwrap_or(0.0)
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|r| r.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0)
     };
-    (value("pincer_request_body_bytes_total "), value("pincer_request_body_cpu_microseconds_total ") / 1e6)
+    Totals {
+        body_bytes: value("pincer_request_body_bytes_total"),
+        body_cpu: value("pincer_request_body_cpu_microseconds_total") / 1e6,
+        syncs: value("pincer_store_fdatasync_seconds_count"),
+        sync_seconds: value("pincer_store_fdatasync_seconds_sum"),
+    }
 }
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -182,7 +214,7 @@ async fn main() {
             }
             warm.wait().await;
             let perf = perf_dir.as_ref().map(|d| start_perf(d, pid, &format!("perf-{n}x{len}.data")));
-            let body_before = body_pass(&gw.addr).await;
+            let before = totals(&gw.addr).await;
             let cpu_before = cpu_s(pid);
             let started = Instant::now();
             let mut all = Vec::new();
@@ -191,8 +223,8 @@ async fn main() {
             }
             let wall = started.elapsed().as_secs_f64();
             let cpu = cpu_s(pid) - cpu_before;
-            let body_after = body_pass(&gw.addr).await;
-            let (body_bytes, body_cpu) = (body_after.0 - body_before.0, body_after.1 - body_before.1);
+            let d = totals(&gw.addr).await - before;
+            let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
             if let Some(p) = perf {
                 stop_perf(p);
             }
@@ -211,6 +243,14 @@ async fn main() {
                 body_bytes / count as f64 / 1e6,
                 if body_cpu > 0.0 { body_bytes / body_cpu / 1e6 } else { 0.0 },
                 rss_kib(pid) as f64 / 1024.0
+            );
+            // Time inside fdatasync summed over the calls, over the wall time: above 1, calls of
+            // different files overlapped (they run on several blocking threads).
+            println!(
+                "      fdatasyncs: {:.2} per turn, {:.3} ms each on average, {:.2} in flight on average",
+                d.syncs / count as f64,
+                if d.syncs > 0.0 { d.sync_seconds / d.syncs * 1e3 } else { 0.0 },
+                d.sync_seconds / wall
             );
         }
     }
