@@ -12,7 +12,7 @@ use crate::serialize::{convert_to_llm, serialize_conversation, FileLists};
 use crate::settings::{CompactionSettings, Mode};
 use pincer_agent::{CancellationToken, ResolvedModel};
 use pincer_pi::js::utf16_len;
-use pincer_store::{Leaf, NewEntry, Session, Store, StoreError};
+use pincer_store::{Kind, Leaf, NewEntry, Session, Store, StoreError};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -101,6 +101,19 @@ pub struct LoadedPath {
 
 /// Reads `file` and decodes its active path (as Pi's `getBranch()`).
 pub fn load_path(file: &Path) -> Result<LoadedPath, CompactionError> {
+    load(file, false)
+}
+
+/// [`load_path`] for [`prepare_compaction`]: the entries before the previous compaction's kept
+/// boundary (Pi's `boundaryStart`, the entry its `firstKeptEntryId` names) are left `null`
+/// without being decoded, since preparing reads nothing before it: only that compaction, its kept
+/// range and what follows. A long session compacted before then costs the decoding of its recent
+/// part only. (Ids that are not strings, or a boundary not on the path: everything is decoded.)
+pub fn load_compaction_path(file: &Path) -> Result<LoadedPath, CompactionError> {
+    load(file, true)
+}
+
+fn load(file: &Path, from_boundary: bool) -> Result<LoadedPath, CompactionError> {
     let session = Session::read(file)?;
     let Some((session, &Leaf::Entry(leaf))) = session.as_ref().map(|s| (s, &s.leaf)) else {
         return Ok(LoadedPath { entries: Vec::new(), leaf_id: None });
@@ -109,8 +122,29 @@ pub fn load_path(file: &Path) -> Result<LoadedPath, CompactionError> {
     if cycle {
         return Err(CompactionError::Cycle(file.display().to_string()));
     }
-    let entries = path.iter().map(|&i| session.value(i).unwrap_or(Value::Null)).collect();
+    let skip = if from_boundary { unread_prefix(session, &path) } else { 0 };
+    let entries = path
+        .iter()
+        .enumerate()
+        .map(|(pos, &i)| if pos < skip { Value::Null } else { session.value(i).unwrap_or(Value::Null) })
+        .collect();
     Ok(LoadedPath { entries, leaf_id: session.leaf_id().map(str::to_owned) })
+}
+
+/// How many leading path entries preparing a compaction never reads: those before both the last
+/// compaction's first kept entry (the first entry of the path with that id, as Pi finds it) and
+/// the first compaction of the path with the last one's id (Pi's context building finds the
+/// compaction again by id). Only the entry index is consulted; 0 when an id is not a string.
+fn unread_prefix(s: &Session, path: &[usize]) -> usize {
+    let id_is = |i: usize, id: &str| s.entries[i].id.as_deref() == Some(id);
+    let Some(last) = path.iter().rposition(|&i| s.entries[i].kind == Kind::Compaction) else { return 0 };
+    let Some(c) = s.value(path[last]) else { return 0 };
+    let (Some(Value::String(first_kept)), Some(Value::String(id))) = (c.get("firstKeptEntryId"), c.get("id")) else {
+        return 0;
+    };
+    let Some(boundary) = path.iter().position(|&i| id_is(i, first_kept)) else { return 0 };
+    let again = path.iter().position(|&i| s.entries[i].kind == Kind::Compaction && id_is(i, id)).unwrap_or(last);
+    boundary.min(again)
 }
 
 /// True when the path ends in a compaction, ignoring trailing `custom` entries (OpenClaw's
@@ -141,7 +175,7 @@ pub async fn compact(
     let path: PathBuf = file.to_owned();
     let prep_settings = settings.prepare_settings(model.model.context_window);
     let (loaded, prep) = blocking(move || {
-        let loaded = load_path(&path)?;
+        let loaded = load_compaction_path(&path)?;
         if already_compacted(&loaded.entries) {
             return Err(CompactionError::AlreadyCompacted);
         }

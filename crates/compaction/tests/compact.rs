@@ -11,8 +11,9 @@ mod support;
 use pincer_agent::CancellationToken;
 use pincer_compaction::guard::identifiers_in;
 use pincer_compaction::{
-    compact, load_path, prepare_compaction, CompactionError, CompactionReason, CompactionSettings, Mode,
-    SUMMARIZATION_SYSTEM_PROMPT, TURN_PREFIX_SUMMARIZATION_PROMPT, UPDATE_SUMMARIZATION_PROMPT,
+    compact, load_compaction_path, load_path, prepare_compaction, CompactionError, CompactionReason,
+    CompactionSettings, Mode, PrepareSettings, SUMMARIZATION_SYSTEM_PROMPT, TURN_PREFIX_SUMMARIZATION_PROMPT,
+    UPDATE_SUMMARIZATION_PROMPT,
 };
 use pincer_store::{NewEntry, Store, StoreOptions};
 use pretty_assertions::assert_eq;
@@ -381,4 +382,39 @@ async fn quality_guard_regenerates_then_succeeds() {
     let out = compact(&file, &store(), &model, &st, CompactionReason::Manual, CancellationToken::new()).await.unwrap();
     assert_eq!((out.attempts, out.model_calls, history_prompts(&fake).len()), (2, fake.bodies().len(), 2));
     assert_same_context_as_pi(&file);
+}
+
+/// Preparing from the previous compaction's boundary: the entries before its first kept entry are
+/// not decoded (`null`), everything from there on is, and the preparation is the one the fully
+/// decoded path gives.
+#[test]
+fn compaction_path_decodes_from_the_previous_boundary_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_session(dir.path(), 40, 300);
+    let store = store();
+    let compaction = |first_kept: Value| {
+        let p = json!({"summary": "## Goal\nEarlier turns.", "firstKeptEntryId": first_kept, "tokensBefore": 9000});
+        NewEntry::of("compaction", p.as_object().unwrap().clone())
+    };
+    store.append(&file, compaction(json!("e0000081"))).unwrap();
+    for t in 0..12 {
+        let m = json!({"role": "user", "content": format!("after the compaction {t}: {}", "words ".repeat(60)), "timestamp": 5});
+        store.append(&file, NewEntry::message(m)).unwrap();
+    }
+    let settings = PrepareSettings { keep_recent_tokens: 300, ..PrepareSettings::default() };
+    let full = load_path(&file).unwrap().entries;
+    let lazy = load_compaction_path(&file).unwrap().entries;
+    let boundary = full.iter().position(|e| e["id"] == "e0000081").unwrap();
+    assert_eq!(full.len(), lazy.len());
+    assert!(lazy[..boundary].iter().all(Value::is_null), "nothing before the boundary is decoded");
+    assert_eq!(lazy[boundary..], full[boundary..], "everything from it on is");
+    let (a, b) = (prepare_compaction(&full, settings), prepare_compaction(&lazy, settings));
+    assert!(a.is_some());
+    assert_eq!(a, b);
+
+    // A boundary that is not a string id: nothing is skipped.
+    store.append(&file, compaction(json!(81))).unwrap();
+    store.append(&file, NewEntry::message(json!({"role": "user", "content": "more", "timestamp": 6}))).unwrap();
+    let full = load_path(&file).unwrap().entries;
+    assert_eq!(load_compaction_path(&file).unwrap().entries, full);
 }

@@ -10,6 +10,9 @@
 //! | `pincer_connections_open` | gauge | open HTTP/WebSocket connections |
 //! | `pincer_store_append_seconds` | histogram | a transcript append, from call to durable (`pincer-store`) |
 //! | `pincer_store_fdatasync_seconds` | histogram | the `fdatasync` of an append (`pincer-store`) |
+//! | `pincer_request_bodies_total` | counter | model-call request bodies written (`pincer-agent`'s body pass) |
+//! | `pincer_request_body_bytes_total` | counter | their bytes |
+//! | `pincer_request_body_cpu_microseconds_total` | counter | CPU time spent writing them (the writing thread's clock) |
 //!
 //! The recorder is installed once per process; [`render`] is what the endpoint returns.
 
@@ -49,12 +52,24 @@ fn describe() {
     describe_gauge!("pincer_connections_open", "open client connections");
     describe_histogram!("pincer_store_append_seconds", Unit::Seconds, "transcript append, call to durable");
     describe_histogram!("pincer_store_fdatasync_seconds", Unit::Seconds, "fdatasync of a transcript append");
+    describe_counter!("pincer_request_bodies_total", "model-call request bodies written");
+    describe_counter!("pincer_request_body_bytes_total", Unit::Bytes, "bytes of the request bodies written");
+    describe_counter!(
+        "pincer_request_body_cpu_microseconds_total",
+        Unit::Microseconds,
+        "CPU time spent writing request bodies"
+    );
 }
 
 /// The Prometheus text exposition of every metric (empty when the recorder is off).
 pub fn render() -> String {
     match HANDLE.get() {
         Some(Some(h)) => {
+            // The body pass keeps its own totals (pincer-agent has no metrics recorder): copied in here.
+            let b = pincer_agent::provider::body_pass::totals();
+            metrics::counter!("pincer_request_bodies_total").absolute(b.bodies);
+            metrics::counter!("pincer_request_body_bytes_total").absolute(b.bytes);
+            metrics::counter!("pincer_request_body_cpu_microseconds_total").absolute(b.cpu_ns / 1000);
             h.run_upkeep();
             h.render()
         }

@@ -3,7 +3,9 @@
 //! the middle; then turns that hit the gateway's in-memory context, a compaction by the gateway,
 //! and turns after it. For every turn, the request the provider received must be exactly the
 //! OpenAI wire form of the context Pi's `buildSessionContext` gives at that turn's user row, so
-//! the shared, cached context can never drift from the file.
+//! the shared, cached context can never drift from the file. A second test moves the file under
+//! the gateway's cached context between turns (another writer appends, the leaf switches to the
+//! abandoned branch and back) and checks every request against Pi the same way.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
@@ -244,12 +246,91 @@ async fn every_request_of_a_long_branched_compacted_session_is_what_pi_builds_fr
     }
     for (what, needle) in [
         ("the failed reply", "half an answer"),
-        ("the abandoned branch", "answer 1801:"),
-        ("compacted turns", "answer 801:"),
+        ("the abandoned branch", "answer 1803:"),
+        ("compacted turns", "answer 803:"),
     ] {
         assert!(!first.contains(needle), "the first request leaves out {what}");
     }
     assert!(lengths[2] < lengths[1] && lengths[3] == lengths[2] + 2, "after it: {lengths:?}");
     let rows = read_rows(&transcript(&state));
     assert_eq!(rows.iter().filter(|e| e["type"] == "compaction").count(), 2, "the fixture's and the gateway's");
+}
+
+/// The id of the newest row whose message has `role` and mentions `text`.
+fn row_id(state: &Path, role: &str, text: &str) -> String {
+    read_rows(&transcript(state))
+        .iter()
+        .rev()
+        .find(|e| e["message"]["role"] == role && e["message"]["content"].to_string().contains(text))
+        .and_then(|e| e["id"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no {role} row mentioning {text:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_follow_the_file_when_it_moves_under_the_cached_context() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    prefill(&state);
+    let fake = FakeOpenAi::start().await;
+    let config = fake.gateway_toml_window(100_000_000);
+    let mut gw = tokio::task::spawn_blocking({
+        let state = state.clone();
+        move || GatewayProcess::start(BIN, &state, &config)
+    })
+    .await
+    .expect("start");
+    let mut c = Client::connect(&gw.addr).await;
+    let turn = |n: usize| (format!("moved-turn-{n}"), format!("moved-run-{n}"));
+    let mut said = Vec::new();
+    for n in 1..=4 {
+        match n {
+            2 => {
+                // Another writer continues the branch behind the gateway (through the store, with its lock).
+                let file = transcript(&state);
+                tokio::task::spawn_blocking(move || {
+                    let store = pincer_store::Store::new(pincer_store::StoreOptions::default());
+                    let user = json!({"role": "user", "content": "written by another writer", "timestamp": 2});
+                    store.append(&file, pincer_store::NewEntry::message(user)).expect("append user");
+                    let reply = assistant(json!([{"type": "text", "text": "an answer from elsewhere"}]), "stop");
+                    store
+                        .append(&file, pincer_store::NewEntry::message(reply["message"].clone()))
+                        .expect("append reply");
+                    store.close();
+                })
+                .await
+                .expect("other writer");
+            }
+            3 => {
+                // To the abandoned branch's tip (entry 1,999), then back to where the turns were.
+                let r =
+                    c.request("sessions.branches.switch", json!({"sessionKey": KEY, "leafEntryId": id(1999)})).await;
+                r.expect("switch to the abandoned branch");
+            }
+            4 => {
+                let tip = row_id(&state, "assistant", "moved-turn-2");
+                let r = c.request("sessions.branches.switch", json!({"sessionKey": KEY, "leafEntryId": tip})).await;
+                r.expect("switch back");
+            }
+            _ => {}
+        }
+        let (text, run) = turn(n);
+        c.request("chat.send", json!({"sessionKey": KEY, "message": text, "idempotencyKey": run})).await.expect("send");
+        let end = c.chat_end(&run).await;
+        assert_eq!(end["payload"]["state"], "final", "{end}");
+        said.push(text);
+    }
+    assert!(gw.terminate().success());
+    let requests = chat_requests(&fake);
+    assert_eq!(requests.len(), 4, "one model call per turn");
+    let lengths: Vec<usize> = requests.iter().zip(&said).map(|(r, text)| check_turn(&state, r, text)).collect();
+    let body: Vec<String> = requests.iter().map(Value::to_string).collect();
+    assert!(
+        body[1].contains("written by another writer") && body[1].contains("moved-turn-1"),
+        "turn 2 sees the other writer"
+    );
+    assert_eq!(lengths[1], lengths[0] + 4, "turn 1's pair and the other writer's pair: {lengths:?}");
+    assert!(body[2].contains("answer 1803:") && !body[2].contains("moved-turn-1"), "turn 3 is on the abandoned branch");
+    assert!(!body[2].contains("Tried another approach"), "the abandoned branch has no branch summary");
+    assert!(body[3].contains("written by another writer") && !body[3].contains("moved-turn-3"), "turn 4 is back");
+    assert_eq!(lengths[3], lengths[1] + 2, "turn 2's reply and turn 4's user row: {lengths:?}");
 }

@@ -4,6 +4,9 @@
 //! - open + leaf + `history` of the last 200 messages of a 100k-entry file;
 //! - context building of a 100k-entry file, and its throughput in MB/s on a ~100 MB file.
 //!
+//! The reads also report the process's CPU time per read (user + system of all its threads), which
+//! a machine busy with other work inflates far less than the wall time.
+//!
 //! Set `PINCER_BENCH_QUICK=1` for a short run. Data files are generated under `target/bench-data`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // benches fail loudly and print their figures
 
@@ -61,6 +64,12 @@ fn report(name: &str, mut samples: Vec<Duration>) -> Duration {
     let (p50, p99) = (pct(&samples, 0.5), pct(&samples, 0.99));
     println!("{name:<58} p50 {:>9.3} ms   p99 {:>9.3} ms   (n={})", ms(p50), ms(p99), samples.len());
     p50
+}
+
+/// CPU time of this process so far (all threads).
+fn cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -129,20 +138,22 @@ fn main() {
 
     let h100k = dir.join("history-100k.jsonl");
     make_file(&h100k, 100_000, 200);
-    let mut samples = Vec::new();
+    let (mut samples, mut cpus) = (Vec::new(), Vec::new());
     for _ in 0..if quick { 20 } else { 100 } {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu());
         let leaf = Store::new(StoreOptions::default()).leaf(&h100k).expect("leaf");
         let h = read_history(&h100k, HistoryOptions::default()).expect("history");
         samples.push(t.elapsed());
+        cpus.push(cpu() - c);
         assert!(leaf.is_some() && h.messages.len() == 200);
     }
     println!("== reads");
     report("open + leaf + history(200) of a 100k-entry file", samples);
+    report("  … its CPU time", cpus);
 
-    let mut samples = Vec::new();
+    let (mut samples, mut cpus) = (Vec::new(), Vec::new());
     for _ in 0..if quick { 3 } else { 10 } {
-        let t = Instant::now();
+        let (t, c0) = (Instant::now(), cpu());
         let data = std::fs::read(&h100k).expect("read");
         let t_read = t.elapsed();
         let s = Session::parse(data);
@@ -158,9 +169,11 @@ fn main() {
         }
         samples.push(t.elapsed());
         assert_eq!(c.messages.len(), 100_000);
+        cpus.push(cpu() - c0);
     }
     let size = std::fs::metadata(&h100k).map(|m| m.len()).unwrap_or(0) as f64;
     let p50 = report(&format!("context of a 100k-entry file ({:.0} MB)", size / 1e6), samples);
+    report("  … its CPU time (all threads)", cpus);
     println!("context throughput {:.0} MB/s", size / 1e6 / p50.as_secs_f64());
 
     let mb100 = dir.join("context-100mb.jsonl");

@@ -265,10 +265,12 @@ fn project_all(recs: &[Rec], picked: &[usize], buf: &[u8], limit: usize, max_cha
                 "__openclaw": {"id": r.id.as_deref(), "truncated": true, "reason": "oversized"}}));
             continue;
         }
-        let Ok(entry) = serde_json::from_slice::<Value>(&buf[r.start..r.end]) else {
+        let Ok(mut entry) = serde_json::from_slice::<Value>(&buf[r.start..r.end]) else {
             continue;
         };
-        if let Some(m) = project_entry(&entry, max_chars) {
+        // The entry is ours: its message is projected in place, not copied.
+        let message = entry.get_mut("message").map(Value::take);
+        if let Some(m) = project(&entry, message, max_chars) {
             out.push(m);
         }
     }
@@ -282,6 +284,11 @@ fn project_all(recs: &[Rec], picked: &[usize], buf: &[u8], limit: usize, max_cha
 
 /// One entry as `chat.history` shows it (`None`: not shown).
 pub fn project_entry(entry: &Value, max_chars: usize) -> Option<Value> {
+    project(entry, entry.get("message").cloned(), max_chars)
+}
+
+/// [`project_entry`] with the entry's `message` handed over (taken out of `entry`, or a copy).
+fn project(entry: &Value, message: Option<Value>, max_chars: usize) -> Option<Value> {
     let id = entry.get("id").cloned().unwrap_or(Value::Null);
     match entry.get("type").and_then(Value::as_str) {
         Some("compaction") => Some(json!({
@@ -291,7 +298,7 @@ pub fn project_entry(entry: &Value, max_chars: usize) -> Option<Value> {
             "__openclaw": {"kind": "compaction", "id": id},
         })),
         Some("message") => {
-            let mut m = entry.get("message")?.clone();
+            let mut m = message?;
             let obj = m.as_object_mut()?;
             let role = obj.get("role").and_then(Value::as_str).unwrap_or("").to_owned();
             if role == "assistant" && is_silent(obj) {
@@ -304,8 +311,7 @@ pub fn project_entry(entry: &Value, max_chars: usize) -> Option<Value> {
                 meta.insert("recordTimestampMs".into(), json!(ms));
             }
             obj.insert("__openclaw".into(), Value::Object(meta));
-            let size = serde_json::to_vec(&m).map(|b| b.len()).unwrap_or(0);
-            if size > MAX_MESSAGE_BYTES {
+            if json_len(&m) > MAX_MESSAGE_BYTES {
                 let ts = m.get("timestamp").cloned().unwrap_or(Value::Null);
                 return Some(json!({"role": role, "timestamp": ts,
                     "content": [{"type": "text", "text": OMITTED}],
@@ -382,7 +388,7 @@ fn is_silent(obj: &Map<String, Value>) -> bool {
 
 /// Drops the oldest messages until the JSON array fits [`MAX_RESPONSE_BYTES`].
 fn cap_total(mut msgs: Vec<Value>) -> Vec<Value> {
-    let sizes: Vec<usize> = msgs.iter().map(|m| serde_json::to_vec(m).map(|b| b.len() + 1).unwrap_or(0)).collect();
+    let sizes: Vec<usize> = msgs.iter().map(|m| json_len(m) + 1).collect();
     let mut total: usize = sizes.iter().sum::<usize>() + 2;
     let mut drop = 0;
     while total > MAX_RESPONSE_BYTES && drop < msgs.len() {
@@ -391,4 +397,23 @@ fn cap_total(mut msgs: Vec<Value>) -> Vec<Value> {
     }
     msgs.drain(..drop);
     msgs
+}
+
+/// Length of `v` as compact JSON, counted without building the text.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    match serde_json::to_writer(&mut c, v) {
+        Ok(()) => c.0,
+        Err(_) => 0,
+    }
 }

@@ -3,6 +3,11 @@
 //! for N concurrent sessions of L entries each (every combination of `--sessions` and
 //! `--lengths`): send→final latency (p50/p99), turns/s, and the gateway's own CPU time per turn
 //! (user + system, from `/proc/<pid>/stat`, so the load generator and the fake do not count).
+//! The request-body pass (writing the model call's JSON body, O(context) by nature) is read from
+//! the gateway's `/metrics` (`pincer_request_body_*`, the writing thread's CPU clock) and reported
+//! on its own: its share of the CPU per turn, its throughput in MB/s, and the CPU per turn without it.
+//! From the same place: fdatasyncs per turn, their mean time, and how many were in flight on
+//! average (their summed time over the wall time: above 1 they overlapped).
 //! Sessions of L entries are written as fixture files (user/assistant pairs chained as Pi does)
 //! before the gateway starts.
 //!
@@ -15,7 +20,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // a measuring tool
 
 use pincer_testkit::fake_openai::FakeOpenAi;
-use pincer_testkit::gateway::{Client, GatewayProcess};
+use pincer_testkit::gateway::{Client, GatewayProcess, TOKEN};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -69,6 +74,51 @@ fn prefill(dir: &std::path::Path, session_id: &str, entries: usize) -> serde_jso
     }
     std::fs::write(sessions.join(format!("{session_id}.jsonl")), out).expect("write session");
     json!({"sessionId": session_id, "updatedAt": 1, "sessionStartedAt": 1})
+}
+
+/// Totals the gateway exports on `/metrics`: the request-body pass (bytes, CPU seconds) and the
+/// transcript fdatasyncs (count, seconds spent in them).
+#[derive(Clone, Copy, Default)]
+struct Totals {
+    body_bytes: f64,
+    body_cpu: f64,
+    syncs: f64,
+    sync_seconds: f64,
+}
+
+impl std::ops::Sub for Totals {
+    type Output = Totals;
+    fn sub(self, o: Totals) -> Totals {
+        Totals {
+            body_bytes: self.body_bytes - o.body_bytes,
+            body_cpu: self.body_cpu - o.body_cpu,
+            syncs: self.syncs - o.syncs,
+            sync_seconds: self.sync_seconds - o.sync_seconds,
+        }
+    }
+}
+
+async fn totals(addr: &str) -> Totals {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect /metrics");
+    let req =
+        format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n");
+    sock.write_all(req.as_bytes()).await.expect("write /metrics");
+    let mut text = String::new();
+    sock.read_to_string(&mut text).await.expect("read /metrics");
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|r| r.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0)
+    };
+    Totals {
+        body_bytes: value("pincer_request_body_bytes_total"),
+        body_cpu: value("pincer_request_body_cpu_microseconds_total") / 1e6,
+        syncs: value("pincer_store_fdatasync_seconds_count"),
+        sync_seconds: value("pincer_store_fdatasync_seconds_sum"),
+    }
 }
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -164,6 +214,7 @@ async fn main() {
             }
             warm.wait().await;
             let perf = perf_dir.as_ref().map(|d| start_perf(d, pid, &format!("perf-{n}x{len}.data")));
+            let before = totals(&gw.addr).await;
             let cpu_before = cpu_s(pid);
             let started = Instant::now();
             let mut all = Vec::new();
@@ -172,18 +223,34 @@ async fn main() {
             }
             let wall = started.elapsed().as_secs_f64();
             let cpu = cpu_s(pid) - cpu_before;
+            let d = totals(&gw.addr).await - before;
+            let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
             if let Some(p) = perf {
                 stop_perf(p);
             }
             let count = all.len();
+            let per_turn = |s: f64| s * 1e3 / count as f64;
             println!(
                 "{n:>4} sessions x {turns} turns at {len:>6} entries: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, \
-                 gateway CPU {:.3} ms/turn, gateway RSS {:.1} MiB",
+                 gateway CPU {:.3} ms/turn ({:.3} without the request-body pass; the pass {:.3} ms/turn, \
+                 {:.2} MB/turn at {:.0} MB/s), gateway RSS {:.1} MiB",
                 pct(&mut all, 0.5),
                 pct(&mut all, 0.99),
                 count as f64 / wall,
-                cpu * 1e3 / count as f64,
+                per_turn(cpu),
+                per_turn(cpu - body_cpu),
+                per_turn(body_cpu),
+                body_bytes / count as f64 / 1e6,
+                if body_cpu > 0.0 { body_bytes / body_cpu / 1e6 } else { 0.0 },
                 rss_kib(pid) as f64 / 1024.0
+            );
+            // Time inside fdatasync summed over the calls, over the wall time: above 1, calls of
+            // different files overlapped (they run on several blocking threads).
+            println!(
+                "      fdatasyncs: {:.2} per turn, {:.3} ms each on average, {:.2} in flight on average",
+                d.syncs / count as f64,
+                if d.syncs > 0.0 { d.sync_seconds / d.syncs * 1e3 } else { 0.0 },
+                d.sync_seconds / wall
             );
         }
     }

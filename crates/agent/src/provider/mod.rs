@@ -11,8 +11,10 @@
 //! - `anthropic` — `POST {base}/v1/messages`
 //! - `echo` — the offline `pincer/echo` model
 //! - `wire` — helpers shared by the three request mappers
+//! - `body_pass` — size and CPU time of the request bodies written (the O(context) pass)
 
 pub(crate) mod anthropic;
+pub mod body_pass;
 pub mod echo;
 pub(crate) mod openai_completions;
 pub(crate) mod openai_responses;
@@ -139,6 +141,15 @@ pub(crate) trait Decoder: Send {
 
 /// The HTTP request and stream decoder of a model call (`None` for the offline echo model).
 fn wire_request(model: &ResolvedModel, request: &ModelRequest) -> Option<(WireRequest, Box<dyn Decoder>)> {
+    body_pass::measured(|| {
+        wire_request_unmeasured(model, request).map(|r| {
+            let n = r.0.body.len();
+            (r, n)
+        })
+    })
+}
+
+fn wire_request_unmeasured(model: &ResolvedModel, request: &ModelRequest) -> Option<(WireRequest, Box<dyn Decoder>)> {
     Some(match model.provider.api {
         Api::PincerEcho => return None,
         Api::OpenaiCompletions => {
