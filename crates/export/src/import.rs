@@ -62,7 +62,7 @@ pub fn prepare_import(input: &[u8]) -> Result<Prepared, ExportError> {
         .problems
         .iter()
         .filter(|p| refused(p))
-        .map(|p| format!("{} (line {})", p.message(), s.line_of(offset(p))))
+        .map(|p| format!("{} (line {})", p.message(), s.line_of(p.offset().unwrap_or(0))))
         .collect();
     if !bad.is_empty() {
         let more = if bad.len() > 3 { format!(" and {} more", bad.len() - 3) } else { String::new() };
@@ -76,22 +76,6 @@ pub fn prepare_import(input: &[u8]) -> Result<Prepared, ExportError> {
     }
     let session_id = s.session_id().filter(|id| pincer_store::valid_session_id(id)).map(str::to_owned);
     Ok(Prepared { session_id, bytes: s.bytes().to_vec() })
-}
-
-fn offset(p: &Problem) -> usize {
-    match p {
-        Problem::NoHeader { offset, .. }
-        | Problem::Malformed { offset }
-        | Problem::TornTail { offset }
-        | Problem::MissingNewline { offset }
-        | Problem::NullLine { offset }
-        | Problem::NotAnObject { offset }
-        | Problem::ExtraHeader { offset }
-        | Problem::DuplicateId { offset, .. }
-        | Problem::Orphan { offset, .. }
-        | Problem::MissingId { offset } => *offset,
-        _ => 0,
-    }
 }
 
 /// The transcript with its header's `id` set to `id` (the first line re-serialized, every other

@@ -36,34 +36,39 @@ pub fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Replaces `path` with `bytes` (mode 0600): temp file, fsync, rename, directory fsync.
-pub fn write_private_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to a new temp file beside `path` (0600) and fsyncs it; returns its path.
+fn write_temp(path: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
     create_parent_dir(path)?;
     let tmp = with_suffix(path, &format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
     let res = (|| {
         let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        sync_parent_dir(path)
+        f.sync_all()
     })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    match res {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    res
+}
+
+/// Replaces `path` with `bytes` (mode 0600): temp file, fsync, rename, directory fsync.
+pub fn write_private_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = write_temp(path, bytes)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_parent_dir(path)
 }
 
 /// Writes a new file at `path` (0600) that must not exist: temp file, fsync, hard link into
 /// place (fails with `AlreadyExists` rather than replacing anything), temp removed, directory fsync.
 pub fn write_private_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    create_parent_dir(path)?;
-    let tmp = with_suffix(path, &format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
-    let res = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::hard_link(&tmp, path)
-    })();
+    let tmp = write_temp(path, bytes)?;
+    let res = std::fs::hard_link(&tmp, path);
     let _ = std::fs::remove_file(&tmp);
     res?;
     sync_parent_dir(path)

@@ -41,7 +41,8 @@ impl Problem {
         )
     }
 
-    fn offset(&self) -> Option<usize> {
+    /// Where in the file the problem is (byte offset), for those found at one line.
+    pub fn offset(&self) -> Option<usize> {
         match self {
             Problem::NoHeader { offset, .. }
             | Problem::Malformed { offset }
