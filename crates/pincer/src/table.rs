@@ -69,14 +69,8 @@ pub fn local_time(ms: Option<i64>) -> String {
     }
 }
 
-/// `s` on one line (whitespace runs become one space), at most `max` characters (`…` when cut).
-pub fn one_line(s: &str, max: usize) -> String {
-    let flat = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= max {
-        return flat;
-    }
-    flat.chars().take(max.saturating_sub(1)).collect::<String>() + "…"
-}
+/// A cell's text on one line, at most so many characters (the one rule of `pincer_pi`).
+pub use pincer_pi::one_line;
 
 /// What a projected message says, for one table cell: its text, tool calls as `→ name(args)`, a
 /// tool result as `← name: text`, other blocks by their type (`[image]`).

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
 
 use pincer_store::{context_report, LeafArg, Session};
+use pincer_testkit::probe::Rng;
 use pincer_testkit::{comparable, oracle_context};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
@@ -17,17 +18,6 @@ use std::time::{Duration, Instant};
 
 const WORKERS: usize = 4;
 const PER_WORKER: usize = 30;
-
-/// A small deterministic generator (no extra dependency needed).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 fn append(file: &Path, key: &str, kill_after: Option<Duration>) -> Option<Value> {
     let msg = format!(r#"{{"role":"user","content":"{key}","timestamp":1}}"#);
@@ -68,8 +58,8 @@ fn killed_writers_never_lose_or_duplicate_acknowledged_appends() {
                     // until it is acknowledged, as a client would.
                     let mut attempt = 0;
                     loop {
-                        let kill = (attempt < 3 && rng.next().is_multiple_of(2))
-                            .then(|| Duration::from_micros(rng.next() % 4000));
+                        let kill = (attempt < 3 && rng.next_u64().is_multiple_of(2))
+                            .then(|| Duration::from_micros(rng.next_u64() % 4000));
                         if kill.is_some() {
                             *kills.lock().expect("lock") += 1;
                         }

@@ -203,31 +203,38 @@ fn check_turn(state: &Path, request: &Value, said: &str) -> usize {
     expected.len()
 }
 
+/// The gateway on the prefilled state dir with a window no turn reaches (no automatic compaction:
+/// any compaction is the test's), and a client of it.
+async fn start_on(state: &Path, fake: &FakeOpenAi) -> (GatewayProcess, Client) {
+    let config = fake.gateway_toml_window(100_000_000);
+    let state = state.to_path_buf();
+    let gw = tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &state, &config)).await.expect("start");
+    let c = Client::connect(&gw.addr).await;
+    (gw, c)
+}
+
+/// Sends one turn to the session and waits for its final.
+async fn send_turn(c: &mut Client, text: &str, run: &str) {
+    c.request("chat.send", json!({"sessionKey": KEY, "message": text, "idempotencyKey": run})).await.expect("send");
+    let end = c.chat_end(run).await;
+    assert_eq!(end["payload"]["state"], "final", "{end}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_of_a_long_branched_compacted_session_is_what_pi_builds_from_the_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     prefill(&state);
     let fake = FakeOpenAi::start().await;
-    // A window no turn reaches (no automatic compaction); the manual one below is the gateway's.
-    let config = fake.gateway_toml_window(100_000_000);
-    let mut gw = tokio::task::spawn_blocking({
-        let state = state.clone();
-        move || GatewayProcess::start(BIN, &state, &config)
-    })
-    .await
-    .expect("start");
-    let mut c = Client::connect(&gw.addr).await;
+    let (mut gw, mut c) = start_on(&state, &fake).await;
     let mut said = Vec::new();
     for n in 1..=4 {
         if n == 3 {
             let compacted = c.request("sessions.compact", json!({"key": KEY})).await.expect("compact");
             assert_eq!(compacted["compacted"], true, "{compacted}");
         }
-        let (text, run) = (format!("long-turn-{n}"), format!("long-run-{n}"));
-        c.request("chat.send", json!({"sessionKey": KEY, "message": text, "idempotencyKey": run})).await.expect("send");
-        let end = c.chat_end(&run).await;
-        assert_eq!(end["payload"]["state"], "final", "{end}");
+        let text = format!("long-turn-{n}");
+        send_turn(&mut c, &text, &format!("long-run-{n}")).await;
         said.push(text);
     }
     assert!(gw.terminate().success());
@@ -272,14 +279,7 @@ async fn requests_follow_the_file_when_it_moves_under_the_cached_context() {
     let state = dir.path().join("state");
     prefill(&state);
     let fake = FakeOpenAi::start().await;
-    let config = fake.gateway_toml_window(100_000_000);
-    let mut gw = tokio::task::spawn_blocking({
-        let state = state.clone();
-        move || GatewayProcess::start(BIN, &state, &config)
-    })
-    .await
-    .expect("start");
-    let mut c = Client::connect(&gw.addr).await;
+    let (mut gw, mut c) = start_on(&state, &fake).await;
     let turn = |n: usize| (format!("moved-turn-{n}"), format!("moved-run-{n}"));
     let mut said = Vec::new();
     for n in 1..=4 {
@@ -314,9 +314,7 @@ async fn requests_follow_the_file_when_it_moves_under_the_cached_context() {
             _ => {}
         }
         let (text, run) = turn(n);
-        c.request("chat.send", json!({"sessionKey": KEY, "message": text, "idempotencyKey": run})).await.expect("send");
-        let end = c.chat_end(&run).await;
-        assert_eq!(end["payload"]["state"], "final", "{end}");
+        send_turn(&mut c, &text, &run).await;
         said.push(text);
     }
     assert!(gw.terminate().success());

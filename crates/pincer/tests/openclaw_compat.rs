@@ -17,6 +17,16 @@ fn start(dir: &tempfile::TempDir, fake: &FakeOpenAi) -> GatewayProcess {
     GatewayProcess::start(BIN, &dir.path().join("state"), &config)
 }
 
+/// Sends `message` to the main session as run `key` (it must start) and returns the run's end frame.
+async fn turn(c: &mut Client, message: &str, key: &str) -> Value {
+    let ack = c
+        .request("chat.send", json!({"sessionKey": "main", "message": message, "idempotencyKey": key}))
+        .await
+        .expect("chat.send");
+    assert_eq!(ack["status"], "started", "{ack}");
+    c.chat_end(key).await
+}
+
 /// Sends a request frame and returns every response frame with its id up to the one that is not
 /// `accepted` (OpenClaw's `expectFinal`).
 async fn call_until_final(c: &mut Client, id: &str, method: &str, params: Value) -> Vec<Value> {
@@ -130,12 +140,7 @@ async fn a_session_openclaw_wrote_with_a_bare_model_and_its_provider_continues()
         (&h["sessionInfo"]["modelProvider"], &h["sessionInfo"]["model"]),
         (&json!("fake"), &json!("fake-model"))
     );
-    let ack = c
-        .request("chat.send", json!({"sessionKey": "main", "message": "second", "idempotencyKey": "oc-1"}))
-        .await
-        .expect("chat.send");
-    assert_eq!(ack["status"], "started");
-    let fin = c.chat_end("oc-1").await;
+    let fin = turn(&mut c, "second", "oc-1").await;
     assert_eq!(fin["payload"]["state"], "final", "{fin}");
     let rows = read_rows(&file);
     assert_eq!(rows.len(), 5, "{rows:#?}");
@@ -158,12 +163,7 @@ async fn the_discovery_and_empty_feature_methods_answer_in_openclaws_shapes() {
     let gw = start(&dir, &fake);
     let mut c = Client::connect(&gw.addr).await;
     let methods: Vec<String> = serde_json::from_value(c.hello["features"]["methods"].clone()).expect("methods");
-    let ack = c
-        .request("chat.send", json!({"sessionKey": "main", "message": "count me", "idempotencyKey": "u-1"}))
-        .await
-        .expect("send");
-    assert_eq!(ack["status"], "started");
-    c.chat_end("u-1").await;
+    turn(&mut c, "count me", "u-1").await;
 
     // Every method these clients call without params answers ok, and hello-ok lists it.
     let no_params = [
@@ -266,12 +266,7 @@ async fn run_events_are_numbered_and_ordered_as_openclaw_sends_them() {
     let fake = FakeOpenAi::start_in_thread();
     let gw = start(&dir, &fake);
     let mut c = Client::connect(&gw.addr).await;
-    let ack = c
-        .request("chat.send", json!({"sessionKey": "main", "message": "number these", "idempotencyKey": "seq-1"}))
-        .await
-        .expect("send");
-    assert_eq!(ack["status"], "started");
-    let fin = c.chat_end("seq-1").await;
+    let fin = turn(&mut c, "number these", "seq-1").await;
     // Everything of the run that came before the final, in order.
     let before: Vec<Value> = c.events.iter().filter(|f| f["payload"]["runId"] == "seq-1").cloned().collect();
     let deltas: Vec<&Value> =
@@ -356,9 +351,7 @@ async fn hello_ok_and_the_answers_pass_openclaws_own_result_schemas() {
     let fake = FakeOpenAi::start_in_thread();
     let gw = start(&dir, &fake);
     let mut c = Client::connect(&gw.addr).await;
-    let ack = c.request("chat.send", json!({"sessionKey": "main", "message": "one", "idempotencyKey": "s-1"})).await;
-    assert_eq!(ack.expect("send")["status"], "started");
-    let first_final = c.chat_end("s-1").await;
+    let first_final = turn(&mut c, "one", "s-1").await;
     let rows = read_rows(&transcript_path(&gw.state_dir, "agent:main:main").expect("transcript"));
     let (user, reply) = (rows[1]["id"].clone(), rows[2]["id"].clone());
 
@@ -375,9 +368,7 @@ async fn hello_ok_and_the_answers_pass_openclaws_own_result_schemas() {
     let params = json!({"sessionKey": "main", "entryId": user});
     let r = c.request("sessions.rewind", params.clone()).await.expect("rewind");
     checks.push((format!("sessions.rewind {params}"), "SessionsRewindResultSchema", r));
-    let ack = c.request("chat.send", json!({"sessionKey": "main", "message": "two", "idempotencyKey": "s-2"})).await;
-    assert_eq!(ack.expect("send")["status"], "started");
-    c.chat_end("s-2").await;
+    turn(&mut c, "two", "s-2").await;
     // Each method with the params a client sends, and the schema OpenClaw checks its answer with.
     let calls = [
         ("agents.list", "AgentsListResultSchema", json!({})),
@@ -457,11 +448,7 @@ async fn sessions_compact_with_max_lines_keeps_the_last_lines_and_the_whole_old_
     let gw = start(&dir, &fake);
     let mut c = Client::connect(&gw.addr).await;
     for (i, said) in ["first", "second", "third"].iter().enumerate() {
-        let key = format!("t-{i}");
-        c.request("chat.send", json!({"sessionKey": "main", "message": said, "idempotencyKey": key}))
-            .await
-            .expect("send");
-        c.chat_end(&key).await;
+        turn(&mut c, said, &format!("t-{i}")).await;
     }
     let file = transcript_path(&gw.state_dir, "agent:main:main").expect("transcript");
     let original = std::fs::read(&file).expect("file");
@@ -494,10 +481,7 @@ async fn sessions_compact_with_max_lines_keeps_the_last_lines_and_the_whole_old_
     );
 
     // The next turn chains after the leaf and sends only what was kept.
-    c.request("chat.send", json!({"sessionKey": "main", "message": "fourth", "idempotencyKey": "t-4"}))
-        .await
-        .expect("send");
-    c.chat_end("t-4").await;
+    turn(&mut c, "fourth", "t-4").await;
     let after = read_rows(&file);
     assert_eq!(after[4]["parentId"], rows[6]["id"]);
     let request = fake.requests().last().cloned().expect("request");
@@ -512,17 +496,11 @@ async fn unread_marks_follow_openclaws_rules() {
     let fake = FakeOpenAi::start_in_thread();
     let gw = start(&dir, &fake);
     let mut c = Client::connect(&gw.addr).await;
-    async fn turn(c: &mut Client, key: &str) {
-        c.request("chat.send", json!({"sessionKey": "main", "message": key, "idempotencyKey": key}))
-            .await
-            .expect("send");
-        c.chat_end(key).await;
-    }
     async fn row(c: &mut Client) -> Value {
         let l = c.request("sessions.list", json!({})).await.expect("list");
         l["sessions"].as_array().expect("rows").iter().find(|r| r["key"] == "agent:main:main").cloned().expect("row")
     }
-    turn(&mut c, "u-1").await;
+    turn(&mut c, "u-1", "u-1").await;
     assert_eq!(row(&mut c).await["unread"], false, "never read: not flagged by activity alone");
     c.request("sessions.patch", json!({"key": "main", "unread": true})).await.expect("mark");
     let marked = row(&mut c).await;
@@ -539,7 +517,7 @@ async fn unread_marks_follow_openclaws_rules() {
     while now() <= read_at {
         tokio::task::yield_now().await;
     }
-    turn(&mut c, "u-2").await;
+    turn(&mut c, "u-2", "u-2").await;
     assert_eq!(row(&mut c).await["unread"], true);
 }
 
@@ -550,10 +528,7 @@ async fn a_rate_limited_model_call_is_announced_as_openclaw_does_and_then_answer
     let gw = start(&dir, &fake);
     let mut c = Client::connect(&gw.addr).await;
     let said = "slow down [ratelimit]";
-    c.request("chat.send", json!({"sessionKey": "main", "message": said, "idempotencyKey": "r-1"}))
-        .await
-        .expect("send");
-    let end = c.chat_end("r-1").await;
+    let end = turn(&mut c, said, "r-1").await;
     assert_eq!(text(&end["payload"]["message"]), format!("Fake reply: you said \"{said}\""), "{end:#}");
     let statuses: Vec<Value> = (c.events.iter())
         .filter(|e| e["event"] == "chat" && e["payload"]["state"] == "status")

@@ -4,6 +4,7 @@
 //! one in an archived session), a phrase with look-alike distractors, and three words sharing a
 //! prefix that nothing else has. Written directly (fixtures), fast: one buffer per file.
 
+use crate::probe::Rng;
 use serde_json::json;
 use std::path::Path;
 
@@ -29,19 +30,6 @@ pub struct Corpus {
 
 const SYLLABLES: [&str; 16] =
     ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "do", "fe", "gu", "ha", "ji", "be"];
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 fn vocabulary() -> Vec<String> {
     let mut v = Vec::new();
@@ -111,7 +99,8 @@ pub fn generate(state_dir: &Path, sessions: usize, entries: usize) -> Corpus {
                 i if i == entries => Some(entry_id(s, 30)),
                 i => Some(entry_id(s, i - 1)),
             };
-            let mut words: Vec<&str> = (0..8 + rng.below(20)).map(|_| vocab[rng.below(vocab.len())].as_str()).collect();
+            let mut words: Vec<&str> =
+                (0..8 + rng.range(0, 20)).map(|_| vocab[rng.range(0, vocab.len() as u64) as usize].as_str()).collect();
             let extra: Vec<&(usize, usize, String, bool, String)> =
                 plants.iter().filter(|p| p.0 == s && p.1 == i).collect();
             for p in &extra {
