@@ -148,11 +148,15 @@ impl Tui {
 
     /// Waits until the pane shows `text`, and returns the screen; panics with the screen after 60 s.
     pub fn wait_for(&self, text: &str) -> String {
+        self.wait_until(&format!("{text:?}"), |s| s.contains(text))
+    }
+
+    /// Waits until the screen satisfies `shows` (`what` names it), and returns the screen; panics
+    /// with the screen after 60 s.
+    pub fn wait_until(&self, what: &str, shows: impl Fn(&str) -> bool) -> String {
         let every = std::time::Duration::from_millis(100);
-        crate::probe::poll(std::time::Duration::from_secs(60), every, || {
-            Some(self.screen()).filter(|s| s.contains(text))
-        })
-        .unwrap_or_else(|| panic!("the TUI never showed {text:?}; its screen:\n{}", self.screen()))
+        crate::probe::poll(std::time::Duration::from_secs(60), every, || Some(self.screen()).filter(|s| shows(s)))
+            .unwrap_or_else(|| panic!("the TUI never showed {what}; its screen:\n{}", self.screen()))
     }
 }
 
