@@ -145,9 +145,11 @@ fn openclaw_tui_streams_a_reply_aborts_and_shows_no_error() {
     let rows = read_rows(&file);
     assert_eq!((text(&rows[1]["message"]), text(&rows[2]["message"])), ("hello tui".into(), screen_line(&screen)));
     assert_eq!(rows[2]["parentId"], rows[1]["id"]);
-    // The gauge shows the context the provider reported, against the model's window (it reads
-    // `?/32k` until the TUI has refreshed the session's row).
-    let gauge = tui.wait_until("a token count", |s| s.contains("/32k") && !token_gauge(s).contains('?'));
+    // Once the TUI is idle again (it refuses a new message while busy), the gauge shows the context
+    // the provider reported, against the model's window (it reads `?/32k` until the row is refreshed).
+    let gauge = tui.wait_until("idle with a token count", |s| {
+        s.contains("| idle") && s.contains("/32k") && !token_gauge(s).contains('?')
+    });
     let tokens = token_gauge(&gauge);
     assert!(!tokens.starts_with("tokens 0/"), "{tokens}");
 
