@@ -32,6 +32,9 @@ pub fn in_loopback_namespace(name: &str) -> bool {
         return true;
     }
     cli();
+    // One OpenClaw test at a time: each runs Node programs that load a 2-core machine on their own.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // One namespace per test, also when several tests of one binary run at once.
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
