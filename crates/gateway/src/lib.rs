@@ -119,17 +119,17 @@ impl Ctx {
         }
     }
 
-    /// Resolves once this request's response has been queued (so a run's events follow its ack).
+    /// Resolves once this request's response has gone out (so a run's events follow its ack), or
+    /// fails when the transport gave up on it (the run goes on).
     pub fn after_response(&self) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
         state::lock(&self.acks).push(tx);
         rx
     }
 
-    /// Called by the transport after queueing the response.
-    pub fn fire_acks(&self) {
-        for tx in state::lock(&self.acks).drain(..) {
-            let _ = tx.send(());
-        }
+    /// The waiters of [`Self::after_response`], for the transport to resolve once the response has
+    /// been written.
+    pub fn take_acks(&self) -> Vec<oneshot::Sender<()>> {
+        std::mem::take(&mut *state::lock(&self.acks))
     }
 }

@@ -32,6 +32,8 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 enum Out {
     Text(String),
+    /// Resolved once the frames queued before it have been written and flushed to the socket.
+    Written(Vec<tokio::sync::oneshot::Sender<()>>),
     /// Sent after everything queued before it; then the connection ends.
     Close(u16, String),
 }
@@ -91,6 +93,13 @@ impl Outbox {
         Forwarded::Queued
     }
 
+    /// Resolves `acks` once what is queued now has been written to the socket.
+    fn after_written(&self, acks: Vec<tokio::sync::oneshot::Sender<()>>) {
+        if !acks.is_empty() {
+            let _ = self.tx.send(Out::Written(acks));
+        }
+    }
+
     /// Closes after what is queued has been sent.
     fn close_after_queued(&self, code: u16, reason: impl Into<String>) {
         let _ = self.tx.send(Out::Close(code, reason.into()));
@@ -146,6 +155,7 @@ async fn write_loop(
         // Frames queued together are written together and flushed once (one write, not one per frame).
         let mut next = first;
         let (mut batch, mut batch_bytes) = (0, 0);
+        let mut written = Vec::new();
         loop {
             match next {
                 Some(Out::Text(t)) => {
@@ -162,6 +172,7 @@ async fn write_loop(
                     batch += 1;
                     batch_bytes += cost;
                 }
+                Some(Out::Written(acks)) => written.extend(acks),
                 Some(Out::Close(code, reason)) => {
                     close = (code, reason);
                     let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.flush()).await;
@@ -179,6 +190,7 @@ async fn write_loop(
                     if flush(&mut sink, &outbox).await.is_err() {
                         return;
                     }
+                    fire(&mut written);
                     (batch, batch_bytes) = (0, 0);
                     next = Some(o);
                 }
@@ -186,7 +198,7 @@ async fn write_loop(
             }
         }
         match flush(&mut sink, &outbox).await {
-            Ok(true) => {}
+            Ok(true) => fire(&mut written),
             Ok(false) => break,
             Err(()) => return,
         }
@@ -198,6 +210,12 @@ async fn write_loop(
     let frame = CloseFrame { code: close.0, reason: clip_reason(&close.1) };
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.send(Message::Close(Some(frame)))).await;
     let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.close()).await;
+}
+
+fn fire(written: &mut Vec<tokio::sync::oneshot::Sender<()>>) {
+    for tx in written.drain(..) {
+        let _ = tx.send(());
+    }
 }
 
 /// The connection as a hub subscriber: forwards the events it wants, with the frame `seq`.
@@ -489,7 +507,9 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                     let result = crate::methods::dispatch(&gw, &ctx, &req.method, &req.params).await;
                     outbox.push(protocol::response(&req.id, result), false);
                     drop(serial);
-                    ctx.fire_acks();
+                    // A run this request started sends its first event once its ack is on the wire,
+                    // so a client reads the ack (and learns the runId) before the run's events.
+                    outbox.after_written(ctx.take_acks());
                     drop(permit);
                 });
             }

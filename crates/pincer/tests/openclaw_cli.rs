@@ -5,12 +5,13 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
-use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::fake_openai::{FakeOpenAi, Pacing};
 use pincer_testkit::gateway::{GatewayProcess, TOKEN};
 use pincer_testkit::openclaw;
 use pincer_testkit::probe::{message_text as text, read_rows, transcript_path};
 use pretty_assertions::assert_eq;
 use serde_json::Value;
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pincer");
 
@@ -134,7 +135,10 @@ fn openclaw_tui_streams_a_reply_aborts_and_shows_no_error() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let fake = FakeOpenAi::start_in_thread();
+    // A model's time to first token. OpenClaw's TUI reads a run's events as its own only once it has
+    // read the `chat.send` ack; an instant reply on a loaded machine can reach it in the same read as
+    // the ack, and the TUI then waits (spinner) for a run that has ended, whatever the gateway's order.
+    let fake = FakeOpenAi::start_in_thread_paced(Pacing { first: Duration::from_millis(150), ..Pacing::default() });
     let gw = start(&dir, &fake);
     let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
     tui.wait_for("gateway connected");

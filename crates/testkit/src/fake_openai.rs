@@ -17,10 +17,11 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How fast replies stream: the pause after each piece of an ordinary reply, and after each of the
-/// 40 pieces of a `[slow]` one.
+/// How fast replies stream: the pause before the first piece (a model's time to first token), after
+/// each piece of an ordinary reply, and after each of the 40 pieces of a `[slow]` one.
 #[derive(Debug, Clone, Copy)]
 pub struct Pacing {
+    pub first: Duration,
     pub word: Duration,
     pub slow: Duration,
 }
@@ -28,7 +29,7 @@ pub struct Pacing {
 impl Default for Pacing {
     /// Ordinary replies at once, `[slow]` ones 100 ms apart.
     fn default() -> Self {
-        Pacing { word: Duration::ZERO, slow: Duration::from_millis(100) }
+        Pacing { first: Duration::ZERO, word: Duration::ZERO, slow: Duration::from_millis(100) }
     }
 }
 
@@ -77,11 +78,16 @@ impl FakeOpenAi {
 
     /// Starts it on a thread of its own (for tests that are not async).
     pub fn start_in_thread() -> FakeOpenAi {
+        Self::start_in_thread_paced(Pacing::default())
+    }
+
+    /// [`Self::start_paced`] on a thread of its own.
+    pub fn start_in_thread_paced(pacing: Pacing) -> FakeOpenAi {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(async move {
-                let f = FakeOpenAi::start().await;
+                let f = FakeOpenAi::start_paced(pacing).await;
                 let _ = tx.send(f);
                 std::future::pending::<()>().await;
             });
@@ -169,7 +175,11 @@ fn answer(req: &Recorded, pacing: Pacing) -> Reply {
         let err = json!({"error": {"message": "The fake provider was told to fail", "type": "invalid_request_error", "code": null}});
         return Reply::Status { status: 400, headers: vec![], body: err.to_string() };
     }
-    let mut steps = vec![Step::Send(chunk(json!({"role": "assistant", "content": ""}), Value::Null))];
+    let mut steps = Vec::new();
+    if !pacing.first.is_zero() {
+        steps.push(Step::Pause(pacing.first));
+    }
+    steps.push(Step::Send(chunk(json!({"role": "assistant", "content": ""}), Value::Null)));
     let has_tool_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
     if said.contains("[tool]") && !has_tool_result {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",

@@ -32,7 +32,8 @@ pub fn in_loopback_namespace(name: &str) -> bool {
         return true;
     }
     cli();
-    // One OpenClaw test at a time: each runs Node programs that load a 2-core machine on their own.
+    // One OpenClaw test at a time: each runs Node programs that load a 2-core machine on their own
+    // (the suite's other timing-sensitive tests suffer when four run at once).
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // One namespace per test, also when several tests of one binary run at once.
