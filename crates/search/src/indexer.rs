@@ -1,9 +1,9 @@
 //! The index kept up to date beside a running gateway: one thread owns the database, takes the
 //! paths the store reports after each durable commit (sending one never blocks an append: it is
-//! a channel send) and indexes what was appended. At start it syncs every transcript, so what a
-//! crash left out is indexed again, and again every [`FULL_SYNC`] when idle (transcripts written by
-//! other processes, such as `pincer transcript append` or `import`); [`Indexer::flush`] waits
-//! until everything sent is indexed.
+//! a channel send) and indexes what was appended, the paths of [`GATHER`] together in one commit.
+//! At start it syncs every transcript, so what a crash left out is indexed again, and again every
+//! [`FULL_SYNC`] when idle (transcripts written by other processes, such as `pincer transcript
+//! append` or `import`); [`Indexer::flush`] waits until everything sent is indexed.
 
 use crate::{Index, Result, SearchError};
 use std::path::{Path, PathBuf};
@@ -12,6 +12,9 @@ use std::sync::{Arc, Mutex};
 
 /// How often an idle indexer looks at every transcript.
 pub const FULL_SYNC: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long appends are gathered before they are indexed together (search lags the transcripts
+/// by at most about this much).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(200);
 
 enum Job {
     File(PathBuf),
@@ -46,21 +49,26 @@ impl Indexer {
                         }
                         Err(RecvTimeoutError::Disconnected) => break,
                     };
-                    let mut jobs = vec![job];
-                    jobs.extend(rx.try_iter());
-                    let mut files: Vec<PathBuf> = Vec::new();
-                    let mut waiters = Vec::new();
-                    for j in jobs {
+                    // Appends of a busy gateway are gathered for a moment and indexed in one
+                    // commit; a flush is answered at once.
+                    let (mut files, mut waiters) = (Vec::<PathBuf>::new(), Vec::new());
+                    let until = std::time::Instant::now() + GATHER;
+                    let mut next = Some(job);
+                    while let Some(j) = next.take() {
                         match j {
                             Job::File(p) if !files.contains(&p) => files.push(p),
                             Job::File(_) => {}
                             Job::Flush(w) => waiters.push(w),
                         }
+                        next = match rx.try_recv() {
+                            Ok(j) => Some(j),
+                            Err(_) if !waiters.is_empty() => None,
+                            Err(_) => rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now())).ok(),
+                        };
                     }
-                    for f in files {
-                        if let Err(e) = index.sync_file(&f) {
-                            tracing_warn(&e);
-                        }
+                    match index.sync_files(&files) {
+                        Ok((_, errors)) => errors.iter().for_each(tracing_warn),
+                        Err(e) => tracing_warn(&e),
                     }
                     for w in waiters {
                         let _ = w.send(());

@@ -22,6 +22,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// Files indexed in one transaction by [`Index::sync_all`].
+const SYNC_BATCH: usize = 256;
+
 /// The index database under a state directory.
 pub fn db_path(state_dir: &Path) -> PathBuf {
     state_dir.join("search").join("messages.sqlite")
@@ -126,6 +129,89 @@ fn message_text(raw: &RawValue) -> Option<(String, String, i64)> {
     Some((role, text, ts))
 }
 
+/// `path` relative to the state directory, when it is a transcript of it.
+fn relative(state_dir: &Path, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(state_dir).ok()?;
+    let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+    match parts.as_slice() {
+        ["agents", _, "sessions", name] if name.ends_with(".jsonl") => Some(parts.join("/")),
+        _ => None,
+    }
+}
+
+/// What was appended to the transcript `path` (`rel` in the index) since it was last indexed,
+/// indexed inside `tx`.
+fn index_file(tx: &Connection, path: &Path, rel: &str) -> Result<usize> {
+    let row: Option<(i64, i64, i64, i64, i64)> = tx
+        .query_row("SELECT id, dev, ino, indexed, next_seq FROM files WHERE path = ?1", [&rel], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .optional()?;
+    let from = row.map_or(0, |r| r.3 as u64);
+    let read =
+        pincer_store::files::read_appended(path, from).map_err(|e| SearchError(format!("{}: {e}", path.display())))?;
+    let Some(mut lines) = read else {
+        if let Some((id, ..)) = row {
+            drop_rows(tx, id)?;
+            tx.execute("DELETE FROM files WHERE id = ?1", [id])?;
+        }
+        return Ok(0);
+    };
+    let ident = (lines.ident.0 as i64, lines.ident.1 as i64);
+    let (id, mut seq) = match row {
+        Some((id, dev, ino, indexed, seq)) if (dev, ino) == ident && lines.len >= indexed as u64 => {
+            if lines.bytes.is_empty() {
+                return Ok(0);
+            }
+            (id, seq)
+        }
+        Some((id, ..)) => {
+            // Replaced (repair, a reset that reused the name) or cut: index it again.
+            drop_rows(tx, id)?;
+            tx.execute("UPDATE files SET indexed = 0, next_seq = 0, title = NULL WHERE id = ?1", [id])?;
+            if from > 0 {
+                lines = pincer_store::files::read_appended(path, 0)
+                    .map_err(|e| SearchError(format!("{}: {e}", path.display())))?
+                    .unwrap_or(lines);
+            }
+            (id, 0)
+        }
+        None => {
+            tx.execute(
+                "INSERT INTO files(path, dev, ino, indexed, next_seq) VALUES (?1, ?2, ?3, 0, 0)",
+                params![rel, ident.0, ident.1],
+            )?;
+            (tx.last_insert_rowid(), 0)
+        }
+    };
+    let mut title: Option<String> =
+        tx.query_row("SELECT title FROM files WHERE id = ?1", [id], |r| r.get::<_, Option<String>>(0))?;
+    let mut added = 0;
+    {
+        let mut insert =
+            tx.prepare_cached("INSERT INTO messages(rowid, text, entry, role, ts) VALUES (?1, ?2, ?3, ?4, ?5)")?;
+        for line in lines.bytes.split(|&b| b == b'\n') {
+            let Ok(head) = serde_json::from_slice::<LineHead<'_>>(line) else { continue };
+            if head.ty.as_deref() != Some("message") {
+                continue;
+            }
+            let (Some(entry), Some(raw)) = (head.id, head.message) else { continue };
+            let Some((role, text, ts)) = message_text(raw) else { continue };
+            if title.is_none() && role == "user" {
+                title = Some(pincer_pi::one_line(&text, pincer_pi::HEADLINE_CHARS));
+            }
+            insert.execute(params![(id << SEQ_BITS) | seq, text, entry, role, ts])?;
+            seq += 1;
+            added += 1;
+        }
+    }
+    tx.execute(
+        "UPDATE files SET dev = ?2, ino = ?3, indexed = ?4, next_seq = ?5, title = ?6 WHERE id = ?1",
+        params![id, ident.0, ident.1, lines.end as i64, seq, title],
+    )?;
+    Ok(added)
+}
+
 impl Index {
     /// Opens (creating it, 0600, if needed) the index of a state directory.
     pub fn open(state_dir: &Path) -> Result<Index> {
@@ -156,93 +242,40 @@ impl Index {
         out
     }
 
-    /// `path` relative to the state directory, when it is a transcript of it.
-    fn relative(&self, path: &Path) -> Option<String> {
-        let rel = path.strip_prefix(&self.state_dir).ok()?;
-        let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
-        match parts.as_slice() {
-            ["agents", _, "sessions", name] if name.ends_with(".jsonl") => Some(parts.join("/")),
-            _ => None,
-        }
-    }
-
     /// Indexes what was appended to `path` since it was last indexed (everything, when the file is
     /// new to the index or was replaced); drops its rows when it is gone. Paths that are not
     /// transcripts of this state directory are ignored.
     pub fn sync_file(&mut self, path: &Path) -> Result<usize> {
-        let Some(rel) = self.relative(path) else { return Ok(0) };
-        let row: Option<(i64, i64, i64, i64, i64)> = self
-            .conn
-            .query_row("SELECT id, dev, ino, indexed, next_seq FROM files WHERE path = ?1", [&rel], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
-            .optional()?;
-        let from = row.map_or(0, |r| r.3 as u64);
-        let read = pincer_store::files::read_appended(path, from)
-            .map_err(|e| SearchError(format!("{}: {e}", path.display())))?;
-        let tx = self.conn.transaction()?;
-        let Some(mut lines) = read else {
-            if let Some((id, ..)) = row {
-                drop_rows(&tx, id)?;
-                tx.execute("DELETE FROM files WHERE id = ?1", [id])?;
-            }
-            tx.commit()?;
-            return Ok(0);
-        };
-        let ident = (lines.ident.0 as i64, lines.ident.1 as i64);
-        let (id, mut seq) = match row {
-            Some((id, dev, ino, indexed, seq)) if (dev, ino) == ident && lines.len >= indexed as u64 => {
-                if lines.bytes.is_empty() {
-                    return Ok(0);
+        let (added, mut errors) = self.sync_files(std::slice::from_ref(&path.to_path_buf()))?;
+        match errors.pop() {
+            Some(e) => Err(e),
+            None => Ok(added),
+        }
+    }
+
+    /// [`Index::sync_file`] for several files in one transaction (one commit, however many files
+    /// a busy gateway appended to): each file in a savepoint of its own, so a file that fails
+    /// (returned with the others' count) leaves the rest indexed.
+    pub fn sync_files(&mut self, paths: &[PathBuf]) -> Result<(usize, Vec<SearchError>)> {
+        let state_dir = self.state_dir.clone();
+        let mut tx = self.conn.transaction()?;
+        let (mut added, mut errors) = (0, Vec::new());
+        for path in paths {
+            let Some(rel) = relative(&state_dir, path) else { continue };
+            let mut sp = tx.savepoint()?;
+            match index_file(&sp, path, &rel) {
+                Ok(n) => {
+                    sp.commit()?;
+                    added += n;
                 }
-                (id, seq)
-            }
-            Some((id, ..)) => {
-                // Replaced (repair, a reset that reused the name) or cut: index it again.
-                drop_rows(&tx, id)?;
-                tx.execute("UPDATE files SET indexed = 0, next_seq = 0, title = NULL WHERE id = ?1", [id])?;
-                if from > 0 {
-                    lines = pincer_store::files::read_appended(path, 0)
-                        .map_err(|e| SearchError(format!("{}: {e}", path.display())))?
-                        .unwrap_or(lines);
+                Err(e) => {
+                    sp.rollback()?;
+                    errors.push(e);
                 }
-                (id, 0)
-            }
-            None => {
-                tx.execute(
-                    "INSERT INTO files(path, dev, ino, indexed, next_seq) VALUES (?1, ?2, ?3, 0, 0)",
-                    params![rel, ident.0, ident.1],
-                )?;
-                (tx.last_insert_rowid(), 0)
-            }
-        };
-        let mut title: Option<String> =
-            tx.query_row("SELECT title FROM files WHERE id = ?1", [id], |r| r.get::<_, Option<String>>(0))?;
-        let mut added = 0;
-        {
-            let mut insert =
-                tx.prepare_cached("INSERT INTO messages(rowid, text, entry, role, ts) VALUES (?1, ?2, ?3, ?4, ?5)")?;
-            for line in lines.bytes.split(|&b| b == b'\n') {
-                let Ok(head) = serde_json::from_slice::<LineHead<'_>>(line) else { continue };
-                if head.ty.as_deref() != Some("message") {
-                    continue;
-                }
-                let (Some(entry), Some(raw)) = (head.id, head.message) else { continue };
-                let Some((role, text, ts)) = message_text(raw) else { continue };
-                if title.is_none() && role == "user" {
-                    title = Some(pincer_pi::one_line(&text, pincer_pi::HEADLINE_CHARS));
-                }
-                insert.execute(params![(id << SEQ_BITS) | seq, text, entry, role, ts])?;
-                seq += 1;
-                added += 1;
             }
         }
-        tx.execute(
-            "UPDATE files SET dev = ?2, ino = ?3, indexed = ?4, next_seq = ?5, title = ?6 WHERE id = ?1",
-            params![id, ident.0, ident.1, lines.end as i64, seq, title],
-        )?;
         tx.commit()?;
-        Ok(added)
+        Ok((added, errors))
     }
 
     /// Brings the index up to date with every transcript of the state directory (and forgets
@@ -255,16 +288,15 @@ impl Index {
             rows.collect::<std::result::Result<_, _>>()?
         };
         let mut out = Synced::default();
-        for f in &files {
-            out.messages += self.sync_file(f)?;
-            out.files += 1;
-        }
-        for rel in known {
-            let p = self.state_dir.join(&rel);
-            if !p.exists() {
-                self.sync_file(&p)?;
+        let gone: Vec<PathBuf> = known.iter().map(|rel| self.state_dir.join(rel)).filter(|p| !p.exists()).collect();
+        for batch in files.chunks(SYNC_BATCH).chain(gone.chunks(SYNC_BATCH)) {
+            let (added, mut errors) = self.sync_files(batch)?;
+            if let Some(e) = errors.pop() {
+                return Err(e);
             }
+            out.messages += added;
         }
+        out.files = files.len();
         Ok(out)
     }
 
@@ -356,7 +388,7 @@ impl Index {
 /// How many of the newest matches a query ranks (see [`Index::search`]).
 pub const CANDIDATES: usize = 500;
 
-fn drop_rows(tx: &rusqlite::Transaction<'_>, file_id: i64) -> Result<()> {
+fn drop_rows(tx: &Connection, file_id: i64) -> Result<()> {
     tx.execute(
         "DELETE FROM messages WHERE rowid >= ?1 AND rowid < ?2",
         params![file_id << SEQ_BITS, (file_id + 1) << SEQ_BITS],

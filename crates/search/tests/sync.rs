@@ -87,3 +87,28 @@ fn appends_replacements_and_removals_are_followed() {
     assert_eq!(ids(&index, "quokka*"), a);
     assert_eq!(a, ["q"]);
 }
+
+#[test]
+fn files_synced_together_are_committed_together_and_one_failure_spares_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let sessions = dir.path().join("agents/main/sessions");
+    std::fs::create_dir_all(&sessions).unwrap();
+    let (a, b) = (sessions.join("a.jsonl"), sessions.join("b.jsonl"));
+    append(&a, &line("a1", "user", "amber albatross"));
+    append(&b, &line("b1", "user", "amber bison"));
+    // Named like a transcript but unreadable as one (a directory): its error is returned, the
+    // others are indexed all the same.
+    let bad = sessions.join("bad.jsonl");
+    std::fs::create_dir(&bad).unwrap();
+    let mut index = Index::open(dir.path()).unwrap();
+    let (added, errors) = index.sync_files(&[a.clone(), bad.clone(), b.clone()]).unwrap();
+    assert_eq!(added, 2);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].to_string().contains("bad.jsonl"), "{}", errors[0]);
+    assert_eq!(ids(&index, "amber"), ["a1", "b1"]);
+    // The next sync reads only what came after.
+    append(&b, &line("b2", "assistant", "amber again"));
+    let (added, errors) = index.sync_files(&[a, b]).unwrap();
+    assert_eq!((added, errors.len()), (1, 0));
+    assert_eq!(ids(&index, "amber"), ["a1", "b1", "b2"]);
+}
