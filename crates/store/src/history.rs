@@ -257,12 +257,15 @@ fn picked_thinking(recs: &[Rec], buf: &[u8]) -> Option<Value> {
 
 fn project_all(recs: &[Rec], picked: &[usize], buf: &[u8], limit: usize, max_chars: usize) -> Vec<Value> {
     let from = picked.len().saturating_sub(limit);
-    let mut out: Vec<Value> = Vec::with_capacity(picked.len() - from);
+    // Each projected message with its length as compact JSON, measured once.
+    let mut out: Vec<(Value, usize)> = Vec::with_capacity(picked.len() - from);
     for &i in &picked[from..] {
         let r = &recs[i];
         if r.oversized {
-            out.push(json!({"role": "assistant", "content": [{"type": "text", "text": OMITTED}],
-                "__openclaw": {"id": r.id.as_deref(), "truncated": true, "reason": "oversized"}}));
+            let m = json!({"role": "assistant", "content": [{"type": "text", "text": OMITTED}],
+                "__openclaw": {"id": r.id.as_deref(), "truncated": true, "reason": "oversized"}});
+            let n = json_len(&m);
+            out.push((m, n));
             continue;
         }
         let Ok(mut entry) = serde_json::from_slice::<Value>(&buf[r.start..r.end]) else {
@@ -274,29 +277,38 @@ fn project_all(recs: &[Rec], picked: &[usize], buf: &[u8], limit: usize, max_cha
             out.push(m);
         }
     }
-    for (n, m) in out.iter_mut().enumerate() {
+    for (n, (m, len)) in out.iter_mut().enumerate() {
         if let Some(meta) = m.get_mut("__openclaw").and_then(Value::as_object_mut) {
-            meta.insert("seq".into(), json!(n + 1));
+            let seq = n + 1;
+            // `,"seq":N` after the keys already there (every `__openclaw` has an `id` or a `kind`).
+            *len += if meta.is_empty() { 6 } else { 7 } + seq.to_string().len();
+            meta.insert("seq".into(), json!(seq));
         }
+        debug_assert_eq!(*len, json_len(m), "the measured length of {m}");
     }
     cap_total(out)
 }
 
 /// One entry as `chat.history` shows it (`None`: not shown).
 pub fn project_entry(entry: &Value, max_chars: usize) -> Option<Value> {
-    project(entry, entry.get("message").cloned(), max_chars)
+    project(entry, entry.get("message").cloned(), max_chars).map(|(m, _)| m)
 }
 
-/// [`project_entry`] with the entry's `message` handed over (taken out of `entry`, or a copy).
-fn project(entry: &Value, message: Option<Value>, max_chars: usize) -> Option<Value> {
+/// [`project_entry`] with the entry's `message` handed over (taken out of `entry`, or a copy), and
+/// the length of the result as compact JSON.
+fn project(entry: &Value, message: Option<Value>, max_chars: usize) -> Option<(Value, usize)> {
     let id = entry.get("id").cloned().unwrap_or(Value::Null);
+    let measured = |m: Value| {
+        let n = json_len(&m);
+        (m, n)
+    };
     match entry.get("type").and_then(Value::as_str) {
-        Some("compaction") => Some(json!({
+        Some("compaction") => Some(measured(json!({
             "role": "system",
             "content": [{"type": "text", "text": "Compaction"}],
             "timestamp": js_date_ms(entry.get("timestamp")),
             "__openclaw": {"kind": "compaction", "id": id},
-        })),
+        }))),
         Some("message") => {
             let mut m = message?;
             let obj = m.as_object_mut()?;
@@ -311,13 +323,14 @@ fn project(entry: &Value, message: Option<Value>, max_chars: usize) -> Option<Va
                 meta.insert("recordTimestampMs".into(), json!(ms));
             }
             obj.insert("__openclaw".into(), Value::Object(meta));
-            if json_len(&m) > MAX_MESSAGE_BYTES {
+            let (m, n) = measured(m);
+            if n > MAX_MESSAGE_BYTES {
                 let ts = m.get("timestamp").cloned().unwrap_or(Value::Null);
-                return Some(json!({"role": role, "timestamp": ts,
+                return Some(measured(json!({"role": role, "timestamp": ts,
                     "content": [{"type": "text", "text": OMITTED}],
-                    "__openclaw": {"id": entry.get("id"), "truncated": true, "reason": "oversized"}}));
+                    "__openclaw": {"id": entry.get("id"), "truncated": true, "reason": "oversized"}})));
             }
-            Some(m)
+            Some((m, n))
         }
         _ => None,
     }
@@ -386,17 +399,16 @@ fn is_silent(obj: &Map<String, Value>) -> bool {
         && !blocks.iter().any(|b| b.get("type").and_then(Value::as_str) == Some("toolCall") && truthy(b))
 }
 
-/// Drops the oldest messages until the JSON array fits [`MAX_RESPONSE_BYTES`].
-fn cap_total(mut msgs: Vec<Value>) -> Vec<Value> {
-    let sizes: Vec<usize> = msgs.iter().map(|m| json_len(m) + 1).collect();
-    let mut total: usize = sizes.iter().sum::<usize>() + 2;
+/// Drops the oldest messages until the JSON array fits [`MAX_RESPONSE_BYTES`] (each comes with its
+/// length as compact JSON).
+fn cap_total(msgs: Vec<(Value, usize)>) -> Vec<Value> {
+    let mut total: usize = msgs.iter().map(|(_, n)| n + 1).sum::<usize>() + 2;
     let mut drop = 0;
     while total > MAX_RESPONSE_BYTES && drop < msgs.len() {
-        total -= sizes[drop];
+        total -= msgs[drop].1 + 1;
         drop += 1;
     }
-    msgs.drain(..drop);
-    msgs
+    msgs.into_iter().skip(drop).map(|(m, _)| m).collect()
 }
 
 /// Length of `v` as compact JSON, counted without building the text.
