@@ -14,7 +14,7 @@ use crate::Ctx;
 use base64::Engine;
 use pincer_agent::{start_run, ContextMessage, RunEvent, RunRequest, SinkError, TranscriptSink};
 use pincer_pi::now_ms;
-use pincer_store::history::{read_history, HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
+use pincer_store::history::{HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
 use pincer_store::NewEntry;
 use serde_json::{json, Map, Value};
 
@@ -1137,8 +1137,8 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     let (session_id, messages, thinking) = match &session {
         None => (Value::Null, vec![], None),
         Some(s) => {
-            let path = s.path.clone();
-            let h = tokio::task::spawn_blocking(move || read_history(&path, HistoryOptions { limit, max_chars }))
+            let (store, path) = (gw.store.clone(), s.path.clone());
+            let h = tokio::task::spawn_blocking(move || store.history(&path, HistoryOptions { limit, max_chars }))
                 .await
                 .map_err(|e| RpcError::unavailable(format!("history task failed: {e}")))?
                 .map_err(|e| RpcError::unavailable(format!("cannot read the transcript: {e}")))?;

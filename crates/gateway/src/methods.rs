@@ -178,7 +178,7 @@ async fn trim(gw: &Arc<Gateway>, session: SessionRef, max_lines: usize) -> Resul
     let key = session.key.clone();
     let trimmed = gw
         .blocking(move |gw| {
-            if !session.path.exists() {
+            if !gw.store.exists(&session.path) {
                 return Ok(None);
             }
             let t = gw.store.trim(&session.path, max_lines).map_err(|e| RpcError::unavailable(e.to_string()))?;
@@ -540,11 +540,10 @@ fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     }
     let mut rows = Vec::new();
     for (file, reason, path) in archive_files(gw, agent).into_iter().take(200) {
-        let h = pincer_store::history::read_history(
-            &path,
-            pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200 },
-        )
-        .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+        let h = gw
+            .store
+            .history(&path, pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200 })
+            .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
         let count = h.messages.iter().filter(|m| matches!(m["role"].as_str(), Some("user" | "assistant"))).count();
         let title = h.messages.iter().find(|m| m["role"] == "user").map(crate::tree::display_text).unwrap_or_default();
         let modified = std::fs::metadata(&path)
@@ -575,7 +574,9 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
         let Some((_, _, path)) = archive_files(&gw2, &agent).into_iter().find(|(n, _, _)| *n == file) else {
             return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
         };
-        let h = pincer_store::history::read_history(&path, pincer_store::history::HistoryOptions::default())
+        let h = gw2
+            .store
+            .history(&path, pincer_store::history::HistoryOptions::default())
             .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
         Ok(json!({"file": file, "messages": h.messages}))
     })

@@ -9,7 +9,7 @@ use crate::protocol::RpcError;
 use crate::sessions::{SessionRef, Sessions};
 use pincer_agent::{CancellationToken, ContextMessage, Messages, SessionQueue, ToolRegistry};
 use pincer_store::redact::Redactor;
-use pincer_store::{build_context, Appended, NewEntry, Session, Store, StoreError, StoreOptions};
+use pincer_store::{build_context, Appended, NewEntry, Store, StoreError, StoreOptions, Transcripts};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -202,7 +202,8 @@ pub enum Dedupe {
 
 pub struct Gateway {
     pub settings: Settings,
-    pub store: Store,
+    /// The transcript store: the only writer of transcripts.
+    pub store: Arc<dyn Transcripts>,
     pub sessions: Sessions,
     pub hub: Arc<Hub>,
     pub queue: SessionQueue,
@@ -241,7 +242,8 @@ impl Gateway {
             }
         };
         let on_append = indexer.as_ref().map(pincer_search::Indexer::observer);
-        let store = Store::new(StoreOptions { redactor: redactor.clone(), on_append, ..StoreOptions::default() });
+        let store: Arc<dyn Transcripts> =
+            Arc::new(Store::new(StoreOptions { redactor: redactor.clone(), on_append, ..StoreOptions::default() }));
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {
             sessions: Sessions::new(&settings.state_dir, store.clone()),
@@ -458,7 +460,7 @@ impl Gateway {
         if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l)) {
             return Ok(m);
         }
-        let (messages, bytes) = tokio::task::spawn_blocking(move || match Session::read(&path) {
+        let (messages, bytes) = tokio::task::spawn_blocking(move || match store.read_session(&path) {
             Ok(Some(s)) => {
                 let c = build_context(&s, &s.leaf);
                 let size = c.messages.iter().map(|m| m.len()).sum::<usize>();

@@ -55,7 +55,7 @@ fn raw_role(raw: &str) -> Option<String> {
 
 impl Tree {
     fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, RpcError> {
-        let parsed = Session::read(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
+        let parsed = gw.store.read_session(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
         let (leaf, parsed) = match parsed {
             Some(p) => (current_leaf(gw, s)?, p),
             None => (None, Session::parse(Vec::new())),
@@ -154,7 +154,7 @@ pub fn leaf_and_entry(
 
 /// The session's active leaf (`None` without a transcript).
 fn current_leaf(gw: &Gateway, s: &SessionRef) -> Result<Option<String>, RpcError> {
-    if !s.path.exists() {
+    if !gw.store.exists(&s.path) {
         return Ok(None);
     }
     gw.store.leaf(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read the leaf: {e}")))

@@ -114,7 +114,10 @@ pub struct ListArgs {
 
 pub fn list(args: ListArgs) -> Result<u8, Failure> {
     let dir = args.state_dir.unwrap_or_else(config::default_state_dir);
-    let sessions = pincer_gateway::sessions::Sessions::new(&dir, pincer_store::Store::new(Default::default()));
+    let sessions = pincer_gateway::sessions::Sessions::new(
+        &dir,
+        std::sync::Arc::new(pincer_store::Store::new(Default::default())),
+    );
     let rows = sessions.list(args.agent.as_deref()).map_err(|e| Failure::failed(e.message))?;
     if args.output.json() {
         let v: Vec<serde_json::Value> = rows

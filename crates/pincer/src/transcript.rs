@@ -341,7 +341,7 @@ fn import(input: &Path, state_dir: Option<PathBuf>) -> Result<u8, Failure> {
         pincer_export::prepare_import(&bytes).map_err(|e| Failure::usage(format!("{}: {e}", input.display())))?;
     let dir = state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
     let store = Store::new(StoreOptions::default());
-    let sessions = pincer_gateway::sessions::Sessions::new(&dir, store.clone());
+    let sessions = pincer_gateway::sessions::Sessions::new(&dir, std::sync::Arc::new(store.clone()));
     let r = sessions.import(&prepared);
     store.close();
     let s = r.map_err(|e| Failure::failed(e.message))?;
