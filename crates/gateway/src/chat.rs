@@ -512,7 +512,7 @@ impl Turn {
 
     async fn execute(self) {
         let queued = crate::metrics::Live::queued();
-        let guard = match self.gw.queue.acquire(&self.session.key, &self.run.cancel).await {
+        let guard = match self.gw.turn_slot(&self.session.key, &self.run.cancel).await {
             Ok(g) => g,
             Err(_) => {
                 // Aborted while waiting: nothing was written.

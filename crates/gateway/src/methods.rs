@@ -111,7 +111,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             let cancel = gw.stopping();
             // In the session's queue: never while a turn is being written.
             let _slot =
-                gw.queue.acquire(&session.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
+                gw.turn_slot(&session.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
             if let Some(Bounded(max_lines)) = p.max_lines {
                 return trim(gw, session, max_lines as usize).await;
             }

@@ -2,12 +2,12 @@
 //! the `chat.send` dedupe window and the per-session run queue, plus small helpers that move store
 //! work off the async threads.
 
-use crate::config::Settings;
+use crate::config::{Settings, StoreSettings};
 use crate::error::GatewayError;
 use crate::hub::Hub;
 use crate::protocol::RpcError;
 use crate::sessions::{SessionRef, Sessions};
-use pincer_agent::{CancellationToken, ContextMessage, Messages, SessionQueue, ToolRegistry};
+use pincer_agent::{CancellationToken, Cancelled, ContextMessage, Messages, SessionGuard, SessionQueue, ToolRegistry};
 use pincer_store::redact::Redactor;
 use pincer_store::{build_context, Appended, NewEntry, Store, StoreError, StoreOptions, Transcripts};
 use serde_json::{json, Value};
@@ -202,7 +202,7 @@ pub enum Dedupe {
 
 pub struct Gateway {
     pub settings: Settings,
-    /// The transcript store: the only writer of transcripts.
+    /// The transcript store (JSONL files, or PostgreSQL): the only writer of transcripts.
     pub store: Arc<dyn Transcripts>,
     pub sessions: Sessions,
     pub hub: Arc<Hub>,
@@ -228,22 +228,67 @@ pub struct Gateway {
     pub indexer: Option<Arc<pincer_search::Indexer>>,
     /// The connection `sessions.search` reads the index with.
     pub search_reader: Mutex<Option<pincer_search::Index>>,
+    /// The PostgreSQL store when `[store] backend = "postgres"` (also in `store`): replicas.
+    pub pg: Option<pincer_pg::PgStore>,
+}
+
+/// The store the settings name, for one-off commands (`pincer transcript export --session`).
+pub fn open_transcripts(settings: &Settings) -> Result<Arc<dyn Transcripts>, GatewayError> {
+    let redactor = settings.redactor().map_err(GatewayError::Config)?;
+    match &settings.store {
+        StoreSettings::Jsonl => Ok(Arc::new(Store::new(StoreOptions { redactor, ..StoreOptions::default() }))),
+        StoreSettings::Postgres { .. } => Ok(open_store(settings, &redactor)?.0),
+    }
+}
+
+/// A session's turn, held (see [`Gateway::turn_slot`]).
+pub struct TurnSlot {
+    _local: SessionGuard,
+    _shared: Option<pincer_store::Held>,
+}
+
+/// What [`open_store`] opens.
+type Opened = (Arc<dyn Transcripts>, Option<pincer_pg::PgStore>, Option<Arc<pincer_search::Indexer>>);
+
+/// The configured store (with the search index kept from its commits, for files).
+fn open_store(settings: &Settings, redactor: &Arc<dyn Redactor>) -> Result<Opened, GatewayError> {
+    match &settings.store {
+        StoreSettings::Jsonl => {
+            let indexer = match pincer_search::Indexer::start(&settings.state_dir) {
+                Ok(i) => Some(i),
+                Err(e) => {
+                    tracing::warn!("search is off: {e}");
+                    None
+                }
+            };
+            let on_append = indexer.as_ref().map(pincer_search::Indexer::observer);
+            let store = Store::new(StoreOptions { redactor: redactor.clone(), on_append, ..StoreOptions::default() });
+            Ok((Arc::new(store), None, indexer))
+        }
+        StoreSettings::Postgres { url, pool_size, replica_id } => {
+            let pg = pincer_pg::PgStore::connect(pincer_pg::PgOptions {
+                url: url.clone(),
+                pool_size: *pool_size,
+                state_dir: settings.state_dir.clone(),
+                redactor: redactor.clone(),
+                cwd: StoreOptions::default().cwd,
+            })
+            .map_err(|e| GatewayError::Config(format!("the PostgreSQL store: {e}")))?;
+            tracing::info!(
+                "store: PostgreSQL at {} (replica {replica_id}, up to {pool_size} connections); search is off on \
+                 this store",
+                pincer_pg::redact_url(url)
+            );
+            Ok((Arc::new(pg.clone()), Some(pg), None))
+        }
+    }
 }
 
 impl Gateway {
     pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
         crate::logs::set_redactor(redactor.clone());
-        let indexer = match pincer_search::Indexer::start(&settings.state_dir) {
-            Ok(i) => Some(i),
-            Err(e) => {
-                tracing::warn!("search is off: {e}");
-                None
-            }
-        };
-        let on_append = indexer.as_ref().map(pincer_search::Indexer::observer);
-        let store: Arc<dyn Transcripts> =
-            Arc::new(Store::new(StoreOptions { redactor: redactor.clone(), on_append, ..StoreOptions::default() }));
+        let (store, pg, indexer) = open_store(&settings, &redactor)?;
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {
             sessions: Sessions::new(&settings.state_dir, store.clone()),
@@ -265,6 +310,7 @@ impl Gateway {
             next_conn: AtomicU64::new(1),
             indexer,
             search_reader: Mutex::new(None),
+            pg,
         })
     }
 
@@ -339,6 +385,26 @@ impl Gateway {
     /// A token cancelled when the gateway stops (for work that is not a run, like compaction).
     pub fn stopping(&self) -> CancellationToken {
         self.stopping_runs.child_token()
+    }
+
+    /// Waits for the session's turn: its slot in this process's queue and, on the PostgreSQL
+    /// store, the session's turn lock shared by every replica (so turns of one session run one at a
+    /// time whichever replica runs them, as they do in one process). Fails when `cancel` fires first.
+    pub async fn turn_slot(&self, session_key: &str, cancel: &CancellationToken) -> Result<TurnSlot, Cancelled> {
+        let local = self.queue.acquire(session_key, cancel).await?;
+        let Some(pg) = &self.pg else { return Ok(TurnSlot { _local: local, _shared: None }) };
+        loop {
+            match pg.try_lock_turns(session_key).await {
+                Ok(Some(held)) => return Ok(TurnSlot { _local: local, _shared: Some(held) }),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(session = %session_key, "cannot take the session's turn lock: {e}"),
+            }
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Err(Cancelled),
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
     }
 
     // ---- dedupe ----

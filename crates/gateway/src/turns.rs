@@ -187,7 +187,7 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
         let Ok(Ok(sessions)) = list else { return };
         for s in sessions {
             let cancel = gw.stopping();
-            let Ok(_slot) = gw.queue.acquire(&s.key, &cancel).await else { return };
+            let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return };
             let (store, path) = (gw.store.clone(), s.path.clone());
             let found = tokio::task::spawn_blocking(move || unanswered_at_leaf(&store, &path)).await;
             let Ok(Ok(Some(run_id))) = found else { continue };

@@ -1,0 +1,212 @@
+//! Several `pincer gateway` processes on one PostgreSQL (`[store] backend = "postgres"`), each with
+//! a state directory of its own, serving the same sessions: turns sent to one session through
+//! three replicas at once make one chain with every turn once (checked in the database and in the
+//! export, which the real Pi library reads identically), and a resend of an acknowledged key to
+//! another replica writes nothing.
+#![allow(clippy::disallowed_methods)] // tests write their fixture files directly
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use pincer_store::{context_report, LeafArg, Session};
+use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions};
+use pincer_testkit::postgres::Postgres;
+use pincer_testkit::{comparable, oracle_context};
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+const PASSWORD: &str = "db-password-0123456789";
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    url: String,
+    config: String,
+    replicas: Vec<GatewayProcess>,
+    _fake: FakeOpenAi,
+}
+
+fn cluster(n: usize) -> Cluster {
+    let url = Postgres::shared().database("replicas");
+    let fake = FakeOpenAi::start_in_thread();
+    let config = pg_config(&fake, &url);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let replicas = (0..n)
+        .map(|i| {
+            let options =
+                StartOptions { env: vec![("PINCER_REPLICA_ID".into(), format!("replica-{i}"))], ..Default::default() };
+            GatewayProcess::start_with(BIN, &dir.path().join(format!("r{i}")), &config, &options)
+        })
+        .collect();
+    Cluster { dir, url, config, replicas, _fake: fake }
+}
+
+/// The gateway config for the database at `url`. The cluster trusts local connections; the
+/// password is there to show it is never logged.
+fn pg_config(fake: &FakeOpenAi, url: &str) -> String {
+    let with_password = url.replacen("postgres@", &format!("postgres:{PASSWORD}@"), 1);
+    format!("{}\n[store]\nbackend = \"postgres\"\nurl = \"{with_password}\"\npool_size = 8\n", fake.gateway_toml())
+}
+
+impl Cluster {
+    /// `pincer transcript export --config … --session KEY` through replica 0's state dir.
+    fn export(&self, key: &str) -> Vec<u8> {
+        let config = self.dir.path().join("export.toml");
+        std::fs::write(&config, &self.config).expect("config");
+        let out = std::process::Command::new(BIN)
+            .args(["transcript", "export", "--session", key, "--config"])
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(self.dir.path().join("r0"))
+            .output()
+            .expect("export");
+        assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(log.contains("postgres:***@127.0.0.1") && !log.contains(PASSWORD), "{log}");
+        out.stdout
+    }
+
+    fn sql(&self, q: &str) -> String {
+        Postgres::shared().psql(&self.url, q)
+    }
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).expect("write");
+    p
+}
+
+fn text_of(v: &Value) -> String {
+    pincer_testkit::probe::message_text(&v["message"])
+}
+
+fn key_of(v: &Value) -> Option<&str> {
+    v["message"]["idempotencyKey"].as_str()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_sending_to_one_session_at_once_make_one_chain_with_every_turn_once() {
+    let c = cluster(3);
+    let mut tasks = Vec::new();
+    for (n, r) in c.replicas.iter().enumerate() {
+        let addr = r.addr.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(&addr).await;
+            for i in 0..4 {
+                let run = format!("r{n}-t{i}");
+                let ack = client
+                    .request(
+                        "chat.send",
+                        json!({"sessionKey": "main", "message": format!("{run} says hi"), "idempotencyKey": run}),
+                    )
+                    .await
+                    .expect("chat.send");
+                assert_eq!(ack["status"], "started", "{ack}");
+                let fin = client.chat_end(&run).await;
+                assert_eq!(fin["payload"]["state"], "final", "{fin}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client");
+    }
+
+    // The database: 24 message rows, seqs 1..=24, every turn's key once, no entry with two children.
+    let counts = c.sql(
+        "SELECT count(*), count(DISTINCT idempotency_key), count(idempotency_key), min(seq), max(seq) FROM entries \
+         WHERE type = 'message'",
+    );
+    assert_eq!(counts, "24|12|12|1|24");
+    let forks = c.sql(
+        "SELECT count(*) FROM (SELECT parent_id FROM entries GROUP BY transcript, parent_id HAVING count(*) > 1) f",
+    );
+    assert_eq!(forks, "0", "no entry has two children");
+
+    // The export: one chain, each turn's reply right after its user row, Pi reads it identically.
+    let bytes = c.export("main");
+    let s = Session::parse(bytes.clone());
+    let rows: Vec<Value> = (0..s.entries.len()).map(|i| s.value(i).expect("entry")).collect();
+    assert_eq!(rows.len(), 24);
+    for (i, row) in rows.iter().enumerate() {
+        let want = if i == 0 { Value::Null } else { rows[i - 1]["id"].clone() };
+        assert_eq!(row["parentId"], want, "entry {i} chains to the one before it");
+    }
+    let mut runs = std::collections::HashSet::new();
+    for pair in rows.chunks(2) {
+        let run = key_of(&pair[0]).and_then(|k| k.strip_suffix(":user")).expect("a user row");
+        assert!(runs.insert(run.to_owned()), "{run} once");
+        assert_eq!(pair[1]["message"]["role"], "assistant", "a turn's reply follows its user row");
+        assert!(text_of(&pair[1]).contains(&format!("{run} says hi")), "{}", pair[1]);
+    }
+    assert_eq!(runs.len(), 12);
+    let file = write(c.dir.path(), "main.jsonl", &bytes);
+    let mine = comparable(&context_report(&s, &LeafArg::Default).expect("context").to_value());
+    assert_eq!(mine, comparable(&oracle_context(&file, None)));
+
+    // A resend of an acknowledged key to another replica writes nothing.
+    let mut other = Client::connect(&c.replicas[2].addr).await;
+    let again = other
+        .request("chat.send", json!({"sessionKey": "main", "message": "r0-t0 says hi", "idempotencyKey": "r0-t0"}))
+        .await
+        .expect("resend");
+    assert_ne!(again["status"], "started", "{again}");
+    assert_eq!(c.sql("SELECT count(*) FROM entries"), "24");
+    // Every replica lists the session and reads the same history; none logged the password.
+    for r in &c.replicas {
+        assert!(!r.log_text().contains(PASSWORD) && r.log_text().contains("store: PostgreSQL"), "{}", r.log_text());
+        let mut client = Client::connect(&r.addr).await;
+        let h = client.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+        assert_eq!(h["messages"].as_array().map(Vec::len), Some(24), "{}", r.addr);
+        let list = client.request("sessions.list", json!({})).await.expect("list");
+        assert!(list["sessions"].as_array().is_some_and(|l| l.iter().any(|s| s["key"] == "agent:main:main")), "{list}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jsonl_state_dir_moves_into_postgres_and_reads_the_same() {
+    let fake = FakeOpenAi::start_in_thread();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = dir.path().join("files");
+    let mut gw = GatewayProcess::start(BIN, &files, &fake.gateway_toml());
+    let mut client = Client::connect(&gw.addr).await;
+    for run in ["j1", "j2"] {
+        client
+            .request("chat.send", json!({"sessionKey": "main", "message": run, "idempotencyKey": run}))
+            .await
+            .expect("send");
+        client.chat_end(run).await;
+    }
+    let before = client.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+    drop(client);
+    assert!(gw.terminate().success());
+
+    let url = Postgres::shared().database("import");
+    let import = |expect: Value| {
+        let out = std::process::Command::new(BIN)
+            .args(["store", "import", "--from"])
+            .arg(&files)
+            .args(["--to", &url])
+            .output()
+            .expect("import");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(report, expect);
+    };
+    import(json!({"transcripts": 1, "skipped": 0, "sessions": 1, "problems": []}));
+    import(json!({"transcripts": 0, "skipped": 1, "sessions": 0, "problems": []}));
+
+    let c = Cluster { config: pg_config(&fake, &url), replicas: vec![], url, dir, _fake: fake.clone() };
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(files.join("agents/main/sessions/sessions.json")).expect("index"))
+            .expect("json");
+    let id = index["agent:main:main"]["sessionId"].as_str().expect("id");
+    let on_disk = std::fs::read(files.join(format!("agents/main/sessions/{id}.jsonl"))).expect("transcript");
+    assert_eq!(c.export("main"), on_disk, "the same bytes");
+
+    let pg = GatewayProcess::start(BIN, &c.dir.path().join("r0"), &c.config);
+    let mut client = Client::connect(&pg.addr).await;
+    let after = client.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+    assert_eq!(after["messages"], before["messages"]);
+    assert_eq!(after["sessionId"], before["sessionId"]);
+}
