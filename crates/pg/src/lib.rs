@@ -138,6 +138,31 @@ pub(crate) struct Inner {
     opts: PgOptions,
     /// Transcripts (and indexes) whose cross-process lock this process holds, with a count.
     held: Mutex<HashMap<String, usize>>,
+    /// Rows this process appended, so its watcher does not announce them a second time.
+    own: Mutex<OwnRows>,
+}
+
+/// The most recent `(file, seq)` rows this process wrote (bounded: the oldest are forgotten).
+#[derive(Default)]
+struct OwnRows {
+    set: std::collections::HashSet<(String, i64)>,
+    order: std::collections::VecDeque<(String, i64)>,
+}
+
+/// Rows remembered in [`OwnRows`].
+const OWN_ROWS: usize = 65_536;
+
+impl OwnRows {
+    fn insert(&mut self, file: &str, seq: i64) {
+        if self.set.insert((file.to_owned(), seq)) {
+            self.order.push_back((file.to_owned(), seq));
+        }
+        while self.order.len() > OWN_ROWS {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
 }
 
 /// A stable 64-bit key for an advisory lock on a name (FNV-1a: the same in every replica's build).
@@ -192,7 +217,13 @@ impl PgStore {
                 .map_err(|e| PgError::Pool(e.to_string()))?
         };
         let store = PgStore {
-            inner: Arc::new(Inner { pool, config: cfg, opts, held: Mutex::new(HashMap::new()) }),
+            inner: Arc::new(Inner {
+                pool,
+                config: cfg,
+                opts,
+                held: Mutex::new(HashMap::new()),
+                own: Mutex::new(OwnRows::default()),
+            }),
             handle,
             _runtime: Arc::new(OwnedRuntime(Some(runtime))),
         };
@@ -248,14 +279,27 @@ impl PgStore {
     /// Entries appended after `seq` (`(seq, entry)`, oldest first, at most `limit`).
     pub fn entries_after(&self, path: &Path, seq: i64, limit: i64) -> Result<Vec<(i64, Value)>, StoreError> {
         let file = self.name(path);
+        let this = self.clone();
         let f = file.clone();
-        self.block(move |inner| async move {
+        self.block(move |_| async move { this.entries_after_async(f, seq, limit).await })
+            .map_err(|e| e.into_store(&file))
+    }
+
+    /// Whether this process appended row `seq` of `file` (asked once per row: the answer is
+    /// forgotten).
+    pub fn take_own(&self, file: &str, seq: i64) -> bool {
+        pincer_pi::lock(&self.inner.own).set.remove(&(file.to_owned(), seq))
+    }
+
+    /// [`PgStore::entries_after`] for async callers.
+    pub async fn entries_after_async(&self, file: String, seq: i64, limit: i64) -> Result<Vec<(i64, Value)>, PgError> {
+        self.run(move |inner| async move {
             let c = inner.pool.get().await?;
             let rows = c
                 .query(
                     "SELECT e.seq, e.line FROM entries e JOIN transcripts t ON t.id = e.transcript \
                      WHERE t.file = $1 AND e.seq > $2 ORDER BY e.seq LIMIT $3",
-                    &[&f, &seq, &limit],
+                    &[&file, &seq, &limit],
                 )
                 .await?;
             Ok(rows
@@ -265,7 +309,7 @@ impl PgStore {
                 })
                 .collect())
         })
-        .map_err(|e| e.into_store(&file))
+        .await
     }
 
     /// The last seq of each named transcript that exists.
@@ -432,7 +476,13 @@ impl Inner {
         )
         .await?;
         tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &format!("{file}:{seq}")]).await?;
-        tx.commit().await?;
+        // Known as ours before the commit makes it visible to this process's watcher.
+        pincer_pi::lock(&self.own).insert(file, seq);
+        if let Err(e) = tx.commit().await {
+            let mut own = pincer_pi::lock(&self.own);
+            own.set.remove(&(file.to_owned(), seq));
+            return Err(e.into());
+        }
         Ok(Appended { entry: r.value, appended: true })
     }
 

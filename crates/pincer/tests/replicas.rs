@@ -210,3 +210,58 @@ async fn a_jsonl_state_dir_moves_into_postgres_and_reads_the_same() {
     assert_eq!(after["messages"], before["messages"]);
     assert_eq!(after["sessionId"], before["sessionId"]);
 }
+
+/// The next `session.message` or `chat` final of the client, within 10 s.
+async fn next_live(c: &mut Client) -> Value {
+    c.event_within(
+        |f| f["event"] == "session.message" || (f["event"] == "chat" && f["payload"]["state"] == "final"),
+        std::time::Duration::from_secs(10),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_on_another_replica_sees_each_turn_live_and_in_order() {
+    let c = cluster(2);
+    let mut watcher = Client::connect(&c.replicas[1].addr).await;
+    watcher.request("sessions.messages.subscribe", json!({"key": "main"})).await.expect("subscribe");
+    watcher.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+    let mut sender = Client::connect(&c.replicas[0].addr).await;
+    for i in 0..3 {
+        let run = format!("live-{i}");
+        sender
+            .request(
+                "chat.send",
+                json!({"sessionKey": "main", "message": format!("{run} hello"), "idempotencyKey": run}),
+            )
+            .await
+            .expect("send");
+        sender.chat_end(&run).await;
+        let started = std::time::Instant::now();
+        let user = next_live(&mut watcher).await;
+        assert_eq!(user["event"], "session.message", "{user}");
+        assert_eq!(user["payload"]["message"]["role"], "user");
+        assert_eq!(user["payload"]["message"]["idempotencyKey"], format!("{run}:user"));
+        let reply = next_live(&mut watcher).await;
+        assert_eq!(
+            (reply["event"].as_str(), reply["payload"]["message"]["role"].as_str()),
+            (Some("session.message"), Some("assistant"))
+        );
+        let fin = next_live(&mut watcher).await;
+        assert_eq!(
+            (fin["event"].as_str(), fin["payload"]["runId"].as_str()),
+            (Some("chat"), Some(run.as_str())),
+            "{fin}"
+        );
+        assert_eq!(fin["payload"]["message"]["__openclaw"]["id"], reply["payload"]["messageId"]);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "live, not by the poll alone: {:?}",
+            started.elapsed()
+        );
+    }
+    // The watcher's own replica does not announce rows twice.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    watcher.request("health", json!({})).await.expect("health"); // reads (and keeps) what came meanwhile
+    assert!(!watcher.events.iter().any(|f| f["event"] == "session.message"), "nothing more: {:?}", watcher.events);
+}
