@@ -408,7 +408,15 @@ pub async fn abort(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError>
             }
         }
     }
-    let ids = abort_session(gw, &key, run_id, "rpc");
+    let mut ids = abort_session(gw, &key, run_id, "rpc");
+    if let Some(pg) = gw.pg.as_ref().filter(|_| run_id.is_none() || ids.is_empty()) {
+        // Runs of other replicas: their rows are flagged and their replicas told.
+        let remote = pg
+            .request_abort(key.clone(), run_id.map(str::to_owned))
+            .await
+            .map_err(|e| RpcError::unavailable(format!("cannot reach the other replicas' runs: {e}")))?;
+        ids.extend(remote.into_iter().filter(|r| !ids.contains(r)).collect::<Vec<_>>());
+    }
     Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}))
 }
 
@@ -514,7 +522,12 @@ impl Turn {
         let queued = crate::metrics::Live::queued();
         let guard = match self.gw.turn_slot(&self.session.key, &self.run.cancel).await {
             Ok(g) => g,
-            Err(_) => {
+            Err(crate::state::SlotError::Unavailable(e)) => {
+                // The database cannot be asked: nothing was written, nothing runs.
+                self.fail(&e, "persistence", None);
+                return;
+            }
+            Err(crate::state::SlotError::Cancelled) => {
                 // Aborted while waiting: nothing was written.
                 self.chat_event("aborted", json!({"stopReason": self.run.origin()}));
                 self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));

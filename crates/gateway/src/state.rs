@@ -241,6 +241,17 @@ pub fn open_transcripts(settings: &Settings) -> Result<Arc<dyn Transcripts>, Gat
     }
 }
 
+/// Why [`Gateway::turn_slot`] gave no slot.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    /// Cancelled while waiting (an abort, or the gateway stopping).
+    #[error("shutting down")]
+    Cancelled,
+    /// The store could not be asked (the database is unreachable).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
 /// A session's turn, held (see [`Gateway::turn_slot`]).
 pub struct TurnSlot {
     _local: SessionGuard,
@@ -338,7 +349,24 @@ impl Gateway {
         }
         let h = self.new_run(run_id, session_key, owner_conn);
         runs.insert(run_id.to_owned(), h.clone());
+        if let (Some(pg), Some(replica)) = (&self.pg, self.replica_id()) {
+            // Seen by the other replicas (abort, takeover); the heartbeat re-adds it if this fails.
+            let (pg2, run, key, replica) = (pg.clone(), run_id.to_owned(), session_key.to_owned(), replica.to_owned());
+            pg.handle().spawn(async move {
+                if let Err(e) = pg2.run_started(run, key, replica).await {
+                    tracing::debug!("cannot record the run: {e}");
+                }
+            });
+        }
         Some(h)
+    }
+
+    /// This replica's id (the PostgreSQL store only).
+    pub fn replica_id(&self) -> Option<&str> {
+        match &self.settings.store {
+            StoreSettings::Postgres { replica_id, .. } => Some(replica_id),
+            StoreSettings::Jsonl => None,
+        }
     }
 
     fn new_run(&self, run_id: &str, session_key: &str, owner_conn: u64) -> Arc<RunHandle> {
@@ -358,6 +386,12 @@ impl Gateway {
     pub fn finish_run(&self, run_id: &str) {
         if let Some(run) = lock(&self.runs).remove(run_id) {
             run.done.cancel();
+            if let Some(pg) = &self.pg {
+                let (pg2, run) = (pg.clone(), run_id.to_owned());
+                pg.handle().spawn(async move {
+                    let _ = pg2.run_finished(run).await;
+                });
+            }
         }
     }
 
@@ -389,19 +423,20 @@ impl Gateway {
 
     /// Waits for the session's turn: its slot in this process's queue and, on the PostgreSQL
     /// store, the session's turn lock shared by every replica (so turns of one session run one at a
-    /// time whichever replica runs them, as they do in one process). Fails when `cancel` fires first.
-    pub async fn turn_slot(&self, session_key: &str, cancel: &CancellationToken) -> Result<TurnSlot, Cancelled> {
-        let local = self.queue.acquire(session_key, cancel).await?;
+    /// time whichever replica runs them, as they do in one process). Fails when `cancel` fires
+    /// first, or when the database cannot be asked.
+    pub async fn turn_slot(&self, session_key: &str, cancel: &CancellationToken) -> Result<TurnSlot, SlotError> {
+        let local = self.queue.acquire(session_key, cancel).await.map_err(|Cancelled| SlotError::Cancelled)?;
         let Some(pg) = &self.pg else { return Ok(TurnSlot { _local: local, _shared: None }) };
         loop {
             match pg.try_lock_turns(session_key).await {
                 Ok(Some(held)) => return Ok(TurnSlot { _local: local, _shared: Some(held) }),
                 Ok(None) => {}
-                Err(e) => tracing::warn!(session = %session_key, "cannot take the session's turn lock: {e}"),
+                Err(e) => return Err(SlotError::Unavailable(format!("cannot take the session's turn: {e}"))),
             }
             tokio::select! {
                 biased;
-                () = cancel.cancelled() => return Err(Cancelled),
+                () = cancel.cancelled() => return Err(SlotError::Cancelled),
                 () = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }

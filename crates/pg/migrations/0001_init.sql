@@ -51,13 +51,16 @@ CREATE TABLE session_indexes (
     version BIGINT NOT NULL DEFAULT 0
 );
 
--- Runs in progress on every replica, heart-beaten by the replica running them.
+-- Runs in progress on every replica, heart-beaten by the replica running them; a survivor takes
+-- over the rows of a replica that stopped beating (and marks their turns interrupted).
+-- `abort_requested` is chat.abort from another replica (with a notification on pincer_control).
 CREATE TABLE runs (
     run_id TEXT PRIMARY KEY,
-    file TEXT NOT NULL,
     session_key TEXT NOT NULL,
     replica TEXT NOT NULL,
     started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    heartbeat TIMESTAMPTZ NOT NULL DEFAULT now()
+    heartbeat TIMESTAMPTZ NOT NULL DEFAULT now(),
+    abort_requested BOOLEAN NOT NULL DEFAULT false
 );
 CREATE INDEX runs_replica ON runs (replica);
+CREATE INDEX runs_session ON runs (session_key);

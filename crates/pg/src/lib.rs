@@ -14,7 +14,8 @@
 //!     entry lines), so `Session`, context and `chat.history` come from the same code as files;
 //!   - the session index is one row per key (`sessions`), read and written whole per agent like
 //!     `sessions.json`, its stamp a version per agent.
-//! - [`watch`]: `LISTEN` for appends of other replicas, with reconnects.
+//! - [`watch`]: `LISTEN` for appends of other replicas and run control, with reconnects.
+//! - [`runs`]: the runs of every replica (heartbeats, cross-replica abort, takeover of a dead one's).
 //!
 //! Names: transcripts keep the names the JSONL layout gives them, relative to the state directory
 //! (`agents/<agent>/sessions/<sessionId>.jsonl`), so callers pass paths either way.
@@ -22,6 +23,7 @@
 //! The work runs on a small runtime owned by the store; the blocking [`Transcripts`] methods wait
 //! for it (they are called off the async threads, as the file store's are).
 
+pub mod runs;
 pub mod schema;
 pub mod watch;
 

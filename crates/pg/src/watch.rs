@@ -1,9 +1,11 @@
-//! Appends of other replicas: one connection outside the pool `LISTEN`s on [`crate::CHANNEL`] and
-//! turns each notification (`<file>:<seq>`, a wake-up only) into a [`Wake`]. The connection is
+//! Appends of other replicas: one connection outside the pool `LISTEN`s on [`crate::CHANNEL`] (and
+//! on [`CONTROL_CHANNEL`] for aborts) and turns each notification (`<file>:<seq>`, a wake-up only)
+//! into a [`Wake`]. The connection is
 //! re-opened (and `LISTEN` said again) whenever it drops; each (re)start sends [`Wake::All`],
 //! since notifications sent while it was away are lost. Notifications are only hints: whoever
 //! watches a transcript reads its rows after the seq it has seen, and polls now and then anyway.
 
+use crate::runs::CONTROL_CHANNEL;
 use crate::{PgStore, CHANNEL};
 use futures::StreamExt;
 use std::time::Duration;
@@ -18,6 +20,8 @@ pub enum Wake {
     Appended { file: String, seq: i64 },
     /// Anything may have changed (the listener (re)connected): check every watched transcript.
     All,
+    /// Another replica asks to abort this run ([`crate::runs::CONTROL_CHANNEL`]).
+    Abort { run_id: String },
 }
 
 /// Parses a notification payload `<file>:<seq>`.
@@ -46,7 +50,12 @@ impl PgStore {
                             while let Some(m) = messages.next().await {
                                 match m {
                                     Ok(AsyncMessage::Notification(n)) => {
-                                        if note_tx.send(n.payload().to_owned()).is_err() {
+                                        let wake = match n.channel() {
+                                            CONTROL_CHANNEL => Some(Wake::Abort { run_id: n.payload().to_owned() }),
+                                            _ => parse_payload(n.payload()),
+                                        };
+                                        let Some(wake) = wake else { continue };
+                                        if note_tx.send(wake).is_err() {
                                             return;
                                         }
                                     }
@@ -55,15 +64,13 @@ impl PgStore {
                                 }
                             }
                         });
-                        if client.batch_execute(&format!("LISTEN {CHANNEL}")).await.is_ok() {
+                        if client.batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {CONTROL_CHANNEL}")).await.is_ok() {
                             let _ = sender.send(Wake::All);
                             loop {
                                 tokio::select! {
                                     n = note_rx.recv() => match n {
-                                        Some(p) => {
-                                            if let Some(w) = parse_payload(&p) {
-                                                let _ = sender.send(w);
-                                            }
+                                        Some(w) => {
+                                            let _ = sender.send(w);
                                         }
                                         None => break,
                                     },

@@ -27,7 +27,11 @@ struct Cluster {
 }
 
 fn cluster(n: usize) -> Cluster {
-    let url = Postgres::shared().database("replicas");
+    cluster_on(Postgres::shared(), n)
+}
+
+fn cluster_on(pg: &Postgres, n: usize) -> Cluster {
+    let url = pg.database("replicas");
     let fake = FakeOpenAi::start_in_thread();
     let config = pg_config(&fake, &url);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -264,4 +268,123 @@ async fn a_client_on_another_replica_sees_each_turn_live_and_in_order() {
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     watcher.request("health", json!({})).await.expect("health"); // reads (and keeps) what came meanwhile
     assert!(!watcher.events.iter().any(|f| f["event"] == "session.message"), "nothing more: {:?}", watcher.events);
+}
+
+/// Waits for the first `delta` of a run.
+async fn first_delta(c: &mut Client, run: &str) {
+    c.event(|f| f["event"] == "chat" && f["payload"]["runId"] == run && f["payload"]["state"] == "delta").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_abort_on_one_replica_stops_a_run_on_another() {
+    let c = cluster(2);
+    let mut a = Client::connect(&c.replicas[0].addr).await;
+    a.request("chat.send", json!({"sessionKey": "main", "message": "[slow] count", "idempotencyKey": "slow-1"}))
+        .await
+        .expect("send");
+    first_delta(&mut a, "slow-1").await;
+    let mut b = Client::connect(&c.replicas[1].addr).await;
+    let started = std::time::Instant::now();
+    let r = b.request("chat.abort", json!({"sessionKey": "main", "runId": "slow-1"})).await.expect("abort");
+    assert_eq!(r, json!({"ok": true, "aborted": true, "runIds": ["slow-1"]}));
+    let end = a.chat_end("slow-1").await;
+    assert_eq!(end["payload"]["state"], "aborted", "{end}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_turn_is_marked_interrupted_by_a_survivor_and_resumes_once_elsewhere() {
+    let mut c = cluster(2);
+    let mut a = Client::connect(&c.replicas[0].addr).await;
+    a.request("chat.send", json!({"sessionKey": "main", "message": "[slow] count", "idempotencyKey": "dead-1"}))
+        .await
+        .expect("send");
+    first_delta(&mut a, "dead-1").await;
+    let mut b = Client::connect(&c.replicas[1].addr).await;
+    b.request("chat.history", json!({"sessionKey": "main"})).await.expect("watch the session");
+    c.replicas[0].kill9();
+    let killed = std::time::Instant::now();
+    let marked = "SELECT count(*) FROM entries WHERE type = 'custom' AND line LIKE '%pincer.turn-interrupted%' \
+                  AND line LIKE '%\"runId\":\"dead-1\"%'";
+    while c.sql(marked) != "1" {
+        assert!(killed.elapsed() < std::time::Duration::from_secs(5), "not marked within 5 s");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let took = killed.elapsed();
+    let err = b.event(|f| f["event"] == "chat" && f["payload"]["runId"] == "dead-1").await;
+    assert_eq!(
+        (err["payload"]["state"].as_str(), err["payload"]["errorKind"].as_str()),
+        (Some("error"), Some("interrupted"))
+    );
+    // The client comes back on the survivor and resends its key: the turn runs once more, no new user row.
+    let ack = b
+        .request("chat.send", json!({"sessionKey": "main", "message": "[slow] count", "idempotencyKey": "dead-1"}))
+        .await
+        .expect("resend");
+    assert_eq!(ack["status"], "started", "{ack}");
+    let fin = b.chat_end("dead-1").await;
+    assert_eq!(fin["payload"]["state"], "final", "{fin}");
+    assert_eq!(c.sql("SELECT count(*) FROM entries WHERE idempotency_key = 'dead-1:user'"), "1");
+    assert_eq!(c.sql("SELECT count(*) FROM entries WHERE line LIKE '%pincer.turn-resumed%'"), "1");
+    assert_eq!(c.sql("SELECT count(*) FROM runs"), "0", "no run left behind");
+    eprintln!("marked interrupted {took:?} after the SIGKILL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_mid_traffic_loses_nothing_acknowledged_and_service_resumes() {
+    let pg = Postgres::start();
+    let c = cluster_on(&pg, 2);
+    let mut watcher = Client::connect(&c.replicas[1].addr).await;
+    watcher.request("sessions.messages.subscribe", json!({"key": "main"})).await.expect("subscribe");
+    watcher.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+    let mut sender = Client::connect(&c.replicas[0].addr).await;
+    let mut finals = Vec::new();
+    let mut failures = 0;
+    for i in 0..40 {
+        if i == 5 {
+            pg.pg_stop();
+        }
+        if i == 8 {
+            pg.pg_start();
+        }
+        let run = format!("pr-{i}");
+        let ack = sender
+            .try_request(
+                "chat.send",
+                json!({"sessionKey": "main", "message": run, "idempotencyKey": run}),
+                std::time::Duration::from_secs(30),
+            )
+            .await
+            .expect("an answer");
+        match ack {
+            Ok(a) if a["status"] == "started" => {
+                let end = sender.chat_end(&run).await;
+                if end["payload"]["state"] == "final" {
+                    finals.push(run);
+                } else {
+                    failures += 1;
+                }
+            }
+            _ => failures += 1,
+        }
+        if i >= 8 && finals.len() >= 8 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(failures > 0, "the outage was seen by the client");
+    let n = |r: &String| r.trim_start_matches("pr-").parse::<u32>().expect("number");
+    assert!(finals.iter().any(|r| n(r) >= 8), "service resumed: {finals:?}");
+    for run in &finals {
+        let q = format!("SELECT count(*) FROM entries WHERE idempotency_key = '{run}:user'");
+        assert_eq!(pg.psql(&c.url, &q), "1", "{run} was acknowledged, so it is in the database");
+    }
+    // Live events resumed on the other replica after its listener reconnected.
+    let last = finals.last().expect("a turn").clone();
+    watcher
+        .event_within(
+            |f| f["event"] == "session.message" && f["payload"]["message"]["idempotencyKey"] == format!("{last}:user"),
+            std::time::Duration::from_secs(10),
+        )
+        .await;
 }
