@@ -31,9 +31,14 @@ fn cluster(n: usize) -> Cluster {
 }
 
 fn cluster_on(pg: &Postgres, n: usize) -> Cluster {
+    cluster_with(pg, n, |fake| fake.gateway_toml())
+}
+
+/// `n` replicas on a new database of `pg`, with the config `base` gives for the fake provider.
+fn cluster_with(pg: &Postgres, n: usize, base: impl Fn(&FakeOpenAi) -> String) -> Cluster {
     let url = pg.database("replicas");
     let fake = FakeOpenAi::start_in_thread();
-    let config = pg_config(&fake, &url);
+    let config = pg_config(&base(&fake), &url);
     let dir = tempfile::tempdir().expect("tempdir");
     let replicas = (0..n)
         .map(|i| {
@@ -47,9 +52,9 @@ fn cluster_on(pg: &Postgres, n: usize) -> Cluster {
 
 /// The gateway config for the database at `url`. The cluster trusts local connections; the
 /// password is there to show it is never logged.
-fn pg_config(fake: &FakeOpenAi, url: &str) -> String {
+fn pg_config(base: &str, url: &str) -> String {
     let with_password = url.replacen("postgres@", &format!("postgres:{PASSWORD}@"), 1);
-    format!("{}\n[store]\nbackend = \"postgres\"\nurl = \"{with_password}\"\npool_size = 8\n", fake.gateway_toml())
+    format!("{base}\n[store]\nbackend = \"postgres\"\nurl = \"{with_password}\"\npool_size = 8\n")
 }
 
 impl Cluster {
@@ -200,7 +205,7 @@ async fn a_jsonl_state_dir_moves_into_postgres_and_reads_the_same() {
     import(json!({"transcripts": 1, "skipped": 0, "sessions": 1, "problems": []}));
     import(json!({"transcripts": 0, "skipped": 1, "sessions": 0, "problems": []}));
 
-    let c = Cluster { config: pg_config(&fake, &url), replicas: vec![], url, dir, _fake: fake.clone() };
+    let c = Cluster { config: pg_config(&fake.gateway_toml(), &url), replicas: vec![], url, dir, _fake: fake.clone() };
     let index: Value =
         serde_json::from_slice(&std::fs::read(files.join("agents/main/sessions/sessions.json")).expect("index"))
             .expect("json");
@@ -387,4 +392,42 @@ async fn a_postgres_restart_mid_traffic_loses_nothing_acknowledged_and_service_r
             std::time::Duration::from_secs(10),
         )
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_on_the_postgres_store_gives_the_context_pi_builds() {
+    const COMPACTION: &str =
+        "[agents.defaults.compaction]\nreserve_tokens = 1000\nreserve_tokens_floor = 0\nkeep_recent_tokens = 400\n";
+    let c = cluster_with(Postgres::shared(), 2, |fake| format!("{}{COMPACTION}", fake.gateway_toml_window(3000)));
+    let mut clients = vec![Client::connect(&c.replicas[0].addr).await, Client::connect(&c.replicas[1].addr).await];
+    let mut compacted = false;
+    for n in 1..=8 {
+        let run = format!("cmp-{n}");
+        let text = format!("turn-{n}: please look at src/module_{n}.rs {}", "lorem ipsum dolor sit amet ".repeat(36));
+        let client = &mut clients[n % 2];
+        client
+            .request("chat.send", json!({"sessionKey": "main", "message": text, "idempotencyKey": run}))
+            .await
+            .expect("send");
+        let end = client.chat_end(&run).await;
+        assert_eq!(end["payload"]["state"], "final", "{end}");
+        if c.sql("SELECT count(*) FROM entries WHERE type = 'compaction'") == "1" {
+            compacted = true;
+            break;
+        }
+    }
+    assert!(compacted, "compaction never triggered");
+    // One more turn through the other replica, on top of the compaction.
+    clients[0]
+        .request("chat.send", json!({"sessionKey": "main", "message": "what next?", "idempotencyKey": "cmp-after"}))
+        .await
+        .expect("send");
+    clients[0].chat_end("cmp-after").await;
+    let bytes = c.export("main");
+    let file = write(c.dir.path(), "compacted.jsonl", &bytes);
+    let s = Session::parse(bytes);
+    let ours = context_report(&s, &LeafArg::Default).expect("context").to_value();
+    let pi = oracle_context(&file, None);
+    assert_eq!(comparable(&ours), comparable(&pi));
+    assert_eq!(pi["context"]["messages"][0]["role"], "compactionSummary");
 }
