@@ -261,7 +261,7 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         .map(|s| {
             let mut row = session_row(gw, s);
             if titles {
-                let (title, count) = transcript_summary(&s.path);
+                let (title, count) = transcript_summary(gw.store.as_ref(), &s.path);
                 row["derivedTitle"] = json!(title);
                 row["messageCount"] = json!(count);
             }
@@ -412,7 +412,7 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 /// its token counts from the transcript's tail (last turn's usage, context tokens vs the model's window).
 pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     let mut row = s.row();
-    let usage = crate::usage::of_tail(&s.path);
+    let usage = crate::usage::of_tail(gw.store.as_ref(), &s.path);
     let running = !gw.runs_of(&s.key).is_empty();
     row["status"] = json!(match (running, usage.assistant_messages) {
         (true, _) => "running",
@@ -483,9 +483,8 @@ fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 const SUMMARY_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The first user message (one line, shortened) and the number of user and assistant messages.
-pub fn transcript_summary(path: &std::path::Path) -> (Option<String>, usize) {
-    let too_big = std::fs::metadata(path).map(|m| m.len() > SUMMARY_MAX_BYTES).unwrap_or(true);
-    let Ok(bytes) = (if too_big { Err(()) } else { std::fs::read(path).map_err(|_| ()) }) else { return (None, 0) };
+pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::path::Path) -> (Option<String>, usize) {
+    let Some(bytes) = store.read_bytes(path, SUMMARY_MAX_BYTES) else { return (None, 0) };
     let (mut title, mut count) = (None, 0);
     for line in bytes.split(|b| *b == b'\n') {
         let has = |needle: &[u8]| line.windows(needle.len()).any(|w| w == needle);

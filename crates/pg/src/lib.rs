@@ -546,6 +546,12 @@ impl Inner {
 
     /// Entries by seq from `from` on (ascending) or the last ones (descending), up to `max_bytes`.
     async fn window(&self, file: &str, from: Option<i64>, max_bytes: u64) -> Result<Vec<Value>, PgError> {
+        let lines = self.window_lines(file, from, max_bytes).await?;
+        Ok(lines.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(Value::is_object).collect())
+    }
+
+    /// The lines of [`Inner::window`], oldest first.
+    async fn window_lines(&self, file: &str, from: Option<i64>, max_bytes: u64) -> Result<Vec<String>, PgError> {
         let c = self.pool.get().await?;
         let Some((id, _)) = self.transcript_id(&c, file).await? else { return Ok(vec![]) };
         let mut out = Vec::new();
@@ -572,18 +578,14 @@ impl Inner {
                 break;
             }
             for r in &rows {
-                let line: &str = r.get(1);
+                let line: String = r.get(1);
                 total += line.len() as u64 + 1;
                 if total > max_bytes {
                     return Ok(finish(out, from.is_none()));
                 }
                 let seq: i64 = r.get(0);
                 cursor = if from.is_some() { seq + 1 } else { seq };
-                if let Ok(v) = serde_json::from_str::<Value>(line) {
-                    if v.is_object() {
-                        out.push(v);
-                    }
-                }
+                out.push(line);
             }
         }
         Ok(finish(out, from.is_none()))
@@ -693,7 +695,7 @@ impl Inner {
 }
 
 /// A descending window comes back oldest first.
-fn finish(mut out: Vec<Value>, descending: bool) -> Vec<Value> {
+fn finish<T>(mut out: Vec<T>, descending: bool) -> Vec<T> {
     if descending {
         out.reverse();
     }
@@ -771,6 +773,24 @@ impl Transcripts for PgStore {
 
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
         Ok(self.export(path)?.map(Session::parse))
+    }
+
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        self.export(path).ok().flatten().filter(|b| b.len() as u64 <= max_bytes)
+    }
+
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        let f = self.name(path);
+        self.block(move |inner| async move {
+            let lines = inner.window_lines(&f, None, max_bytes).await?;
+            let mut out = Vec::new();
+            for l in lines {
+                out.extend_from_slice(l.as_bytes());
+                out.push(b'\n');
+            }
+            Ok(out)
+        })
+        .ok()
     }
 
     fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {

@@ -49,6 +49,14 @@ pub trait Transcripts: Send + Sync {
     /// The whole transcript, read and indexed as Pi reads it (`None`: it does not exist).
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError>;
 
+    /// The whole transcript as the bytes of its JSONL file, when it has at most `max_bytes`
+    /// (`None`: missing, unreadable or larger).
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>>;
+
+    /// The transcript's last whole lines, about `max_bytes` of them at most (`None`: missing or
+    /// unreadable).
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>>;
+
     /// `chat.history` of the transcript, from a bounded tail.
     fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History>;
 
@@ -112,6 +120,30 @@ impl Transcripts for Store {
 
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
         Session::read(path)
+    }
+
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        let too_big = std::fs::metadata(path).map(|m| m.len() > max_bytes).unwrap_or(true);
+        if too_big {
+            return None;
+        }
+        std::fs::read(path).ok()
+    }
+
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(path).ok()?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let from = len.saturating_sub(max_bytes);
+        let mut bytes = Vec::new();
+        f.seek(SeekFrom::Start(from)).ok()?;
+        f.take(max_bytes).read_to_end(&mut bytes).ok()?;
+        if from > 0 {
+            // The first line is cut: it starts before the tail.
+            let cut = bytes.iter().position(|b| *b == b'\n').map_or(bytes.len(), |i| i + 1);
+            bytes.drain(..cut);
+        }
+        Some(bytes)
     }
 
     fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
@@ -195,6 +227,12 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     }
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
         (**self).read_session(path)
+    }
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        (**self).read_bytes(path, max_bytes)
+    }
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        (**self).read_tail(path, max_bytes)
     }
     fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
         (**self).history(path, opts)
