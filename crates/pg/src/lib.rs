@@ -142,6 +142,8 @@ pub(crate) struct Inner {
     held: Mutex<HashMap<String, usize>>,
     /// Rows this process appended, so its watcher does not announce them a second time.
     own: Mutex<OwnRows>,
+    /// The connection turn locks are held on ([`PgStore::try_lock_turns`]).
+    lock_conn: Mutex<Option<Arc<tokio_postgres::Client>>>,
 }
 
 /// The most recent `(file, seq)` rows this process wrote (bounded: the oldest are forgotten).
@@ -225,6 +227,7 @@ impl PgStore {
                 opts,
                 held: Mutex::new(HashMap::new()),
                 own: Mutex::new(OwnRows::default()),
+                lock_conn: Mutex::new(None),
             }),
             handle,
             _runtime: Arc::new(OwnedRuntime(Some(runtime))),
@@ -325,22 +328,32 @@ impl PgStore {
     }
 
     /// Takes the cross-replica turn lock of a session key if it is free (`None`: a run of another
-    /// replica holds it). Held on its own connection; released when dropped, or by the server when
-    /// the replica dies.
+    /// replica holds it). Turn locks are held on one connection of their own, shared by every run
+    /// of this process (a run holds its lock for the whole turn: from the pool, the runs would
+    /// take the connections their appends need); the server releases them when the replica dies.
     pub async fn try_lock_turns(&self, session_key: &str) -> Result<Option<Held>, PgError> {
-        let name = format!("turns:{session_key}");
-        let n = name.clone();
-        let conn = self
-            .run(move |inner| async move {
-                let c = inner.pool.get().await?;
-                let got: bool = c.query_one("SELECT pg_try_advisory_lock($1)", &[&lock_key(&n)]).await?.get(0);
-                Ok(got.then_some(c))
-            })
-            .await?;
-        Ok(conn.map(|conn| {
-            *pincer_pi::lock(&self.inner.held).entry(name.clone()).or_default() += 1;
-            Box::new(PgLock { inner: self.inner.clone(), handle: self.handle.clone(), name, conn: Some(conn) }) as Held
-        }))
+        let key = lock_key(&format!("turns:{session_key}"));
+        let this = self.clone();
+        self.run(move |_| async move {
+            let client = this.lock_client().await?;
+            let got: bool = client.query_one("SELECT pg_try_advisory_lock($1)", &[&key]).await?.get(0);
+            Ok(got.then(|| Box::new(TurnLock { client, key, handle: this.handle.clone() }) as Held))
+        })
+        .await
+    }
+
+    /// The connection turn locks are held on (opened again when it was lost).
+    async fn lock_client(&self) -> Result<Arc<tokio_postgres::Client>, PgError> {
+        if let Some(c) = pincer_pi::lock(&self.inner.lock_conn).as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let (client, conn) = self.inner.config.connect(NoTls).await?;
+        self.handle.spawn(async move {
+            let _ = conn.await;
+        });
+        let client = Arc::new(client);
+        *pincer_pi::lock(&self.inner.lock_conn) = Some(client.clone());
+        Ok(client)
     }
 
     /// The whole transcript as a Pi v3 file: the header line and every entry line as stored.
@@ -725,6 +738,23 @@ impl Drop for PgLock {
                 }
             });
         }
+    }
+}
+
+/// A turn lock ([`PgStore::try_lock_turns`]), released when dropped (a lost connection has
+/// released it already).
+struct TurnLock {
+    client: Arc<tokio_postgres::Client>,
+    key: i64,
+    handle: tokio::runtime::Handle,
+}
+
+impl Drop for TurnLock {
+    fn drop(&mut self) {
+        let (client, key) = (self.client.clone(), self.key);
+        self.handle.spawn(async move {
+            let _ = client.execute("SELECT pg_advisory_unlock($1)", &[&key]).await;
+        });
     }
 }
 
