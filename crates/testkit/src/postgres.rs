@@ -76,14 +76,11 @@ impl Postgres {
     /// The test binary's cluster, started on first use.
     pub fn shared() -> &'static Postgres {
         static SHARED: OnceLock<Postgres> = OnceLock::new();
-        SHARED.get_or_init(|| {
-            let pg = Postgres::init(false);
-            pg.watch_parent();
-            pg
-        })
+        SHARED.get_or_init(|| Postgres::init(false))
     }
 
-    /// A cluster of the caller's own, stopped (and removed) on drop.
+    /// A cluster of the caller's own, stopped (and removed) on drop, or by the watchdog if this
+    /// process ends without dropping it (a panic on another thread, a kill).
     pub fn start() -> Postgres {
         Postgres::init(true)
     }
@@ -108,6 +105,7 @@ impl Postgres {
         run(c, "initdb");
         let pg = Postgres { dir, port: free_port(), bin, owned };
         pg.pg_start();
+        pg.watch_parent();
         pg
     }
 
