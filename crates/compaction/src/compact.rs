@@ -12,7 +12,7 @@ use crate::serialize::{convert_to_llm, serialize_conversation, FileLists};
 use crate::settings::{CompactionSettings, Mode};
 use pincer_agent::{CancellationToken, ResolvedModel};
 use pincer_pi::js::utf16_len;
-use pincer_store::{Kind, Leaf, NewEntry, Session, Store, StoreError};
+use pincer_store::{Kind, Leaf, NewEntry, Session, StoreError, Transcripts};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -101,7 +101,7 @@ pub struct LoadedPath {
 
 /// Reads `file` and decodes its active path (as Pi's `getBranch()`).
 pub fn load_path(file: &Path) -> Result<LoadedPath, CompactionError> {
-    load(file, false)
+    load(Session::read(file)?, file, false)
 }
 
 /// [`load_path`] for [`prepare_compaction`]: the entries before the previous compaction's kept
@@ -110,11 +110,10 @@ pub fn load_path(file: &Path) -> Result<LoadedPath, CompactionError> {
 /// range and what follows. A long session compacted before then costs the decoding of its recent
 /// part only. (Ids that are not strings, or a boundary not on the path: everything is decoded.)
 pub fn load_compaction_path(file: &Path) -> Result<LoadedPath, CompactionError> {
-    load(file, true)
+    load(Session::read(file)?, file, true)
 }
 
-fn load(file: &Path, from_boundary: bool) -> Result<LoadedPath, CompactionError> {
-    let session = Session::read(file)?;
+fn load(session: Option<Session>, file: &Path, from_boundary: bool) -> Result<LoadedPath, CompactionError> {
     let Some((session, &Leaf::Entry(leaf))) = session.as_ref().map(|s| (s, &s.leaf)) else {
         return Ok(LoadedPath { entries: Vec::new(), leaf_id: None });
     };
@@ -164,9 +163,9 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Compacts the transcript at `file` with `model`; see the module docs.
-pub async fn compact(
+pub async fn compact<S: Transcripts + Clone + 'static>(
     file: &Path,
-    store: &Store,
+    store: &S,
     model: &ResolvedModel,
     settings: &CompactionSettings,
     reason: CompactionReason,
@@ -174,8 +173,9 @@ pub async fn compact(
 ) -> Result<CompactionOutcome, CompactionError> {
     let path: PathBuf = file.to_owned();
     let prep_settings = settings.prepare_settings(model.model.context_window);
+    let reader = store.clone();
     let (loaded, prep) = blocking(move || {
-        let loaded = load_compaction_path(&path)?;
+        let loaded = load(reader.read_session(&path)?, &path, true)?;
         if already_compacted(&loaded.entries) {
             return Err(CompactionError::AlreadyCompacted);
         }

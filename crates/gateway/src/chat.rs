@@ -14,7 +14,7 @@ use crate::Ctx;
 use base64::Engine;
 use pincer_agent::{start_run, ContextMessage, RunEvent, RunRequest, SinkError, TranscriptSink};
 use pincer_pi::now_ms;
-use pincer_store::history::{read_history, HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
+use pincer_store::history::{HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
 use pincer_store::NewEntry;
 use serde_json::{json, Map, Value};
 
@@ -412,7 +412,15 @@ pub async fn abort(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError>
             }
         }
     }
-    let ids = abort_session(gw, &key, run_id, "rpc");
+    let mut ids = abort_session(gw, &key, run_id, "rpc");
+    if let Some(pg) = gw.pg.as_ref().filter(|_| run_id.is_none() || ids.is_empty()) {
+        // Runs of other replicas: their rows are flagged and their replicas told.
+        let remote = pg
+            .request_abort(key.clone(), run_id.map(str::to_owned))
+            .await
+            .map_err(|e| RpcError::unavailable(format!("cannot reach the other replicas' runs: {e}")))?;
+        ids.extend(remote.into_iter().filter(|r| !ids.contains(r)).collect::<Vec<_>>());
+    }
     Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}))
 }
 
@@ -516,9 +524,14 @@ impl Turn {
 
     async fn execute(self) {
         let queued = crate::metrics::Live::queued();
-        let guard = match self.gw.queue.acquire(&self.session.key, &self.run.cancel).await {
+        let guard = match self.gw.turn_slot(&self.session.key, &self.run.cancel).await {
             Ok(g) => g,
-            Err(_) => {
+            Err(crate::state::SlotError::Unavailable(e)) => {
+                // The database cannot be asked: nothing was written, nothing runs.
+                self.fail(&e, "persistence", None);
+                return;
+            }
+            Err(crate::state::SlotError::Cancelled) => {
                 // Aborted while waiting: nothing was written.
                 self.chat_event("aborted", json!({"stopReason": self.run.origin()}));
                 self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
@@ -1141,8 +1154,8 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     let (session_id, messages, thinking) = match &session {
         None => (Value::Null, vec![], None),
         Some(s) => {
-            let path = s.path.clone();
-            let h = tokio::task::spawn_blocking(move || read_history(&path, HistoryOptions { limit, max_chars }))
+            let (store, path) = (gw.store.clone(), s.path.clone());
+            let h = tokio::task::spawn_blocking(move || store.history(&path, HistoryOptions { limit, max_chars }))
                 .await
                 .map_err(|e| RpcError::unavailable(format!("history task failed: {e}")))?
                 .map_err(|e| RpcError::unavailable(format!("cannot read the transcript: {e}")))?;

@@ -16,6 +16,90 @@ pub struct FileConfig {
     pub agents: AgentsSection,
     pub logging: LoggingSection,
     pub hooks: HooksSection,
+    pub store: StoreSection,
+}
+
+/// `[store]`: where transcripts and session indexes live.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSection {
+    /// `"jsonl"` (the default: files in the state directory) or `"postgres"`.
+    pub backend: Option<StoreBackendName>,
+    /// `postgres://user:password@host:port/db` (or env `PINCER_DATABASE_URL`).
+    pub url: Option<String>,
+    /// Most database connections of this process (default 16).
+    pub pool_size: Option<usize>,
+    /// This replica's name in the runs table (or env `PINCER_REPLICA_ID`; default host-pid).
+    pub replica_id: Option<String>,
+}
+
+/// `store.backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackendName {
+    Jsonl,
+    Postgres,
+}
+
+/// The store the gateway uses, validated.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreSettings {
+    /// Files in the state directory.
+    Jsonl,
+    /// One PostgreSQL database shared by every replica.
+    Postgres { url: String, pool_size: usize, replica_id: String },
+}
+
+impl std::fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreSettings::Jsonl => f.write_str("Jsonl"),
+            StoreSettings::Postgres { url, pool_size, replica_id } => f
+                .debug_struct("Postgres")
+                .field("url", &pincer_pg::redact_url(url))
+                .field("pool_size", pool_size)
+                .field("replica_id", replica_id)
+                .finish(),
+        }
+    }
+}
+
+impl StoreSettings {
+    /// The password in the database URL, if any (a secret the redactor knows by value).
+    fn password(&self) -> Option<String> {
+        let StoreSettings::Postgres { url, .. } = self else { return None };
+        let config: pincer_pg::PgConfig = url.parse().ok()?;
+        config.get_password().map(|p| String::from_utf8_lossy(p).into_owned())
+    }
+}
+
+/// Validates `[store]` with the environment.
+fn store_settings(section: &StoreSection, config_path: &Path) -> Result<StoreSettings, String> {
+    let url = env("PINCER_DATABASE_URL").or(section.url.clone());
+    match section.backend.unwrap_or(StoreBackendName::Jsonl) {
+        StoreBackendName::Jsonl => Ok(StoreSettings::Jsonl),
+        StoreBackendName::Postgres => {
+            let url = url.ok_or_else(|| {
+                format!(
+                    "{}: store.backend = \"postgres\" needs store.url = \"postgres://user:password@host/db\" \
+                     (or PINCER_DATABASE_URL)",
+                    config_path.display()
+                )
+            })?;
+            if let Err(e) = url.parse::<pincer_pg::PgConfig>() {
+                return Err(format!("store.url {} is not a PostgreSQL URL: {e}", pincer_pg::redact_url(&url)));
+            }
+            let replica_id = env("PINCER_REPLICA_ID").or(section.replica_id.clone()).unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("{}-{}", host.trim(), std::process::id())
+            });
+            let pool_size = section.pool_size.unwrap_or(16);
+            if pool_size == 0 {
+                return Err("store.pool_size must be at least 1".into());
+            }
+            Ok(StoreSettings::Postgres { url, pool_size, replica_id })
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -154,6 +238,8 @@ pub struct Settings {
     pub max_reply_bytes: usize,
     /// The OpenAI-compatible endpoint, when enabled.
     pub openai_api: Option<OpenAiApi>,
+    /// `[store]`.
+    pub store: StoreSettings,
 }
 
 /// The enabled OpenAI-compatible endpoint.
@@ -204,6 +290,7 @@ impl Settings {
         if let Some(api) = &self.openai_api {
             out.extend(api.api_keys.iter().cloned());
         }
+        out.extend(self.store.password());
         out.extend(
             std::env::vars_os()
                 .filter(|(k, _)| k.to_str().is_some_and(|k| k.ends_with("_API_KEY") || k.ends_with("_TOKEN")))
@@ -265,6 +352,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
     }
     let redact = file.logging.redact != Some(Switch::Off);
     let openai_api = openai_api(&file.gateway.openai_api, &config_path)?;
+    let store = store_settings(&file.store, &config_path)?;
     if let Some(h) = &file.hooks.before_agent_run {
         if h.command.is_empty() {
             return Err("hooks.before_agent_run.command is empty".into());
@@ -296,6 +384,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             .unwrap_or(pincer_agent::DEFAULT_MAX_REPLY_BYTES)
             .max(1024),
         openai_api,
+        store,
     })
 }
 

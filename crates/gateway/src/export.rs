@@ -24,7 +24,9 @@ pub fn export(gw: &Gateway, key: &str, format: &str, leaf: Option<&str>) -> Resu
     let format = Format::parse(format)
         .ok_or_else(|| RpcError::invalid(format!("format {format:?} is not one of html, md, jsonl")))?;
     let s = gw.sessions.resolve(key, false)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))?;
-    let session = Session::read(&s.path)
+    let session = gw
+        .store
+        .read_session(&s.path)
         .map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?
         .unwrap_or_else(|| Session::parse(Vec::new()));
     if let Some(id) = leaf {

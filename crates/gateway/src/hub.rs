@@ -269,6 +269,11 @@ impl Hub {
         lock(&self.inner).watch(id, key);
     }
 
+    /// The sessions some subscriber watches now.
+    pub fn watched_sessions(&self) -> Vec<String> {
+        lock(&self.inner).watching.keys().cloned().collect()
+    }
+
     /// Bytes held by the catch-up logs.
     pub fn log_bytes(&self) -> usize {
         lock(&self.inner).log_bytes

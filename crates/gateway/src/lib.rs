@@ -10,7 +10,8 @@
 //!   [`agent`]: OpenClaw's `agent`/`agent.wait` on that pipeline.
 //! - [`openai`]: the OpenAI-compatible endpoint, mapping stateless clients onto session trees.
 //! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
-//! - [`hub`]: the one in-process event bus with SSE catch-up logs.
+//! - [`hub`]: the one in-process event bus with SSE catch-up logs; [`relay`]: other replicas' appends
+//!   onto it (the PostgreSQL store).
 //! - [`state`]: shared state (store, runs, dedupe, queue).
 //! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
 //! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
@@ -35,6 +36,7 @@ pub mod methods;
 pub mod metrics;
 pub mod openai;
 pub mod protocol;
+pub mod relay;
 pub mod search;
 pub mod server;
 pub mod sessions;

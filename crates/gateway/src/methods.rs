@@ -110,8 +110,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             let session = gw.blocking(move |gw| existing(gw, &key)).await?;
             let cancel = gw.stopping();
             // In the session's queue: never while a turn is being written.
-            let _slot =
-                gw.queue.acquire(&session.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
+            let _slot = gw.turn_slot(&session.key, &cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
             if let Some(Bounded(max_lines)) = p.max_lines {
                 return trim(gw, session, max_lines as usize).await;
             }
@@ -178,7 +177,7 @@ async fn trim(gw: &Arc<Gateway>, session: SessionRef, max_lines: usize) -> Resul
     let key = session.key.clone();
     let trimmed = gw
         .blocking(move |gw| {
-            if !session.path.exists() {
+            if !gw.store.exists(&session.path) {
                 return Ok(None);
             }
             let t = gw.store.trim(&session.path, max_lines).map_err(|e| RpcError::unavailable(e.to_string()))?;
@@ -262,7 +261,7 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         .map(|s| {
             let mut row = session_row(gw, s);
             if titles {
-                let (title, count) = transcript_summary(&s.path);
+                let (title, count) = transcript_summary(gw.store.as_ref(), &s.path);
                 row["derivedTitle"] = json!(title);
                 row["messageCount"] = json!(count);
             }
@@ -413,7 +412,7 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 /// its token counts from the transcript's tail (last turn's usage, context tokens vs the model's window).
 pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     let mut row = s.row();
-    let usage = crate::usage::of_tail(&s.path);
+    let usage = crate::usage::of_tail(gw.store.as_ref(), &s.path);
     let running = !gw.runs_of(&s.key).is_empty();
     row["status"] = json!(match (running, usage.assistant_messages) {
         (true, _) => "running",
@@ -484,9 +483,8 @@ fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 const SUMMARY_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The first user message (one line, shortened) and the number of user and assistant messages.
-pub fn transcript_summary(path: &std::path::Path) -> (Option<String>, usize) {
-    let too_big = std::fs::metadata(path).map(|m| m.len() > SUMMARY_MAX_BYTES).unwrap_or(true);
-    let Ok(bytes) = (if too_big { Err(()) } else { std::fs::read(path).map_err(|_| ()) }) else { return (None, 0) };
+pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::path::Path) -> (Option<String>, usize) {
+    let Some(bytes) = store.read_bytes(path, SUMMARY_MAX_BYTES) else { return (None, 0) };
     let (mut title, mut count) = (None, 0);
     for line in bytes.split(|b| *b == b'\n') {
         let has = |needle: &[u8]| line.windows(needle.len()).any(|w| w == needle);
@@ -540,11 +538,10 @@ fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     }
     let mut rows = Vec::new();
     for (file, reason, path) in archive_files(gw, agent).into_iter().take(200) {
-        let h = pincer_store::history::read_history(
-            &path,
-            pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200 },
-        )
-        .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+        let h = gw
+            .store
+            .history(&path, pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200 })
+            .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
         let count = h.messages.iter().filter(|m| matches!(m["role"].as_str(), Some("user" | "assistant"))).count();
         let title = h.messages.iter().find(|m| m["role"] == "user").map(crate::tree::display_text).unwrap_or_default();
         let modified = std::fs::metadata(&path)
@@ -575,7 +572,9 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
         let Some((_, _, path)) = archive_files(&gw2, &agent).into_iter().find(|(n, _, _)| *n == file) else {
             return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
         };
-        let h = pincer_store::history::read_history(&path, pincer_store::history::HistoryOptions::default())
+        let h = gw2
+            .store
+            .history(&path, pincer_store::history::HistoryOptions::default())
             .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
         Ok(json!({"file": file, "messages": h.messages}))
     })

@@ -229,6 +229,7 @@ pub async fn serve(
     let gw = Arc::new(Gateway::new(settings)?);
     on_listening(&Listening { addr, gateway: gw.clone() });
     crate::turns::mark_interrupted(&gw);
+    crate::relay::start(&gw);
     let app = crate::http::router(gw.clone());
     // Activity timestamps of the session index reach disk every few seconds (and at shutdown).
     let flusher = gw.clone();

@@ -11,12 +11,11 @@
 
 use crate::protocol::RpcError;
 use pincer_pi::now_ms;
-use pincer_store::{valid_session_id, Store};
+use pincer_store::{valid_session_id, IndexStamp, Transcripts};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use unicode_normalization::UnicodeNormalization;
 
 /// The default agent and main key.
@@ -151,19 +150,11 @@ fn canonical_key_unbounded(raw: &str) -> Result<(String, String), RpcError> {
     Ok((format!("agent:{DEFAULT_AGENT}:{k}"), DEFAULT_AGENT.into()))
 }
 
-/// What identifies one version of a file on disk: device, inode, length, mtime (ns).
-type Stamp = (u64, u64, u64, i64);
-
-fn stamp(path: &Path) -> Option<Stamp> {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
-}
-
 struct AgentIndex {
     path: PathBuf,
     map: Map<String, Value>,
     /// The file version `map` was read from or written as (`None`: no file).
-    stamp: Option<Stamp>,
+    stamp: Option<IndexStamp>,
     /// Activity not yet on disk: key → `updatedAt` (see [`Sessions::touch`]).
     touched: HashMap<String, u64>,
 }
@@ -171,34 +162,34 @@ struct AgentIndex {
 /// All agents' session indexes.
 pub struct Sessions {
     state_dir: PathBuf,
-    store: Store,
+    store: Arc<dyn Transcripts>,
     agents: Mutex<HashMap<String, AgentIndex>>,
 }
 
-fn read_index(path: &Path) -> Result<(Map<String, Value>, Option<Stamp>), RpcError> {
+fn read_index(store: &dyn Transcripts, path: &Path) -> Result<(Map<String, Value>, Option<IndexStamp>), RpcError> {
     // Stamp first: a change racing the read makes the next check read again.
-    let st = stamp(path);
-    match std::fs::read(path) {
-        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+    let st = store.index_stamp(path);
+    match store.read_index(path) {
+        Ok(Some(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(m)) => Ok((m, st)),
             _ => Err(RpcError::unavailable(format!(
                 "{} is not a JSON object; fix or move it (it is never overwritten)",
                 path.display()
             ))),
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Map::new(), None)),
+        Ok(None) => Ok((Map::new(), None)),
         Err(e) => Err(RpcError::unavailable(format!("{}: cannot read: {e}", path.display()))),
     }
 }
 
 impl Sessions {
-    pub fn new(state_dir: &Path, store: Store) -> Sessions {
+    pub fn new(state_dir: &Path, store: Arc<dyn Transcripts>) -> Sessions {
         Sessions { state_dir: state_dir.to_path_buf(), store, agents: Mutex::new(HashMap::new()) }
     }
 
     /// An agent with sessions here: the default agent, or one whose index exists on disk.
     pub fn known_agent(&self, agent: &str) -> bool {
-        agent == DEFAULT_AGENT || self.sessions_dir(agent).join("sessions.json").is_file()
+        agent == DEFAULT_AGENT || self.store.index_stamp(&self.sessions_dir(agent).join("sessions.json")).is_some()
     }
 
     /// `<state>/agents/<agent>/sessions`.
@@ -232,13 +223,13 @@ impl Sessions {
         let idx = match agents.entry(agent.to_owned()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let (map, stamp) = read_index(&path)?;
+                let (map, stamp) = read_index(self.store.as_ref(), &path)?;
                 v.insert(AgentIndex { path, map, stamp, touched: HashMap::new() })
             }
         };
-        if stamp(&idx.path) != idx.stamp {
+        if self.store.index_stamp(&idx.path) != idx.stamp {
             // Another process changed it: work on what is on disk.
-            let (map, stamp) = read_index(&idx.path)?;
+            let (map, stamp) = read_index(self.store.as_ref(), &idx.path)?;
             idx.map = map;
             idx.stamp = stamp;
         }
@@ -246,7 +237,7 @@ impl Sessions {
     }
 
     /// Writes the index (with pending activity) atomically. Only under `with_index(_, true, _)`.
-    fn save(idx: &mut AgentIndex) -> Result<(), RpcError> {
+    fn save(&self, idx: &mut AgentIndex) -> Result<(), RpcError> {
         for (k, t) in idx.touched.drain() {
             if let Some(Value::Object(e)) = idx.map.get_mut(&k) {
                 if e.get("updatedAt").and_then(Value::as_u64).is_none_or(|u| u < t) {
@@ -255,9 +246,10 @@ impl Sessions {
             }
         }
         let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| RpcError::unavailable(e.to_string()))?;
-        pincer_store::files::write_session_index(&idx.path, &bytes)
+        self.store
+            .write_index(&idx.path, &bytes)
             .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", idx.path.display())))?;
-        idx.stamp = stamp(&idx.path);
+        idx.stamp = self.store.index_stamp(&idx.path);
         Ok(())
     }
 
@@ -316,7 +308,7 @@ impl Sessions {
             }
             let e = Self::fresh_entry();
             idx.map.insert(key.clone(), Value::Object(e.clone()));
-            Self::save(idx)?;
+            self.save(idx)?;
             self.to_ref(&key, &agent, &e).map(Some)
         })
     }
@@ -340,7 +332,7 @@ impl Sessions {
             }
             e.insert("updatedAt".into(), json!(now_ms()));
             let e = e.clone();
-            Self::save(idx)?;
+            self.save(idx)?;
             self.to_ref(&key, &agent, &e)
         })
     }
@@ -367,7 +359,7 @@ impl Sessions {
             .map(|(a, _)| a.clone())
             .collect();
         for agent in pending {
-            if let Err(e) = self.with_index(&agent, true, Self::save) {
+            if let Err(e) = self.with_index(&agent, true, |idx| self.save(idx)) {
                 tracing::warn!("cannot write the session index: {}", e.message);
             }
         }
@@ -382,7 +374,9 @@ impl Sessions {
                 _ => None,
             };
             let archived = match &old {
-                Some(o) => pincer_store::files::archive_transcript(&o.path, reason)
+                Some(o) => self
+                    .store
+                    .archive_transcript(&o.path, reason)
                     .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", o.path.display())))?,
                 None => None,
             };
@@ -396,7 +390,7 @@ impl Sessions {
                 }
             }
             idx.map.insert(key.clone(), Value::Object(e.clone()));
-            Self::save(idx)?;
+            self.save(idx)?;
             Ok((self.to_ref(&key, &agent, &e)?, archived))
         })
     }
@@ -412,10 +406,12 @@ impl Sessions {
                 return Ok((false, vec![]));
             };
             let r = self.to_ref(&key, &agent, &e)?;
-            let archived = pincer_store::files::archive_transcript(&r.path, "deleted")
+            let archived = self
+                .store
+                .archive_transcript(&r.path, "deleted")
                 .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", r.path.display())))?;
             idx.map.remove(&key);
-            Self::save(idx)?;
+            self.save(idx)?;
             Ok((true, archived.into_iter().collect()))
         })
     }
@@ -430,7 +426,7 @@ impl Sessions {
         let dir = self.sessions_dir(agent);
         self.with_index(agent, true, |idx| {
             let taken = |id: &str| {
-                dir.join(format!("{id}.jsonl")).exists()
+                self.store.exists(&dir.join(format!("{id}.jsonl")))
                     || idx.map.values().any(|v| v.get("sessionId").and_then(Value::as_str) == Some(id))
                     || idx.map.contains_key(&format!("agent:{agent}:import:{id}"))
             };
@@ -445,7 +441,8 @@ impl Sessions {
             };
             let key = format!("agent:{agent}:import:{id}");
             let path = dir.join(format!("{id}.jsonl"));
-            pincer_store::files::import_transcript(&path, &bytes)
+            self.store
+                .import_transcript(&path, &bytes)
                 .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", path.display())))?;
             let now = now_ms();
             let mut e = Map::new();
@@ -453,7 +450,7 @@ impl Sessions {
             e.insert("updatedAt".into(), json!(now));
             e.insert("sessionStartedAt".into(), json!(now));
             idx.map.insert(key.clone(), Value::Object(e.clone()));
-            Self::save(idx)?;
+            self.save(idx)?;
             self.to_ref(&key, agent, &e)
         })
     }
@@ -463,9 +460,7 @@ impl Sessions {
         let agents: Vec<String> = match agent {
             Some(a) => vec![a.to_owned()],
             None => {
-                let mut v: Vec<String> = std::fs::read_dir(self.state_dir.join("agents"))
-                    .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str().map(str::to_owned)).collect())
-                    .unwrap_or_default();
+                let mut v: Vec<String> = self.store.agents(&self.state_dir);
                 v.retain(|a| valid_agent_id(a));
                 if !v.iter().any(|a| a == DEFAULT_AGENT) {
                     v.push(DEFAULT_AGENT.into());
@@ -546,7 +541,7 @@ mod tests {
     #[test]
     fn create_reset_delete() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let s = Sessions::new(dir.path(), Store::new(Default::default()));
+        let s = Sessions::new(dir.path(), Arc::new(pincer_store::Store::new(Default::default())));
         assert_eq!(s.resolve("main", false).expect("ok"), None);
         let a = s.resolve("main", true).expect("ok").expect("created");
         assert_eq!(a.path, dir.path().join(format!("agents/main/sessions/{}.jsonl", a.session_id)));
@@ -557,7 +552,7 @@ mod tests {
         assert!(s.delete("main").is_err());
         s.resolve("other", true).expect("ok");
         assert!(s.delete("other").expect("ok").0);
-        let fresh = Sessions::new(dir.path(), Store::new(Default::default()));
+        let fresh = Sessions::new(dir.path(), Arc::new(pincer_store::Store::new(Default::default())));
         assert_eq!(fresh.resolve("main", false).expect("ok").map(|r| r.session_id), Some(b.session_id));
         // Unknown agents: refused for creation, absent for lookups, and no directory appears.
         let e = s.resolve("agent:ghost:x", true).expect_err("unknown agent");
@@ -580,6 +575,8 @@ mod tests {
         }
         assert!(!lock_file.exists(), "the lock is released after its short linger");
         std::fs::write(dir.path().join("agents/main/sessions/sessions.json"), "[broken").expect("write");
-        assert!(Sessions::new(dir.path(), Store::new(Default::default())).resolve("main", true).is_err());
+        assert!(Sessions::new(dir.path(), Arc::new(pincer_store::Store::new(Default::default())))
+            .resolve("main", true)
+            .is_err());
     }
 }

@@ -2,14 +2,14 @@
 //! the `chat.send` dedupe window and the per-session run queue, plus small helpers that move store
 //! work off the async threads.
 
-use crate::config::Settings;
+use crate::config::{Settings, StoreSettings};
 use crate::error::GatewayError;
 use crate::hub::Hub;
 use crate::protocol::RpcError;
 use crate::sessions::{SessionRef, Sessions};
-use pincer_agent::{CancellationToken, ContextMessage, Messages, SessionQueue, ToolRegistry};
+use pincer_agent::{CancellationToken, Cancelled, ContextMessage, Messages, SessionGuard, SessionQueue, ToolRegistry};
 use pincer_store::redact::Redactor;
-use pincer_store::{build_context, Appended, NewEntry, Session, Store, StoreError, StoreOptions};
+use pincer_store::{build_context, Appended, NewEntry, Store, StoreError, StoreOptions, Transcripts};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -202,7 +202,8 @@ pub enum Dedupe {
 
 pub struct Gateway {
     pub settings: Settings,
-    pub store: Store,
+    /// The transcript store (JSONL files, or PostgreSQL): the only writer of transcripts.
+    pub store: Arc<dyn Transcripts>,
     pub sessions: Sessions,
     pub hub: Arc<Hub>,
     pub queue: SessionQueue,
@@ -227,21 +228,78 @@ pub struct Gateway {
     pub indexer: Option<Arc<pincer_search::Indexer>>,
     /// The connection `sessions.search` reads the index with.
     pub search_reader: Mutex<Option<pincer_search::Index>>,
+    /// The PostgreSQL store when `[store] backend = "postgres"` (also in `store`): replicas.
+    pub pg: Option<pincer_pg::PgStore>,
+}
+
+/// The store the settings name, for one-off commands (`pincer transcript export --session`).
+pub fn open_transcripts(settings: &Settings) -> Result<Arc<dyn Transcripts>, GatewayError> {
+    let redactor = settings.redactor().map_err(GatewayError::Config)?;
+    match &settings.store {
+        StoreSettings::Jsonl => Ok(Arc::new(Store::new(StoreOptions { redactor, ..StoreOptions::default() }))),
+        StoreSettings::Postgres { .. } => Ok(open_store(settings, &redactor)?.0),
+    }
+}
+
+/// Why [`Gateway::turn_slot`] gave no slot.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    /// Cancelled while waiting (an abort, or the gateway stopping).
+    #[error("shutting down")]
+    Cancelled,
+    /// The store could not be asked (the database is unreachable).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A session's turn, held (see [`Gateway::turn_slot`]).
+pub struct TurnSlot {
+    _local: SessionGuard,
+    _shared: Option<pincer_store::Held>,
+}
+
+/// What [`open_store`] opens.
+type Opened = (Arc<dyn Transcripts>, Option<pincer_pg::PgStore>, Option<Arc<pincer_search::Indexer>>);
+
+/// The configured store (with the search index kept from its commits, for files).
+fn open_store(settings: &Settings, redactor: &Arc<dyn Redactor>) -> Result<Opened, GatewayError> {
+    match &settings.store {
+        StoreSettings::Jsonl => {
+            let indexer = match pincer_search::Indexer::start(&settings.state_dir) {
+                Ok(i) => Some(i),
+                Err(e) => {
+                    tracing::warn!("search is off: {e}");
+                    None
+                }
+            };
+            let on_append = indexer.as_ref().map(pincer_search::Indexer::observer);
+            let store = Store::new(StoreOptions { redactor: redactor.clone(), on_append, ..StoreOptions::default() });
+            Ok((Arc::new(store), None, indexer))
+        }
+        StoreSettings::Postgres { url, pool_size, replica_id } => {
+            let pg = pincer_pg::PgStore::connect(pincer_pg::PgOptions {
+                url: url.clone(),
+                pool_size: *pool_size,
+                state_dir: settings.state_dir.clone(),
+                redactor: redactor.clone(),
+                cwd: StoreOptions::default().cwd,
+            })
+            .map_err(|e| GatewayError::Config(format!("the PostgreSQL store: {e}")))?;
+            tracing::info!(
+                "store: PostgreSQL at {} (replica {replica_id}, up to {pool_size} connections); search is off on \
+                 this store",
+                pincer_pg::redact_url(url)
+            );
+            Ok((Arc::new(pg.clone()), Some(pg), None))
+        }
+    }
 }
 
 impl Gateway {
     pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
         crate::logs::set_redactor(redactor.clone());
-        let indexer = match pincer_search::Indexer::start(&settings.state_dir) {
-            Ok(i) => Some(i),
-            Err(e) => {
-                tracing::warn!("search is off: {e}");
-                None
-            }
-        };
-        let on_append = indexer.as_ref().map(pincer_search::Indexer::observer);
-        let store = Store::new(StoreOptions { redactor: redactor.clone(), on_append, ..StoreOptions::default() });
+        let (store, pg, indexer) = open_store(&settings, &redactor)?;
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {
             sessions: Sessions::new(&settings.state_dir, store.clone()),
@@ -263,6 +321,7 @@ impl Gateway {
             next_conn: AtomicU64::new(1),
             indexer,
             search_reader: Mutex::new(None),
+            pg,
         })
     }
 
@@ -290,7 +349,24 @@ impl Gateway {
         }
         let h = self.new_run(run_id, session_key, owner_conn);
         runs.insert(run_id.to_owned(), h.clone());
+        if let (Some(pg), Some(replica)) = (&self.pg, self.replica_id()) {
+            // Seen by the other replicas (abort, takeover); the heartbeat re-adds it if this fails.
+            let (pg2, run, key, replica) = (pg.clone(), run_id.to_owned(), session_key.to_owned(), replica.to_owned());
+            pg.handle().spawn(async move {
+                if let Err(e) = pg2.run_started(run, key, replica).await {
+                    tracing::debug!("cannot record the run: {e}");
+                }
+            });
+        }
         Some(h)
+    }
+
+    /// This replica's id (the PostgreSQL store only).
+    pub fn replica_id(&self) -> Option<&str> {
+        match &self.settings.store {
+            StoreSettings::Postgres { replica_id, .. } => Some(replica_id),
+            StoreSettings::Jsonl => None,
+        }
     }
 
     fn new_run(&self, run_id: &str, session_key: &str, owner_conn: u64) -> Arc<RunHandle> {
@@ -310,6 +386,12 @@ impl Gateway {
     pub fn finish_run(&self, run_id: &str) {
         if let Some(run) = lock(&self.runs).remove(run_id) {
             run.done.cancel();
+            if let Some(pg) = &self.pg {
+                let (pg2, run) = (pg.clone(), run_id.to_owned());
+                pg.handle().spawn(async move {
+                    let _ = pg2.run_finished(run).await;
+                });
+            }
         }
     }
 
@@ -337,6 +419,27 @@ impl Gateway {
     /// A token cancelled when the gateway stops (for work that is not a run, like compaction).
     pub fn stopping(&self) -> CancellationToken {
         self.stopping_runs.child_token()
+    }
+
+    /// Waits for the session's turn: its slot in this process's queue and, on the PostgreSQL
+    /// store, the session's turn lock shared by every replica (so turns of one session run one at a
+    /// time whichever replica runs them, as they do in one process). Fails when `cancel` fires
+    /// first, or when the database cannot be asked.
+    pub async fn turn_slot(&self, session_key: &str, cancel: &CancellationToken) -> Result<TurnSlot, SlotError> {
+        let local = self.queue.acquire(session_key, cancel).await.map_err(|Cancelled| SlotError::Cancelled)?;
+        let Some(pg) = &self.pg else { return Ok(TurnSlot { _local: local, _shared: None }) };
+        loop {
+            match pg.try_lock_turns(session_key).await {
+                Ok(Some(held)) => return Ok(TurnSlot { _local: local, _shared: Some(held) }),
+                Ok(None) => {}
+                Err(e) => return Err(SlotError::Unavailable(format!("cannot take the session's turn: {e}"))),
+            }
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Err(SlotError::Cancelled),
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
     }
 
     // ---- dedupe ----
@@ -458,7 +561,7 @@ impl Gateway {
         if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l)) {
             return Ok(m);
         }
-        let (messages, bytes) = tokio::task::spawn_blocking(move || match Session::read(&path) {
+        let (messages, bytes) = tokio::task::spawn_blocking(move || match store.read_session(&path) {
             Ok(Some(s)) => {
                 let c = build_context(&s, &s.leaf);
                 let size = c.messages.iter().map(|m| m.len()).sum::<usize>();

@@ -79,7 +79,7 @@ pub fn describe(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         return Ok(json!({"ok": true, "key": key, "session": row}));
     };
     let mut row = crate::methods::session_row(gw, &s);
-    let (title, count) = crate::methods::transcript_summary(&s.path);
+    let (title, count) = crate::methods::transcript_summary(gw.store.as_ref(), &s.path);
     row["messageCount"] = json!(count);
     if p.include_derived_titles == Some(true) {
         row["derivedTitle"] = json!(title);

@@ -55,7 +55,7 @@ fn raw_role(raw: &str) -> Option<String> {
 
 impl Tree {
     fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, RpcError> {
-        let parsed = Session::read(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
+        let parsed = gw.store.read_session(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
         let (leaf, parsed) = match parsed {
             Some(p) => (current_leaf(gw, s)?, p),
             None => (None, Session::parse(Vec::new())),
@@ -154,7 +154,7 @@ pub fn leaf_and_entry(
 
 /// The session's active leaf (`None` without a transcript).
 fn current_leaf(gw: &Gateway, s: &SessionRef) -> Result<Option<String>, RpcError> {
-    if !s.path.exists() {
+    if !gw.store.exists(&s.path) {
         return Ok(None);
     }
     gw.store.leaf(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read the leaf: {e}")))
@@ -370,7 +370,7 @@ async fn move_leaf(
 ) -> Result<(), RpcError> {
     idle(gw, s, what)?;
     let cancel = gw.stopping();
-    let _slot = gw.queue.acquire(&s.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
+    let _slot = gw.turn_slot(&s.key, &cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
     idle(gw, s, what)?;
     gw.append(s, NewEntry::move_leaf(target))
         .await
@@ -551,7 +551,7 @@ pub async fn label(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
         .await?;
     idle(gw, &s, "Labelling")?;
     let cancel = gw.stopping();
-    let _slot = gw.queue.acquire(&s.key, &cancel).await.map_err(|_| RpcError::unavailable("shutting down"))?;
+    let _slot = gw.turn_slot(&s.key, &cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
     let mut payload = serde_json::Map::new();
     payload.insert("targetId".into(), json!(target));
     if !text.is_empty() {

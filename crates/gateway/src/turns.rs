@@ -13,7 +13,7 @@
 //! visible as such in the file.
 
 use crate::state::Gateway;
-use pincer_store::{NewEntry, Store, StoreError};
+use pincer_store::{NewEntry, StoreError, Transcripts};
 use serde_json::{json, Map, Value};
 use std::path::Path;
 use std::sync::Arc;
@@ -69,7 +69,7 @@ fn reply_status(m: &Map<String, Value>) -> Option<&'static str> {
 }
 
 /// Reads the state of turn `run_id` from the transcript.
-pub fn on_disk(store: &Store, path: &Path, run_id: &str) -> Result<OnDisk, StoreError> {
+pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<OnDisk, StoreError> {
     if let Some((e, _)) = store.find_keyed(path, &format!("{run_id}:assistant"))? {
         return Ok(OnDisk::Done(message(&e).and_then(reply_status).unwrap_or("ok")));
     }
@@ -104,7 +104,7 @@ pub fn on_disk(store: &Store, path: &Path, run_id: &str) -> Result<OnDisk, Store
 
 /// The assistant messages of a finished turn `run_id`, in order (its tool steps, then the reply);
 /// empty when the transcript has no reply for it.
-pub fn replies(store: &Store, path: &Path, run_id: &str) -> Result<Vec<Value>, StoreError> {
+pub fn replies(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<Vec<Value>, StoreError> {
     if let Some((e, _)) = store.find_keyed(path, &format!("{run_id}:assistant"))? {
         return Ok(message(&e).map(|m| vec![Value::Object(m.clone())]).unwrap_or_default());
     }
@@ -138,7 +138,7 @@ pub fn replies(store: &Store, path: &Path, run_id: &str) -> Result<Vec<Value>, S
 
 /// The run id of an unanswered `chat.send` turn ending at the file's leaf, if there is one. Reads a
 /// small tail first and a larger one only while the leaf's chain leaves it.
-pub fn unanswered_at_leaf(store: &Store, path: &Path) -> Result<Option<String>, StoreError> {
+pub fn unanswered_at_leaf(store: &dyn Transcripts, path: &Path) -> Result<Option<String>, StoreError> {
     let Some(leaf) = store.leaf(path)? else { return Ok(None) };
     let mut window = FIRST_TAIL;
     loop {
@@ -187,7 +187,7 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
         let Ok(Ok(sessions)) = list else { return };
         for s in sessions {
             let cancel = gw.stopping();
-            let Ok(_slot) = gw.queue.acquire(&s.key, &cancel).await else { return };
+            let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return };
             let (store, path) = (gw.store.clone(), s.path.clone());
             let found = tokio::task::spawn_blocking(move || unanswered_at_leaf(&store, &path)).await;
             let Ok(Ok(Some(run_id))) = found else { continue };
@@ -203,7 +203,7 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pincer_store::StoreOptions;
+    use pincer_store::{Store, StoreOptions};
 
     fn msg(role: &str, key: Option<&str>, stop: Option<&str>) -> NewEntry {
         let mut m = json!({"role": role, "content": [{"type": "text", "text": "x"}], "timestamp": 1});

@@ -6,6 +6,7 @@
 use crate::protocol::{Method, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::{is_injected, Gateway};
+use pincer_store::Transcripts;
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -60,12 +61,8 @@ impl Usage {
 }
 
 /// Reads a transcript's usage (a transcript too large to read, or unreadable, counts nothing).
-pub fn of_transcript(path: &Path) -> Usage {
-    let too_big = std::fs::metadata(path).map(|m| m.len() > MAX_BYTES).unwrap_or(true);
-    match if too_big { Err(()) } else { std::fs::read(path).map_err(|_| ()) } {
-        Ok(bytes) => scan(&bytes),
-        Err(()) => Usage::default(),
-    }
+pub fn of_transcript(store: &dyn Transcripts, path: &Path) -> Usage {
+    store.read_bytes(path, MAX_BYTES).map(|b| scan(&b)).unwrap_or_default()
 }
 
 /// Bytes read from a transcript's end for a session row's last-turn usage.
@@ -73,21 +70,8 @@ const TAIL_BYTES: u64 = 256 * 1024;
 
 /// The usage of a transcript's last [`TAIL_BYTES`] (cheap for every row of `sessions.list`):
 /// `last` is the last turn's usage; the counts cover the tail only.
-pub fn of_tail(path: &Path) -> Usage {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else { return Usage::default() };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let from = len.saturating_sub(TAIL_BYTES);
-    let mut bytes = Vec::new();
-    if f.seek(SeekFrom::Start(from)).is_err() || f.take(TAIL_BYTES).read_to_end(&mut bytes).is_err() {
-        return Usage::default();
-    }
-    if from > 0 {
-        // The first line is cut: it starts before the tail.
-        let cut = bytes.iter().position(|b| *b == b'\n').map_or(bytes.len(), |i| i + 1);
-        bytes.drain(..cut);
-    }
-    scan(&bytes)
+pub fn of_tail(store: &dyn Transcripts, path: &Path) -> Usage {
+    store.read_tail(path, TAIL_BYTES).map(|b| scan(&b)).unwrap_or_default()
 }
 
 fn scan(bytes: &[u8]) -> Usage {
@@ -165,7 +149,7 @@ pub fn sessions_usage(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let mut total = Usage::default();
     let mut rows = Vec::new();
     for s in list.iter() {
-        let u = of_transcript(&s.path);
+        let u = of_transcript(gw.store.as_ref(), &s.path);
         total.add(&u);
         if rows.len() < limit {
             let (provider, model) = match s.model() {

@@ -114,7 +114,9 @@ pub struct ListArgs {
 
 pub fn list(args: ListArgs) -> Result<u8, Failure> {
     let dir = args.state_dir.unwrap_or_else(config::default_state_dir);
-    let sessions = pincer_gateway::sessions::Sessions::new(&dir, pincer_store::Store::new(Default::default()));
+    let store: std::sync::Arc<dyn pincer_store::Transcripts> =
+        std::sync::Arc::new(pincer_store::Store::new(Default::default()));
+    let sessions = pincer_gateway::sessions::Sessions::new(&dir, store.clone());
     let rows = sessions.list(args.agent.as_deref()).map_err(|e| Failure::failed(e.message))?;
     if args.output.json() {
         let v: Vec<serde_json::Value> = rows
@@ -132,7 +134,7 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
         use crate::table::{local_time, one_line, Table};
         let mut t = Table::new(&["KEY", "TITLE", "MESSAGES", "UPDATED", "SESSION"]);
         for r in rows {
-            let (derived, count) = pincer_gateway::methods::transcript_summary(&r.path);
+            let (derived, count) = pincer_gateway::methods::transcript_summary(store.as_ref(), &r.path);
             let label = r.entry.get("label").and_then(serde_json::Value::as_str).map(str::to_owned);
             let mut title = label.or(derived).map_or_else(|| "-".to_owned(), |t| one_line(&t, 48));
             if r.entry.get("archivedAt").is_some_and(|a| !a.is_null()) {

@@ -5,6 +5,7 @@
 
 mod gateway;
 mod search;
+mod store;
 mod table;
 mod transcript;
 
@@ -29,6 +30,9 @@ enum Command {
     /// The sessions of a state directory.
     #[command(subcommand)]
     Sessions(SessionsCmd),
+    /// Move transcripts between store backends (a JSONL state directory, PostgreSQL).
+    #[command(subcommand)]
+    Store(store::StoreCmd),
 }
 
 #[derive(Subcommand)]
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
         Command::Sessions(SessionsCmd::List(args)) => gateway::list(args),
         Command::Sessions(SessionsCmd::Search(args)) => search::search(args),
         Command::Sessions(SessionsCmd::Reindex(args)) => search::reindex(args),
+        Command::Store(cmd) => store::run(cmd),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -46,7 +46,10 @@ pub fn search(args: SearchArgs) -> Result<u8, Failure> {
     let dir = args.state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
     let mut index = open(&dir)?;
     index.sync_all().map_err(|e| Failure::failed(e.to_string()))?;
-    let sessions = pincer_gateway::sessions::Sessions::new(&dir, pincer_store::Store::new(Default::default()));
+    let sessions = pincer_gateway::sessions::Sessions::new(
+        &dir,
+        std::sync::Arc::new(pincer_store::Store::new(Default::default())),
+    );
     let params = SearchParams {
         query: args.query,
         agent_id: args.agent,

@@ -58,10 +58,24 @@ pub enum TranscriptCmd {
     },
     /// Export FILE: `html` (one self-contained page with the whole tree and the original JSONL),
     /// `md` (the active branch, or --leaf, as Markdown) or `jsonl` (the file as it is). Never modifies FILE.
+    ///
+    /// With --session KEY instead of FILE: that session of the configured store (the JSONL state
+    /// directory or PostgreSQL, from --config / --state-dir), as Pi v3 JSONL unless --format says otherwise.
     Export {
-        file: PathBuf,
-        #[arg(long, default_value = "html", value_parser = ["html", "md", "markdown", "jsonl"])]
-        format: String,
+        #[arg(required_unless_present = "session", conflicts_with = "session")]
+        file: Option<PathBuf>,
+        /// A session key of the configured store (instead of FILE).
+        #[arg(long)]
+        session: Option<String>,
+        /// Config file naming the store (default <state>/pincer.toml); with --session.
+        #[arg(long, requires = "session")]
+        config: Option<PathBuf>,
+        /// State directory (default $PINCER_STATE_DIR or ~/.pincer); with --session.
+        #[arg(long, requires = "session")]
+        state_dir: Option<PathBuf>,
+        /// html (default for FILE), md or jsonl (default for --session).
+        #[arg(long, value_parser = ["html", "md", "markdown", "jsonl"])]
+        format: Option<String>,
         /// The branch to show (md) or to open first (html): an entry id; `null` for before the first entry (md).
         #[arg(long)]
         leaf: Option<String>,
@@ -210,7 +224,19 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             }
             compact(&file, model, instructions, state_dir, config)
         }
-        TranscriptCmd::Export { file, format, leaf, output } => export(&file, &format, leaf.as_deref(), output),
+        TranscriptCmd::Export { file, session, config, state_dir, format, leaf, output } => match (file, session) {
+            (Some(file), _) => {
+                let session = Session::read(&file)
+                    .map_err(|e| Failure::usage(format!("cannot read: {e}")))?
+                    .ok_or_else(|| Failure::usage(format!("{}: no such file", file.display())))?;
+                export(session, &file, format.as_deref().unwrap_or("html"), leaf.as_deref(), output)
+            }
+            (None, Some(key)) => {
+                let (session, path) = configured_session(&key, config, state_dir)?;
+                export(session, &path, format.as_deref().unwrap_or("jsonl"), leaf.as_deref(), output)
+            }
+            (None, None) => Err(Failure::usage("give FILE or --session KEY")),
+        },
         TranscriptCmd::Import { input, state_dir } => import(&input, state_dir),
         TranscriptCmd::History { file, limit, max_chars, output } => {
             if limit == 0 || limit > MAX_LIMIT {
@@ -279,12 +305,41 @@ fn compact(
     Ok(0)
 }
 
-fn export(file: &Path, format: &str, leaf: Option<&str>, output: Option<PathBuf>) -> Result<u8, Failure> {
+/// The session `key` of the store the config names, and its transcript's path (for messages).
+fn configured_session(
+    key: &str,
+    config: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+) -> Result<(Session, PathBuf), Failure> {
+    let settings = pincer_gateway::config::load(&pincer_gateway::config::Overrides {
+        offline: true,
+        bind: None,
+        state_dir,
+        config,
+    })
+    .map_err(|e| Failure::usage(e.to_string()))?;
+    let store = pincer_gateway::state::open_transcripts(&settings).map_err(|e| Failure::failed(e.to_string()))?;
+    let sessions = pincer_gateway::sessions::Sessions::new(&settings.state_dir, store.clone());
+    let s = sessions
+        .resolve(key, false)
+        .map_err(|e| Failure::usage(e.message))?
+        .ok_or_else(|| Failure::usage(format!("--session {key}: no such session in the configured store")))?;
+    let session = store
+        .read_session(&s.path)
+        .map_err(|e| Failure::failed(format!("cannot read {}: {e}", s.key)))?
+        .ok_or_else(|| Failure::usage(format!("--session {key}: the session has no transcript yet")))?;
+    Ok((session, s.path))
+}
+
+fn export(
+    session: Session,
+    file: &Path,
+    format: &str,
+    leaf: Option<&str>,
+    output: Option<PathBuf>,
+) -> Result<u8, Failure> {
     let format = pincer_export::Format::parse(format)
         .ok_or_else(|| Failure::usage(format!("--format {format:?}: expected html, md or jsonl")))?;
-    let session = Session::read(file)
-        .map_err(|e| Failure::usage(format!("cannot read: {e}")))?
-        .ok_or_else(|| Failure::usage(format!("{}: no such file", file.display())))?;
     if session.header.is_none() {
         return Err(Failure::usage(format!(
             "{}: no valid session header (not a Pi session; `pincer transcript verify` says more)",
@@ -341,7 +396,7 @@ fn import(input: &Path, state_dir: Option<PathBuf>) -> Result<u8, Failure> {
         pincer_export::prepare_import(&bytes).map_err(|e| Failure::usage(format!("{}: {e}", input.display())))?;
     let dir = state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
     let store = Store::new(StoreOptions::default());
-    let sessions = pincer_gateway::sessions::Sessions::new(&dir, store.clone());
+    let sessions = pincer_gateway::sessions::Sessions::new(&dir, std::sync::Arc::new(store.clone()));
     let r = sessions.import(&prepared);
     store.close();
     let s = r.map_err(|e| Failure::failed(e.message))?;

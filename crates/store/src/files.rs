@@ -35,6 +35,12 @@ pub fn archive_transcript(path: &Path, reason: &str) -> io::Result<Option<PathBu
     fsutil::archive(path, reason)
 }
 
+/// The name [`archive_transcript`] gives a transcript archived now: `<path>.<reason>.<timestamp>`
+/// (for every store backend).
+pub fn archive_path(path: &Path, reason: &str) -> PathBuf {
+    fsutil::with_suffix(path, &format!(".{reason}.{}", crate::rewrite::file_timestamp()))
+}
+
 /// Writes an imported transcript to `path`, which must not exist yet: a temp file (0600) written
 /// and fsynced, then linked into place without replacing anything (an existing file is an
 /// `AlreadyExists` error and is left alone), and the directory fsynced.

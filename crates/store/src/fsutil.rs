@@ -2,7 +2,6 @@
 //! Pincer that writes files: small private files replaced atomically (`sessions.json`, the gateway
 //! token) and transcripts moved aside when a session is reset or deleted (never deleted).
 
-use crate::rewrite::file_timestamp;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -92,7 +91,7 @@ pub fn archive(path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {
     if !path.exists() {
         return Ok(None);
     }
-    let target = with_suffix(path, &format!(".{reason}.{}", file_timestamp()));
+    let target = crate::files::archive_path(path, reason);
     if target.exists() {
         return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} exists", target.display())));
     }

@@ -77,7 +77,6 @@ enum RecType {
 
 /// Reads the history of `path`. A missing file has no history.
 pub fn read_history(path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
-    let limit = opts.limit.clamp(1, MAX_LIMIT);
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -93,16 +92,32 @@ pub fn read_history(path: &Path, opts: HistoryOptions) -> std::io::Result<Histor
         let mut buf = vec![0u8; (len - start) as usize];
         file.read_exact_at(&mut buf, start)?;
         let skip = if start > 0 { memchr::memchr(b'\n', &buf).map(|p| p + 1).unwrap_or(buf.len()) } else { 0 };
-        let recs = index_window(&buf, skip);
-        let (picked, complete) = select(&recs, limit);
-        if complete || start == 0 || window >= MAX_WINDOW {
-            let thinking_level = picked_thinking(&recs, &buf);
-            let messages = project_all(&recs, &picked, &buf, limit, opts.max_chars);
-            return Ok(History { session_id, messages, thinking_level });
+        let last = start == 0 || window >= MAX_WINDOW;
+        if let Some(h) = history_of_window(session_id.clone(), &buf[skip..], last, opts) {
+            return Ok(h);
         }
         window = window.saturating_mul(4);
     }
 }
+
+/// The history found in a window of a transcript's last lines (`buf`: whole lines). `None` when
+/// the active branch leaves the window before `limit` messages were found and `last` is false: the
+/// caller reads a larger window (×4, up to [`MAX_WINDOW`]) and asks again. The one reading of
+/// `chat.history`, for files ([`read_history`]) and for other store backends alike.
+pub fn history_of_window(session_id: Option<String>, buf: &[u8], last: bool, opts: HistoryOptions) -> Option<History> {
+    let limit = opts.limit.clamp(1, MAX_LIMIT);
+    let recs = index_window(buf, 0);
+    let (picked, complete) = select(&recs, limit);
+    if !(complete || last) {
+        return None;
+    }
+    let thinking_level = picked_thinking(&recs, buf);
+    let messages = project_all(&recs, &picked, buf, limit, opts.max_chars);
+    Some(History { session_id, messages, thinking_level })
+}
+
+/// The first window [`read_history`] reads (backends read their tail in the same steps).
+pub const FIRST_HISTORY_WINDOW: u64 = FIRST_WINDOW;
 
 fn read_session_id(file: &File, len: u64) -> std::io::Result<Option<String>> {
     let n = len.min(64 * 1024) as usize;

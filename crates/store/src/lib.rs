@@ -20,8 +20,12 @@
 //!   token file, archives), over the private `fsutil`.
 //! - [`redact`]: secret redaction before anything is written.
 
+//! - [`backend`]: the store seam, [`Transcripts`], that other crates use (this JSONL store is one
+//!   implementation of it).
+
 // The modules that write files are private: other crates write only through `Store` and
 // `files` (and clippy forbids them the std writers, see the workspace's clippy.toml).
+pub mod backend;
 pub mod context;
 pub mod files;
 mod fsutil;
@@ -36,6 +40,7 @@ pub mod store;
 pub mod trim;
 pub mod verify;
 
+pub use backend::{Held, IndexStamp, Transcripts};
 pub use lock::{LockError, LockGuard, LockOptions};
 pub use store::{valid_session_id, Appended, NewEntry, ParentChoice, Store, StoreOptions};
 

@@ -121,8 +121,35 @@ impl NewEntry {
         NewEntry { kind: "leaf".into(), payload, parent }
     }
 
+    /// The entry as it is written, chained to `parent`: a new id and timestamp, the payload in its
+    /// order with messages, summaries and contents redacted. The one rendering of an entry, for
+    /// every store backend.
+    pub fn render(&self, parent: Option<String>, redactor: &dyn Redactor) -> Result<Rendered, StoreError> {
+        let id = new_entry_id();
+        let mut obj = Map::new();
+        obj.insert("type".into(), Value::String(self.kind.clone()));
+        obj.insert("id".into(), Value::String(id.clone()));
+        obj.insert("parentId".into(), parent.map(Value::String).unwrap_or(Value::Null));
+        obj.insert("timestamp".into(), Value::String(now_iso()));
+        for (k, v) in &self.payload {
+            let mut v = v.clone();
+            if matches!(k.as_str(), "message" | "summary" | "content") {
+                redactor.redact_value(&mut v);
+            }
+            obj.insert(k.clone(), v);
+        }
+        let value = Value::Object(obj);
+        let line = serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?;
+        let leaf = if self.kind == "leaf" {
+            self.payload.get("targetId").and_then(Value::as_str).map(str::to_owned)
+        } else {
+            Some(id.clone())
+        };
+        Ok(Rendered { value, line, id, leaf })
+    }
+
     /// Checks what can be checked without the file.
-    fn validate(&self) -> Result<(), StoreError> {
+    pub fn validate(&self) -> Result<(), StoreError> {
         if self.kind.is_empty() || self.kind == "session" {
             return Err(StoreError::InvalidEntry(format!("entry type {:?} cannot be appended", self.kind)));
         }
@@ -142,9 +169,21 @@ impl NewEntry {
         Ok(())
     }
 
-    fn idempotency_key(&self) -> Option<&str> {
+    /// `message.idempotencyKey`, if the entry carries one.
+    pub fn idempotency_key(&self) -> Option<&str> {
         self.payload.get("message")?.get("idempotencyKey")?.as_str()
     }
+}
+
+/// An entry rendered by [`NewEntry::render`].
+pub struct Rendered {
+    /// The entry as written.
+    pub value: Value,
+    /// Its line, without the newline.
+    pub line: Vec<u8>,
+    pub id: String,
+    /// The leaf after it: its id, or a `leaf` entry's target.
+    pub leaf: Option<String>,
 }
 
 /// The result of one append.
@@ -1157,21 +1196,7 @@ impl FileWriter {
                 }
             }
         }
-        let id = new_entry_id();
-        let mut obj = Map::new();
-        obj.insert("type".into(), Value::String(entry.kind.clone()));
-        obj.insert("id".into(), Value::String(id.clone()));
-        obj.insert("parentId".into(), parent.map(Value::String).unwrap_or(Value::Null));
-        obj.insert("timestamp".into(), Value::String(now_iso()));
-        for (k, v) in &entry.payload {
-            let mut v = v.clone();
-            if matches!(k.as_str(), "message" | "summary" | "content") {
-                inner.opts.redactor.redact_value(&mut v);
-            }
-            obj.insert(k.clone(), v);
-        }
-        let value = Value::Object(obj);
-        let line = serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?;
+        let Rendered { value, line, id, leaf } = entry.render(parent, inner.opts.redactor.as_ref())?;
         let offset = st.len + out.len() as u64;
         out.extend_from_slice(&line);
         out.push(b'\n');
@@ -1179,12 +1204,8 @@ impl FileWriter {
             batch_keys.insert(key.to_owned(), value.clone());
             new_keys.push((hash_str(key), offset));
         }
-        batch_ids.insert(id.clone());
-        st.leaf = if entry.kind == "leaf" {
-            entry.payload.get("targetId").and_then(Value::as_str).map(str::to_owned)
-        } else {
-            Some(id)
-        };
+        batch_ids.insert(id);
+        st.leaf = leaf;
         Ok(Appended { entry: value, appended: true })
     }
 }

@@ -14,6 +14,11 @@
 //! cargo build --release -p pincer
 //! cargo run --release -p pincer-testkit --example load -- [--bin target/release/pincer] [--sessions 1,100] [--lengths 0,1000,10000] [--turns 50] [--idle 1000] [--perf DIR]
 //!
+//! `--postgres` runs the gateways on the PostgreSQL store instead (a throwaway cluster started here, the
+//! prefilled sessions moved in with `pincer store import`), `--replicas N` starts N of them on it with
+//! the sessions' clients spread over them (CPU is then the sum over the replicas):
+//! cargo run --release -p pincer-testkit --example load -- --postgres --replicas 3 --sessions 30 --turns 20 --idle 0
+//!
 //! `--perf DIR` records a `perf record -g` profile of the gateway process during each measured
 //! combination into `DIR/perf-<sessions>x<entries>.data` (read with `perf report -i …`).
 
@@ -86,6 +91,27 @@ struct Totals {
     sync_seconds: f64,
 }
 
+impl std::ops::Add for Totals {
+    type Output = Totals;
+    fn add(self, o: Totals) -> Totals {
+        Totals {
+            body_bytes: self.body_bytes + o.body_bytes,
+            body_cpu: self.body_cpu + o.body_cpu,
+            syncs: self.syncs + o.syncs,
+            sync_seconds: self.sync_seconds + o.sync_seconds,
+        }
+    }
+}
+
+/// [`totals`] summed over several gateways.
+async fn totals_of(addrs: &[String]) -> Totals {
+    let mut t = Totals::default();
+    for a in addrs {
+        t = t + totals(a).await;
+    }
+    t
+}
+
 impl std::ops::Sub for Totals {
     type Output = Totals;
     fn sub(self, o: Totals) -> Totals {
@@ -153,15 +179,40 @@ async fn main() {
     std::fs::write(dir.join("agents/main/sessions/sessions.json"), serde_json::to_vec(&index).expect("index"))
         .expect("write sessions.json");
     // A window no prefilled session reaches: compaction would otherwise run after every turn.
-    let config = fake.gateway_toml_window(100_000_000);
+    let mut config = fake.gateway_toml_window(100_000_000);
+    let replicas: usize = arg("--replicas", "1").parse().expect("--replicas");
+    let postgres = std::env::args().any(|a| a == "--postgres").then(pincer_testkit::postgres::Postgres::start);
+    assert!(replicas == 1 || postgres.is_some(), "--replicas needs --postgres");
+    if let Some(pg) = &postgres {
+        let url = pg.database("load");
+        let out = std::process::Command::new(&bin)
+            .args(["store", "import", "--from"])
+            .arg(&dir)
+            .args(["--to", &url])
+            .output()
+            .expect("pincer store import");
+        assert!(out.status.success(), "import: {}", String::from_utf8_lossy(&out.stderr));
+        config.push_str(&format!("\n[store]\nbackend = \"postgres\"\nurl = \"{url}\"\n"));
+        println!("store: PostgreSQL, {replicas} replica(s)");
+    }
 
     let t0 = Instant::now();
-    let gw = tokio::task::spawn_blocking({
-        let (bin, dir, config) = (bin.clone(), dir.clone(), config.clone());
-        move || GatewayProcess::start(&bin, &dir, &config)
-    })
-    .await
-    .expect("start");
+    let mut gws = Vec::new();
+    for r in 0..replicas {
+        let state = if r == 0 { dir.clone() } else { dir.join(format!("replica-{r}")) };
+        gws.push(
+            tokio::task::spawn_blocking({
+                let (bin, config) = (bin.clone(), config.clone());
+                move || GatewayProcess::start(&bin, &state, &config)
+            })
+            .await
+            .expect("start"),
+        );
+    }
+    let gw = &gws[0];
+    let addrs: Vec<String> = gws.iter().map(|g| g.addr.clone()).collect();
+    let pids: Vec<u32> = gws.iter().map(|g| g.child.id()).collect();
+    let cpu_all = || pids.iter().map(|p| cpu_s(*p)).sum::<f64>();
     let first = Client::connect(&gw.addr).await;
     let cold = t0.elapsed();
     drop(first);
@@ -183,7 +234,7 @@ async fn main() {
             let warm = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
             let mut tasks = Vec::new();
             for s in 0..n {
-                let addr = gw.addr.clone();
+                let addr = addrs[s % addrs.len()].clone();
                 let warm = warm.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut c = Client::connect(&addr).await;
@@ -214,16 +265,16 @@ async fn main() {
             }
             warm.wait().await;
             let perf = perf_dir.as_ref().map(|d| start_perf(d, pid, &format!("perf-{n}x{len}.data")));
-            let before = totals(&gw.addr).await;
-            let cpu_before = cpu_s(pid);
+            let before = totals_of(&addrs).await;
+            let cpu_before = cpu_all();
             let started = Instant::now();
             let mut all = Vec::new();
             for t in tasks {
                 all.extend(t.await.expect("session task"));
             }
             let wall = started.elapsed().as_secs_f64();
-            let cpu = cpu_s(pid) - cpu_before;
-            let d = totals(&gw.addr).await - before;
+            let cpu = cpu_all() - cpu_before;
+            let d = totals_of(&addrs).await - before;
             let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
             if let Some(p) = perf {
                 stop_perf(p);
@@ -254,6 +305,8 @@ async fn main() {
             );
         }
     }
+    drop(gws);
+    drop(postgres);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -4,8 +4,8 @@
 //! marker-driven OpenAI preset for the gateway, [`fake_openai`]), the gateway as a real process
 //! with a protocol client ([`gateway`]), probes of a running process and its state dir
 //! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
-//! own CLI in a loopback-only network namespace ([`openclaw`]), and a generated state directory
-//! with known search hits ([`corpus`]).
+//! own CLI in a loopback-only network namespace ([`openclaw`]), a generated state directory
+//! with known search hits ([`corpus`]), and a throwaway PostgreSQL cluster ([`postgres`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -20,6 +20,7 @@ pub mod fake_provider;
 pub mod gateway;
 pub mod openclaw;
 pub mod oracle;
+pub mod postgres;
 pub mod probe;
 
 use serde_json::Value;

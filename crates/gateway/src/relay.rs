@@ -1,0 +1,246 @@
+//! Live events of other replicas (the PostgreSQL store only). Each replica announces its own
+//! appends as it writes them; this task announces the others': for every session some local
+//! client watches, it reads the rows after the last seq it has seen and publishes them on the hub
+//! as this replica's own appends are published (`session.message` for each message, and a `chat`
+//! final for each reply that ends a run, under the run id of the user row it answers). A
+//! notification (`pg_notify` of `<file>:<seq>` on commit) only wakes it; it also looks every
+//! [`POLL`], and everything after a reconnect of the listener, so a lost notification costs
+//! latency, never an event. Rows this replica wrote are skipped (the store remembers them).
+//!
+//! It also keeps this replica's rows of the `runs` table beating, aborts local runs another
+//! replica's `chat.abort` asked for, and takes over the runs of a replica that stopped beating:
+//! their turns are marked interrupted within [`STALE_AFTER`] plus a [`HEARTBEAT`] or two.
+
+use crate::sessions::SessionRef;
+use crate::state::Gateway;
+use pincer_pg::watch::Wake;
+use pincer_pg::PgStore;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often watched sessions are checked without a notification.
+pub const POLL: Duration = Duration::from_millis(1000);
+
+/// Rows read per session per look.
+const BATCH: i64 = 500;
+
+/// One watched session: where it is and how far it was announced.
+struct Watched {
+    session: SessionRef,
+    file: String,
+    last_seq: i64,
+    /// The run of the last user row seen (its key without `:user`).
+    run: Option<String>,
+}
+
+/// Starts the relay when the store is PostgreSQL; it stops with the gateway.
+pub fn start(gw: &Arc<Gateway>) {
+    let Some(pg) = gw.pg.clone() else { return };
+    start_heartbeat(gw, pg.clone());
+    let stop = gw.shutdown.clone();
+    let wakes = pg.listen(stop.child_token());
+    let mut rx = wakes.subscribe();
+    let gw = gw.clone();
+    tokio::spawn(async move {
+        let mut watched: HashMap<String, Watched> = HashMap::new();
+        let mut tick = tokio::time::interval(POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let only: Option<String> = tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {
+                    refresh(&gw, &pg, &mut watched, None).await;
+                    None
+                }
+                w = rx.recv() => match w {
+                    Ok(Wake::Abort { run_id }) => {
+                        if let Some(r) = gw.run(&run_id) {
+                            r.abort("rpc");
+                        }
+                        continue;
+                    }
+                    Ok(Wake::Appended { file, seq }) => {
+                        if !watched.values().any(|w| w.file == file) {
+                            // Maybe a session a client began to watch since the last look.
+                            refresh(&gw, &pg, &mut watched, Some((&file, seq))).await;
+                        }
+                        Some(file)
+                    }
+                    Ok(Wake::All) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+            };
+            for w in watched.values_mut() {
+                if only.as_ref().is_none_or(|f| *f == w.file) {
+                    catch_up(&gw, &pg, w).await;
+                }
+            }
+        }
+    });
+}
+
+/// How often this replica beats for its runs (and looks for aborts and dead replicas' runs).
+pub const HEARTBEAT: Duration = Duration::from_millis(500);
+/// A replica silent this long is taken for dead: a survivor takes its runs over.
+pub const STALE_AFTER: Duration = Duration::from_millis(2500);
+
+/// Beats for this replica's runs, aborts those other replicas asked to, and marks the turns of
+/// runs whose replica stopped beating as interrupted (persisted, chained, announced), once each.
+fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
+    let Some(replica) = gw.replica_id().map(str::to_owned) else { return };
+    let gw = gw.clone();
+    let stop = gw.shutdown.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HEARTBEAT);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let mine: Vec<String> = gw.all_runs().iter().map(|r| r.run_id.clone()).collect();
+            match pg.heartbeat(replica.clone(), mine).await {
+                Ok(aborts) => {
+                    for id in aborts {
+                        if let Some(r) = gw.run(&id) {
+                            r.abort("rpc");
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!("heartbeat: {e}"),
+            }
+            let stale = pg.claim_stale_runs(replica.clone(), STALE_AFTER).await.unwrap_or_default();
+            for (run_id, key) in stale {
+                let gw2 = gw.clone();
+                tokio::spawn(async move { take_over(&gw2, &run_id, &key).await });
+            }
+        }
+    });
+}
+
+/// A run whose replica died: its turn is marked interrupted if it is still unanswered at the
+/// leaf (a resend of its key then resumes it once, on any replica), and the run is forgotten.
+async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) {
+    let k = key.to_owned();
+    let session = gw.index(move |s| s.resolve(&k, false)).await.ok().flatten();
+    if let Some(s) = session {
+        let cancel = gw.stopping();
+        let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return };
+        let (store, path) = (gw.store.clone(), s.path.clone());
+        let found = tokio::task::spawn_blocking(move || crate::turns::unanswered_at_leaf(store.as_ref(), &path)).await;
+        if let Ok(Ok(Some(open))) = found {
+            if open == run_id {
+                let reason = "the replica running this turn stopped before its reply was written";
+                match gw.append(&s, crate::turns::marker(crate::turns::INTERRUPTED, run_id, reason)).await {
+                    Ok(_) => {
+                        tracing::warn!(session = %s.key, run = %run_id, "marked a dead replica's turn interrupted");
+                        interrupted(gw, &s, run_id, reason);
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %s.key, "cannot mark a dead replica's turn interrupted: {e}");
+                        return; // the row stays ours: tried again after a restart's own check
+                    }
+                }
+            }
+        }
+    }
+    if let Some(pg) = &gw.pg {
+        let _ = pg.run_finished(run_id.to_owned()).await;
+    }
+}
+
+/// The `chat` error of a turn whose replica died (for this replica's clients; the others see the
+/// marker row through their relay).
+fn interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str) {
+    let p = json!({"runId": run_id, "sessionKey": s.key, "agentId": s.agent_id, "seq": 1, "state": "error",
+        "errorMessage": reason, "errorKind": "interrupted"});
+    gw.hub.publish("chat", Some(&s.key), p, false, crate::hub::Audience::All);
+}
+
+/// Follows the sessions local clients watch now: a new one from its current end on, or from just
+/// before the row `woke` names (the wake-up that made it look).
+async fn refresh(gw: &Arc<Gateway>, pg: &PgStore, watched: &mut HashMap<String, Watched>, woke: Option<(&str, i64)>) {
+    let keys = gw.hub.watched_sessions();
+    watched.retain(|k, _| keys.contains(k));
+    let gw2 = gw.clone();
+    let resolved = gw2
+        .index(move |s| Ok(keys.iter().filter_map(|k| s.resolve(k, false).ok().flatten()).collect::<Vec<_>>()))
+        .await
+        .unwrap_or_default();
+    let mut fresh = Vec::new();
+    for s in resolved {
+        let file = pg.name(&s.path);
+        match watched.get_mut(&s.key) {
+            // Same transcript: keep going from where it was.
+            Some(w) if w.file == file => w.session = s,
+            _ => fresh.push((s, file)),
+        }
+    }
+    if fresh.is_empty() {
+        return;
+    }
+    let files: Vec<String> = fresh.iter().map(|(_, f)| f.clone()).collect();
+    let Ok(seqs) = pg.last_seqs(files).await else { return };
+    for (s, file) in fresh {
+        let mut last_seq = seqs.get(&file).copied().unwrap_or(0);
+        if let Some((f, seq)) = woke.filter(|(f, _)| *f == file) {
+            last_seq = last_seq.min(seq - 1);
+            let _ = f;
+        }
+        watched.insert(s.key.clone(), Watched { session: s, file, last_seq, run: None });
+    }
+}
+
+/// Announces the rows of one session after its last seen seq.
+async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
+    loop {
+        let rows = match pg.entries_after_async(w.file.clone(), w.last_seq, BATCH).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(session = %w.session.key, "cannot read other replicas' rows: {e}");
+                return;
+            }
+        };
+        let n = rows.len() as i64;
+        for (seq, entry) in rows {
+            w.last_seq = seq;
+            if pg.take_own(&w.file, seq) {
+                continue;
+            }
+            announce(gw, w, &entry);
+        }
+        if n < BATCH {
+            return;
+        }
+    }
+}
+
+/// Publishes one row written by another replica as this replica publishes its own.
+fn announce(gw: &Gateway, w: &mut Watched, entry: &Value) {
+    if entry.get("type").and_then(Value::as_str) == Some("custom") && entry["customType"] == crate::turns::INTERRUPTED {
+        if let Some(run) = entry["data"]["runId"].as_str() {
+            let reason = entry["data"]["reason"].as_str().unwrap_or("the turn was interrupted");
+            interrupted(gw, &w.session, run, reason);
+        }
+        return;
+    }
+    if entry.get("type").and_then(Value::as_str) != Some("message") {
+        return;
+    }
+    let msg = &entry["message"];
+    if let Some(run) = msg["idempotencyKey"].as_str().and_then(|k| k.strip_suffix(":user")) {
+        w.run = Some(run.to_owned());
+    }
+    crate::chat::publish_session_message(gw, &w.session, entry);
+    let ends_run = msg["role"] == "assistant" && msg["stopReason"] != "toolUse";
+    if let (true, Some(run)) = (ends_run, w.run.as_deref()) {
+        let mut p = json!({"runId": run, "sessionKey": w.session.key, "agentId": w.session.agent_id, "seq": 1,
+            "state": "final", "stopReason": msg["stopReason"], "message": crate::chat::with_meta(entry, run)});
+        if let Some(u) = msg.get("usage") {
+            p["usage"] = u.clone();
+        }
+        gw.hub.publish("chat", Some(&w.session.key), p, false, crate::hub::Audience::All);
+    }
+}

@@ -1,0 +1,181 @@
+//! The PostgreSQL store against a real cluster (one per test binary, a database per test): the same
+//! transcript as the file store byte for byte (import, export, context, history), Pi reads what it
+//! appended identically, idempotency keys are unique per transcript across store instances, and
+//! concurrent appends from three instances (three replicas) make one chain.
+#![allow(clippy::disallowed_methods)] // tests write their fixture files directly
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use pincer_pg::{PgOptions, PgStore};
+use pincer_store::history::HistoryOptions;
+use pincer_store::{context_report, LeafArg, NewEntry, ParentChoice, Session, Store, StoreOptions, Transcripts};
+use pincer_testkit::postgres::Postgres;
+use pincer_testkit::{comparable, oracle_context};
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn store(url: &str, state: &Path) -> PgStore {
+    PgStore::connect(PgOptions {
+        url: url.to_owned(),
+        pool_size: 4,
+        state_dir: state.to_path_buf(),
+        redactor: Arc::new(pincer_store::redact::SecretRedactor::default()),
+        cwd: "/work".into(),
+    })
+    .expect("connect")
+}
+
+fn obj(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => panic!("not an object"),
+    }
+}
+
+fn user(text: &str, key: Option<&str>) -> NewEntry {
+    let mut m = json!({"role": "user", "content": text, "timestamp": 1});
+    if let Some(k) = key {
+        m["idempotencyKey"] = json!(k);
+    }
+    NewEntry::message(m)
+}
+
+fn assistant(text: &str) -> NewEntry {
+    NewEntry::message(json!({"role":"assistant","content":[{"type":"text","text":text}],"api":"openai-completions",
+        "provider":"local","model":"m","usage":{"input":1,"output":1,"cacheRead":0,"cacheWrite":0,"totalTokens":2,
+        "cost":{"input":0,"output":0,"cacheRead":0,"cacheWrite":0,"total":0}},"stopReason":"stop","timestamp":2}))
+}
+
+/// A small tree: a branch, a leaf move, a label, a keyed message, a compaction.
+fn write_tree(s: &dyn Transcripts, f: &Path) {
+    s.append_with(f, NewEntry::of("model_change", obj(json!({"provider": "local", "modelId": "m"}))), Some("tree-1"))
+        .expect("append");
+    let u1 = s.append(f, user("first", Some("k1:user"))).expect("u1");
+    let a1 = s.append(f, assistant("one")).expect("a1");
+    s.append(f, user("second", None)).expect("u2");
+    let a2 = s.append(f, assistant("two")).expect("a2");
+    s.append(f, NewEntry::move_leaf(a1.id())).expect("leaf");
+    s.append(f, user("second, edited", None)).expect("u2'");
+    s.append(f, assistant("two'")).expect("a2'");
+    s.append(f, NewEntry::of("label", obj(json!({"targetId": a2.id(), "label": "old"})))).expect("label");
+    let mut c = Map::new();
+    c.insert("summary".into(), json!("they said first"));
+    c.insert("firstKeptEntryId".into(), json!(u1.id()));
+    c.insert("tokensBefore".into(), json!(100));
+    s.append(f, NewEntry::of("compaction", c)).expect("compaction");
+    s.append(f, user("third", None)).expect("u3");
+    let mut branch = user("beside", None);
+    branch.parent = ParentChoice::Entry(u1.id().expect("id").to_owned());
+    s.append(f, branch).expect("branch");
+}
+
+fn transcript(state: &Path, id: &str) -> PathBuf {
+    state.join(format!("agents/main/sessions/{id}.jsonl"))
+}
+
+#[test]
+fn an_imported_file_reads_back_byte_for_byte_with_the_same_context_and_history() {
+    let url = Postgres::shared().database("import");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = transcript(dir.path(), "tree-1");
+    write_tree(&Store::new(StoreOptions::default()), &file);
+    let bytes = std::fs::read(&file).expect("read");
+    let pg = store(&url, dir.path());
+    assert!(pg.import_bytes(&file, &bytes).expect("import"));
+    assert!(!pg.import_bytes(&file, &bytes).expect("import again"), "an existing transcript is not replaced");
+    assert_eq!(pg.export(&file).expect("export").expect("exists"), bytes, "the same bytes");
+    let from_db = pg.read_session(&file).expect("read").expect("exists");
+    let from_file = Session::read(&file).expect("read").expect("exists");
+    let ctx = |s: &Session| context_report(s, &LeafArg::Default).expect("context").to_value();
+    assert_eq!(ctx(&from_db), ctx(&from_file));
+    for limit in [1, 3, 200] {
+        let o = HistoryOptions { limit, max_chars: 8000 };
+        assert_eq!(
+            pg.history(&file, o).expect("history"),
+            Store::new(StoreOptions::default()).history(&file, o).expect("history")
+        );
+    }
+    assert_eq!(pg.leaf(&file).expect("leaf"), Store::new(StoreOptions::default()).leaf(&file).expect("leaf"));
+    let (hit, _) = pg.find_keyed(&file, "k1:user").expect("find").expect("found");
+    assert_eq!(hit["message"]["content"], "first");
+}
+
+#[test]
+fn what_the_database_store_appends_reads_the_same_in_pi() {
+    let url = Postgres::shared().database("pi");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = transcript(dir.path(), "tree-1");
+    let pg = store(&url, dir.path());
+    write_tree(&pg, &file);
+    let bytes = pg.export(&file).expect("export").expect("exists");
+    let out = dir.path().join("exported.jsonl");
+    std::fs::write(&out, &bytes).expect("write");
+    let ours = Session::parse(bytes);
+    for leaf in [None, ours.entries.get(3).and_then(|e| e.id.as_deref())] {
+        let arg = leaf.map(LeafArg::parse).unwrap_or(LeafArg::Default);
+        let mine = comparable(&context_report(&ours, &arg).expect("context").to_value());
+        assert_eq!(mine, comparable(&oracle_context(&out, leaf)), "leaf {leaf:?}");
+    }
+    // A keyed entry is written once, also through another instance.
+    let other = store(&url, dir.path());
+    let again = other.append(&file, user("first", Some("k1:user"))).expect("resend");
+    assert!(!again.appended);
+    assert_eq!(again.entry["message"]["content"], "first");
+    let unknown = other.append(&file, NewEntry::move_leaf(Some("no-such-entry"))).expect_err("unknown target");
+    assert!(unknown.to_string().contains("no-such-entry"), "{unknown}");
+}
+
+#[test]
+fn three_instances_appending_at_once_make_one_chain_with_every_key_once() {
+    let url = Postgres::shared().database("race");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = transcript(dir.path(), "race");
+    let stores: Vec<PgStore> = (0..3).map(|_| store(&url, dir.path())).collect();
+    std::thread::scope(|s| {
+        for (n, st) in stores.iter().enumerate() {
+            let file = &file;
+            s.spawn(move || {
+                for i in 0..20 {
+                    let key = format!("r{n}-{i}:user");
+                    st.append(file, user(&key, Some(&key))).expect("append");
+                    // Each replica also sends one of the others' keys (written by whichever comes
+                    // first): never a second row.
+                    let other = format!("r{}-{}:user", (n + 1) % 3, i / 2);
+                    let _ = st.append(file, user(&other, Some(&other))).expect("resend");
+                }
+            });
+        }
+    });
+    let s = stores[0].read_session(&file).expect("read").expect("exists");
+    assert_eq!(s.entries.len(), 60, "every key exactly once");
+    let ids: Vec<&str> = s.entries.iter().map(|e| e.id.as_deref().expect("id")).collect();
+    for i in 0..s.entries.len() {
+        let parent = s.value(i).expect("entry")["parentId"].clone();
+        let want = if i == 0 { Value::Null } else { json!(ids[i - 1]) };
+        assert_eq!(parent, want, "entry {i} chains to the one before it: one chain, no fork");
+    }
+    let keys: std::collections::HashSet<String> = (0..60)
+        .map(|i| s.value(i).expect("entry")["message"]["idempotencyKey"].as_str().expect("key").to_owned())
+        .collect();
+    assert_eq!(keys.len(), 60);
+    assert_eq!(stores[2].leaf(&file).expect("leaf").as_deref(), ids.last().copied());
+}
+
+#[test]
+fn the_session_index_round_trips_with_a_stamp_that_moves() {
+    let url = Postgres::shared().database("index");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg = store(&url, dir.path());
+    let idx = dir.path().join("agents/main/sessions/sessions.json");
+    assert_eq!(pg.index_stamp(&idx), None);
+    assert_eq!(pg.read_index(&idx).expect("read"), None);
+    let map = json!({"agent:main:main": {"sessionId": "s1", "updatedAt": 5, "label": "hi"}});
+    pg.write_index(&idx, &serde_json::to_vec(&map).expect("json")).expect("write");
+    let first = pg.index_stamp(&idx).expect("stamp");
+    let back: Value = serde_json::from_slice(&pg.read_index(&idx).expect("read").expect("some")).expect("json");
+    assert_eq!(back, map);
+    pg.write_index(&idx, b"{}").expect("write");
+    assert_ne!(pg.index_stamp(&idx), Some(first));
+    assert_eq!(pg.read_index(&idx).expect("read").as_deref(), Some(&b"{}"[..]));
+    assert_eq!(pg.agents(dir.path()), vec!["main".to_string()]);
+}

@@ -1,0 +1,279 @@
+//! The transcript store seam: everything the gateway, compaction and the CLI ask of a store of
+//! transcripts and session indexes, as one trait, [`Transcripts`]. The JSONL state directory
+//! ([`Store`], this crate) is one implementation; PostgreSQL (`pincer-pg`) is another.
+//!
+//! Transcripts and indexes are named by the paths the JSONL layout gives them
+//! (`<state>/agents/<agent>/sessions/<sessionId>.jsonl`, `.../sessions.json`), whatever the backend:
+//! a backend that keeps no files maps the path to its own key, so the session index, its rules
+//! and every caller stay one piece of code. A "position" ([`Transcripts::find_keyed`],
+//! [`Transcripts::entries_from`]) is opaque to callers: a byte offset for files, a sequence
+//! number for a database.
+
+use crate::history::{History, HistoryOptions};
+use crate::store::{Appended, NewEntry, Store};
+use crate::trim::Trimmed;
+use crate::{Session, StoreError};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// A held lock (see [`Transcripts::lock`]); released when dropped.
+pub type Held = Box<dyn Send>;
+
+/// What identifies one version of a session index: for files `(dev, ino, len, mtime ns)`; a
+/// backend without files uses what changes on every write.
+pub type IndexStamp = (u64, u64, u64, i64);
+
+/// A store of transcripts (Pi v3 entries chained by `parentId`) and session indexes. Every method
+/// may block on I/O: call them off the async threads.
+pub trait Transcripts: Send + Sync {
+    /// Appends one entry (chained to the leaf, a root or a chosen parent); returns it as written
+    /// once it is durable. An entry whose idempotency key is already in the transcript is not
+    /// written again: the existing one is returned with `appended: false`. `session_id` names the
+    /// header if the transcript has to be created.
+    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError>;
+
+    /// [`Transcripts::append_with`] without a session id.
+    fn append(&self, path: &Path, entry: NewEntry) -> Result<Appended, StoreError> {
+        self.append_with(path, entry, None)
+    }
+
+    /// Creates the transcript with its header if it does not exist yet.
+    fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError>;
+
+    /// The id new entries would be chained to (`None`: they would be roots).
+    fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError>;
+
+    /// Whether the transcript exists.
+    fn exists(&self, path: &Path) -> bool;
+
+    /// The whole transcript, read and indexed as Pi reads it (`None`: it does not exist).
+    fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError>;
+
+    /// The whole transcript as the bytes of its JSONL file, when it has at most `max_bytes`
+    /// (`None`: missing, unreadable or larger).
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>>;
+
+    /// The transcript's last whole lines, about `max_bytes` of them at most (`None`: missing or
+    /// unreadable).
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>>;
+
+    /// `chat.history` of the transcript, from a bounded tail.
+    fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History>;
+
+    /// The entry whose message carries idempotency key `key`, and its position.
+    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError>;
+
+    /// The entries from position `pos` on (that one included), about `max_bytes` of them at most.
+    fn entries_from(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError>;
+
+    /// The last entries, about `max_bytes` of them at most.
+    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError>;
+
+    /// Holds the transcript's (or index's) cross-process lock; appends of this process still go
+    /// through while it is held, those of other processes wait.
+    fn lock(&self, path: &Path) -> Result<Held, StoreError>;
+
+    /// `sessions.compact {maxLines}`: the transcript keeps its last lines.
+    fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError>;
+
+    /// Forgets cached state of a transcript (after it was replaced or archived).
+    fn forget(&self, path: &Path);
+
+    /// Releases what is kept for the next commit (before the process exits).
+    fn close(&self);
+
+    /// The version of the session index at `path` now (`None`: there is none).
+    fn index_stamp(&self, path: &Path) -> Option<IndexStamp>;
+
+    /// The session index at `path` as JSON bytes (`None`: there is none).
+    fn read_index(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>>;
+
+    /// Replaces the session index at `path` with `bytes` (a JSON object), atomically.
+    fn write_index(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+
+    /// The agents under `<state>/agents` that may have an index.
+    fn agents(&self, state_dir: &Path) -> Vec<String>;
+
+    /// Moves a transcript aside as `<path>.<reason>.<timestamp>`; `None` when there was none.
+    fn archive_transcript(&self, path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>>;
+
+    /// Stores an imported transcript (`bytes`: a whole Pi v3 file) at `path`, which must not exist.
+    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+impl Transcripts for Store {
+    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
+        Store::append_with(self, path, entry, session_id)
+    }
+
+    fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
+        Store::ensure_created(self, path, session_id)
+    }
+
+    fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
+        Store::leaf(self, path)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
+        Session::read(path)
+    }
+
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        let too_big = std::fs::metadata(path).map(|m| m.len() > max_bytes).unwrap_or(true);
+        if too_big {
+            return None;
+        }
+        std::fs::read(path).ok()
+    }
+
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(path).ok()?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let from = len.saturating_sub(max_bytes);
+        let mut bytes = Vec::new();
+        f.seek(SeekFrom::Start(from)).ok()?;
+        f.take(max_bytes).read_to_end(&mut bytes).ok()?;
+        if from > 0 {
+            // The first line is cut: it starts before the tail.
+            let cut = bytes.iter().position(|b| *b == b'\n').map_or(bytes.len(), |i| i + 1);
+            bytes.drain(..cut);
+        }
+        Some(bytes)
+    }
+
+    fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
+        crate::history::read_history(path, opts)
+    }
+
+    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError> {
+        Store::find_keyed(self, path, key)
+    }
+
+    fn entries_from(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        Store::entries_from(self, path, pos, max_bytes)
+    }
+
+    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        Store::tail_entries(self, path, max_bytes)
+    }
+
+    fn lock(&self, path: &Path) -> Result<Held, StoreError> {
+        Ok(Box::new(Store::lock(self, path)?))
+    }
+
+    fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError> {
+        Store::trim(self, path, max_lines)
+    }
+
+    fn forget(&self, path: &Path) {
+        Store::forget(self, path)
+    }
+
+    fn close(&self) {
+        Store::close(self)
+    }
+
+    fn index_stamp(&self, path: &Path) -> Option<IndexStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+        Some((m.dev(), m.ino(), m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
+    }
+
+    fn read_index(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+        match std::fs::read(path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn write_index(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        crate::files::write_session_index(path, bytes)
+    }
+
+    fn agents(&self, state_dir: &Path) -> Vec<String> {
+        std::fs::read_dir(state_dir.join("agents"))
+            .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    }
+
+    fn archive_transcript(&self, path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {
+        crate::files::archive_transcript(path, reason)
+    }
+
+    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        crate::files::import_transcript(path, bytes)
+    }
+}
+
+/// A shared store is a store (so `Arc<dyn Transcripts>` goes wherever a store is asked for).
+impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
+    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
+        (**self).append_with(path, entry, session_id)
+    }
+    fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
+        (**self).ensure_created(path, session_id)
+    }
+    fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
+        (**self).leaf(path)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        (**self).exists(path)
+    }
+    fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
+        (**self).read_session(path)
+    }
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        (**self).read_bytes(path, max_bytes)
+    }
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        (**self).read_tail(path, max_bytes)
+    }
+    fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
+        (**self).history(path, opts)
+    }
+    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError> {
+        (**self).find_keyed(path, key)
+    }
+    fn entries_from(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        (**self).entries_from(path, pos, max_bytes)
+    }
+    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        (**self).tail_entries(path, max_bytes)
+    }
+    fn lock(&self, path: &Path) -> Result<Held, StoreError> {
+        (**self).lock(path)
+    }
+    fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError> {
+        (**self).trim(path, max_lines)
+    }
+    fn forget(&self, path: &Path) {
+        (**self).forget(path)
+    }
+    fn close(&self) {
+        (**self).close()
+    }
+    fn index_stamp(&self, path: &Path) -> Option<IndexStamp> {
+        (**self).index_stamp(path)
+    }
+    fn read_index(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+        (**self).read_index(path)
+    }
+    fn write_index(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        (**self).write_index(path, bytes)
+    }
+    fn agents(&self, state_dir: &Path) -> Vec<String> {
+        (**self).agents(state_dir)
+    }
+    fn archive_transcript(&self, path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {
+        (**self).archive_transcript(path, reason)
+    }
+    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        (**self).import_transcript(path, bytes)
+    }
+}
