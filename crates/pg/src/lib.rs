@@ -507,6 +507,19 @@ impl Inner {
             .map(|r| (r.get(0), r.get(1))))
     }
 
+    /// The length of the transcript's JSONL file, without reading its lines out.
+    async fn size(&self, file: &str) -> Result<Option<u64>, PgError> {
+        let c = self.pool.get().await?;
+        let row = c
+            .query_opt(
+                "SELECT octet_length(t.header) + 1 + coalesce((SELECT sum(octet_length(e.line) + 1) FROM entries e \
+                 WHERE e.transcript = t.id), 0)::bigint FROM transcripts t WHERE t.file = $1",
+                &[&file],
+            )
+            .await?;
+        Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+    }
+
     /// The transcript as the bytes of its JSONL file.
     async fn bytes(&self, file: &str) -> Result<Option<Vec<u8>>, PgError> {
         let c = self.pool.get().await?;
@@ -806,6 +819,12 @@ impl Transcripts for PgStore {
     }
 
     fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+        // As the file store checks the file's length first: a transcript too large is not read.
+        let f = self.name(path);
+        let size = self.block(move |inner| async move { inner.size(&f).await }).ok().flatten()?;
+        if size > max_bytes {
+            return None;
+        }
         self.export(path).ok().flatten().filter(|b| b.len() as u64 <= max_bytes)
     }
 

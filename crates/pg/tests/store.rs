@@ -84,6 +84,13 @@ fn an_imported_file_reads_back_byte_for_byte_with_the_same_context_and_history()
     assert!(pg.import_bytes(&file, &bytes).expect("import"));
     assert!(!pg.import_bytes(&file, &bytes).expect("import again"), "an existing transcript is not replaced");
     assert_eq!(pg.export(&file).expect("export").expect("exists"), bytes, "the same bytes");
+    // Bounded reads as the file store gives them: whole when it fits, nothing when it does not.
+    let n = bytes.len() as u64;
+    let files = Store::new(StoreOptions::default());
+    for max in [n, n - 1] {
+        assert_eq!(pg.read_bytes(&file, max), files.read_bytes(&file, max), "read_bytes({max}) of {n} bytes");
+    }
+    assert_eq!(pg.read_bytes(&file, n).as_deref(), Some(&bytes[..]));
     let from_db = pg.read_session(&file).expect("read").expect("exists");
     let from_file = Session::read(&file).expect("read").expect("exists");
     let ctx = |s: &Session| context_report(s, &LeafArg::Default).expect("context").to_value();

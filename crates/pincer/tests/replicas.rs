@@ -195,17 +195,7 @@ async fn a_jsonl_state_dir_moves_into_postgres_and_reads_the_same() {
     assert!(gw.terminate().success());
 
     let url = Postgres::shared().database("import");
-    let import = |expect: Value| {
-        let out = std::process::Command::new(BIN)
-            .args(["store", "import", "--from"])
-            .arg(&files)
-            .args(["--to", &url])
-            .output()
-            .expect("import");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let report: Value = serde_json::from_slice(&out.stdout).expect("json");
-        assert_eq!(report, expect);
-    };
+    let import = |expect: Value| assert_eq!(pincer_testkit::postgres::import(Path::new(BIN), &files, &url), expect);
     import(json!({"transcripts": 1, "skipped": 0, "sessions": 1, "problems": []}));
     import(json!({"transcripts": 0, "skipped": 1, "sessions": 0, "problems": []}));
 
@@ -279,19 +269,20 @@ async fn a_client_on_another_replica_sees_each_turn_live_and_in_order() {
     assert!(!watcher.events.iter().any(|f| f["event"] == "session.message"), "nothing more: {:?}", watcher.events);
 }
 
-/// Waits for the first `delta` of a run.
-async fn first_delta(c: &mut Client, run: &str) {
+/// A client of the replica at `addr` whose `[slow]` turn `run` has streamed its first delta.
+async fn streaming(addr: &str, run: &str) -> Client {
+    let mut c = Client::connect(addr).await;
+    c.request("chat.send", json!({"sessionKey": "main", "message": "[slow] count", "idempotencyKey": run}))
+        .await
+        .expect("send");
     c.event(|f| f["event"] == "chat" && f["payload"]["runId"] == run && f["payload"]["state"] == "delta").await;
+    c
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_abort_on_one_replica_stops_a_run_on_another() {
     let c = cluster(2);
-    let mut a = Client::connect(&c.replicas[0].addr).await;
-    a.request("chat.send", json!({"sessionKey": "main", "message": "[slow] count", "idempotencyKey": "slow-1"}))
-        .await
-        .expect("send");
-    first_delta(&mut a, "slow-1").await;
+    let mut a = streaming(&c.replicas[0].addr, "slow-1").await;
     let mut b = Client::connect(&c.replicas[1].addr).await;
     let started = std::time::Instant::now();
     let r = b.request("chat.abort", json!({"sessionKey": "main", "runId": "slow-1"})).await.expect("abort");
@@ -304,11 +295,7 @@ async fn chat_abort_on_one_replica_stops_a_run_on_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_replicas_turn_is_marked_interrupted_by_a_survivor_and_resumes_once_elsewhere() {
     let mut c = cluster(2);
-    let mut a = Client::connect(&c.replicas[0].addr).await;
-    a.request("chat.send", json!({"sessionKey": "main", "message": "[slow] count", "idempotencyKey": "dead-1"}))
-        .await
-        .expect("send");
-    first_delta(&mut a, "dead-1").await;
+    let _a = streaming(&c.replicas[0].addr, "dead-1").await;
     let mut b = Client::connect(&c.replicas[1].addr).await;
     b.request("chat.history", json!({"sessionKey": "main"})).await.expect("watch the session");
     c.replicas[0].kill9();

@@ -19,7 +19,6 @@
 //! - [`files`]: the typed file operations offered to other crates (state dir, session index,
 //!   token file, archives), over the private `fsutil`.
 //! - [`redact`]: secret redaction before anything is written.
-
 //! - [`backend`]: the store seam, [`Transcripts`], that other crates use (this JSONL store is one
 //!   implementation of it).
 

@@ -185,13 +185,7 @@ async fn main() {
     assert!(replicas == 1 || postgres.is_some(), "--replicas needs --postgres");
     if let Some(pg) = &postgres {
         let url = pg.database("load");
-        let out = std::process::Command::new(&bin)
-            .args(["store", "import", "--from"])
-            .arg(&dir)
-            .args(["--to", &url])
-            .output()
-            .expect("pincer store import");
-        assert!(out.status.success(), "import: {}", String::from_utf8_lossy(&out.stderr));
+        pincer_testkit::postgres::import(std::path::Path::new(&bin), &dir, &url);
         config.push_str(&format!("\n[store]\nbackend = \"postgres\"\nurl = \"{url}\"\n"));
         println!("store: PostgreSQL, {replicas} replica(s)");
     }

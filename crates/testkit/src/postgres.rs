@@ -186,6 +186,19 @@ impl Postgres {
     }
 }
 
+/// `<bin> store import --from <state_dir> --to <url>` (the `pincer` binary at `bin`): asserts it
+/// succeeded and returns its JSON report.
+pub fn import(bin: &Path, state_dir: &Path, url: &str) -> serde_json::Value {
+    let out = Command::new(bin)
+        .args(["store", "import", "--from"])
+        .arg(state_dir)
+        .args(["--to", url])
+        .output()
+        .expect("run pincer store import");
+    assert!(out.status.success(), "pincer store import: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("the import's report is JSON")
+}
+
 impl Drop for Postgres {
     fn drop(&mut self) {
         if self.owned {
