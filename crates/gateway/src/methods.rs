@@ -505,16 +505,17 @@ pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::pat
     (title, count)
 }
 
-/// Transcripts moved aside by `/new`, `sessions.reset` and `sessions.delete` (`<file>.<reason>.<ts>`).
-fn archive_files(gw: &Gateway, agent: &str) -> Vec<(String, String, std::path::PathBuf)> {
+/// Transcripts moved aside by `/new`, `sessions.reset` and `sessions.delete` (`<file>.<reason>.<ts>`),
+/// newest first, with when each was archived (ms), from whichever store holds them.
+fn archive_files(gw: &Gateway, agent: &str) -> Vec<(String, String, std::path::PathBuf, Option<u64>)> {
     let dir = gw.sessions.sessions_dir(agent);
     let mut out = Vec::new();
-    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
+    for (path, modified) in gw.store.set_aside(&dir) {
+        let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else { continue };
         let Some((_, rest)) = name.split_once(".jsonl.") else { continue };
         let Some((reason, stamp)) = rest.split_once('.') else { continue };
         if matches!(reason, "reset" | "deleted" | "new") && !stamp.is_empty() {
-            out.push((name.clone(), reason.to_owned(), e.path()));
+            out.push((name.clone(), reason.to_owned(), path, modified));
         }
     }
     out.sort_by(|a, b| b.0.cmp(&a.0));
@@ -537,18 +538,13 @@ fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         return Err(RpcError::invalid(format!("unknown agent id {agent:?}")));
     }
     let mut rows = Vec::new();
-    for (file, reason, path) in archive_files(gw, agent).into_iter().take(200) {
+    for (file, reason, path, modified) in archive_files(gw, agent).into_iter().take(200) {
         let h = gw
             .store
             .history(&path, pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200 })
             .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
         let count = h.messages.iter().filter(|m| matches!(m["role"].as_str(), Some("user" | "assistant"))).count();
         let title = h.messages.iter().find(|m| m["role"] == "user").map(crate::tree::display_text).unwrap_or_default();
-        let modified = std::fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_millis() as u64);
         rows.push(
             json!({"file": file, "reason": reason, "archivedAt": modified, "title": title, "messageCount": count}),
         );
@@ -569,7 +565,7 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
             return Err(RpcError::invalid(format!("unknown agent id {agent:?}")));
         }
         // Only a name the listing gives: never a path of the client's choosing.
-        let Some((_, _, path)) = archive_files(&gw2, &agent).into_iter().find(|(n, _, _)| *n == file) else {
+        let Some((_, _, path, _)) = archive_files(&gw2, &agent).into_iter().find(|(n, ..)| *n == file) else {
             return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
         };
         let h = gw2

@@ -2,7 +2,8 @@
 //! `limit`; `scope.archived`) and result shape (`{results: [{sessionKey, sessionId, messageId,
 //! role, timestamp, snippet, score}], truncated, indexing?}`), plus Pincer's `entryId` (the same id as
 //! `messageId`, the name the WebChat and the CLI use), `title` and `archived` on each hit and
-//! `includeArchived`. The full-text index is `pincer_search`'s; this module joins its hits to
+//! `includeArchived`. The full-text index is `pincer_search`'s (SQLite beside a JSONL state dir) or
+//! the PostgreSQL store's (`pincer_pg::search`); this module joins their hits to
 //! the session index (keys, titles, archived sessions), the one place `pincer sessions search`
 //! and the RPC share.
 
@@ -37,8 +38,32 @@ pub struct SearchParams {
     pub scope: Option<Value>,
 }
 
+/// Where hits come from: the SQLite index of a state directory (the JSONL store) or the PostgreSQL
+/// store's own search (rows written with each append, seen by every replica).
+#[derive(Clone, Copy)]
+pub enum Engine<'a> {
+    Sqlite(&'a pincer_search::Index),
+    Postgres(&'a pincer_pg::PgStore),
+}
+
+impl Engine<'_> {
+    fn hits(&self, query: &str, files: &[String], limit: usize) -> Result<Vec<pincer_search::Hit>, String> {
+        match self {
+            Engine::Sqlite(i) => i.search(query, Some(files), limit).map_err(|e| e.to_string()),
+            Engine::Postgres(pg) => pg.search(query, Some(files), limit).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn title(&self, file: &str) -> Option<String> {
+        match self {
+            Engine::Sqlite(i) => i.title(file).ok().flatten(),
+            Engine::Postgres(pg) => pg.search_title(file).ok().flatten(),
+        }
+    }
+}
+
 /// Runs a search over `index` and describes each hit with its session.
-pub fn search(sessions: &Sessions, index: &pincer_search::Index, p: &SearchParams) -> Result<Value, RpcError> {
+pub fn search(sessions: &Sessions, index: Engine<'_>, p: &SearchParams) -> Result<Value, RpcError> {
     let query = p.query.trim();
     if query.is_empty() {
         return Err(RpcError::invalid("query must not be empty"));
@@ -68,13 +93,13 @@ pub fn search(sessions: &Sessions, index: &pincer_search::Index, p: &SearchParam
         by_file.insert(format!("agents/{}/sessions/{name}", s.agent_id), s);
     }
     let files: Vec<String> = by_file.keys().cloned().collect();
-    let hits = index.search(query, Some(&files), limit + 1).map_err(|e| RpcError::invalid(e.to_string()))?;
+    let hits = index.hits(query, &files, limit + 1).map_err(RpcError::invalid)?;
     let truncated = hits.len() > limit;
     let mut results = Vec::new();
     for h in hits.into_iter().take(limit) {
         let Some(s) = by_file.get(&h.file) else { continue };
         let label = s.entry.get("label").and_then(Value::as_str).filter(|l| !l.trim().is_empty()).map(str::to_owned);
-        let title = label.or(index.title(&h.file).ok().flatten());
+        let title = label.or_else(|| index.title(&h.file));
         results.push(json!({
             "sessionKey": s.key, "sessionId": s.session_id, "messageId": h.entry_id, "entryId": h.entry_id,
             "role": h.role, "timestamp": h.timestamp.max(0), "snippet": h.snippet, "score": h.score,
@@ -88,6 +113,10 @@ pub fn search(sessions: &Sessions, index: &pincer_search::Index, p: &SearchParam
 pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let p: SearchParams = crate::protocol::params(Method::SessionsSearch, params)?;
     gw.blocking(move |gw| {
+        if let Some(pg) = &gw.pg {
+            // Indexed in the transaction of each append: nothing to wait for, on any replica.
+            return search(&gw.sessions, Engine::Postgres(pg), &p);
+        }
         let Some(indexer) = gw.indexer.as_ref() else {
             return Err(RpcError::unavailable("the search index could not be opened; see the gateway's log"));
         };
@@ -101,7 +130,7 @@ pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
             );
         }
         let index = reader.as_ref().ok_or_else(|| RpcError::unavailable("search index not open"))?;
-        let mut found = search(&gw.sessions, index, &p)?;
+        let mut found = search(&gw.sessions, Engine::Sqlite(index), &p)?;
         if indexing {
             found["indexing"] = json!(true);
         }

@@ -234,10 +234,21 @@ pub struct Gateway {
 
 /// The store the settings name, for one-off commands (`pincer transcript export --session`).
 pub fn open_transcripts(settings: &Settings) -> Result<Arc<dyn Transcripts>, GatewayError> {
+    Ok(open_configured(settings)?.0)
+}
+
+/// [`open_transcripts`], with the PostgreSQL store itself when it is the one configured (for
+/// `pincer sessions search --config`).
+pub fn open_configured(
+    settings: &Settings,
+) -> Result<(Arc<dyn Transcripts>, Option<pincer_pg::PgStore>), GatewayError> {
     let redactor = settings.redactor().map_err(GatewayError::Config)?;
     match &settings.store {
-        StoreSettings::Jsonl => Ok(Arc::new(Store::new(StoreOptions { redactor, ..StoreOptions::default() }))),
-        StoreSettings::Postgres { .. } => Ok(open_store(settings, &redactor)?.0),
+        StoreSettings::Jsonl => Ok((Arc::new(Store::new(StoreOptions { redactor, ..StoreOptions::default() })), None)),
+        StoreSettings::Postgres { .. } => {
+            let (store, pg, _) = open_store(settings, &redactor)?;
+            Ok((store, pg))
+        }
     }
 }
 
@@ -286,8 +297,7 @@ fn open_store(settings: &Settings, redactor: &Arc<dyn Redactor>) -> Result<Opene
             })
             .map_err(|e| GatewayError::Config(format!("the PostgreSQL store: {e}")))?;
             tracing::info!(
-                "store: PostgreSQL at {} (replica {replica_id}, up to {pool_size} connections); search is off on \
-                 this store",
+                "store: PostgreSQL at {} (replica {replica_id}, up to {pool_size} connections)",
                 pincer_pg::redact_url(url)
             );
             Ok((Arc::new(pg.clone()), Some(pg), None))

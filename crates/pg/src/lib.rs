@@ -16,6 +16,7 @@
 //!     `sessions.json`, its stamp a version per agent.
 //! - [`watch`]: `LISTEN` for appends of other replicas and run control, with reconnects.
 //! - [`runs`]: the runs of every replica (heartbeats, cross-replica abort, takeover of a dead one's).
+//! - [`search`]: full-text search of the messages, indexed in the appending transaction.
 //!
 //! Names: transcripts keep the names the JSONL layout gives them, relative to the state directory
 //! (`agents/<agent>/sessions/<sessionId>.jsonl`), so callers pass paths either way.
@@ -25,6 +26,7 @@
 
 pub mod runs;
 pub mod schema;
+pub mod search;
 pub mod watch;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Timeouts};
@@ -240,6 +242,15 @@ impl PgStore {
                 Ok(applied)
             })
             .map_err(|e| PgError::Other(format!("{where_}: {e}")))?;
+        // Transcripts written before search existed are indexed in the background.
+        let this = store.clone();
+        store.handle.spawn(async move {
+            match this.index_backlog().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!("search: indexed the messages of {n} transcripts written before it existed"),
+                Err(e) => tracing::warn!("search: cannot index older transcripts: {e}"),
+            }
+        });
         Ok(store)
     }
 
@@ -486,10 +497,11 @@ impl Inner {
         tx.execute(
             "WITH ins AS (INSERT INTO entries (transcript, seq, id, parent_id, type, idempotency_key, line) \
              VALUES ($1, $2, $3, $4, $5, $6, $7)) \
-             UPDATE transcripts SET leaf = $8, last_seq = $2, updated_at = now() WHERE id = $1",
+             UPDATE transcripts SET leaf = $8, last_seq = $2, indexed_seq = $2, updated_at = now() WHERE id = $1",
             &[&row.id, &seq, &r.id, &parent, &entry.kind, &entry.idempotency_key(), &line, &r.leaf],
         )
         .await?;
+        search::index_line(&tx, row.id, seq, &line).await?;
         tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &format!("{file}:{seq}")]).await?;
         // Known as ours before the commit makes it visible to this process's watcher.
         pincer_pi::lock(&self.own).insert(file, seq);
@@ -650,8 +662,8 @@ impl Inner {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(file)]).await?;
         let inserted = tx
             .query_opt(
-                "INSERT INTO transcripts (file, session_id, header, leaf, last_seq) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (file) DO NOTHING RETURNING id",
+                "INSERT INTO transcripts (file, session_id, header, leaf, last_seq, indexed_seq) \
+                 VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (file) DO NOTHING RETURNING id",
                 &[&file, &session_id, &header_line, &leaf, &(lines.len() as i64)],
             )
             .await?;
@@ -669,9 +681,83 @@ impl Inner {
             let key = v.as_ref().and_then(key_of).filter(|k| last_with_key.get(*k) == Some(&i)).map(str::to_owned);
             let ty = get("type").unwrap_or_else(|| "?".into());
             tx.execute(&stmt, &[&id, &(i as i64 + 1), &get("id"), &get("parentId"), &ty, &key, &text]).await?;
+            search::index_line(&tx, id, i as i64 + 1, text).await?;
         }
         tx.commit().await?;
         Ok(true)
+    }
+
+    /// `sessions.compact {maxLines}`: the transcript keeps its header and last lines by the file
+    /// store's rule ([`pincer_store::trim::trim_lines`]), in one transaction under its lock; the
+    /// whole old transcript is kept as the archived transcript `backup`. Kept entries keep their
+    /// seq (what other replicas have seen stays seen), re-rooted ones get their new line.
+    /// Returns (trimmed, lines it has now).
+    async fn trim(&self, file: &str, backup: &str, max_lines: usize) -> Result<(bool, usize), PgError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        let Some(row) = self.lock_row(&tx, file, None, false).await? else {
+            return Err(PgError::Store(StoreError::Io {
+                path: file.to_owned(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such transcript"),
+            }));
+        };
+        let header: String = tx.query_one("SELECT header FROM transcripts WHERE id = $1", &[&row.id]).await?.get(0);
+        let rows = tx.query("SELECT seq, line FROM entries WHERE transcript = $1 ORDER BY seq", &[&row.id]).await?;
+        let entries: Vec<(i64, &str)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let mut lines: Vec<&[u8]> = vec![header.as_bytes()];
+        lines.extend(entries.iter().map(|(_, l)| l.as_bytes()));
+        let kept = match pincer_store::trim::trim_lines(&lines, max_lines) {
+            Err(n) => {
+                tx.commit().await?;
+                return Ok((false, n));
+            }
+            Ok(k) => k,
+        };
+        // The whole old transcript, archived under the backup's name (as the file store's .bak).
+        let copy: i64 = tx
+            .query_one(
+                "INSERT INTO transcripts (file, session_id, header, leaf, last_seq, indexed_seq) \
+                 SELECT $2, session_id, header, leaf, last_seq, last_seq FROM transcripts WHERE id = $1 RETURNING id",
+                &[&row.id, &backup],
+            )
+            .await?
+            .get(0);
+        tx.execute(
+            "INSERT INTO entries (transcript, seq, id, parent_id, type, idempotency_key, created_at, line) \
+             SELECT $2, seq, id, parent_id, type, idempotency_key, created_at, line FROM entries WHERE transcript = $1",
+            &[&row.id, &copy],
+        )
+        .await?;
+        let mut keep_seqs: Vec<i64> = Vec::new();
+        let mut content = Vec::new();
+        for k in &kept {
+            let line: &[u8] = match &k.changed {
+                Some(b) => b,
+                None => lines[k.index],
+            };
+            content.extend_from_slice(line);
+            content.push(b'\n');
+            let Some((seq, _)) = k.index.checked_sub(1).and_then(|i| entries.get(i)) else { continue };
+            keep_seqs.push(*seq);
+            if let Some(changed) = &k.changed {
+                let text = std::str::from_utf8(changed).map_err(|e| PgError::Other(e.to_string()))?;
+                let parent = serde_json::from_slice::<Value>(changed)
+                    .ok()
+                    .and_then(|v| v.get("parentId").and_then(Value::as_str).map(str::to_owned));
+                tx.execute(
+                    "UPDATE entries SET line = $3, parent_id = $4 WHERE transcript = $1 AND seq = $2",
+                    &[&row.id, seq, &text, &parent],
+                )
+                .await?;
+            }
+        }
+        tx.execute("DELETE FROM entries WHERE transcript = $1 AND seq <> ALL($2)", &[&row.id, &keep_seqs]).await?;
+        tx.execute("DELETE FROM search_messages WHERE transcript = $1 AND seq <> ALL($2)", &[&row.id, &keep_seqs])
+            .await?;
+        let leaf = Session::parse(content).leaf_id().map(str::to_owned);
+        tx.execute("UPDATE transcripts SET leaf = $2, updated_at = now() WHERE id = $1", &[&row.id, &leaf]).await?;
+        tx.commit().await?;
+        Ok((true, kept.len()))
     }
 
     async fn write_index(&self, agent: &str, bytes: &[u8]) -> Result<(), PgError> {
@@ -899,12 +985,14 @@ impl Transcripts for PgStore {
         Ok(Box::new(PgLock { inner: self.inner.clone(), handle: self.handle.clone(), name, conn: Some(conn) }))
     }
 
-    fn trim(&self, path: &Path, _max_lines: usize) -> Result<Trimmed, StoreError> {
-        Err(StoreError::InvalidEntry(format!(
-            "{}: sessions.compact {{maxLines}} keeps the last lines of a file; the PostgreSQL store has no file to \
-             cut (use sessions.compact without maxLines: a model compaction)",
-            self.name(path)
-        )))
+    fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError> {
+        let file = self.name(path);
+        let backup = pincer_store::files::archive_path(path, "bak");
+        let (f, b) = (file.clone(), self.name(&backup));
+        let r = self
+            .block(move |inner| async move { inner.trim(&f, &b, max_lines).await })
+            .map_err(|e| e.into_store(&file))?;
+        Ok(Trimmed { compacted: r.0, kept: r.1, backup: r.0.then_some(backup) })
     }
 
     fn forget(&self, _path: &Path) {}
@@ -975,6 +1063,29 @@ impl Transcripts for PgStore {
             })
             .map_err(io)?;
         Ok((moved > 0).then_some(target))
+    }
+
+    fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)> {
+        let prefix = format!("{}/", self.name(dir).trim_end_matches('/'));
+        let found = self.block(move |inner| async move {
+            let c = inner.pool.get().await?;
+            let rows = c
+                .query(
+                    "SELECT file, (extract(epoch FROM updated_at) * 1000)::bigint FROM transcripts \
+                     WHERE left(file, length($1)) = $1 AND strpos(substr(file, length($1) + 1), '/') = 0 \
+                     AND strpos(file, '.jsonl.') > 0",
+                    &[&prefix],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1))).collect::<Vec<_>>())
+        });
+        match found {
+            Ok(rows) => rows.into_iter().map(|(f, ms)| (self.path(&f), u64::try_from(ms).ok())).collect(),
+            Err(e) => {
+                tracing::warn!("cannot list archived transcripts: {e}");
+                Vec::new()
+            }
+        }
     }
 
     fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -5,7 +5,10 @@
 use tokio_postgres::Client;
 
 /// Version, name, SQL. Append only: an applied migration is never edited.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "init", include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "init", include_str!("../migrations/0001_init.sql")),
+    (2, "search", include_str!("../migrations/0002_search.sql")),
+];
 
 /// Key of the advisory lock held while migrating.
 const MIGRATION_LOCK: i64 = 0x7069_6e63_6572_0001;

@@ -1,6 +1,8 @@
 //! `pincer sessions search` and `pincer sessions reindex`: the full-text index of a state
 //! directory (`pincer_search`), brought up to date with the transcripts before each search (only
-//! what was appended since is read), and rebuilt from them on request.
+//! what was appended since is read), and rebuilt from them on request. With `--config` naming
+//! the PostgreSQL store, the search runs over the database (always up to date: there is nothing
+//! to reindex).
 
 use crate::Failure;
 use clap::Args;
@@ -24,6 +26,9 @@ pub struct SearchArgs {
     /// Only this agent's sessions.
     #[arg(long)]
     agent: Option<String>,
+    /// pincer.toml naming the store to search (its `[store]`: the JSONL state dir, or PostgreSQL).
+    #[arg(long)]
+    config: Option<PathBuf>,
     #[command(flatten)]
     output: crate::table::OutputArgs,
 }
@@ -43,13 +48,7 @@ fn open(dir: &std::path::Path) -> Result<pincer_search::Index, Failure> {
 }
 
 pub fn search(args: SearchArgs) -> Result<u8, Failure> {
-    let dir = args.state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
-    let mut index = open(&dir)?;
-    index.sync_all().map_err(|e| Failure::failed(e.to_string()))?;
-    let sessions = pincer_gateway::sessions::Sessions::new(
-        &dir,
-        std::sync::Arc::new(pincer_store::Store::new(Default::default())),
-    );
+    use pincer_gateway::search::Engine;
     let params = SearchParams {
         query: args.query,
         agent_id: args.agent,
@@ -57,7 +56,36 @@ pub fn search(args: SearchArgs) -> Result<u8, Failure> {
         include_archived: Some(args.archived),
         ..SearchParams::default()
     };
-    let found = pincer_gateway::search::search(&sessions, &index, &params).map_err(|e| Failure::usage(e.message))?;
+    let (dir, store, pg) = match args.config {
+        None => {
+            let dir = args.state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
+            let store: std::sync::Arc<dyn pincer_store::Transcripts> =
+                std::sync::Arc::new(pincer_store::Store::new(Default::default()));
+            (dir, store, None)
+        }
+        Some(config) => {
+            let settings = pincer_gateway::config::load(&pincer_gateway::config::Overrides {
+                offline: true,
+                bind: None,
+                state_dir: args.state_dir,
+                config: Some(config),
+            })
+            .map_err(|e| Failure::usage(e.to_string()))?;
+            let (store, pg) =
+                pincer_gateway::state::open_configured(&settings).map_err(|e| Failure::failed(e.to_string()))?;
+            (settings.state_dir, store, pg)
+        }
+    };
+    let sessions = pincer_gateway::sessions::Sessions::new(&dir, store);
+    let found = match &pg {
+        Some(pg) => pincer_gateway::search::search(&sessions, Engine::Postgres(pg), &params),
+        None => {
+            let mut index = open(&dir)?;
+            index.sync_all().map_err(|e| Failure::failed(e.to_string()))?;
+            pincer_gateway::search::search(&sessions, Engine::Sqlite(&index), &params)
+        }
+    }
+    .map_err(|e| Failure::usage(e.message))?;
     let hits = found["results"].as_array().cloned().unwrap_or_default();
     if args.output.json() {
         let rows: Vec<Value> = hits

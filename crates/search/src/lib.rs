@@ -9,17 +9,17 @@
 //! path), at start-up over every file ([`Index::sync_all`]: what a crash left out is indexed
 //! then), or from scratch ([`Index::rebuild`], `pincer sessions reindex`).
 //!
-//! Queries ([`fts_query`]) are words (all must match, diacritics ignored), `"quoted phrases"`, and
+//! Queries ([`fts_query`], from [`text::parse_query`]: the same language as the PostgreSQL store's
+//! search) are words (all must match, diacritics ignored), `"quoted phrases"`, and
 //! `prefix*` on a word or a phrase; nothing a user types can reach FTS5's own syntax.
 
 mod indexer;
+pub mod text;
 
 pub use indexer::Indexer;
+pub use text::{parse_query, Term};
 
 use rusqlite::{params, Connection, OptionalExtension};
-use serde::Deserialize;
-use serde_json::value::RawValue;
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// Files indexed in one transaction by [`Index::sync_all`].
@@ -98,37 +98,6 @@ pub struct Synced {
     pub messages: usize,
 }
 
-#[derive(Deserialize)]
-struct LineHead<'a> {
-    #[serde(rename = "type")]
-    ty: Option<std::borrow::Cow<'a, str>>,
-    id: Option<String>,
-    #[serde(borrow)]
-    message: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Message {
-    role: Option<String>,
-    content: Option<Value>,
-    timestamp: Option<Value>,
-}
-
-/// The text a message is found by: its text blocks, for user and assistant messages.
-fn message_text(raw: &RawValue) -> Option<(String, String, i64)> {
-    let m: Message = serde_json::from_str(raw.get()).ok()?;
-    let role = m.role?;
-    if role != "user" && role != "assistant" {
-        return None;
-    }
-    let text = pincer_pi::text_blocks(m.content.as_ref()).join("\n");
-    if text.trim().is_empty() {
-        return None;
-    }
-    let ts = pincer_store::ids::js_date_ms(m.timestamp.as_ref()).unwrap_or(0);
-    Some((role, text, ts))
-}
-
 /// `path` relative to the state directory, when it is a transcript of it.
 fn relative(state_dir: &Path, path: &Path) -> Option<String> {
     let rel = path.strip_prefix(state_dir).ok()?;
@@ -191,16 +160,11 @@ fn index_file(tx: &Connection, path: &Path, rel: &str) -> Result<usize> {
         let mut insert =
             tx.prepare_cached("INSERT INTO messages(rowid, text, entry, role, ts) VALUES (?1, ?2, ?3, ?4, ?5)")?;
         for line in lines.bytes.split(|&b| b == b'\n') {
-            let Ok(head) = serde_json::from_slice::<LineHead<'_>>(line) else { continue };
-            if head.ty.as_deref() != Some("message") {
-                continue;
+            let Some(found) = text::line_message(line) else { continue };
+            if title.is_none() && found.role == "user" {
+                title = Some(text::title_of(&found.text));
             }
-            let (Some(entry), Some(raw)) = (head.id, head.message) else { continue };
-            let Some((role, text, ts)) = message_text(raw) else { continue };
-            if title.is_none() && role == "user" {
-                title = Some(pincer_pi::one_line(&text, pincer_pi::HEADLINE_CHARS));
-            }
-            insert.execute(params![(id << SEQ_BITS) | seq, text, entry, role, ts])?;
+            insert.execute(params![(id << SEQ_BITS) | seq, found.text, found.entry_id, found.role, found.timestamp])?;
             seq += 1;
             added += 1;
         }
@@ -396,44 +360,21 @@ fn drop_rows(tx: &Connection, file_id: i64) -> Result<()> {
     Ok(())
 }
 
-/// A user's query as an FTS5 query: every word and `"phrase"` must match (each quoted, so no
-/// FTS5 operator or column filter can be typed), `word*` and `"a phrase"*` match prefixes.
-/// `None` when nothing searchable is left.
+/// A user's query as an FTS5 query: every word and `"phrase"` of [`parse_query`] must match (each
+/// quoted, so no FTS5 operator or column filter can be typed), `word*` and `"a phrase"*` match
+/// prefixes. `None` when nothing searchable is left.
 pub fn fts_query(input: &str) -> Option<String> {
-    let mut terms: Vec<String> = Vec::new();
-    let mut chars = input.chars().peekable();
-    let push = |terms: &mut Vec<String>, text: &str, prefix: bool| {
-        if text.chars().any(char::is_alphanumeric) {
-            let quoted = format!("\"{}\"", text.replace('"', "\"\""));
-            terms.push(if prefix { format!("{quoted}*") } else { quoted });
-        }
-    };
-    while let Some(&c) = chars.peek() {
-        if c.is_whitespace() {
-            chars.next();
-            continue;
-        }
-        if c == '"' {
-            chars.next();
-            let phrase: String = chars.by_ref().take_while(|&c| c != '"').collect();
-            let prefix = chars.peek() == Some(&'*');
-            if prefix {
-                chars.next();
+    let terms: Vec<String> = parse_query(input)
+        .iter()
+        .map(|t| {
+            let quoted = format!("\"{}\"", t.text.replace('"', "\"\""));
+            if t.prefix {
+                format!("{quoted}*")
+            } else {
+                quoted
             }
-            push(&mut terms, phrase.trim(), prefix);
-            continue;
-        }
-        let mut word = String::new();
-        while let Some(&c) = chars.peek() {
-            if c.is_whitespace() || c == '"' {
-                break;
-            }
-            word.push(c);
-            chars.next();
-        }
-        let prefix = word.ends_with('*');
-        push(&mut terms, word.trim_end_matches('*'), prefix);
-    }
+        })
+        .collect();
     (!terms.is_empty()).then(|| terms.join(" "))
 }
 

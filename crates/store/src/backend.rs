@@ -99,6 +99,10 @@ pub trait Transcripts: Send + Sync {
 
     /// Stores an imported transcript (`bytes`: a whole Pi v3 file) at `path`, which must not exist.
     fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+
+    /// The transcripts moved aside in the sessions directory `dir` (names `<file>.jsonl.<suffix>`:
+    /// archived, trimmed backups, …), each with when it was last written (ms since the epoch).
+    fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)>;
 }
 
 impl Transcripts for Store {
@@ -209,6 +213,23 @@ impl Transcripts for Store {
     fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         crate::files::import_transcript(path, bytes)
     }
+
+    fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if !e.file_name().to_string_lossy().contains(".jsonl.") || !e.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            let modified = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as u64);
+            out.push((e.path(), modified));
+        }
+        out
+    }
 }
 
 /// A shared store is a store (so `Arc<dyn Transcripts>` goes wherever a store is asked for).
@@ -275,5 +296,8 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     }
     fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         (**self).import_transcript(path, bytes)
+    }
+    fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)> {
+        (**self).set_aside(dir)
     }
 }

@@ -48,6 +48,24 @@ pub(crate) fn trim(
 /// valid header to keep).
 fn trimmed(data: &[u8], max_lines: usize) -> Result<Vec<Vec<u8>>, usize> {
     let lines: Vec<&[u8]> = data.split(|b| *b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)).collect();
+    let kept = trim_lines(&lines, max_lines)?;
+    Ok(kept.into_iter().map(|k| k.changed.unwrap_or_else(|| lines[k.index].to_vec())).collect())
+}
+
+/// One line a trim keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// Its index in the lines trimmed (0: the header).
+    pub index: usize,
+    /// Its new bytes when a link into the cut was re-rooted (`None`: kept as it was).
+    pub changed: Option<Vec<u8>>,
+}
+
+/// The trim of a transcript's non-blank `lines` (the header first) to `max_lines` (at least 1):
+/// the lines kept, in order, or `Err(lines it has)` when there is nothing to trim (or no valid
+/// header to keep). The one rule for every store (files here, rows in `pincer-pg`).
+pub fn trim_lines(lines: &[&[u8]], max_lines: usize) -> Result<Vec<Kept>, usize> {
+    let max_lines = max_lines.max(1);
     if lines.len() <= max_lines {
         return Err(lines.len());
     }
@@ -55,13 +73,14 @@ fn trimmed(data: &[u8], max_lines: usize) -> Result<Vec<Vec<u8>>, usize> {
     if !header.is_some_and(|h| h.get("type").and_then(Value::as_str) == Some("session") && h["id"].is_string()) {
         return Err(0);
     }
-    let tail = &lines[lines.len() - (max_lines - 1)..];
-    let mut out = vec![lines[0].to_vec()];
+    let first_kept = lines.len() - (max_lines - 1);
+    let tail = &lines[first_kept..];
+    let mut out = vec![Kept { index: 0, changed: None }];
     let mut retained: HashSet<String> = HashSet::new();
     // `leaf` entries with an unusable target pass their own parent on (OpenClaw's "transparent" ones).
     let mut transparent: HashMap<String, Value> = HashMap::new();
     let mut parents: HashMap<String, Option<String>> = HashMap::new();
-    for line in tail {
+    for (index, line) in tail.iter().enumerate().map(|(i, l)| (first_kept + i, l)) {
         let Ok(mut record) = serde_json::from_slice::<Map<String, Value>>(line) else { continue };
         let original = record.clone();
         let mut parent = record.get("parentId").cloned().unwrap_or(Value::Null);
@@ -115,10 +134,8 @@ fn trimmed(data: &[u8], max_lines: usize) -> Result<Vec<Vec<u8>>, usize> {
             parents.insert(id.clone(), parent.as_str().map(str::to_owned));
             retained.insert(id);
         }
-        match record == original {
-            true => out.push(line.to_vec()),
-            false => out.push(serde_json::to_vec(&record).unwrap_or_else(|_| line.to_vec())),
-        }
+        let changed = (record != original).then(|| serde_json::to_vec(&record).ok()).flatten();
+        out.push(Kept { index, changed });
     }
     Ok(out)
 }
