@@ -310,6 +310,7 @@ impl Gateway {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
         crate::logs::set_redactor(redactor.clone());
         let (store, pg, indexer) = open_store(&settings, &redactor)?;
+        let conversations = Arc::new(crate::openai::index::ConversationIndex::new(store.clone()));
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         Ok(Gateway {
             sessions: Sessions::new(&settings.state_dir, store.clone()),
@@ -319,7 +320,7 @@ impl Gateway {
             queue: SessionQueue::new(),
             tools,
             redactor,
-            conversations: Arc::default(),
+            conversations,
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             stopping_runs: CancellationToken::new(),

@@ -1,4 +1,5 @@
--- Pincer's PostgreSQL store, version 2: full-text search over the messages of every transcript.
+-- Pincer's PostgreSQL store, version 2: full-text search over the messages of every transcript,
+-- and transcripts by the time they last changed.
 --
 -- One row per user or assistant message with text (the rule is pincer_search::text::line_message),
 -- written in the transaction that appends (or imports) its entry, so a search on any replica finds
@@ -21,3 +22,6 @@ CREATE INDEX search_messages_words ON search_messages USING GIN (words);
 -- The last seq whose message (if any) is in search_messages: transcripts of a database written
 -- before this version are indexed on start, from there.
 ALTER TABLE transcripts ADD COLUMN indexed_seq BIGINT NOT NULL DEFAULT 0;
+
+-- Transcripts changed since a moment (the OpenAI endpoint's index learns other replicas' appends).
+CREATE INDEX transcripts_updated_at ON transcripts (updated_at);

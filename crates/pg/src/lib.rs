@@ -338,6 +338,27 @@ impl PgStore {
         .await
     }
 
+    /// The live transcripts changed since `since` (µs since the epoch, the database's clock;
+    /// `None`: none are listed), as (path, [`Transcripts::end`]), and the database's time now.
+    pub fn changed_since(&self, since: Option<i64>) -> Result<(Vec<(PathBuf, u64)>, i64), PgError> {
+        let rows = self.block(move |inner| async move {
+            let c = inner.pool.get().await?;
+            let now: i64 =
+                c.query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint", &[]).await?.get(0);
+            let Some(since) = since else { return Ok((Vec::new(), now)) };
+            let rows = c
+                .query(
+                    "SELECT file, last_seq + 1 FROM transcripts \
+                     WHERE updated_at >= to_timestamp($1::bigint / 1000000.0) AND file LIKE '%.jsonl'",
+                    &[&since],
+                )
+                .await?;
+            Ok((rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1))).collect::<Vec<_>>(), now))
+        })?;
+        let (rows, now) = rows;
+        Ok((rows.into_iter().map(|(f, end)| (self.path(&f), end as u64)).collect(), now))
+    }
+
     /// Takes the cross-replica turn lock of a session key if it is free (`None`: a run of another
     /// replica holds it). Turn locks are held on one connection of their own, shared by every run
     /// of this process (a run holds its lock for the whole turn: from the pool, the runs would
@@ -898,6 +919,18 @@ impl Transcripts for PgStore {
             Ok(c.query_opt("SELECT 1 FROM transcripts WHERE file = $1", &[&f]).await?.is_some())
         })
         .unwrap_or(false)
+    }
+
+    fn end(&self, path: &Path) -> Option<u64> {
+        // Positions are seqs (entries_from includes its own): the next entry's seq.
+        let f = self.name(path);
+        self.block(move |inner| async move {
+            let c = inner.pool.get().await?;
+            let row = c.query_opt("SELECT last_seq FROM transcripts WHERE file = $1", &[&f]).await?;
+            Ok(row.map(|r| r.get::<_, i64>(0) as u64 + 1))
+        })
+        .ok()
+        .flatten()
     }
 
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {

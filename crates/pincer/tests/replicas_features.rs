@@ -306,3 +306,56 @@ async fn archives_set_aside_through_one_replica_are_listed_and_read_on_another()
     assert!(e["message"].as_str().is_some_and(|m| m.contains("unknown agent")), "{e}");
     assert!(Path::new(&c.dir.path().join("r1")).exists());
 }
+
+/// `POST /v1/chat/completions` with `messages`: the reply's text and the session it went to.
+async fn complete(addr: &str, messages: &Value) -> (String, String) {
+    pincer_agent::install_crypto_provider(); // reqwest is built without one (see the workspace Cargo.toml)
+    let resp = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {}", pincer_testkit::gateway::TOKEN))
+        .json(&json!({"model": "pincer", "messages": messages}))
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    let session = resp.headers().get("x-pincer-session-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body: Value = serde_json::from_str(&resp.text().await.expect("body")).expect("json");
+    assert_eq!(status, 200, "{body}");
+    let text = body["choices"][0]["message"]["content"].as_str().unwrap_or_else(|| panic!("{body}")).to_owned();
+    (text, session.expect("the session is named"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_endpoint_continues_a_history_resent_alternately_to_two_replicas_as_one_session() {
+    let c = cluster(2, "[gateway.openai_api]\nenabled = true");
+    let (a, b) = (c.replicas[0].addr.clone(), c.replicas[1].addr.clone());
+    // Both replicas build their index before the conversation exists: each must learn the
+    // other's appends (and the session A begins) from the database.
+    let (_, other_b) = complete(&b, &json!([{"role": "user", "content": "unrelated on b"}])).await;
+    let (_, other_a) = complete(&a, &json!([{"role": "user", "content": "unrelated on a"}])).await;
+    let mut history: Vec<Value> = Vec::new();
+    let mut session: Option<String> = None;
+    for i in 0..6 {
+        let said = format!("step {i} of the plan");
+        history.push(json!({"role": "user", "content": said}));
+        let to = if i % 2 == 0 { &a } else { &b };
+        let (text, key) = complete(to, &json!(history)).await;
+        assert_eq!(text, format!("Fake reply: you said \"{said}\""));
+        assert_eq!(&key, session.get_or_insert_with(|| key.clone()), "turn {i} through {to}");
+        history.push(json!({"role": "assistant", "content": text}));
+    }
+    let session = session.expect("a session");
+    assert!(session != other_a && session != other_b && other_a != other_b);
+    // One session, each turn once, one chain.
+    let s = Session::parse(c.export(&session));
+    let rows: Vec<Value> = (0..s.entries.len()).map(|i| s.value(i).expect("entry")).collect();
+    let texts: Vec<String> = rows.iter().map(|r| pincer_testkit::probe::message_text(&r["message"])).collect();
+    let want: Vec<String> = history.iter().map(|m| m["content"].as_str().expect("text").to_owned()).collect();
+    assert_eq!(texts, want);
+    for (i, row) in rows.iter().enumerate() {
+        let parent = if i == 0 { Value::Null } else { rows[i - 1]["id"].clone() };
+        assert_eq!(row["parentId"], parent, "entry {i} chains to the one before it");
+    }
+    let sessions = c.sql("SELECT count(*) FROM sessions WHERE key LIKE 'agent:main:openai:%'");
+    assert_eq!(sessions, "3", "the conversation and the two unrelated ones");
+}

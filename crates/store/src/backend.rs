@@ -46,6 +46,10 @@ pub trait Transcripts: Send + Sync {
     /// Whether the transcript exists.
     fn exists(&self, path: &Path) -> bool;
 
+    /// The position after the transcript's last entry (`None`: it does not exist): where
+    /// [`Transcripts::entries_from`] finds the next entry appended; it grows with every append.
+    fn end(&self, path: &Path) -> Option<u64>;
+
     /// The whole transcript, read and indexed as Pi reads it (`None`: it does not exist).
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError>;
 
@@ -120,6 +124,10 @@ impl Transcripts for Store {
 
     fn exists(&self, path: &Path) -> bool {
         path.exists()
+    }
+
+    fn end(&self, path: &Path) -> Option<u64> {
+        std::fs::metadata(path).ok().map(|m| m.len())
     }
 
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
@@ -245,6 +253,9 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     }
     fn exists(&self, path: &Path) -> bool {
         (**self).exists(path)
+    }
+    fn end(&self, path: &Path) -> Option<u64> {
+        (**self).end(path)
     }
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
         (**self).read_session(path)

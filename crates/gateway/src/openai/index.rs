@@ -5,14 +5,19 @@
 //! "these N messages equal a prefix of some branch" into at most N hash lookups: the cost of a
 //! match grows with the request, not with the number of sessions or their length.
 //!
-//! Built in memory from the transcripts on first use, then kept in step with every append of this
-//! gateway ([`ConversationIndex::appended`]). A session whose file grew behind the index (another
-//! process) is re-read when it turns up as a candidate.
+//! Built in memory from the transcripts on first use (read through the store, files or
+//! PostgreSQL), then kept in step with every append of this gateway
+//! ([`ConversationIndex::appended`]). A session that grew behind the index (another process, or
+//! another replica on PostgreSQL) is caught up when it turns up as a candidate: only the entries
+//! after the position the index has read are read. Sessions other replicas wrote to are learnt
+//! from the database before each match (the transcripts changed since the last look, one indexed
+//! query: [`ConversationIndex::touched`]) and caught up, or indexed when new here, so a match
+//! costs what the request and the appends since cost, never a scan of every session.
 
 use super::wire::{chain, message_hash, Hash, ROOT};
 use crate::state::lock;
 use pincer_store::session::Kind;
-use pincer_store::Session;
+use pincer_store::Transcripts;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,7 +38,7 @@ struct Tracked {
     /// User rows written by the OpenAI endpoint: entry id → (run id, timestamp in ms).
     keys: HashMap<Arc<str>, (Arc<str>, u64)>,
     leaf: Option<Arc<str>>,
-    /// File length the index has read (`u64::MAX`: re-read it).
+    /// The store's position the index has read up to ([`Transcripts::end`]; `u64::MAX`: re-read it).
     len: u64,
     /// When it was last changed (the index's own clock).
     touched: u64,
@@ -45,6 +50,9 @@ struct Inner {
     by_hash: HashMap<Hash, Vec<Spot>>,
     sessions: HashMap<Arc<Path>, Tracked>,
     clock: u64,
+    /// Transcripts written by others (another replica) since the last match, with their end
+    /// then, to catch up first.
+    touched: HashMap<PathBuf, u64>,
 }
 
 /// Where a client's history ends.
@@ -70,13 +78,20 @@ pub struct KeyedTurn {
     pub timestamp: u64,
 }
 
-#[derive(Default)]
 pub struct ConversationIndex {
     inner: Mutex<Inner>,
+    /// Where the transcripts are read from.
+    store: Arc<dyn Transcripts>,
+    /// When the store was last asked what changed (the store's clock; see
+    /// [`ConversationIndex::sync_mark`]).
+    synced: Mutex<Option<i64>>,
 }
 
-fn file_len(path: &Path) -> Option<u64> {
-    std::fs::metadata(path).ok().map(|m| m.len())
+impl Default for ConversationIndex {
+    /// An index over JSONL files.
+    fn default() -> Self {
+        ConversationIndex::new(Arc::new(pincer_store::Store::new(pincer_store::StoreOptions::default())))
+    }
 }
 
 impl Inner {
@@ -101,11 +116,11 @@ impl Inner {
     }
 
     /// Reads a transcript into the index (replacing what it had of it).
-    fn index_file(&mut self, key: &str, path: &Path) {
+    fn index_file(&mut self, store: &dyn Transcripts, key: &str, path: &Path) {
         self.forget(path);
-        let Ok(bytes) = std::fs::read(path) else { return };
-        let len = bytes.len() as u64;
-        let s = Session::parse(bytes);
+        // The position first: what is appended meanwhile is read again, never missed.
+        let Some(len) = store.end(path) else { return };
+        let Ok(Some(s)) = store.read_session(path) else { return };
         let n = s.entries.len();
         let mut memo: Vec<Option<Hash>> = vec![None; n];
         let mut own: Vec<Option<Option<Hash>>> = vec![None; n];
@@ -161,6 +176,79 @@ impl Inner {
         t.touched = self.tick();
         self.sessions.insert(p, t);
     }
+
+    /// Brings a tracked session up to what its transcript holds now: the entries after the
+    /// position read (entries already indexed are skipped); the whole transcript again when it
+    /// shrank, is gone, or an entry's parent is unknown.
+    fn catch_up(&mut self, store: &dyn Transcripts, path: &Path) {
+        let Some((key, len)) = self.sessions.get(path).map(|t| (t.key.clone(), t.len)) else { return };
+        let end = store.end(path);
+        match end {
+            None => return self.forget(path),
+            Some(e) if e == len => return,
+            Some(e) if len == 0 || len == u64::MAX || e < len => return self.index_file(store, &key, path),
+            Some(_) => {}
+        }
+        let Ok(entries) = store.entries_from(path, len, u64::MAX) else { return self.index_file(store, &key, path) };
+        for entry in &entries {
+            if entry.get("type").and_then(Value::as_str) == Some("session") {
+                continue;
+            }
+            if !self.add_entry(&key, path, entry) {
+                return self.index_file(store, &key, path);
+            }
+        }
+        if let (Some(t), Some(e)) = (self.sessions.get_mut(path), end) {
+            t.len = e;
+        }
+    }
+
+    /// Indexes one entry of a session (already indexed: nothing to do). False when its parent is
+    /// not indexed (the session must be read again).
+    fn add_entry(&mut self, key: &str, path: &Path, entry: &Value) -> bool {
+        let Some(id) = entry.get("id").and_then(Value::as_str).map(Arc::<str>::from) else { return true };
+        let parent = entry.get("parentId").and_then(Value::as_str);
+        let now = self.tick();
+        let p = match self.sessions.get_key_value(path) {
+            Some((p, _)) => p.clone(),
+            None => {
+                let p = Arc::<Path>::from(path);
+                let t = Tracked {
+                    key: key.to_owned(),
+                    chains: HashMap::new(),
+                    keys: HashMap::new(),
+                    leaf: None,
+                    len: 0,
+                    touched: now,
+                };
+                self.sessions.insert(p.clone(), t);
+                p
+            }
+        };
+        let Some(t) = self.sessions.get_mut(path) else { return false };
+        if t.chains.contains_key(&id) {
+            return true;
+        }
+        let base = match parent {
+            None => Some(ROOT),
+            Some(parent) => t.chains.get(parent).map(|(c, _)| *c),
+        };
+        let Some(base) = base else { return false };
+        let is_message = entry.get("type").and_then(Value::as_str) == Some("message");
+        let message = entry.get("message").filter(|_| is_message);
+        let h = message.and_then(message_hash);
+        let c = h.map_or(base, |h| chain(base, h));
+        if let Some(k) = message.and_then(keyed) {
+            t.keys.insert(id.clone(), k);
+        }
+        t.chains.insert(id.clone(), (c, h.is_some()));
+        t.leaf = Some(id.clone());
+        t.touched = now;
+        if h.is_some() {
+            self.by_hash.entry(c).or_default().push((p, id));
+        }
+        true
+    }
 }
 
 /// The run id and timestamp of a user row written by the OpenAI endpoint.
@@ -173,6 +261,48 @@ fn keyed(message: &Value) -> Option<(Arc<str>, u64)> {
 }
 
 impl ConversationIndex {
+    /// An index reading transcripts from `store`.
+    pub fn new(store: Arc<dyn Transcripts>) -> ConversationIndex {
+        ConversationIndex { inner: Mutex::new(Inner::default()), store, synced: Mutex::new(None) }
+    }
+
+    /// When the caller last asked the store what changed (`None`: never), for a store shared by
+    /// several processes (PostgreSQL replicas).
+    pub fn sync_mark(&self) -> Option<i64> {
+        *lock(&self.synced)
+    }
+
+    pub fn set_sync_mark(&self, mark: i64) {
+        *lock(&self.synced) = Some(mark);
+    }
+
+    /// Notes that a transcript was written by someone else (another replica) and ends at `end`
+    /// now: it is caught up, or indexed when new here, before the next match. Never blocks on the
+    /// store; ignored until the index is built (the build reads everything).
+    pub fn touched(&self, path: &Path, end: u64) {
+        let mut inner = lock(&self.inner);
+        if inner.built && inner.sessions.get(path).is_none_or(|t| t.len != end) {
+            inner.touched.insert(path.to_path_buf(), end);
+        }
+    }
+
+    /// Catches up the transcripts [`ConversationIndex::touched`] named; the ones this index has
+    /// never seen are returned, to be indexed with [`ConversationIndex::track`] under their
+    /// session key. Blocking.
+    pub fn catch_up(&self) -> Vec<PathBuf> {
+        let mut inner = lock(&self.inner);
+        let touched: Vec<PathBuf> = inner.touched.drain().map(|(p, _)| p).collect();
+        let mut unknown = Vec::new();
+        for path in touched {
+            if inner.sessions.contains_key(path.as_path()) {
+                inner.catch_up(self.store.as_ref(), &path);
+            } else {
+                unknown.push(path);
+            }
+        }
+        unknown
+    }
+
     /// Whether the index has been built (until then appends are not followed: the build reads them).
     pub fn is_built(&self) -> bool {
         lock(&self.inner).built
@@ -185,17 +315,17 @@ impl ConversationIndex {
             return;
         }
         for (key, path) in sessions {
-            inner.index_file(&key, &path);
+            inner.index_file(self.store.as_ref(), &key, &path);
         }
         inner.built = true;
     }
 
-    /// Makes sure a session is indexed as its file is now. Blocking.
+    /// Makes sure a session is indexed as its transcript is now. Blocking.
     pub fn track(&self, key: &str, path: &Path) {
         let mut inner = lock(&self.inner);
-        let fresh = inner.sessions.get(path).is_some_and(|t| Some(t.len) == file_len(path) && t.key == key);
-        if !fresh {
-            inner.index_file(key, path);
+        match inner.sessions.get(path).map(|t| t.key == key) {
+            Some(true) => inner.catch_up(self.store.as_ref(), path),
+            _ => inner.index_file(self.store.as_ref(), key, path),
         }
     }
 
@@ -204,62 +334,25 @@ impl ConversationIndex {
         lock(&self.inner).forget(path);
     }
 
-    /// Follows one entry the gateway appended to `path` (as written). Blocking (a `stat`).
+    /// Follows one entry the gateway appended to `path` (as written). The position read stays
+    /// where it was: the next match reads what came after it (this entry, skipped as known, and
+    /// whatever another process or replica appended around it).
     pub fn appended(&self, key: &str, path: &Path, entry: &Value) {
         let mut inner = lock(&self.inner);
         if !inner.built {
             return;
         }
-        let Some(id) = entry.get("id").and_then(Value::as_str).map(Arc::<str>::from) else { return };
-        let parent = entry.get("parentId").and_then(Value::as_str);
-        let now = inner.tick();
-        let p = match inner.sessions.get_key_value(path) {
-            Some((p, _)) => p.clone(),
-            None => {
-                let p = Arc::<Path>::from(path);
-                let t = Tracked {
-                    key: key.to_owned(),
-                    chains: HashMap::new(),
-                    keys: HashMap::new(),
-                    leaf: None,
-                    len: 0,
-                    touched: now,
-                };
-                inner.sessions.insert(p.clone(), t);
-                p
+        if !inner.add_entry(key, path, entry) {
+            if let Some(t) = inner.sessions.get_mut(path) {
+                t.len = u64::MAX; // its parent is not indexed: re-read the transcript when it matters
             }
-        };
-        let len = file_len(path).unwrap_or(u64::MAX);
-        let Some(t) = inner.sessions.get_mut(path) else { return };
-        let base = match parent {
-            None => Some(ROOT),
-            Some(parent) => t.chains.get(parent).map(|(c, _)| *c),
-        };
-        let Some(base) = base else {
-            t.len = u64::MAX; // its parent is not indexed: re-read the file when it matters
-            return;
-        };
-        let is_message = entry.get("type").and_then(Value::as_str) == Some("message");
-        let message = entry.get("message").filter(|_| is_message);
-        let h = message.and_then(message_hash);
-        let c = h.map_or(base, |h| chain(base, h));
-        if let Some(k) = message.and_then(keyed) {
-            t.keys.insert(id.clone(), k);
-        }
-        t.chains.insert(id.clone(), (c, h.is_some()));
-        t.leaf = Some(id.clone());
-        t.touched = now;
-        // Only a file that had exactly what the index read before this entry is still in step.
-        t.len = if t.len == u64::MAX { u64::MAX } else { len };
-        if h.is_some() {
-            inner.by_hash.entry(c).or_default().push((p, id));
         }
     }
 
     /// The deepest prefix of `chains` (the chain hash after each history message) that ends at an
-    /// entry, in `within` only when given. At most `chains.len()` lookups; candidates whose file
-    /// grew behind the index are re-read first. Among several sessions, one whose active branch
-    /// ends there wins, then the most recently changed. Blocking (a `stat` per candidate).
+    /// entry, in `within` only when given. At most `chains.len()` lookups; candidates that grew
+    /// behind the index are caught up first. Among several sessions, one whose active branch
+    /// ends there wins, then the most recently changed. Blocking (the store's end of each candidate).
     pub fn deepest(&self, chains: &[Hash], within: Option<&Path>) -> Option<Match> {
         let mut inner = lock(&self.inner);
         for _ in 0..3 {
@@ -276,18 +369,16 @@ impl ConversationIndex {
                 }
             }
             let (depth, spots) = found?;
-            let stale: Vec<(String, Arc<Path>)> = spots
+            let store = self.store.as_ref();
+            let stale: Vec<Arc<Path>> = spots
                 .iter()
                 .filter_map(|(p, _)| inner.sessions.get(&**p).map(|t| (p, t)))
-                .filter(|(p, t)| Some(t.len) != file_len(p))
-                .map(|(p, t)| (t.key.clone(), p.clone()))
+                .filter(|(p, t)| Some(t.len) != store.end(p))
+                .map(|(p, _)| p.clone())
                 .collect();
             if !stale.is_empty() {
-                for (key, p) in stale {
-                    match file_len(&p) {
-                        Some(_) => inner.index_file(&key, &p),
-                        None => inner.forget(&p),
-                    }
+                for p in stale {
+                    inner.catch_up(store, &p);
                 }
                 continue;
             }

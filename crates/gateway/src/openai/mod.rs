@@ -255,6 +255,26 @@ fn chains(c: &Conversation) -> (Vec<Hash>, Hash) {
     (out, full)
 }
 
+/// How far back [`sync_replicas`] looks before its last look: longer than an append's transaction
+/// takes between its `updated_at` and its commit.
+const SYNC_MARGIN_MICROS: i64 = 10_000_000;
+
+/// Tells the conversation index which transcripts changed in the database since its last look
+/// (the PostgreSQL store: other replicas' appends, and sessions they began), so a stateless
+/// history resent to this replica finds them. One indexed query; its answer holds what changed
+/// since, not every session.
+fn sync_replicas(gw: &Gateway, pg: &pincer_pg::PgStore) -> Result<(), ApiError> {
+    let idx = &gw.conversations;
+    let since = idx.sync_mark().map(|m| m - SYNC_MARGIN_MICROS);
+    let (changed, now) =
+        pg.changed_since(since).map_err(|e| ApiError::new(500, "api_error", None, format!("the store: {e}")))?;
+    for (path, end) in changed {
+        idx.touched(&path, end);
+    }
+    idx.set_sync_mark(now);
+    Ok(())
+}
+
 fn internal(e: crate::protocol::RpcError) -> ApiError {
     ApiError::new(500, "api_error", None, e.message)
 }
@@ -262,9 +282,22 @@ fn internal(e: crate::protocol::RpcError) -> ApiError {
 /// Finds (or makes) the session and the point of its tree the request continues. Blocking.
 fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
     let idx = &gw.conversations;
+    if let Some(pg) = &gw.pg {
+        sync_replicas(gw, pg)?;
+    }
     if !idx.is_built() {
         let all = gw.sessions.list(None).map_err(internal)?;
         idx.build(all.into_iter().map(|s| (s.key, s.path)));
+    }
+    // What other replicas appended since the last request; sessions they began are looked up in
+    // the session index once each.
+    let unknown = idx.catch_up();
+    if !unknown.is_empty() {
+        for s in gw.sessions.list(None).map_err(internal)? {
+            if unknown.contains(&s.path) {
+                idx.track(&s.key, &s.path);
+            }
+        }
     }
     let conv = &ask.conversation;
     let (history, full) = chains(conv);
