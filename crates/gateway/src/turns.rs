@@ -191,6 +191,19 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
             let (store, path) = (gw.store.clone(), s.path.clone());
             let found = tokio::task::spawn_blocking(move || unanswered_at_leaf(&store, &path)).await;
             let Ok(Ok(Some(run_id))) = found else { continue };
+            if let (Some(pg), Some(me)) = (&gw.pg, gw.replica_id()) {
+                // A run another replica recorded is that replica's, live or not: if it died, a
+                // survivor takes the run over (and tells its clients); this scan is for turns of
+                // this replica's own previous life, and of runs no replica recorded.
+                match pg.run_replica(run_id.clone()).await {
+                    Ok(Some(owner)) if owner != me => continue,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(session = %s.key, "cannot check an unanswered turn's run: {e}");
+                        continue;
+                    }
+                }
+            }
             let reason = "the gateway stopped before this turn's reply was written";
             match gw.append(&s, marker(INTERRUPTED, &run_id, reason)).await {
                 Ok(_) => tracing::warn!(session = %s.key, run = %run_id, "marked a turn interrupted by a restart"),

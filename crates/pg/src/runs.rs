@@ -26,6 +26,15 @@ impl PgStore {
         .await
     }
 
+    /// The replica a run is recorded for (`None`: no row), whether it still beats or not.
+    pub async fn run_replica(&self, run_id: String) -> Result<Option<String>, PgError> {
+        self.run(move |inner| async move {
+            let c = inner.pool.get().await?;
+            Ok(c.query_opt("SELECT replica FROM runs WHERE run_id = $1", &[&run_id]).await?.map(|r| r.get(0)))
+        })
+        .await
+    }
+
     /// Forgets a run that ended.
     pub async fn run_finished(&self, run_id: String) -> Result<(), PgError> {
         self.run(move |inner| async move {
