@@ -186,3 +186,36 @@ fn the_session_index_round_trips_with_a_stamp_that_moves() {
     assert_eq!(pg.read_index(&idx).expect("read").as_deref(), Some(&b"{}"[..]));
     assert_eq!(pg.agents(dir.path()), vec!["main".to_string()]);
 }
+
+#[test]
+fn search_finds_appends_at_once_and_a_database_made_before_search_is_indexed_on_start() {
+    let pg = Postgres::shared();
+    let url = pg.database("search");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = store(&url, dir.path());
+    let f = transcript(dir.path(), "search-1");
+    write_tree(&s, &f);
+    let name = s.name(&f);
+    let found = |s: &PgStore, q: &str| -> Vec<String> {
+        s.search(q, Some(std::slice::from_ref(&name)), 10).expect("search").into_iter().map(|h| h.snippet).collect()
+    };
+    let mut edited = found(&s, "second");
+    edited.sort();
+    assert_eq!(edited, ["second", "second, edited"], "every branch is searchable");
+    assert_eq!(found(&s, "\"second edited\""), ["second, edited"]);
+    assert_eq!(s.search_title(&name).expect("title").as_deref(), Some("first"));
+    // Only live transcripts of the list are searched.
+    assert_eq!(s.search("second", Some(&["agents/main/sessions/other.jsonl".to_owned()]), 10).expect("search"), vec![]);
+    drop(s);
+
+    // A database written before migration 2: its messages are indexed when a store starts on it.
+    pg.psql(&url, "DELETE FROM search_messages; UPDATE transcripts SET indexed_seq = 0");
+    let s = store(&url, dir.path());
+    let hits =
+        pincer_testkit::probe::poll(std::time::Duration::from_secs(10), std::time::Duration::from_millis(20), || {
+            Some(found(&s, "first")).filter(|h| !h.is_empty())
+        });
+    assert_eq!(hits, Some(vec!["first".to_owned()]));
+    assert_eq!(pg.psql(&url, "SELECT count(*) FROM search_messages"), "8");
+    assert_eq!(pg.psql(&url, "SELECT count(*) FROM transcripts WHERE indexed_seq < last_seq"), "0");
+}
