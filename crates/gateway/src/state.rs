@@ -30,6 +30,8 @@ const CONTEXT_CACHE_IDLE: Duration = Duration::from_secs(30);
 /// copies pointers, never the history.
 struct CachedContext {
     leaf: String,
+    /// The transcript's rewrite count it was built at ([`Transcripts::leaf_version`]).
+    version: u64,
     messages: Messages,
     /// JSON bytes of the messages.
     bytes: usize,
@@ -45,9 +47,9 @@ struct ContextCache {
 }
 
 impl ContextCache {
-    /// The context of `path` if it was built at `leaf`.
-    fn get(&mut self, path: &std::path::Path, leaf: &str) -> Option<Messages> {
-        let c = self.map.get_mut(path).filter(|c| c.leaf == leaf)?;
+    /// The context of `path` if it was built at `leaf` of the transcript's `version`.
+    fn get(&mut self, path: &std::path::Path, leaf: &str, version: u64) -> Option<Messages> {
+        let c = self.map.get_mut(path).filter(|c| c.leaf == leaf && c.version == version)?;
         c.used = Instant::now();
         Some(c.messages.clone())
     }
@@ -80,13 +82,13 @@ impl ContextCache {
         }
     }
 
-    fn insert(&mut self, path: std::path::PathBuf, leaf: String, messages: Messages, bytes: usize) {
+    fn insert(&mut self, path: std::path::PathBuf, (leaf, version): (String, u64), messages: Messages, bytes: usize) {
         self.remove(&path);
         if !self.make_room(bytes) {
             return;
         }
         self.bytes += bytes;
-        self.map.insert(path, CachedContext { leaf, messages, bytes, used: Instant::now() });
+        self.map.insert(path, CachedContext { leaf, version, messages, bytes, used: Instant::now() });
     }
 
     /// Drops idle contexts, least recently used first, until `room` more bytes (and, for a new
@@ -558,18 +560,19 @@ impl Gateway {
     }
 
     /// The LLM context of a session's active branch (empty for a missing file). Served from memory
-    /// while the file's leaf is the one the cache was built at (every append of this gateway keeps
+    /// while the file's leaf (and rewrite count, [`Transcripts::leaf_version`]) is the one the
+    /// cache was built at (every append of this gateway keeps
     /// the cache in step), so a turn does not re-read a long transcript; rebuilt from the file when
     /// anything else moved the leaf (another process, a compaction, a branch).
     pub async fn context(&self, session: &SessionRef) -> Result<Messages, GatewayError> {
         let path = session.path.clone();
         let store = self.store.clone();
         let task = |source| GatewayError::Task { what: "context", source };
-        let leaf = {
+        let (leaf, version) = {
             let (store, path) = (store.clone(), path.clone());
-            tokio::task::spawn_blocking(move || store.leaf(&path)).await.map_err(task)??
+            tokio::task::spawn_blocking(move || store.leaf_version(&path)).await.map_err(task)??
         };
-        if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l)) {
+        if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l, version)) {
             return Ok(m);
         }
         let (messages, bytes) = tokio::task::spawn_blocking(move || match store.read_session(&path) {
@@ -584,7 +587,7 @@ impl Gateway {
         .await
         .map_err(task)??;
         if let Some(leaf) = leaf {
-            lock(&self.contexts).insert(session.path.clone(), leaf, messages.clone(), bytes);
+            lock(&self.contexts).insert(session.path.clone(), (leaf, version), messages.clone(), bytes);
         }
         Ok(messages)
     }
@@ -640,10 +643,13 @@ mod tests {
         let mut c = ContextCache::default();
         let third = CONTEXT_CACHE_BYTES / 3;
         for name in ["a", "b", "c"] {
-            c.insert(PathBuf::from(name), "leaf".into(), msgs(1), third);
+            c.insert(PathBuf::from(name), ("leaf".into(), 0), msgs(1), third);
         }
-        c.insert(PathBuf::from("d"), "leaf".into(), msgs(1), third);
-        assert!(c.get(Path::new("d"), "leaf").is_none(), "no room while the others are busy: the newcomer is not kept");
+        c.insert(PathBuf::from("d"), ("leaf".into(), 0), msgs(1), third);
+        assert!(
+            c.get(Path::new("d"), "leaf", 0).is_none(),
+            "no room while the others are busy: the newcomer is not kept"
+        );
         assert_eq!(c.map.len(), 3);
         // b and c have been idle long enough to make room; a was just used.
         let long_ago = Instant::now().checked_sub(CONTEXT_CACHE_IDLE * 2).expect("an instant in the past");
@@ -651,21 +657,26 @@ mod tests {
             c.map.get_mut(Path::new(name)).expect("cached").used = long_ago;
         }
         c.map.get_mut(Path::new("c")).expect("cached").used = long_ago + Duration::from_secs(1);
-        c.insert(PathBuf::from("d"), "leaf".into(), msgs(1), third);
-        assert!(c.get(Path::new("b"), "leaf").is_none(), "the least recently used idle context went");
-        assert!(c.get(Path::new("c"), "leaf").is_some() && c.get(Path::new("d"), "leaf").is_some());
+        c.insert(PathBuf::from("d"), ("leaf".into(), 0), msgs(1), third);
+        assert!(c.get(Path::new("b"), "leaf", 0).is_none(), "the least recently used idle context went");
+        assert!(c.get(Path::new("c"), "leaf", 0).is_some() && c.get(Path::new("d"), "leaf", 0).is_some());
         assert!(c.bytes <= CONTEXT_CACHE_BYTES, "{} bytes", c.bytes);
-        assert!(c.get(Path::new("a"), "other-leaf").is_none(), "a context is served only at its leaf");
-        c.insert(PathBuf::from("huge"), "leaf".into(), msgs(1), CONTEXT_CACHE_BYTES + 1);
-        assert!(c.get(Path::new("huge"), "leaf").is_none(), "a context larger than the budget is not kept");
+        assert!(c.get(Path::new("a"), "other-leaf", 0).is_none(), "a context is served only at its leaf");
+        assert!(c.get(Path::new("a"), "leaf", 1).is_none(), "nor after the transcript was rewritten");
+        c.insert(PathBuf::from("huge"), ("leaf".into(), 0), msgs(1), CONTEXT_CACHE_BYTES + 1);
+        assert!(c.get(Path::new("huge"), "leaf", 0).is_none(), "a context larger than the budget is not kept");
 
         let mut c = ContextCache::default();
-        c.insert(PathBuf::from("s"), "l1".into(), msgs(2), 10);
+        c.insert(PathBuf::from("s"), ("l1".into(), 0), msgs(2), 10);
         c.extend(Path::new("s"), Some("l1"), Some("l2"), Some(json!({"role": "assistant", "content": []})));
-        assert_eq!(c.get(Path::new("s"), "l2").map(|m| m.len()), Some(3), "an append continuing the leaf extends it");
+        assert_eq!(
+            c.get(Path::new("s"), "l2", 0).map(|m| m.len()),
+            Some(3),
+            "an append continuing the leaf extends it"
+        );
         assert!(c.bytes > 10);
         c.extend(Path::new("s"), Some("elsewhere"), Some("l3"), Some(json!({})));
-        assert!(c.get(Path::new("s"), "l3").is_none() && c.map.is_empty(), "a branch forgets it");
+        assert!(c.get(Path::new("s"), "l3", 0).is_none() && c.map.is_empty(), "a branch forgets it");
         assert_eq!(c.bytes, 0);
     }
 }

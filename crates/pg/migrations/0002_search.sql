@@ -1,5 +1,5 @@
 -- Pincer's PostgreSQL store, version 2: full-text search over the messages of every transcript,
--- and transcripts by the time they last changed.
+-- transcripts by the time they last changed, and a count of in-place rewrites.
 --
 -- One row per user or assistant message with text (the rule is pincer_search::text::line_message),
 -- written in the transaction that appends (or imports) its entry, so a search on any replica finds
@@ -25,3 +25,7 @@ ALTER TABLE transcripts ADD COLUMN indexed_seq BIGINT NOT NULL DEFAULT 0;
 
 -- Transcripts changed since a moment (the OpenAI endpoint's index learns other replicas' appends).
 CREATE INDEX transcripts_updated_at ON transcripts (updated_at);
+
+-- How many times a transcript was rewritten in place (sessions.compact {maxLines}): other replicas'
+-- cached contexts of it are stale when it moved.
+ALTER TABLE transcripts ADD COLUMN rewrites BIGINT NOT NULL DEFAULT 0;

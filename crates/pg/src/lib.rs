@@ -776,7 +776,11 @@ impl Inner {
         tx.execute("DELETE FROM search_messages WHERE transcript = $1 AND seq <> ALL($2)", &[&row.id, &keep_seqs])
             .await?;
         let leaf = Session::parse(content).leaf_id().map(str::to_owned);
-        tx.execute("UPDATE transcripts SET leaf = $2, updated_at = now() WHERE id = $1", &[&row.id, &leaf]).await?;
+        tx.execute(
+            "UPDATE transcripts SET leaf = $2, rewrites = rewrites + 1, updated_at = now() WHERE id = $1",
+            &[&row.id, &leaf],
+        )
+        .await?;
         tx.commit().await?;
         Ok((true, kept.len()))
     }
@@ -908,6 +912,17 @@ impl Transcripts for PgStore {
         self.block(move |inner| async move {
             let c = inner.pool.get().await?;
             Ok(c.query_opt("SELECT leaf FROM transcripts WHERE file = $1", &[&f]).await?.and_then(|r| r.get(0)))
+        })
+        .map_err(|e| e.into_store(&file))
+    }
+
+    fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError> {
+        let file = self.name(path);
+        let f = file.clone();
+        self.block(move |inner| async move {
+            let c = inner.pool.get().await?;
+            let row = c.query_opt("SELECT leaf, rewrites FROM transcripts WHERE file = $1", &[&f]).await?;
+            Ok(row.map_or((None, 0), |r| (r.get(0), r.get::<_, i64>(1) as u64)))
         })
         .map_err(|e| e.into_store(&file))
     }

@@ -258,7 +258,13 @@ async fn compact_max_lines_keeps_what_the_file_store_keeps_and_the_old_transcrip
     let texts: Vec<&str> =
         found["results"].as_array().expect("results").iter().filter_map(|h| h["snippet"].as_str()).collect();
     assert_eq!(texts, ["Fake reply: you said \"message number 3\""], "only the kept reply: {found}");
+    // Replica A, which ran the earlier turns (and keeps their context in memory), sends the model
+    // only what was kept.
+    let asked = c.fake.requests().len();
     turn(&mut a, "long", "after the cut", "l5").await;
+    let sent: Vec<String> = c.fake.requests()[asked..].iter().map(Value::to_string).collect();
+    assert_eq!(sent.len(), 1);
+    assert!(!sent[0].contains("message number 1") && sent[0].contains("a new last message"), "{}", sent[0]);
     let h = b.request("chat.history", json!({"sessionKey": "long"})).await.expect("history");
     let texts: Vec<String> =
         h["messages"].as_array().expect("messages").iter().map(pincer_testkit::probe::message_text).collect();

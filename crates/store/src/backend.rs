@@ -43,6 +43,14 @@ pub trait Transcripts: Send + Sync {
     /// The id new entries would be chained to (`None`: they would be roots).
     fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError>;
 
+    /// [`Transcripts::leaf`], and how many times the transcript was rewritten in place (cut by
+    /// `sessions.compact {maxLines}`) on a store several processes share: what another process
+    /// cached of it is stale when this count moved, though the leaf is the same. The file store
+    /// answers 0 (its rewrites tell the gateway directly).
+    fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError> {
+        Ok((self.leaf(path)?, 0))
+    }
+
     /// Whether the transcript exists.
     fn exists(&self, path: &Path) -> bool;
 
@@ -250,6 +258,9 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     }
     fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
         (**self).leaf(path)
+    }
+    fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError> {
+        (**self).leaf_version(path)
     }
     fn exists(&self, path: &Path) -> bool {
         (**self).exists(path)
