@@ -46,6 +46,16 @@ use tokio_postgres::NoTls;
 /// A parsed connection URL (to validate one, or read its parts, without connecting).
 pub use tokio_postgres::Config as PgConfig;
 
+/// A transcript [`PgStore::changed_since`] lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Changed {
+    pub path: PathBuf,
+    /// Its [`Transcripts::end`] now.
+    pub end: u64,
+    /// Its rewrite count now ([`Transcripts::leaf_version`]).
+    pub rewrites: u64,
+}
+
 /// The channel appends are announced on.
 pub const CHANNEL: &str = "pincer_entries";
 
@@ -339,24 +349,26 @@ impl PgStore {
     }
 
     /// The live transcripts changed since `since` (µs since the epoch, the database's clock;
-    /// `None`: none are listed), as (path, [`Transcripts::end`]), and the database's time now.
-    pub fn changed_since(&self, since: Option<i64>) -> Result<(Vec<(PathBuf, u64)>, i64), PgError> {
-        let rows = self.block(move |inner| async move {
+    /// `None`: none are listed), and the database's time now.
+    pub fn changed_since(&self, since: Option<i64>) -> Result<(Vec<Changed>, i64), PgError> {
+        let (rows, now) = self.block(move |inner| async move {
             let c = inner.pool.get().await?;
             let now: i64 =
                 c.query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint", &[]).await?.get(0);
             let Some(since) = since else { return Ok((Vec::new(), now)) };
             let rows = c
                 .query(
-                    "SELECT file, last_seq + 1 FROM transcripts \
+                    "SELECT file, last_seq + 1, rewrites FROM transcripts \
                      WHERE updated_at >= to_timestamp($1::bigint / 1000000.0) AND file LIKE '%.jsonl'",
                     &[&since],
                 )
                 .await?;
-            Ok((rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1))).collect::<Vec<_>>(), now))
+            let rows: Vec<(String, i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+            Ok((rows, now))
         })?;
-        let (rows, now) = rows;
-        Ok((rows.into_iter().map(|(f, end)| (self.path(&f), end as u64)).collect(), now))
+        let changed =
+            rows.into_iter().map(|(f, end, rw)| Changed { path: self.path(&f), end: end as u64, rewrites: rw as u64 });
+        Ok((changed.collect(), now))
     }
 
     /// Takes the cross-replica turn lock of a session key if it is free (`None`: a run of another

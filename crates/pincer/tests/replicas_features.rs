@@ -364,4 +364,15 @@ async fn the_openai_endpoint_continues_a_history_resent_alternately_to_two_repli
     }
     let sessions = c.sql("SELECT count(*) FROM sessions WHERE key LIKE 'agent:main:openai:%'");
     assert_eq!(sessions, "3", "the conversation and the two unrelated ones");
+
+    // Cut through B to its last two turns: a client resending what was kept continues the session
+    // through A, whose index had read the whole of it, as one gateway on files would.
+    let mut ws = Client::connect(&b).await;
+    let r = ws.request("sessions.compact", json!({"key": session, "maxLines": 5})).await.expect("compact");
+    assert_eq!(r["compacted"], true, "{r}");
+    let mut kept: Vec<Value> = history[8..].to_vec();
+    kept.push(json!({"role": "user", "content": "step 6 of the plan"}));
+    let (text, key) = complete(&a, &json!(kept)).await;
+    assert_eq!((text.as_str(), key.as_str()), ("Fake reply: you said \"step 6 of the plan\"", session.as_str()));
+    assert_eq!(Session::parse(c.export(&session)).entries.len(), 6, "the 4 kept entries and the new turn");
 }

@@ -40,6 +40,8 @@ struct Tracked {
     leaf: Option<Arc<str>>,
     /// The store's position the index has read up to ([`Transcripts::end`]; `u64::MAX`: re-read it).
     len: u64,
+    /// The transcript's rewrite count when it was read ([`Transcripts::leaf_version`]).
+    rewrites: u64,
     /// When it was last changed (the index's own clock).
     touched: u64,
 }
@@ -50,9 +52,9 @@ struct Inner {
     by_hash: HashMap<Hash, Vec<Spot>>,
     sessions: HashMap<Arc<Path>, Tracked>,
     clock: u64,
-    /// Transcripts written by others (another replica) since the last match, with their end
-    /// then, to catch up first.
-    touched: HashMap<PathBuf, u64>,
+    /// Transcripts written by others (another replica) since the last match, with their end and
+    /// rewrite count then, to catch up first.
+    touched: HashMap<PathBuf, (u64, u64)>,
 }
 
 /// Where a client's history ends.
@@ -120,6 +122,7 @@ impl Inner {
         self.forget(path);
         // The position first: what is appended meanwhile is read again, never missed.
         let Some(len) = store.end(path) else { return };
+        let rewrites = store.leaf_version(path).map_or(0, |(_, r)| r);
         let Ok(Some(s)) = store.read_session(path) else { return };
         let n = s.entries.len();
         let mut memo: Vec<Option<Hash>> = vec![None; n];
@@ -138,6 +141,7 @@ impl Inner {
             keys: HashMap::new(),
             leaf: s.leaf_id().map(Arc::from),
             len,
+            rewrites,
             touched: 0,
         };
         for i in 0..n {
@@ -219,6 +223,7 @@ impl Inner {
                     keys: HashMap::new(),
                     leaf: None,
                     len: 0,
+                    rewrites: 0,
                     touched: now,
                 };
                 self.sessions.insert(p.clone(), t);
@@ -277,12 +282,13 @@ impl ConversationIndex {
     }
 
     /// Notes that a transcript was written by someone else (another replica) and ends at `end`
-    /// now: it is caught up, or indexed when new here, before the next match. Never blocks on the
-    /// store; ignored until the index is built (the build reads everything).
-    pub fn touched(&self, path: &Path, end: u64) {
+    /// now, rewritten `rewrites` times: it is caught up (read again when rewritten), or indexed
+    /// when new here, before the next match. Never blocks on the store; ignored until the index
+    /// is built (the build reads everything).
+    pub fn touched(&self, path: &Path, end: u64, rewrites: u64) {
         let mut inner = lock(&self.inner);
-        if inner.built && inner.sessions.get(path).is_none_or(|t| t.len != end) {
-            inner.touched.insert(path.to_path_buf(), end);
+        if inner.built && inner.sessions.get(path).is_none_or(|t| t.len != end || t.rewrites != rewrites) {
+            inner.touched.insert(path.to_path_buf(), (end, rewrites));
         }
     }
 
@@ -291,13 +297,13 @@ impl ConversationIndex {
     /// session key. Blocking.
     pub fn catch_up(&self) -> Vec<PathBuf> {
         let mut inner = lock(&self.inner);
-        let touched: Vec<PathBuf> = inner.touched.drain().map(|(p, _)| p).collect();
+        let touched: Vec<(PathBuf, (u64, u64))> = inner.touched.drain().collect();
         let mut unknown = Vec::new();
-        for path in touched {
-            if inner.sessions.contains_key(path.as_path()) {
-                inner.catch_up(self.store.as_ref(), &path);
-            } else {
-                unknown.push(path);
+        for (path, (_, rewrites)) in touched {
+            match inner.sessions.get(path.as_path()).map(|t| (t.rewrites == rewrites, t.key.clone())) {
+                Some((true, _)) => inner.catch_up(self.store.as_ref(), &path),
+                Some((false, key)) => inner.index_file(self.store.as_ref(), &key, &path),
+                None => unknown.push(path),
             }
         }
         unknown

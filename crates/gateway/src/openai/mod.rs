@@ -268,8 +268,8 @@ fn sync_replicas(gw: &Gateway, pg: &pincer_pg::PgStore) -> Result<(), ApiError> 
     let since = idx.sync_mark().map(|m| m - SYNC_MARGIN_MICROS);
     let (changed, now) =
         pg.changed_since(since).map_err(|e| ApiError::new(500, "api_error", None, format!("the store: {e}")))?;
-    for (path, end) in changed {
-        idx.touched(&path, end);
+    for c in changed {
+        idx.touched(&c.path, c.end, c.rewrites);
     }
     idx.set_sync_mark(now);
     Ok(())
