@@ -10,8 +10,9 @@
 //!   [`agent`]: OpenClaw's `agent`/`agent.wait` on that pipeline.
 //! - [`openai`]: the OpenAI-compatible endpoint, mapping stateless clients onto session trees.
 //! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
-//! - [`hub`]: the one in-process event bus with SSE catch-up logs; [`relay`]: other replicas' appends
-//!   onto it (the PostgreSQL store).
+//! - [`hub`]: the one in-process event bus, events of persisted entries under durable ids;
+//!   [`relay`]: other replicas' appends onto it (the PostgreSQL store); [`catchup`]: what a
+//!   reconnecting client missed, replayed from the store on any replica.
 //! - [`state`]: shared state (store, runs, dedupe, queue).
 //! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
 //! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
@@ -22,6 +23,7 @@
 
 pub mod agent;
 pub mod assets;
+pub mod catchup;
 pub mod chat;
 pub mod compact;
 pub mod config;

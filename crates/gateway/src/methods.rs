@@ -460,7 +460,6 @@ fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(o) = old {
         gw.store.forget(&o.path);
     }
-    gw.hub.forget_session(&key);
     changed(gw, &key, "reset");
     Ok(json!({"ok": true, "key": s.key, "entry": s.row(), "archived": archived.map(|p| p.display().to_string())}))
 }
@@ -473,7 +472,6 @@ fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(o) = old {
         gw.store.forget(&o.path);
     }
-    gw.hub.forget_session(&key);
     changed(gw, &key, "delete");
     let archived: Vec<String> = archived.iter().map(|p| p.display().to_string()).collect();
     Ok(json!({"ok": true, "key": key, "deleted": deleted, "archived": archived}))

@@ -11,12 +11,13 @@
 //! replica's `chat.abort` asked for, and takes over the runs of a replica that stopped beating:
 //! their turns are marked interrupted within [`STALE_AFTER`] plus a [`HEARTBEAT`] or two.
 
+use crate::hub::{Audience, EventId};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_pg::watch::Wake;
 use pincer_pg::PgStore;
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,6 +93,9 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
     let Some(replica) = gw.replica_id().map(str::to_owned) else { return };
     let gw = gw.clone();
     let stop = gw.shutdown.clone();
+    // Runs this replica claimed from a dead one and is still taking over: beaten as its own, so
+    // that if it dies too before the marker is written, another survivor claims them in turn.
+    let claimed: Arc<std::sync::Mutex<HashSet<String>>> = Arc::default();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -100,7 +104,8 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let mine: Vec<String> = gw.all_runs().iter().map(|r| r.run_id.clone()).collect();
+            let mut mine: Vec<String> = gw.all_runs().iter().map(|r| r.run_id.clone()).collect();
+            mine.extend(crate::state::lock(&claimed).iter().cloned());
             match pg.heartbeat(replica.clone(), mine).await {
                 Ok(aborts) => {
                     for id in aborts {
@@ -113,8 +118,12 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
             }
             let stale = pg.claim_stale_runs(replica.clone(), STALE_AFTER).await.unwrap_or_default();
             for (run_id, key) in stale {
-                let gw2 = gw.clone();
-                tokio::spawn(async move { take_over(&gw2, &run_id, &key).await });
+                crate::state::lock(&claimed).insert(run_id.clone());
+                let (gw2, claimed) = (gw.clone(), claimed.clone());
+                tokio::spawn(async move {
+                    take_over(&gw2, &run_id, &key).await;
+                    crate::state::lock(&claimed).remove(&run_id);
+                });
             }
         }
     });
@@ -134,9 +143,10 @@ async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) {
             if open == run_id {
                 let reason = "the replica running this turn stopped before its reply was written";
                 match gw.append(&s, crate::turns::marker(crate::turns::INTERRUPTED, run_id, reason)).await {
-                    Ok(_) => {
+                    Ok(a) => {
                         tracing::warn!(session = %s.key, run = %run_id, "marked a dead replica's turn interrupted");
-                        interrupted(gw, &s, run_id, reason);
+                        let id = EventId::chat(&s.session_id, a.pos);
+                        gw.hub.publish_entry("chat", &s.key, interrupted(&s, run_id, reason), Audience::All, Some(id));
                     }
                     Err(e) => {
                         tracing::warn!(session = %s.key, "cannot mark a dead replica's turn interrupted: {e}");
@@ -151,12 +161,10 @@ async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) {
     }
 }
 
-/// The `chat` error of a turn whose replica died (for this replica's clients; the others see the
-/// marker row through their relay).
-fn interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str) {
-    let p = json!({"runId": run_id, "sessionKey": s.key, "agentId": s.agent_id, "seq": 1, "state": "error",
-        "errorMessage": reason, "errorKind": "interrupted"});
-    gw.hub.publish("chat", Some(&s.key), p, false, crate::hub::Audience::All);
+/// The `chat` error of a turn whose replica died (announcing its interrupted marker).
+fn interrupted(s: &SessionRef, run_id: &str, reason: &str) -> Value {
+    json!({"runId": run_id, "sessionKey": s.key, "agentId": s.agent_id, "seq": 1, "state": "error",
+        "errorMessage": reason, "errorKind": "interrupted"})
 }
 
 /// Follows the sessions local clients watch now: a new one from its current end on, or from just
@@ -185,9 +193,12 @@ async fn refresh(gw: &Arc<Gateway>, pg: &PgStore, watched: &mut HashMap<String, 
     let Ok(seqs) = pg.last_seqs(files).await else { return };
     for (s, file) in fresh {
         let mut last_seq = seqs.get(&file).copied().unwrap_or(0);
-        if let Some((f, seq)) = woke.filter(|(f, _)| *f == file) {
+        if let Some((_, seq)) = woke.filter(|(f, _)| *f == file) {
             last_seq = last_seq.min(seq - 1);
-            let _ = f;
+        }
+        // A catch-up read the rows up to here: what came after must be announced.
+        if let Some(seq) = gw.take_relay_from(&s.key) {
+            last_seq = last_seq.min(i64::try_from(seq).unwrap_or(i64::MAX));
         }
         watched.insert(s.key.clone(), Watched { session: s, file, last_seq, run: None });
     }
@@ -209,7 +220,7 @@ async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
             if pg.take_own(&w.file, seq) {
                 continue;
             }
-            announce(gw, w, &entry);
+            announce(gw, w, seq as u64, &entry);
         }
         if n < BATCH {
             return;
@@ -218,29 +229,77 @@ async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
 }
 
 /// Publishes one row written by another replica as this replica publishes its own.
-fn announce(gw: &Gateway, w: &mut Watched, entry: &Value) {
-    if entry.get("type").and_then(Value::as_str) == Some("custom") && entry["customType"] == crate::turns::INTERRUPTED {
-        if let Some(run) = entry["data"]["runId"].as_str() {
-            let reason = entry["data"]["reason"].as_str().unwrap_or("the turn was interrupted");
-            interrupted(gw, &w.session, run, reason);
-        }
-        return;
+fn announce(gw: &Gateway, w: &mut Watched, pos: u64, entry: &Value) {
+    for ev in render(gw, &w.session, pos, entry, &mut w.run) {
+        gw.hub.publish_entry(ev.name, &w.session.key, ev.payload, ev.audience, Some(ev.id));
     }
-    if entry.get("type").and_then(Value::as_str) != Some("message") {
-        return;
+}
+
+/// The run a user row starts (its `<run>:user` key without the suffix).
+pub fn user_run(entry: &Value) -> Option<&str> {
+    let msg = entry.get("message").filter(|m| m["role"] == "user")?;
+    msg.get("idempotencyKey")?.as_str()?.strip_suffix(":user")
+}
+
+/// An event announcing a persisted entry, rendered from the entry alone.
+pub struct EntryEvent {
+    pub name: &'static str,
+    pub payload: Value,
+    pub audience: Audience,
+    pub id: EventId,
+}
+
+/// The events that announce the row at `pos`, as a replica that did not write it announces it
+/// (and as a catch-up replays it, [`crate::catchup`]): `session.message` for each message, a
+/// `chat` final for each reply that ends a run (under the run of its own `<run>:assistant` key,
+/// else of the last user row seen, `run`), the `chat` error of an interrupted marker.
+pub fn render(
+    gw: &Gateway,
+    session: &SessionRef,
+    pos: u64,
+    entry: &Value,
+    run: &mut Option<String>,
+) -> Vec<EntryEvent> {
+    let kind = entry.get("type").and_then(Value::as_str);
+    if kind == Some("custom") && entry["customType"] == crate::turns::INTERRUPTED {
+        let Some(run) = entry["data"]["runId"].as_str() else { return vec![] };
+        let reason = entry["data"]["reason"].as_str().unwrap_or("the turn was interrupted");
+        let id = EventId::chat(&session.session_id, pos);
+        return vec![EntryEvent {
+            name: "chat",
+            payload: interrupted(session, run, reason),
+            audience: Audience::All,
+            id,
+        }];
+    }
+    if kind != Some("message") {
+        return vec![];
     }
     let msg = &entry["message"];
-    if let Some(run) = msg["idempotencyKey"].as_str().and_then(|k| k.strip_suffix(":user")) {
-        w.run = Some(run.to_owned());
+    let key = msg["idempotencyKey"].as_str();
+    if let Some(r) = user_run(entry) {
+        *run = Some(r.to_owned());
     }
-    crate::chat::publish_session_message(gw, &w.session, entry);
+    let mut out = vec![EntryEvent {
+        name: "session.message",
+        payload: crate::chat::session_message_payload(gw, session, entry, Some(pos)),
+        audience: Audience::SessionSubscribers,
+        id: EventId::message(&session.session_id, pos),
+    }];
     let ends_run = msg["role"] == "assistant" && msg["stopReason"] != "toolUse";
-    if let (true, Some(run)) = (ends_run, w.run.as_deref()) {
-        let mut p = json!({"runId": run, "sessionKey": w.session.key, "agentId": w.session.agent_id, "seq": 1,
-            "state": "final", "stopReason": msg["stopReason"], "message": crate::chat::with_meta(entry, run)});
+    let own = key.and_then(|k| k.strip_suffix(":assistant"));
+    if let (true, Some(r)) = (ends_run, own.or(run.as_deref())) {
+        let mut p = json!({"runId": r, "sessionKey": session.key, "agentId": session.agent_id, "seq": 1,
+            "state": "final", "stopReason": msg["stopReason"], "message": crate::chat::with_meta(entry, r)});
         if let Some(u) = msg.get("usage") {
             p["usage"] = u.clone();
         }
-        gw.hub.publish("chat", Some(&w.session.key), p, false, crate::hub::Audience::All);
+        out.push(EntryEvent {
+            name: "chat",
+            payload: p,
+            audience: Audience::All,
+            id: EventId::chat(&session.session_id, pos),
+        });
     }
+    out
 }

@@ -365,29 +365,93 @@ async fn bad_input_is_refused_with_a_clear_error_and_nothing_is_written() {
     }
 }
 
+/// The SSE ids the transcript's rows give: `<sessionId>:<byte offset of the line>` for a message's
+/// `session.message`, `.1` after it for the `chat` final of a reply that ends its turn.
+fn ids_from_file(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).expect("transcript");
+    let sid = path.file_stem().and_then(|s| s.to_str()).expect("sid").to_owned();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for line in bytes.split_inclusive(|b| *b == b'\n') {
+        let v: Value = serde_json::from_slice(line).unwrap_or(Value::Null);
+        if v["type"] == "message" {
+            out.push(format!("{sid}:{at}"));
+            if v["message"]["role"] == "assistant" && v["message"]["stopReason"] != "toolUse" {
+                out.push(format!("{sid}:{at}.1"));
+            }
+        }
+        at += line.len();
+    }
+    out
+}
+
+async fn sse_after(addr: &str, last: Option<&str>) -> Vec<pincer_testkit::probe::SseEvent> {
+    pincer_testkit::probe::sse_events(&raw_get(addr, "/api/sessions/main/events", TOKEN, last).await)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sse_replays_missed_events_after_last_event_id() {
-    let s = setup();
+async fn sse_catches_up_from_the_transcript_after_a_restart() {
+    let mut s = setup();
     let mut a = Client::connect(&s.gw.addr).await;
     send(&mut a, "main", "one", "run-1").await;
     a.chat_end("run-1").await;
-    let all = sse_read(&s.gw.addr, None, 1).await;
+    let all = sse_after(&s.gw.addr, None).await;
     assert!(all.is_empty(), "a fresh stream starts live: {all:?}");
-    let replay = sse_read(&s.gw.addr, Some(1), 100).await;
-    let ids: Vec<u64> = replay.iter().filter_map(|(id, _)| *id).collect();
-    assert!(ids.len() >= 2 && ids[0] >= 2, "{replay:?}");
-    assert!(ids.windows(2).all(|w| w[1] > w[0]), "in id order: {ids:?}");
-    assert!(replay.iter().any(|(_, d)| d.contains("session.message")));
-    // Deltas are superseded by the final: they are not replayed, the final is.
-    assert!(!replay.iter().any(|(_, d)| d.contains("\"state\":\"delta\"")), "{replay:?}");
-    assert!(replay.iter().any(|(_, d)| d.contains("\"state\":\"final\"")), "{replay:?}");
-    let reset = sse_read(&s.gw.addr, Some(100_000), 1).await;
-    assert_eq!(reset.first().map(|(_, d)| d.contains("refetch")), Some(true), "{reset:?}");
+    let file = transcript(&s);
+    let sid = file.file_stem().and_then(|s| s.to_str()).expect("sid").to_owned();
+    // From the start: every event the rows give, with the ids of their positions.
+    let first = sse_after(&s.gw.addr, Some(&format!("{sid}:0"))).await;
+    let seen: Vec<String> = first.iter().filter_map(|e| e.id.clone()).collect();
+    assert_eq!(seen, ids_from_file(&file), "{first:?}");
+    assert!(first.iter().any(|e| e.data.contains("\"state\":\"final\"")), "{first:?}");
+    // The client goes away; two turns happen; the gateway restarts.
+    let last = seen.last().cloned().expect("an id");
+    send(&mut a, "main", "two", "run-2").await;
+    a.chat_end("run-2").await;
+    send(&mut a, "main", "three", "run-3").await;
+    a.chat_end("run-3").await;
+    drop(a);
+    s.gw.restart();
+    let expected: Vec<String> = ids_from_file(&file).into_iter().skip(seen.len()).collect();
+    assert_eq!(expected.len(), 6, "two turns: {expected:?}");
+    let missed = sse_after(&s.gw.addr, Some(&last)).await;
+    let got: Vec<String> = missed.iter().filter_map(|e| e.id.clone()).collect();
+    assert_eq!(got, expected, "exactly the missed events, in order: {missed:?}");
+    assert!(missed.iter().all(|e| e.id.is_some()), "no reset, nothing without an id: {missed:?}");
+    assert!(missed[2].data.contains("\"state\":\"final\"") && missed[2].data.contains("\"runId\":\"run-2\""));
+    // A client that saw a reply's session.message but not its final gets the final first.
+    let partway = sse_after(&s.gw.addr, Some(&expected[4])).await;
+    let got: Vec<String> = partway.iter().filter_map(|e| e.id.clone()).collect();
+    assert_eq!(got, expected[5..].to_vec(), "{partway:?}");
+    assert!(partway[0].data.contains("\"runId\":\"run-3\""), "the final names its run: {partway:?}");
+    // Up to date: nothing.
+    assert!(sse_after(&s.gw.addr, Some(&expected[5])).await.is_empty());
+    // Ids that name nothing here get `reset`, never a replay or an error page.
+    let mid = expected[0].rsplit_once(':').map(|(_, p)| p.parse::<u64>().expect("pos") + 3).expect("pos");
+    for bad in [
+        "17".to_owned(),
+        format!("{sid}:-1"),
+        format!("{sid}:99999999999999999999999"),
+        format!("{sid}:{}", u64::MAX),
+        format!("{sid}:{mid}"),
+        format!("{sid}:1000000000"),
+        format!("{sid}:5.2"),
+        format!("another-session:{}", &expected[0].rsplit_once(':').expect("pos").1),
+        "caf\u{e9}".to_owned(),
+    ] {
+        let evs = sse_after(&s.gw.addr, Some(&bad)).await;
+        assert_eq!(evs.len(), 1, "{bad}: {evs:?}");
+        assert_eq!(evs[0].event.as_deref(), Some("reset"), "{bad}: {evs:?}");
+        assert!(evs[0].data.contains("refetch chat.history"), "{bad}: {evs:?}");
+    }
+    let by_query =
+        raw_get(&s.gw.addr, &format!("/api/sessions/main/events?lastEventId={}", expected[4]), TOKEN, None).await;
+    assert!(by_query.contains(&format!("id: {}", expected[5])), "{by_query}");
     let unauthorized = raw_get(&s.gw.addr, "/api/sessions/main/events", "", None).await;
     assert!(unauthorized.starts_with("HTTP/1.1 401"), "{unauthorized}");
 }
 
-async fn raw_get(addr: &str, path: &str, token: &str, last: Option<u64>) -> String {
+async fn raw_get(addr: &str, path: &str, token: &str, last: Option<&str>) -> String {
     use tokio::io::AsyncWriteExt;
     let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
@@ -402,23 +466,6 @@ async fn raw_get(addr: &str, path: &str, token: &str, last: Option<u64>) -> Stri
     // A complete response ends the read at once; a stream (SSE) is read until it is quiet.
     let out = pincer_testkit::probe::read_response(&mut sock, Duration::from_millis(700)).await;
     String::from_utf8_lossy(&out).to_string()
-}
-
-/// Reads an SSE stream for a moment; returns (id, data) of each event.
-async fn sse_read(addr: &str, last: Option<u64>, _max: usize) -> Vec<(Option<u64>, String)> {
-    let body = raw_get(addr, "/api/sessions/main/events", TOKEN, last).await;
-    let mut out = Vec::new();
-    let (mut id, mut data) = (None, String::new());
-    for line in body.lines() {
-        if let Some(v) = line.strip_prefix("id:") {
-            id = v.trim().parse().ok();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push_str(v.trim());
-        } else if line.trim().is_empty() && !data.is_empty() {
-            out.push((id.take(), std::mem::take(&mut data)));
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

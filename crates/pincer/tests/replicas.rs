@@ -1,19 +1,23 @@
 //! Several `pincer gateway` processes on one PostgreSQL (`[store] backend = "postgres"`), each with
 //! a state directory of its own, serving the same sessions: turns sent to one session through
 //! three replicas at once make one chain with every turn once (checked in the database and in the
-//! export, which the real Pi library reads identically), and a resend of an acknowledged key to
-//! another replica writes nothing.
+//! export, which the real Pi library reads identically), a resend of an acknowledged key to
+//! another replica writes nothing, a client resumes its event stream on another replica by
+//! durable ids, and a dead replica's turn is marked interrupted once, even when a survivor dies
+//! in the middle of taking it over.
 #![allow(clippy::disallowed_methods)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_store::{context_report, LeafArg, Session};
 use pincer_testkit::fake_openai::FakeOpenAi;
-use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions};
+use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions, TOKEN};
 use pincer_testkit::postgres::Postgres;
+use pincer_testkit::probe::{poll_async, SseEvent, SseStream};
 use pincer_testkit::{comparable, oracle_context};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pincer");
 const PASSWORD: &str = "db-password-0123456789";
@@ -426,4 +430,160 @@ async fn compaction_on_the_postgres_store_gives_the_context_pi_builds() {
     let pi = oracle_context(&file, None);
     assert_eq!(comparable(&ours), comparable(&pi));
     assert_eq!(pi["context"]["messages"][0]["role"], "compactionSummary");
+}
+
+/// The SSE ids the rows of the database's one transcript give, in seq order: `<sessionId>:<seq>`
+/// for a message's `session.message`, `.1` after it for the `chat` event of a reply that ends its
+/// turn or of an interrupted marker.
+fn ids_from_rows(c: &Cluster) -> Vec<String> {
+    let rows = c.sql(
+        "SELECT t.session_id, e.seq, e.line FROM entries e JOIN transcripts t ON t.id = e.transcript ORDER BY e.seq",
+    );
+    let mut out = Vec::new();
+    for row in rows.lines() {
+        let mut parts = row.splitn(3, '|');
+        let (sid, seq, line) = (parts.next().expect("sid"), parts.next().expect("seq"), parts.next().expect("line"));
+        let v: Value = serde_json::from_str(line).expect("a JSON line");
+        let m = &v["message"];
+        if v["type"] == "message" {
+            out.push(format!("{sid}:{seq}"));
+        }
+        let ends = v["type"] == "message" && m["role"] == "assistant" && m["stopReason"] != "toolUse";
+        if ends || v["customType"] == "pincer.turn-interrupted" {
+            out.push(format!("{sid}:{seq}.1"));
+        }
+    }
+    out
+}
+
+const EVENTS: &str = "/api/sessions/main/events";
+
+/// The SSE events of `stream` up to and including the first one `last` accepts (10 s each at most).
+async fn sse_until(stream: &mut SseStream, last: impl Fn(&SseEvent) -> bool) -> Vec<SseEvent> {
+    let mut out = Vec::new();
+    loop {
+        let ev = stream.next(Duration::from_secs(10)).await.unwrap_or_else(|| panic!("no event after {out:?}"));
+        let done = last(&ev);
+        out.push(ev);
+        if done {
+            return out;
+        }
+    }
+}
+
+fn ids(evs: &[SseEvent]) -> Vec<String> {
+    evs.iter().filter_map(|e| e.id.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_resumes_its_event_stream_on_another_replica_after_the_streaming_one_is_killed() {
+    let mut c = cluster(2);
+    let (a, b) = (c.replicas[0].addr.clone(), c.replicas[1].addr.clone());
+    let auth = format!("Bearer {TOKEN}");
+    let mut on_a = SseStream::open(&a, EVENTS, &[("Authorization", &auth)]).await.expect("SSE on A");
+    let mut sender = Client::connect(&a).await;
+    sender
+        .request("chat.send", json!({"sessionKey": "main", "message": "first", "idempotencyKey": "sse-1"}))
+        .await
+        .expect("send");
+    sender.chat_end("sse-1").await;
+    let _streaming = streaming(&a, "sse-dead").await;
+    let seen = sse_until(&mut on_a, |e| e.data.contains("\"state\":\"delta\"") && e.data.contains("sse-dead")).await;
+    c.replicas[0].kill9();
+    let killed = std::time::Instant::now();
+    let seen = ids(&seen);
+    assert_eq!(seen.len(), 4, "turn 1's three events and the user row of the streaming turn: {seen:?}");
+    let last = seen.last().expect("an id").clone();
+
+    // Back on B with the last id: exactly what was not seen, the survivor's marker among it.
+    let headers = [("Authorization", auth.as_str()), ("Last-Event-ID", last.as_str())];
+    let mut on_b = SseStream::open(&b, EVENTS, &headers).await.expect("SSE on B");
+    let marker = sse_until(&mut on_b, |e| e.data.contains("\"errorKind\":\"interrupted\"")).await;
+    assert!(killed.elapsed() < Duration::from_secs(5), "the marker came {:?} after the SIGKILL", killed.elapsed());
+    assert!(on_b.head.starts_with("HTTP/1.1 200"), "{}", on_b.head);
+    // Then live, with no gap: a turn through B.
+    let mut client = Client::connect(&b).await;
+    client
+        .request("chat.send", json!({"sessionKey": "main", "message": "after", "idempotencyKey": "sse-after"}))
+        .await
+        .expect("send");
+    client.chat_end("sse-after").await;
+    let after = sse_until(&mut on_b, |e| e.data.contains("\"state\":\"final\"") && e.data.contains("sse-after")).await;
+    let mut all = seen;
+    all.extend(ids(&marker));
+    all.extend(ids(&after));
+    assert_eq!(all, ids_from_rows(&c), "A's events then B's are every row's, once, in order");
+    assert!(!marker.iter().chain(&after).any(|e| e.event.as_deref() == Some("reset")), "{marker:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_survivor_dying_in_the_middle_of_a_takeover_leaves_it_to_a_third_and_one_marker_is_written() {
+    let pg = Postgres::shared();
+    let mut c = cluster(3);
+    let _client = streaming(&c.replicas[0].addr, "tk-1").await;
+    c.replicas[0].kill9();
+    // The test takes the session's turn lock as soon as the dead replica's is gone: the survivor
+    // that claims the run then waits for it, claimed but with nothing written.
+    let held = pg.hold_advisory_lock(&c.url, pincer_pg::turn_lock_key("agent:main:main"));
+    let claim = "SELECT replica, heartbeat FROM runs WHERE run_id = 'tk-1'";
+    let (claimer, beat) = poll_async(Duration::from_secs(10), Duration::from_millis(20), || async {
+        let row = c.sql(claim);
+        let (who, beat) = row.split_once('|')?;
+        (who != "replica-0").then(|| (who.to_owned(), beat.to_owned()))
+    })
+    .await
+    .expect("a survivor claims the dead replica's run");
+    // While it waits, the claim is beaten as the claimer's own (not dropped as a run it lacks).
+    poll_async(Duration::from_secs(3), Duration::from_millis(20), || async {
+        let row = c.sql(claim);
+        (row.split_once('|').is_some_and(|(who, b)| who == claimer && b != beat)).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("the claim of {claimer} was not beaten: {:?}", c.sql(claim)));
+    let marked = "SELECT count(*) FROM entries WHERE line LIKE '%pincer.turn-interrupted%'";
+    assert_eq!(c.sql(marked), "0", "nothing written while the lock is held");
+    let i: usize = claimer.trim_start_matches("replica-").parse().expect("replica number");
+    c.replicas[i].kill9();
+    pg.release(&c.url, held);
+    // The third replica claims the run in turn and writes the marker, once.
+    poll_async(Duration::from_secs(15), Duration::from_millis(50), || async { (c.sql(marked) == "1").then_some(()) })
+        .await
+        .expect("the third replica marks the turn interrupted");
+    poll_async(Duration::from_secs(10), Duration::from_millis(50), || async {
+        (c.sql("SELECT count(*) FROM runs") == "0").then_some(())
+    })
+    .await
+    .expect("the run's row goes once the marker is written");
+    assert_eq!(c.sql(marked), "1", "one marker");
+    let third = 3 - i;
+    assert!(c.replicas[third].log_text().contains("marked a dead replica's turn interrupted"));
+    // Chained after the turn's user row.
+    let user = c.sql("SELECT id FROM entries WHERE idempotency_key = 'tk-1:user'");
+    assert_eq!(c.sql("SELECT parent_id FROM entries WHERE line LIKE '%pincer.turn-interrupted%'"), user);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_survivors_of_a_dead_replica_write_one_marker() {
+    let mut c = cluster(3);
+    let _client = streaming(&c.replicas[0].addr, "two-1").await;
+    c.replicas[0].kill9();
+    let marked = "SELECT count(*) FROM entries WHERE line LIKE '%pincer.turn-interrupted%'";
+    poll_async(Duration::from_secs(5), Duration::from_millis(50), || async { (c.sql(marked) == "1").then_some(()) })
+        .await
+        .expect("marked within 5 s");
+    poll_async(Duration::from_secs(10), Duration::from_millis(50), || async {
+        (c.sql("SELECT count(*) FROM runs") == "0").then_some(())
+    })
+    .await
+    .expect("no run left");
+    // Both survivors beat and claim every 0.5 s: after the row is gone, neither writes another.
+    let beaten = c.sql("SELECT count(*) FROM entries");
+    poll_async(Duration::from_secs(2), Duration::from_millis(100), || async {
+        (c.sql("SELECT count(*) FROM entries") != beaten).then_some(())
+    })
+    .await;
+    assert_eq!(c.sql(marked), "1", "one marker");
+    let logs =
+        (1..3).filter(|i| c.replicas[*i].log_text().contains("marked a dead replica's turn interrupted")).count();
+    assert_eq!(logs, 1, "one survivor took the turn over");
 }
