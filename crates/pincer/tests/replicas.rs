@@ -512,8 +512,45 @@ async fn a_client_resumes_its_event_stream_on_another_replica_after_the_streamin
     let mut all = seen;
     all.extend(ids(&marker));
     all.extend(ids(&after));
-    assert_eq!(all, ids_from_rows(&c), "A's events then B's are every row's, once, in order");
+    let rows = ids_from_rows(&c);
+    assert_eq!(all, rows, "A's events then B's are every row's, once, in order");
     assert!(!marker.iter().chain(&after).any(|e| e.event.as_deref() == Some("reset")), "{marker:?}");
+    // The same reconnect now replays all of it from the database, as it was sent live.
+    let mut again = SseStream::open(&b, EVENTS, &headers).await.expect("SSE on B");
+    let replayed = sse_until(&mut again, |e| e.id.as_ref() == rows.last()).await;
+    assert_eq!(ids(&replayed), rows[4..].to_vec());
+    let live: Vec<&SseEvent> = marker.iter().chain(&after).filter(|e| e.id.is_some()).collect();
+    for (r, l) in replayed.iter().zip(live) {
+        assert_eq!(
+            (&r.event, r.data.contains("\"state\":\"final\"")),
+            (&l.event, l.data.contains("\"state\":\"final\""))
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_and_the_relay_announcing_the_same_rows_send_each_event_once() {
+    let c = cluster(2);
+    let (a, b) = (c.replicas[0].addr.clone(), c.replicas[1].addr.clone());
+    let mut sender = Client::connect(&a).await;
+    sender
+        .request("chat.send", json!({"sessionKey": "main", "message": "one", "idempotencyKey": "o-1"}))
+        .await
+        .expect("send");
+    sender.chat_end("o-1").await;
+    let first = ids_from_rows(&c)[0].clone();
+    // B starts watching the session only now, from the client's id: its relay announces A's rows
+    // after it while the catch-up replays them.
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [("Authorization", auth.as_str()), ("Last-Event-ID", first.as_str())];
+    let mut on_b = SseStream::open(&b, EVENTS, &headers).await.expect("SSE on B");
+    sender
+        .request("chat.send", json!({"sessionKey": "main", "message": "two", "idempotencyKey": "o-2"}))
+        .await
+        .expect("send");
+    sender.chat_end("o-2").await;
+    let got = sse_until(&mut on_b, |e| e.data.contains("\"state\":\"final\"") && e.data.contains("o-2")).await;
+    assert_eq!(ids(&got), ids_from_rows(&c)[1..].to_vec(), "{got:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -556,7 +593,10 @@ async fn a_survivor_dying_in_the_middle_of_a_takeover_leaves_it_to_a_third_and_o
     .expect("the run's row goes once the marker is written");
     assert_eq!(c.sql(marked), "1", "one marker");
     let third = 3 - i;
-    assert!(c.replicas[third].log_text().contains("marked a dead replica's turn interrupted"));
+    let said = || c.replicas[third].log_text().contains("marked a dead replica's turn interrupted");
+    poll_async(Duration::from_secs(5), Duration::from_millis(50), || async { said().then_some(()) })
+        .await
+        .expect("the third replica logged the takeover");
     // Chained after the turn's user row.
     let user = c.sql("SELECT id FROM entries WHERE idempotency_key = 'tk-1:user'");
     assert_eq!(c.sql("SELECT parent_id FROM entries WHERE line LIKE '%pincer.turn-interrupted%'"), user);
@@ -583,7 +623,11 @@ async fn two_survivors_of_a_dead_replica_write_one_marker() {
     })
     .await;
     assert_eq!(c.sql(marked), "1", "one marker");
-    let logs =
-        (1..3).filter(|i| c.replicas[*i].log_text().contains("marked a dead replica's turn interrupted")).count();
-    assert_eq!(logs, 1, "one survivor took the turn over");
+    // The logs are written in the background: wait for the line, then count.
+    let said =
+        || (1..3).map(|i| c.replicas[i].log_text().matches("marked a dead replica's turn interrupted").count()).sum();
+    poll_async(Duration::from_secs(5), Duration::from_millis(50), || async { (said() > 0).then_some(()) })
+        .await
+        .expect("a survivor logged the takeover");
+    assert_eq!((said(), c.sql("SELECT count(*) FROM entries WHERE type = 'custom'")), (1, "1".into()));
 }
