@@ -57,6 +57,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
+/// Sends what waited for a session's catch-up (see [`Subs::flush`]).
+pub type Flush = Box<dyn Fn(&str) + Send + Sync>;
+
 /// What a connection subscribed to.
 #[derive(Default)]
 pub struct Subs {
@@ -69,6 +72,11 @@ pub struct Subs {
     pub chats: Mutex<HashSet<String>>,
     /// The connection's hub subscriber, told which sessions to route to it.
     pub route: std::sync::OnceLock<(Arc<hub::Hub>, u64)>,
+    /// Sessions a `sessions.messages.subscribe {afterSeq}` caught up ([`catchup::subscribe_messages`]).
+    pub catchup: Mutex<std::collections::HashMap<String, catchup::CatchingUp>>,
+    /// Sends the events waiting in `catchup` for a session, then lets live ones through (set by
+    /// the transport).
+    pub flush: std::sync::OnceLock<Flush>,
 }
 
 impl Subs {

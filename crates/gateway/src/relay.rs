@@ -145,8 +145,7 @@ async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) {
                 match gw.append(&s, crate::turns::marker(crate::turns::INTERRUPTED, run_id, reason)).await {
                     Ok(a) => {
                         tracing::warn!(session = %s.key, run = %run_id, "marked a dead replica's turn interrupted");
-                        let id = EventId::chat(&s.session_id, a.pos);
-                        gw.hub.publish_entry("chat", &s.key, interrupted(&s, run_id, reason), Audience::All, Some(id));
+                        publish_interrupted(gw, &s, run_id, reason, a.pos);
                     }
                     Err(e) => {
                         tracing::warn!(session = %s.key, "cannot mark a dead replica's turn interrupted: {e}");
@@ -159,6 +158,13 @@ async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) {
     if let Some(pg) = &gw.pg {
         let _ = pg.run_finished(run_id.to_owned()).await;
     }
+}
+
+/// Announces the interrupted marker at `pos` this replica wrote (other replicas announce it from
+/// the row, [`render`]).
+pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str, pos: u64) {
+    let id = EventId::chat(&s.session_id, pos);
+    gw.hub.publish_entry("chat", &s.key, interrupted(s, run_id, reason), Audience::All, Some(id));
 }
 
 /// The `chat` error of a turn whose replica died (announcing its interrupted marker).

@@ -50,7 +50,15 @@ fn cluster_with(pg: &Postgres, n: usize, base: impl Fn(&FakeOpenAi) -> String) -
                 StartOptions { env: vec![("PINCER_REPLICA_ID".into(), format!("replica-{i}"))], ..Default::default() };
             GatewayProcess::start_with(BIN, &dir.path().join(format!("r{i}")), &config, &options)
         })
-        .collect();
+        .collect::<Vec<_>>();
+    // Each replica's startup check of interrupted turns is over before the test's turns begin
+    // (one still under way could take a turn the test kills a replica in).
+    for r in &replicas {
+        pincer_testkit::probe::poll(Duration::from_secs(30), Duration::from_millis(20), || {
+            r.log_text().contains("startup check done").then_some(())
+        })
+        .expect("the startup check ends");
+    }
     Cluster { dir, url, config, replicas, _fake: fake }
 }
 
@@ -630,4 +638,71 @@ async fn two_survivors_of_a_dead_replica_write_one_marker() {
         .await
         .expect("a survivor logged the takeover");
     assert_eq!((said(), c.sql("SELECT count(*) FROM entries WHERE type = 'custom'")), (1, "1".into()));
+}
+
+/// `session.message` events of `c` up to and including the first `last` accepts, as (seq, key).
+async fn messages_until(c: &mut Client, last: impl Fn(&Value) -> bool) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    loop {
+        let f = c.event_within(|f| f["event"] == "session.message", Duration::from_secs(10)).await;
+        let p = &f["payload"];
+        let key = p["message"]["idempotencyKey"].as_str().unwrap_or("(reply)").to_owned();
+        out.push((p["messageSeq"].as_u64().unwrap_or_else(|| panic!("no messageSeq: {f}")), key));
+        if last(p) {
+            return out;
+        }
+    }
+}
+
+async fn turn(c: &mut Client, run: &str) {
+    c.request("chat.send", json!({"sessionKey": "main", "message": run, "idempotencyKey": run})).await.expect("send");
+    c.chat_end(run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_resumes_its_session_messages_after_seq_on_another_replica() {
+    let c = cluster(2);
+    let (a, b) = (c.replicas[0].addr.clone(), c.replicas[1].addr.clone());
+    let mut sender = Client::connect(&a).await;
+    let mut watcher = Client::connect(&a).await;
+    watcher.request("sessions.messages.subscribe", json!({"key": "main"})).await.expect("subscribe");
+    turn(&mut sender, "w-1").await;
+    let first = messages_until(&mut watcher, |p| p["message"]["role"] == "assistant").await;
+    let seqs = |q: &str| -> Vec<u64> { c.sql(q).lines().map(|l| l.parse().expect("seq")).collect() };
+    let all = "SELECT seq FROM entries WHERE type = 'message' ORDER BY seq";
+    assert_eq!(first.iter().map(|(s, _)| *s).collect::<Vec<_>>(), seqs(all), "messageSeq is the row's seq");
+    // The watcher saw w-1's user row only, and goes away; w-2 happens.
+    let seen = first[0].0;
+    drop(watcher);
+    turn(&mut sender, "w-2").await;
+    // Back after that seq, on B whose relay starts following the session then (from that seq: it
+    // announces A's rows the replay sends too): w-1's reply, then w-2, then live, each once.
+    let mut back = Client::connect(&b).await;
+    let sid = c.sql("SELECT session_id FROM transcripts");
+    let r = back
+        .request("sessions.messages.subscribe", json!({"key": "main", "afterSeq": seen, "sessionId": sid}))
+        .await
+        .expect("subscribe after a seq");
+    assert_eq!((r["replayed"].as_u64(), r["sessionId"].as_str()), (Some(3), Some(sid.as_str())), "{r}");
+    turn(&mut sender, "w-3").await;
+    let got = messages_until(&mut back, |p| {
+        p["message"]["role"] == "assistant" && p["message"]["content"].to_string().contains("w-3")
+    })
+    .await;
+    let want: Vec<u64> = seqs(all).into_iter().filter(|s| *s > seen).collect();
+    assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), want, "{got:?}");
+    assert_eq!(got[1].1, "w-2:user");
+    // Bad input: a clear error, or `reset` when the seq names nothing of this transcript.
+    let neg = back
+        .request("sessions.messages.subscribe", json!({"key": "main", "afterSeq": -1}))
+        .await
+        .expect_err("negative");
+    assert!(neg["message"].as_str().is_some_and(|m| m.contains("afterSeq")), "{neg}");
+    for (params, why) in [
+        (json!({"key": "main", "afterSeq": 999_999_999_u64}), "names no entry"),
+        (json!({"key": "main", "afterSeq": seen, "sessionId": "another"}), "replaced"),
+    ] {
+        let r = back.request("sessions.messages.subscribe", params).await.expect("an answer");
+        assert!(r["reset"].as_str().is_some_and(|m| m.contains(why) && m.contains("refetch")), "{r}");
+    }
 }
