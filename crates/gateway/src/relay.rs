@@ -17,7 +17,7 @@ use crate::state::Gateway;
 use pincer_pg::watch::Wake;
 use pincer_pg::PgStore;
 use serde_json::{json, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -93,9 +93,10 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
     let Some(replica) = gw.replica_id().map(str::to_owned) else { return };
     let gw = gw.clone();
     let stop = gw.shutdown.clone();
-    // Runs this replica claimed from a dead one and is still taking over: beaten as its own, so
-    // that if it dies too before the marker is written, another survivor claims them in turn.
-    let claimed: Arc<std::sync::Mutex<HashSet<String>>> = Arc::default();
+    // Runs this replica claimed from a dead one and is still taking over (run → session key,
+    // whether a takeover runs now): beaten as its own, so that if it dies too before the marker is
+    // written another survivor claims them in turn; a takeover that failed is tried again.
+    let claimed: Arc<std::sync::Mutex<HashMap<String, (String, bool)>>> = Arc::default();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -105,7 +106,7 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
                 _ = tick.tick() => {}
             }
             let mut mine: Vec<String> = gw.all_runs().iter().map(|r| r.run_id.clone()).collect();
-            mine.extend(crate::state::lock(&claimed).iter().cloned());
+            mine.extend(crate::state::lock(&claimed).keys().cloned());
             match pg.heartbeat(replica.clone(), mine).await {
                 Ok(aborts) => {
                     for id in aborts {
@@ -117,12 +118,19 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
                 Err(e) => tracing::debug!("heartbeat: {e}"),
             }
             let stale = pg.claim_stale_runs(replica.clone(), STALE_AFTER).await.unwrap_or_default();
-            for (run_id, key) in stale {
-                crate::state::lock(&claimed).insert(run_id.clone());
-                let (gw2, claimed) = (gw.clone(), claimed.clone());
+            let mut runs = crate::state::lock(&claimed);
+            runs.extend(stale.into_iter().map(|(run_id, key)| (run_id, (key, false))));
+            for (run_id, (key, busy)) in runs.iter_mut().filter(|(_, (_, busy))| !*busy) {
+                *busy = true;
+                let (gw2, claimed, run_id, key) = (gw.clone(), claimed.clone(), run_id.clone(), key.clone());
                 tokio::spawn(async move {
-                    take_over(&gw2, &run_id, &key).await;
-                    crate::state::lock(&claimed).remove(&run_id);
+                    let done = take_over(&gw2, &run_id, &key).await;
+                    let mut runs = crate::state::lock(&claimed);
+                    if done {
+                        runs.remove(&run_id);
+                    } else if let Some((_, busy)) = runs.get_mut(&run_id) {
+                        *busy = false;
+                    }
                 });
             }
         }
@@ -131,16 +139,20 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
 
 /// A run whose replica died: its turn is marked interrupted if it is still unanswered at the
 /// leaf (a resend of its key then resumes it once, on any replica), and the run is forgotten.
-async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) {
+/// False when that could not be done now (the store failed): it is tried again.
+async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) -> bool {
     let k = key.to_owned();
-    let session = gw.index(move |s| s.resolve(&k, false)).await.ok().flatten();
+    let session = match gw.index(move |s| s.resolve(&k, false)).await {
+        Ok(s) => s,
+        Err(_) => return false,
+    };
     if let Some(s) = session {
         let cancel = gw.stopping();
-        let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return };
+        let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return false };
         let (store, path) = (gw.store.clone(), s.path.clone());
         let found = tokio::task::spawn_blocking(move || crate::turns::unanswered_at_leaf(store.as_ref(), &path)).await;
-        if let Ok(Ok(Some(open))) = found {
-            if open == run_id {
+        match found {
+            Ok(Ok(Some(open))) if open == run_id => {
                 let reason = "the replica running this turn stopped before its reply was written";
                 match gw.append(&s, crate::turns::marker(crate::turns::INTERRUPTED, run_id, reason)).await {
                     Ok(a) => {
@@ -149,14 +161,17 @@ async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) {
                     }
                     Err(e) => {
                         tracing::warn!(session = %s.key, "cannot mark a dead replica's turn interrupted: {e}");
-                        return; // the row stays ours: tried again after a restart's own check
+                        return false;
                     }
                 }
             }
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => return false,
         }
     }
-    if let Some(pg) = &gw.pg {
-        let _ = pg.run_finished(run_id.to_owned()).await;
+    match &gw.pg {
+        Some(pg) => pg.run_finished(run_id.to_owned()).await.is_ok(),
+        None => true,
     }
 }
 
