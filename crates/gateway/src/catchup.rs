@@ -200,3 +200,44 @@ pub async fn subscribe_messages(
     });
     answer
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hub::Audience;
+
+    fn ev(pos: u64, part: u8) -> Arc<BusEvent> {
+        Arc::new(BusEvent {
+            name: "session.message",
+            session_key: Some("k".into()),
+            payload_json: "{}".into(),
+            droppable: false,
+            audience: Audience::SessionSubscribers,
+            id: Some(EventId { session_id: "s".into(), pos, part }),
+        })
+    }
+
+    fn ids(evs: &[Arc<BusEvent>]) -> Vec<u64> {
+        evs.iter().filter_map(|e| e.id.as_ref().map(|i| i.pos)).collect()
+    }
+
+    #[test]
+    fn live_events_wait_for_the_replay_and_are_not_sent_twice() {
+        let mut c = CatchingUp { waiting: Some(vec![]), ..CatchingUp::default() };
+        // Live events while the store is read: one the replay has too, one newer.
+        assert!(matches!(c.hold(&ev(5, 0)), Held::Taken));
+        assert!(matches!(c.hold(&ev(9, 0)), Held::Taken));
+        c.replay = vec![ev(4, 0), ev(5, 0)];
+        c.last = Some(EventId { session_id: "s".into(), pos: 5, part: 1 });
+        assert_eq!(ids(&c.release()), vec![4, 5, 9], "the replay, then what is newer, each once");
+        // Afterwards: duplicates (a relay announcing rows again) are dropped, the rest passes.
+        assert!(matches!(c.hold(&ev(5, 0)), Held::Taken));
+        assert!(matches!(c.hold(&ev(10, 0)), Held::Pass));
+        assert!(c.release().is_empty());
+        let mut full = CatchingUp { waiting: Some(vec![]), ..CatchingUp::default() };
+        for p in 0..MAX_WAITING as u64 {
+            assert!(matches!(full.hold(&ev(p, 0)), Held::Taken));
+        }
+        assert!(matches!(full.hold(&ev(0, 1)), Held::Overflow), "a connection that falls this far behind is closed");
+    }
+}
