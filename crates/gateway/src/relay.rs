@@ -273,7 +273,8 @@ pub struct EntryEvent {
 /// The events that announce the row at `pos`, as a replica that did not write it announces it
 /// (and as a catch-up replays it, [`crate::catchup`]): `session.message` for each message, a
 /// `chat` final for each reply that ends a run (under the run of its own `<run>:assistant` key,
-/// else of the last user row seen, `run`), the `chat` error of an interrupted marker.
+/// `inject-<id>` for a `chat.inject` row, else the last user row's, `run`), the `chat` error of
+/// an interrupted marker.
 pub fn render(
     gw: &Gateway,
     session: &SessionRef,
@@ -308,8 +309,12 @@ pub fn render(
         id: EventId::message(&session.session_id, pos),
     }];
     let ends_run = msg["role"] == "assistant" && msg["stopReason"] != "toolUse";
-    let own = key.and_then(|k| k.strip_suffix(":assistant"));
-    if let (true, Some(r)) = (ends_run, own.or(run.as_deref())) {
+    // A reply's run: its own `<run>:assistant` key; a `chat.inject` row's, `inject-<id>` (as
+    // [`crate::chat::inject`] announces it); else the last user row's.
+    let own = key.and_then(|k| k.strip_suffix(":assistant")).map(str::to_owned);
+    let injected = (crate::state::is_injected(msg)).then(|| entry["id"].as_str().map(|id| format!("inject-{id}")));
+    if let (true, Some(r)) = (ends_run, own.or(injected.flatten()).or(run.clone())) {
+        let r = r.as_str();
         let mut p = json!({"runId": r, "sessionKey": session.key, "agentId": session.agent_id, "seq": 1,
             "state": "final", "stopReason": msg["stopReason"], "message": crate::chat::with_meta(entry, r)});
         if let Some(u) = msg.get("usage") {

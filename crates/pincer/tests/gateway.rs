@@ -451,6 +451,28 @@ async fn sse_catches_up_from_the_transcript_after_a_restart() {
     assert!(unauthorized.starts_with("HTTP/1.1 401"), "{unauthorized}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_gap_larger_than_the_replay_bound_gets_reset_and_a_smaller_one_its_events() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    a.request("sessions.create", json!({"key": "main"})).await.expect("create");
+    // 8 rows of 600 KB (200,000 three-byte characters each): 4.8 MB, more than a catch-up reads.
+    for i in 0..8 {
+        let text = format!("{i}{}", "€".repeat(199_990));
+        a.request("chat.inject", json!({"sessionKey": "main", "message": text})).await.expect("inject");
+    }
+    let file = transcript(&s);
+    let sid = file.file_stem().and_then(|s| s.to_str()).expect("sid").to_owned();
+    let all = ids_from_file(&file);
+    let evs = sse_after(&s.gw.addr, Some(&format!("{sid}:0"))).await;
+    assert_eq!(evs.len(), 1, "{:?}", evs.iter().map(|e| (&e.id, &e.event)).collect::<Vec<_>>());
+    assert_eq!(evs[0].event.as_deref(), Some("reset"));
+    assert!(evs[0].data.contains("bytes of the transcript were missed"), "{}", evs[0].data);
+    // The last two rows fit: they replay.
+    let evs = sse_after(&s.gw.addr, Some(&all[all.len() - 5])).await;
+    assert_eq!(evs.iter().filter_map(|e| e.id.clone()).collect::<Vec<_>>(), all[all.len() - 4..].to_vec());
+}
+
 async fn raw_get(addr: &str, path: &str, token: &str, last: Option<&str>) -> String {
     use tokio::io::AsyncWriteExt;
     let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
