@@ -273,8 +273,8 @@ pub struct EntryEvent {
 /// The events that announce the row at `pos`, as a replica that did not write it announces it
 /// (and as a catch-up replays it, [`crate::catchup`]): `session.message` for each message, a
 /// `chat` final for each reply that ends a run (under the run of its own `<run>:assistant` key,
-/// `inject-<id>` for a `chat.inject` row, else the last user row's, `run`), the `chat` error of
-/// an interrupted marker.
+/// `inject-<id>` for a `chat.inject` row, else the last user row's, `run`; `aborted` for an
+/// aborted reply's partial, `error` for a failed run's row), the `chat` error of an interrupted marker.
 pub fn render(
     gw: &Gateway,
     session: &SessionRef,
@@ -317,7 +317,14 @@ pub fn render(
         let r = r.as_str();
         let mut p = json!({"runId": r, "sessionKey": session.key, "agentId": session.agent_id, "seq": 1,
             "state": "final", "stopReason": msg["stopReason"], "message": crate::chat::with_meta(entry, r)});
-        if let Some(u) = msg.get("usage") {
+        // As the run announced it: an aborted reply's partial, a failed run's error row.
+        if let Some(origin) = msg.get("openclawAbort").map(|a| a["origin"].clone()) {
+            p["state"] = json!("aborted");
+            p["stopReason"] = origin;
+        } else if msg["stopReason"] == "error" {
+            p["state"] = json!("error");
+            p["errorMessage"] = msg["errorMessage"].clone();
+        } else if let Some(u) = msg.get("usage") {
             p["usage"] = u.clone();
         }
         out.push(EntryEvent {

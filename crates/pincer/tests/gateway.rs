@@ -473,6 +473,27 @@ async fn an_sse_gap_larger_than_the_replay_bound_gets_reset_and_a_smaller_one_it
     assert_eq!(evs.iter().filter_map(|e| e.id.clone()).collect::<Vec<_>>(), all[all.len() - 4..].to_vec());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_turn_replays_as_it_was_announced() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    send(&mut a, "main", "[slow] count", "run-a").await;
+    a.event(|f| f["event"] == "chat" && f["payload"]["runId"] == "run-a" && f["payload"]["state"] == "delta").await;
+    a.request("chat.abort", json!({"sessionKey": "main", "runId": "run-a"})).await.expect("abort");
+    let live = a.chat_end("run-a").await;
+    assert_eq!(live["payload"]["state"], "aborted", "{live}");
+    let file = transcript(&s);
+    let sid = file.file_stem().and_then(|s| s.to_str()).expect("sid").to_owned();
+    let evs = sse_after(&s.gw.addr, Some(&format!("{sid}:0"))).await;
+    let last = evs.last().expect("events");
+    assert_eq!(last.id.as_ref(), ids_from_file(&file).last());
+    let replayed: Value = serde_json::from_str(&last.data).expect("json");
+    for field in ["state", "stopReason", "runId"] {
+        assert_eq!(replayed["payload"][field], live["payload"][field], "{field}: {replayed}");
+    }
+    assert_eq!(replayed["payload"]["message"]["__openclaw"], live["payload"]["message"]["__openclaw"]);
+}
+
 async fn raw_get(addr: &str, path: &str, token: &str, last: Option<&str>) -> String {
     use tokio::io::AsyncWriteExt;
     let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
