@@ -2,7 +2,8 @@
 //! appends as it writes them; this task announces the others': for every session some local
 //! client watches, it reads the rows after the last seq it has seen and publishes them on the hub
 //! as this replica's own appends are published (`session.message` for each message, and a `chat`
-//! final for each reply that ends a run, under the run id of the user row it answers). A
+//! final for each reply that ends a run, under the run id of the user row it answers), under the
+//! rows' durable ids; [`render`] is the one rendering of rows, which catch-up replays too. A
 //! notification (`pg_notify` of `<file>:<seq>` on commit) only wakes it; it also looks every
 //! [`POLL`], and everything after a reconnect of the listener, so a lost notification costs
 //! latency, never an event. Rows this replica wrote are skipped (the store remembers them).
