@@ -479,7 +479,12 @@ impl Turn {
         }
         // Deltas and startup phases are superseded by what follows: droppable for a slow client.
         let droppable = matches!(state, "delta" | "status");
-        self.gw.hub.publish("chat", Some(&self.session.key), p, droppable, crate::hub::Audience::All);
+        // An event carrying a persisted entry is that entry's `chat` event, under its durable id.
+        let entry_id = p["message"]["__openclaw"]["id"].as_str().map(|id| json!({"id": id}));
+        match entry_id.and_then(|e| self.gw.event_id(&self.session, &e, 1)).filter(|_| !droppable) {
+            Some(id) => self.gw.hub.publish_entry("chat", &self.session.key, p, crate::hub::Audience::All, Some(id)),
+            None => self.gw.hub.publish("chat", Some(&self.session.key), p, droppable, crate::hub::Audience::All),
+        }
     }
 
     fn agent_event(&self, stream: &str, data: Value) {
@@ -508,7 +513,7 @@ impl Turn {
     }
 
     fn session_message(&self, entry: &Value) {
-        publish_session_message(&self.gw, &self.session, entry);
+        publish_session_message(&self.gw, &self.session, entry, None);
     }
 
     fn finish(&self, result: Result<Value, RpcError>) {
@@ -663,7 +668,6 @@ impl Turn {
                         Some(p) => format!("Started a new session. The previous transcript was kept as {}.", p.display()),
                         None => "Started a new session.".into(),
                     };
-                    self.gw.hub.forget_session(&self.session.key);
                     let turn = Turn::bare(self.gw.clone(), fresh, self.run.clone());
                     self.gw.hub.publish(
                         "sessions.changed",
@@ -1062,8 +1066,9 @@ pub fn with_meta(entry: &Value, run_id: &str) -> Value {
     m
 }
 
-/// `session.message` for subscribers of the session, carrying the entry as written.
-pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value) {
+/// `session.message`'s payload for an entry as written, with its durable position as OpenClaw's
+/// `messageSeq` (ascending with the transcript, the same on every replica; not a count).
+pub fn session_message_payload(gw: &Gateway, session: &SessionRef, entry: &Value, pos: Option<u64>) -> Value {
     let mut message = entry.get("message").cloned().unwrap_or(Value::Null);
     let id = entry.get("id").cloned();
     if let (Some(obj), Some(id)) = (message.as_object_mut(), &id) {
@@ -1077,7 +1082,21 @@ pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value
     if let Some(id) = id {
         p["messageId"] = id;
     }
-    gw.hub.publish("session.message", Some(&session.key), p, false, crate::hub::Audience::SessionSubscribers);
+    if let Some(pos) = pos.filter(|p| *p > 0) {
+        p["messageSeq"] = json!(pos);
+    }
+    p
+}
+
+/// `session.message` for subscribers of the session, carrying the entry as written, under its
+/// durable id (`pos`: where the store put it; `None`: where this process's append put it).
+pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value, pos: Option<u64>) {
+    let id = match pos {
+        Some(pos) => Some(crate::hub::EventId::message(&session.session_id, pos)),
+        None => gw.event_id(session, entry, 0),
+    };
+    let p = session_message_payload(gw, session, entry, id.as_ref().map(|i| i.pos));
+    gw.hub.publish_entry("session.message", &session.key, p, crate::hub::Audience::SessionSubscribers, id);
 }
 
 /// Appends a run's assistant and toolResult messages through the store.
@@ -1126,11 +1145,12 @@ pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
         .map_err(|e| RpcError::unavailable(format!("failed to write transcript: {e}")))?;
     let id = a.entry["id"].as_str().unwrap_or_default().to_owned();
     if a.appended {
-        publish_session_message(gw, &session, &a.entry);
+        publish_session_message(gw, &session, &a.entry, Some(a.pos));
         let run_id = format!("inject-{id}");
         let p = json!({"runId": run_id, "sessionKey": session.key, "agentId": session.agent_id, "seq": 0,
             "state": "final", "stopReason": "stop", "message": with_meta(&a.entry, &run_id)});
-        gw.hub.publish("chat", Some(&session.key), p, false, crate::hub::Audience::All);
+        let eid = crate::hub::EventId::chat(&session.session_id, a.pos);
+        gw.hub.publish_entry("chat", &session.key, p, crate::hub::Audience::All, Some(eid));
         gw.sessions.touch(&session);
     }
     Ok(json!({"ok": true, "messageId": id, "appended": a.appended}))

@@ -2,12 +2,14 @@
 //! [`crate::assets`]) and a WebSocket upgrade on any path
 //! is the RPC socket (after the Origin and Host checks: a web page of another origin, or a
 //! rebound DNS name, gets 403); `/healthz`; `GET /api/sessions/{key}/events`, the session's `chat`
-//! and `session.message` events as Server-Sent Events with catch-up after `Last-Event-ID`;
+//! and `session.message` events as Server-Sent Events with catch-up from the store after
+//! `Last-Event-ID` ([`crate::catchup`]);
 //! `GET /api/sessions/{key}/export?format=html|md|jsonl&leaf=<id>` ([`crate::export`]); and,
 //! when configured, OpenClaw's Control UI as static files under `/control/`.
 
+use crate::catchup::Catchup;
 use crate::config::AuthMode;
-use crate::hub::{BusEvent, Replay, Subscriber};
+use crate::hub::{BusEvent, EventId, Subscriber};
 use crate::server::Conn;
 use crate::state::Gateway;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -17,7 +19,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use futures::stream::{self, Stream, StreamExt};
+use futures::stream::{self, StreamExt};
 use serde_json::json;
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -254,18 +256,38 @@ async fn session_events(
         Ok((k, _)) => k,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.message}))).into_response(),
     };
-    let last: Option<u64> = headers
+    let given = headers
         .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
+        .map(|v| v.to_str().unwrap_or("(not ASCII)"))
         .or(query.get("lastEventId").map(String::as_str))
-        .and_then(|v| v.trim().parse().ok());
+        .filter(|v| !v.trim().is_empty());
+    let resume = given.map(EventId::parse);
     if let Some(Extension(c)) = conn {
         c.authenticated();
     }
+    if let (Some(Ok(id)), Some(_)) = (&resume, &gw.pg) {
+        // Rows of other replicas after the client's id are announced here even if this replica
+        // starts watching the session only after the catch-up below read the store.
+        gw.relay_from(&key, id.pos);
+    }
+    // Subscribed before the store is read: nothing appended after the read can be missed.
     let (tx, rx) = tokio::sync::mpsc::channel(SSE_QUEUE);
-    let sub = Arc::new(SseSubscriber { key: key.clone(), tx });
-    let (subscription, replay) = gw.hub.subscribe_with_replay(&key, last, sub);
-    let stream = event_stream(rx, replay).take_until(gw.shutdown.clone().cancelled_owned());
+    let subscription = gw.hub.subscribe_to(&key, Arc::new(SseSubscriber { key: key.clone(), tx }));
+    let (first, last) = match resume {
+        None => (vec![], None),
+        Some(Err(why)) => (vec![reset(&why)], None),
+        Some(Ok(after)) => match crate::catchup::since(&gw, &key, &after).await {
+            Ok(Catchup::Events(evs, last)) => (evs.iter().map(|e| to_sse(e)).collect(), Some(last)),
+            Ok(Catchup::Reset(why)) => (vec![reset(&why)], None),
+            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": e.message}))).into_response(),
+        },
+    };
+    let live = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).filter_map(move |ev| {
+        let dup = last.as_ref().is_some_and(|l| crate::catchup::covered(&ev, l));
+        futures::future::ready((!dup).then(|| to_sse(&ev)))
+    });
+    let stream =
+        stream::iter(first).chain(live).map(Ok::<_, Infallible>).take_until(gw.shutdown.clone().cancelled_owned());
     // The subscription lives as long as the response stream.
     let stream = stream.map(move |e| {
         let _ = &subscription;
@@ -275,9 +297,10 @@ async fn session_events(
 }
 
 /// Events queued for one SSE stream; a stream that falls this far behind is ended (the client
-/// reconnects with `Last-Event-ID` and gets the catch-up log, or `reset`).
+/// reconnects with `Last-Event-ID` and catches up from the store).
 const SSE_QUEUE: usize = 1024;
 
+/// Forwards a session's `chat` and `session.message` events to one SSE stream.
 struct SseSubscriber {
     key: String,
     tx: tokio::sync::mpsc::Sender<Arc<BusEvent>>,
@@ -285,46 +308,27 @@ struct SseSubscriber {
 
 impl Subscriber for SseSubscriber {
     fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
-        if ev.sse_id.is_none() || ev.session_key.as_deref() != Some(self.key.as_str()) {
+        if !matches!(ev.name, "chat" | "session.message") || ev.session_key.as_deref() != Some(self.key.as_str()) {
             return !self.tx.is_closed();
         }
         self.tx.try_send(ev.clone()).is_ok()
     }
 }
 
+/// An event as SSE: `data` is `{"event", "payload"}`; events of persisted entries carry their
+/// durable id (deltas none, so a reconnect resumes from the last entry).
 fn to_sse(ev: &BusEvent) -> Event {
     let data = format!("{{\"event\":{},\"payload\":{}}}", json!(ev.name), ev.payload_json);
     let e = Event::default().event(ev.name).data(data);
-    match ev.sse_id {
+    match &ev.id {
         Some(id) => e.id(id.to_string()),
         None => e,
     }
 }
 
-fn event_stream(
-    rx: tokio::sync::mpsc::Receiver<Arc<BusEvent>>,
-    replay: Replay,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let (first, mut seen): (Vec<Event>, u64) = match replay {
-        Replay::Reset => {
-            (vec![Event::default().event("reset").data(r#"{"reason":"gap too old; refetch chat.history"}"#)], 0)
-        }
-        Replay::Events(evs) => {
-            let last = evs.last().and_then(|e| e.sse_id).unwrap_or(0);
-            (evs.iter().map(|e| to_sse(e)).collect(), last)
-        }
-    };
-    let live = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).filter_map(move |ev| {
-        let out = match ev.sse_id {
-            Some(id) if id > seen => {
-                seen = id;
-                Some(to_sse(&ev))
-            }
-            _ => None,
-        };
-        futures::future::ready(out)
-    });
-    stream::iter(first).chain(live).map(Ok)
+/// `reset`: the client's gap cannot be replayed; it refetches `chat.history`.
+fn reset(why: &str) -> Event {
+    Event::default().event("reset").data(json!({"reason": format!("{why}; refetch chat.history")}).to_string())
 }
 
 #[cfg(test)]

@@ -2,20 +2,77 @@
 //! `agent`, `sessions.changed`, `shutdown`) is published here once, serialized once, and handed to
 //! each interested subscriber (a WebSocket connection's outbox, an SSE stream) right away; the hub
 //! keeps no ring of past events for them, so memory is bounded by each subscriber's own budget.
-//! Session-scoped `chat` and `session.message` events also get a per-session id, and those that
-//! are not deltas are kept in catch-up logs bounded per session and in total bytes, so an SSE client reconnecting with
-//! `Last-Event-ID` gets what it missed, or `reset` when the gap is older than the log. A session's
-//! log is dropped when it is reset or deleted, so deleted content never replays.
+//! An event that announces a persisted entry carries that entry's durable [`EventId`]; a client
+//! that missed events catches up from the store ([`crate::catchup`]), on any replica.
 
 use crate::state::lock;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Events kept per session for SSE catch-up.
-pub const SSE_LOG_LEN: usize = 512;
-/// Bytes kept in all catch-up logs together; the oldest events (of any session) go first.
-pub const SSE_LOG_TOTAL_BYTES: usize = 64 * 1024 * 1024;
+/// The durable id of an event that announces a persisted entry: the transcript (its session id),
+/// the entry's position in it ([`pincer_store::Appended::pos`]: a byte offset for JSONL, the `seq`
+/// for PostgreSQL) and which of the entry's events it is — 0 for `session.message`, 1 for the `chat`
+/// event (a final, an abort, an error) that carries the entry. Written `<sessionId>:<pos>` and
+/// `<sessionId>:<pos>.1`; the same on every replica and after a restart, and ordered as the
+/// entries are, so a client that saw an entry's `session.message` but not its final gets the final.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventId {
+    pub session_id: String,
+    pub pos: u64,
+    pub part: u8,
+}
+
+/// The largest position an id may name (what PostgreSQL's `bigint` holds).
+const MAX_POS: u64 = i64::MAX as u64;
+
+impl EventId {
+    /// `session.message` of the entry at `pos`.
+    pub fn message(session_id: &str, pos: u64) -> EventId {
+        EventId { session_id: session_id.to_owned(), pos, part: 0 }
+    }
+
+    /// The `chat` event that carries the entry at `pos`.
+    pub fn chat(session_id: &str, pos: u64) -> EventId {
+        EventId { session_id: session_id.to_owned(), pos, part: 1 }
+    }
+
+    /// Reads an id as [`EventId`]'s `Display` writes it; the reason when it is not one.
+    pub fn parse(text: &str) -> Result<EventId, String> {
+        let bad = |why: &str| format!("{text:?} is not an event id of this gateway ({why})");
+        let (sid, at) = text.trim().rsplit_once(':').ok_or_else(|| bad("expected <sessionId>:<position>"))?;
+        if sid.is_empty() || sid.len() > 128 {
+            return Err(bad("no session id"));
+        }
+        let (pos, part) = match at.split_once('.') {
+            None => (at, 0),
+            Some((pos, "1")) => (pos, 1),
+            Some(_) => return Err(bad("the part after the dot must be 1")),
+        };
+        if pos.is_empty() || pos.len() > 19 || !pos.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad("the position must be a whole number"));
+        }
+        let pos: u64 = pos.parse().map_err(|_| bad("the position must be a whole number"))?;
+        if pos > MAX_POS {
+            return Err(bad("the position is too large"));
+        }
+        Ok(EventId { session_id: sid.to_owned(), pos, part })
+    }
+
+    /// Whether this id comes after `other` in the same transcript (false for another transcript).
+    pub fn after(&self, other: &EventId) -> bool {
+        self.session_id == other.session_id && (self.pos, self.part) > (other.pos, other.part)
+    }
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.part {
+            0 => write!(f, "{}:{}", self.session_id, self.pos),
+            n => write!(f, "{}:{}.{n}", self.session_id, self.pos),
+        }
+    }
+}
 
 /// Who receives an event on the WebSocket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,8 +95,8 @@ pub struct BusEvent {
     /// May be skipped for a slow consumer (deltas, `sessions.changed`).
     pub droppable: bool,
     pub audience: Audience,
-    /// Per-session id for SSE (`chat` and `session.message` only).
-    pub sse_id: Option<u64>,
+    /// The durable id of an event that announces a persisted entry (see [`EventId`]).
+    pub id: Option<EventId>,
 }
 
 impl BusEvent {
@@ -56,37 +113,7 @@ pub trait Subscriber: Send + Sync {
 }
 
 #[derive(Default)]
-struct SseLog {
-    next_id: u64,
-    events: VecDeque<Arc<BusEvent>>,
-    /// The highest id of a kept event that is gone (trimmed or forgotten): a client that saw less
-    /// than this missed something and gets `reset`.
-    lost_upto: u64,
-}
-
-impl SseLog {
-    fn pop(&mut self) -> Option<Arc<BusEvent>> {
-        let e = self.events.pop_front()?;
-        self.lost_upto = self.lost_upto.max(e.sse_id.unwrap_or(0));
-        Some(e)
-    }
-}
-
-/// What an SSE reconnect gets.
-pub enum Replay {
-    Events(Vec<Arc<BusEvent>>),
-    /// The gap is older than the log: refetch history.
-    Reset,
-}
-
-#[derive(Default)]
 struct Inner {
-    logs: HashMap<String, SseLog>,
-    /// Bytes and events in all logs.
-    log_bytes: usize,
-    log_count: usize,
-    /// Every logged event in publication order (session, id), for evicting the oldest overall.
-    log_order: VecDeque<(String, u64)>,
     subscribers: BTreeMap<u64, Arc<dyn Subscriber>>,
     /// Session key → the subscribers that watch it: a session's events go to these alone, so a
     /// turn costs the same with 1 or 1,000 connections open.
@@ -144,20 +171,9 @@ impl Drop for Subscription {
 pub struct Hub {
     inner: Mutex<Inner>,
     next_sub: AtomicU64,
-    /// Largest total of the catch-up logs (tests lower it).
-    log_budget: Option<usize>,
 }
 
 impl Hub {
-    /// A hub whose catch-up logs keep at most `bytes` together.
-    pub fn with_log_budget(bytes: usize) -> Hub {
-        Hub { log_budget: Some(bytes), ..Hub::default() }
-    }
-
-    fn budget(&self) -> usize {
-        self.log_budget.unwrap_or(SSE_LOG_TOTAL_BYTES)
-    }
-
     /// Publishes one event: a session's event (other than a `sessions.subscribe` notice) to the
     /// subscribers watching that session, any other event to every subscriber.
     pub fn publish(
@@ -168,47 +184,39 @@ impl Hub {
         droppable: bool,
         audience: Audience,
     ) {
-        let payload_json = payload.to_string();
-        drop(payload);
-        let mut inner = lock(&self.inner);
-        let mut ev = BusEvent {
+        self.publish_event(BusEvent {
             name,
             session_key: session_key.map(str::to_owned),
-            payload_json,
+            payload_json: payload.to_string(),
             droppable,
             audience,
-            sse_id: None,
-        };
-        let streamed = matches!(name, "chat" | "session.message");
-        let ev = match (streamed, session_key) {
-            // Deltas get an id but are not kept: each carries the whole text so far, so the next
-            // one (or the final) supersedes it, and keeping them would hold the reply many times.
-            (true, Some(key)) if droppable => {
-                let log = inner.logs.entry(key.to_owned()).or_default();
-                log.next_id += 1;
-                ev.sse_id = Some(log.next_id);
-                Arc::new(ev)
-            }
-            (true, Some(key)) => {
-                let log = inner.logs.entry(key.to_owned()).or_default();
-                log.next_id += 1;
-                let id = log.next_id;
-                ev.sse_id = Some(id);
-                let ev = Arc::new(ev);
-                log.events.push_back(ev.clone());
-                let mut freed = (0, 0);
-                if log.events.len() > SSE_LOG_LEN {
-                    freed = log.pop().map_or((0, 0), |e| (e.size(), 1));
-                }
-                inner.log_bytes = inner.log_bytes + ev.size() - freed.0;
-                inner.log_count = inner.log_count + 1 - freed.1;
-                inner.log_order.push_back((key.to_owned(), id));
-                self.trim(&mut inner);
-                ev
-            }
-            _ => Arc::new(ev),
-        };
-        // Delivered while the hub is locked, so every subscriber sees the id order.
+            id: None,
+        });
+    }
+
+    /// Publishes an event that announces a persisted entry, under its durable id.
+    pub fn publish_entry(
+        &self,
+        name: &'static str,
+        session_key: &str,
+        payload: serde_json::Value,
+        audience: Audience,
+        id: Option<EventId>,
+    ) {
+        self.publish_event(BusEvent {
+            name,
+            session_key: Some(session_key.to_owned()),
+            payload_json: payload.to_string(),
+            droppable: false,
+            audience,
+            id,
+        });
+    }
+
+    fn publish_event(&self, ev: BusEvent) {
+        let ev = Arc::new(ev);
+        let mut inner = lock(&self.inner);
+        // Delivered while the hub is locked, so every subscriber sees one order.
         let routed = ev.session_key.as_deref().filter(|_| ev.audience != Audience::SessionsWatchers);
         let Some(key) = routed else {
             let gone: Vec<u64> = inner.subscribers.iter().filter(|(_, s)| !s.deliver(&ev)).map(|(id, _)| *id).collect();
@@ -230,40 +238,6 @@ impl Hub {
         }
     }
 
-    /// Drops the oldest logged events until the logs fit their byte budget.
-    fn trim(&self, inner: &mut Inner) {
-        let budget = self.budget();
-        while inner.log_bytes > budget {
-            let Some((key, id)) = inner.log_order.pop_front() else { break };
-            let Some(log) = inner.logs.get_mut(&key) else { continue };
-            while log.events.front().and_then(|e| e.sse_id).is_some_and(|e| e <= id) {
-                if let Some(e) = log.pop() {
-                    inner.log_bytes -= e.size();
-                    inner.log_count -= 1;
-                }
-            }
-        }
-        if inner.log_order.len() > inner.log_count * 2 + 1024 {
-            // Entries of events already gone (per-session trims, forgotten sessions).
-            let logs = &inner.logs;
-            inner.log_order.retain(|(k, id)| {
-                logs.get(k).and_then(|l| l.events.front()).and_then(|e| e.sse_id).is_some_and(|f| *id >= f)
-            });
-        }
-    }
-
-    /// Forgets a session's catch-up log (reset, delete): its content is never replayed. Ids keep
-    /// counting up, so a client that saw the old events gets `reset`.
-    pub fn forget_session(&self, key: &str) {
-        let mut inner = lock(&self.inner);
-        if let Some(log) = inner.logs.get_mut(key) {
-            let (bytes, count) = log.events.drain(..).fold((0, 0), |(b, c), e| (b + e.size(), c + 1));
-            log.lost_upto = log.next_id;
-            inner.log_bytes -= bytes;
-            inner.log_count -= count;
-        }
-    }
-
     /// Subscriber `id` also gets the events of session `key` (see [`Subscription::watch`]).
     pub fn watch(&self, id: u64, key: &str) {
         lock(&self.inner).watch(id, key);
@@ -274,11 +248,6 @@ impl Hub {
         lock(&self.inner).watching.keys().cloned().collect()
     }
 
-    /// Bytes held by the catch-up logs.
-    pub fn log_bytes(&self) -> usize {
-        lock(&self.inner).log_bytes
-    }
-
     /// Subscribes; events published from now on are delivered until the subscription is dropped.
     pub fn subscribe(self: &Arc<Self>, sub: Arc<dyn Subscriber>) -> Subscription {
         let id = self.next_sub.fetch_add(1, Ordering::Relaxed);
@@ -286,35 +255,11 @@ impl Hub {
         Subscription { hub: self.clone(), id }
     }
 
-    /// Subscribes and returns what a client that last saw `after` missed, atomically (no event can
-    /// fall between the replay and the live stream).
-    pub fn subscribe_with_replay(
-        self: &Arc<Self>,
-        key: &str,
-        after: Option<u64>,
-        sub: Arc<dyn Subscriber>,
-    ) -> (Subscription, Replay) {
-        let mut inner = lock(&self.inner);
-        let id = self.next_sub.fetch_add(1, Ordering::Relaxed);
-        inner.subscribers.insert(id, sub);
-        inner.watch(id, key);
-        let subscription = Subscription { hub: self.clone(), id };
-        let Some(log) = inner.logs.get(key) else {
-            return (subscription, if after.is_some_and(|a| a > 0) { Replay::Reset } else { Replay::Events(vec![]) });
-        };
-        let last = log.next_id;
-        let replay = match after {
-            None => Replay::Events(vec![]),
-            Some(a) if a > last => Replay::Reset,
-            Some(a) => {
-                if a < log.lost_upto {
-                    Replay::Reset
-                } else {
-                    Replay::Events(log.events.iter().filter(|e| e.sse_id.is_some_and(|id| id > a)).cloned().collect())
-                }
-            }
-        };
-        (subscription, replay)
+    /// Subscribes to the events of session `key` (and those of no session).
+    pub fn subscribe_to(self: &Arc<Self>, key: &str, sub: Arc<dyn Subscriber>) -> Subscription {
+        let subscription = self.subscribe(sub);
+        subscription.watch(key);
+        subscription
     }
 }
 
@@ -323,70 +268,38 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn ids(r: Replay) -> Option<Vec<u64>> {
-        match r {
-            Replay::Events(v) => Some(v.iter().filter_map(|e| e.sse_id).collect()),
-            Replay::Reset => None,
-        }
-    }
-
-    struct Collect(Mutex<Vec<u64>>);
+    struct Collect(Mutex<Vec<String>>);
     impl Subscriber for Collect {
         fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
-            lock(&self.0).extend(ev.sse_id);
+            lock(&self.0).push(ev.id.as_ref().map_or_else(|| ev.name.to_owned(), EventId::to_string));
             true
         }
     }
 
-    fn replay(hub: &Arc<Hub>, key: &str, after: Option<u64>) -> Option<Vec<u64>> {
-        ids(hub.subscribe_with_replay(key, after, Arc::new(Collect(Mutex::new(vec![])))).1)
-    }
-
     #[test]
-    fn replay_and_reset() {
-        let hub = Arc::new(Hub::default());
-        for n in 0..(SSE_LOG_LEN + 10) {
-            hub.publish("chat", Some("k"), json!({"n": n}), false, Audience::All);
+    fn ids_read_back_and_order_within_a_transcript() {
+        for id in [EventId::message("s-1", 0), EventId::chat("s:1", 42), EventId::message("x", MAX_POS)] {
+            assert_eq!(EventId::parse(&id.to_string()), Ok(id.clone()), "{id}");
         }
-        hub.publish("tick", None, json!({}), false, Audience::All);
-        let last = (SSE_LOG_LEN + 10) as u64;
-        assert_eq!(replay(&hub, "k", Some(last - 2)), Some(vec![last - 1, last]));
-        assert_eq!(replay(&hub, "k", Some(last)), Some(vec![]));
-        assert_eq!(replay(&hub, "k", Some(1)), None, "too old: reset");
-        assert_eq!(replay(&hub, "k", Some(last + 5)), None, "from the future: reset");
-        assert_eq!(replay(&hub, "other", Some(3)), None);
-        assert_eq!(replay(&hub, "other", None), Some(vec![]));
-    }
-
-    #[test]
-    fn logs_are_bounded_in_total_and_forgotten_sessions_never_replay() {
-        let hub = Arc::new(Hub::with_log_budget(200_000));
-        let big = "x".repeat(10_000);
-        for s in 0..50 {
-            hub.publish("chat", Some(&format!("s{s}")), json!({"text": big}), false, Audience::All);
+        let (m, c) = (EventId::message("s", 7), EventId::chat("s", 7));
+        assert!(c.after(&m) && !m.after(&c) && EventId::message("s", 8).after(&c));
+        assert!(!EventId::chat("t", 9).after(&m), "another transcript is not after");
+        for bad in [
+            "",
+            "17",
+            ":5",
+            "s:",
+            "s:-1",
+            "s:+1",
+            "s:1.2",
+            "s:1.",
+            "s:x",
+            "s:99999999999999999999",
+            "s:9223372036854775808",
+        ] {
+            let e = EventId::parse(bad).expect_err(bad);
+            assert!(e.contains("is not an event id"), "{bad}: {e}");
         }
-        assert!(hub.log_bytes() <= 200_000, "{} bytes kept", hub.log_bytes());
-        assert_eq!(replay(&hub, "s0", Some(0)), None, "the oldest session's events were evicted");
-        assert_eq!(replay(&hub, "s49", Some(0)), Some(vec![1]));
-        hub.forget_session("s49");
-        assert_eq!(replay(&hub, "s49", Some(0)), None, "a forgotten session replays nothing");
-        hub.publish("chat", Some("s49"), json!({}), false, Audience::All);
-        assert_eq!(replay(&hub, "s49", Some(1)), Some(vec![2]), "ids go on after a reset");
-        for _ in 0..10_000 {
-            hub.publish("chat", Some("busy"), json!({"text": "y"}), false, Audience::All);
-        }
-        assert!(lock(&hub.inner).log_order.len() < 5_000, "the eviction order does not grow without bound");
-    }
-
-    #[test]
-    fn deltas_are_streamed_with_ids_but_not_kept() {
-        let hub = Arc::new(Hub::default());
-        hub.publish("chat", Some("k"), json!({"state": "delta", "text": "x".repeat(100_000)}), true, Audience::All);
-        hub.publish("chat", Some("k"), json!({"state": "final"}), false, Audience::All);
-        assert!(hub.log_bytes() < 1_000, "{} bytes kept", hub.log_bytes());
-        assert_eq!(replay(&hub, "k", Some(0)), Some(vec![2]), "the final replays; the delta it supersedes does not");
-        assert_eq!(replay(&hub, "k", None), Some(vec![]));
-        assert_eq!(replay(&hub, "k", Some(1)), Some(vec![2]));
     }
 
     #[test]
@@ -394,14 +307,15 @@ mod tests {
         let hub = Arc::new(Hub::default());
         let c = Arc::new(Collect(Mutex::new(vec![])));
         let sub = hub.subscribe(c.clone());
-        hub.publish("chat", Some("k"), json!({}), false, Audience::All);
+        hub.publish_entry("chat", "k", json!({}), Audience::All, Some(EventId::chat("s", 1)));
         assert!(lock(&c.0).is_empty(), "a session's events go to the subscribers watching it");
         sub.watch("k");
-        hub.publish("chat", Some("k"), json!({}), false, Audience::All);
+        hub.publish_entry("chat", "k", json!({}), Audience::All, Some(EventId::chat("s", 2)));
+        hub.publish("chat", Some("k"), json!({}), true, Audience::All);
         hub.publish("chat", Some("other"), json!({}), false, Audience::All);
         drop(sub);
         hub.publish("chat", Some("k"), json!({}), false, Audience::All);
-        assert_eq!(*lock(&c.0), vec![2]);
+        assert_eq!(*lock(&c.0), vec!["s:2.1".to_owned(), "chat".to_owned()]);
         let inner = lock(&hub.inner);
         assert!(inner.watching.is_empty() && inner.watched_by.is_empty(), "a dropped subscriber is forgotten");
     }

@@ -10,8 +10,9 @@
 //!   [`agent`]: OpenClaw's `agent`/`agent.wait` on that pipeline.
 //! - [`openai`]: the OpenAI-compatible endpoint, mapping stateless clients onto session trees.
 //! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
-//! - [`hub`]: the one in-process event bus with SSE catch-up logs; [`relay`]: other replicas' appends
-//!   onto it (the PostgreSQL store).
+//! - [`hub`]: the one in-process event bus, events of persisted entries under durable ids;
+//!   [`relay`]: other replicas' appends onto it (the PostgreSQL store); [`catchup`]: what a
+//!   reconnecting client missed, replayed from the store on any replica.
 //! - [`state`]: shared state (store, runs, dedupe, queue).
 //! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
 //! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
@@ -22,6 +23,7 @@
 
 pub mod agent;
 pub mod assets;
+pub mod catchup;
 pub mod chat;
 pub mod compact;
 pub mod config;
@@ -55,6 +57,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
+/// Sends what waited for a session's catch-up (see [`Subs::flush`]).
+pub type Flush = Box<dyn Fn(&str) + Send + Sync>;
+
 /// What a connection subscribed to.
 #[derive(Default)]
 pub struct Subs {
@@ -67,6 +72,11 @@ pub struct Subs {
     pub chats: Mutex<HashSet<String>>,
     /// The connection's hub subscriber, told which sessions to route to it.
     pub route: std::sync::OnceLock<(Arc<hub::Hub>, u64)>,
+    /// Sessions a `sessions.messages.subscribe {afterSeq}` caught up ([`catchup::subscribe_messages`]).
+    pub catchup: Mutex<std::collections::HashMap<String, catchup::CatchingUp>>,
+    /// Sends the events waiting in `catchup` for a session, then lets live ones through (set by
+    /// the transport).
+    pub flush: std::sync::OnceLock<Flush>,
 }
 
 impl Subs {

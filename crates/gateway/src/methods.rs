@@ -144,14 +144,11 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             ctx.subs.sessions.store(false, Ordering::Relaxed);
             Ok(json!({"subscribed": false}))
         }
-        Method::SessionsMessagesSubscribe => {
-            let key = session_key(method, params)?;
-            ctx.subs.add_messages(key.clone());
-            Ok(json!({"subscribed": true, "key": key}))
-        }
+        Method::SessionsMessagesSubscribe => crate::catchup::subscribe_messages(gw, ctx, params).await,
         Method::SessionsMessagesUnsubscribe => {
             let key = session_key(method, params)?;
             crate::state::lock(&ctx.subs.messages).remove(&key);
+            crate::state::lock(&ctx.subs.catchup).remove(&key);
             Ok(json!({"subscribed": false, "key": key}))
         }
         // The Control UI gates sending on the agent's `model.primary` ("No AI provider configured").
@@ -460,7 +457,6 @@ fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(o) = old {
         gw.store.forget(&o.path);
     }
-    gw.hub.forget_session(&key);
     changed(gw, &key, "reset");
     Ok(json!({"ok": true, "key": s.key, "entry": s.row(), "archived": archived.map(|p| p.display().to_string())}))
 }
@@ -473,7 +469,6 @@ fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(o) = old {
         gw.store.forget(&o.path);
     }
-    gw.hub.forget_session(&key);
     changed(gw, &key, "delete");
     let archived: Vec<String> = archived.iter().map(|p| p.display().to_string()).collect();
     Ok(json!({"ok": true, "key": key, "deleted": deleted, "archived": archived}))

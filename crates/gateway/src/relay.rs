@@ -2,7 +2,8 @@
 //! appends as it writes them; this task announces the others': for every session some local
 //! client watches, it reads the rows after the last seq it has seen and publishes them on the hub
 //! as this replica's own appends are published (`session.message` for each message, and a `chat`
-//! final for each reply that ends a run, under the run id of the user row it answers). A
+//! final for each reply that ends a run, under the run id of the user row it answers), under the
+//! rows' durable ids; [`render`] is the one rendering of rows, which catch-up replays too. A
 //! notification (`pg_notify` of `<file>:<seq>` on commit) only wakes it; it also looks every
 //! [`POLL`], and everything after a reconnect of the listener, so a lost notification costs
 //! latency, never an event. Rows this replica wrote are skipped (the store remembers them).
@@ -11,6 +12,7 @@
 //! replica's `chat.abort` asked for, and takes over the runs of a replica that stopped beating:
 //! their turns are marked interrupted within [`STALE_AFTER`] plus a [`HEARTBEAT`] or two.
 
+use crate::hub::{Audience, EventId};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_pg::watch::Wake;
@@ -92,6 +94,10 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
     let Some(replica) = gw.replica_id().map(str::to_owned) else { return };
     let gw = gw.clone();
     let stop = gw.shutdown.clone();
+    // Runs this replica claimed from a dead one and is still taking over (run → session key,
+    // whether a takeover runs now): beaten as its own, so that if it dies too before the marker is
+    // written another survivor claims them in turn; a takeover that failed is tried again.
+    let claimed: Arc<std::sync::Mutex<HashMap<String, (String, bool)>>> = Arc::default();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -100,7 +106,8 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let mine: Vec<String> = gw.all_runs().iter().map(|r| r.run_id.clone()).collect();
+            let mut mine: Vec<String> = gw.all_runs().iter().map(|r| r.run_id.clone()).collect();
+            mine.extend(crate::state::lock(&claimed).keys().cloned());
             match pg.heartbeat(replica.clone(), mine).await {
                 Ok(aborts) => {
                     for id in aborts {
@@ -112,9 +119,20 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
                 Err(e) => tracing::debug!("heartbeat: {e}"),
             }
             let stale = pg.claim_stale_runs(replica.clone(), STALE_AFTER).await.unwrap_or_default();
-            for (run_id, key) in stale {
-                let gw2 = gw.clone();
-                tokio::spawn(async move { take_over(&gw2, &run_id, &key).await });
+            let mut runs = crate::state::lock(&claimed);
+            runs.extend(stale.into_iter().map(|(run_id, key)| (run_id, (key, false))));
+            for (run_id, (key, busy)) in runs.iter_mut().filter(|(_, (_, busy))| !*busy) {
+                *busy = true;
+                let (gw2, claimed, run_id, key) = (gw.clone(), claimed.clone(), run_id.clone(), key.clone());
+                tokio::spawn(async move {
+                    let done = take_over(&gw2, &run_id, &key).await;
+                    let mut runs = crate::state::lock(&claimed);
+                    if done {
+                        runs.remove(&run_id);
+                    } else if let Some((_, busy)) = runs.get_mut(&run_id) {
+                        *busy = false;
+                    }
+                });
             }
         }
     });
@@ -122,41 +140,53 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
 
 /// A run whose replica died: its turn is marked interrupted if it is still unanswered at the
 /// leaf (a resend of its key then resumes it once, on any replica), and the run is forgotten.
-async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) {
+/// False when that could not be done now (the store failed): it is tried again.
+async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) -> bool {
     let k = key.to_owned();
-    let session = gw.index(move |s| s.resolve(&k, false)).await.ok().flatten();
+    let session = match gw.index(move |s| s.resolve(&k, false)).await {
+        Ok(s) => s,
+        Err(_) => return false,
+    };
     if let Some(s) = session {
         let cancel = gw.stopping();
-        let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return };
+        let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return false };
         let (store, path) = (gw.store.clone(), s.path.clone());
         let found = tokio::task::spawn_blocking(move || crate::turns::unanswered_at_leaf(store.as_ref(), &path)).await;
-        if let Ok(Ok(Some(open))) = found {
-            if open == run_id {
+        match found {
+            Ok(Ok(Some(open))) if open == run_id => {
                 let reason = "the replica running this turn stopped before its reply was written";
                 match gw.append(&s, crate::turns::marker(crate::turns::INTERRUPTED, run_id, reason)).await {
-                    Ok(_) => {
+                    Ok(a) => {
                         tracing::warn!(session = %s.key, run = %run_id, "marked a dead replica's turn interrupted");
-                        interrupted(gw, &s, run_id, reason);
+                        publish_interrupted(gw, &s, run_id, reason, a.pos);
                     }
                     Err(e) => {
                         tracing::warn!(session = %s.key, "cannot mark a dead replica's turn interrupted: {e}");
-                        return; // the row stays ours: tried again after a restart's own check
+                        return false;
                     }
                 }
             }
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => return false,
         }
     }
-    if let Some(pg) = &gw.pg {
-        let _ = pg.run_finished(run_id.to_owned()).await;
+    match &gw.pg {
+        Some(pg) => pg.run_finished(run_id.to_owned()).await.is_ok(),
+        None => true,
     }
 }
 
-/// The `chat` error of a turn whose replica died (for this replica's clients; the others see the
-/// marker row through their relay).
-fn interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str) {
-    let p = json!({"runId": run_id, "sessionKey": s.key, "agentId": s.agent_id, "seq": 1, "state": "error",
-        "errorMessage": reason, "errorKind": "interrupted"});
-    gw.hub.publish("chat", Some(&s.key), p, false, crate::hub::Audience::All);
+/// Announces the interrupted marker at `pos` this replica wrote (other replicas announce it from
+/// the row, [`render`]).
+pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str, pos: u64) {
+    let id = EventId::chat(&s.session_id, pos);
+    gw.hub.publish_entry("chat", &s.key, interrupted(s, run_id, reason), Audience::All, Some(id));
+}
+
+/// The `chat` error of a turn whose replica died (announcing its interrupted marker).
+fn interrupted(s: &SessionRef, run_id: &str, reason: &str) -> Value {
+    json!({"runId": run_id, "sessionKey": s.key, "agentId": s.agent_id, "seq": 1, "state": "error",
+        "errorMessage": reason, "errorKind": "interrupted"})
 }
 
 /// Follows the sessions local clients watch now: a new one from its current end on, or from just
@@ -185,9 +215,12 @@ async fn refresh(gw: &Arc<Gateway>, pg: &PgStore, watched: &mut HashMap<String, 
     let Ok(seqs) = pg.last_seqs(files).await else { return };
     for (s, file) in fresh {
         let mut last_seq = seqs.get(&file).copied().unwrap_or(0);
-        if let Some((f, seq)) = woke.filter(|(f, _)| *f == file) {
+        if let Some((_, seq)) = woke.filter(|(f, _)| *f == file) {
             last_seq = last_seq.min(seq - 1);
-            let _ = f;
+        }
+        // A catch-up read the rows up to here: what came after must be announced.
+        if let Some(seq) = gw.take_relay_from(&s.key) {
+            last_seq = last_seq.min(i64::try_from(seq).unwrap_or(i64::MAX));
         }
         watched.insert(s.key.clone(), Watched { session: s, file, last_seq, run: None });
     }
@@ -209,7 +242,7 @@ async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
             if pg.take_own(&w.file, seq) {
                 continue;
             }
-            announce(gw, w, &entry);
+            announce(gw, w, seq as u64, &entry);
         }
         if n < BATCH {
             return;
@@ -218,29 +251,89 @@ async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
 }
 
 /// Publishes one row written by another replica as this replica publishes its own.
-fn announce(gw: &Gateway, w: &mut Watched, entry: &Value) {
-    if entry.get("type").and_then(Value::as_str) == Some("custom") && entry["customType"] == crate::turns::INTERRUPTED {
-        if let Some(run) = entry["data"]["runId"].as_str() {
-            let reason = entry["data"]["reason"].as_str().unwrap_or("the turn was interrupted");
-            interrupted(gw, &w.session, run, reason);
-        }
-        return;
+fn announce(gw: &Gateway, w: &mut Watched, pos: u64, entry: &Value) {
+    for ev in render(gw, &w.session, pos, entry, &mut w.run) {
+        gw.hub.publish_entry(ev.name, &w.session.key, ev.payload, ev.audience, Some(ev.id));
     }
-    if entry.get("type").and_then(Value::as_str) != Some("message") {
-        return;
+}
+
+/// The run a user row starts (its `<run>:user` key without the suffix).
+pub fn user_run(entry: &Value) -> Option<&str> {
+    let msg = entry.get("message").filter(|m| m["role"] == "user")?;
+    msg.get("idempotencyKey")?.as_str()?.strip_suffix(":user")
+}
+
+/// An event announcing a persisted entry, rendered from the entry alone.
+pub struct EntryEvent {
+    pub name: &'static str,
+    pub payload: Value,
+    pub audience: Audience,
+    pub id: EventId,
+}
+
+/// The events that announce the row at `pos`, as a replica that did not write it announces it
+/// (and as a catch-up replays it, [`crate::catchup`]): `session.message` for each message, a
+/// `chat` final for each reply that ends a run (under the run of its own `<run>:assistant` key,
+/// `inject-<id>` for a `chat.inject` row, else the last user row's, `run`; `aborted` for an
+/// aborted reply's partial, `error` for a failed run's row), the `chat` error of an interrupted marker.
+pub fn render(
+    gw: &Gateway,
+    session: &SessionRef,
+    pos: u64,
+    entry: &Value,
+    run: &mut Option<String>,
+) -> Vec<EntryEvent> {
+    let kind = entry.get("type").and_then(Value::as_str);
+    if kind == Some("custom") && entry["customType"] == crate::turns::INTERRUPTED {
+        let Some(run) = entry["data"]["runId"].as_str() else { return vec![] };
+        let reason = entry["data"]["reason"].as_str().unwrap_or("the turn was interrupted");
+        let id = EventId::chat(&session.session_id, pos);
+        return vec![EntryEvent {
+            name: "chat",
+            payload: interrupted(session, run, reason),
+            audience: Audience::All,
+            id,
+        }];
+    }
+    if kind != Some("message") {
+        return vec![];
     }
     let msg = &entry["message"];
-    if let Some(run) = msg["idempotencyKey"].as_str().and_then(|k| k.strip_suffix(":user")) {
-        w.run = Some(run.to_owned());
+    let key = msg["idempotencyKey"].as_str();
+    if let Some(r) = user_run(entry) {
+        *run = Some(r.to_owned());
     }
-    crate::chat::publish_session_message(gw, &w.session, entry);
+    let mut out = vec![EntryEvent {
+        name: "session.message",
+        payload: crate::chat::session_message_payload(gw, session, entry, Some(pos)),
+        audience: Audience::SessionSubscribers,
+        id: EventId::message(&session.session_id, pos),
+    }];
     let ends_run = msg["role"] == "assistant" && msg["stopReason"] != "toolUse";
-    if let (true, Some(run)) = (ends_run, w.run.as_deref()) {
-        let mut p = json!({"runId": run, "sessionKey": w.session.key, "agentId": w.session.agent_id, "seq": 1,
-            "state": "final", "stopReason": msg["stopReason"], "message": crate::chat::with_meta(entry, run)});
-        if let Some(u) = msg.get("usage") {
+    // A reply's run: its own `<run>:assistant` key; a `chat.inject` row's, `inject-<id>` (as
+    // [`crate::chat::inject`] announces it); else the last user row's.
+    let own = key.and_then(|k| k.strip_suffix(":assistant")).map(str::to_owned);
+    let injected = (crate::state::is_injected(msg)).then(|| entry["id"].as_str().map(|id| format!("inject-{id}")));
+    if let (true, Some(r)) = (ends_run, own.or(injected.flatten()).or(run.clone())) {
+        let r = r.as_str();
+        let mut p = json!({"runId": r, "sessionKey": session.key, "agentId": session.agent_id, "seq": 1,
+            "state": "final", "stopReason": msg["stopReason"], "message": crate::chat::with_meta(entry, r)});
+        // As the run announced it: an aborted reply's partial, a failed run's error row.
+        if let Some(origin) = msg.get("openclawAbort").map(|a| a["origin"].clone()) {
+            p["state"] = json!("aborted");
+            p["stopReason"] = origin;
+        } else if msg["stopReason"] == "error" {
+            p["state"] = json!("error");
+            p["errorMessage"] = msg["errorMessage"].clone();
+        } else if let Some(u) = msg.get("usage") {
             p["usage"] = u.clone();
         }
-        gw.hub.publish("chat", Some(&w.session.key), p, false, crate::hub::Audience::All);
+        out.push(EntryEvent {
+            name: "chat",
+            payload: p,
+            audience: Audience::All,
+            id: EventId::chat(&session.session_id, pos),
+        });
     }
+    out
 }

@@ -12,6 +12,7 @@ use pincer_store::redact::Redactor;
 use pincer_store::{build_context, Appended, NewEntry, Store, StoreError, StoreOptions, Transcripts};
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -232,6 +233,40 @@ pub struct Gateway {
     pub search_reader: Mutex<Option<pincer_search::Index>>,
     /// The PostgreSQL store when `[store] backend = "postgres"` (also in `store`): replicas.
     pub pg: Option<pincer_pg::PgStore>,
+    /// Where this process's latest appends landed, for the events that announce them.
+    positions: Mutex<Positions>,
+    /// Sessions the relay should follow from an earlier seq than their end when it starts
+    /// watching them (a catch-up read the store up to there): key → (seq, when asked).
+    relay_from: Mutex<HashMap<String, (u64, Instant)>>,
+}
+
+/// How long a [`Gateway::relay_from`] hint waits for the relay to start watching its session.
+const RELAY_HINT_TTL: Duration = Duration::from_secs(5);
+
+/// The durable positions of the entries this process appended lately, by (transcript, entry id):
+/// the events announcing an entry are built from the entry alone (the agent's sink hands back the
+/// entry, not where it went), so [`Gateway::event_id`] looks its position up here. Bounded: an
+/// entry is announced right after its append, long before [`Positions::MAX`] newer ones.
+#[derive(Default)]
+struct Positions {
+    map: HashMap<(PathBuf, String), u64>,
+    order: std::collections::VecDeque<(PathBuf, String)>,
+}
+
+impl Positions {
+    const MAX: usize = 4096;
+
+    fn insert(&mut self, path: &Path, id: &str, pos: u64) {
+        let k = (path.to_path_buf(), id.to_owned());
+        if self.map.insert(k.clone(), pos).is_none() {
+            self.order.push_back(k);
+        }
+        while self.order.len() > Self::MAX {
+            if let Some(old) = self.order.pop_front() {
+                self.map.remove(&old);
+            }
+        }
+    }
 }
 
 /// The store the settings name, for one-off commands (`pincer transcript export --session`).
@@ -335,6 +370,8 @@ impl Gateway {
             indexer,
             search_reader: Mutex::new(None),
             pg,
+            positions: Mutex::default(),
+            relay_from: Mutex::default(),
         })
     }
 
@@ -535,6 +572,11 @@ impl Gateway {
         })
         .await
         .unwrap_or_else(|e| Err(StoreError::Internal(format!("append task failed: {e}"))));
+        if let Ok(a) = &r {
+            if let Some(id) = a.id() {
+                lock(&self.positions).insert(&session.path, id, a.pos);
+            }
+        }
         // Keep the cached context in step with what was written.
         match &r {
             Ok(a) if a.appended => {
@@ -547,6 +589,27 @@ impl Gateway {
             Err(_) => lock(&self.contexts).remove(&session.path),
         }
         r
+    }
+
+    /// The durable id of an event announcing `entry` (`part` 0: its `session.message`, 1: the
+    /// `chat` event carrying it), when this process appended it lately (see [`Positions`]).
+    pub fn event_id(&self, session: &SessionRef, entry: &Value, part: u8) -> Option<crate::hub::EventId> {
+        let id = entry.get("id").and_then(Value::as_str)?;
+        let pos = *lock(&self.positions).map.get(&(session.path.clone(), id.to_owned()))?;
+        Some(crate::hub::EventId { session_id: session.session_id.clone(), pos, part })
+    }
+
+    /// Asks the relay to announce session `key`'s rows after `seq` when it starts watching it.
+    pub fn relay_from(&self, key: &str, seq: u64) {
+        let mut hints = lock(&self.relay_from);
+        hints.retain(|_, (_, at)| at.elapsed() < RELAY_HINT_TTL);
+        let e = hints.entry(key.to_owned()).or_insert((seq, Instant::now()));
+        *e = (e.0.min(seq), Instant::now());
+    }
+
+    /// The seq the relay should follow `key` from (see [`Gateway::relay_from`]), once.
+    pub fn take_relay_from(&self, key: &str) -> Option<u64> {
+        lock(&self.relay_from).remove(key).filter(|(_, at)| at.elapsed() < RELAY_HINT_TTL).map(|(seq, _)| seq)
     }
 
     /// Drops what is cached about a session whose transcript was replaced (trimmed by

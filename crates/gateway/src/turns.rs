@@ -185,6 +185,7 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
             tokio::task::spawn_blocking(move || gw.sessions.list(None)).await
         };
         let Ok(Ok(sessions)) = list else { return };
+        let (looked, mut marked) = (sessions.len(), 0);
         for s in sessions {
             let cancel = gw.stopping();
             let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return };
@@ -206,10 +207,16 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
             }
             let reason = "the gateway stopped before this turn's reply was written";
             match gw.append(&s, marker(INTERRUPTED, &run_id, reason)).await {
-                Ok(_) => tracing::warn!(session = %s.key, run = %run_id, "marked a turn interrupted by a restart"),
+                Ok(a) => {
+                    marked += 1;
+                    tracing::warn!(session = %s.key, run = %run_id, "marked a turn interrupted by a restart");
+                    // Clients may be here already (or, with replicas, watching on another one).
+                    crate::relay::publish_interrupted(&gw, &s, &run_id, reason, a.pos);
+                }
                 Err(e) => tracing::warn!(session = %s.key, "cannot mark an interrupted turn: {e}"),
             }
         }
+        tracing::info!("startup check done: {looked} session(s), {marked} turn(s) marked interrupted");
     });
 }
 

@@ -231,6 +231,29 @@ impl crate::hub::Subscriber for ConnSubscriber {
         if !wanted(ev, &self.subs) {
             return true;
         }
+        if ev.audience == Audience::SessionSubscribers {
+            let mut catchup = lock(&self.subs.catchup);
+            if let Some(c) = ev.session_key.as_ref().and_then(|k| catchup.get_mut(k)) {
+                match c.hold(ev) {
+                    crate::catchup::Held::Taken => return true,
+                    crate::catchup::Held::Overflow => {
+                        tracing::warn!(
+                            conn = self.conn_id,
+                            "closing a slow consumer: too many events during a catch-up"
+                        );
+                        return false;
+                    }
+                    crate::catchup::Held::Pass => {}
+                }
+            }
+        }
+        self.forward(ev)
+    }
+}
+
+impl ConnSubscriber {
+    /// Queues an event on the connection.
+    fn forward(&self, ev: &Arc<BusEvent>) -> bool {
         let frame_seq = match ev.audience {
             Audience::All => Some(self.seq.fetch_add(1, Ordering::AcqRel) + 1),
             _ => None,
@@ -241,6 +264,18 @@ impl crate::hub::Subscriber for ConnSubscriber {
             return false;
         }
         true
+    }
+
+    /// Sends what waited for session `key`'s catch-up, in order, before any later live event.
+    fn flush(&self, key: &str) {
+        let mut catchup = lock(&self.subs.catchup);
+        let Some(c) = catchup.get_mut(key) else { return };
+        for ev in c.release() {
+            if !self.forward(&ev) {
+                self.outbox.aborted.cancel();
+                return;
+            }
+        }
     }
 }
 
@@ -449,8 +484,14 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
     let Hello { conn_id, client_id, can_write } = who;
     let subs = Arc::new(Subs::default());
     let seq = Arc::new(AtomicU64::new(0));
-    let subscriber = ConnSubscriber { outbox: outbox.clone(), subs: subs.clone(), seq: seq.clone(), conn_id };
-    let subscription = gw.hub.subscribe(Arc::new(subscriber));
+    let subscriber = Arc::new(ConnSubscriber { outbox: outbox.clone(), subs: subs.clone(), seq: seq.clone(), conn_id });
+    let weak = Arc::downgrade(&subscriber);
+    let _ = subs.flush.set(Box::new(move |key: &str| {
+        if let Some(s) = weak.upgrade() {
+            s.flush(key);
+        }
+    }));
+    let subscription = gw.hub.subscribe(subscriber);
     let _ = subs.route.set((gw.hub.clone(), subscription.id()));
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     // Large reads (history) of one connection run one at a time, so their answers cannot pile up.

@@ -182,6 +182,12 @@ impl OwnRows {
 }
 
 /// A stable 64-bit key for an advisory lock on a name (FNV-1a: the same in every replica's build).
+/// The advisory lock a session's turns are serialized on across replicas (see
+/// [`PgStore::try_lock_turns`]).
+pub fn turn_lock_key(session_key: &str) -> i64 {
+    lock_key(&format!("turns:{session_key}"))
+}
+
 fn lock_key(name: &str) -> i64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in name.bytes() {
@@ -376,7 +382,7 @@ impl PgStore {
     /// of this process (a run holds its lock for the whole turn: from the pool, the runs would
     /// take the connections their appends need); the server releases them when the replica dies.
     pub async fn try_lock_turns(&self, session_key: &str) -> Result<Option<Held>, PgError> {
-        let key = lock_key(&format!("turns:{session_key}"));
+        let key = turn_lock_key(session_key);
         let this = self.clone();
         self.run(move |_| async move {
             let client = this.lock_client().await?;
@@ -498,13 +504,16 @@ impl Inner {
         };
         if let Some(key) = entry.idempotency_key() {
             let found = tx
-                .query_opt("SELECT line FROM entries WHERE transcript = $1 AND idempotency_key = $2", &[&row.id, &key])
+                .query_opt(
+                    "SELECT line, seq FROM entries WHERE transcript = $1 AND idempotency_key = $2",
+                    &[&row.id, &key],
+                )
                 .await?;
             if let Some(r) = found {
                 let existing: Value = serde_json::from_str(r.get::<_, &str>(0))
                     .map_err(|e| PgError::Other(format!("{file}: a stored entry is not JSON: {e}")))?;
                 tx.commit().await?;
-                return Ok(Appended { entry: existing, appended: false });
+                return Ok(Appended { entry: existing, appended: false, pos: r.get::<_, i64>(1) as u64 });
             }
         }
         let parent = match &entry.parent {
@@ -543,7 +552,7 @@ impl Inner {
             own.set.remove(&(file.to_owned(), seq));
             return Err(e.into());
         }
-        Ok(Appended { entry: r.value, appended: true })
+        Ok(Appended { entry: r.value, appended: true, pos: seq as u64 })
     }
 
     async fn transcript_id(&self, c: &deadpool_postgres::Client, file: &str) -> Result<Option<(i64, String)>, PgError> {
@@ -617,17 +626,54 @@ impl Inner {
 
     /// Entries by seq from `from` on (ascending) or the last ones (descending), up to `max_bytes`.
     async fn window(&self, file: &str, from: Option<i64>, max_bytes: u64) -> Result<Vec<Value>, PgError> {
-        let lines = self.window_lines(file, from, max_bytes).await?;
-        Ok(lines.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(Value::is_object).collect())
+        let window = match from {
+            Some(f) => Window::From(f),
+            None => Window::Before(i64::MAX),
+        };
+        Ok(self.positioned(file, window, max_bytes).await?.0.into_iter().map(|(_, v)| v).collect())
+    }
+
+    /// Entries of a window with their seqs, and whether they reach the last row.
+    async fn positioned(
+        &self,
+        file: &str,
+        window: Window,
+        max_bytes: u64,
+    ) -> Result<(Vec<(u64, Value)>, bool), PgError> {
+        let (rows, whole) = self.window_rows(file, window, max_bytes).await?;
+        let entries = rows
+            .into_iter()
+            .filter_map(|(seq, l)| Some((seq as u64, serde_json::from_str::<Value>(&l).ok()?)))
+            .filter(|(_, v)| v.is_object())
+            .collect();
+        Ok((entries, whole))
     }
 
     /// The lines of [`Inner::window`], oldest first.
     async fn window_lines(&self, file: &str, from: Option<i64>, max_bytes: u64) -> Result<Vec<String>, PgError> {
+        let window = match from {
+            Some(f) => Window::From(f),
+            None => Window::Before(i64::MAX),
+        };
+        Ok(self.window_rows(file, window, max_bytes).await?.0.into_iter().map(|(_, l)| l).collect())
+    }
+
+    /// `(seq, line)` of a window, oldest first, and whether the limit left rows out after them
+    /// (false) or not (true; always true for a window before a seq).
+    async fn window_rows(
+        &self,
+        file: &str,
+        window: Window,
+        max_bytes: u64,
+    ) -> Result<(Vec<(i64, String)>, bool), PgError> {
         let c = self.pool.get().await?;
-        let Some((id, _)) = self.transcript_id(&c, file).await? else { return Ok(vec![]) };
+        let Some((id, _)) = self.transcript_id(&c, file).await? else { return Ok((vec![], true)) };
         let mut out = Vec::new();
         let mut total = 0u64;
-        let mut cursor = from.unwrap_or(i64::MAX);
+        let (from, mut cursor) = match window {
+            Window::From(f) => (Some(f), f),
+            Window::Before(b) => (None, b),
+        };
         loop {
             let rows = match from {
                 Some(_) => {
@@ -652,14 +698,14 @@ impl Inner {
                 let line: String = r.get(1);
                 total += line.len() as u64 + 1;
                 if total > max_bytes {
-                    return Ok(finish(out, from.is_none()));
+                    return Ok((finish(out, from.is_none()), from.is_none()));
                 }
                 let seq: i64 = r.get(0);
                 cursor = if from.is_some() { seq + 1 } else { seq };
-                out.push(line);
+                out.push((seq, line));
             }
         }
-        Ok(finish(out, from.is_none()))
+        Ok((finish(out, from.is_none()), true))
     }
 
     async fn import(&self, file: &str, bytes: Vec<u8>) -> Result<bool, PgError> {
@@ -844,6 +890,15 @@ impl Inner {
 }
 
 /// A descending window comes back oldest first.
+/// Which rows [`Inner::window_rows`] reads.
+#[derive(Clone, Copy)]
+enum Window {
+    /// From this seq on.
+    From(i64),
+    /// The last ones before this seq.
+    Before(i64),
+}
+
 fn finish<T>(mut out: Vec<T>, descending: bool) -> Vec<T> {
     if descending {
         out.reverse();
@@ -1029,6 +1084,22 @@ impl Transcripts for PgStore {
         let file = self.name(path);
         let f = file.clone();
         self.block(move |inner| async move { inner.window(&f, None, max_bytes).await }).map_err(|e| e.into_store(&file))
+    }
+
+    fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
+        let file = self.name(path);
+        let f = file.clone();
+        let from = Window::From(i64::try_from(pos).unwrap_or(i64::MAX));
+        self.block(move |inner| async move { inner.positioned(&f, from, max_bytes).await })
+            .map_err(|e| e.into_store(&file))
+    }
+
+    fn entries_before(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError> {
+        let file = self.name(path);
+        let f = file.clone();
+        let before = Window::Before(i64::try_from(pos).unwrap_or(i64::MAX));
+        self.block(move |inner| async move { Ok(inner.positioned(&f, before, max_bytes).await?.0) })
+            .map_err(|e| e.into_store(&file))
     }
 
     fn lock(&self, path: &Path) -> Result<Held, StoreError> {

@@ -365,29 +365,136 @@ async fn bad_input_is_refused_with_a_clear_error_and_nothing_is_written() {
     }
 }
 
+/// The SSE ids the transcript's rows give: `<sessionId>:<byte offset of the line>` for a message's
+/// `session.message`, `.1` after it for the `chat` final of a reply that ends its turn.
+fn ids_from_file(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).expect("transcript");
+    let sid = path.file_stem().and_then(|s| s.to_str()).expect("sid").to_owned();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for line in bytes.split_inclusive(|b| *b == b'\n') {
+        let v: Value = serde_json::from_slice(line).unwrap_or(Value::Null);
+        if v["type"] == "message" {
+            out.push(format!("{sid}:{at}"));
+            if v["message"]["role"] == "assistant" && v["message"]["stopReason"] != "toolUse" {
+                out.push(format!("{sid}:{at}.1"));
+            }
+        }
+        at += line.len();
+    }
+    out
+}
+
+async fn sse_after(addr: &str, last: Option<&str>) -> Vec<pincer_testkit::probe::SseEvent> {
+    pincer_testkit::probe::sse_events(&raw_get(addr, "/api/sessions/main/events", TOKEN, last).await)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sse_replays_missed_events_after_last_event_id() {
-    let s = setup();
+async fn sse_catches_up_from_the_transcript_after_a_restart() {
+    let mut s = setup();
     let mut a = Client::connect(&s.gw.addr).await;
     send(&mut a, "main", "one", "run-1").await;
     a.chat_end("run-1").await;
-    let all = sse_read(&s.gw.addr, None, 1).await;
+    let all = sse_after(&s.gw.addr, None).await;
     assert!(all.is_empty(), "a fresh stream starts live: {all:?}");
-    let replay = sse_read(&s.gw.addr, Some(1), 100).await;
-    let ids: Vec<u64> = replay.iter().filter_map(|(id, _)| *id).collect();
-    assert!(ids.len() >= 2 && ids[0] >= 2, "{replay:?}");
-    assert!(ids.windows(2).all(|w| w[1] > w[0]), "in id order: {ids:?}");
-    assert!(replay.iter().any(|(_, d)| d.contains("session.message")));
-    // Deltas are superseded by the final: they are not replayed, the final is.
-    assert!(!replay.iter().any(|(_, d)| d.contains("\"state\":\"delta\"")), "{replay:?}");
-    assert!(replay.iter().any(|(_, d)| d.contains("\"state\":\"final\"")), "{replay:?}");
-    let reset = sse_read(&s.gw.addr, Some(100_000), 1).await;
-    assert_eq!(reset.first().map(|(_, d)| d.contains("refetch")), Some(true), "{reset:?}");
+    let file = transcript(&s);
+    let sid = file.file_stem().and_then(|s| s.to_str()).expect("sid").to_owned();
+    // From the start: every event the rows give, with the ids of their positions.
+    let first = sse_after(&s.gw.addr, Some(&format!("{sid}:0"))).await;
+    let seen: Vec<String> = first.iter().filter_map(|e| e.id.clone()).collect();
+    assert_eq!(seen, ids_from_file(&file), "{first:?}");
+    assert!(first.iter().any(|e| e.data.contains("\"state\":\"final\"")), "{first:?}");
+    // The client goes away; two turns happen; the gateway restarts.
+    let last = seen.last().cloned().expect("an id");
+    send(&mut a, "main", "two", "run-2").await;
+    a.chat_end("run-2").await;
+    send(&mut a, "main", "three", "run-3").await;
+    a.chat_end("run-3").await;
+    drop(a);
+    s.gw.restart();
+    let expected: Vec<String> = ids_from_file(&file).into_iter().skip(seen.len()).collect();
+    assert_eq!(expected.len(), 6, "two turns: {expected:?}");
+    let missed = sse_after(&s.gw.addr, Some(&last)).await;
+    let got: Vec<String> = missed.iter().filter_map(|e| e.id.clone()).collect();
+    assert_eq!(got, expected, "exactly the missed events, in order: {missed:?}");
+    assert!(missed.iter().all(|e| e.id.is_some()), "no reset, nothing without an id: {missed:?}");
+    assert!(missed[2].data.contains("\"state\":\"final\"") && missed[2].data.contains("\"runId\":\"run-2\""));
+    // A client that saw a reply's session.message but not its final gets the final first.
+    let partway = sse_after(&s.gw.addr, Some(&expected[4])).await;
+    let got: Vec<String> = partway.iter().filter_map(|e| e.id.clone()).collect();
+    assert_eq!(got, expected[5..].to_vec(), "{partway:?}");
+    assert!(partway[0].data.contains("\"runId\":\"run-3\""), "the final names its run: {partway:?}");
+    // Up to date: nothing.
+    assert!(sse_after(&s.gw.addr, Some(&expected[5])).await.is_empty());
+    // Ids that name nothing here get `reset`, never a replay or an error page.
+    let mid = expected[0].rsplit_once(':').map(|(_, p)| p.parse::<u64>().expect("pos") + 3).expect("pos");
+    for bad in [
+        "17".to_owned(),
+        format!("{sid}:-1"),
+        format!("{sid}:99999999999999999999999"),
+        format!("{sid}:{}", u64::MAX),
+        format!("{sid}:{mid}"),
+        format!("{sid}:1000000000"),
+        format!("{sid}:5.2"),
+        format!("another-session:{}", &expected[0].rsplit_once(':').expect("pos").1),
+        "caf\u{e9}".to_owned(),
+    ] {
+        let evs = sse_after(&s.gw.addr, Some(&bad)).await;
+        assert_eq!(evs.len(), 1, "{bad}: {evs:?}");
+        assert_eq!(evs[0].event.as_deref(), Some("reset"), "{bad}: {evs:?}");
+        assert!(evs[0].data.contains("refetch chat.history"), "{bad}: {evs:?}");
+    }
+    let by_query =
+        raw_get(&s.gw.addr, &format!("/api/sessions/main/events?lastEventId={}", expected[4]), TOKEN, None).await;
+    assert!(by_query.contains(&format!("id: {}", expected[5])), "{by_query}");
     let unauthorized = raw_get(&s.gw.addr, "/api/sessions/main/events", "", None).await;
     assert!(unauthorized.starts_with("HTTP/1.1 401"), "{unauthorized}");
 }
 
-async fn raw_get(addr: &str, path: &str, token: &str, last: Option<u64>) -> String {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_gap_larger_than_the_replay_bound_gets_reset_and_a_smaller_one_its_events() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    a.request("sessions.create", json!({"key": "main"})).await.expect("create");
+    // 8 rows of 600 KB (200,000 three-byte characters each): 4.8 MB, more than a catch-up reads.
+    for i in 0..8 {
+        let text = format!("{i}{}", "€".repeat(199_990));
+        a.request("chat.inject", json!({"sessionKey": "main", "message": text})).await.expect("inject");
+    }
+    let file = transcript(&s);
+    let sid = file.file_stem().and_then(|s| s.to_str()).expect("sid").to_owned();
+    let all = ids_from_file(&file);
+    let evs = sse_after(&s.gw.addr, Some(&format!("{sid}:0"))).await;
+    assert_eq!(evs.len(), 1, "{:?}", evs.iter().map(|e| (&e.id, &e.event)).collect::<Vec<_>>());
+    assert_eq!(evs[0].event.as_deref(), Some("reset"));
+    assert!(evs[0].data.contains("bytes of the transcript were missed"), "{}", evs[0].data);
+    // The last two rows fit: they replay.
+    let evs = sse_after(&s.gw.addr, Some(&all[all.len() - 5])).await;
+    assert_eq!(evs.iter().filter_map(|e| e.id.clone()).collect::<Vec<_>>(), all[all.len() - 4..].to_vec());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_turn_replays_as_it_was_announced() {
+    let s = setup();
+    let mut a = Client::connect(&s.gw.addr).await;
+    send(&mut a, "main", "[slow] count", "run-a").await;
+    a.event(|f| f["event"] == "chat" && f["payload"]["runId"] == "run-a" && f["payload"]["state"] == "delta").await;
+    a.request("chat.abort", json!({"sessionKey": "main", "runId": "run-a"})).await.expect("abort");
+    let live = a.chat_end("run-a").await;
+    assert_eq!(live["payload"]["state"], "aborted", "{live}");
+    let file = transcript(&s);
+    let sid = file.file_stem().and_then(|s| s.to_str()).expect("sid").to_owned();
+    let evs = sse_after(&s.gw.addr, Some(&format!("{sid}:0"))).await;
+    let last = evs.last().expect("events");
+    assert_eq!(last.id.as_ref(), ids_from_file(&file).last());
+    let replayed: Value = serde_json::from_str(&last.data).expect("json");
+    for field in ["state", "stopReason", "runId"] {
+        assert_eq!(replayed["payload"][field], live["payload"][field], "{field}: {replayed}");
+    }
+    assert_eq!(replayed["payload"]["message"]["__openclaw"], live["payload"]["message"]["__openclaw"]);
+}
+
+async fn raw_get(addr: &str, path: &str, token: &str, last: Option<&str>) -> String {
     use tokio::io::AsyncWriteExt;
     let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
@@ -402,23 +509,6 @@ async fn raw_get(addr: &str, path: &str, token: &str, last: Option<u64>) -> Stri
     // A complete response ends the read at once; a stream (SSE) is read until it is quiet.
     let out = pincer_testkit::probe::read_response(&mut sock, Duration::from_millis(700)).await;
     String::from_utf8_lossy(&out).to_string()
-}
-
-/// Reads an SSE stream for a moment; returns (id, data) of each event.
-async fn sse_read(addr: &str, last: Option<u64>, _max: usize) -> Vec<(Option<u64>, String)> {
-    let body = raw_get(addr, "/api/sessions/main/events", TOKEN, last).await;
-    let mut out = Vec::new();
-    let (mut id, mut data) = (None, String::new());
-    for line in body.lines() {
-        if let Some(v) = line.strip_prefix("id:") {
-            id = v.trim().parse().ok();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push_str(v.trim());
-        } else if line.trim().is_empty() && !data.is_empty() {
-            out.push((id.take(), std::mem::take(&mut data)));
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,19 +1,23 @@
 //! Several `pincer gateway` processes on one PostgreSQL (`[store] backend = "postgres"`), each with
 //! a state directory of its own, serving the same sessions: turns sent to one session through
 //! three replicas at once make one chain with every turn once (checked in the database and in the
-//! export, which the real Pi library reads identically), and a resend of an acknowledged key to
-//! another replica writes nothing.
+//! export, which the real Pi library reads identically), a resend of an acknowledged key to
+//! another replica writes nothing, a client resumes its event stream on another replica by
+//! durable ids, and a dead replica's turn is marked interrupted once, even when a survivor dies
+//! in the middle of taking it over.
 #![allow(clippy::disallowed_methods)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_store::{context_report, LeafArg, Session};
 use pincer_testkit::fake_openai::FakeOpenAi;
-use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions};
+use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions, TOKEN};
 use pincer_testkit::postgres::Postgres;
+use pincer_testkit::probe::{poll_async, SseEvent, SseStream};
 use pincer_testkit::{comparable, oracle_context};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pincer");
 const PASSWORD: &str = "db-password-0123456789";
@@ -46,7 +50,15 @@ fn cluster_with(pg: &Postgres, n: usize, base: impl Fn(&FakeOpenAi) -> String) -
                 StartOptions { env: vec![("PINCER_REPLICA_ID".into(), format!("replica-{i}"))], ..Default::default() };
             GatewayProcess::start_with(BIN, &dir.path().join(format!("r{i}")), &config, &options)
         })
-        .collect();
+        .collect::<Vec<_>>();
+    // Each replica's startup check of interrupted turns is over before the test's turns begin
+    // (one still under way could take a turn the test kills a replica in).
+    for r in &replicas {
+        pincer_testkit::probe::poll(Duration::from_secs(30), Duration::from_millis(20), || {
+            r.log_text().contains("startup check done").then_some(())
+        })
+        .expect("the startup check ends");
+    }
     Cluster { dir, url, config, replicas, _fake: fake }
 }
 
@@ -426,4 +438,283 @@ async fn compaction_on_the_postgres_store_gives_the_context_pi_builds() {
     let pi = oracle_context(&file, None);
     assert_eq!(comparable(&ours), comparable(&pi));
     assert_eq!(pi["context"]["messages"][0]["role"], "compactionSummary");
+}
+
+/// The SSE ids the rows of the database's one transcript give, in seq order: `<sessionId>:<seq>`
+/// for a message's `session.message`, `.1` after it for the `chat` event of a reply that ends its
+/// turn or of an interrupted marker.
+fn ids_from_rows(c: &Cluster) -> Vec<String> {
+    let rows = c.sql(
+        "SELECT t.session_id, e.seq, e.line FROM entries e JOIN transcripts t ON t.id = e.transcript ORDER BY e.seq",
+    );
+    let mut out = Vec::new();
+    for row in rows.lines() {
+        let mut parts = row.splitn(3, '|');
+        let (sid, seq, line) = (parts.next().expect("sid"), parts.next().expect("seq"), parts.next().expect("line"));
+        let v: Value = serde_json::from_str(line).expect("a JSON line");
+        let m = &v["message"];
+        if v["type"] == "message" {
+            out.push(format!("{sid}:{seq}"));
+        }
+        let ends = v["type"] == "message" && m["role"] == "assistant" && m["stopReason"] != "toolUse";
+        if ends || v["customType"] == "pincer.turn-interrupted" {
+            out.push(format!("{sid}:{seq}.1"));
+        }
+    }
+    out
+}
+
+const EVENTS: &str = "/api/sessions/main/events";
+
+/// The SSE events of `stream` up to and including the first one `last` accepts (10 s each at most).
+async fn sse_until(stream: &mut SseStream, last: impl Fn(&SseEvent) -> bool) -> Vec<SseEvent> {
+    let mut out = Vec::new();
+    loop {
+        let ev = stream.next(Duration::from_secs(10)).await.unwrap_or_else(|| panic!("no event after {out:?}"));
+        let done = last(&ev);
+        out.push(ev);
+        if done {
+            return out;
+        }
+    }
+}
+
+fn ids(evs: &[SseEvent]) -> Vec<String> {
+    evs.iter().filter_map(|e| e.id.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_resumes_its_event_stream_on_another_replica_after_the_streaming_one_is_killed() {
+    let mut c = cluster(2);
+    let (a, b) = (c.replicas[0].addr.clone(), c.replicas[1].addr.clone());
+    let auth = format!("Bearer {TOKEN}");
+    let mut on_a = SseStream::open(&a, EVENTS, &[("Authorization", &auth)]).await.expect("SSE on A");
+    let mut sender = Client::connect(&a).await;
+    sender
+        .request("chat.send", json!({"sessionKey": "main", "message": "first", "idempotencyKey": "sse-1"}))
+        .await
+        .expect("send");
+    sender.chat_end("sse-1").await;
+    let _streaming = streaming(&a, "sse-dead").await;
+    let seen = sse_until(&mut on_a, |e| e.data.contains("\"state\":\"delta\"") && e.data.contains("sse-dead")).await;
+    c.replicas[0].kill9();
+    let killed = std::time::Instant::now();
+    let seen = ids(&seen);
+    assert_eq!(seen.len(), 4, "turn 1's three events and the user row of the streaming turn: {seen:?}");
+    let last = seen.last().expect("an id").clone();
+
+    // Back on B with the last id: exactly what was not seen, the survivor's marker among it.
+    let headers = [("Authorization", auth.as_str()), ("Last-Event-ID", last.as_str())];
+    let mut on_b = SseStream::open(&b, EVENTS, &headers).await.expect("SSE on B");
+    let marker = sse_until(&mut on_b, |e| e.data.contains("\"errorKind\":\"interrupted\"")).await;
+    assert!(killed.elapsed() < Duration::from_secs(5), "the marker came {:?} after the SIGKILL", killed.elapsed());
+    assert!(on_b.head.starts_with("HTTP/1.1 200"), "{}", on_b.head);
+    // Then live, with no gap: a turn through B.
+    let mut client = Client::connect(&b).await;
+    client
+        .request("chat.send", json!({"sessionKey": "main", "message": "after", "idempotencyKey": "sse-after"}))
+        .await
+        .expect("send");
+    client.chat_end("sse-after").await;
+    let after = sse_until(&mut on_b, |e| e.data.contains("\"state\":\"final\"") && e.data.contains("sse-after")).await;
+    let mut all = seen;
+    all.extend(ids(&marker));
+    all.extend(ids(&after));
+    let rows = ids_from_rows(&c);
+    assert_eq!(all, rows, "A's events then B's are every row's, once, in order");
+    assert!(!marker.iter().chain(&after).any(|e| e.event.as_deref() == Some("reset")), "{marker:?}");
+    // The same reconnect now replays all of it from the database, as it was sent live.
+    let mut again = SseStream::open(&b, EVENTS, &headers).await.expect("SSE on B");
+    let replayed = sse_until(&mut again, |e| e.id.as_ref() == rows.last()).await;
+    assert_eq!(ids(&replayed), rows[4..].to_vec());
+    let live: Vec<&SseEvent> = marker.iter().chain(&after).filter(|e| e.id.is_some()).collect();
+    for (r, l) in replayed.iter().zip(live) {
+        assert_eq!(
+            (&r.event, r.data.contains("\"state\":\"final\"")),
+            (&l.event, l.data.contains("\"state\":\"final\""))
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_and_the_relay_announcing_the_same_rows_send_each_event_once() {
+    let c = cluster(2);
+    let (a, b) = (c.replicas[0].addr.clone(), c.replicas[1].addr.clone());
+    let mut sender = Client::connect(&a).await;
+    sender
+        .request("chat.send", json!({"sessionKey": "main", "message": "one", "idempotencyKey": "o-1"}))
+        .await
+        .expect("send");
+    sender.chat_end("o-1").await;
+    let first = ids_from_rows(&c)[0].clone();
+    // B starts watching the session only now, from the client's id: its relay announces A's rows
+    // after it while the catch-up replays them.
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [("Authorization", auth.as_str()), ("Last-Event-ID", first.as_str())];
+    let mut on_b = SseStream::open(&b, EVENTS, &headers).await.expect("SSE on B");
+    sender
+        .request("chat.send", json!({"sessionKey": "main", "message": "two", "idempotencyKey": "o-2"}))
+        .await
+        .expect("send");
+    sender.chat_end("o-2").await;
+    let got = sse_until(&mut on_b, |e| e.data.contains("\"state\":\"final\"") && e.data.contains("o-2")).await;
+    assert_eq!(ids(&got), ids_from_rows(&c)[1..].to_vec(), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_survivor_dying_in_the_middle_of_a_takeover_leaves_it_to_a_third_and_one_marker_is_written() {
+    let pg = Postgres::shared();
+    let mut c = cluster(3);
+    let _client = streaming(&c.replicas[0].addr, "tk-1").await;
+    c.replicas[0].kill9();
+    // The test takes the session's turn lock as soon as the dead replica's is gone: the survivor
+    // that claims the run then waits for it, claimed but with nothing written.
+    let held = pg.hold_advisory_lock(&c.url, pincer_pg::turn_lock_key("agent:main:main"));
+    let claim = "SELECT replica, heartbeat FROM runs WHERE run_id = 'tk-1'";
+    let (claimer, beat) = poll_async(Duration::from_secs(10), Duration::from_millis(20), || async {
+        let row = c.sql(claim);
+        let (who, beat) = row.split_once('|')?;
+        (who != "replica-0").then(|| (who.to_owned(), beat.to_owned()))
+    })
+    .await
+    .expect("a survivor claims the dead replica's run");
+    // While it waits, the claim is beaten as the claimer's own (not dropped as a run it lacks).
+    poll_async(Duration::from_secs(3), Duration::from_millis(20), || async {
+        let row = c.sql(claim);
+        (row.split_once('|').is_some_and(|(who, b)| who == claimer && b != beat)).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("the claim of {claimer} was not beaten: {:?}", c.sql(claim)));
+    let marked = "SELECT count(*) FROM entries WHERE line LIKE '%pincer.turn-interrupted%'";
+    assert_eq!(c.sql(marked), "0", "nothing written while the lock is held");
+    let i: usize = claimer.trim_start_matches("replica-").parse().expect("replica number");
+    c.replicas[i].kill9();
+    pg.release(&c.url, held);
+    // The third replica claims the run in turn and writes the marker, once.
+    poll_async(Duration::from_secs(15), Duration::from_millis(50), || async { (c.sql(marked) == "1").then_some(()) })
+        .await
+        .expect("the third replica marks the turn interrupted");
+    poll_async(Duration::from_secs(10), Duration::from_millis(50), || async {
+        (c.sql("SELECT count(*) FROM runs") == "0").then_some(())
+    })
+    .await
+    .expect("the run's row goes once the marker is written");
+    assert_eq!(c.sql(marked), "1", "one marker");
+    let third = 3 - i;
+    let said = || c.replicas[third].log_text().contains("marked a dead replica's turn interrupted");
+    poll_async(Duration::from_secs(5), Duration::from_millis(50), || async { said().then_some(()) })
+        .await
+        .expect("the third replica logged the takeover");
+    // Chained after the turn's user row.
+    let user = c.sql("SELECT id FROM entries WHERE idempotency_key = 'tk-1:user'");
+    assert_eq!(c.sql("SELECT parent_id FROM entries WHERE line LIKE '%pincer.turn-interrupted%'"), user);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_survivors_of_a_dead_replica_write_one_marker() {
+    let pg = Postgres::shared();
+    let mut c = cluster(3);
+    let _client = streaming(&c.replicas[0].addr, "two-1").await;
+    c.replicas[0].kill9();
+    // With the turn lock held by the test, both survivors beat and look for stale runs several
+    // times while the run's takeover waits: the run stays with the one that claimed it.
+    let held = pg.hold_advisory_lock(&c.url, pincer_pg::turn_lock_key("agent:main:main"));
+    let claim = "SELECT replica, heartbeat FROM runs WHERE run_id = 'two-1'";
+    let mut last = poll_async(Duration::from_secs(10), Duration::from_millis(20), || async {
+        let row = c.sql(claim);
+        row.split_once('|').is_some_and(|(who, _)| who != "replica-0").then_some(row)
+    })
+    .await
+    .expect("a survivor claims the dead replica's run");
+    let claimer = last.split_once('|').map(|(w, _)| w.to_owned()).expect("claimer");
+    for _ in 0..4 {
+        last = poll_async(Duration::from_secs(3), Duration::from_millis(20), || async {
+            let row = c.sql(claim);
+            (row != last).then_some(row)
+        })
+        .await
+        .expect("the claim is beaten");
+        assert!(last.starts_with(&format!("{claimer}|")), "the other survivor took the run: {last}");
+    }
+    pg.release(&c.url, held);
+    let marked = "SELECT count(*) FROM entries WHERE line LIKE '%pincer.turn-interrupted%'";
+    poll_async(Duration::from_secs(10), Duration::from_millis(50), || async {
+        (c.sql("SELECT count(*) FROM runs") == "0").then_some(())
+    })
+    .await
+    .expect("no run left");
+    // The logs are written in the background: wait for the line, then count.
+    let said =
+        || (1..3).map(|i| c.replicas[i].log_text().matches("marked a dead replica's turn interrupted").count()).sum();
+    poll_async(Duration::from_secs(5), Duration::from_millis(50), || async { (said() > 0).then_some(()) })
+        .await
+        .expect("a survivor logged the takeover");
+    assert_eq!((said(), c.sql(marked)), (1, "1".into()), "one marker, by one survivor");
+}
+
+/// `session.message` events of `c` up to and including the first `last` accepts, as (seq, key).
+async fn messages_until(c: &mut Client, last: impl Fn(&Value) -> bool) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
+    loop {
+        let f = c.event_within(|f| f["event"] == "session.message", Duration::from_secs(10)).await;
+        let p = &f["payload"];
+        let key = p["message"]["idempotencyKey"].as_str().unwrap_or("(reply)").to_owned();
+        out.push((p["messageSeq"].as_u64().unwrap_or_else(|| panic!("no messageSeq: {f}")), key));
+        if last(p) {
+            return out;
+        }
+    }
+}
+
+async fn turn(c: &mut Client, run: &str) {
+    c.request("chat.send", json!({"sessionKey": "main", "message": run, "idempotencyKey": run})).await.expect("send");
+    c.chat_end(run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_resumes_its_session_messages_after_seq_on_another_replica() {
+    let c = cluster(2);
+    let (a, b) = (c.replicas[0].addr.clone(), c.replicas[1].addr.clone());
+    let mut sender = Client::connect(&a).await;
+    let mut watcher = Client::connect(&a).await;
+    watcher.request("sessions.messages.subscribe", json!({"key": "main"})).await.expect("subscribe");
+    turn(&mut sender, "w-1").await;
+    let first = messages_until(&mut watcher, |p| p["message"]["role"] == "assistant").await;
+    let seqs = |q: &str| -> Vec<u64> { c.sql(q).lines().map(|l| l.parse().expect("seq")).collect() };
+    let all = "SELECT seq FROM entries WHERE type = 'message' ORDER BY seq";
+    assert_eq!(first.iter().map(|(s, _)| *s).collect::<Vec<_>>(), seqs(all), "messageSeq is the row's seq");
+    // The watcher saw w-1's user row only, and goes away; w-2 happens.
+    let seen = first[0].0;
+    drop(watcher);
+    turn(&mut sender, "w-2").await;
+    // Back after that seq, on B whose relay starts following the session then (from that seq: it
+    // announces A's rows the replay sends too): w-1's reply, then w-2, then live, each once.
+    let mut back = Client::connect(&b).await;
+    let sid = c.sql("SELECT session_id FROM transcripts");
+    let r = back
+        .request("sessions.messages.subscribe", json!({"key": "main", "afterSeq": seen, "sessionId": sid}))
+        .await
+        .expect("subscribe after a seq");
+    assert_eq!((r["replayed"].as_u64(), r["sessionId"].as_str()), (Some(3), Some(sid.as_str())), "{r}");
+    turn(&mut sender, "w-3").await;
+    let got = messages_until(&mut back, |p| {
+        p["message"]["role"] == "assistant" && p["message"]["content"].to_string().contains("w-3")
+    })
+    .await;
+    let want: Vec<u64> = seqs(all).into_iter().filter(|s| *s > seen).collect();
+    assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), want, "{got:?}");
+    assert_eq!(got[1].1, "w-2:user");
+    // Bad input: a clear error, or `reset` when the seq names nothing of this transcript.
+    let neg = back
+        .request("sessions.messages.subscribe", json!({"key": "main", "afterSeq": -1}))
+        .await
+        .expect_err("negative");
+    assert!(neg["message"].as_str().is_some_and(|m| m.contains("afterSeq")), "{neg}");
+    for (params, why) in [
+        (json!({"key": "main", "afterSeq": 999_999_999_u64}), "names no entry"),
+        (json!({"key": "main", "afterSeq": seen, "sessionId": "another"}), "replaced"),
+    ] {
+        let r = back.request("sessions.messages.subscribe", params).await.expect("an answer");
+        assert!(r["reset"].as_str().is_some_and(|m| m.contains(why) && m.contains("refetch")), "{r}");
+    }
 }

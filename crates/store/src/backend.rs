@@ -6,8 +6,11 @@
 //! (`<state>/agents/<agent>/sessions/<sessionId>.jsonl`, `.../sessions.json`), whatever the backend:
 //! a backend that keeps no files maps the path to its own key, so the session index, its rules
 //! and every caller stay one piece of code. A "position" ([`Transcripts::find_keyed`],
-//! [`Transcripts::entries_from`]) is opaque to callers: a byte offset for files, a sequence
-//! number for a database.
+//! [`Transcripts::entries_from`], [`Appended::pos`]) is opaque to callers but durable: a byte
+//! offset of the entry's line for files (known on the append path without counting lines, and
+//! unchanged by restarts; only a rewrite of the file — `sessions.compact {maxLines}`, the one-time
+//! migration of a legacy file — moves it), the `seq` column for a database (the same on every
+//! replica).
 
 use crate::history::{History, HistoryOptions};
 use crate::store::{Appended, NewEntry, Store};
@@ -80,6 +83,15 @@ pub trait Transcripts: Send + Sync {
 
     /// The last entries, about `max_bytes` of them at most.
     fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError>;
+
+    /// The entries from position `pos` on (that one included), about `max_bytes` of them at most,
+    /// each with its position ([`Appended::pos`]), and whether they reach the transcript's end
+    /// (false: the limit cut them). Positions are durable: the same in every process, after a
+    /// restart and (PostgreSQL) on every replica, and they grow with each append.
+    fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError>;
+
+    /// The last entries before position `pos`, about `max_bytes` of them at most, with positions.
+    fn entries_before(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError>;
 
     /// Holds the transcript's (or index's) cross-process lock; appends of this process still go
     /// through while it is held, those of other processes wait.
@@ -180,6 +192,14 @@ impl Transcripts for Store {
 
     fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
         Store::tail_entries(self, path, max_bytes)
+    }
+
+    fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
+        Store::entries_at(self, path, pos, max_bytes)
+    }
+
+    fn entries_before(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError> {
+        Store::entries_before(self, path, pos, max_bytes)
     }
 
     fn lock(&self, path: &Path) -> Result<Held, StoreError> {
@@ -288,6 +308,12 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     }
     fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
         (**self).tail_entries(path, max_bytes)
+    }
+    fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
+        (**self).entries_at(path, pos, max_bytes)
+    }
+    fn entries_before(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError> {
+        (**self).entries_before(path, pos, max_bytes)
     }
     fn lock(&self, path: &Path) -> Result<Held, StoreError> {
         (**self).lock(path)

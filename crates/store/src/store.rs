@@ -193,12 +193,24 @@ pub struct Appended {
     pub entry: Value,
     /// False when the idempotency key was already in the file (the existing entry is returned).
     pub appended: bool,
+    /// The entry's durable position in its transcript (see [`crate::backend::Transcripts::entries_at`]):
+    /// the same in every process and after a restart.
+    pub pos: u64,
 }
 
 impl Appended {
     pub fn id(&self) -> Option<&str> {
         self.entry.get("id").and_then(Value::as_str)
     }
+}
+
+/// Which lines [`Store::read_entries`] reads.
+#[derive(Clone, Copy)]
+enum Window {
+    /// From this offset (a line start) on.
+    From(u64),
+    /// The last ones before this offset.
+    Before(u64),
 }
 
 /// The transcript store. Cheap to clone; all clones share writers and locks.
@@ -527,38 +539,69 @@ impl Store {
     /// The entries whose lines start at or after `offset`, at most `max_bytes` of the file read
     /// (lines that do not parse are skipped; a line cut by the limit is dropped).
     pub fn entries_from(&self, path: &Path, offset: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        self.read_entries(path, Some(offset), max_bytes)
+        Ok(self.read_entries(path, Window::From(offset), max_bytes)?.0.into_iter().map(|(_, v)| v).collect())
     }
 
     /// The last entries of the file, from a tail window of at most `max_bytes`.
     pub fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        self.read_entries(path, None, max_bytes)
+        Ok(self.read_entries(path, Window::Before(u64::MAX), max_bytes)?.0.into_iter().map(|(_, v)| v).collect())
     }
 
-    /// `from`: a line start; `None`: the last `max_bytes`, from the first whole line in them.
-    fn read_entries(&self, path: &Path, from: Option<u64>, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+    /// [`Store::entries_from`] with each entry's position (its line's byte offset), and whether
+    /// the read reached the end of the file (false: `max_bytes` cut it).
+    pub fn entries_at(
+        &self,
+        path: &Path,
+        offset: u64,
+        max_bytes: u64,
+    ) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
+        self.read_entries(path, Window::From(offset), max_bytes)
+    }
+
+    /// The last entries whose lines end before `offset`, from at most `max_bytes` before it.
+    pub fn entries_before(&self, path: &Path, offset: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError> {
+        Ok(self.read_entries(path, Window::Before(offset), max_bytes)?.0)
+    }
+
+    /// The entries of a window with their offsets, and whether it reached the end of the file.
+    fn read_entries(
+        &self,
+        path: &Path,
+        window: Window,
+        max_bytes: u64,
+    ) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
         let w = self.writer(path);
         let mut st = lock(&w.state);
         st.refresh(&w.path)?;
         self.used(&w, &st);
-        let Some(file) = st.file.as_ref() else { return Ok(vec![]) };
-        let start = from.unwrap_or_else(|| st.len.saturating_sub(max_bytes));
-        if start >= st.len {
-            return Ok(vec![]);
+        let Some(file) = st.file.as_ref() else { return Ok((vec![], true)) };
+        let (start, end) = match window {
+            Window::From(from) => (from, st.len.min(from.saturating_add(max_bytes))),
+            Window::Before(before) => {
+                let end = st.len.min(before);
+                (end.saturating_sub(max_bytes), end)
+            }
+        };
+        if start >= end {
+            return Ok((vec![], true));
         }
-        let n = (st.len - start).min(max_bytes) as usize;
-        let bytes = read_at(file, start, n).map_err(io_err(&w.path))?;
-        let begin = match from {
-            None if start > 0 => memchr::memchr(b'\n', &bytes).map_or(bytes.len(), |p| p + 1),
+        let bytes = read_at(file, start, (end - start) as usize).map_err(io_err(&w.path))?;
+        // A window that starts inside a line begins after it; one that ends inside a line ends
+        // before it (the last line of the file ends at the file's end).
+        let begin = match window {
+            Window::Before(_) if start > 0 => memchr::memchr(b'\n', &bytes).map_or(bytes.len(), |p| p + 1),
             _ => 0,
         };
-        let end = if start + n as u64 == st.len { bytes.len() } else { memchr::memrchr(b'\n', &bytes).unwrap_or(0) };
-        let body = &bytes[begin.min(end)..end];
-        Ok(parse::line_ranges(body)
+        let whole = end == st.len;
+        let stop = if whole { bytes.len() } else { memchr::memrchr(b'\n', &bytes).unwrap_or(0) };
+        let body = &bytes[begin.min(stop)..stop];
+        let at = start + begin.min(stop) as u64;
+        let entries = parse::line_ranges(body)
             .into_iter()
-            .filter_map(|(s, e)| serde_json::from_slice::<Value>(&body[s..e]).ok())
-            .filter(Value::is_object)
-            .collect())
+            .filter_map(|(s, e)| Some((at + s as u64, serde_json::from_slice::<Value>(&body[s..e]).ok()?)))
+            .filter(|(_, v)| v.is_object())
+            .collect();
+        Ok((entries, whole || matches!(window, Window::Before(_))))
     }
 }
 
@@ -1092,7 +1135,7 @@ impl FileWriter {
         }
         let leaf_before = st.leaf.clone();
         let mut results: Vec<Result<Appended, StoreError>> = Vec::with_capacity(batch.len());
-        let mut batch_keys: HashMap<String, Value> = HashMap::new();
+        let mut batch_keys: HashMap<String, (Value, u64)> = HashMap::new();
         let mut batch_ids: HashSet<String> = HashSet::new();
         let mut new_keys: Vec<(u64, u64)> = Vec::new();
         for p in &batch {
@@ -1156,20 +1199,20 @@ impl FileWriter {
         entry: &NewEntry,
         inner: &Inner,
         out: &mut Vec<u8>,
-        batch_keys: &mut HashMap<String, Value>,
+        batch_keys: &mut HashMap<String, (Value, u64)>,
         batch_ids: &mut HashSet<String>,
         new_keys: &mut Vec<(u64, u64)>,
     ) -> Result<Appended, StoreError> {
         if let Some(key) = entry.idempotency_key() {
-            if let Some(v) = batch_keys.get(key) {
-                return Ok(Appended { entry: v.clone(), appended: false });
+            if let Some((v, pos)) = batch_keys.get(key) {
+                return Ok(Appended { entry: v.clone(), appended: false, pos: *pos });
             }
             st.ensure_index(&self.path)?;
             let hit = st.index.as_ref().and_then(|i| i.idem.get(&hash_str(key)).copied());
             if let Some(off) = hit {
                 let existing = st.entry_at(&self.path, off)?;
                 if existing.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str) == Some(key) {
-                    return Ok(Appended { entry: existing, appended: false });
+                    return Ok(Appended { entry: existing, appended: false, pos: off });
                 }
             }
         }
@@ -1201,11 +1244,11 @@ impl FileWriter {
         out.extend_from_slice(&line);
         out.push(b'\n');
         if let Some(key) = entry.idempotency_key() {
-            batch_keys.insert(key.to_owned(), value.clone());
+            batch_keys.insert(key.to_owned(), (value.clone(), offset));
             new_keys.push((hash_str(key), offset));
         }
         batch_ids.insert(id);
         st.leaf = leaf;
-        Ok(Appended { entry: value, appended: true })
+        Ok(Appended { entry: value, appended: true, pos: offset })
     }
 }

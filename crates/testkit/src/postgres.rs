@@ -72,6 +72,12 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
+/// An advisory lock a test holds ([`Postgres::hold_advisory_lock`]).
+pub struct HeldLock {
+    child: std::process::Child,
+    tag: String,
+}
+
 impl Postgres {
     /// The test binary's cluster, started on first use.
     pub fn shared() -> &'static Postgres {
@@ -160,6 +166,37 @@ impl Postgres {
         let out = c.stdin(Stdio::null()).output().expect("psql");
         assert!(out.status.success(), "psql {sql:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
+    }
+
+    /// Holds advisory lock `key` on the database of `url` from a `psql` session of its own until
+    /// [`Postgres::release`]; returns once the lock is held.
+    pub fn hold_advisory_lock(&self, url: &str, key: i64) -> HeldLock {
+        let db = url.rsplit('/').next().expect("database name");
+        let tag = format!("held-by-test-{}", std::process::id());
+        let sql = format!("SELECT pg_advisory_lock({key}); SELECT pg_sleep(3600) /* {tag} */");
+        let mut c = command(&self.bin, "psql");
+        c.args(["-X", "-At", "-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-d", db, "-c", &sql]);
+        let child = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("psql");
+        let held =
+            format!("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%{tag}%' AND wait_event = 'PgSleep'");
+        let q = |sql: &str| self.psql(url, sql);
+        crate::probe::poll(std::time::Duration::from_secs(30), std::time::Duration::from_millis(20), || {
+            (q(&held) == "1").then_some(())
+        })
+        .expect("the advisory lock was not taken within 30 s");
+        HeldLock { child, tag }
+    }
+
+    /// Ends the session holding `lock` (its backend, which sleeps, and its `psql`).
+    pub fn release(&self, url: &str, mut lock: HeldLock) {
+        let end = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE '%{}%' AND \
+             wait_event = 'PgSleep'",
+            lock.tag
+        );
+        assert_eq!(self.psql(url, &end), "1", "the lock's session was not there to end");
+        let _ = lock.child.kill();
+        let _ = lock.child.wait();
     }
 
     /// A process that stops the cluster and removes it once this test binary has exited.

@@ -293,7 +293,7 @@ pub fn response_complete(bytes: &[u8]) -> bool {
 /// One Server-Sent Event.
 #[derive(Clone, Debug, Default)]
 pub struct SseEvent {
-    pub id: Option<u64>,
+    pub id: Option<String>,
     pub event: Option<String>,
     pub data: String,
 }
@@ -304,7 +304,7 @@ pub fn sse_events(body: &str) -> Vec<SseEvent> {
     let mut cur = SseEvent::default();
     for line in body.lines() {
         if let Some(v) = line.strip_prefix("id:") {
-            cur.id = v.trim().parse().ok();
+            cur.id = Some(v.trim().to_owned());
         } else if let Some(v) = line.strip_prefix("event:") {
             cur.event = Some(v.trim().to_owned());
         } else if let Some(v) = line.strip_prefix("data:") {
@@ -314,6 +314,67 @@ pub fn sse_events(body: &str) -> Vec<SseEvent> {
         }
     }
     out
+}
+
+/// An open SSE stream read event by event (`GET path` with `headers`).
+pub struct SseStream {
+    sock: TcpStream,
+    buf: Vec<u8>,
+    /// The response head, once read.
+    pub head: String,
+}
+
+impl SseStream {
+    /// Opens the stream; `None` when the server cannot be reached.
+    pub async fn open(addr: &str, path: &str, headers: &[(&str, &str)]) -> Option<SseStream> {
+        let mut sock = TcpStream::connect(addr).await.ok()?;
+        let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        sock.write_all(req.as_bytes()).await.ok()?;
+        Some(SseStream { sock, buf: Vec::new(), head: String::new() })
+    }
+
+    /// The next event, waiting up to `patience` for it; `None` when none came (or the stream ended).
+    pub async fn next(&mut self, patience: Duration) -> Option<SseEvent> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            if self.head.is_empty() {
+                if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    self.head = String::from_utf8_lossy(&self.buf[..end]).to_string();
+                    self.buf.drain(..end + 4);
+                }
+            }
+            if !self.head.is_empty() {
+                // Chunked framing: events are whole within their chunks; a blank line ends one.
+                let text = String::from_utf8_lossy(&self.buf).to_string();
+                if let Some(end) = text.find("\n\n") {
+                    let block: String = text[..end + 2].to_owned();
+                    self.buf.drain(..block.len());
+                    if let Some(ev) = sse_events(&block).into_iter().next() {
+                        return Some(ev);
+                    }
+                    continue;
+                }
+            }
+            let mut chunk = [0u8; 65536];
+            match tokio::time::timeout_at(deadline, self.sock.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => self.buf.extend_from_slice(&chunk[..n]),
+                _ => return None,
+            }
+        }
+    }
+
+    /// Every event that comes until none came for `quiet`.
+    pub async fn until_quiet(&mut self, quiet: Duration) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        while let Some(ev) = self.next(quiet).await {
+            out.push(ev);
+        }
+        out
+    }
 }
 
 /// `<state>/agents/<agent>/sessions`.
