@@ -23,19 +23,7 @@ pub struct GatewayArgs {
     print_url: bool,
 }
 
-/// Large buffers (history answers, frames queued for a slow reader) go back to the system when
-/// they are freed: glibc's default raises its mmap threshold after the first such free, after which
-/// they come from the heap and a connection that is gone keeps its memory.
-fn return_large_allocations() {
-    // SAFETY: mallopt only sets a parameter of the allocator; called once, before any thread starts.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
-}
-
 pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
-    return_large_allocations();
     let settings =
         config::load(&Overrides { offline: false, bind: args.bind, state_dir: args.state_dir, config: args.config })
             .map_err(|e| Failure::usage(e.to_string()))?;
