@@ -153,7 +153,7 @@ impl Session {
     /// (context, compaction, the tree, the CLI). `Ok(None)` when there is no file; the file is
     /// never modified.
     pub fn read(path: &std::path::Path) -> Result<Option<Session>, crate::StoreError> {
-        match std::fs::read(path) {
+        match read_whole(path) {
             Ok(bytes) => Ok(Some(Session::parse(bytes))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(crate::StoreError::Io { path: path.display().to_string(), source }),
@@ -565,6 +565,42 @@ impl Session {
             }
         }
     }
+}
+
+/// Files at least this large are read by several threads at once.
+const PARALLEL_READ_BYTES: usize = 8 << 20;
+
+/// The whole file at `path`, as `std::fs::read` gives it. Most of the cost of reading a large file
+/// is the kernel filling the fresh buffer's pages (faults, zeroing, the copy), so a large file is
+/// read by up to 4 threads, each into its own part of one buffer; a file that shrank meanwhile is
+/// read again the plain way, and bytes appended meanwhile are read too.
+pub fn read_whole(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::FileExt;
+    let mut file = std::fs::File::open(path)?;
+    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    if len < PARALLEL_READ_BYTES || threads < 2 {
+        return std::fs::read(path);
+    }
+    let mut buf = vec![0u8; len];
+    let part = len.div_ceil(threads);
+    let file_ref = &file;
+    let complete = std::thread::scope(|scope| {
+        let handles: Vec<_> = buf
+            .chunks_mut(part)
+            .enumerate()
+            .map(|(i, chunk)| scope.spawn(move || file_ref.read_exact_at(chunk, (i * part) as u64)))
+            .collect();
+        handles.into_iter().map(|h| matches!(h.join(), Ok(Ok(())))).fold(true, |a, b| a & b)
+    });
+    if !complete {
+        return std::fs::read(path);
+    }
+    // What was appended after the length was taken.
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(len as u64))?;
+    file.read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 /// A line without its trailing `\r` (CRLF files are rewritten with `\n`).

@@ -1,6 +1,7 @@
-//! Reads that start with a small look at either end of a file (the header when a file is opened,
-//! the backwards scan for the leaf, `chat.history`'s session id) give the same answers when those
-//! lines are far longer than the first read, and when lines before the header are long and broken.
+//! Reads that take a file in pieces give the answers of one plain read: a small first look at
+//! either end (the header when a file is opened, the backwards scan for the leaf, `chat.history`'s
+//! session id) also when those lines are far longer than the first look, or when lines before the
+//! header are long and broken; and a large file read by several threads at once.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)] // tests fail loudly; they write their fixture files directly
 
 use pincer_store::history::{read_history, HistoryOptions};
@@ -56,4 +57,19 @@ fn a_long_broken_line_before_the_header_hides_the_session_id_as_before() {
     let path = dir.path().join("json-first.jsonl");
     write(&path, &[json!({"note": "q".repeat(10_000)}).to_string(), header, entry("a", None, "hi")]);
     assert_eq!(read_history(&path, HistoryOptions::default()).expect("history").session_id, None);
+}
+
+#[test]
+fn a_large_file_read_in_parallel_is_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for len in [100, 9 * 1024 * 1024 + 3, 20 * 1024 * 1024 + 1] {
+        let path = dir.path().join(format!("big-{len}.jsonl"));
+        let bytes: Vec<u8> = (0..len).map(|i: usize| (i % 251) as u8 ^ (i / 4096) as u8).collect();
+        std::fs::write(&path, &bytes).expect("write fixture");
+        assert!(pincer_store::session::read_whole(&path).expect("read") == bytes, "{len} bytes read differently");
+    }
+    assert_eq!(
+        pincer_store::session::read_whole(&dir.path().join("missing")).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::NotFound)
+    );
 }
