@@ -2,7 +2,8 @@
 //! - durable append latency at 1k and 1M existing entries, beside a plain `write` + `fdatasync` of
 //!   the same bytes on the same disk (the ratio to that floor is the store's own cost);
 //! - open + leaf + `history` of the last 200 messages of a 100k-entry file;
-//! - context building of a 100k-entry file, and its throughput in MB/s on a ~100 MB file.
+//! - context building of a 100k-entry file, and its throughput in MB/s on a ~100 MB file (the file
+//!   read as `Session::read` reads it).
 //!
 //! The reads also report the process's CPU time per read (user + system of all its threads), which
 //! a machine busy with other work inflates far less than the wall time.
@@ -154,7 +155,7 @@ fn main() {
     let (mut samples, mut cpus) = (Vec::new(), Vec::new());
     for _ in 0..if quick { 3 } else { 10 } {
         let (t, c0) = (Instant::now(), cpu());
-        let data = std::fs::read(&h100k).expect("read");
+        let data = pincer_store::session::read_whole(&h100k).expect("read");
         let t_read = t.elapsed();
         let s = Session::parse(data);
         let t_parse = t.elapsed();
@@ -182,7 +183,7 @@ fn main() {
     let mut samples = Vec::new();
     for _ in 0..if quick { 3 } else { 5 } {
         let t = Instant::now();
-        let s = Session::parse(std::fs::read(&mb100).expect("read"));
+        let s = Session::parse(pincer_store::session::read_whole(&mb100).expect("read"));
         let c = build_context(&s, &s.leaf);
         samples.push(t.elapsed());
         assert!(!c.messages.is_empty());

@@ -120,18 +120,36 @@ pub fn history_of_window(session_id: Option<String>, buf: &[u8], last: bool, opt
 pub const FIRST_HISTORY_WINDOW: u64 = FIRST_WINDOW;
 
 fn read_session_id(file: &File, len: u64) -> std::io::Result<Option<String>> {
-    let n = len.min(64 * 1024) as usize;
-    let mut head = vec![0u8; n];
-    file.read_exact_at(&mut head, 0)?;
-    for (s, e) in parse::line_ranges(&head) {
-        if let Ok(v) = serde_json::from_slice::<Value>(&head[s..e]) {
-            if v.get("type").and_then(Value::as_str) == Some("session") {
-                return Ok(v.get("id").and_then(Value::as_str).map(str::to_owned));
-            }
+    // A first look at 4 KiB, which holds the header line as a rule; its complete lines decide as
+    // they would in the 64 KiB read, which is made only when they do not.
+    for size in [4 * 1024, 64 * 1024] {
+        let n = len.min(size) as usize;
+        let mut head = vec![0u8; n];
+        file.read_exact_at(&mut head, 0)?;
+        let complete = match (n as u64) < len && size < 64 * 1024 {
+            true => memchr::memrchr(b'\n', &head).map_or(0, |p| p + 1),
+            false => n,
+        };
+        if let Some(id) = session_id_in(&head[..complete]) {
+            return Ok(id);
+        }
+        if complete == n {
             return Ok(None);
         }
     }
     Ok(None)
+}
+
+/// The session id the first JSON line of `head` gives (`Some(None)`: that line is no header);
+/// `None` when no line of `head` is JSON.
+fn session_id_in(head: &[u8]) -> Option<Option<String>> {
+    parse::line_ranges(head).into_iter().find_map(|(s, e)| {
+        let v = serde_json::from_slice::<Value>(&head[s..e]).ok()?;
+        Some(match v.get("type").and_then(Value::as_str) {
+            Some("session") => v.get("id").and_then(Value::as_str).map(str::to_owned),
+            _ => None,
+        })
+    })
 }
 
 fn index_window(buf: &[u8], skip: usize) -> Vec<Rec> {

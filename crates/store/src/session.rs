@@ -124,6 +124,9 @@ pub(crate) enum LineRole {
     Null,
 }
 
+/// Entry ids to their index in [`Session::entries`], with a randomly seeded fast hasher.
+pub type IdMap = HashMap<Key, usize, foldhash::fast::RandomState>;
+
 /// A parsed, indexed session.
 pub struct Session {
     buf: Vec<u8>,
@@ -134,7 +137,7 @@ pub struct Session {
     /// `header.version ?? 1` as found in the file; `None` without a valid header.
     pub source_version: Option<u64>,
     pub entries: Vec<EntryRec>,
-    pub by_id: HashMap<Key, usize>,
+    pub by_id: IdMap,
     /// Index of each entry's parent (resolved once; walks and checks use this, not `by_id`).
     parents: Vec<Option<usize>>,
     pub leaf: Leaf,
@@ -150,7 +153,7 @@ impl Session {
     /// (context, compaction, the tree, the CLI). `Ok(None)` when there is no file; the file is
     /// never modified.
     pub fn read(path: &std::path::Path) -> Result<Option<Session>, crate::StoreError> {
-        match std::fs::read(path) {
+        match read_whole(path) {
             Ok(bytes) => Ok(Some(Session::parse(bytes))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(crate::StoreError::Io { path: path.display().to_string(), source }),
@@ -176,6 +179,7 @@ impl Session {
         let buf = std::mem::take(&mut s.buf);
         let ranges = parse::line_ranges(&buf);
         let parsed = parse_all(&buf, &ranges);
+        s.lines.reserve_exact(ranges.len());
         let mut scan = Scan {
             buf: &buf,
             last: ranges.last().copied(),
@@ -224,7 +228,7 @@ impl Session {
 
     /// Builds `by_id`, the leaf and the structural problems.
     fn index(&mut self) {
-        self.by_id = HashMap::with_capacity(self.entries.len());
+        self.by_id = IdMap::with_capacity_and_hasher(self.entries.len(), Default::default());
         let mut linear = 0;
         for (i, e) in self.entries.iter().enumerate() {
             if let Some(id) = &e.id {
@@ -563,6 +567,42 @@ impl Session {
     }
 }
 
+/// Files at least this large are read by several threads at once.
+const PARALLEL_READ_BYTES: usize = 8 << 20;
+
+/// The whole file at `path`, as `std::fs::read` gives it. Most of the cost of reading a large file
+/// is the kernel filling the fresh buffer's pages (faults, zeroing, the copy), so a large file is
+/// read by up to 4 threads, each into its own part of one buffer; a file that shrank meanwhile is
+/// read again the plain way, and bytes appended meanwhile are read too.
+pub fn read_whole(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::FileExt;
+    let mut file = std::fs::File::open(path)?;
+    let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    if len < PARALLEL_READ_BYTES || threads < 2 {
+        return std::fs::read(path);
+    }
+    let mut buf = vec![0u8; len];
+    let part = len.div_ceil(threads);
+    let file_ref = &file;
+    let complete = std::thread::scope(|scope| {
+        let handles: Vec<_> = buf
+            .chunks_mut(part)
+            .enumerate()
+            .map(|(i, chunk)| scope.spawn(move || file_ref.read_exact_at(chunk, (i * part) as u64)))
+            .collect();
+        handles.into_iter().map(|h| matches!(h.join(), Ok(Ok(())))).fold(true, |a, b| a & b)
+    });
+    if !complete {
+        return std::fs::read(path);
+    }
+    // What was appended after the length was taken.
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(len as u64))?;
+    file.read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
 /// A line without its trailing `\r` (CRLF files are rewritten with `\n`).
 fn trim_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
@@ -692,22 +732,28 @@ fn parse_all<'a>(buf: &'a [u8], ranges: &[(usize, usize)]) -> Vec<Option<LineVal
     if threads < 2 || ranges.len() < 8192 {
         return ranges.iter().map(|&(s, e)| parse::parse_line(&buf[s..e])).collect();
     }
+    // Each thread fills its own part of one result, in place (no second copy of the results).
+    let mut out: Vec<Option<LineValue<'a>>> = Vec::with_capacity(ranges.len());
+    out.resize_with(ranges.len(), || None);
     let chunk = ranges.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = ranges
-            .chunks(chunk)
-            .map(|part| {
-                scope.spawn(move || part.iter().map(|&(s, e)| parse::parse_line(&buf[s..e])).collect::<Vec<_>>())
+    let joined = std::thread::scope(|scope| {
+        let handles: Vec<_> = out
+            .chunks_mut(chunk)
+            .zip(ranges.chunks(chunk))
+            .map(|(slots, part)| {
+                scope.spawn(move || {
+                    for (slot, &(s, e)) in slots.iter_mut().zip(part) {
+                        *slot = parse::parse_line(&buf[s..e]);
+                    }
+                })
             })
             .collect();
-        let mut out = Vec::with_capacity(ranges.len());
-        for (h, part) in handles.into_iter().zip(ranges.chunks(chunk)) {
-            match h.join() {
-                Ok(v) => out.extend(v),
-                // A panicking parser thread: parse that part here instead.
-                Err(_) => out.extend(part.iter().map(|&(s, e)| parse::parse_line(&buf[s..e]))),
-            }
-        }
+        handles.into_iter().map(|h| h.join().is_ok()).fold(true, |a, b| a & b)
+    });
+    if joined {
         out
-    })
+    } else {
+        // A panicking parser thread: parse everything here instead.
+        ranges.iter().map(|&(s, e)| parse::parse_line(&buf[s..e])).collect()
+    }
 }
