@@ -10,7 +10,7 @@
 
 use pincer_store::{context_report, LeafArg, Session};
 use pincer_testkit::fake_openai::FakeOpenAi;
-use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions, TOKEN};
+use pincer_testkit::gateway::{Client, GatewayProcess, TOKEN};
 use pincer_testkit::postgres::Postgres;
 use pincer_testkit::probe::{poll_async, SseEvent, SseStream};
 use pincer_testkit::{comparable, oracle_context};
@@ -44,21 +44,7 @@ fn cluster_with(pg: &Postgres, n: usize, base: impl Fn(&FakeOpenAi) -> String) -
     let fake = FakeOpenAi::start_in_thread();
     let config = pg_config(&base(&fake), &url);
     let dir = tempfile::tempdir().expect("tempdir");
-    let replicas = (0..n)
-        .map(|i| {
-            let options =
-                StartOptions { env: vec![("PINCER_REPLICA_ID".into(), format!("replica-{i}"))], ..Default::default() };
-            GatewayProcess::start_with(BIN, &dir.path().join(format!("r{i}")), &config, &options)
-        })
-        .collect::<Vec<_>>();
-    // Each replica's startup check of interrupted turns is over before the test's turns begin
-    // (one still under way could take a turn the test kills a replica in).
-    for r in &replicas {
-        pincer_testkit::probe::poll(Duration::from_secs(30), Duration::from_millis(20), || {
-            r.log_text().contains("startup check done").then_some(())
-        })
-        .expect("the startup check ends");
-    }
+    let replicas = pincer_testkit::postgres::start_replicas(BIN, dir.path(), &config, n);
     Cluster { dir, url, config, replicas, _fake: fake }
 }
 

@@ -9,7 +9,7 @@
 
 use pincer_store::{context_report, LeafArg, Session};
 use pincer_testkit::fake_openai::FakeOpenAi;
-use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions};
+use pincer_testkit::gateway::{Client, GatewayProcess};
 use pincer_testkit::postgres::Postgres;
 use pincer_testkit::{comparable, oracle_context};
 use pretty_assertions::assert_eq;
@@ -34,13 +34,7 @@ fn cluster(n: usize, extra: &str) -> Cluster {
     let config =
         format!("{}\n{extra}\n[store]\nbackend = \"postgres\"\nurl = \"{url}\"\npool_size = 4\n", fake.gateway_toml());
     let dir = tempfile::tempdir().expect("tempdir");
-    let replicas = (0..n)
-        .map(|i| {
-            let options =
-                StartOptions { env: vec![("PINCER_REPLICA_ID".into(), format!("replica-{i}"))], ..Default::default() };
-            GatewayProcess::start_with(BIN, &dir.path().join(format!("r{i}")), &config, &options)
-        })
-        .collect();
+    let replicas = pincer_testkit::postgres::start_replicas(BIN, dir.path(), &config, n);
     Cluster { dir, url, config, replicas, fake }
 }
 

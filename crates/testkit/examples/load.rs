@@ -226,10 +226,12 @@ async fn main() {
     for &len in &lengths {
         for &n in &levels {
             let warm = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
+            // Measured turns start together once the gateway has settled after the warm-up.
+            let go = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
             let mut tasks = Vec::new();
             for s in 0..n {
                 let addr = addrs[s % addrs.len()].clone();
-                let warm = warm.clone();
+                let (warm, go) = (warm.clone(), go.clone());
                 tasks.push(tokio::spawn(async move {
                     let mut c = Client::connect(&addr).await;
                     let key = format!("agent:main:load-{len}-{n}-{s}");
@@ -252,16 +254,19 @@ async fn main() {
                         c.events.clear();
                         if t == 0 {
                             warm.wait().await;
+                            go.wait().await;
                         }
                     }
                     lat
                 }));
             }
             warm.wait().await;
+            settle(&gw.addr, pid).await;
             let perf = perf_dir.as_ref().map(|d| start_perf(d, pid, &format!("perf-{n}x{len}.data")));
             let before = totals_of(&addrs).await;
             let cpu_before = cpu_all();
             let started = Instant::now();
+            go.wait().await;
             let mut all = Vec::new();
             for t in tasks {
                 all.extend(t.await.expect("session task"));
@@ -302,6 +307,30 @@ async fn main() {
     drop(gws);
     drop(postgres);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits, before a measurement, until the work that warming up started is over: the search
+/// index has taken in every prefilled transcript (`sessions.search` no longer answers `indexing`;
+/// indexing a 10,000-entry session once costs about a second of CPU, which would otherwise land in
+/// the first measured turns) and the gateway's CPU clock stands still for 200 ms.
+async fn settle(addr: &str, pid: u32) {
+    let mut c = Client::connect(addr).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let r = c.request("sessions.search", json!({"query": "turn", "limit": 1})).await.expect("sessions.search");
+        if r.get("indexing").and_then(serde_json::Value::as_bool) != Some(true) {
+            break;
+        }
+    }
+    let mut last = cpu_s(pid);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = cpu_s(pid);
+        if now - last < 0.005 {
+            break;
+        }
+        last = now;
+    }
 }
 
 /// Starts `perf record -g` on the gateway process (Debian's linux-perf).

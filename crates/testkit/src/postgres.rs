@@ -236,6 +236,27 @@ pub fn import(bin: &Path, state_dir: &Path, url: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("the import's report is JSON")
 }
 
+/// `n` `pincer gateway` processes (`bin`) with `config` (which names the database), state dirs
+/// `<dir>/r<i>` and replica ids `replica-<i>`, returned once each replica's startup check of
+/// interrupted turns is over (one still under way could take a turn a test kills a replica in).
+pub fn start_replicas(bin: &str, dir: &Path, config: &str, n: usize) -> Vec<crate::gateway::GatewayProcess> {
+    use crate::gateway::{GatewayProcess, StartOptions};
+    let replicas: Vec<GatewayProcess> = (0..n)
+        .map(|i| {
+            let options =
+                StartOptions { env: vec![("PINCER_REPLICA_ID".into(), format!("replica-{i}"))], ..Default::default() };
+            GatewayProcess::start_with(bin, &dir.join(format!("r{i}")), config, &options)
+        })
+        .collect();
+    for r in &replicas {
+        crate::probe::poll(Duration::from_secs(30), Duration::from_millis(20), || {
+            r.log_text().contains("startup check done").then_some(())
+        })
+        .expect("the startup check ends");
+    }
+    replicas
+}
+
 impl Drop for Postgres {
     fn drop(&mut self) {
         if self.owned {
