@@ -624,12 +624,8 @@ impl Inner {
         }
     }
 
-    /// Entries by seq from `from` on (ascending) or the last ones (descending), up to `max_bytes`.
-    async fn window(&self, file: &str, from: Option<i64>, max_bytes: u64) -> Result<Vec<Value>, PgError> {
-        let window = match from {
-            Some(f) => Window::From(f),
-            None => Window::Before(i64::MAX),
-        };
+    /// The entries of a window, oldest first, up to `max_bytes`.
+    async fn window(&self, file: &str, window: Window, max_bytes: u64) -> Result<Vec<Value>, PgError> {
         Ok(self.positioned(file, window, max_bytes).await?.0.into_iter().map(|(_, v)| v).collect())
     }
 
@@ -650,11 +646,7 @@ impl Inner {
     }
 
     /// The lines of [`Inner::window`], oldest first.
-    async fn window_lines(&self, file: &str, from: Option<i64>, max_bytes: u64) -> Result<Vec<String>, PgError> {
-        let window = match from {
-            Some(f) => Window::From(f),
-            None => Window::Before(i64::MAX),
-        };
+    async fn window_lines(&self, file: &str, window: Window, max_bytes: u64) -> Result<Vec<String>, PgError> {
         Ok(self.window_rows(file, window, max_bytes).await?.0.into_iter().map(|(_, l)| l).collect())
     }
 
@@ -1032,7 +1024,7 @@ impl Transcripts for PgStore {
     fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
         let f = self.name(path);
         self.block(move |inner| async move {
-            let lines = inner.window_lines(&f, None, max_bytes).await?;
+            let lines = inner.window_lines(&f, Window::Before(i64::MAX), max_bytes).await?;
             let mut out = Vec::new();
             for l in lines {
                 out.extend_from_slice(l.as_bytes());
@@ -1076,14 +1068,15 @@ impl Transcripts for PgStore {
         let file = self.name(path);
         let f = file.clone();
         let from = i64::try_from(pos).unwrap_or(i64::MAX);
-        self.block(move |inner| async move { inner.window(&f, Some(from), max_bytes).await })
+        self.block(move |inner| async move { inner.window(&f, Window::From(from), max_bytes).await })
             .map_err(|e| e.into_store(&file))
     }
 
     fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
         let file = self.name(path);
         let f = file.clone();
-        self.block(move |inner| async move { inner.window(&f, None, max_bytes).await }).map_err(|e| e.into_store(&file))
+        self.block(move |inner| async move { inner.window(&f, Window::Before(i64::MAX), max_bytes).await })
+            .map_err(|e| e.into_store(&file))
     }
 
     fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
