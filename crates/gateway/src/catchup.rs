@@ -26,8 +26,7 @@ pub enum Catchup {
 
 /// The events of session `key` after `after`. An error only when the store cannot be read.
 pub async fn since(gw: &Arc<Gateway>, key: &str, after: &EventId) -> Result<Catchup, RpcError> {
-    let k = key.to_owned();
-    let Some(session) = gw.index(move |s| s.resolve(&k, false)).await? else {
+    let Some(session) = gw.session(key, false).await? else {
         return Ok(Catchup::Reset("the session has no transcript any more".into()));
     };
     if session.session_id != after.session_id {
@@ -162,8 +161,7 @@ pub async fn subscribe_messages(
         gw.relay_from(&key, after);
     }
     ctx.subs.add_messages(key.clone());
-    let k = key.clone();
-    let read = match gw.index(move |s| s.resolve(&k, false)).await {
+    let read = match gw.session(&key, false).await {
         Ok(Some(s)) => {
             let sid = p.session_id.map_or(s.session_id, |id| id.0);
             since(gw, &key, &EventId { session_id: sid, pos: after, part: 1 }).await

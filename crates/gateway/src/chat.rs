@@ -169,9 +169,7 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
     if message.trim().is_empty() && images.is_empty() && regenerate.is_none() {
         return Err(RpcError::invalid("message or attachment required"));
     }
-    let k = raw_key.to_owned();
-    let session =
-        gw.index(move |s| s.resolve(&k, true)).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
+    let session = gw.session(raw_key, true).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
     if images.is_empty() && regenerate.is_none() && is_stop(&message) {
         let ids = abort_session(gw, &session.key, None, "stop-command");
         return Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}));
@@ -360,6 +358,9 @@ async fn check_branch_point(
 
 /// [`crate::turns::on_disk`] off the async threads; errors name the transcript.
 async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Result<OnDisk, RpcError> {
+    if crate::turns::known_new(gw.store.as_ref(), &session.path, run_id) {
+        return Ok(OnDisk::New);
+    }
     let (store, path, id) = (gw.store.clone(), session.path.clone(), run_id.to_owned());
     tokio::task::spawn_blocking(move || crate::turns::on_disk(&store, &path, &id))
         .await
@@ -1131,9 +1132,7 @@ pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
         Some(_) => return Err(RpcError::invalid("label must be a string of at most 100 characters")),
     };
     let key = p.idempotency_key.as_deref().map(check_idempotency_key).transpose()?;
-    let k = p.session_key.0.clone();
-    let session =
-        gw.index(move |s| s.resolve(&k, false)).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
+    let session = gw.session(&p.session_key.0, false).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
     let text = match &label {
         Some(l) if !l.is_empty() => format!("[{l}]\n\n{message}"),
         _ => message,
@@ -1169,8 +1168,7 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     let limit = p.limit.map_or(200, |l| l.0 as usize);
     let max_chars = p.max_chars.map_or(DEFAULT_MAX_CHARS, |m| m.0 as usize);
     let (key, agent) = crate::sessions::canonical_key(&p.session_key)?;
-    let k = key.clone();
-    let session = gw.index(move |s| s.resolve(&k, false)).await?;
+    let session = gw.session(&key, false).await?;
     let (session_id, messages, thinking) = match &session {
         None => (Value::Null, vec![], None),
         Some(s) => {

@@ -142,8 +142,7 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
 /// leaf (a resend of its key then resumes it once, on any replica), and the run is forgotten.
 /// False when that could not be done now (the store failed): it is tried again.
 async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) -> bool {
-    let k = key.to_owned();
-    let session = match gw.index(move |s| s.resolve(&k, false)).await {
+    let session = match gw.session(key, false).await {
         Ok(s) => s,
         Err(_) => return false,
     };

@@ -313,6 +313,22 @@ impl Sessions {
         })
     }
 
+    /// [`Sessions::resolve`] of an existing session from memory, without blocking (safe on async
+    /// threads): `None` when the index is busy, not read yet, changed on disk (a `stat`, where the
+    /// store answers that without blocking) or without the key; then ask [`Sessions::resolve`].
+    pub fn resolve_cached(&self, raw_key: &str) -> Option<SessionRef> {
+        let (key, agent) = canonical_key(raw_key).ok()?;
+        let agents = self.agents.try_lock().ok()?;
+        let idx = agents.get(&agent)?;
+        if self.store.peek_index_stamp(&idx.path)? != idx.stamp {
+            return None;
+        }
+        match idx.map.get(&key) {
+            Some(Value::Object(e)) => self.to_ref(&key, &agent, e).ok(),
+            _ => None,
+        }
+    }
+
     /// Updates fields of a session's row (`null` removes a field).
     pub fn patch(&self, raw_key: &str, fields: &Map<String, Value>) -> Result<SessionRef, RpcError> {
         let (key, agent) = canonical_key(raw_key)?;
@@ -564,7 +580,10 @@ mod tests {
         let mut on_disk: Value = serde_json::from_slice(&std::fs::read(&idx).expect("read")).expect("json");
         on_disk["agent:main:theirs"] = json!({"sessionId": "their-session", "updatedAt": 1});
         std::fs::write(&idx, serde_json::to_vec(&on_disk).expect("json")).expect("write");
+        assert_eq!(s.resolve_cached("main"), None, "the cached index is stale after the change");
         assert!(s.resolve("agent:main:theirs", false).expect("ok").is_some(), "re-read after the change");
+        assert_eq!(s.resolve_cached("agent:main:theirs").map(|r| r.session_id).as_deref(), Some("their-session"));
+        assert_eq!(s.resolve_cached("agent:main:nobody"), None);
         s.resolve("mine", true).expect("create");
         let after: Value = serde_json::from_slice(&std::fs::read(&idx).expect("read")).expect("json");
         assert!(after.get("agent:main:theirs").is_some() && after.get("agent:main:mine").is_some(), "{after}");

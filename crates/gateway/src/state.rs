@@ -536,6 +536,16 @@ impl Gateway {
             .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?
     }
 
+    /// The session of a key (created in the index when `create` and missing): from memory when it
+    /// can be answered there ([`Sessions::resolve_cached`]), else on a blocking thread.
+    pub async fn session(self: &Arc<Self>, key: &str, create: bool) -> Result<Option<SessionRef>, RpcError> {
+        if let Some(s) = self.sessions.resolve_cached(key) {
+            return Ok(Some(s));
+        }
+        let k = key.to_owned();
+        self.index(move |s| s.resolve(&k, create)).await
+    }
+
     /// Creates the session's transcript file (its header) if it is not there yet.
     pub async fn ensure_transcript(self: &Arc<Self>, session: &SessionRef) -> Result<(), RpcError> {
         let (path, sid) = (session.path.clone(), session.session_id.clone());
@@ -631,9 +641,12 @@ impl Gateway {
         let path = session.path.clone();
         let store = self.store.clone();
         let task = |source| GatewayError::Task { what: "context", source };
-        let (leaf, version) = {
-            let (store, path) = (store.clone(), path.clone());
-            tokio::task::spawn_blocking(move || store.leaf_version(&path)).await.map_err(task)??
+        let (leaf, version) = match store.peek_leaf_version(&path) {
+            Some(known) => known,
+            None => {
+                let (store, path) = (store.clone(), path.clone());
+                tokio::task::spawn_blocking(move || store.leaf_version(&path)).await.map_err(task)??
+            }
         };
         if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l, version)) {
             return Ok(m);

@@ -68,6 +68,12 @@ fn reply_status(m: &Map<String, Value>) -> Option<&'static str> {
     }
 }
 
+/// True when the store knows without blocking that the transcript holds nothing of turn `run_id`
+/// (the common case, answered on the async thread); false: ask [`on_disk`].
+pub fn known_new(store: &dyn Transcripts, path: &Path, run_id: &str) -> bool {
+    store.known_unkeyed(path, &format!("{run_id}:assistant")) && store.known_unkeyed(path, &format!("{run_id}:user"))
+}
+
 /// Reads the state of turn `run_id` from the transcript.
 pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<OnDisk, StoreError> {
     if let Some((e, _)) = store.find_keyed(path, &format!("{run_id}:assistant"))? {

@@ -1,11 +1,13 @@
 //! The index kept up to date beside a running gateway: one thread owns the database, takes the
-//! paths the store reports after each durable commit (sending one never blocks an append: it is
-//! a channel send) and indexes what was appended, the paths of [`GATHER`] together in one commit.
+//! paths the store reports after each durable commit (reporting one never blocks an append: it
+//! joins a set, and only the first path of a gathering wakes the thread) and indexes what was
+//! appended, the paths of [`GATHER`] together in one commit.
 //! At start it syncs every transcript, so what a crash left out is indexed again, and again every
 //! [`FULL_SYNC`] when idle (transcripts written by other processes, such as `pincer transcript
 //! append` or `import`); [`Indexer::flush`] waits until everything sent is indexed.
 
 use crate::{Index, Result, SearchError};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -17,13 +19,16 @@ pub const FULL_SYNC: std::time::Duration = std::time::Duration::from_secs(30);
 const GATHER: std::time::Duration = std::time::Duration::from_millis(200);
 
 enum Job {
-    File(PathBuf),
+    /// Paths are waiting in [`Indexer::pending`].
+    Wake,
     Flush(Sender<()>),
 }
 
 /// The background indexer of one state directory.
 pub struct Indexer {
     tx: Mutex<Option<Sender<Job>>>,
+    /// Paths appended to since the thread last took them.
+    pending: Arc<Mutex<HashSet<PathBuf>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -32,6 +37,8 @@ impl Indexer {
     pub fn start(state_dir: &Path) -> Result<Arc<Indexer>> {
         let mut index = Index::open(state_dir)?;
         let (tx, rx) = channel::<Job>();
+        let pending = Arc::new(Mutex::new(HashSet::new()));
+        let queued = pending.clone();
         let thread = std::thread::Builder::new()
             .name("pincer-search-index".into())
             .spawn(move || {
@@ -49,16 +56,14 @@ impl Indexer {
                         }
                         Err(RecvTimeoutError::Disconnected) => break,
                     };
-                    // Appends of a busy gateway are gathered for a moment and indexed in one
-                    // commit; a flush is answered at once.
-                    let (mut files, mut waiters) = (Vec::<PathBuf>::new(), Vec::new());
+                    // Appends of a busy gateway are gathered for a moment (they do not wake the
+                    // thread meanwhile) and indexed in one commit; a flush is answered at once.
+                    let mut waiters = Vec::new();
                     let until = std::time::Instant::now() + GATHER;
                     let mut next = Some(job);
                     while let Some(j) = next.take() {
-                        match j {
-                            Job::File(p) if !files.contains(&p) => files.push(p),
-                            Job::File(_) => {}
-                            Job::Flush(w) => waiters.push(w),
+                        if let Job::Flush(w) = j {
+                            waiters.push(w);
                         }
                         next = match rx.try_recv() {
                             Ok(j) => Some(j),
@@ -66,6 +71,7 @@ impl Indexer {
                             Err(_) => rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now())).ok(),
                         };
                     }
+                    let files: Vec<PathBuf> = pincer_pi::lock(&queued).drain().collect();
                     match index.sync_files(&files) {
                         Ok((_, errors)) => errors.iter().for_each(tracing_warn),
                         Err(e) => tracing_warn(&e),
@@ -76,13 +82,24 @@ impl Indexer {
                 }
             })
             .map_err(|e| SearchError(format!("cannot start the search indexer: {e}")))?;
-        Ok(Arc::new(Indexer { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) }))
+        Ok(Arc::new(Indexer { tx: Mutex::new(Some(tx)), pending, thread: Mutex::new(Some(thread)) }))
     }
 
-    /// Queues `path` to be indexed (never blocks).
+    /// Queues `path` to be indexed (never blocks on the indexer; wakes it only when nothing was
+    /// queued yet).
     pub fn notify(&self, path: &Path) {
-        if let Some(tx) = pincer_pi::lock(&self.tx).as_ref() {
-            let _ = tx.send(Job::File(path.to_path_buf()));
+        let first = {
+            let mut pending = pincer_pi::lock(&self.pending);
+            let first = pending.is_empty();
+            if !pending.contains(path) {
+                pending.insert(path.to_path_buf());
+            }
+            first
+        };
+        if first {
+            if let Some(tx) = pincer_pi::lock(&self.tx).as_ref() {
+                let _ = tx.send(Job::Wake);
+            }
         }
     }
 

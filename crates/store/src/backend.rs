@@ -54,6 +54,24 @@ pub trait Transcripts: Send + Sync {
         Ok((self.leaf(path)?, 0))
     }
 
+    /// [`Transcripts::leaf_version`] when the store knows it without blocking (from memory and
+    /// at most a `stat`), so async threads can ask; `None`: ask the blocking way.
+    fn peek_leaf_version(&self, _path: &Path) -> Option<(Option<String>, u64)> {
+        None
+    }
+
+    /// True when the store knows without blocking that no entry of the transcript carries
+    /// idempotency key `key`; false: ask [`Transcripts::find_keyed`].
+    fn known_unkeyed(&self, _path: &Path, _key: &str) -> bool {
+        false
+    }
+
+    /// [`Transcripts::index_stamp`] when the store knows it without blocking (a `stat`), so async
+    /// threads can ask; `None`: ask the blocking way.
+    fn peek_index_stamp(&self, _path: &Path) -> Option<Option<IndexStamp>> {
+        None
+    }
+
     /// Whether the transcript exists.
     fn exists(&self, path: &Path) -> bool;
 
@@ -140,6 +158,18 @@ impl Transcripts for Store {
 
     fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
         Store::leaf(self, path)
+    }
+
+    fn peek_leaf_version(&self, path: &Path) -> Option<(Option<String>, u64)> {
+        Some((Store::peek_leaf(self, path)?, 0))
+    }
+
+    fn known_unkeyed(&self, path: &Path, key: &str) -> bool {
+        Store::known_unkeyed(self, path, key)
+    }
+
+    fn peek_index_stamp(&self, path: &Path) -> Option<Option<IndexStamp>> {
+        Some(Transcripts::index_stamp(self, path))
     }
 
     fn exists(&self, path: &Path) -> bool {
@@ -281,6 +311,15 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     }
     fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError> {
         (**self).leaf_version(path)
+    }
+    fn peek_leaf_version(&self, path: &Path) -> Option<(Option<String>, u64)> {
+        (**self).peek_leaf_version(path)
+    }
+    fn known_unkeyed(&self, path: &Path, key: &str) -> bool {
+        (**self).known_unkeyed(path, key)
+    }
+    fn peek_index_stamp(&self, path: &Path) -> Option<Option<IndexStamp>> {
+        (**self).peek_index_stamp(path)
     }
     fn exists(&self, path: &Path) -> bool {
         (**self).exists(path)

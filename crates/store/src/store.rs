@@ -518,6 +518,33 @@ impl Store {
     }
 }
 
+/// Answers from the cached state alone, for async threads (a turn's checks cost no hand-off to a
+/// blocking thread): `None` unless this store has looked at the file before, nothing holds its
+/// state right now (an append or a read in progress: no waiting), and the file is still the one
+/// cached (one `stat`: same identity and length). Callers then ask the blocking way.
+impl Store {
+    fn peek<T>(&self, path: &Path, f: impl FnOnce(&FileState) -> Option<T>) -> Option<T> {
+        let w = lock(&self.inner.aliases).get(path).cloned()?;
+        let st = w.state.try_lock().ok()?;
+        if !st.loaded {
+            return None;
+        }
+        let meta = std::fs::metadata(&w.path).ok()?;
+        ((meta.dev(), meta.ino()) == st.ident && meta.len() == st.len).then(|| f(&st)).flatten()
+    }
+
+    /// [`Store::leaf`] from the cached state, without blocking (`None`: ask [`Store::leaf`]).
+    pub fn peek_leaf(&self, path: &Path) -> Option<Option<String>> {
+        self.peek(path, |st| Some(st.leaf.clone()))
+    }
+
+    /// True when the cached state shows that no entry carries idempotency key `key` (false: ask
+    /// [`Store::find_keyed`]).
+    pub fn known_unkeyed(&self, path: &Path, key: &str) -> bool {
+        self.peek(path, |st| st.index.as_ref().map(|i| !i.idem.contains_key(&hash_str(key)))) == Some(true)
+    }
+}
+
 /// Reading entries back by idempotency key and by position (durable dedupe of turns).
 impl Store {
     /// The entry whose message carries idempotency key `key`, and the byte offset of its line.

@@ -47,6 +47,21 @@ fn cpu_s(pid: u32) -> f64 {
     (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / 100.0
 }
 
+/// Context switches of all the process's threads (voluntary and not), from `/proc/<pid>/task/*/status`.
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
 /// Writes a session of `entries` entries (user/assistant pairs of about 500 bytes each) as Pi
 /// would, and returns its `sessions.json` row.
 fn prefill(dir: &std::path::Path, session_id: &str, entries: usize) -> serde_json::Value {
@@ -265,6 +280,7 @@ async fn main() {
             let perf = perf_dir.as_ref().map(|d| start_perf(d, pid, &format!("perf-{n}x{len}.data")));
             let before = totals_of(&addrs).await;
             let cpu_before = cpu_all();
+            let switches_before: u64 = pids.iter().map(|p| switches(*p)).sum();
             let started = Instant::now();
             go.wait().await;
             let mut all = Vec::new();
@@ -273,6 +289,7 @@ async fn main() {
             }
             let wall = started.elapsed().as_secs_f64();
             let cpu = cpu_all() - cpu_before;
+            let switched = pids.iter().map(|p| switches(*p)).sum::<u64>().saturating_sub(switches_before);
             let d = totals_of(&addrs).await - before;
             let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
             if let Some(p) = perf {
@@ -297,10 +314,12 @@ async fn main() {
             // Time inside fdatasync summed over the calls, over the wall time: above 1, calls of
             // different files overlapped (they run on several blocking threads).
             println!(
-                "      fdatasyncs: {:.2} per turn, {:.3} ms each on average, {:.2} in flight on average",
+                "      fdatasyncs: {:.2} per turn, {:.3} ms each on average, {:.2} in flight on average; \
+                 {:.1} context switches of the gateway's threads per turn",
                 d.syncs / count as f64,
                 if d.syncs > 0.0 { d.sync_seconds / d.syncs * 1e3 } else { 0.0 },
-                d.sync_seconds / wall
+                d.sync_seconds / wall,
+                switched as f64 / count as f64
             );
         }
     }
