@@ -33,6 +33,7 @@ pub mod export;
 pub mod hook;
 pub mod http;
 pub mod hub;
+pub mod lanes;
 pub mod logs;
 pub mod methods;
 pub mod metrics;

@@ -235,6 +235,8 @@ pub struct Gateway {
     pub pg: Option<pincer_pg::PgStore>,
     /// Where this process's latest appends landed, for the events that announce them.
     positions: Mutex<Positions>,
+    /// The threads appends run on.
+    lanes: crate::lanes::Lanes,
     /// Sessions the relay should follow from an earlier seq than their end when it starts
     /// watching them (a catch-up read the store up to there): key → (seq, when asked).
     relay_from: Mutex<HashMap<String, (u64, Instant)>>,
@@ -371,6 +373,7 @@ impl Gateway {
             search_reader: Mutex::new(None),
             pg,
             positions: Mutex::default(),
+            lanes: crate::lanes::Lanes::default(),
             relay_from: Mutex::default(),
         })
     }
@@ -571,17 +574,19 @@ impl Gateway {
         let path = session.path.clone();
         let sid = session.session_id.clone();
         let (index, key) = (self.conversations.clone(), session.key.clone());
-        let r = tokio::task::spawn_blocking(move || {
-            let r = store.append_with(&path, entry, Some(&sid));
-            if let Ok(a) = &r {
-                if a.appended {
-                    index.appended(&key, &path, &a.entry);
+        let r = self
+            .lanes
+            .run(&session.path, move || {
+                let r = store.append_with(&path, entry, Some(&sid));
+                if let Ok(a) = &r {
+                    if a.appended {
+                        index.appended(&key, &path, &a.entry);
+                    }
                 }
-            }
-            r
-        })
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Internal(format!("append task failed: {e}"))));
+                r
+            })
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Internal("the append failed (its writer thread panicked)".into())));
         if let Ok(a) = &r {
             if let Some(id) = a.id() {
                 lock(&self.positions).insert(&session.path, id, a.pos);

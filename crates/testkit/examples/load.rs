@@ -266,6 +266,12 @@ async fn main() {
                         if t > 0 {
                             lat.push(sent.elapsed());
                         }
+                        if t == turns && s == 0 && std::env::var_os("LOAD_SHOW_EVENTS").is_some() {
+                            for e in &c.events {
+                                println!("event: {}", e.to_string().chars().take(300).collect::<String>());
+                            }
+                            println!("final: {}", end.to_string().chars().take(600).collect::<String>());
+                        }
                         c.events.clear();
                         if t == 0 {
                             warm.wait().await;
@@ -281,6 +287,7 @@ async fn main() {
             let before = totals_of(&addrs).await;
             let cpu_before = cpu_all();
             let switches_before: u64 = pids.iter().map(|p| switches(*p)).sum();
+            let own_before = cpu_s(std::process::id());
             let started = Instant::now();
             go.wait().await;
             let mut all = Vec::new();
@@ -289,6 +296,7 @@ async fn main() {
             }
             let wall = started.elapsed().as_secs_f64();
             let cpu = cpu_all() - cpu_before;
+            let own = cpu_s(std::process::id()) - own_before;
             let switched = pids.iter().map(|p| switches(*p)).sum::<u64>().saturating_sub(switches_before);
             let d = totals_of(&addrs).await - before;
             let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
@@ -315,11 +323,13 @@ async fn main() {
             // different files overlapped (they run on several blocking threads).
             println!(
                 "      fdatasyncs: {:.2} per turn, {:.3} ms each on average, {:.2} in flight on average; \
-                 {:.1} context switches of the gateway's threads per turn",
+                 {:.1} context switches of the gateway's threads per turn; this command's own CPU (the clients and \
+                 the fake provider) {:.3} ms/turn",
                 d.syncs / count as f64,
                 if d.syncs > 0.0 { d.sync_seconds / d.syncs * 1e3 } else { 0.0 },
                 d.sync_seconds / wall,
-                switched as f64 / count as f64
+                switched as f64 / count as f64,
+                own * 1e3 / count as f64
             );
         }
     }

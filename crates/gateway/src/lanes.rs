@@ -1,0 +1,114 @@
+//! The threads that write transcripts. An append blocks for its fdatasync, so it cannot run on an
+//! async thread; tokio's blocking pool would take it, but every hand-off there goes through one
+//! mutex and condvar shared by all of the pool's threads, and at a few thousand appends a second
+//! that lock is contended (threads spin, yield and park on it: a tenth of the gateway's CPU at 100
+//! busy sessions). Here each lane is one thread with its own queue, and a transcript always goes
+//! to the same lane (by a hash of its path): a hand-off is a lock-free push and, when the lane
+//! was idle, one wake-up. Appends of different transcripts in different lanes sync at once (the
+//! filesystem's journal commits them together); those sharing a lane wait their turn, which an
+//! fdatasync of a fraction of a millisecond makes short. Lanes start on first use.
+
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::OnceLock;
+
+/// How many lanes, so how many fdatasyncs can be in flight at once.
+pub const LANES: usize = 16;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The lanes of one gateway.
+pub struct Lanes {
+    lanes: Vec<OnceLock<Sender<Job>>>,
+}
+
+impl Default for Lanes {
+    fn default() -> Self {
+        Lanes { lanes: (0..LANES).map(|_| OnceLock::new()).collect() }
+    }
+}
+
+/// The job panicked, or its lane could not be started.
+#[derive(Debug)]
+pub struct LaneGone;
+
+impl Lanes {
+    /// Runs `f` on the lane of transcript `path` and returns what it returned.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        path: &Path,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, LaneGone> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let _ = tx.send(f());
+        });
+        self.sender(path).ok_or(LaneGone)?.send(job).map_err(|_| LaneGone)?;
+        rx.await.map_err(|_| LaneGone)
+    }
+
+    fn sender(&self, path: &Path) -> Option<&Sender<Job>> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        path.hash(&mut h);
+        let i = (h.finish() % LANES as u64) as usize;
+        let slot = self.lanes.get(i)?;
+        if let Some(s) = slot.get() {
+            return Some(s);
+        }
+        let (tx, rx) = channel::<Job>();
+        let started = std::thread::Builder::new().name(format!("pincer-lane-{i}")).spawn(move || {
+            for job in rx {
+                // A panicking job fails its own caller (its answer is dropped), not the lane.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+            }
+        });
+        if let Err(e) = started {
+            tracing::error!("cannot start a transcript writer thread: {e}");
+            return None;
+        }
+        // Another caller may have started the lane first: then this thread ends with its sender.
+        Some(slot.get_or_init(|| tx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn jobs_of_one_path_run_in_order_on_one_thread() {
+        let lanes = Lanes::default();
+        let p = Path::new("/state/agents/main/sessions/a.jsonl");
+        let mut names = Vec::new();
+        for i in 0..20u32 {
+            let (n, v) =
+                lanes.run(p, move || (std::thread::current().name().map(str::to_owned), i)).await.expect("lane");
+            assert_eq!(v, i);
+            names.push(n.expect("named"));
+        }
+        assert!(names[0].starts_with("pincer-lane-"), "{names:?}");
+        assert!(names.iter().all(|n| *n == names[0]), "{names:?}");
+        let threads = lanes_of_many_paths(&lanes).await;
+        assert!(threads.len() > 1, "different transcripts spread over lanes: {threads:?}");
+    }
+
+    async fn lanes_of_many_paths(lanes: &Lanes) -> std::collections::HashSet<String> {
+        let mut out = std::collections::HashSet::new();
+        for i in 0..64 {
+            let p = std::path::PathBuf::from(format!("/state/agents/main/sessions/{i}.jsonl"));
+            let n = lanes.run(&p, || std::thread::current().name().map(str::to_owned)).await.expect("lane");
+            out.insert(n.expect("named"));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_an_error_not_a_hang() {
+        let lanes = Lanes::default();
+        let p = Path::new("/x.jsonl");
+        let r = lanes.run(p, || -> u32 { panic!("boom") }).await;
+        assert!(r.is_err());
+        assert_eq!(lanes.run(p, || 7u32).await.expect("the lane goes on"), 7);
+    }
+}
