@@ -47,6 +47,43 @@ fn cpu_s(pid: u32) -> f64 {
     (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / 100.0
 }
 
+/// CPU time of the calling thread, in seconds (`/proc/thread-self/schedstat`: nanoseconds on a CPU).
+fn thread_cpu_s() -> f64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    s.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()).expect("schedstat run time") / 1e9
+}
+
+/// CPU milliseconds a process spends per MB sending a request body over loopback TCP to a
+/// peer that reads it (the kernel's copy and both ends of the protocol run on the sender's CPU):
+/// the other O(context) part of a model call besides writing the body, which the gateway cannot
+/// time itself (the socket writes happen inside the HTTP client). The median of five 64 MB sends.
+fn loopback_send_ms_per_mb() -> f64 {
+    use std::io::{Read, Write};
+    let mut runs: Vec<f64> = (0..5)
+        .map(|_| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            let reader = std::thread::spawn(move || {
+                let (mut s, _) = listener.accept().expect("accept");
+                let mut buf = vec![0u8; 1 << 20];
+                while s.read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
+            });
+            let mut w = std::net::TcpStream::connect(addr).expect("connect");
+            let chunk = vec![b'x'; 1 << 20];
+            let started = thread_cpu_s();
+            for _ in 0..64 {
+                w.write_all(&chunk).expect("send");
+            }
+            let spent = thread_cpu_s() - started;
+            drop(w);
+            reader.join().expect("reader");
+            spent * 1e3 / (64.0 * (1 << 20) as f64 / 1e6)
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[runs.len() / 2]
+}
+
 /// Context switches of all the process's threads (voluntary and not), from `/proc/<pid>/task/*/status`.
 fn switches(pid: u32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
@@ -180,6 +217,8 @@ async fn main() {
     let levels: Vec<usize> = arg("--sessions", "1,100").split(',').map(|s| s.parse().expect("--sessions")).collect();
     let lengths: Vec<usize> = arg("--lengths", "0").split(',').map(|s| s.parse().expect("--lengths")).collect();
     let perf_dir = std::env::args().any(|a| a == "--perf").then(|| std::path::PathBuf::from(arg("--perf", ".")));
+    let send_ms_per_mb = std::thread::spawn(loopback_send_ms_per_mb).join().expect("loopback calibration");
+    println!("sending over loopback TCP: {send_ms_per_mb:.3} ms of CPU per MB (the sender's side)");
     let fake = FakeOpenAi::start_unrecorded().await;
     let dir = tempfile_dir();
     let mut index = serde_json::Map::new();
@@ -308,7 +347,8 @@ async fn main() {
             println!(
                 "{n:>4} sessions x {turns} turns at {len:>6} entries: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, \
                  gateway CPU {:.3} ms/turn ({:.3} without the request-body pass; the pass {:.3} ms/turn, \
-                 {:.2} MB/turn at {:.0} MB/s), gateway RSS {:.1} MiB",
+                 {:.2} MB/turn at {:.0} MB/s; {:.3} without the pass and the body's send at the loopback rate), \
+                 gateway RSS {:.1} MiB",
                 pct(&mut all, 0.5),
                 pct(&mut all, 0.99),
                 count as f64 / wall,
@@ -317,6 +357,7 @@ async fn main() {
                 per_turn(body_cpu),
                 body_bytes / count as f64 / 1e6,
                 if body_cpu > 0.0 { body_bytes / body_cpu / 1e6 } else { 0.0 },
+                per_turn(cpu - body_cpu) - body_bytes / count as f64 / 1e6 * send_ms_per_mb,
                 rss_kib(pid) as f64 / 1024.0
             );
             // Time inside fdatasync summed over the calls, over the wall time: above 1, calls of
