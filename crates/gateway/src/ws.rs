@@ -183,7 +183,14 @@ async fn write_loop(
                     break 'frames;
                 }
             }
-            match rx.try_recv() {
+            let mut more = rx.try_recv();
+            if more.is_err() && batch == 1 {
+                // The task that queued this frame often queues the next ones before it yields
+                // (a turn's status and lifecycle events): let it, so they share one write.
+                tokio::task::yield_now().await;
+                more = rx.try_recv();
+            }
+            match more {
                 Ok(o) if batch < MAX_BATCH_FRAMES && batch_bytes < MAX_BATCH_BYTES => next = Some(o),
                 Ok(o) => {
                     // Flush a long batch, then go on with the frame already taken.
