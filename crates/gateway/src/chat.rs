@@ -481,8 +481,8 @@ impl Turn {
         // Deltas and startup phases are superseded by what follows: droppable for a slow client.
         let droppable = matches!(state, "delta" | "status");
         // An event carrying a persisted entry is that entry's `chat` event, under its durable id.
-        let entry_id = p["message"]["__openclaw"]["id"].as_str().map(|id| json!({"id": id}));
-        match entry_id.and_then(|e| self.gw.event_id(&self.session, &e, 1)).filter(|_| !droppable) {
+        let entry_id = p["message"]["__openclaw"]["id"].as_str();
+        match entry_id.and_then(|id| self.gw.event_id(&self.session, id, 1)).filter(|_| !droppable) {
             Some(id) => self.gw.hub.publish_entry("chat", &self.session.key, p, crate::hub::Audience::All, Some(id)),
             None => self.gw.hub.publish("chat", Some(&self.session.key), p, droppable, crate::hub::Audience::All),
         }
@@ -582,7 +582,7 @@ impl Turn {
             "role": "user",
             "content": self.user_content(text),
             "timestamp": now_ms(),
-            "idempotencyKey": format!("{}:user", self.run.run_id),
+            "idempotencyKey": crate::turns::user_key(&self.run.run_id),
         });
         if let Some((k, v)) = extra {
             msg[k] = v;
@@ -604,7 +604,7 @@ impl Turn {
     /// a `chat` error.
     async fn crashed(&self, what: &str) {
         let text = format!("internal error: the run stopped unexpectedly ({what})");
-        let mut msg = injected_message(&text, Some(&format!("{}:assistant", self.run.run_id)), None);
+        let mut msg = injected_message(&text, Some(&crate::turns::reply_key(&self.run.run_id)), None);
         msg["stopReason"] = json!("error");
         msg["errorMessage"] = json!(text);
         let entry = match self.gw.append(&self.session, NewEntry::message(msg)).await {
@@ -623,7 +623,7 @@ impl Turn {
 
     /// Appends a gateway-injected assistant row and sends it as the final.
     async fn reply(&self, text: &str) {
-        let key = format!("{}:assistant", self.run.run_id);
+        let key = crate::turns::reply_key(&self.run.run_id);
         let msg = injected_message(text, Some(&key), None);
         let message = match self.gw.append(&self.session, NewEntry::message(msg.clone())).await {
             Ok(a) => {
@@ -1015,7 +1015,7 @@ impl Turn {
         let origin = self.run.origin();
         let mut extra = json!({"stopReason": origin});
         if !partial.trim().is_empty() {
-            let key = format!("{}:assistant", self.run.run_id);
+            let key = crate::turns::reply_key(&self.run.run_id);
             let meta = json!({"aborted": true, "origin": origin, "runId": self.run.run_id});
             let msg = injected_message(partial, Some(&key), Some(meta));
             match self.gw.append(&self.session, NewEntry::message(msg.clone())).await {
@@ -1094,7 +1094,7 @@ pub fn session_message_payload(gw: &Gateway, session: &SessionRef, entry: &Value
 pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value, pos: Option<u64>) {
     let id = match pos {
         Some(pos) => Some(crate::hub::EventId::message(&session.session_id, pos)),
-        None => gw.event_id(session, entry, 0),
+        None => entry.get("id").and_then(Value::as_str).and_then(|id| gw.event_id(session, id, 0)),
     };
     let p = session_message_payload(gw, session, entry, id.as_ref().map(|i| i.pos));
     gw.hub.publish_entry("session.message", &session.key, p, crate::hub::Audience::SessionSubscribers, id);

@@ -259,7 +259,7 @@ fn announce(gw: &Gateway, w: &mut Watched, pos: u64, entry: &Value) {
 /// The run a user row starts (its `<run>:user` key without the suffix).
 pub fn user_run(entry: &Value) -> Option<&str> {
     let msg = entry.get("message").filter(|m| m["role"] == "user")?;
-    msg.get("idempotencyKey")?.as_str()?.strip_suffix(":user")
+    crate::turns::run_of_user_key(msg.get("idempotencyKey")?.as_str()?)
 }
 
 /// An event announcing a persisted entry, rendered from the entry alone.
@@ -311,7 +311,7 @@ pub fn render(
     let ends_run = msg["role"] == "assistant" && msg["stopReason"] != "toolUse";
     // A reply's run: its own `<run>:assistant` key; a `chat.inject` row's, `inject-<id>` (as
     // [`crate::chat::inject`] announces it); else the last user row's.
-    let own = key.and_then(|k| k.strip_suffix(":assistant")).map(str::to_owned);
+    let own = key.and_then(crate::turns::run_of_reply_key).map(str::to_owned);
     let injected = (crate::state::is_injected(msg)).then(|| entry["id"].as_str().map(|id| format!("inject-{id}")));
     if let (true, Some(r)) = (ends_run, own.or(injected.flatten()).or(run.clone())) {
         let r = r.as_str();

@@ -606,10 +606,9 @@ impl Gateway {
         r
     }
 
-    /// The durable id of an event announcing `entry` (`part` 0: its `session.message`, 1: the
+    /// The durable id of an event announcing entry `id` (`part` 0: its `session.message`, 1: the
     /// `chat` event carrying it), when this process appended it lately (see [`Positions`]).
-    pub fn event_id(&self, session: &SessionRef, entry: &Value, part: u8) -> Option<crate::hub::EventId> {
-        let id = entry.get("id").and_then(Value::as_str)?;
+    pub fn event_id(&self, session: &SessionRef, id: &str, part: u8) -> Option<crate::hub::EventId> {
         let pos = *lock(&self.positions).map.get(&(session.path.clone(), id.to_owned()))?;
         Some(crate::hub::EventId { session_id: session.session_id.clone(), pos, part })
     }

@@ -41,6 +41,26 @@ pub enum OnDisk {
     Interrupted,
 }
 
+/// The idempotency key of turn `run_id`'s user row.
+pub fn user_key(run_id: &str) -> String {
+    format!("{run_id}:user")
+}
+
+/// The idempotency key of a gateway-written reply that ends turn `run_id`.
+pub fn reply_key(run_id: &str) -> String {
+    format!("{run_id}:assistant")
+}
+
+/// The turn a user row's idempotency key names ([`user_key`] read back).
+pub fn run_of_user_key(key: &str) -> Option<&str> {
+    key.strip_suffix(":user")
+}
+
+/// The turn a reply's idempotency key names ([`reply_key`] read back).
+pub fn run_of_reply_key(key: &str) -> Option<&str> {
+    key.strip_suffix(":assistant")
+}
+
 fn message(e: &Value) -> Option<&Map<String, Value>> {
     (e.get("type")?.as_str()? == "message").then(|| e.get("message")?.as_object())?
 }
@@ -71,15 +91,15 @@ fn reply_status(m: &Map<String, Value>) -> Option<&'static str> {
 /// True when the store knows without blocking that the transcript holds nothing of turn `run_id`
 /// (the common case, answered on the async thread); false: ask [`on_disk`].
 pub fn known_new(store: &dyn Transcripts, path: &Path, run_id: &str) -> bool {
-    store.known_unkeyed(path, &format!("{run_id}:assistant")) && store.known_unkeyed(path, &format!("{run_id}:user"))
+    store.known_unkeyed(path, &[&reply_key(run_id), &user_key(run_id)])
 }
 
 /// Reads the state of turn `run_id` from the transcript.
 pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<OnDisk, StoreError> {
-    if let Some((e, _)) = store.find_keyed(path, &format!("{run_id}:assistant"))? {
+    if let Some((e, _)) = store.find_keyed(path, &reply_key(run_id))? {
         return Ok(OnDisk::Done(message(&e).and_then(reply_status).unwrap_or("ok")));
     }
-    let Some((user, offset)) = store.find_keyed(path, &format!("{run_id}:user"))? else { return Ok(OnDisk::New) };
+    let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok(OnDisk::New) };
     let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(OnDisk::Interrupted) };
     if message(&user).is_some_and(|m| m.contains_key("openclawHookBlock")) {
         return Ok(OnDisk::Done("blocked"));
@@ -111,10 +131,10 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<OnD
 /// The assistant messages of a finished turn `run_id`, in order (its tool steps, then the reply);
 /// empty when the transcript has no reply for it.
 pub fn replies(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<Vec<Value>, StoreError> {
-    if let Some((e, _)) = store.find_keyed(path, &format!("{run_id}:assistant"))? {
+    if let Some((e, _)) = store.find_keyed(path, &reply_key(run_id))? {
         return Ok(message(&e).map(|m| vec![Value::Object(m.clone())]).unwrap_or_default());
     }
-    let Some((user, offset)) = store.find_keyed(path, &format!("{run_id}:user"))? else { return Ok(vec![]) };
+    let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok(vec![]) };
     let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(vec![]) };
     let mut turn: Vec<String> = vec![user_id.to_owned()];
     let mut out = Vec::new();
@@ -161,7 +181,7 @@ pub fn unanswered_at_leaf(store: &dyn Transcripts, path: &Path) -> Result<Option
                 }
                 if m.get("role").and_then(Value::as_str) == Some("user") {
                     let key = m.get("idempotencyKey").and_then(Value::as_str).unwrap_or("");
-                    return Ok(key.strip_suffix(":user").map(str::to_owned));
+                    return Ok(run_of_user_key(key).map(str::to_owned));
                 }
             }
             at = e.get("parentId").and_then(Value::as_str).and_then(by_id);

@@ -60,9 +60,9 @@ pub trait Transcripts: Send + Sync {
         None
     }
 
-    /// True when the store knows without blocking that no entry of the transcript carries
-    /// idempotency key `key`; false: ask [`Transcripts::find_keyed`].
-    fn known_unkeyed(&self, _path: &Path, _key: &str) -> bool {
+    /// True when the store knows without blocking that no entry of the transcript carries any of
+    /// idempotency keys `keys`; false: ask [`Transcripts::find_keyed`].
+    fn known_unkeyed(&self, _path: &Path, _keys: &[&str]) -> bool {
         false
     }
 
@@ -164,8 +164,8 @@ impl Transcripts for Store {
         Some((Store::peek_leaf(self, path)?, 0))
     }
 
-    fn known_unkeyed(&self, path: &Path, key: &str) -> bool {
-        Store::known_unkeyed(self, path, key)
+    fn known_unkeyed(&self, path: &Path, keys: &[&str]) -> bool {
+        Store::known_unkeyed(self, path, keys)
     }
 
     fn peek_index_stamp(&self, path: &Path) -> Option<Option<IndexStamp>> {
@@ -315,8 +315,8 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn peek_leaf_version(&self, path: &Path) -> Option<(Option<String>, u64)> {
         (**self).peek_leaf_version(path)
     }
-    fn known_unkeyed(&self, path: &Path, key: &str) -> bool {
-        (**self).known_unkeyed(path, key)
+    fn known_unkeyed(&self, path: &Path, keys: &[&str]) -> bool {
+        (**self).known_unkeyed(path, keys)
     }
     fn peek_index_stamp(&self, path: &Path) -> Option<Option<IndexStamp>> {
         (**self).peek_index_stamp(path)

@@ -538,10 +538,11 @@ impl Store {
         self.peek(path, |st| Some(st.leaf.clone()))
     }
 
-    /// True when the cached state shows that no entry carries idempotency key `key` (false: ask
-    /// [`Store::find_keyed`]).
-    pub fn known_unkeyed(&self, path: &Path, key: &str) -> bool {
-        self.peek(path, |st| st.index.as_ref().map(|i| !i.idem.contains_key(&hash_str(key)))) == Some(true)
+    /// True when the cached state shows that no entry carries any of idempotency keys `keys`
+    /// (false: ask [`Store::find_keyed`]).
+    pub fn known_unkeyed(&self, path: &Path, keys: &[&str]) -> bool {
+        self.peek(path, |st| st.index.as_ref().map(|i| keys.iter().all(|k| !i.idem.contains_key(&hash_str(k)))))
+            == Some(true)
     }
 }
 

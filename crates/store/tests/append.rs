@@ -108,11 +108,11 @@ fn peeks_answer_from_memory_only_while_the_file_is_unchanged() {
     let f = dir.path().join("s.jsonl");
     let store = Store::new(StoreOptions::default());
     assert_eq!(store.peek_leaf(&f), None, "never looked at");
-    assert!(!store.known_unkeyed(&f, "k1"));
+    assert!(!store.known_unkeyed(&f, &["k1"]));
     let a = store.append(&f, NewEntry::message(keyed("hi", "k1"))).expect("append");
     assert_eq!(store.peek_leaf(&f), Some(a.entry["id"].as_str().map(str::to_owned)));
-    assert!(!store.known_unkeyed(&f, "k1"), "the key is in the file");
-    assert!(store.known_unkeyed(&f, "k2"));
+    assert!(!store.known_unkeyed(&f, &["k1"]), "the key is in the file");
+    assert!(store.known_unkeyed(&f, &["k2"]));
     // Another process appends a line with k2: the cache no longer answers.
     let foreign = json!({"type":"message","id":"f0f0f0f0","parentId":a.entry["id"],"timestamp":"2025-01-01T00:00:00.000Z",
         "message": keyed("theirs", "k2")});
@@ -120,13 +120,14 @@ fn peeks_answer_from_memory_only_while_the_file_is_unchanged() {
     text.push_str(&format!("{foreign}\n"));
     std::fs::write(&f, text).expect("write");
     assert_eq!(store.peek_leaf(&f), None);
-    assert!(!store.known_unkeyed(&f, "k2"));
+    assert!(!store.known_unkeyed(&f, &["k2"]));
     // The blocking call reads the change; then the cache answers again.
     assert_eq!(store.leaf(&f).expect("leaf").as_deref(), Some("f0f0f0f0"));
     assert_eq!(store.peek_leaf(&f), Some(Some("f0f0f0f0".to_owned())));
     assert!(store.find_keyed(&f, "k2").expect("find").is_some());
-    assert!(!store.known_unkeyed(&f, "k2"));
-    assert!(store.known_unkeyed(&f, "k3"));
+    assert!(!store.known_unkeyed(&f, &["k2"]));
+    assert!(store.known_unkeyed(&f, &["k3"]));
+    assert!(!store.known_unkeyed(&f, &["k3", "k2"]), "one key in the file is enough to send the caller to find_keyed");
 }
 
 #[test]
