@@ -468,6 +468,9 @@ impl Turn {
             ("final", last) if last > 0 => last,
             _ => self.run.next_seq(),
         };
+        if !self.gw.hub.wants("chat", Some(&self.session.key), crate::hub::Audience::All) {
+            return;
+        }
         let mut p = json!({
             "runId": self.run.run_id,
             "sessionKey": self.session.key,
@@ -489,7 +492,9 @@ impl Turn {
     }
 
     fn agent_event(&self, stream: &str, data: Value) {
-        if stream == "lifecycle" {
+        use crate::hub::Audience;
+        let key = Some(self.session.key.as_str());
+        if stream == "lifecycle" && self.gw.hub.wants("sessions.changed", key, Audience::SessionsWatchers) {
             // Session lists follow runs starting and ending.
             let p = json!({"sessionKey": self.session.key, "phase": data["phase"], "runId": self.run.run_id, "ts": now_ms()});
             self.gw.hub.publish(
@@ -500,7 +505,11 @@ impl Turn {
                 crate::hub::Audience::SessionsWatchers,
             );
         }
-        let p = json!({"runId": self.run.run_id, "seq": self.run.next_agent_seq(), "sessionKey": self.session.key,
+        let seq = self.run.next_agent_seq();
+        if !self.gw.hub.wants("agent", key, Audience::All) {
+            return;
+        }
+        let p = json!({"runId": self.run.run_id, "seq": seq, "sessionKey": self.session.key,
             "agentId": self.session.agent_id, "sessionId": self.session.session_id, "stream": stream, "ts": now_ms(),
             "data": data});
         self.gw.hub.publish("agent", Some(&self.session.key), p, true, crate::hub::Audience::All);
@@ -1092,6 +1101,9 @@ pub fn session_message_payload(gw: &Gateway, session: &SessionRef, entry: &Value
 /// `session.message` for subscribers of the session, carrying the entry as written, under its
 /// durable id (`pos`: where the store put it; `None`: where this process's append put it).
 pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value, pos: Option<u64>) {
+    if !gw.hub.wants("session.message", Some(&session.key), crate::hub::Audience::SessionSubscribers) {
+        return;
+    }
     let id = match pos {
         Some(pos) => Some(crate::hub::EventId::message(&session.session_id, pos)),
         None => entry.get("id").and_then(Value::as_str).and_then(|id| gw.event_id(session, id, 0)),

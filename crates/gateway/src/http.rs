@@ -307,8 +307,12 @@ struct SseSubscriber {
 }
 
 impl Subscriber for SseSubscriber {
+    fn wants(&self, name: &'static str, session_key: Option<&str>, _: crate::hub::Audience) -> bool {
+        matches!(name, "chat" | "session.message") && session_key == Some(self.key.as_str())
+    }
+
     fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
-        if !matches!(ev.name, "chat" | "session.message") || ev.session_key.as_deref() != Some(self.key.as_str()) {
+        if !self.wants(ev.name, ev.session_key.as_deref(), ev.audience) {
             return !self.tx.is_closed();
         }
         self.tx.try_send(ev.clone()).is_ok()

@@ -110,6 +110,12 @@ impl BusEvent {
 /// queue the event (or drop it) and return. Returning false unsubscribes.
 pub trait Subscriber: Send + Sync {
     fn deliver(&self, ev: &Arc<BusEvent>) -> bool;
+
+    /// Whether [`Subscriber::deliver`] would take an event of this name, session and audience: asked
+    /// before an event is built ([`Hub::wants`]), so that nobody pays for events nobody reads.
+    fn wants(&self, _name: &'static str, _session_key: Option<&str>, _audience: Audience) -> bool {
+        true
+    }
 }
 
 #[derive(Default)]
@@ -238,6 +244,22 @@ impl Hub {
         }
     }
 
+    /// Whether some subscriber would take an event of this name, session and audience now. A caller
+    /// may skip building an event nobody wants; a subscriber that comes a moment later has missed
+    /// it anyway, and one that catches up reads persisted entries from the store, which holds them
+    /// before they are announced.
+    pub fn wants(&self, name: &'static str, session_key: Option<&str>, audience: Audience) -> bool {
+        let inner = lock(&self.inner);
+        let wants = |s: &Arc<dyn Subscriber>| s.wants(name, session_key, audience);
+        match session_key.filter(|_| audience != Audience::SessionsWatchers) {
+            None => inner.subscribers.values().any(wants),
+            Some(key) => inner
+                .watching
+                .get(key)
+                .is_some_and(|ids| ids.iter().any(|id| inner.subscribers.get(id).is_some_and(wants))),
+        }
+    }
+
     /// Subscriber `id` also gets the events of session `key` (see [`Subscription::watch`]).
     pub fn watch(&self, id: u64, key: &str) {
         lock(&self.inner).watch(id, key);
@@ -300,6 +322,32 @@ mod tests {
             let e = EventId::parse(bad).expect_err(bad);
             assert!(e.contains("is not an event id"), "{bad}: {e}");
         }
+    }
+
+    /// Takes only `chat` events.
+    struct ChatOnly;
+    impl Subscriber for ChatOnly {
+        fn deliver(&self, _: &Arc<BusEvent>) -> bool {
+            true
+        }
+        fn wants(&self, name: &'static str, _: Option<&str>, _: Audience) -> bool {
+            name == "chat"
+        }
+    }
+
+    #[test]
+    fn wants_asks_only_the_subscribers_an_event_would_reach() {
+        let hub = Arc::new(Hub::default());
+        assert!(!hub.wants("chat", None, Audience::All), "no subscriber: nobody wants anything");
+        let sub = hub.subscribe(Arc::new(ChatOnly));
+        assert!(hub.wants("chat", None, Audience::All));
+        assert!(!hub.wants("agent", None, Audience::All), "the subscriber said no");
+        assert!(!hub.wants("chat", Some("k"), Audience::All), "a session's event reaches its watchers alone");
+        assert!(hub.wants("chat", Some("k"), Audience::SessionsWatchers), "sessions.subscribe notices go to all");
+        sub.watch("k");
+        assert!(hub.wants("chat", Some("k"), Audience::All) && !hub.wants("chat", Some("other"), Audience::All));
+        drop(sub);
+        assert!(!hub.wants("chat", Some("k"), Audience::All), "a dropped subscriber wants nothing");
     }
 
     #[test]

@@ -234,8 +234,12 @@ struct ConnSubscriber {
 }
 
 impl crate::hub::Subscriber for ConnSubscriber {
+    fn wants(&self, _name: &'static str, session_key: Option<&str>, audience: Audience) -> bool {
+        wanted(session_key, audience, &self.subs)
+    }
+
     fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
-        if !wanted(ev, &self.subs) {
+        if !wanted(ev.session_key.as_deref(), ev.audience, &self.subs) {
             return true;
         }
         if ev.audience == Audience::SessionSubscribers {
@@ -580,15 +584,15 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
     Close::AfterQueued(1000, "bye".into())
 }
 
-fn wanted(ev: &BusEvent, subs: &Subs) -> bool {
-    match ev.audience {
+fn wanted(session_key: Option<&str>, audience: Audience, subs: &Subs) -> bool {
+    match audience {
         // Session streams go to the connections that work with that session.
-        Audience::All => match &ev.session_key {
+        Audience::All => match session_key {
             Some(k) => lock(&subs.chats).contains(k),
             None => true,
         },
         Audience::SessionsWatchers => subs.sessions.load(Ordering::Relaxed),
-        Audience::SessionSubscribers => ev.session_key.as_ref().is_some_and(|k| lock(&subs.messages).contains(k)),
+        Audience::SessionSubscribers => session_key.is_some_and(|k| lock(&subs.messages).contains(k)),
     }
 }
 

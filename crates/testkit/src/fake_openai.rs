@@ -61,7 +61,7 @@ impl FakeOpenAi {
         let limited = std::sync::Mutex::new(std::collections::HashSet::new());
         let script = Box::new(move |r: &Recorded, _| {
             let said = last_user_text(&r.body);
-            if said.contains("[ratelimit]") && limited.lock().unwrap_or_else(|e| e.into_inner()).insert(said) {
+            if said.contains("[ratelimit]") && limited.lock().unwrap_or_else(|e| e.into_inner()).insert(said.clone()) {
                 let err = json!({"error": {"message": "Rate limit reached (the fake's [ratelimit])",
                     "type": "rate_limit_exceeded", "code": "rate_limit_exceeded"}});
                 return Some(Reply::Status {
@@ -70,7 +70,7 @@ impl FakeOpenAi {
                     body: err.to_string(),
                 });
             }
-            Some(answer(r, pacing))
+            Some(answer(r, &said, pacing))
         });
         let server = FakeProvider::start_with(Format::OpenaiCompletions, options, script).await.detach();
         FakeOpenAi { addr: server.addr, server: Arc::new(server) }
@@ -142,13 +142,24 @@ impl FakeOpenAi {
 }
 
 fn last_user_text(body: &Value) -> String {
-    let msgs = body["messages"].as_array().cloned().unwrap_or_default();
-    let Some(m) = msgs.iter().rev().find(|m| m["role"] == "user") else { return String::new() };
+    let Some(m) = body["messages"].as_array().and_then(|m| m.iter().rev().find(|m| m["role"] == "user")) else {
+        return String::new();
+    };
     match &m["content"] {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(""),
         _ => String::new(),
     }
+}
+
+/// Whether the request is a compaction's (Pi's summarization system prompt).
+fn is_summarization(body: &Value) -> bool {
+    body["messages"].as_array().is_some_and(|m| {
+        m.iter().any(|m| {
+            matches!(m["role"].as_str(), Some("system" | "developer"))
+                && m["content"].as_str().is_some_and(|c| c.contains("context summarization assistant"))
+        })
+    })
 }
 
 fn chunk(delta: Value, finish: Value) -> String {
@@ -162,15 +173,19 @@ fn chunk(delta: Value, finish: Value) -> String {
 /// The usage a streamed answer reports: about a token per four bytes of the request, as a real
 /// provider would; `None` for a request answered with an error.
 fn usage_of(req: &Recorded) -> Option<Value> {
+    usage_for(req, &last_user_text(&req.body))
+}
+
+/// [`usage_of`] when the last user message is already known.
+fn usage_for(req: &Recorded, said: &str) -> Option<Value> {
     let prompt_tokens = req.body_len / 4;
-    (!last_user_text(&req.body).contains("[fail]"))
+    (!said.contains("[fail]"))
         .then(|| json!({"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}))
 }
 
 /// The reply to one request, chosen by the markers of its last user message.
-fn answer(req: &Recorded, pacing: Pacing) -> Reply {
+fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     let body = &req.body;
-    let said = last_user_text(body);
     if said.contains("[fail]") {
         let err = json!({"error": {"message": "The fake provider was told to fail", "type": "invalid_request_error", "code": null}});
         return Reply::Status { status: 400, headers: vec![], body: err.to_string() };
@@ -186,7 +201,7 @@ fn answer(req: &Recorded, pacing: Pacing) -> Reply {
             "function": {"name": "current_time", "arguments": "{}"}}]});
         steps.push(Step::Send(chunk(call, Value::Null)));
         steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
-    } else if body.to_string().contains("context summarization assistant") {
+    } else if is_summarization(body) {
         // A real model keeps what the conversation and the previous summary say; so does the fake.
         let between = |open: &str, close: &str| {
             said.split_once(open)
@@ -237,7 +252,7 @@ fn answer(req: &Recorded, pacing: Pacing) -> Reply {
         steps.push(Step::Send(chunk(json!({}), json!("stop"))));
     }
     let usage = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1, "model": "fake-model",
-        "choices": [], "usage": usage_of(req)});
+        "choices": [], "usage": usage_for(req, said)});
     steps.push(Step::Send(format!("data: {usage}\n\ndata: [DONE]\n\n")));
     Reply::Stream(steps, Framing::Chunked)
 }

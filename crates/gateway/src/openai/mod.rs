@@ -394,8 +394,12 @@ struct RunWatch {
 }
 
 impl Subscriber for RunWatch {
+    fn wants(&self, name: &'static str, session_key: Option<&str>, _: crate::hub::Audience) -> bool {
+        name == "chat" && session_key == Some(self.key.as_str())
+    }
+
     fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
-        if ev.name != "chat" || ev.session_key.as_deref() != Some(self.key.as_str()) {
+        if !self.wants(ev.name, ev.session_key.as_deref(), ev.audience) {
             return true;
         }
         let Ok(p) = serde_json::from_str::<Value>(&ev.payload_json) else { return true };
