@@ -46,6 +46,35 @@ struct Facts {
     converted: Option<Box<RawValue>>,
 }
 
+impl Facts {
+    /// What the pre-call clean-up needs to know of the message `v`.
+    fn of(v: Value) -> Facts {
+        let (m, converted) = match pincer_pi::llm::convert_one(&v) {
+            Some(Converted::Same) => (v, None),
+            Some(Converted::User(c)) => {
+                let raw = to_raw(&c);
+                (c, Some(raw))
+            }
+            None => return Facts { kind: Kind::Dropped, converted: None },
+        };
+        let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let kind = match m.get("role").and_then(Value::as_str) {
+            Some("assistant") => {
+                let stop = m.get("stopReason").and_then(Value::as_str).unwrap_or_default();
+                let calls = crate::provider::wire::blocks(&m)
+                    .iter()
+                    .filter(|b| b.get("type").and_then(Value::as_str) == Some("toolCall"))
+                    .map(|b| (str_of(b, "id"), str_of(b, "name")))
+                    .collect();
+                Kind::Assistant { failed: stop == "error" || stop == "aborted", calls }
+            }
+            Some("toolResult") => Kind::ToolResult { id: str_of(&m, "toolCallId") },
+            _ => Kind::User,
+        };
+        Facts { kind, converted }
+    }
+}
+
 /// A Pi context message with its derived forms.
 #[derive(Debug)]
 pub struct ContextMessage {
@@ -59,9 +88,11 @@ fn to_raw(v: &Value) -> Box<RawValue> {
 }
 
 impl ContextMessage {
-    /// Wraps a Pi message (serialized once).
+    /// Wraps a Pi message (serialized once; its facts taken from the value at hand, not re-parsed).
     pub fn new(value: Value) -> ContextMessage {
-        ContextMessage::from_raw_value(to_raw(&value))
+        let m = ContextMessage::from_raw_value(to_raw(&value));
+        let _ = m.facts.set(Facts::of(value));
+        m
     }
 
     /// Wraps a Pi message given as JSON text (as the transcript has it); not valid JSON → `null`.
@@ -90,32 +121,7 @@ impl ContextMessage {
     }
 
     fn facts(&self) -> &Facts {
-        self.facts.get_or_init(|| {
-            let v = self.value();
-            let (m, converted) = match pincer_pi::llm::convert_one(&v) {
-                Some(Converted::Same) => (v, None),
-                Some(Converted::User(c)) => {
-                    let raw = to_raw(&c);
-                    (c, Some(raw))
-                }
-                None => return Facts { kind: Kind::Dropped, converted: None },
-            };
-            let str_of = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-            let kind = match m.get("role").and_then(Value::as_str) {
-                Some("assistant") => {
-                    let stop = m.get("stopReason").and_then(Value::as_str).unwrap_or_default();
-                    let calls = crate::provider::wire::blocks(&m)
-                        .iter()
-                        .filter(|b| b.get("type").and_then(Value::as_str) == Some("toolCall"))
-                        .map(|b| (str_of(b, "id"), str_of(b, "name")))
-                        .collect();
-                    Kind::Assistant { failed: stop == "error" || stop == "aborted", calls }
-                }
-                Some("toolResult") => Kind::ToolResult { id: str_of(&m, "toolCallId") },
-                _ => Kind::User,
-            };
-            Facts { kind, converted }
-        })
+        self.facts.get_or_init(|| Facts::of(self.value()))
     }
 
     /// The JSON of the message the model sees (Pi's `convertToLlm`): the message itself for

@@ -471,23 +471,40 @@ impl Turn {
         if !self.gw.hub.wants("chat", Some(&self.session.key), crate::hub::Audience::All) {
             return;
         }
-        let mut p = json!({
-            "runId": self.run.run_id,
-            "sessionKey": self.session.key,
-            "agentId": self.session.agent_id,
-            "seq": seq,
-            "state": state,
-        });
-        if let (Some(p), Value::Object(extra)) = (p.as_object_mut(), extra) {
-            p.extend(extra);
+        let extra = match extra {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
+        // Serialized straight from the turn's fields (no JSON tree built for it).
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Payload<'a> {
+            run_id: &'a str,
+            session_key: &'a str,
+            agent_id: &'a str,
+            seq: u64,
+            state: &'a str,
+            #[serde(flatten)]
+            extra: &'a Map<String, Value>,
         }
+        let p = Payload {
+            run_id: &self.run.run_id,
+            session_key: &self.session.key,
+            agent_id: &self.session.agent_id,
+            seq,
+            state,
+            extra: &extra,
+        };
+        let Some(json) = crate::hub::to_json(&p) else { return };
         // Deltas and startup phases are superseded by what follows: droppable for a slow client.
         let droppable = matches!(state, "delta" | "status");
         // An event carrying a persisted entry is that entry's `chat` event, under its durable id.
-        let entry_id = p["message"]["__openclaw"]["id"].as_str();
-        match entry_id.and_then(|id| self.gw.event_id(&self.session, id, 1)).filter(|_| !droppable) {
-            Some(id) => self.gw.hub.publish_entry("chat", &self.session.key, p, crate::hub::Audience::All, Some(id)),
-            None => self.gw.hub.publish("chat", Some(&self.session.key), p, droppable, crate::hub::Audience::All),
+        let entry_id = extra.get("message").and_then(|m| m.get("__openclaw")).and_then(|o| o.get("id"));
+        let id = entry_id.and_then(Value::as_str).and_then(|id| self.gw.event_id(&self.session, id, 1));
+        let key = &self.session.key;
+        match id.filter(|_| !droppable) {
+            Some(id) => self.gw.hub.publish_json("chat", key, json, false, crate::hub::Audience::All, Some(id)),
+            None => self.gw.hub.publish_json("chat", key, json, droppable, crate::hub::Audience::All, None),
         }
     }
 
@@ -509,10 +526,31 @@ impl Turn {
         if !self.gw.hub.wants("agent", key, Audience::All) {
             return;
         }
-        let p = json!({"runId": self.run.run_id, "seq": seq, "sessionKey": self.session.key,
-            "agentId": self.session.agent_id, "sessionId": self.session.session_id, "stream": stream, "ts": now_ms(),
-            "data": data});
-        self.gw.hub.publish("agent", Some(&self.session.key), p, true, crate::hub::Audience::All);
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Payload<'a> {
+            run_id: &'a str,
+            seq: u64,
+            session_key: &'a str,
+            agent_id: &'a str,
+            session_id: &'a str,
+            stream: &'a str,
+            ts: u64,
+            data: &'a Value,
+        }
+        let p = Payload {
+            run_id: &self.run.run_id,
+            seq,
+            session_key: &self.session.key,
+            agent_id: &self.session.agent_id,
+            session_id: &self.session.session_id,
+            stream,
+            ts: now_ms(),
+            data: &data,
+        };
+        if let Some(json) = crate::hub::to_json(&p) {
+            self.gw.hub.publish_json("agent", &self.session.key, json, true, Audience::All, None);
+        }
     }
 
     /// The lifecycle `end`, once: before the final (as OpenClaw orders them), else when the turn is over.

@@ -74,6 +74,12 @@ impl std::fmt::Display for EventId {
     }
 }
 
+/// An event payload serialized straight from a typed value (no JSON tree built for it); `None`
+/// (logged) in the impossible case that it does not serialize.
+pub fn to_json(payload: &impl serde::Serialize) -> Option<String> {
+    serde_json::to_string(payload).map_err(|e| tracing::error!("an event payload did not serialize: {e}")).ok()
+}
+
 /// Who receives an event on the WebSocket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Audience {
@@ -200,6 +206,26 @@ impl Hub {
         });
     }
 
+    /// Publishes a session's event whose payload is already serialized (see [`to_json`]).
+    pub fn publish_json(
+        &self,
+        name: &'static str,
+        session_key: &str,
+        payload_json: String,
+        droppable: bool,
+        audience: Audience,
+        id: Option<EventId>,
+    ) {
+        self.publish_event(BusEvent {
+            name,
+            session_key: Some(session_key.to_owned()),
+            payload_json,
+            droppable,
+            audience,
+            id,
+        });
+    }
+
     /// Publishes an event that announces a persisted entry, under its durable id.
     pub fn publish_entry(
         &self,
@@ -209,14 +235,7 @@ impl Hub {
         audience: Audience,
         id: Option<EventId>,
     ) {
-        self.publish_event(BusEvent {
-            name,
-            session_key: Some(session_key.to_owned()),
-            payload_json: payload.to_string(),
-            droppable: false,
-            audience,
-            id,
-        });
+        self.publish_json(name, session_key, payload.to_string(), false, audience, id);
     }
 
     fn publish_event(&self, ev: BusEvent) {
