@@ -218,16 +218,29 @@ impl Index {
     }
 
     /// [`Index::sync_file`] for several files in one transaction (one commit, however many files
-    /// a busy gateway appended to): each file in a savepoint of its own, so a file that fails
-    /// (returned with the others' count) leaves the rest indexed.
+    /// a busy gateway appended to). FTS5 writes a new segment at every savepoint, so the files go
+    /// in together, without savepoints; only when one fails is the transaction rolled back and
+    /// done again with each file in a savepoint of its own, so that the failing file (returned
+    /// with the others' count) leaves the rest indexed.
     pub fn sync_files(&mut self, paths: &[PathBuf]) -> Result<(usize, Vec<SearchError>)> {
         let state_dir = self.state_dir.clone();
+        let files: Vec<(&PathBuf, String)> =
+            paths.iter().filter_map(|p| relative(&state_dir, p).map(|rel| (p, rel))).collect();
+        {
+            let tx = self.conn.transaction()?;
+            let mut added = 0;
+            let all = files.iter().try_for_each(|(path, rel)| index_file(&tx, path, rel).map(|n| added += n));
+            if all.is_ok() {
+                tx.commit()?;
+                return Ok((added, Vec::new()));
+            }
+            // Dropping the transaction rolls it back.
+        }
         let mut tx = self.conn.transaction()?;
         let (mut added, mut errors) = (0, Vec::new());
-        for path in paths {
-            let Some(rel) = relative(&state_dir, path) else { continue };
+        for (path, rel) in &files {
             let mut sp = tx.savepoint()?;
-            match index_file(&sp, path, &rel) {
+            match index_file(&sp, path, rel) {
                 Ok(n) => {
                     sp.commit()?;
                     added += n;
