@@ -48,12 +48,12 @@ struct Facts {
 
 impl Facts {
     /// What the pre-call clean-up needs to know of the message `v`.
-    fn of(v: Value) -> Facts {
-        let (m, converted) = match pincer_pi::llm::convert_one(&v) {
-            Some(Converted::Same) => (v, None),
+    fn of(v: &Value) -> Facts {
+        let (m, converted) = match pincer_pi::llm::convert_one(v) {
+            Some(Converted::Same) => (std::borrow::Cow::Borrowed(v), None),
             Some(Converted::User(c)) => {
                 let raw = to_raw(&c);
-                (c, Some(raw))
+                (std::borrow::Cow::Owned(c), Some(raw))
             }
             None => return Facts { kind: Kind::Dropped, converted: None },
         };
@@ -89,8 +89,9 @@ fn to_raw(v: &Value) -> Box<RawValue> {
 
 impl ContextMessage {
     /// Wraps a Pi message (serialized once; its facts taken from the value at hand, not re-parsed).
-    pub fn new(value: Value) -> ContextMessage {
-        let m = ContextMessage::from_raw_value(to_raw(&value));
+    pub fn new(value: impl std::borrow::Borrow<Value>) -> ContextMessage {
+        let value = value.borrow();
+        let m = ContextMessage::from_raw_value(to_raw(value));
         let _ = m.facts.set(Facts::of(value));
         m
     }
@@ -106,7 +107,7 @@ impl ContextMessage {
     }
 
     /// Wraps a Pi message behind a shared handle.
-    pub fn shared(value: Value) -> SharedMessage {
+    pub fn shared(value: impl std::borrow::Borrow<Value>) -> SharedMessage {
         Arc::new(ContextMessage::new(value))
     }
 
@@ -121,7 +122,7 @@ impl ContextMessage {
     }
 
     fn facts(&self) -> &Facts {
-        self.facts.get_or_init(|| Facts::of(self.value()))
+        self.facts.get_or_init(|| Facts::of(&self.value()))
     }
 
     /// The JSON of the message the model sees (Pi's `convertToLlm`): the message itself for

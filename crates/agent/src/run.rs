@@ -307,11 +307,12 @@ impl Runner {
             let stop = draft.stop_reason.unwrap_or(StopReason::Stop);
             let message = draft.to_message(&self.req.model, stop, None);
             self.emit(RunEvent::Usage(message.get("usage").cloned().unwrap_or(Value::Null))).await;
-            let entry = match self.persist(message.clone()).await {
+            let shared = crate::context::ContextMessage::shared(&message);
+            let entry = match self.persist(message).await {
                 Ok(e) => e,
                 Err(ev) => return ev,
             };
-            context.push(crate::context::ContextMessage::shared(message));
+            context.push(shared);
             let calls = draft.tool_calls();
             if stop != StopReason::ToolUse || calls.is_empty() {
                 let ev = RunEvent::Final { entry };
@@ -343,10 +344,11 @@ impl Runner {
                 if self.req.cancel.is_cancelled() {
                     return self.aborted(None).await;
                 }
-                if let Err(ev) = self.persist(result.clone()).await {
+                let shared = crate::context::ContextMessage::shared(&result);
+                if let Err(ev) = self.persist(result).await {
                     return ev;
                 }
-                context.push(crate::context::ContextMessage::shared(result));
+                context.push(shared);
             }
             if turn == max_turns {
                 let message = format!(

@@ -57,7 +57,7 @@ impl ContextCache {
 
     /// Extends the context of `path` by a message entry `id` whose parent is `parent`; forgets the
     /// context when the entry does not continue it.
-    fn extend(&mut self, path: &std::path::Path, parent: Option<&str>, id: Option<&str>, message: Option<Value>) {
+    fn extend(&mut self, path: &std::path::Path, parent: Option<&str>, id: Option<&str>, message: Option<&Value>) {
         let fits = self.map.get(path).is_some_and(|c| Some(c.leaf.as_str()) == parent);
         match (fits, id, message) {
             (true, Some(id), Some(m)) => {
@@ -597,7 +597,7 @@ impl Gateway {
             Ok(a) if a.appended => {
                 let parent = a.entry.get("parentId").and_then(Value::as_str);
                 let is_message = a.entry.get("type").and_then(Value::as_str) == Some("message");
-                let message = a.entry.get("message").filter(|_| is_message).cloned();
+                let message = a.entry.get("message").filter(|_| is_message);
                 lock(&self.contexts).extend(&session.path, parent, a.id(), message);
             }
             Ok(_) => {}
@@ -748,14 +748,14 @@ mod tests {
 
         let mut c = ContextCache::default();
         c.insert(PathBuf::from("s"), ("l1".into(), 0), msgs(2), 10);
-        c.extend(Path::new("s"), Some("l1"), Some("l2"), Some(json!({"role": "assistant", "content": []})));
+        c.extend(Path::new("s"), Some("l1"), Some("l2"), Some(&json!({"role": "assistant", "content": []})));
         assert_eq!(
             c.get(Path::new("s"), "l2", 0).map(|m| m.len()),
             Some(3),
             "an append continuing the leaf extends it"
         );
         assert!(c.bytes > 10);
-        c.extend(Path::new("s"), Some("elsewhere"), Some("l3"), Some(json!({})));
+        c.extend(Path::new("s"), Some("elsewhere"), Some("l3"), Some(&json!({})));
         assert!(c.get(Path::new("s"), "l3", 0).is_none() && c.map.is_empty(), "a branch forgets it");
         assert_eq!(c.bytes, 0);
     }

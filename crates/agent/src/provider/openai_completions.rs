@@ -151,52 +151,44 @@ impl super::Decoder for Decoder {
             self.finish(draft)?;
             return Ok(true);
         }
-        let v: Value = serde_json::from_str(data).map_err(|e| invalid_json(&e, data))?;
-        if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
-            let message = wire::error_message_from_value(&v).unwrap_or_else(|| err.to_string());
-            let kind = if wire::is_context_length_message(&err.to_string()) {
-                ErrorKind::ContextLength
-            } else {
-                ErrorKind::Unknown
-            };
-            return Err(Fault::new(kind, format!("error in stream: {message}")));
-        }
-        if draft.response_id.is_none() {
-            if let Some(id) = v.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-                draft.response_id = Some(id.to_owned());
+        let v: Value;
+        let piece = match Piece::fast(data) {
+            Some(p) => p,
+            None => {
+                v = serde_json::from_str(data).map_err(|e| invalid_json(&e, data))?;
+                if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
+                    let message = wire::error_message_from_value(&v).unwrap_or_else(|| err.to_string());
+                    let kind = if wire::is_context_length_message(&err.to_string()) {
+                        ErrorKind::ContextLength
+                    } else {
+                        ErrorKind::Unknown
+                    };
+                    return Err(Fault::new(kind, format!("error in stream: {message}")));
+                }
+                Piece::of(&v)
             }
-        }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-            let cached = n("/prompt_tokens_details/cached_tokens");
-            draft.usage = Usage {
-                input: n("/prompt_tokens").saturating_sub(cached),
-                output: n("/completion_tokens"),
-                cache_read: cached,
-                cache_write: 0,
-            };
-        }
-        let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|c| c.first()) else {
-            return Ok(false);
         };
-        if let Some(delta) = choice.get("delta") {
-            let reasoning = ["reasoning_content", "reasoning", "reasoning_text"]
-                .iter()
-                .find_map(|k| delta.get(*k).and_then(Value::as_str).filter(|s| !s.is_empty()));
-            if let Some(r) = reasoning {
-                draft.push_thinking(r);
-                out.push_back(StreamDelta::Thinking(r.to_owned()));
-            }
-            if let Some(t) = delta.get("content").and_then(Value::as_str).filter(|s| !s.is_empty()) {
-                draft.push_text(t);
-                out.push_back(StreamDelta::Text(t.to_owned()));
-            }
-            for tc in delta.get("tool_calls").and_then(Value::as_array).map_or(&[][..], Vec::as_slice) {
-                self.tool_call_delta(tc, draft);
+        if draft.response_id.is_none() {
+            if let Some(id) = piece.id.filter(|s| !s.is_empty()) {
+                draft.response_id = Some(id.into_owned());
             }
         }
-        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish = Some(f.to_owned());
+        if let Some(u) = piece.usage {
+            draft.usage = u;
+        }
+        if let Some(r) = piece.reasoning {
+            draft.push_thinking(&r);
+            out.push_back(StreamDelta::Thinking(r.into_owned()));
+        }
+        if let Some(t) = piece.content {
+            draft.push_text(&t);
+            out.push_back(StreamDelta::Text(t.into_owned()));
+        }
+        for tc in &piece.tool_calls {
+            self.tool_call_delta(tc, draft);
+        }
+        if let Some(f) = piece.finish {
+            self.finish = Some(f.into_owned());
         }
         Ok(false)
     }
@@ -210,6 +202,131 @@ impl super::Decoder for Decoder {
         }
         self.finish(draft)
     }
+}
+
+/// What one stream chunk (`chat.completion.chunk`) says, as far as the draft needs it.
+#[derive(Debug, Default, PartialEq)]
+struct Piece<'a> {
+    id: Option<std::borrow::Cow<'a, str>>,
+    usage: Option<Usage>,
+    /// Non-empty reasoning of the first choice's delta.
+    reasoning: Option<std::borrow::Cow<'a, str>>,
+    /// Non-empty text of the first choice's delta.
+    content: Option<std::borrow::Cow<'a, str>>,
+    tool_calls: Vec<Value>,
+    finish: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The keys of a chunk that matter, each kept as its raw JSON (everything else is skipped).
+#[derive(serde::Deserialize)]
+struct RawChunk<'a> {
+    #[serde(borrow, default)]
+    error: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    id: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    usage: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<RawChoice<'a>>>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawChoice<'a> {
+    #[serde(borrow, default)]
+    delta: Option<RawDelta<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a serde_json::value::RawValue>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawDelta<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    reasoning: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    reasoning_text: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A JSON string's text (borrowed unless it has escapes); `None` for anything else.
+fn raw_str(raw: Option<&serde_json::value::RawValue>) -> Option<std::borrow::Cow<'_, str>> {
+    let raw = raw?.get();
+    match serde_json::from_str::<&str>(raw) {
+        Ok(s) => Some(std::borrow::Cow::Borrowed(s)),
+        Err(_) => serde_json::from_str::<String>(raw).ok().map(std::borrow::Cow::Owned),
+    }
+}
+
+impl<'a> Piece<'a> {
+    /// A chunk read without building a JSON tree: `None` (the caller reads it as a `Value`) for
+    /// anything unusual (an error, duplicate keys, a key of an unexpected type), so both ways
+    /// read every chunk alike.
+    fn fast(data: &'a str) -> Option<Piece<'a>> {
+        let c: RawChunk<'a> = serde_json::from_str(data).ok()?;
+        if c.error.is_some_and(|e| e.get() != "null") {
+            return None;
+        }
+        let mut p = Piece { id: raw_str(c.id), ..Piece::default() };
+        if let Some(u) = c.usage.filter(|u| u.get() != "null") {
+            p.usage = Some(usage_of(&serde_json::from_str(u.get()).ok()?)?);
+        }
+        let Some(choice) = c.choices.and_then(|c| c.into_iter().next()) else {
+            return Some(p);
+        };
+        if let Some(d) = choice.delta {
+            p.reasoning = [d.reasoning_content, d.reasoning, d.reasoning_text]
+                .into_iter()
+                .find_map(|r| raw_str(r).filter(|s| !s.is_empty()));
+            p.content = raw_str(d.content).filter(|s| !s.is_empty());
+            if let Some(tc) = d.tool_calls.filter(|t| t.get() != "null") {
+                p.tool_calls = serde_json::from_str(tc.get()).ok()?;
+            }
+        }
+        p.finish = raw_str(choice.finish_reason);
+        Some(p)
+    }
+
+    /// The same read from a decoded chunk.
+    fn of(v: &'a Value) -> Piece<'a> {
+        let borrowed = |v: Option<&'a Value>| v.and_then(Value::as_str).map(std::borrow::Cow::Borrowed);
+        let mut p = Piece { id: borrowed(v.get("id")), usage: v.get("usage").and_then(usage_of), ..Piece::default() };
+        let Some(choice) = v.get("choices").and_then(Value::as_array).and_then(|c| c.first()) else {
+            return p;
+        };
+        if let Some(delta) = choice.get("delta") {
+            p.reasoning = ["reasoning_content", "reasoning", "reasoning_text"]
+                .iter()
+                .find_map(|k| borrowed(delta.get(*k)).filter(|s| !s.is_empty()));
+            p.content = borrowed(delta.get("content")).filter(|s| !s.is_empty());
+            p.tool_calls = delta.get("tool_calls").and_then(Value::as_array).cloned().unwrap_or_default();
+        }
+        p.finish = borrowed(choice.get("finish_reason"));
+        p
+    }
+}
+
+/// A chunk's `usage` object as Pi counts it; `None` when it is not an object.
+fn usage_of(u: &Value) -> Option<Usage> {
+    let u = u.as_object()?;
+    let n = |k: &str, sub: Option<&str>| {
+        let v = u.get(k);
+        let v = match sub {
+            Some(s) => v.and_then(|v| v.get(s)),
+            None => v,
+        };
+        v.and_then(Value::as_u64).unwrap_or(0)
+    };
+    let cached = n("prompt_tokens_details", Some("cached_tokens"));
+    Some(Usage {
+        input: n("prompt_tokens", None).saturating_sub(cached),
+        output: n("completion_tokens", None),
+        cache_read: cached,
+        cache_write: 0,
+    })
 }
 
 impl Decoder {
@@ -248,4 +365,68 @@ pub(crate) fn invalid_json(e: &serde_json::Error, data: &str) -> Fault {
         snippet.push('…');
     }
     Fault::new(ErrorKind::Unknown, format!("invalid JSON in stream event ({e}): {snippet}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fast read of a chunk says what the decoded read says, and declines what it cannot read.
+    #[test]
+    fn chunks_read_fast_as_they_read_decoded() {
+        let read = [
+            r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"Hi \"there\" \u00e9\ud83d\ude00"},"finish_reason":null}]}"#,
+            r#"{"id":"c1","choices":[{"delta":{"reasoning_content":"","reasoning":"think","content":null}}]}"#,
+            r#"{"id":"c1","choices":[{"delta":{"reasoning_text":"why"}}]}"#,
+            r#"{"id":"c1","choices":[{"delta":{},"finish_reason":"stop"}],"usage":null}"#,
+            r#"{"id":"c1","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"total_tokens":19,"prompt_tokens_details":{"cached_tokens":5}}}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"t","arguments":"{}"}}]}}]}"#,
+            r#"{"id":null,"choices":null}"#,
+            r#"{"id":"c1","choices":[{"delta":null,"finish_reason":"length"},{"delta":{"content":"second choice"}}]}"#,
+            r#"{"error":null,"id":"c2","choices":[{"delta":{"content":"x"}}]}"#,
+        ];
+        for data in read {
+            let fast = Piece::fast(data).unwrap_or_else(|| panic!("fast read declined {data}"));
+            let v: Value = serde_json::from_str(data).unwrap();
+            assert_eq!(fast, Piece::of(&v), "{data}");
+        }
+        let declined = [
+            r#"{"error":{"message":"boom"}}"#,
+            r#"{"id":"a","id":"b"}"#,
+            r#"{"id":"c","choices":{"0":{}}}"#,
+            r#"{"choices":[{"delta":"text"}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":{"index":0}}}]}"#,
+            r#"{"usage":"lots"}"#,
+            r#"not json"#,
+        ];
+        for data in declined {
+            assert!(Piece::fast(data).is_none(), "{data}");
+        }
+    }
+
+    /// An unusual chunk still decodes as before (through the decoded read).
+    #[test]
+    fn unusual_chunks_decode_through_the_value() {
+        let mut d = Decoder::default();
+        let mut draft = AssistantDraft::new();
+        let mut out = VecDeque::new();
+        let ev = |data: &str| SseEvent { event: "message".into(), data: data.to_owned(), id: None };
+        let r = super::super::Decoder::event(
+            &mut d,
+            &ev(r#"{"id":"a","id":"b","choices":[{"delta":{"content":"x"}}]}"#),
+            &mut draft,
+            &mut out,
+        );
+        assert!(matches!(r, Ok(false)));
+        assert_eq!(draft.response_id.as_deref(), Some("b"), "the last duplicate key wins, as in JSON.parse");
+        assert!(matches!(out.pop_front(), Some(StreamDelta::Text(t)) if t == "x"));
+        let r = super::super::Decoder::event(
+            &mut d,
+            &ev(r#"{"error":{"message":"maximum context length exceeded"}}"#),
+            &mut draft,
+            &mut out,
+        );
+        assert!(matches!(r, Err(f) if f.kind == ErrorKind::ContextLength));
+    }
 }
