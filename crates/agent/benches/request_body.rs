@@ -48,7 +48,11 @@ fn main() {
             let mut cached = Vec::new();
             let mut bytes = 0;
             for _ in 0..rounds {
-                let req = ModelRequest { system_prompt: Some("Be brief.".into()), messages: context(n), tools: vec![] };
+                let req = ModelRequest {
+                    system_prompt: Some("Be brief.".into()),
+                    messages: context(n),
+                    tools: Vec::new().into(),
+                };
                 let t = Instant::now();
                 let body = request_body(&model, &req).expect("an HTTP API");
                 first.push(t.elapsed());

@@ -68,9 +68,17 @@ pub trait Tool: Send + Sync {
 }
 
 /// The tools of a run, by name.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// What [`ToolRegistry::specs`] hands out, built when a tool is registered (not per run).
+    specs: Arc<[ToolSpec]>,
+}
+
+impl Default for ToolRegistry {
+    fn default() -> Self {
+        ToolRegistry { tools: BTreeMap::new(), specs: Arc::from(Vec::new()) }
+    }
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -96,6 +104,15 @@ impl ToolRegistry {
     /// Adds (or replaces) a tool.
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
         self.tools.insert(tool.name().to_owned(), tool);
+        self.specs = self
+            .tools
+            .values()
+            .map(|t| ToolSpec {
+                name: t.name().to_owned(),
+                description: t.description().to_owned(),
+                parameters: t.parameters(),
+            })
+            .collect();
     }
 
     /// True when there are no tools.
@@ -104,15 +121,8 @@ impl ToolRegistry {
     }
 
     /// The tools as offered to the model, sorted by name.
-    pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools
-            .values()
-            .map(|t| ToolSpec {
-                name: t.name().to_owned(),
-                description: t.description().to_owned(),
-                parameters: t.parameters(),
-            })
-            .collect()
+    pub fn specs(&self) -> Arc<[ToolSpec]> {
+        self.specs.clone()
     }
 
     /// Validates the arguments and runs the tool. Every failure is an `Err` with a message for

@@ -30,7 +30,7 @@ pub async fn summarize(model: &ResolvedModel, req: &SummaryRequest) -> Result<St
     let request = ModelRequest {
         system_prompt: Some(req.system_prompt.to_owned()),
         messages: vec![pincer_agent::ContextMessage::shared(req.user_message(pincer_pi::now_ms()))].into(),
-        tools: Vec::new(),
+        tools: Vec::new().into(),
     };
     let mut stream = ModelStream::open(&model, &request).await?;
     while stream.next().await?.is_some() {}

@@ -18,7 +18,12 @@ pub fn new_session_id() -> String {
 
 /// `new Date().toISOString()`.
 pub fn now_iso() -> String {
-    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+    iso(chrono::Utc::now())
+}
+
+/// `Date.prototype.toISOString()`: `2026-01-31T12:00:00.123Z`.
+fn iso(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// `new Date(value).getTime()` for the values an entry's `timestamp` holds: ISO strings (with or
@@ -50,6 +55,21 @@ pub fn js_date_ms(v: Option<&serde_json::Value>) -> Option<i64> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn timestamps_are_written_as_to_iso_string_writes_them() {
+        for (ms, want) in [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (1_767_225_600_007, "2026-01-01T00:00:00.007Z"),
+            (1_796_169_599_999, "2026-12-01T23:59:59.999Z"),
+            (253_402_300_799_000, "9999-12-31T23:59:59.000Z"),
+        ] {
+            let t = chrono::DateTime::from_timestamp_millis(ms).unwrap();
+            assert_eq!(iso(t), want);
+            assert_eq!(js_date_ms(Some(&json!(iso(t)))), Some(ms), "reads back");
+        }
+        assert!(now_iso().ends_with('Z') && now_iso().len() == 24);
+    }
 
     #[test]
     fn js_dates() {

@@ -114,7 +114,7 @@ pub struct ModelRequest {
     /// Pi context messages (`convert_to_llm` is applied by the mappers), shared, never copied.
     pub messages: crate::context::Messages,
     /// Tools offered.
-    pub tools: Vec<ToolSpec>,
+    pub tools: std::sync::Arc<[ToolSpec]>,
 }
 
 /// Something streamed by the model.
