@@ -157,11 +157,12 @@ impl ContextMessage {
 }
 
 /// Messages per frozen chunk of [`Messages`].
-const CHUNK: usize = 256;
+const CHUNK: usize = 32;
 
 /// A run's context: a list of shared messages that is cheap to clone and to extend. Full chunks
-/// are frozen and shared between clones, so cloning a 10,000-message context copies a few dozen
-/// chunk handles and at most one chunk's messages, not every message handle.
+/// are frozen and shared between clones, so cloning a 10,000-message context copies a few hundred
+/// chunk handles and at most one chunk's messages, not every message handle (a turn clones its
+/// session's context once: small chunks keep that and the drop of the clone short).
 #[derive(Debug, Clone, Default)]
 pub struct Messages {
     frozen: Vec<Arc<[SharedMessage]>>,

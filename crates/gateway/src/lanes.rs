@@ -8,7 +8,6 @@
 //! filesystem's journal commits them together); those sharing a lane wait their turn, which an
 //! fdatasync of a fraction of a millisecond makes short. Lanes start on first use.
 
-use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::OnceLock;
@@ -49,9 +48,13 @@ impl Lanes {
     }
 
     fn sender(&self, path: &Path) -> Option<&Sender<Job>> {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        path.hash(&mut h);
-        let i = (h.finish() % LANES as u64) as usize;
+        // FNV-1a over the path's bytes: stable for a path, cheap (no component parsing).
+        let h = path
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+        let i = (h % LANES as u64) as usize;
         let slot = self.lanes.get(i)?;
         if let Some(s) = slot.get() {
             return Some(s);
