@@ -56,7 +56,9 @@ impl FakeOpenAi {
     }
 
     async fn start_with(record: bool, pacing: Pacing) -> FakeOpenAi {
-        let options = Options { record, keep_alive: true };
+        // Unrecorded (load): a long session's body is read only as far as the script looks.
+        let read_body = if record { crate::fake_provider::read_whole_body } else { lean_body };
+        let options = Options { record, keep_alive: true, read_body };
         // `[ratelimit]`: the first request with a given such message is refused with 429 (retry at once).
         let limited = std::sync::Mutex::new(std::collections::HashSet::new());
         let script = Box::new(move |r: &Recorded, _| {
@@ -150,6 +152,44 @@ fn last_user_text(body: &Value) -> String {
         Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join(""),
         _ => String::new(),
     }
+}
+
+/// What the script reads of a chat request, without decoding the whole conversation: the system
+/// (developer) messages, the last user message and the tool results' roles.
+fn lean_body(body: &[u8]) -> Value {
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        #[serde(borrow)]
+        messages: Vec<Message<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow, default)]
+        role: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        content: Option<&'a serde_json::value::RawValue>,
+    }
+    let Ok(b) = serde_json::from_slice::<Body<'_>>(body) else {
+        return crate::fake_provider::read_whole_body(body);
+    };
+    let last_user = b.messages.iter().rposition(|m| m.role.as_deref() == Some("user"));
+    let messages: Vec<Value> = b
+        .messages
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            let role = m.role.as_deref()?;
+            match role {
+                "system" | "developer" | "user" if role != "user" || Some(i) == last_user => {
+                    let content = m.content.and_then(|c| serde_json::from_str(c.get()).ok()).unwrap_or(Value::Null);
+                    Some(json!({"role": role, "content": content}))
+                }
+                "tool" => Some(json!({"role": role})),
+                _ => None,
+            }
+        })
+        .collect();
+    json!({ "messages": messages })
 }
 
 /// Whether the request is a compaction's (Pi's summarization system prompt).
