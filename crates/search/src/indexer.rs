@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 
 /// How often an idle indexer looks at every transcript.
 pub const FULL_SYNC: std::time::Duration = std::time::Duration::from_secs(30);
-/// How long appends are gathered before they are indexed together (search lags the transcripts
-/// by at most about this much).
-const GATHER: std::time::Duration = std::time::Duration::from_millis(200);
+/// How long appends are gathered before they are indexed together: each commit costs FTS5 a new
+/// segment and its merges, so a gateway at a few hundred turns a second pays that once per second,
+/// not per turn. A search waits for what is queued ([`Indexer::flush`]), so it never misses a turn.
+const GATHER: std::time::Duration = std::time::Duration::from_secs(1);
 
 enum Job {
     /// Paths are waiting in [`Indexer::pending`].
