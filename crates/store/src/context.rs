@@ -60,41 +60,34 @@ fn raw(v: &Value) -> Cow<'static, str> {
     Cow::Owned(v.to_string())
 }
 
-/// One path entry, decoded as far as context building needs.
-enum Decoded<'a> {
-    /// A message entry: its raw message (taken when emitted).
-    Message(Option<Cow<'a, str>>),
-    /// Any other entry, fully decoded.
-    Other(Value),
-}
-
 fn empty() -> Context<'static> {
     Context { messages: vec![], thinking_level: json!("off"), model: Value::Null, path: vec![], cycle: false }
 }
 
-/// Builds the context at `leaf` (usually `session.leaf`).
+/// Builds the context at `leaf` (usually `session.leaf`). Path entries are decoded only when a rule
+/// needs them: messages are borrowed raw, other entries decoded as they are reached.
 pub fn build_context<'a>(s: &'a Session, leaf: &Leaf) -> Context<'a> {
     let start = match leaf {
         Leaf::Empty | Leaf::Null => return empty(),
         Leaf::Entry(i) => *i,
     };
     let (path, cycle) = s.path_from(start);
-    let mut values: Vec<Decoded<'a>> = path.iter().map(|&i| decode(s, i)).collect();
     let mut ctx = empty();
     ctx.cycle = cycle;
     // Last writer wins: the last thinking change, the last model change or assistant message, the
-    // last compaction. Scanning backwards stops decoding roles as soon as each is known.
+    // last compaction. Scanning backwards stops decoding as soon as each is known.
     let (mut thinking, mut model, mut compaction) = (None, None, None);
-    for (pos, (&i, v)) in path.iter().zip(&values).enumerate().rev() {
-        match (s.entries[i].kind, v) {
-            (Kind::ThinkingLevelChange, Decoded::Other(v)) if thinking.is_none() => {
-                thinking = Some(v.get("thinkingLevel").cloned().unwrap_or(Value::Null))
+    for (pos, &i) in path.iter().enumerate().rev() {
+        match s.entries[i].kind {
+            Kind::ThinkingLevelChange if thinking.is_none() => {
+                thinking = Some(value(s, i).get("thinkingLevel").cloned().unwrap_or(Value::Null))
             }
-            (Kind::ModelChange, Decoded::Other(v)) if model.is_none() => {
+            Kind::ModelChange if model.is_none() => {
+                let v = value(s, i);
                 model = Some(model_of(v.get("provider"), v.get("modelId")))
             }
-            (Kind::Message, Decoded::Message(Some(raw))) if model.is_none() => model = assistant_model(raw),
-            (Kind::Compaction, _) if compaction.is_none() => compaction = Some(pos),
+            Kind::Message if model.is_none() => model = assistant_model(&message(s, i)),
+            Kind::Compaction if compaction.is_none() => compaction = Some(pos),
             _ => {}
         }
         if thinking.is_some() && model.is_some() && compaction.is_some() {
@@ -110,11 +103,7 @@ pub fn build_context<'a>(s: &'a Session, leaf: &Leaf) -> Context<'a> {
     let mut messages = Vec::new();
     match compaction {
         Some(cpos) => {
-            let c = match &values[cpos] {
-                Decoded::Other(v) => v.clone(),
-                Decoded::Message(_) => Value::Null,
-            };
-            let c = &c;
+            let c = &value(s, path[cpos]);
             let mut m = Map::new();
             m.insert("role".into(), json!("compactionSummary"));
             insert_opt(&mut m, "summary", c.get("summary"));
@@ -129,21 +118,23 @@ pub fn build_context<'a>(s: &'a Session, leaf: &Leaf) -> Context<'a> {
                 .unwrap_or(cpos);
             let first_kept = c.get("firstKeptEntryId").and_then(crate::parse::value_key);
             let mut found = false;
-            for pos in 0..cidx {
-                if first_kept.is_some() && s.entries[path[pos]].id == first_kept {
+            messages.reserve(path.len() - cidx);
+            for &i in &path[..cidx] {
+                if first_kept.is_some() && s.entries[i].id == first_kept {
                     found = true;
                 }
                 if found {
-                    emit(s.entries[path[pos]].kind, &mut values[pos], &mut messages);
+                    emit(s, i, &mut messages);
                 }
             }
-            for pos in cidx + 1..path.len() {
-                emit(s.entries[path[pos]].kind, &mut values[pos], &mut messages);
+            for &i in &path[cidx + 1..] {
+                emit(s, i, &mut messages);
             }
         }
         None => {
-            for (pos, &i) in path.iter().enumerate() {
-                emit(s.entries[i].kind, &mut values[pos], &mut messages);
+            messages.reserve(path.len());
+            for &i in &path {
+                emit(s, i, &mut messages);
             }
         }
     }
@@ -178,22 +169,27 @@ fn assistant_model(msg: &str) -> Option<Value> {
         .then(|| model_of(h.provider.as_ref(), h.model.as_ref()))
 }
 
-fn decode(s: &Session, i: usize) -> Decoded<'_> {
-    if s.entries[i].kind == Kind::Message {
-        // Pi pushes `entry.message` even when it is missing (JSON `null`).
-        return Decoded::Message(Some(s.raw_message(i).unwrap_or(Cow::Borrowed("null"))));
-    }
-    Decoded::Other(s.value(i).unwrap_or(Value::Null))
+/// A message entry's raw message; Pi pushes `entry.message` even when it is missing (JSON `null`).
+fn message(s: &Session, i: usize) -> Cow<'_, str> {
+    s.raw_message(i).unwrap_or(Cow::Borrowed("null"))
 }
 
-fn emit<'a>(kind: Kind, v: &mut Decoded<'a>, out: &mut Vec<Cow<'a, str>>) {
-    let v = match v {
-        Decoded::Message(m) => {
-            out.push(m.take().unwrap_or(Cow::Borrowed("null")));
-            return;
-        }
-        Decoded::Other(v) => &*v,
-    };
+/// Any other entry, fully decoded.
+fn value(s: &Session, i: usize) -> Value {
+    s.value(i).unwrap_or(Value::Null)
+}
+
+/// The message entry `i` contributes to the context, if any.
+fn emit<'a>(s: &'a Session, i: usize, out: &mut Vec<Cow<'a, str>>) {
+    let kind = s.entries[i].kind;
+    if kind == Kind::Message {
+        out.push(message(s, i));
+        return;
+    }
+    if !matches!(kind, Kind::CustomMessage | Kind::BranchSummary) {
+        return;
+    }
+    let v = &value(s, i);
     match kind {
         Kind::CustomMessage => {
             let mut m = Map::new();
