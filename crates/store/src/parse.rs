@@ -340,62 +340,67 @@ struct RawStr<'a> {
 
 impl<'a> RawStr<'a> {
     /// The string's value: escapes decoded, bytes that are not UTF-8 and lone surrogates as U+FFFD.
+    #[inline(always)]
     fn text(self) -> Cow<'a, str> {
-        if !self.escaped {
-            return lossy(self.body);
+        if self.escaped {
+            return Cow::Owned(unescape(self.body));
         }
-        let b = self.body;
-        let mut out = String::with_capacity(b.len());
-        // A high surrogate waiting for its low half.
-        let mut high: Option<u32> = None;
-        let mut i = 0;
-        while i < b.len() {
-            let at = memchr::memchr(b'\\', &b[i..]).map_or(b.len(), |p| i + p);
-            if at > i {
-                if high.take().is_some() {
-                    out.push(char::REPLACEMENT_CHARACTER);
-                }
-                out.push_str(&lossy(&b[i..at]));
-            }
-            let Some(&e) = b.get(at + 1) else { break };
-            if e == b'u' {
-                let n = b.get(at + 2..at + 6).map_or(0xFFFD, hex4);
-                match (high.take(), n) {
-                    (Some(h), 0xDC00..=0xDFFF) => {
-                        out.push(char::from_u32(0x10000 + ((h - 0xD800) << 10) + (n - 0xDC00)).unwrap_or('\u{FFFD}'))
-                    }
-                    (h, _) => {
-                        if h.is_some() {
-                            out.push(char::REPLACEMENT_CHARACTER);
-                        }
-                        if (0xD800..=0xDBFF).contains(&n) {
-                            high = Some(n);
-                        } else {
-                            out.push(char::from_u32(n).unwrap_or(char::REPLACEMENT_CHARACTER));
-                        }
-                    }
-                }
-                i = at + 6;
-            } else {
-                if high.take().is_some() {
-                    out.push(char::REPLACEMENT_CHARACTER);
-                }
-                out.push(match e {
-                    b'b' => '\u{8}',
-                    b'f' => '\u{c}',
-                    b'n' => '\n',
-                    b'r' => '\r',
-                    b't' => '\t',
-                    other => char::from(other),
-                });
-                i = at + 2;
-            }
-        }
-        if high.is_some() {
-            out.push(char::REPLACEMENT_CHARACTER);
-        }
-        Cow::Owned(out)
+        lossy(self.body)
     }
+}
+
+/// The value of a string body with escapes (see [`RawStr::text`]).
+fn unescape(b: &[u8]) -> String {
+    let mut out = String::with_capacity(b.len());
+    // A high surrogate waiting for its low half.
+    let mut high: Option<u32> = None;
+    let mut i = 0;
+    while i < b.len() {
+        let at = memchr::memchr(b'\\', &b[i..]).map_or(b.len(), |p| i + p);
+        if at > i {
+            if high.take().is_some() {
+                out.push(char::REPLACEMENT_CHARACTER);
+            }
+            out.push_str(&lossy(&b[i..at]));
+        }
+        let Some(&e) = b.get(at + 1) else { break };
+        if e == b'u' {
+            let n = b.get(at + 2..at + 6).map_or(0xFFFD, hex4);
+            match (high.take(), n) {
+                (Some(h), 0xDC00..=0xDFFF) => {
+                    out.push(char::from_u32(0x10000 + ((h - 0xD800) << 10) + (n - 0xDC00)).unwrap_or('\u{FFFD}'))
+                }
+                (h, _) => {
+                    if h.is_some() {
+                        out.push(char::REPLACEMENT_CHARACTER);
+                    }
+                    if (0xD800..=0xDBFF).contains(&n) {
+                        high = Some(n);
+                    } else {
+                        out.push(char::from_u32(n).unwrap_or(char::REPLACEMENT_CHARACTER));
+                    }
+                }
+            }
+            i = at + 6;
+        } else {
+            if high.take().is_some() {
+                out.push(char::REPLACEMENT_CHARACTER);
+            }
+            out.push(match e {
+                b'b' => '\u{8}',
+                b'f' => '\u{c}',
+                b'n' => '\n',
+                b'r' => '\r',
+                b't' => '\t',
+                other => char::from(other),
+            });
+            i = at + 2;
+        }
+    }
+    if high.is_some() {
+        out.push(char::REPLACEMENT_CHARACTER);
+    }
+    out
 }
 
 /// Bytes as text, as Node decodes a file: sequences that are not UTF-8 become U+FFFD. (Checks
@@ -410,7 +415,7 @@ pub(crate) fn lossy(b: &[u8]) -> Cow<'_, str> {
 /// The first `"`, `\\` or control character at or after `i`. Most strings are short (keys, ids,
 /// small values): their first 32 bytes are searched 8 at a time in a register; a longer string's
 /// rest is searched for `"` and `\\` with `memchr2`, then checked for control characters.
-#[inline]
+#[inline(always)]
 fn special(b: &[u8], mut i: usize) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -506,7 +511,9 @@ impl<'a> Cursor<'a> {
 
     /// A string starting at its opening quote. Raw control characters are rejected; other bytes
     /// are not checked (Pi decodes the file with replacement characters before parsing).
-    #[inline]
+    // Inlined: returned through memory, the string's range is read back with a wider load than
+    // it was written with, which stalls (a fifth of the parse's own time).
+    #[inline(always)]
     fn string(&mut self) -> Option<RawStr<'a>> {
         if self.peek()? != b'"' {
             return None;
@@ -575,6 +582,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// An object key and its colon.
+    #[inline(always)]
     fn key(&mut self) -> Option<RawStr<'a>> {
         let k = self.string()?;
         self.ws();
@@ -638,7 +646,8 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// The value of `type`, `id` or `parentId`.
+    /// The value of `type`, `id` or `parentId` (inlined, as [`Cursor::string`] is).
+    #[inline(always)]
     fn key_value(&mut self) -> Option<KeyValue<'a>> {
         let start = self.i;
         Some(match self.peek()? {

@@ -188,13 +188,15 @@ impl Session {
             first_value_seen: false,
             headerless: false,
             entries: Vec::with_capacity(count),
+            prev_object: None,
+            parent_hints: Vec::with_capacity(count),
         };
         for part in parts {
             for (&range, v) in part.ranges.iter().zip(part.lines) {
                 scan.line(&mut s, range, v, &part.text);
             }
         }
-        let Scan { header_seen, headerless, entries, .. } = scan;
+        let Scan { header_seen, headerless, entries, parent_hints, .. } = scan;
         if headerless || !header_seen {
             // Pi reads such a file as an empty session. Keep what we found for `verify`/`repair`,
             // but expose no entries.
@@ -216,11 +218,14 @@ impl Session {
         }
         s.buf = buf;
         s.entries = entries;
-        if let Some(v) = s.source_version.filter(|v| *v < 3) {
-            s.problems.push(Problem::OldVersion { version: v });
-            s.migrate(v);
+        match s.source_version.filter(|v| *v < 3) {
+            Some(v) => {
+                s.problems.push(Problem::OldVersion { version: v });
+                s.migrate(v);
+                s.index(&[]);
+            }
+            None => s.index(&parent_hints),
         }
-        s.index();
         s
     }
 
@@ -229,13 +234,17 @@ impl Session {
         self.headerless_entries = entries;
     }
 
-    /// Builds `by_id`, the leaf and the structural problems.
-    fn index(&mut self) {
+    /// Builds `by_id`, the leaf and the structural problems. `hints` (one per entry, or none) name
+    /// the entry an entry's parent id is the id of, as the parse saw it; without duplicate ids,
+    /// that entry is the one `by_id` names, and the lookup is skipped.
+    fn index(&mut self, hints: &[Option<usize>]) {
         self.by_id = IdMap::with_capacity_and_hasher(self.entries.len(), Default::default());
         let mut linear = 0;
+        let mut duplicates = false;
         for (i, e) in self.entries.iter().enumerate() {
             if let Some(id) = &e.id {
                 if self.by_id.insert(id.clone(), i).is_some() {
+                    duplicates = true;
                     self.problems.push(Problem::DuplicateId { id: id.to_string(), offset: e.offset });
                 }
             } else if e.is_object {
@@ -249,10 +258,14 @@ impl Session {
             self.problems.push(Problem::Linear { count: linear });
         }
         self.parents = Vec::with_capacity(self.entries.len());
-        for e in &self.entries {
+        let hints = if duplicates || hints.len() != self.entries.len() { &[] } else { hints };
+        for (i, e) in self.entries.iter().enumerate() {
             let parent = match &e.parent {
                 Parent::Id(p) => {
-                    let found = self.by_id.get(p).copied();
+                    let found = match hints.get(i) {
+                        Some(&Some(h)) => Some(h),
+                        _ => self.by_id.get(p).copied(),
+                    };
                     if let (None, Some(id)) = (found, &e.id) {
                         self.problems.push(Problem::Orphan {
                             id: id.to_string(),
@@ -440,7 +453,7 @@ impl Session {
         }
         self.problems.retain(|p| !matches!(p, Problem::Linear { .. } | Problem::MissingId { .. }));
         self.by_id.clear();
-        self.index();
+        self.index(&[]);
     }
 
     /// Gives a header-less file a fresh header and exposes the entries Pi would have discarded.
@@ -454,7 +467,7 @@ impl Session {
             }
         }
         self.problems.retain(|p| !matches!(p, Problem::NoHeader { .. }));
-        self.index();
+        self.index(&[]);
     }
 
     /// The file as it should be after migration or repair: the (migrated or new) header first,
@@ -621,6 +634,11 @@ struct Scan<'a> {
     /// The first JSON line is not a valid header: Pi reads the file as empty.
     headerless: bool,
     entries: Vec<EntryRec>,
+    /// The entry index of the previous object line, if it is an entry.
+    prev_object: Option<usize>,
+    /// Per entry: the entry its parent id is the id of, when the parse saw that it is the previous
+    /// object line's id (see [`Session::index`]).
+    parent_hints: Vec<Option<usize>>,
 }
 
 impl Scan<'_> {
@@ -662,10 +680,16 @@ impl Scan<'_> {
                         message: None,
                         source: Source::Line(start, end),
                     },
+                    None,
                 );
             }
-            Parsed::Object { kind: Kind::Session, .. } => self.header(s, first, start, end),
-            Parsed::Object { kind, id, parent, message } => {
+            Parsed::Object { kind: Kind::Session, .. } => {
+                self.prev_object = None;
+                self.header(s, first, start, end)
+            }
+            Parsed::Object { kind, id, parent, parent_is_prev, message } => {
+                let hint = self.prev_object.filter(|_| parent_is_prev);
+                self.prev_object = Some(self.entries.len());
                 self.not_a_header(s, first, start, "the first JSON line is not a session header");
                 self.push(
                     s,
@@ -684,6 +708,7 @@ impl Scan<'_> {
                         message,
                         source: Source::Line(start, end),
                     },
+                    hint,
                 );
             }
         }
@@ -719,9 +744,10 @@ impl Scan<'_> {
         }
     }
 
-    fn push(&mut self, s: &mut Session, start: usize, end: usize, e: EntryRec) {
+    fn push(&mut self, s: &mut Session, start: usize, end: usize, e: EntryRec, hint: Option<usize>) {
         s.lines.push((start, end, LineRole::Entry(self.entries.len())));
         self.entries.push(e);
+        self.parent_hints.push(hint);
     }
 }
 
@@ -733,8 +759,15 @@ enum Parsed {
     Null,
     /// JSON that is not an object.
     Scalar,
-    /// An object; `message` is the byte range of its raw `message` in the file.
-    Object { kind: Kind, id: Option<(usize, usize)>, parent: ParsedParent, message: Option<(usize, usize)> },
+    /// An object; `message` is the byte range of its raw `message` in the file. `parent_is_prev`:
+    /// the parent's id is the id of the previous object line (the usual chain).
+    Object {
+        kind: Kind,
+        id: Option<(usize, usize)>,
+        parent: ParsedParent,
+        parent_is_prev: bool,
+        message: Option<(usize, usize)>,
+    },
 }
 
 enum ParsedParent {
@@ -795,11 +828,15 @@ fn parse_part(buf: &[u8], start: usize, end: usize) -> ParsedPart {
             LineValue::Scalar => Parsed::Scalar,
             LineValue::Object(h) => {
                 let kind = h.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
+                let mut parent_is_prev = false;
                 let parent = match &h.parent {
                     None => ParsedParent::Absent,
                     Some(parse::ParentText::Root) => ParsedParent::Root,
                     Some(parse::ParentText::Id(p)) => ParsedParent::Id(match prev_id {
-                        Some(r) if text.get(r) == p.as_ref() => r,
+                        Some(r) if text.get(r) == p.as_ref() => {
+                            parent_is_prev = true;
+                            r
+                        }
                         _ => text.push(p),
                     }),
                 };
@@ -809,9 +846,69 @@ fn parse_part(buf: &[u8], start: usize, end: usize) -> ParsedPart {
                     let at = s + (m.as_ptr() as usize - line.as_ptr() as usize);
                     (at, at + m.len())
                 });
-                Parsed::Object { kind, id, parent, message }
+                Parsed::Object { kind, id, parent, parent_is_prev, message }
             }
         }));
     }
     ParsedPart { ranges, lines, text: text.finish() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> String {
+        r#"{"type":"session","version":3,"id":"s","timestamp":"2025-01-01T00:00:00.000Z","cwd":"/"}"#.to_owned() + "\n"
+    }
+
+    #[test]
+    fn a_later_duplicate_id_takes_over_the_children_of_the_earlier_one_as_in_pi() {
+        let file = header()
+            + r#"{"type":"message","id":"x","parentId":null}
+{"type":"message","id":"y","parentId":"x"}
+{"type":"message","id":"x","parentId":"y"}
+{"type":"message","id":"z","parentId":"x"}
+"#;
+        let s = Session::parse(file.into_bytes());
+        // Pi's Map keeps the last entry with an id: both children hang under the second `x`.
+        assert_eq!(s.by_id.get("x"), Some(&2));
+        assert_eq!((s.parent_index(1), s.parent_index(3)), (Some(2), Some(2)));
+        assert_eq!(s.parent_index(2), Some(1));
+        assert!(s.problems.iter().any(|p| matches!(p, Problem::DuplicateId { .. })));
+        assert!(s.problems.iter().any(|p| matches!(p, Problem::Cycle { .. })));
+    }
+
+    #[test]
+    fn a_large_file_parsed_in_parts_links_every_entry() {
+        // Large enough to be split over threads; a chain across the parts, with lines that are not
+        // entries between its links (null, malformed, a second header).
+        let mut file = header();
+        let filler = "x".repeat(300);
+        let mut want = Vec::new();
+        let mut parent: Option<usize> = None;
+        let mut n = 0;
+        while file.len() < 3 * PARALLEL_PARSE_BYTES {
+            let p = parent.map_or("null".to_owned(), |p| format!("\"e{p}\""));
+            file += &format!("{{\"type\":\"message\",\"id\":\"e{n}\",\"parentId\":{p},\"message\":\"{filler}\"}}\n");
+            want.push(parent);
+            parent = Some(n);
+            n += 1;
+            if n % 997 == 0 {
+                file += "null\n{\"broken\"\n";
+            }
+            if n % 1999 == 0 {
+                file += &header();
+            }
+        }
+        let s = Session::parse(file.into_bytes());
+        assert_eq!(s.entries.len(), n);
+        let got: Vec<Option<usize>> = (0..n).map(|i| s.parent_index(i)).collect();
+        assert_eq!(got, want);
+        assert_eq!(s.leaf, Leaf::Entry(n - 1));
+        assert_eq!(build_context_len(&s), n);
+    }
+
+    fn build_context_len(s: &Session) -> usize {
+        crate::build_context(s, &s.leaf).messages.len()
+    }
 }
