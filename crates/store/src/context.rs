@@ -117,26 +117,14 @@ pub fn build_context<'a>(s: &'a Session, leaf: &Leaf) -> Context<'a> {
                 .position(|&i| s.entries[i].kind == Kind::Compaction && s.entries[i].id == cid)
                 .unwrap_or(cpos);
             let first_kept = c.get("firstKeptEntryId").and_then(crate::parse::value_key);
-            let mut found = false;
-            messages.reserve(path.len() - cidx);
-            for &i in &path[..cidx] {
-                if first_kept.is_some() && s.entries[i].id == first_kept {
-                    found = true;
-                }
-                if found {
-                    emit(s, i, &mut messages);
-                }
-            }
-            for &i in &path[cidx + 1..] {
-                emit(s, i, &mut messages);
-            }
+            let kept = match first_kept {
+                Some(k) => path[..cidx].iter().position(|&i| s.entries[i].id.as_ref() == Some(&k)).unwrap_or(cidx),
+                None => cidx,
+            };
+            emit_all(s, &path[kept..cidx], &mut messages);
+            emit_all(s, &path[cidx + 1..], &mut messages);
         }
-        None => {
-            messages.reserve(path.len());
-            for &i in &path {
-                emit(s, i, &mut messages);
-            }
-        }
+        None => emit_all(s, &path, &mut messages),
     }
     ctx.messages = messages;
     ctx.path = path;
@@ -177,6 +165,37 @@ fn message(s: &Session, i: usize) -> Cow<'_, str> {
 /// Any other entry, fully decoded.
 fn value(s: &Session, i: usize) -> Value {
     s.value(i).unwrap_or(Value::Null)
+}
+
+/// Paths at least this long are emitted by several threads.
+const PARALLEL_EMIT: usize = 16_384;
+
+/// The messages of the entries of `path`, in order. Checking that each raw message is UTF-8 is most
+/// of the work, so a long path is split over the available cores.
+fn emit_all<'a>(s: &'a Session, path: &[usize], out: &mut Vec<Cow<'a, str>>) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    out.reserve(path.len());
+    if threads < 2 || path.len() < PARALLEL_EMIT {
+        return path.iter().for_each(|&i| emit(s, i, out));
+    }
+    let parts = std::thread::scope(|scope| {
+        let handles: Vec<_> = path
+            .chunks(path.len().div_ceil(threads))
+            .map(|part| {
+                scope.spawn(move || {
+                    let mut v = Vec::with_capacity(part.len());
+                    part.iter().for_each(|&i| emit(s, i, &mut v));
+                    v
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().ok()).collect::<Option<Vec<_>>>()
+    });
+    match parts {
+        Some(parts) => parts.into_iter().for_each(|p| out.extend(p)),
+        // A panicking thread: emit everything here instead.
+        None => path.iter().for_each(|&i| emit(s, i, out)),
+    }
 }
 
 /// The message entry `i` contributes to the context, if any.
