@@ -8,6 +8,10 @@
 //! - the active path ends at the leaf, is root-first and stays in bounds; context building works;
 //! - `render(false)` is a faithful rewrite: parsing it again gives the same entries (kind, id,
 //!   parent) and the same leaf;
+//! - the light parse (a hand-written scanner) against serde_json: every line serde_json parses is
+//!   indexed, an object with the `type`, string `id`, `parentId` and `message` serde_json reads (the
+//!   scanner is differentially tested against the serde parse it replaced and against Node's
+//!   `JSON.parse` in crates/store/src/parse_tests.rs);
 //! - the in-memory `repair` flow (adopt a header, link linear entries, `render(true)`) leaves a file
 //!   with a header, a newline at the end, no torn tail, no `null` line and no old version.
 #![no_main]
@@ -20,6 +24,7 @@ use serde_json::{json, Value};
 fuzz_target!(|data: &[u8]| {
     let s = Session::parse(data.to_vec());
     check(&s);
+    against_serde(data, &s);
 
     if s.header.is_some() {
         let again = Session::parse(s.render(false));
@@ -137,4 +142,62 @@ fn check(s: &Session) {
     // Valid JSON text (raw messages are copied verbatim, so numbers may be beyond f64).
     let raw: Box<serde_json::value::RawValue> = serde_json::from_slice(&sink).expect("the context is valid JSON");
     assert!(raw.get().starts_with('{'));
+}
+
+/// Every line serde_json parses is indexed with the keys serde_json reads.
+fn against_serde(data: &[u8], s: &Session) {
+    if s.migrated {
+        return; // ids rewritten in memory
+    }
+    let entries = if s.header.is_some() { &s.entries } else { &s.headerless_entries };
+    let start = if data.starts_with(b"\xEF\xBB\xBF") { 3 } else { 0 };
+    let mut offset = start;
+    for line in data[start..].split(|&b| b == b'\n') {
+        let at = offset;
+        offset += line.len() + 1;
+        let Ok(v) = serde_json::from_slice::<Value>(line) else { continue };
+        let entry = entries.iter().find(|e| e.offset == at);
+        let obj = match &v {
+            Value::Null => {
+                assert!(entry.is_none(), "a null line at {at} is an entry");
+                continue;
+            }
+            Value::Object(obj) => obj,
+            _ => {
+                assert!(entry.is_some_and(|e| !e.is_object), "the JSON line at {at} is not a non-object entry");
+                continue;
+            }
+        };
+        if obj.get("type").and_then(Value::as_str) == Some("session") {
+            continue; // a header, or an extra one
+        }
+        let Some(e) = entry else { panic!("the object line at {at} is not an entry") };
+        assert!(e.is_object);
+        let ty = obj.get("type").and_then(Value::as_str);
+        let known = ["message", "thinking_level_change", "model_change", "compaction", "branch_summary", "custom",
+            "custom_message", "label", "session_info", "leaf"];
+        assert_eq!(e.kind == Kind::Other, !ty.is_some_and(|t| known.contains(&t)), "kind of the line at {at}");
+        match obj.get("id") {
+            None | Some(Value::Null | Value::Array(_) | Value::Object(_)) => assert!(e.id.is_none()),
+            Some(Value::String(id)) => assert_eq!(e.id.as_deref(), Some(id.as_str()), "id of the line at {at}"),
+            Some(_) => assert!(e.id.is_some()),
+        }
+        match obj.get("parentId") {
+            None => assert_eq!(e.parent, Parent::Absent),
+            Some(Value::String(p)) if !p.is_empty() => {
+                assert!(matches!(&e.parent, Parent::Id(k) if k.as_str() == p), "parent of the line at {at}")
+            }
+            Some(Value::String(_) | Value::Null | Value::Array(_) | Value::Object(_)) => {
+                assert_eq!(e.parent, Parent::Root)
+            }
+            Some(_) => {}
+        }
+        if e.kind == Kind::Message {
+            let i = entries.iter().position(|x| x.offset == at).unwrap_or(0);
+            if s.header.is_some() {
+                let raw = s.raw_message(i).map(|m| serde_json::from_str::<Value>(&m).ok());
+                assert_eq!(raw.flatten().as_ref(), obj.get("message"), "message of the line at {at}");
+            }
+        }
+    }
 }

@@ -60,41 +60,34 @@ fn raw(v: &Value) -> Cow<'static, str> {
     Cow::Owned(v.to_string())
 }
 
-/// One path entry, decoded as far as context building needs.
-enum Decoded<'a> {
-    /// A message entry: its raw message (taken when emitted).
-    Message(Option<Cow<'a, str>>),
-    /// Any other entry, fully decoded.
-    Other(Value),
-}
-
 fn empty() -> Context<'static> {
     Context { messages: vec![], thinking_level: json!("off"), model: Value::Null, path: vec![], cycle: false }
 }
 
-/// Builds the context at `leaf` (usually `session.leaf`).
+/// Builds the context at `leaf` (usually `session.leaf`). Path entries are decoded only when a rule
+/// needs them: messages are borrowed raw, other entries decoded as they are reached.
 pub fn build_context<'a>(s: &'a Session, leaf: &Leaf) -> Context<'a> {
     let start = match leaf {
         Leaf::Empty | Leaf::Null => return empty(),
         Leaf::Entry(i) => *i,
     };
     let (path, cycle) = s.path_from(start);
-    let mut values: Vec<Decoded<'a>> = path.iter().map(|&i| decode(s, i)).collect();
     let mut ctx = empty();
     ctx.cycle = cycle;
     // Last writer wins: the last thinking change, the last model change or assistant message, the
-    // last compaction. Scanning backwards stops decoding roles as soon as each is known.
+    // last compaction. Scanning backwards stops decoding as soon as each is known.
     let (mut thinking, mut model, mut compaction) = (None, None, None);
-    for (pos, (&i, v)) in path.iter().zip(&values).enumerate().rev() {
-        match (s.entries[i].kind, v) {
-            (Kind::ThinkingLevelChange, Decoded::Other(v)) if thinking.is_none() => {
-                thinking = Some(v.get("thinkingLevel").cloned().unwrap_or(Value::Null))
+    for (pos, &i) in path.iter().enumerate().rev() {
+        match s.entries[i].kind {
+            Kind::ThinkingLevelChange if thinking.is_none() => {
+                thinking = Some(value(s, i).get("thinkingLevel").cloned().unwrap_or(Value::Null))
             }
-            (Kind::ModelChange, Decoded::Other(v)) if model.is_none() => {
+            Kind::ModelChange if model.is_none() => {
+                let v = value(s, i);
                 model = Some(model_of(v.get("provider"), v.get("modelId")))
             }
-            (Kind::Message, Decoded::Message(Some(raw))) if model.is_none() => model = assistant_model(raw),
-            (Kind::Compaction, _) if compaction.is_none() => compaction = Some(pos),
+            Kind::Message if model.is_none() => model = assistant_model(&message(s, i)),
+            Kind::Compaction if compaction.is_none() => compaction = Some(pos),
             _ => {}
         }
         if thinking.is_some() && model.is_some() && compaction.is_some() {
@@ -110,11 +103,7 @@ pub fn build_context<'a>(s: &'a Session, leaf: &Leaf) -> Context<'a> {
     let mut messages = Vec::new();
     match compaction {
         Some(cpos) => {
-            let c = match &values[cpos] {
-                Decoded::Other(v) => v.clone(),
-                Decoded::Message(_) => Value::Null,
-            };
-            let c = &c;
+            let c = &value(s, path[cpos]);
             let mut m = Map::new();
             m.insert("role".into(), json!("compactionSummary"));
             insert_opt(&mut m, "summary", c.get("summary"));
@@ -128,24 +117,14 @@ pub fn build_context<'a>(s: &'a Session, leaf: &Leaf) -> Context<'a> {
                 .position(|&i| s.entries[i].kind == Kind::Compaction && s.entries[i].id == cid)
                 .unwrap_or(cpos);
             let first_kept = c.get("firstKeptEntryId").and_then(crate::parse::value_key);
-            let mut found = false;
-            for pos in 0..cidx {
-                if first_kept.is_some() && s.entries[path[pos]].id == first_kept {
-                    found = true;
-                }
-                if found {
-                    emit(s.entries[path[pos]].kind, &mut values[pos], &mut messages);
-                }
-            }
-            for pos in cidx + 1..path.len() {
-                emit(s.entries[path[pos]].kind, &mut values[pos], &mut messages);
-            }
+            let kept = match first_kept {
+                Some(k) => path[..cidx].iter().position(|&i| s.entries[i].id.as_ref() == Some(&k)).unwrap_or(cidx),
+                None => cidx,
+            };
+            emit_all(s, &path[kept..cidx], &mut messages);
+            emit_all(s, &path[cidx + 1..], &mut messages);
         }
-        None => {
-            for (pos, &i) in path.iter().enumerate() {
-                emit(s.entries[i].kind, &mut values[pos], &mut messages);
-            }
-        }
+        None => emit_all(s, &path, &mut messages),
     }
     ctx.messages = messages;
     ctx.path = path;
@@ -178,22 +157,58 @@ fn assistant_model(msg: &str) -> Option<Value> {
         .then(|| model_of(h.provider.as_ref(), h.model.as_ref()))
 }
 
-fn decode(s: &Session, i: usize) -> Decoded<'_> {
-    if s.entries[i].kind == Kind::Message {
-        // Pi pushes `entry.message` even when it is missing (JSON `null`).
-        return Decoded::Message(Some(s.raw_message(i).unwrap_or(Cow::Borrowed("null"))));
-    }
-    Decoded::Other(s.value(i).unwrap_or(Value::Null))
+/// A message entry's raw message; Pi pushes `entry.message` even when it is missing (JSON `null`).
+fn message(s: &Session, i: usize) -> Cow<'_, str> {
+    s.raw_message(i).unwrap_or(Cow::Borrowed("null"))
 }
 
-fn emit<'a>(kind: Kind, v: &mut Decoded<'a>, out: &mut Vec<Cow<'a, str>>) {
-    let v = match v {
-        Decoded::Message(m) => {
-            out.push(m.take().unwrap_or(Cow::Borrowed("null")));
-            return;
-        }
-        Decoded::Other(v) => &*v,
-    };
+/// Any other entry, fully decoded.
+fn value(s: &Session, i: usize) -> Value {
+    s.value(i).unwrap_or(Value::Null)
+}
+
+/// Paths at least this long are emitted by several threads.
+const PARALLEL_EMIT: usize = 16_384;
+
+/// The messages of the entries of `path`, in order. Checking that each raw message is UTF-8 is most
+/// of the work, so a long path is split over the available cores.
+fn emit_all<'a>(s: &'a Session, path: &[usize], out: &mut Vec<Cow<'a, str>>) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    out.reserve(path.len());
+    if threads < 2 || path.len() < PARALLEL_EMIT {
+        return path.iter().for_each(|&i| emit(s, i, out));
+    }
+    let parts = std::thread::scope(|scope| {
+        let handles: Vec<_> = path
+            .chunks(path.len().div_ceil(threads))
+            .map(|part| {
+                scope.spawn(move || {
+                    let mut v = Vec::with_capacity(part.len());
+                    part.iter().for_each(|&i| emit(s, i, &mut v));
+                    v
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().ok()).collect::<Option<Vec<_>>>()
+    });
+    match parts {
+        Some(parts) => parts.into_iter().for_each(|p| out.extend(p)),
+        // A panicking thread: emit everything here instead.
+        None => path.iter().for_each(|&i| emit(s, i, out)),
+    }
+}
+
+/// The message entry `i` contributes to the context, if any.
+fn emit<'a>(s: &'a Session, i: usize, out: &mut Vec<Cow<'a, str>>) {
+    let kind = s.entries[i].kind;
+    if kind == Kind::Message {
+        out.push(message(s, i));
+        return;
+    }
+    if !matches!(kind, Kind::CustomMessage | Kind::BranchSummary) {
+        return;
+    }
+    let v = &value(s, i);
     match kind {
         Kind::CustomMessage => {
             let mut m = Map::new();

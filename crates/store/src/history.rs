@@ -189,7 +189,8 @@ fn index_window(buf: &[u8], skip: usize) -> Vec<Rec> {
         } else {
             None
         };
-        recs.push(Rec { id: h.id, parent: h.parent, ty, start: s, end: e, oversized: false, target });
+        let (id, parent) = (h.id_key(), h.parent.is_some().then(|| h.parent_key()));
+        recs.push(Rec { id, parent, ty, start: s, end: e, oversized: false, target });
     }
     recs
 }

@@ -8,6 +8,7 @@
 use crate::parse::{self, Key, LineValue, Parent};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Entry types Pi and OpenClaw know; anything else is [`Kind::Other`] and is kept as it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,21 +178,25 @@ impl Session {
         };
         // The buffer is moved out while lines borrow from it, and put back at the end.
         let buf = std::mem::take(&mut s.buf);
-        let ranges = parse::line_ranges(&buf);
-        let parsed = parse_all(&buf, &ranges);
-        s.lines.reserve_exact(ranges.len());
+        let parts = parse_all(&buf);
+        let count = parts.iter().map(|p| p.ranges.len()).sum();
+        s.lines.reserve_exact(count);
         let mut scan = Scan {
             buf: &buf,
-            last: ranges.last().copied(),
+            last: parts.iter().rev().find_map(|p| p.ranges.last().copied()),
             header_seen: false,
             first_value_seen: false,
             headerless: false,
-            entries: Vec::with_capacity(ranges.len()),
+            entries: Vec::with_capacity(count),
+            prev_object: None,
+            parent_hints: Vec::with_capacity(count),
         };
-        for (&(start, end), v) in ranges.iter().zip(parsed) {
-            scan.line(&mut s, start, end, v);
+        for part in parts {
+            for (&range, v) in part.ranges.iter().zip(part.lines) {
+                scan.line(&mut s, range, v, &part.text);
+            }
         }
-        let Scan { header_seen, headerless, entries, .. } = scan;
+        let Scan { header_seen, headerless, entries, parent_hints, .. } = scan;
         if headerless || !header_seen {
             // Pi reads such a file as an empty session. Keep what we found for `verify`/`repair`,
             // but expose no entries.
@@ -213,11 +218,14 @@ impl Session {
         }
         s.buf = buf;
         s.entries = entries;
-        if let Some(v) = s.source_version.filter(|v| *v < 3) {
-            s.problems.push(Problem::OldVersion { version: v });
-            s.migrate(v);
+        match s.source_version.filter(|v| *v < 3) {
+            Some(v) => {
+                s.problems.push(Problem::OldVersion { version: v });
+                s.migrate(v);
+                s.index(&[]);
+            }
+            None => s.index(&parent_hints),
         }
-        s.index();
         s
     }
 
@@ -226,13 +234,17 @@ impl Session {
         self.headerless_entries = entries;
     }
 
-    /// Builds `by_id`, the leaf and the structural problems.
-    fn index(&mut self) {
+    /// Builds `by_id`, the leaf and the structural problems. `hints` (one per entry, or none) name
+    /// the entry an entry's parent id is the id of, as the parse saw it; without duplicate ids,
+    /// that entry is the one `by_id` names, and the lookup is skipped.
+    fn index(&mut self, hints: &[Option<usize>]) {
         self.by_id = IdMap::with_capacity_and_hasher(self.entries.len(), Default::default());
         let mut linear = 0;
+        let mut duplicates = false;
         for (i, e) in self.entries.iter().enumerate() {
             if let Some(id) = &e.id {
                 if self.by_id.insert(id.clone(), i).is_some() {
+                    duplicates = true;
                     self.problems.push(Problem::DuplicateId { id: id.to_string(), offset: e.offset });
                 }
             } else if e.is_object {
@@ -246,10 +258,14 @@ impl Session {
             self.problems.push(Problem::Linear { count: linear });
         }
         self.parents = Vec::with_capacity(self.entries.len());
-        for e in &self.entries {
+        let hints = if duplicates || hints.len() != self.entries.len() { &[] } else { hints };
+        for (i, e) in self.entries.iter().enumerate() {
             let parent = match &e.parent {
                 Parent::Id(p) => {
-                    let found = self.by_id.get(p).copied();
+                    let found = match hints.get(i) {
+                        Some(&Some(h)) => Some(h),
+                        _ => self.by_id.get(p).copied(),
+                    };
                     if let (None, Some(id)) = (found, &e.id) {
                         self.problems.push(Problem::Orphan {
                             id: id.to_string(),
@@ -346,13 +362,12 @@ impl Session {
         }
     }
 
-    /// The raw JSON text of a message entry's `message`, straight from the file when possible.
+    /// The raw JSON text of a message entry's `message`, straight from the file when possible
+    /// (bytes that are not UTF-8 read as U+FFFD, as Pi reads them).
     pub fn raw_message(&self, i: usize) -> Option<std::borrow::Cow<'_, str>> {
         let e = &self.entries[i];
         match (&e.source, e.message) {
-            (Source::Line(..), Some((s, end))) => {
-                std::str::from_utf8(&self.buf[s..end]).ok().map(std::borrow::Cow::Borrowed)
-            }
+            (Source::Line(..), Some((s, end))) => Some(parse::lossy(&self.buf[s..end])),
             (Source::Line(..), None) => None,
             (Source::Value(v), _) => v.get("message").map(|m| std::borrow::Cow::Owned(m.to_string())),
         }
@@ -438,7 +453,7 @@ impl Session {
         }
         self.problems.retain(|p| !matches!(p, Problem::Linear { .. } | Problem::MissingId { .. }));
         self.by_id.clear();
-        self.index();
+        self.index(&[]);
     }
 
     /// Gives a header-less file a fresh header and exposes the entries Pi would have discarded.
@@ -452,7 +467,7 @@ impl Session {
             }
         }
         self.problems.retain(|p| !matches!(p, Problem::NoHeader { .. }));
-        self.index();
+        self.index(&[]);
     }
 
     /// The file as it should be after migration or repair: the (migrated or new) header first,
@@ -608,7 +623,6 @@ fn trim_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// The light parse of every line; large files are split over the available cores.
 /// One pass of [`Session::parse`] over the lines: what each line is, the problems found, the
 /// entries in file order.
 struct Scan<'a> {
@@ -620,10 +634,15 @@ struct Scan<'a> {
     /// The first JSON line is not a valid header: Pi reads the file as empty.
     headerless: bool,
     entries: Vec<EntryRec>,
+    /// The entry index of the previous object line, if it is an entry.
+    prev_object: Option<usize>,
+    /// Per entry: the entry its parent id is the id of, when the parse saw that it is the previous
+    /// object line's id (see [`Session::index`]).
+    parent_hints: Vec<Option<usize>>,
 }
 
 impl Scan<'_> {
-    fn line(&mut self, s: &mut Session, start: usize, end: usize, v: Option<LineValue<'_>>) {
+    fn line(&mut self, s: &mut Session, (start, end): (usize, usize), v: Option<Parsed>, text: &Arc<str>) {
         let at_end = self.last == Some((start, end)) && end == self.buf.len();
         let Some(v) = v else {
             s.problems.push(if at_end {
@@ -640,12 +659,12 @@ impl Scan<'_> {
         let first = !self.first_value_seen;
         self.first_value_seen = true;
         match v {
-            LineValue::Null => {
+            Parsed::Null => {
                 s.lines.push((start, end, LineRole::Null));
                 s.problems.push(Problem::NullLine { offset: start });
                 self.not_a_header(s, first, start, "the first JSON line is null");
             }
-            LineValue::Scalar => {
+            Parsed::Scalar => {
                 s.problems.push(Problem::NotAnObject { offset: start });
                 self.not_a_header(s, first, start, "the first JSON line is not an object");
                 self.push(
@@ -661,31 +680,35 @@ impl Scan<'_> {
                         message: None,
                         source: Source::Line(start, end),
                     },
+                    None,
                 );
             }
-            LineValue::Object(head) => {
-                let kind = head.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
-                if kind == Kind::Session {
-                    return self.header(s, first, start, end);
-                }
+            Parsed::Object { kind: Kind::Session, .. } => {
+                self.prev_object = None;
+                self.header(s, first, start, end)
+            }
+            Parsed::Object { kind, id, parent, parent_is_prev, message } => {
+                let hint = self.prev_object.filter(|_| parent_is_prev);
+                self.prev_object = Some(self.entries.len());
                 self.not_a_header(s, first, start, "the first JSON line is not a session header");
-                let buf_start = self.buf.as_ptr() as usize;
                 self.push(
                     s,
                     start,
                     end,
                     EntryRec {
                         kind,
-                        id: head.id,
-                        parent: head.parent.unwrap_or(Parent::Absent),
+                        id: id.map(|r| parse::KeyText::key(text, r)),
+                        parent: match parent {
+                            ParsedParent::Absent => Parent::Absent,
+                            ParsedParent::Root => Parent::Root,
+                            ParsedParent::Id(r) => Parent::Id(parse::KeyText::key(text, r)),
+                        },
                         offset: start,
                         is_object: true,
-                        message: head.message.map(|m| {
-                            let at = m.get().as_ptr() as usize - buf_start;
-                            (at, at + m.get().len())
-                        }),
+                        message,
                         source: Source::Line(start, end),
                     },
+                    hint,
                 );
             }
         }
@@ -721,39 +744,171 @@ impl Scan<'_> {
         }
     }
 
-    fn push(&mut self, s: &mut Session, start: usize, end: usize, e: EntryRec) {
+    fn push(&mut self, s: &mut Session, start: usize, end: usize, e: EntryRec, hint: Option<usize>) {
         s.lines.push((start, end, LineRole::Entry(self.entries.len())));
         self.entries.push(e);
+        self.parent_hints.push(hint);
     }
 }
 
-fn parse_all<'a>(buf: &'a [u8], ranges: &[(usize, usize)]) -> Vec<Option<LineValue<'a>>> {
+/// What the light parse found on one line, in the form the scan needs. It is made on the parse
+/// threads, so that the sequential scan never reads the file's bytes again; keys are ranges of the
+/// key text of the part of the file the line is in (see [`ParsedPart`]).
+enum Parsed {
+    /// A bare `null`.
+    Null,
+    /// JSON that is not an object.
+    Scalar,
+    /// An object; `message` is the byte range of its raw `message` in the file. `parent_is_prev`:
+    /// the parent's id is the id of the previous object line (the usual chain).
+    Object {
+        kind: Kind,
+        id: Option<(usize, usize)>,
+        parent: ParsedParent,
+        parent_is_prev: bool,
+        message: Option<(usize, usize)>,
+    },
+}
+
+enum ParsedParent {
+    Absent,
+    Root,
+    Id((usize, usize)),
+}
+
+/// A part of the file parsed by one thread: its lines' ranges, what each line is, and the key text
+/// the lines' keys are ranges of.
+struct ParsedPart {
+    ranges: Vec<(usize, usize)>,
+    lines: Vec<Option<Parsed>>,
+    text: Arc<str>,
+}
+
+/// Files at least this large are split into lines and parsed by several threads.
+const PARALLEL_PARSE_BYTES: usize = 2 << 20;
+
+/// The lines of the file and their light parse, in file order; large files are split over the
+/// available cores, each thread finding the lines of its part too.
+fn parse_all(buf: &[u8]) -> Vec<ParsedPart> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
-    if threads < 2 || ranges.len() < 8192 {
-        return ranges.iter().map(|&(s, e)| parse::parse_line(&buf[s..e])).collect();
+    let start = parse::bom_len(buf);
+    if threads < 2 || buf.len() < PARALLEL_PARSE_BYTES {
+        return vec![parse_part(buf, start, buf.len())];
     }
-    // Each thread fills its own part of one result, in place (no second copy of the results).
-    let mut out: Vec<Option<LineValue<'a>>> = Vec::with_capacity(ranges.len());
-    out.resize_with(ranges.len(), || None);
-    let chunk = ranges.len().div_ceil(threads);
-    let joined = std::thread::scope(|scope| {
-        let handles: Vec<_> = out
-            .chunks_mut(chunk)
-            .zip(ranges.chunks(chunk))
-            .map(|(slots, part)| {
-                scope.spawn(move || {
-                    for (slot, &(s, e)) in slots.iter_mut().zip(part) {
-                        *slot = parse::parse_line(&buf[s..e]);
-                    }
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().is_ok()).fold(true, |a, b| a & b)
+    // Parts of about equal size, each ending after a newline.
+    let mut cuts = vec![start];
+    for k in 1..threads {
+        let at = (start + (buf.len() - start) * k / threads).max(cuts[cuts.len() - 1]);
+        let cut = memchr::memchr(b'\n', &buf[at..]).map_or(buf.len(), |p| at + p + 1);
+        cuts.push(cut);
+    }
+    cuts.push(buf.len());
+    cuts.dedup();
+    let parts = std::thread::scope(|scope| {
+        let handles: Vec<_> =
+            cuts.windows(2).map(|w| (w[0], w[1])).map(|(a, b)| scope.spawn(move || parse_part(buf, a, b))).collect();
+        handles.into_iter().map(|h| h.join().ok()).collect::<Option<Vec<_>>>()
     });
-    if joined {
-        out
-    } else {
-        // A panicking parser thread: parse everything here instead.
-        ranges.iter().map(|&(s, e)| parse::parse_line(&buf[s..e])).collect()
+    // A panicking parser thread: parse everything here instead.
+    parts.unwrap_or_else(|| vec![parse_part(buf, start, buf.len())])
+}
+
+/// Finds and parses the lines in bytes `start..end` (which start at a line start). The keys of all
+/// of them share one text; a parent that is the previous line's id (the usual chain) shares its
+/// range.
+fn parse_part(buf: &[u8], start: usize, end: usize) -> ParsedPart {
+    let ranges = parse::lines_in(buf, start, end);
+    let mut lines = Vec::with_capacity(ranges.len());
+    let mut text = parse::KeyText::default();
+    let mut prev_id: Option<(usize, usize)> = None;
+    for &(s, e) in &ranges {
+        let line = &buf[s..e];
+        lines.push(parse::parse_line(line).map(|v| match v {
+            LineValue::Null => Parsed::Null,
+            LineValue::Scalar => Parsed::Scalar,
+            LineValue::Object(h) => {
+                let kind = h.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
+                let mut parent_is_prev = false;
+                let parent = match &h.parent {
+                    None => ParsedParent::Absent,
+                    Some(parse::ParentText::Root) => ParsedParent::Root,
+                    Some(parse::ParentText::Id(p)) => ParsedParent::Id(match prev_id {
+                        Some(r) if text.get(r) == p.as_ref() => {
+                            parent_is_prev = true;
+                            r
+                        }
+                        _ => text.push(p),
+                    }),
+                };
+                let id = h.id.as_deref().map(|i| text.push(i));
+                prev_id = id;
+                let message = h.message.map(|m| {
+                    let at = s + (m.as_ptr() as usize - line.as_ptr() as usize);
+                    (at, at + m.len())
+                });
+                Parsed::Object { kind, id, parent, parent_is_prev, message }
+            }
+        }));
+    }
+    ParsedPart { ranges, lines, text: text.finish() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> String {
+        r#"{"type":"session","version":3,"id":"s","timestamp":"2025-01-01T00:00:00.000Z","cwd":"/"}"#.to_owned() + "\n"
+    }
+
+    #[test]
+    fn a_later_duplicate_id_takes_over_the_children_of_the_earlier_one_as_in_pi() {
+        let file = header()
+            + r#"{"type":"message","id":"x","parentId":null}
+{"type":"message","id":"y","parentId":"x"}
+{"type":"message","id":"x","parentId":"y"}
+{"type":"message","id":"z","parentId":"x"}
+"#;
+        let s = Session::parse(file.into_bytes());
+        // Pi's Map keeps the last entry with an id: both children hang under the second `x`.
+        assert_eq!(s.by_id.get("x"), Some(&2));
+        assert_eq!((s.parent_index(1), s.parent_index(3)), (Some(2), Some(2)));
+        assert_eq!(s.parent_index(2), Some(1));
+        assert!(s.problems.iter().any(|p| matches!(p, Problem::DuplicateId { .. })));
+        assert!(s.problems.iter().any(|p| matches!(p, Problem::Cycle { .. })));
+    }
+
+    #[test]
+    fn a_large_file_parsed_in_parts_links_every_entry() {
+        // Large enough to be split over threads; a chain across the parts, with lines that are not
+        // entries between its links (null, malformed, a second header).
+        let mut file = header();
+        let filler = "x".repeat(300);
+        let mut want = Vec::new();
+        let mut parent: Option<usize> = None;
+        let mut n = 0;
+        while file.len() < 3 * PARALLEL_PARSE_BYTES {
+            let p = parent.map_or("null".to_owned(), |p| format!("\"e{p}\""));
+            file += &format!("{{\"type\":\"message\",\"id\":\"e{n}\",\"parentId\":{p},\"message\":\"{filler}\"}}\n");
+            want.push(parent);
+            parent = Some(n);
+            n += 1;
+            if n % 997 == 0 {
+                file += "null\n{\"broken\"\n";
+            }
+            if n % 1999 == 0 {
+                file += &header();
+            }
+        }
+        let s = Session::parse(file.into_bytes());
+        assert_eq!(s.entries.len(), n);
+        let got: Vec<Option<usize>> = (0..n).map(|i| s.parent_index(i)).collect();
+        assert_eq!(got, want);
+        assert_eq!(s.leaf, Leaf::Entry(n - 1));
+        assert_eq!(build_context_len(&s), n);
+    }
+
+    fn build_context_len(s: &Session) -> usize {
+        crate::build_context(s, &s.leaf).messages.len()
     }
 }

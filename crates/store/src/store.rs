@@ -18,7 +18,7 @@
 
 use crate::ids::{new_entry_id, new_session_id, now_iso};
 use crate::lock::{LockGuard, LockOptions, LockRegistry};
-use crate::parse::{self, LineValue, Parent};
+use crate::parse::{self, LineValue};
 use crate::redact::{Redactor, SecretRedactor};
 use crate::session::Session;
 use crate::StoreError;
@@ -1096,7 +1096,7 @@ fn leaf_of(h: &parse::Head<'_>, line: &[u8]) -> Option<Option<String>> {
         return Some(Some(id.to_string()));
     }
     match &h.parent {
-        Some(Parent::Id(p)) => Some(Some(p.to_string())),
+        Some(parse::ParentText::Id(p)) => Some(Some(p.to_string())),
         _ => None,
     }
 }

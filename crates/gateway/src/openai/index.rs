@@ -166,7 +166,8 @@ impl Inner {
                 own[j] = Some(h);
                 memo[j] = Some(h.map_or(base, |h| chain(base, h)));
             }
-            let Some(id) = s.entries[i].id.clone() else { continue };
+            // Its own copy: a session's keys share one text, which the index should not keep.
+            let Some(id) = s.entries[i].id.as_deref().map(Arc::<str>::from) else { continue };
             let Some(c) = memo[i] else { continue };
             let listed = matches!(own[i], Some(Some(_)));
             if listed {
