@@ -500,12 +500,9 @@ impl Turn {
         let droppable = matches!(state, "delta" | "status");
         // An event carrying a persisted entry is that entry's `chat` event, under its durable id.
         let entry_id = extra.get("message").and_then(|m| m.get("__openclaw")).and_then(|o| o.get("id"));
-        let id = entry_id.and_then(Value::as_str).and_then(|id| self.gw.event_id(&self.session, id, 1));
-        let key = &self.session.key;
-        match id.filter(|_| !droppable) {
-            Some(id) => self.gw.hub.publish_json("chat", key, json, false, crate::hub::Audience::All, Some(id)),
-            None => self.gw.hub.publish_json("chat", key, json, droppable, crate::hub::Audience::All, None),
-        }
+        let id = entry_id.and_then(Value::as_str).filter(|_| !droppable);
+        let id = id.and_then(|id| self.gw.event_id(&self.session, id, 1));
+        self.gw.hub.publish_json("chat", &self.session.key, json, droppable, crate::hub::Audience::All, id);
     }
 
     fn agent_event(&self, stream: &str, data: Value) {
