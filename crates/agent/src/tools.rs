@@ -68,17 +68,11 @@ pub trait Tool: Send + Sync {
 }
 
 /// The tools of a run, by name.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
     /// What [`ToolRegistry::specs`] hands out, built when a tool is registered (not per run).
     specs: Arc<[ToolSpec]>,
-}
-
-impl Default for ToolRegistry {
-    fn default() -> Self {
-        ToolRegistry { tools: BTreeMap::new(), specs: Arc::from(Vec::new()) }
-    }
 }
 
 impl std::fmt::Debug for ToolRegistry {

@@ -147,6 +147,21 @@ impl Inner {
         }
     }
 
+    /// The subscribers an event reaches: a session's event (other than a `sessions.subscribe`
+    /// notice) those watching that session, any other event every subscriber.
+    fn reached<'a>(
+        &'a self,
+        session_key: Option<&'a str>,
+        audience: Audience,
+    ) -> impl Iterator<Item = (u64, &'a Arc<dyn Subscriber>)> + 'a {
+        let routed = session_key.filter(|_| audience != Audience::SessionsWatchers);
+        let all = routed.is_none().then(|| self.subscribers.iter().map(|(id, s)| (*id, s)));
+        let watchers = routed
+            .and_then(|k| self.watching.get(k))
+            .map(|ids| ids.iter().filter_map(|id| self.subscribers.get(id).map(|s| (*id, s))));
+        all.into_iter().flatten().chain(watchers.into_iter().flatten())
+    }
+
     fn watch(&mut self, id: u64, key: &str) {
         if self.subscribers.contains_key(&id) && self.watching.entry(key.to_owned()).or_default().insert(id) {
             self.watched_by.entry(id).or_default().push(key.to_owned());
@@ -242,22 +257,11 @@ impl Hub {
         let ev = Arc::new(ev);
         let mut inner = lock(&self.inner);
         // Delivered while the hub is locked, so every subscriber sees one order.
-        let routed = ev.session_key.as_deref().filter(|_| ev.audience != Audience::SessionsWatchers);
-        let Some(key) = routed else {
-            let gone: Vec<u64> = inner.subscribers.iter().filter(|(_, s)| !s.deliver(&ev)).map(|(id, _)| *id).collect();
-            for id in gone {
-                inner.remove_subscriber(id);
-            }
-            return;
-        };
-        let mut gone = Vec::new();
-        if let Some(ids) = inner.watching.get(key) {
-            for id in ids {
-                if inner.subscribers.get(id).is_some_and(|s| !s.deliver(&ev)) {
-                    gone.push(*id);
-                }
-            }
-        }
+        let gone: Vec<u64> = inner
+            .reached(ev.session_key.as_deref(), ev.audience)
+            .filter(|(_, s)| !s.deliver(&ev))
+            .map(|(id, _)| id)
+            .collect();
         for id in gone {
             inner.remove_subscriber(id);
         }
@@ -268,15 +272,7 @@ impl Hub {
     /// it anyway, and one that catches up reads persisted entries from the store, which holds them
     /// before they are announced.
     pub fn wants(&self, name: &'static str, session_key: Option<&str>, audience: Audience) -> bool {
-        let inner = lock(&self.inner);
-        let wants = |s: &Arc<dyn Subscriber>| s.wants(name, session_key, audience);
-        match session_key.filter(|_| audience != Audience::SessionsWatchers) {
-            None => inner.subscribers.values().any(wants),
-            Some(key) => inner
-                .watching
-                .get(key)
-                .is_some_and(|ids| ids.iter().any(|id| inner.subscribers.get(id).is_some_and(wants))),
-        }
+        lock(&self.inner).reached(session_key, audience).any(|(_, s)| s.wants(name, session_key, audience))
     }
 
     /// Subscriber `id` also gets the events of session `key` (see [`Subscription::watch`]).

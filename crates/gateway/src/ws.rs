@@ -239,7 +239,7 @@ impl crate::hub::Subscriber for ConnSubscriber {
     }
 
     fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
-        if !wanted(ev.session_key.as_deref(), ev.audience, &self.subs) {
+        if !self.wants(ev.name, ev.session_key.as_deref(), ev.audience) {
             return true;
         }
         if ev.audience == Audience::SessionSubscribers {

@@ -184,7 +184,7 @@ impl super::Decoder for Decoder {
             draft.push_text(&t);
             out.push_back(StreamDelta::Text(t.into_owned()));
         }
-        for tc in &piece.tool_calls {
+        for tc in piece.tool_calls.iter() {
             self.tool_call_delta(tc, draft);
         }
         if let Some(f) = piece.finish {
@@ -213,7 +213,7 @@ struct Piece<'a> {
     reasoning: Option<std::borrow::Cow<'a, str>>,
     /// Non-empty text of the first choice's delta.
     content: Option<std::borrow::Cow<'a, str>>,
-    tool_calls: Vec<Value>,
+    tool_calls: std::borrow::Cow<'a, [Value]>,
     finish: Option<std::borrow::Cow<'a, str>>,
 }
 
@@ -283,7 +283,7 @@ impl<'a> Piece<'a> {
                 .find_map(|r| raw_str(r).filter(|s| !s.is_empty()));
             p.content = raw_str(d.content).filter(|s| !s.is_empty());
             if let Some(tc) = d.tool_calls.filter(|t| t.get() != "null") {
-                p.tool_calls = serde_json::from_str(tc.get()).ok()?;
+                p.tool_calls = std::borrow::Cow::Owned(serde_json::from_str(tc.get()).ok()?);
             }
         }
         p.finish = raw_str(choice.finish_reason);
@@ -302,7 +302,9 @@ impl<'a> Piece<'a> {
                 .iter()
                 .find_map(|k| borrowed(delta.get(*k)).filter(|s| !s.is_empty()));
             p.content = borrowed(delta.get("content")).filter(|s| !s.is_empty());
-            p.tool_calls = delta.get("tool_calls").and_then(Value::as_array).cloned().unwrap_or_default();
+            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+                p.tool_calls = std::borrow::Cow::Borrowed(calls);
+            }
         }
         p.finish = borrowed(choice.get("finish_reason"));
         p
@@ -311,19 +313,12 @@ impl<'a> Piece<'a> {
 
 /// A chunk's `usage` object as Pi counts it; `None` when it is not an object.
 fn usage_of(u: &Value) -> Option<Usage> {
-    let u = u.as_object()?;
-    let n = |k: &str, sub: Option<&str>| {
-        let v = u.get(k);
-        let v = match sub {
-            Some(s) => v.and_then(|v| v.get(s)),
-            None => v,
-        };
-        v.and_then(Value::as_u64).unwrap_or(0)
-    };
-    let cached = n("prompt_tokens_details", Some("cached_tokens"));
+    u.as_object()?;
+    let n = |p: &str| u.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let cached = n("/prompt_tokens_details/cached_tokens");
     Some(Usage {
-        input: n("prompt_tokens", None).saturating_sub(cached),
-        output: n("completion_tokens", None),
+        input: n("/prompt_tokens").saturating_sub(cached),
+        output: n("/completion_tokens"),
         cache_read: cached,
         cache_write: 0,
     })
