@@ -15,9 +15,12 @@ use std::sync::{Arc, Mutex};
 /// How often an idle indexer looks at every transcript.
 pub const FULL_SYNC: std::time::Duration = std::time::Duration::from_secs(30);
 /// How long appends are gathered before they are indexed together: each commit costs FTS5 a new
-/// segment and its merges, so a gateway at a few hundred turns a second pays that once per second,
-/// not per turn. A search waits for what is queued ([`Indexer::flush`]), so it never misses a turn.
-const GATHER: std::time::Duration = std::time::Duration::from_secs(1);
+/// segment and its merges, so a gateway pays that once per gathering, not per turn; a slower one
+/// (long sessions, a few hundred turns a second) gathers fewer rows in the same time, so the
+/// gathering is long enough for it too. What waits is only a set of paths (the rows are read from
+/// the transcripts), and a search waits for what is queued ([`Indexer::flush`]), so it never
+/// misses a turn.
+const GATHER: std::time::Duration = std::time::Duration::from_secs(3);
 
 enum Job {
     /// Paths are waiting in [`Indexer::pending`].

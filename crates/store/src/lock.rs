@@ -80,6 +80,11 @@ struct Held {
 struct HeldState {
     locks: HashMap<PathBuf, Held>,
     shutdown: bool,
+    /// When the reaper wakes by itself next: `None` while it sleeps until woken (or has not
+    /// started). A release wakes it only when its linger ends before that.
+    reaper_wakes_at: Option<Instant>,
+    /// Times the reaper went round its loop (woken or due).
+    reaper_rounds: u64,
 }
 
 /// What the reaper thread shares with the registry.
@@ -152,25 +157,16 @@ impl Drop for LockGuard {
         let now = Instant::now();
         h.idle_since = Some(now);
         let (max_lingering, deadline) = (h.max_lingering, now + h.linger);
-        // One pass, no allocation: how many linger, and when the reaper wakes next anyway.
-        let (mut idle, mut earliest) = (0, None::<Instant>);
-        for (p, h) in held.locks.iter().filter(|(_, h)| h.count == 0) {
-            idle += 1;
-            if p.as_os_str() != self.path.as_os_str() {
-                let t = h.idle_since.map(|t| t + h.linger);
-                earliest = match (earliest, t) {
-                    (Some(e), Some(t)) => Some(e.min(t)),
-                    (e, t) => e.or(t),
-                };
-            }
-        }
+        let idle = held.locks.values().filter(|h| h.count == 0).count();
         if idle > max_lingering {
             release_oldest_idle(&mut held.locks, max_lingering);
         }
+        let wake = held.reaper_wakes_at.is_none_or(|w| deadline < w);
         drop(held);
         self.registry.start_reaper();
-        // The reaper sleeps until the earliest linger ends: wake it only if this one ends sooner.
-        if earliest.is_none_or(|e| deadline < e) {
+        // A burst of commits to one transcript releases its lock each time: the reaper, already
+        // due to wake by then, is not woken for each (a wake-up and a sleep per commit).
+        if wake {
             shared.wake.notify_all();
         }
     }
@@ -294,6 +290,8 @@ fn reap(shared: &Shared) {
         }
         let next =
             guard.locks.values().filter(|h| h.count == 0).filter_map(|h| h.idle_since.map(|t| t + h.linger)).min();
+        guard.reaper_wakes_at = next;
+        guard.reaper_rounds += 1;
         guard = match next {
             Some(at) => match shared.wake.wait_timeout(guard, at.saturating_duration_since(Instant::now())) {
                 Ok((g, _)) => g,
@@ -456,6 +454,37 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(!lock_path_for(&t).exists(), "the reaper released it");
+    }
+
+    #[test]
+    fn a_burst_of_commits_does_not_wake_the_reaper_each_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t = dir.path().join("s.jsonl");
+        let reg = LockRegistry::default();
+        let opts = LockOptions { linger: Duration::from_millis(300), ..LockOptions::default() };
+        let rounds = || lock(&reg.inner.shared.held).reaper_rounds;
+        drop(reg.acquire(&t, &opts).expect("first"));
+        let started = Instant::now();
+        while rounds() == 0 && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let before = rounds();
+        assert!(before > 0, "the reaper started and went to sleep until the linger ends");
+        for _ in 0..500 {
+            drop(reg.acquire(&t, &opts).expect("again"));
+        }
+        let woken = rounds() - before;
+        // Only the reaper's own deadlines (one per 300 ms at most) can have passed meanwhile.
+        let due = started.elapsed().as_millis() / 300 + 1;
+        assert!(woken as u128 <= due, "woken {woken} times for 500 releases (due {due})");
+        assert!(lock_path_for(&t).exists(), "still lingering");
+        // The linger still ends by itself after the last release.
+        let last = Instant::now();
+        while lock_path_for(&t).exists() && last.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!lock_path_for(&t).exists(), "the reaper released it");
+        assert!(last.elapsed() >= Duration::from_millis(250), "not before its linger ended");
     }
 
     #[test]

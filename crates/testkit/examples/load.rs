@@ -19,6 +19,11 @@
 //! the sessions' clients spread over them (CPU is then the sum over the replicas):
 //! cargo run --release -p pincer-testkit --example load -- --postgres --replicas 3 --sessions 30 --turns 20 --idle 0
 //!
+//! `--rate R` paces the sessions' turns to R turns/s in all (each session starts a turn every
+//! sessions/R seconds, or at once when it is behind): per-turn costs that depend on how busy the
+//! gateway is (threads that sleep and wake between turns) then compare at equal load, for example a
+//! long session's turn against a fresh one's: `--sessions 10 --lengths 0,10000 --rate 150`.
+//!
 //! `--perf DIR` records a `perf record -g` profile of the gateway process during each measured
 //! combination into `DIR/perf-<sessions>x<entries>.data` (read with `perf report -i …`).
 
@@ -217,6 +222,7 @@ async fn main() {
     let levels: Vec<usize> = arg("--sessions", "1,100").split(',').map(|s| s.parse().expect("--sessions")).collect();
     let lengths: Vec<usize> = arg("--lengths", "0").split(',').map(|s| s.parse().expect("--lengths")).collect();
     let perf_dir = std::env::args().any(|a| a == "--perf").then(|| std::path::PathBuf::from(arg("--perf", ".")));
+    let rate: f64 = arg("--rate", "0").parse().expect("--rate");
     let send_ms_per_mb = std::thread::spawn(loopback_send_ms_per_mb).join().expect("loopback calibration");
     println!("sending over loopback TCP: {send_ms_per_mb:.3} ms of CPU per MB (the sender's side)");
     let fake = FakeOpenAi::start_unrecorded().await;
@@ -290,8 +296,15 @@ async fn main() {
                     let mut c = Client::connect(&addr).await;
                     let key = format!("agent:main:load-{len}-{n}-{s}");
                     let mut lat = Vec::with_capacity(turns);
+                    // With `--rate`: this session's turns start every n/rate seconds, the sessions
+                    // spread evenly over that gap.
+                    let gap = (rate > 0.0).then(|| Duration::from_secs_f64(n as f64 / rate));
+                    let mut start = tokio::time::Instant::now();
                     // Turn 0 warms up (the gateway reads the prefilled file once); it is not counted.
                     for t in 0..=turns {
+                        if let (Some(gap), true) = (gap, t > 0) {
+                            tokio::time::sleep_until(start + gap.mul_f64((t - 1) as f64 + s as f64 / n as f64)).await;
+                        }
                         let run = format!("load-{len}-{n}-{s}-{t}");
                         let sent = Instant::now();
                         c.request(
@@ -315,6 +328,7 @@ async fn main() {
                         if t == 0 {
                             warm.wait().await;
                             go.wait().await;
+                            start = tokio::time::Instant::now();
                         }
                     }
                     lat
@@ -339,13 +353,15 @@ async fn main() {
             let switched = pids.iter().map(|p| switches(*p)).sum::<u64>().saturating_sub(switches_before);
             let d = totals_of(&addrs).await - before;
             let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
-            if let Some(p) = perf {
-                stop_perf(p);
-            }
             let count = all.len();
             let per_turn = |s: f64| s * 1e3 / count as f64;
+            let split = perf.map(|p| {
+                stop_perf(p);
+                profile_split(&perf_dir.as_ref().expect("perf dir").join(format!("perf-{n}x{len}.data")))
+            });
+            let paced = if rate > 0.0 { format!(" (paced at {rate} turns/s)") } else { String::new() };
             println!(
-                "{n:>4} sessions x {turns} turns at {len:>6} entries: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, \
+                "{n:>4} sessions x {turns} turns at {len:>6} entries{paced}: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, \
                  gateway CPU {:.3} ms/turn ({:.3} without the request-body pass; the pass {:.3} ms/turn, \
                  {:.2} MB/turn at {:.0} MB/s; {:.3} without the pass and the body's send at the loopback rate), \
                  gateway RSS {:.1} MiB",
@@ -372,6 +388,18 @@ async fn main() {
                 switched as f64 / count as f64,
                 own * 1e3 / count as f64
             );
+            if let Some([pass, send, rest]) = split {
+                let all = (pass + send + rest).max(1) as f64;
+                println!(
+                    "      profile: {:.1} % the request-body pass, {:.1} % its send (the HTTP client's flush), \
+                     {:.1} % the rest: {:.3} ms/turn without the pass and the send (under perf, {} samples)",
+                    100.0 * pass as f64 / all,
+                    100.0 * send as f64 / all,
+                    100.0 * rest as f64 / all,
+                    per_turn(cpu) * rest as f64 / all,
+                    pass + send + rest
+                );
+            }
         }
     }
     drop(gws);
@@ -420,6 +448,31 @@ fn start_perf(dir: &std::path::Path, pid: u32, name: &str) -> std::process::Chil
 fn stop_perf(mut child: std::process::Child) {
     let _ = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status();
     let _ = child.wait();
+}
+
+/// Counts a profile's samples (`perf script`) as the request-body pass (a frame in
+/// `body_pass::measured`), its send (the HTTP client flushing its buffer to the provider's socket:
+/// hyper's `Buffered::poll_flush`, where the kernel copies the body) or the rest.
+fn profile_split(data: &std::path::Path) -> [u64; 3] {
+    let out = std::process::Command::new("perf")
+        .args(["script", "-F", "ip,sym", "-i"])
+        .arg(data)
+        .stderr(std::process::Stdio::null())
+        .output()
+        .expect("perf script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut counts = [0u64; 3];
+    for sample in text.split("\n\n").filter(|s| !s.trim().is_empty()) {
+        let i = if sample.contains("body_pass::measured") {
+            0
+        } else if sample.contains("hyper::proto::h1::io::Buffered<T,B>::poll_flush") {
+            1
+        } else {
+            2
+        };
+        counts[i] += 1;
+    }
+    counts
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
