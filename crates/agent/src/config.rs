@@ -196,6 +196,23 @@ pub struct ProviderRuntime {
     /// Retries.
     pub retry: RetryPolicy,
     pub(crate) client: reqwest::Client,
+    /// The last request URL and its parse (see [`ProviderRuntime::url`]).
+    pub(crate) last_url: std::sync::Mutex<Option<(String, reqwest::Url)>>,
+}
+
+impl ProviderRuntime {
+    /// `url` parsed, from a one-entry cache: a provider's requests go to one URL as a rule, and
+    /// parsing it (IDNA mapping included) for each request cost more than the clone. `None` when
+    /// it does not parse (the caller then lets the HTTP client report it).
+    pub(crate) fn url(&self, url: &str) -> Option<reqwest::Url> {
+        let mut last = self.last_url.lock().ok()?;
+        if let Some((_, parsed)) = last.as_ref().filter(|(text, _)| text == url) {
+            return Some(parsed.clone());
+        }
+        let parsed = reqwest::Url::parse(url).ok()?;
+        *last = Some((url.to_owned(), parsed.clone()));
+        Some(parsed)
+    }
 }
 
 impl fmt::Debug for ProviderRuntime {
@@ -238,6 +255,7 @@ impl ResolvedModel {
                 timeouts: Timeouts { connect: DEFAULT_CONNECT, first_byte: DEFAULT_FIRST_BYTE, idle: DEFAULT_IDLE },
                 retry: RetryPolicy { max_retries: 0, base_delay: Duration::ZERO, max_delay: Duration::ZERO },
                 client: crate::provider::default_client(),
+                last_url: Default::default(),
             }),
             model: ModelConfig {
                 id: ECHO_MODEL.to_owned(),
@@ -368,6 +386,7 @@ impl Providers {
                 timeouts,
                 retry,
                 client,
+                last_url: Default::default(),
             };
             providers.insert(name, (Arc::new(runtime), cfg.models));
         }
@@ -474,6 +493,19 @@ headers = { "anthropic-beta" = "x" }
 [[models.providers.claude.models]]
 id = "claude-sonnet-4-5"
 "#;
+
+    #[test]
+    fn request_urls_are_parsed_once_and_follow_a_change() {
+        let echo = ResolvedModel::echo();
+        let p = &echo.provider;
+        let a = p.url("http://127.0.0.1:11434/v1/chat/completions").expect("parses");
+        assert_eq!(a.as_str(), "http://127.0.0.1:11434/v1/chat/completions");
+        assert_eq!(p.url("http://127.0.0.1:11434/v1/chat/completions"), Some(a));
+        let b = p.url("http://localhost:8080/v1/responses").expect("another URL");
+        assert_eq!(b.as_str(), "http://localhost:8080/v1/responses");
+        assert_eq!(p.url("not a url"), None);
+        assert_eq!(p.url("http://localhost:8080/v1/responses"), Some(b), "the last good one stays");
+    }
 
     #[derive(Deserialize)]
     struct Root {

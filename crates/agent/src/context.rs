@@ -111,6 +111,22 @@ impl ContextMessage {
         Arc::new(ContextMessage::new(value))
     }
 
+    /// [`ContextMessage::shared`] for a message that continues a context whose last message is
+    /// `like`: the wire forms `like` has (the APIs that context goes out in) are built now, from
+    /// the value at hand, instead of parsing the message back on the next request.
+    pub fn shared_like(value: &Value, like: Option<&ContextMessage>) -> SharedMessage {
+        let m = ContextMessage::new(value);
+        if let Some(like) = like {
+            let send_as_is = matches!(m.facts.get(), Some(f) if f.converted.is_none() && f.kind != Kind::Dropped);
+            for (slot, api) in SLOTS.iter().enumerate() {
+                if send_as_is && like.wire[slot].get().is_some() {
+                    let _ = m.wire[slot].set(crate::provider::wire_builder(*api)(value));
+                }
+            }
+        }
+        Arc::new(m)
+    }
+
     /// The message's JSON text.
     pub fn json(&self) -> &str {
         self.raw.get()
@@ -147,13 +163,16 @@ impl ContextMessage {
 
     /// The wire form for `api`, built by `build` from the model's view the first time it is asked for.
     pub(crate) fn wire(&self, api: Api, build: fn(&Value) -> WireForm) -> &WireForm {
-        let slot = match api {
-            Api::OpenaiResponses => 1,
-            Api::AnthropicMessages => 2,
-            Api::OpenaiCompletions | Api::PincerEcho => 0,
-        };
-        self.wire[slot].get_or_init(|| self.llm().map(|v| build(&v)).unwrap_or_default())
+        self.wire[slot(api)].get_or_init(|| self.llm().map(|v| build(&v)).unwrap_or_default())
     }
+}
+
+/// The API of each wire-form slot of a [`ContextMessage`].
+const SLOTS: [Api; 3] = [Api::OpenaiCompletions, Api::OpenaiResponses, Api::AnthropicMessages];
+
+/// The wire-form slot of `api` (the echo model's requests are spelled as OpenAI's).
+fn slot(api: Api) -> usize {
+    SLOTS.iter().position(|a| *a == api).unwrap_or(0)
 }
 
 /// Messages per frozen chunk of [`Messages`].
@@ -224,6 +243,35 @@ impl From<Vec<SharedMessage>> for Messages {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_message_continuing_a_context_gets_the_wire_forms_it_goes_out_in() {
+        let messages = [
+            json!({"role": "user", "content": "hi \u{1f600} \"quoted\"", "timestamp": 1}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "yes"}, {"type": "toolCall", "id": "c1", "name": "read", "arguments": {"path": "a"}}], "stopReason": "toolUse", "timestamp": 2}),
+            json!({"role": "toolResult", "toolCallId": "c1", "toolName": "read", "content": [{"type": "text", "text": "x"}], "isError": false, "timestamp": 3}),
+            json!({"role": "custom", "customType": "note", "content": "a note", "display": true, "timestamp": 4}),
+        ];
+        for api in SLOTS {
+            let previous = ContextMessage::shared(json!({"role": "user", "content": "before"}));
+            let _ = previous.wire(api, crate::provider::wire_builder(api));
+            for v in &messages {
+                let eager = ContextMessage::shared_like(v, Some(&previous));
+                let lazy = ContextMessage::shared(v);
+                let slot = slot(api);
+                let as_is = !matches!(v["role"].as_str(), Some("custom"));
+                assert_eq!(eager.wire[slot].get().is_some(), as_is, "{api:?} {v}");
+                assert!(eager.wire.iter().enumerate().all(|(i, w)| i == slot || w.get().is_none()));
+                let (e, l) = (
+                    eager.wire(api, crate::provider::wire_builder(api)),
+                    lazy.wire(api, crate::provider::wire_builder(api)),
+                );
+                assert_eq!((&e.items, &e.images), (&l.items, &l.images), "{api:?} {v}");
+            }
+            let alone = ContextMessage::shared_like(&messages[0], None);
+            assert!(alone.wire.iter().all(|w| w.get().is_none()), "nothing to go by: built when first sent");
+        }
+    }
 
     #[test]
     fn clones_share_frozen_chunks_and_keep_order() {

@@ -61,9 +61,11 @@ impl ContextCache {
         let fits = self.map.get(path).is_some_and(|c| Some(c.leaf.as_str()) == parent);
         match (fits, id, message) {
             (true, Some(id), Some(m)) => {
-                let m = ContextMessage::shared(m);
-                let n = m.json().len();
+                let mut n = 0;
                 if let Some(c) = self.map.get_mut(path) {
+                    // Wire forms are built now for the APIs the context already goes out in.
+                    let m = ContextMessage::shared_like(m, c.messages.last().map(|l| &**l));
+                    n = m.json().len();
                     c.leaf = id.to_owned();
                     c.messages.push(m);
                     c.bytes += n;

@@ -7,8 +7,10 @@
 //! touched (base64 can look like anything).
 
 use aho_corasick::{AhoCorasick, MatchKind};
-use regex::Regex;
+use regex::{Regex, RegexSet};
 use serde_json::Value;
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// Rewrites secrets inside a message before it reaches disk.
 pub trait Redactor: Send + Sync {
@@ -31,6 +33,8 @@ impl Redactor for NoRedaction {
 /// Pattern-based redaction: each match keeps a short prefix so a reader can tell which key it was.
 pub struct SecretRedactor {
     patterns: Vec<Regex>,
+    /// The patterns as one set: one scan tells whether any matches (most strings: none).
+    any: Arc<RegexSet>,
     /// Exact secret values (at least [`MIN_KNOWN_SECRET_LEN`] bytes each).
     known: Option<AhoCorasick>,
 }
@@ -67,6 +71,17 @@ fn default_regexes() -> &'static [Regex] {
     &COMPILED
 }
 
+/// `patterns` as one set.
+fn set_of(patterns: &[Regex]) -> Result<Arc<RegexSet>, String> {
+    RegexSet::new(patterns.iter().map(Regex::as_str)).map(Arc::new).map_err(|e| e.to_string())
+}
+
+/// The set of [`DEFAULT_PATTERNS`], compiled once per process.
+fn default_set() -> Result<Arc<RegexSet>, String> {
+    static COMPILED: std::sync::OnceLock<Result<Arc<RegexSet>, String>> = std::sync::OnceLock::new();
+    COMPILED.get_or_init(|| set_of(default_regexes())).clone()
+}
+
 impl SecretRedactor {
     /// The default patterns plus `extra` ones; an invalid extra pattern is an error naming it.
     pub fn new(extra: &[String]) -> Result<SecretRedactor, String> {
@@ -74,7 +89,9 @@ impl SecretRedactor {
         for p in extra {
             patterns.push(Regex::new(p).map_err(|e| format!("invalid redaction pattern {p:?}: {e}"))?);
         }
-        Ok(SecretRedactor { patterns, known: None })
+        let any = if extra.is_empty() { default_set() } else { set_of(&patterns) }
+            .map_err(|e| format!("cannot combine the redaction patterns: {e}"))?;
+        Ok(SecretRedactor { patterns, any, known: None })
     }
 
     /// Also redacts each of `values` wherever it appears (values shorter than
@@ -106,7 +123,11 @@ impl SecretRedactor {
 
 impl Default for SecretRedactor {
     fn default() -> Self {
-        SecretRedactor::new(&[]).unwrap_or(SecretRedactor { patterns: Vec::new(), known: None })
+        SecretRedactor::new(&[]).unwrap_or_else(|_| SecretRedactor {
+            patterns: Vec::new(),
+            any: Arc::new(RegexSet::empty()),
+            known: None,
+        })
     }
 }
 
@@ -125,9 +146,10 @@ fn mask_known(m: &str) -> String {
     format!("{keep}…[REDACTED]")
 }
 
-impl Redactor for SecretRedactor {
-    fn redact_str(&self, s: &str) -> String {
-        let mut out = std::borrow::Cow::Borrowed(s);
+impl SecretRedactor {
+    /// `s` with every secret masked; borrowed when there is none (the usual case).
+    fn redacted<'a>(&self, s: &'a str) -> Cow<'a, str> {
+        let mut out = Cow::Borrowed(s);
         if let Some(ac) = &self.known {
             if ac.is_match(s) {
                 let mut r = String::with_capacity(s.len());
@@ -135,22 +157,31 @@ impl Redactor for SecretRedactor {
                     dst.push_str(&mask_known(m));
                     true
                 });
-                out = std::borrow::Cow::Owned(r);
+                out = Cow::Owned(r);
             }
         }
+        if !self.any.is_match(&out) {
+            return out;
+        }
+        // Each pattern runs on what the ones before it left.
         for re in &self.patterns {
             if re.is_match(&out) {
-                out = std::borrow::Cow::Owned(re.replace_all(&out, |c: &regex::Captures| mask(&c[0])).into_owned());
+                out = Cow::Owned(re.replace_all(&out, |c: &regex::Captures| mask(&c[0])).into_owned());
             }
         }
-        out.into_owned()
+        out
+    }
+}
+
+impl Redactor for SecretRedactor {
+    fn redact_str(&self, s: &str) -> String {
+        self.redacted(s).into_owned()
     }
 
     fn redact_value(&self, v: &mut Value) {
         match v {
             Value::String(s) => {
-                let r = self.redact_str(s);
-                if r != *s {
+                if let Cow::Owned(r) = self.redacted(s) {
                     *s = r;
                 }
             }

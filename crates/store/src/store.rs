@@ -122,30 +122,15 @@ impl NewEntry {
     }
 
     /// The entry as it is written, chained to `parent`: a new id and timestamp, the payload in its
-    /// order with messages, summaries and contents redacted. The one rendering of an entry, for
-    /// every store backend.
+    /// order with messages, summaries and contents redacted. Every store backend renders here.
     pub fn render(&self, parent: Option<String>, redactor: &dyn Redactor) -> Result<Rendered, StoreError> {
-        let id = new_entry_id();
-        let mut obj = Map::new();
-        obj.insert("type".into(), Value::String(self.kind.clone()));
-        obj.insert("id".into(), Value::String(id.clone()));
-        obj.insert("parentId".into(), parent.map(Value::String).unwrap_or(Value::Null));
-        obj.insert("timestamp".into(), Value::String(now_iso()));
-        for (k, v) in &self.payload {
-            let mut v = v.clone();
-            if matches!(k.as_str(), "message" | "summary" | "content") {
-                redactor.redact_value(&mut v);
-            }
-            obj.insert(k.clone(), v);
-        }
-        let value = Value::Object(obj);
-        let line = serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?;
-        let leaf = if self.kind == "leaf" {
-            self.payload.get("targetId").and_then(Value::as_str).map(str::to_owned)
-        } else {
-            Some(id.clone())
-        };
-        Ok(Rendered { value, line, id, leaf })
+        render_parts(&self.kind, self.payload.clone(), parent, redactor)
+    }
+
+    /// [`NewEntry::render`] that takes the payload out instead of copying it (the append path,
+    /// which writes an entry once).
+    fn render_once(&mut self, parent: Option<String>, redactor: &dyn Redactor) -> Result<Rendered, StoreError> {
+        render_parts(&self.kind, std::mem::take(&mut self.payload), parent, redactor)
     }
 
     /// Checks what can be checked without the file.
@@ -173,6 +158,34 @@ impl NewEntry {
     pub fn idempotency_key(&self) -> Option<&str> {
         self.payload.get("message")?.get("idempotencyKey")?.as_str()
     }
+}
+
+fn render_parts(
+    kind: &str,
+    payload: Map<String, Value>,
+    parent: Option<String>,
+    redactor: &dyn Redactor,
+) -> Result<Rendered, StoreError> {
+    let id = new_entry_id();
+    let leaf = if kind == "leaf" {
+        payload.get("targetId").and_then(Value::as_str).map(str::to_owned)
+    } else {
+        Some(id.clone())
+    };
+    let mut obj = Map::new();
+    obj.insert("type".into(), Value::String(kind.to_owned()));
+    obj.insert("id".into(), Value::String(id.clone()));
+    obj.insert("parentId".into(), parent.map(Value::String).unwrap_or(Value::Null));
+    obj.insert("timestamp".into(), Value::String(now_iso()));
+    for (k, mut v) in payload {
+        if matches!(k.as_str(), "message" | "summary" | "content") {
+            redactor.redact_value(&mut v);
+        }
+        obj.insert(k, v);
+    }
+    let value = Value::Object(obj);
+    let line = serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?;
+    Ok(Rendered { value, line, id, leaf })
 }
 
 /// An entry rendered by [`NewEntry::render`].
@@ -1137,7 +1150,7 @@ pub fn new_header(path: &Path, session_id: Option<&str>, cwd: &str) -> Value {
 
 impl FileWriter {
     /// Commits one batch under the cross-process lock; fills every pending slot.
-    fn commit(&self, st: &mut FileState, batch: Vec<Pending>, inner: &Inner) {
+    fn commit(&self, st: &mut FileState, mut batch: Vec<Pending>, inner: &Inner) {
         let fail_all = |batch: &[Pending], e: &StoreError| {
             for p in batch {
                 *lock(&p.slot) = Some(Err(e.duplicate()));
@@ -1173,8 +1186,16 @@ impl FileWriter {
         let mut batch_keys: HashMap<String, (Value, u64)> = HashMap::new();
         let mut batch_ids: HashSet<String> = HashSet::new();
         let mut new_keys: Vec<(u64, u64)> = Vec::new();
-        for p in &batch {
-            results.push(self.build_one(st, &p.entry, inner, &mut out, &mut batch_keys, &mut batch_ids, &mut new_keys));
+        for p in &mut batch {
+            results.push(self.build_one(
+                st,
+                &mut p.entry,
+                inner,
+                &mut out,
+                &mut batch_keys,
+                &mut batch_ids,
+                &mut new_keys,
+            ));
         }
         let wrote_entries = results.iter().any(|r| matches!(r, Ok(a) if a.appended));
         if wrote_entries {
@@ -1231,7 +1252,7 @@ impl FileWriter {
     fn build_one(
         &self,
         st: &mut FileState,
-        entry: &NewEntry,
+        entry: &mut NewEntry,
         inner: &Inner,
         out: &mut Vec<u8>,
         batch_keys: &mut HashMap<String, (Value, u64)>,
@@ -1274,13 +1295,14 @@ impl FileWriter {
                 }
             }
         }
-        let Rendered { value, line, id, leaf } = entry.render(parent, inner.opts.redactor.as_ref())?;
+        let key = entry.idempotency_key().map(str::to_owned);
+        let Rendered { value, line, id, leaf } = entry.render_once(parent, inner.opts.redactor.as_ref())?;
         let offset = st.len + out.len() as u64;
         out.extend_from_slice(&line);
         out.push(b'\n');
-        if let Some(key) = entry.idempotency_key() {
-            batch_keys.insert(key.to_owned(), (value.clone(), offset));
-            new_keys.push((hash_str(key), offset));
+        if let Some(key) = key {
+            new_keys.push((hash_str(&key), offset));
+            batch_keys.insert(key, (value.clone(), offset));
         }
         batch_ids.insert(id);
         st.leaf = leaf;

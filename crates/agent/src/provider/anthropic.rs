@@ -38,7 +38,7 @@ fn user_parts(content: &[Value]) -> Vec<Value> {
 }
 
 /// How this API lists messages: a run of tool results is one user message of `tool_result` blocks.
-const LAYOUT: wire::Layout =
+pub(crate) const LAYOUT: wire::Layout =
     wire::Layout { api: Api::AnthropicMessages, build: wire_form, group_results: true, image_text_type: "text" };
 
 /// One message on this API's wire (cached on the message); a tool result is its `tool_result` block.
@@ -118,7 +118,13 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
         body.field("system", &system);
     }
     body.list("messages", |out| wire::write_messages(out, &req.messages, &LAYOUT));
-    body.tools(&req.tools, |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}));
+    #[derive(serde::Serialize)]
+    struct Tool<'a> {
+        name: &'a str,
+        description: &'a str,
+        input_schema: &'a Value,
+    }
+    body.tools(&req.tools, |t| Tool { name: &t.name, description: &t.description, input_schema: &t.parameters });
     body.request(model, "/v1/messages", vec![("anthropic-version".to_owned(), VERSION.to_owned())], "x-api-key")
 }
 

@@ -199,6 +199,15 @@ pub(crate) fn http_client(
     builder.build().map_err(|e| error_chain(&e))
 }
 
+/// The builder of a message's wire form for `api` (its layout's).
+pub(crate) fn wire_builder(api: Api) -> fn(&Value) -> crate::context::WireForm {
+    match api {
+        Api::OpenaiResponses => openai_responses::LAYOUT.build,
+        Api::AnthropicMessages => anthropic::LAYOUT.build,
+        Api::OpenaiCompletions | Api::PincerEcho => openai_completions::LAYOUT.build,
+    }
+}
+
 /// A client with default settings (the offline model never sends with it).
 pub(crate) fn default_client() -> reqwest::Client {
     install_crypto_provider();
@@ -455,7 +464,11 @@ async fn send_with_retries(
     let body = wire.body.clone();
     let mut attempt: u32 = 0;
     loop {
-        let mut req = p.client.post(&wire.url).header("content-type", "application/json");
+        let req = match p.url(&wire.url) {
+            Some(url) => p.client.post(url),
+            None => p.client.post(&wire.url),
+        };
+        let mut req = req.header("content-type", "application/json");
         for (k, v) in &wire.headers {
             req = req.header(k.as_str(), v.as_str());
         }

@@ -18,7 +18,7 @@ use crate::message::{AssistantDraft, DraftBlock, StopReason, Usage};
 use crate::sse::SseEvent;
 
 /// How this API lists messages.
-const LAYOUT: wire::Layout =
+pub(crate) const LAYOUT: wire::Layout =
     wire::Layout { api: Api::OpenaiCompletions, build: wire_form, group_results: false, image_text_type: "text" };
 
 /// One message on this API's wire (cached on the message).
@@ -106,8 +106,20 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
             if model.provider.base_url.contains("api.openai.com") { "max_completion_tokens" } else { "max_tokens" };
         body.field(key, &max);
     }
-    body.tools(&req.tools, |t| {
-        json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}})
+    #[derive(serde::Serialize)]
+    struct Tool<'a> {
+        r#type: &'static str,
+        function: Function<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Function<'a> {
+        name: &'a str,
+        description: &'a str,
+        parameters: &'a Value,
+    }
+    body.tools(&req.tools, |t| Tool {
+        r#type: "function",
+        function: Function { name: &t.name, description: &t.description, parameters: &t.parameters },
     });
     body.request(model, "/chat/completions", Vec::new(), "authorization")
 }

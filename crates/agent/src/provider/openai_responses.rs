@@ -19,7 +19,7 @@ use crate::message::{AssistantDraft, DraftBlock, StopReason, Usage};
 use crate::sse::SseEvent;
 
 /// How this API lists input items.
-const LAYOUT: wire::Layout =
+pub(crate) const LAYOUT: wire::Layout =
     wire::Layout { api: Api::OpenaiResponses, build: wire_form, group_results: false, image_text_type: "input_text" };
 
 /// One message as this API's input items (cached on the message): an assistant message becomes
@@ -115,8 +115,20 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
         body.field("include", &json!(["reasoning.encrypted_content"]));
         body.field("reasoning", &json!({"summary": "auto"}));
     }
-    body.tools(&req.tools, |t| {
-        json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": false})
+    #[derive(serde::Serialize)]
+    struct Tool<'a> {
+        r#type: &'static str,
+        name: &'a str,
+        description: &'a str,
+        parameters: &'a Value,
+        strict: bool,
+    }
+    body.tools(&req.tools, |t| Tool {
+        r#type: "function",
+        name: &t.name,
+        description: &t.description,
+        parameters: &t.parameters,
+        strict: false,
     });
     body.request(model, "/responses", Vec::new(), "authorization")
 }

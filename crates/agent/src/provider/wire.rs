@@ -235,9 +235,14 @@ impl Body {
     }
 
     /// `tools`, each spelled as the API wants a function declared; left out when the run has none.
-    pub(crate) fn tools(&mut self, tools: &[super::ToolSpec], spell: impl Fn(&super::ToolSpec) -> Value) {
+    /// `spell` borrows from the spec (the schemas are serialized from where they are, not copied).
+    pub(crate) fn tools<'a, T: Serialize>(
+        &mut self,
+        tools: &'a [super::ToolSpec],
+        spell: impl Fn(&'a super::ToolSpec) -> T,
+    ) {
         if !tools.is_empty() {
-            self.field("tools", &tools.iter().map(spell).collect::<Vec<Value>>());
+            self.field("tools", &tools.iter().map(spell).collect::<Vec<T>>());
         }
     }
 
