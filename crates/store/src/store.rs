@@ -160,6 +160,7 @@ impl NewEntry {
     }
 }
 
+/// The rendering of [`NewEntry::render`], from the entry's parts.
 fn render_parts(
     kind: &str,
     payload: Map<String, Value>,
