@@ -5,6 +5,7 @@
 //! and everything unusual is recorded as a [`Problem`] for `verify`. Lines are indexed through the
 //! light parse of [`crate::parse`]; whole entries are decoded only when asked for.
 
+use crate::mapped::FileBytes;
 use crate::parse::{self, Key, LineValue, Parent};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -130,7 +131,7 @@ pub type IdMap = HashMap<Key, usize, foldhash::fast::RandomState>;
 
 /// A parsed, indexed session.
 pub struct Session {
-    buf: Vec<u8>,
+    buf: FileBytes,
     /// Every non-blank line: byte range and role.
     pub(crate) lines: Vec<(usize, usize, LineRole)>,
     /// The header (after in-memory migration), if the file has a valid one.
@@ -161,10 +162,26 @@ impl Session {
         }
     }
 
+    /// [`Session::read`] for the CLI's read-only commands: a large file is mapped instead of copied
+    /// ([`crate::mapped::map`]), so a file shrunk by another program meanwhile ends the process
+    /// (exit code 1, with a message). Never for the gateway or compaction.
+    pub fn read_mapped(path: &std::path::Path) -> Result<Option<Session>, crate::StoreError> {
+        let bytes = match std::fs::metadata(path) {
+            Ok(m) if m.len() >= MAP_MIN_BYTES => crate::mapped::map(path),
+            Ok(_) => read_whole(path).map(FileBytes::from),
+            Err(e) => Err(e),
+        };
+        match bytes {
+            Ok(bytes) => Ok(Some(Session::parse(bytes))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(crate::StoreError::Io { path: path.display().to_string(), source }),
+        }
+    }
+
     /// Parses a whole file. Never fails: what cannot be read becomes a [`Problem`].
-    pub fn parse(buf: Vec<u8>) -> Session {
+    pub fn parse(buf: impl Into<FileBytes>) -> Session {
         let mut s = Session {
-            buf,
+            buf: buf.into(),
             lines: Vec::new(),
             header: None,
             source_version: None,
@@ -581,6 +598,9 @@ impl Session {
         }
     }
 }
+
+/// Files at least this large are mapped by [`Session::read_mapped`]; smaller ones are read.
+const MAP_MIN_BYTES: u64 = 1 << 20;
 
 /// Files at least this large are read by several threads at once.
 const PARALLEL_READ_BYTES: usize = 8 << 20;
