@@ -148,12 +148,10 @@ pub enum Problem {
     MissingId { offset: usize },
 }
 
-/// What one non-blank line of the file turned out to be (for rewriting it).
+/// What a non-blank line that is not an entry turned out to be (for rewriting it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LineRole {
     Header,
-    Entry(usize),
-    HeaderlessEntry(usize),
     ExtraHeader,
     Malformed,
     Null,
@@ -165,7 +163,8 @@ pub type IdMap = HashMap<Key, usize, foldhash::fast::RandomState>;
 /// A parsed, indexed session.
 pub struct Session {
     buf: FileBytes,
-    /// Every non-blank line: byte range and role.
+    /// Every non-blank line that is not an entry: byte range and role (the entries' lines are
+    /// theirs, in [`Session::entries`] or [`Session::headerless_entries`]).
     pub(crate) lines: Vec<(usize, usize, LineRole)>,
     /// The header (after in-memory migration), if the file has a valid one.
     pub header: Option<Map<String, Value>>,
@@ -235,7 +234,6 @@ impl Session {
         let buf = std::mem::take(&mut s.buf);
         let parts = parse_all(&buf, key_text_max);
         let count = parts.iter().map(|p| p.lines.len()).sum();
-        s.lines.reserve_exact(count);
         let mut scan = Scan {
             buf: &buf,
             last: parts.iter().rev().find_map(|p| p.lines.last().map(|l| (l.start, l.end))),
@@ -261,11 +259,6 @@ impl Session {
             s.leaf = Leaf::Empty;
             if !entries.is_empty() && !headerless {
                 s.problems.push(Problem::NoHeader { offset: 0, reason: "no session header".into() });
-            }
-            for l in s.lines.iter_mut() {
-                if let LineRole::Entry(i) = l.2 {
-                    l.2 = LineRole::HeaderlessEntry(i);
-                }
             }
             s.stash_headerless(entries);
             s.buf = buf;
@@ -546,11 +539,6 @@ impl Session {
         self.source_version = Some(3);
         self.header = Some(header);
         self.entries = std::mem::take(&mut self.headerless_entries);
-        for l in self.lines.iter_mut() {
-            if let LineRole::HeaderlessEntry(i) = l.2 {
-                l.2 = LineRole::Entry(i);
-            }
-        }
         self.problems.retain(|p| !matches!(p, Problem::NoHeader { .. }));
         self.index(Vec::new());
     }
@@ -574,26 +562,55 @@ impl Session {
             Problem::TornTail { offset } => Some(*offset),
             _ => None,
         });
-        for &(start, end, role) in &self.lines {
-            let raw = trim_cr(&self.buf[start..end]);
+        // The lines in file order: the other lines merged with the entries' (both in file order).
+        let (mut others, mut entries, mut headerless) =
+            (self.lines.iter().peekable(), self.entries.iter().peekable(), self.headerless_entries.iter().peekable());
+        loop {
+            let next =
+                [others.peek().map(|l| l.0), entries.peek().map(|e| e.offset), headerless.peek().map(|e| e.offset)];
+            let Some(first) = (0..3).filter(|&k| next[k].is_some()).min_by_key(|&k| next[k]) else { break };
+            let (start, role) = match first {
+                0 => match others.next() {
+                    Some(&(start, end, role)) => (start, Ok((role, trim_cr(&self.buf[start..end])))),
+                    None => break,
+                },
+                1 => match entries.next() {
+                    Some(e) => (e.offset, Err((e, true))),
+                    None => break,
+                },
+                _ => match headerless.next() {
+                    Some(e) => (e.offset, Err((e, false))),
+                    None => break,
+                },
+            };
+            let (role, raw) = match role {
+                Ok(other) => other,
+                Err((e, exposed)) => {
+                    let raw = trim_cr(self.line(e));
+                    if !exposed || self.header.is_none() {
+                        out.extend_from_slice(raw);
+                    } else {
+                        if !header_written {
+                            push_header(&mut out);
+                            header_written = true;
+                        }
+                        match &e.value {
+                            Some(v) => match serde_json::to_vec(v) {
+                                Ok(b) => out.extend_from_slice(&b),
+                                Err(_) => out.extend_from_slice(raw),
+                            },
+                            None => out.extend_from_slice(raw),
+                        }
+                    }
+                    out.push(b'\n');
+                    continue;
+                }
+            };
             match role {
                 LineRole::Header => {
                     push_header(&mut out);
                     header_written = true;
                     continue;
-                }
-                LineRole::Entry(i) if self.header.is_some() => {
-                    if !header_written {
-                        push_header(&mut out);
-                        header_written = true;
-                    }
-                    match &self.entries[i].value {
-                        Some(v) => match serde_json::to_vec(v) {
-                            Ok(b) => out.extend_from_slice(&b),
-                            Err(_) => out.extend_from_slice(raw),
-                        },
-                        None => out.extend_from_slice(raw),
-                    }
                 }
                 LineRole::Null if repair => continue,
                 LineRole::Malformed if repair && torn == Some(start) => continue,
@@ -758,9 +775,6 @@ impl Scan<'_> {
                 s.problems.push(Problem::NotAnObject { offset: start });
                 self.not_a_header(s, first, start, "the first JSON line is not an object");
                 self.push(
-                    s,
-                    start,
-                    end,
                     EntryRec {
                         is_object: false,
                         ..EntryRec::from_line(Kind::Other, None, Parent::Absent, (start, end), Span::NONE)
@@ -784,7 +798,7 @@ impl Scan<'_> {
                 let hint = self.prev_object.filter(|_| parent_is_prev);
                 self.prev_object = Some(self.entries.len());
                 self.not_a_header(s, first, start, "the first JSON line is not a session header");
-                self.push(s, start, end, EntryRec::from_line(kind, id, parent, (start, end), message), hint);
+                self.push(EntryRec::from_line(kind, id, parent, (start, end), message), hint);
             }
         }
     }
@@ -819,8 +833,7 @@ impl Scan<'_> {
         }
     }
 
-    fn push(&mut self, s: &mut Session, start: usize, end: usize, e: EntryRec, hint: Option<usize>) {
-        s.lines.push((start, end, LineRole::Entry(self.entries.len())));
+    fn push(&mut self, e: EntryRec, hint: Option<usize>) {
         self.entries.push(e);
         self.parent_hints.push(hint);
     }
