@@ -155,6 +155,10 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
                 .write_json(&mut out)
                 .and_then(|_| out.flush())
                 .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
+            // The process ends next and its memory with it: the index of a large file (100k+
+            // entries, each holding shared key text) is not freed piece by piece first.
+            std::mem::forget(report);
+            std::mem::forget(session);
             Ok(0)
         }
         TranscriptCmd::Append { file, message, idempotency_key, session_id } => {
