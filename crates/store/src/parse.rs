@@ -73,8 +73,9 @@ pub(crate) fn is_blank(line: &[u8]) -> bool {
 /// it (`Arc::<str>::from(key.as_str())`) to keep it long.
 #[derive(Clone)]
 pub struct Key {
-    text: Arc<str>,
-    /// The key's bytes in `text`; `end == 0` means all of it (24 bytes in all, not 32).
+    /// A thin pointer (the text of a file's keys is not copied once more into an `Arc<str>`).
+    text: Arc<String>,
+    /// The key's bytes in `text`; `end == 0` means all of it (16 bytes in all).
     start: u32,
     end: u32,
 }
@@ -149,13 +150,13 @@ impl fmt::Display for Key {
 
 impl From<&str> for Key {
     fn from(s: &str) -> Key {
-        Key { text: s.into(), start: 0, end: 0 }
+        Key { text: Arc::new(s.to_owned()), start: 0, end: 0 }
     }
 }
 
 impl From<String> for Key {
     fn from(s: String) -> Key {
-        Key { text: s.into(), start: 0, end: 0 }
+        Key { text: Arc::new(s), start: 0, end: 0 }
     }
 }
 
@@ -198,12 +199,12 @@ impl KeyText {
     }
 
     /// The shared text the keys are cut from (with [`KeyText::key`]).
-    pub fn finish(self) -> Arc<str> {
-        self.text.into()
+    pub fn finish(self) -> Arc<String> {
+        Arc::new(self.text)
     }
 
     /// The key of a range given by [`KeyText::push`], in the text [`KeyText::finish`] returned.
-    pub fn key(text: &Arc<str>, (start, end): (usize, usize)) -> Key {
+    pub fn key(text: &Arc<String>, (start, end): (usize, usize)) -> Key {
         match (u32::try_from(start), u32::try_from(end)) {
             (Ok(start), Ok(end)) if end > 0 => Key { text: text.clone(), start, end },
             // An empty key, or one beyond 4 GiB of key text.

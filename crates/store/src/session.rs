@@ -71,7 +71,7 @@ impl Span {
     }
 }
 
-/// One indexed entry (a non-header parsed line). 88 bytes: the line is its offset and 32-bit length,
+/// One indexed entry (a non-header parsed line). 72 bytes: the line is its offset and 32-bit length,
 /// the raw `message` a [`Span`] of it.
 #[derive(Clone, Debug)]
 pub struct EntryRec {
@@ -884,7 +884,7 @@ struct ParsedLine {
 /// the keys that did not fit in it.
 struct ParsedPart {
     lines: Vec<ParsedLine>,
-    text: Arc<str>,
+    text: Arc<String>,
     aside: std::vec::IntoIter<Key>,
 }
 
@@ -1089,7 +1089,7 @@ mod tests {
             assert!(got.raw_message(i).is_some());
         }
         assert_eq!(got.render(true), want.render(true));
-        assert_eq!(std::mem::size_of::<EntryRec>(), 88);
+        assert_eq!(std::mem::size_of::<EntryRec>(), 72);
         assert_eq!(std::mem::size_of::<Parsed>(), 36);
     }
 
