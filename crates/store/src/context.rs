@@ -178,11 +178,9 @@ fn emit_all<'a>(s: &'a Session, path: &[usize], out: &mut Vec<Cow<'a, str>>) {
     if threads < 2 || path.len() < PARALLEL_EMIT {
         return path.iter().for_each(|&i| emit(s, i, out));
     }
-    // The first part is emitted straight into `out` by this thread, the others into a vector each.
-    let (first, rest) = path.split_at(path.len().div_ceil(threads));
     let parts = std::thread::scope(|scope| {
-        let handles: Vec<_> = rest
-            .chunks(first.len())
+        let handles: Vec<_> = path
+            .chunks(path.len().div_ceil(threads))
             .map(|part| {
                 scope.spawn(move || {
                     let mut v = Vec::with_capacity(part.len());
@@ -191,13 +189,12 @@ fn emit_all<'a>(s: &'a Session, path: &[usize], out: &mut Vec<Cow<'a, str>>) {
                 })
             })
             .collect();
-        first.iter().for_each(|&i| emit(s, i, out));
         handles.into_iter().map(|h| h.join().ok()).collect::<Option<Vec<_>>>()
     });
     match parts {
         Some(parts) => parts.into_iter().for_each(|p| out.extend(p)),
-        // A panicking thread: emit the rest here instead.
-        None => rest.iter().for_each(|&i| emit(s, i, out)),
+        // A panicking thread: emit everything here instead.
+        None => path.iter().for_each(|&i| emit(s, i, out)),
     }
 }
 
