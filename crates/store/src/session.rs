@@ -939,9 +939,10 @@ fn parse_part(buf: &[u8], start: usize, end: usize, text_max: usize) -> ParsedPa
     // Room for lines of 128 bytes on average (transcript lines are longer), so the vector is
     // rarely grown.
     let mut lines = Vec::with_capacity((end - start) / 128 + 16);
-    // About one key per line (a parent that is the previous line's id is not stored again); 40
-    // bytes fit a UUID, so the text is rarely grown.
-    let mut text = parse::KeyText::with_capacity(lines.capacity() * 40 / 4);
+    // About one key per line (a parent that is the previous line's id is not stored again): 10
+    // bytes per 128 of the part, about 40 (a UUID) per line of a usual transcript's length, so the
+    // text is rarely grown (what is reserved and not used is never touched).
+    let mut text = parse::KeyText::with_capacity(lines.capacity() * 10);
     let mut aside = Vec::new();
     let mut key = |text: &mut parse::KeyText, k: &str| match text.len() + k.len() <= text_max {
         true => {
