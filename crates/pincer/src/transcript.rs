@@ -141,7 +141,7 @@ fn store_failure(e: StoreError) -> Failure {
 pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
     match cmd {
         TranscriptCmd::Context { file, leaf } => {
-            let session = Session::read(&file)
+            let session = Session::read_mapped(&file)
                 .map_err(|e| Failure::usage(format!("cannot read: {e}")))?
                 .ok_or_else(|| Failure::usage(format!("{}: no such file", file.display())))?;
             let leaf = leaf.as_deref().map(LeafArg::parse).unwrap_or(LeafArg::Default);
@@ -155,6 +155,10 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
                 .write_json(&mut out)
                 .and_then(|_| out.flush())
                 .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
+            // The process ends next and its memory with it: the index of a large file (100k+
+            // entries, each holding shared key text) is not freed piece by piece first.
+            std::mem::forget(report);
+            std::mem::forget(session);
             Ok(0)
         }
         TranscriptCmd::Append { file, message, idempotency_key, session_id } => {
@@ -226,7 +230,7 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
         }
         TranscriptCmd::Export { file, session, config, state_dir, format, leaf, output } => match (file, session) {
             (Some(file), _) => {
-                let session = Session::read(&file)
+                let session = Session::read_mapped(&file)
                     .map_err(|e| Failure::usage(format!("cannot read: {e}")))?
                     .ok_or_else(|| Failure::usage(format!("{}: no such file", file.display())))?;
                 export(session, &file, format.as_deref().unwrap_or("html"), leaf.as_deref(), output)

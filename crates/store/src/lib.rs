@@ -8,6 +8,7 @@
 //! - [`parse`]: line scanning and the light per-line parse (type/id/parentId) used for indexing.
 //! - [`session`]: a whole file read and indexed as Pi reads it, with in-memory v1/v2 migration and a
 //!   list of the problems found; never modifies the file.
+//! - [`mapped`]: a session's bytes, owned or (for the CLI's read-only commands) a read-only map.
 //! - [`context`]: Pi's `buildSessionContext` over the active branch.
 //! - [`ids`]: ids and timestamps.
 //! - [`history`]: `chat.history` from a bounded tail read.
@@ -31,6 +32,7 @@ mod fsutil;
 pub mod history;
 pub mod ids;
 mod lock;
+pub mod mapped;
 pub mod parse;
 pub mod redact;
 mod rewrite;

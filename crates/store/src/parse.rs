@@ -32,18 +32,33 @@ pub(crate) fn bom_len(buf: &[u8]) -> usize {
 /// [`line_ranges`] of the bytes `start..end` of `buf`, which start at a line start.
 pub(crate) fn lines_in(buf: &[u8], start: usize, end: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::with_capacity((end - start) / 256 + 1);
-    let mut pos = start;
-    for nl in memchr::memchr_iter(b'\n', &buf[start..end]) {
-        let line_end = start + nl;
-        if !is_blank(&buf[pos..line_end]) {
-            out.push((pos, line_end));
-        }
-        pos = line_end + 1;
-    }
-    if pos < end && !is_blank(&buf[pos..end]) {
-        out.push((pos, end));
-    }
+    out.extend(lines_iter(buf, start, end));
     out
+}
+
+/// [`lines_in`] one line at a time.
+pub(crate) fn lines_iter(buf: &[u8], start: usize, end: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut newlines = memchr::memchr_iter(b'\n', &buf[start..end]);
+    let (mut pos, mut done) = (start, false);
+    std::iter::from_fn(move || loop {
+        if done {
+            return None;
+        }
+        let line = match newlines.next() {
+            Some(nl) => {
+                let line = (pos, start + nl);
+                pos = start + nl + 1;
+                line
+            }
+            None => {
+                done = true;
+                (pos, end)
+            }
+        };
+        if line.0 < line.1 && !is_blank(&buf[line.0..line.1]) {
+            return Some(line);
+        }
+    })
 }
 
 pub(crate) fn is_blank(line: &[u8]) -> bool {
@@ -58,8 +73,9 @@ pub(crate) fn is_blank(line: &[u8]) -> bool {
 /// it (`Arc::<str>::from(key.as_str())`) to keep it long.
 #[derive(Clone)]
 pub struct Key {
-    text: Arc<str>,
-    /// The key's bytes in `text`; `end == 0` means all of it (24 bytes in all, not 32).
+    /// A thin pointer (the text of a file's keys is not copied once more into an `Arc<str>`).
+    text: Arc<String>,
+    /// The key's bytes in `text`; `end == 0` means all of it (16 bytes in all).
     start: u32,
     end: u32,
 }
@@ -134,13 +150,13 @@ impl fmt::Display for Key {
 
 impl From<&str> for Key {
     fn from(s: &str) -> Key {
-        Key { text: s.into(), start: 0, end: 0 }
+        Key { text: Arc::new(s.to_owned()), start: 0, end: 0 }
     }
 }
 
 impl From<String> for Key {
     fn from(s: String) -> Key {
-        Key { text: s.into(), start: 0, end: 0 }
+        Key { text: Arc::new(s), start: 0, end: 0 }
     }
 }
 
@@ -160,11 +176,21 @@ pub(crate) struct KeyText {
 }
 
 impl KeyText {
+    /// Room for `bytes` of key text.
+    pub fn with_capacity(bytes: usize) -> KeyText {
+        KeyText { text: String::with_capacity(bytes) }
+    }
+
     /// Adds a key's text; the range it got.
     pub fn push(&mut self, s: &str) -> (usize, usize) {
         let start = self.text.len();
         self.text.push_str(s);
         (start, self.text.len())
+    }
+
+    /// Bytes of text so far.
+    pub fn len(&self) -> usize {
+        self.text.len()
     }
 
     /// The text of a range given by [`KeyText::push`].
@@ -173,12 +199,12 @@ impl KeyText {
     }
 
     /// The shared text the keys are cut from (with [`KeyText::key`]).
-    pub fn finish(self) -> Arc<str> {
-        self.text.into()
+    pub fn finish(self) -> Arc<String> {
+        Arc::new(self.text)
     }
 
     /// The key of a range given by [`KeyText::push`], in the text [`KeyText::finish`] returned.
-    pub fn key(text: &Arc<str>, (start, end): (usize, usize)) -> Key {
+    pub fn key(text: &Arc<String>, (start, end): (usize, usize)) -> Key {
         match (u32::try_from(start), u32::try_from(end)) {
             (Ok(start), Ok(end)) if end > 0 => Key { text: text.clone(), start, end },
             // An empty key, or one beyond 4 GiB of key text.

@@ -5,6 +5,7 @@
 //! and everything unusual is recorded as a [`Problem`] for `verify`. Lines are indexed through the
 //! light parse of [`crate::parse`]; whole entries are decoded only when asked for.
 
+use crate::mapped::FileBytes;
 use crate::parse::{self, Key, LineValue, Parent};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -48,28 +49,61 @@ impl Kind {
     }
 }
 
-/// Where an entry's full value lives.
-#[derive(Clone, Debug)]
-enum Source {
-    /// Bytes `start..end` of the file buffer.
-    Line(usize, usize),
-    /// A value built in memory (migration).
-    Value(Box<Value>),
+/// A byte range inside a line, relative to the line's start, in 8 bytes: [`Span::NONE`] for none,
+/// [`Span::FAR`] for one that does not fit (in a line of 4 GiB or more), found again by parsing the
+/// line when it is needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    at: u32,
+    len: u32,
 }
 
-/// One indexed entry (a non-header parsed line).
+impl Span {
+    /// No range (a raw JSON value is never empty).
+    const NONE: Span = Span { at: 0, len: 0 };
+    const FAR: Span = Span { at: u32::MAX, len: u32::MAX };
+
+    fn new(at: usize, len: usize) -> Span {
+        match (u32::try_from(at), u32::try_from(len)) {
+            (Ok(at), Ok(len)) if at != u32::MAX => Span { at, len },
+            _ => Span::FAR,
+        }
+    }
+}
+
+/// One indexed entry (a non-header parsed line). 72 bytes: the line is its offset and 32-bit length,
+/// the raw `message` a [`Span`] of it.
 #[derive(Clone, Debug)]
 pub struct EntryRec {
     pub kind: Kind,
+    /// False for lines that are JSON but not objects (`42`).
+    pub is_object: bool,
+    /// The line's length; `u32::MAX` for a line at least that long (its end is found again).
+    line_len: u32,
     pub id: Option<Key>,
     pub parent: Parent,
     /// Byte offset of the line in the file (for reports).
     pub offset: usize,
-    /// False for lines that are JSON but not objects (`42`).
-    pub is_object: bool,
-    /// Byte range of the raw `message` value in the file buffer (message entries read from disk).
-    message: Option<(usize, usize)>,
-    source: Source,
+    /// Where the raw `message` value is in the line (message entries read from disk).
+    message: Span,
+    /// The entry's value built in memory (migration, linking), which replaces the line.
+    value: Option<Box<Value>>,
+}
+
+impl EntryRec {
+    /// An entry read from bytes `start..end` of the file.
+    fn from_line(kind: Kind, id: Option<Key>, parent: Parent, (start, end): (usize, usize), message: Span) -> EntryRec {
+        EntryRec {
+            kind,
+            is_object: true,
+            line_len: u32::try_from(end - start).unwrap_or(u32::MAX),
+            id,
+            parent,
+            offset: start,
+            message,
+            value: None,
+        }
+    }
 }
 
 /// The active leaf.
@@ -114,12 +148,10 @@ pub enum Problem {
     MissingId { offset: usize },
 }
 
-/// What one non-blank line of the file turned out to be (for rewriting it).
+/// What a non-blank line that is not an entry turned out to be (for rewriting it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LineRole {
     Header,
-    Entry(usize),
-    HeaderlessEntry(usize),
     ExtraHeader,
     Malformed,
     Null,
@@ -130,8 +162,9 @@ pub type IdMap = HashMap<Key, usize, foldhash::fast::RandomState>;
 
 /// A parsed, indexed session.
 pub struct Session {
-    buf: Vec<u8>,
-    /// Every non-blank line: byte range and role.
+    buf: FileBytes,
+    /// Every non-blank line that is not an entry: byte range and role (the entries' lines are
+    /// theirs, in [`Session::entries`] or [`Session::headerless_entries`]).
     pub(crate) lines: Vec<(usize, usize, LineRole)>,
     /// The header (after in-memory migration), if the file has a valid one.
     pub header: Option<Map<String, Value>>,
@@ -161,8 +194,29 @@ impl Session {
         }
     }
 
+    /// [`Session::read`] for the CLI's read-only commands: a large file is mapped instead of copied
+    /// ([`crate::mapped::map`]), so a file shrunk by another program meanwhile ends the process
+    /// (exit code 1, with a message). Never for the gateway or compaction.
+    pub fn read_mapped(path: &std::path::Path) -> Result<Option<Session>, crate::StoreError> {
+        let bytes = match std::fs::metadata(path) {
+            Ok(m) if m.len() >= MAP_MIN_BYTES => crate::mapped::map(path),
+            Ok(_) => read_whole(path).map(FileBytes::from),
+            Err(e) => Err(e),
+        };
+        match bytes {
+            Ok(bytes) => Ok(Some(Session::parse(bytes))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(crate::StoreError::Io { path: path.display().to_string(), source }),
+        }
+    }
+
     /// Parses a whole file. Never fails: what cannot be read becomes a [`Problem`].
-    pub fn parse(buf: Vec<u8>) -> Session {
+    pub fn parse(buf: impl Into<FileBytes>) -> Session {
+        Session::parse_with(buf.into(), KEY_TEXT_MAX)
+    }
+
+    /// [`Session::parse`] with at most `key_text_max` bytes of key text per part (tests set it low).
+    fn parse_with(buf: FileBytes, key_text_max: usize) -> Session {
         let mut s = Session {
             buf,
             lines: Vec::new(),
@@ -178,12 +232,11 @@ impl Session {
         };
         // The buffer is moved out while lines borrow from it, and put back at the end.
         let buf = std::mem::take(&mut s.buf);
-        let parts = parse_all(&buf);
-        let count = parts.iter().map(|p| p.ranges.len()).sum();
-        s.lines.reserve_exact(count);
+        let parts = parse_all(&buf, key_text_max);
+        let count = parts.iter().map(|p| p.lines.len()).sum();
         let mut scan = Scan {
             buf: &buf,
-            last: parts.iter().rev().find_map(|p| p.ranges.last().copied()),
+            last: parts.iter().rev().find_map(|p| p.lines.last().map(|l| (l.start, l.end))),
             header_seen: false,
             first_value_seen: false,
             headerless: false,
@@ -191,9 +244,9 @@ impl Session {
             prev_object: None,
             parent_hints: Vec::with_capacity(count),
         };
-        for part in parts {
-            for (&range, v) in part.ranges.iter().zip(part.lines) {
-                scan.line(&mut s, range, v, &part.text);
+        for mut part in parts {
+            for line in std::mem::take(&mut part.lines) {
+                scan.line(&mut s, line, &mut part);
             }
         }
         let Scan { header_seen, headerless, entries, parent_hints, .. } = scan;
@@ -207,11 +260,6 @@ impl Session {
             if !entries.is_empty() && !headerless {
                 s.problems.push(Problem::NoHeader { offset: 0, reason: "no session header".into() });
             }
-            for l in s.lines.iter_mut() {
-                if let LineRole::Entry(i) = l.2 {
-                    l.2 = LineRole::HeaderlessEntry(i);
-                }
-            }
             s.stash_headerless(entries);
             s.buf = buf;
             return s;
@@ -222,9 +270,9 @@ impl Session {
             Some(v) => {
                 s.problems.push(Problem::OldVersion { version: v });
                 s.migrate(v);
-                s.index(&[]);
+                s.index(Vec::new());
             }
-            None => s.index(&parent_hints),
+            None => s.index(parent_hints),
         }
         s
     }
@@ -234,10 +282,11 @@ impl Session {
         self.headerless_entries = entries;
     }
 
-    /// Builds `by_id`, the leaf and the structural problems. `hints` (one per entry, or none) name
-    /// the entry an entry's parent id is the id of, as the parse saw it; without duplicate ids,
-    /// that entry is the one `by_id` names, and the lookup is skipped.
-    fn index(&mut self, hints: &[Option<usize>]) {
+    /// Builds `by_id`, the parents, the leaf and the structural problems. `hints` (one per entry, or
+    /// none) name the entry an entry's parent id is the id of, as the parse saw it; without duplicate
+    /// ids, that entry is the one `by_id` names, and the lookup is skipped. The hints become the
+    /// parents (no second vector).
+    fn index(&mut self, hints: Vec<Option<usize>>) {
         self.by_id = IdMap::with_capacity_and_hasher(self.entries.len(), Default::default());
         let mut linear = 0;
         let mut duplicates = false;
@@ -257,14 +306,17 @@ impl Session {
         if linear > 0 {
             self.problems.push(Problem::Linear { count: linear });
         }
-        self.parents = Vec::with_capacity(self.entries.len());
-        let hints = if duplicates || hints.len() != self.entries.len() { &[] } else { hints };
-        for (i, e) in self.entries.iter().enumerate() {
+        let mut parents = hints;
+        if duplicates || parents.len() != self.entries.len() {
+            parents.clear();
+            parents.resize(self.entries.len(), None);
+        }
+        for (e, slot) in self.entries.iter().zip(parents.iter_mut()) {
             let parent = match &e.parent {
                 Parent::Id(p) => {
-                    let found = match hints.get(i) {
-                        Some(&Some(h)) => Some(h),
-                        _ => self.by_id.get(p).copied(),
+                    let found = match *slot {
+                        Some(h) => Some(h),
+                        None => self.by_id.get(p).copied(),
                     };
                     if let (None, Some(id)) = (found, &e.id) {
                         self.problems.push(Problem::Orphan {
@@ -277,8 +329,9 @@ impl Session {
                 }
                 _ => None,
             };
-            self.parents.push(parent);
+            *slot = parent;
         }
+        self.parents = parents;
         self.leaf = self.leaf_from_tail();
         if let Some(ids) = self.find_cycle() {
             self.problems.push(Problem::Cycle { ids });
@@ -308,37 +361,42 @@ impl Session {
         Leaf::Entry(last)
     }
 
-    /// The id chain of a parent cycle reachable from any entry, if one exists.
+    /// The id chain of a parent cycle reachable from any entry, if one exists. Walks are followed
+    /// twice (to find, then to mark as done) rather than kept in a vector.
     fn find_cycle(&self) -> Option<Vec<String>> {
+        let id = |i: usize| self.entries[i].id.as_deref().unwrap_or("?").to_string();
         // 0 = unvisited, 1 = on the current walk, 2 = known acyclic.
         let mut state = vec![0u8; self.entries.len()];
-        let mut walk = Vec::new();
         for start in 0..self.entries.len() {
             if state[start] != 0 {
                 continue;
             }
-            walk.clear();
             let mut cur = Some(start);
             while let Some(i) = cur {
                 match state[i] {
                     2 => break,
                     1 => {
-                        let pos = walk.iter().position(|&w| w == i).unwrap_or(0);
-                        let mut ids: Vec<String> = walk[pos..]
-                            .iter()
-                            .map(|&w: &usize| self.entries[w].id.as_deref().unwrap_or("?").to_string())
-                            .collect();
-                        ids.push(self.entries[i].id.as_deref().unwrap_or("?").to_string());
+                        // `i` is on this walk: the cycle is `i`, its parent, …, back to `i`.
+                        let mut ids = vec![id(i)];
+                        let mut next = self.parent_index(i);
+                        while let Some(k) = next {
+                            ids.push(id(k));
+                            if k == i {
+                                break;
+                            }
+                            next = self.parent_index(k);
+                        }
                         return Some(ids);
                     }
                     _ => {}
                 }
                 state[i] = 1;
-                walk.push(i);
                 cur = self.parent_index(i);
             }
-            for &w in &walk {
-                state[w] = 2;
+            let mut cur = Some(start);
+            while let Some(i) = cur.filter(|&i| state[i] == 1) {
+                state[i] = 2;
+                cur = self.parent_index(i);
             }
         }
         None
@@ -354,11 +412,21 @@ impl Session {
         self.parents.get(i).copied().flatten()
     }
 
+    /// The bytes of the line an entry was read from.
+    fn line(&self, e: &EntryRec) -> &[u8] {
+        let end = match e.line_len {
+            u32::MAX => memchr::memchr(b'\n', &self.buf[e.offset..]).map_or(self.buf.len(), |p| e.offset + p),
+            len => e.offset + len as usize,
+        };
+        &self.buf[e.offset..end]
+    }
+
     /// The full value of entry `i`, decoded on demand.
     pub fn value(&self, i: usize) -> Option<Value> {
-        match &self.entries[i].source {
-            Source::Line(s, e) => serde_json::from_slice(&self.buf[*s..*e]).ok(),
-            Source::Value(v) => Some((**v).clone()),
+        let e = &self.entries[i];
+        match &e.value {
+            Some(v) => Some((**v).clone()),
+            None => serde_json::from_slice(self.line(e)).ok(),
         }
     }
 
@@ -366,37 +434,47 @@ impl Session {
     /// (bytes that are not UTF-8 read as U+FFFD, as Pi reads them).
     pub fn raw_message(&self, i: usize) -> Option<std::borrow::Cow<'_, str>> {
         let e = &self.entries[i];
-        match (&e.source, e.message) {
-            (Source::Line(..), Some((s, end))) => Some(parse::lossy(&self.buf[s..end])),
-            (Source::Line(..), None) => None,
-            (Source::Value(v), _) => v.get("message").map(|m| std::borrow::Cow::Owned(m.to_string())),
+        match (&e.value, e.message) {
+            (Some(v), _) => v.get("message").map(|m| std::borrow::Cow::Owned(m.to_string())),
+            (None, Span::NONE) => None,
+            (None, Span::FAR) => match parse::parse_line(self.line(e)) {
+                Some(LineValue::Object(h)) => h.message.map(parse::lossy),
+                _ => None,
+            },
+            (None, Span { at, len }) => {
+                let at = e.offset + at as usize;
+                Some(parse::lossy(&self.buf[at..at + len as usize]))
+            }
         }
     }
 
     /// The raw line of entry `i` when it is still the file's own bytes.
     pub fn raw_line(&self, i: usize) -> Option<&[u8]> {
-        match &self.entries[i].source {
-            Source::Line(s, e) => Some(&self.buf[*s..*e]),
-            Source::Value(_) => None,
-        }
+        let e = &self.entries[i];
+        e.value.is_none().then(|| self.line(e))
     }
 
     /// Root-first path from entry `leaf`, stopping before an id repeats (a cycle) or at a missing parent.
     /// The flag is true when a cycle cut the walk.
+    /// (Walked twice: to count, then to fill a vector of exactly that length from its end.)
     pub fn path_from(&self, leaf: usize) -> (Vec<usize>, bool) {
-        let mut path = Vec::new();
         let mut seen = vec![false; self.entries.len()];
         let mut cur = Some(leaf);
-        let mut cycle = false;
+        let (mut len, mut cycle) = (0, false);
         while let Some(i) = cur {
             if std::mem::replace(&mut seen[i], true) {
                 cycle = true;
                 break;
             }
-            path.push(i);
+            len += 1;
             cur = self.parent_index(i);
         }
-        path.reverse();
+        let mut path = vec![0; len];
+        let mut cur = leaf;
+        for slot in path.iter_mut().rev() {
+            *slot = cur;
+            cur = self.parent_index(cur).unwrap_or(cur);
+        }
         (path, cycle)
     }
 
@@ -447,13 +525,13 @@ impl Session {
                     obj.insert("parentId".into(), p);
                     self.entries[i].parent = parse::value_parent(&obj);
                 }
-                self.entries[i].source = Source::Value(Box::new(Value::Object(obj)));
+                self.entries[i].value = Some(Box::new(Value::Object(obj)));
             }
             prev = self.entries[i].id.clone();
         }
         self.problems.retain(|p| !matches!(p, Problem::Linear { .. } | Problem::MissingId { .. }));
         self.by_id.clear();
-        self.index(&[]);
+        self.index(Vec::new());
     }
 
     /// Gives a header-less file a fresh header and exposes the entries Pi would have discarded.
@@ -461,13 +539,8 @@ impl Session {
         self.source_version = Some(3);
         self.header = Some(header);
         self.entries = std::mem::take(&mut self.headerless_entries);
-        for l in self.lines.iter_mut() {
-            if let LineRole::HeaderlessEntry(i) = l.2 {
-                l.2 = LineRole::Entry(i);
-            }
-        }
         self.problems.retain(|p| !matches!(p, Problem::NoHeader { .. }));
-        self.index(&[]);
+        self.index(Vec::new());
     }
 
     /// The file as it should be after migration or repair: the (migrated or new) header first,
@@ -489,26 +562,55 @@ impl Session {
             Problem::TornTail { offset } => Some(*offset),
             _ => None,
         });
-        for &(start, end, role) in &self.lines {
-            let raw = trim_cr(&self.buf[start..end]);
+        // The lines in file order: the other lines merged with the entries' (both in file order).
+        let (mut others, mut entries, mut headerless) =
+            (self.lines.iter().peekable(), self.entries.iter().peekable(), self.headerless_entries.iter().peekable());
+        loop {
+            let next =
+                [others.peek().map(|l| l.0), entries.peek().map(|e| e.offset), headerless.peek().map(|e| e.offset)];
+            let Some(first) = (0..3).filter(|&k| next[k].is_some()).min_by_key(|&k| next[k]) else { break };
+            let (start, role) = match first {
+                0 => match others.next() {
+                    Some(&(start, end, role)) => (start, Ok((role, trim_cr(&self.buf[start..end])))),
+                    None => break,
+                },
+                1 => match entries.next() {
+                    Some(e) => (e.offset, Err((e, true))),
+                    None => break,
+                },
+                _ => match headerless.next() {
+                    Some(e) => (e.offset, Err((e, false))),
+                    None => break,
+                },
+            };
+            let (role, raw) = match role {
+                Ok(other) => other,
+                Err((e, exposed)) => {
+                    let raw = trim_cr(self.line(e));
+                    if !exposed || self.header.is_none() {
+                        out.extend_from_slice(raw);
+                    } else {
+                        if !header_written {
+                            push_header(&mut out);
+                            header_written = true;
+                        }
+                        match &e.value {
+                            Some(v) => match serde_json::to_vec(v) {
+                                Ok(b) => out.extend_from_slice(&b),
+                                Err(_) => out.extend_from_slice(raw),
+                            },
+                            None => out.extend_from_slice(raw),
+                        }
+                    }
+                    out.push(b'\n');
+                    continue;
+                }
+            };
             match role {
                 LineRole::Header => {
                     push_header(&mut out);
                     header_written = true;
                     continue;
-                }
-                LineRole::Entry(i) if self.header.is_some() => {
-                    if !header_written {
-                        push_header(&mut out);
-                        header_written = true;
-                    }
-                    match &self.entries[i].source {
-                        Source::Value(v) => match serde_json::to_vec(v) {
-                            Ok(b) => out.extend_from_slice(&b),
-                            Err(_) => out.extend_from_slice(raw),
-                        },
-                        Source::Line(..) => out.extend_from_slice(raw),
-                    }
                 }
                 LineRole::Null if repair => continue,
                 LineRole::Malformed if repair && torn == Some(start) => continue,
@@ -576,11 +678,14 @@ impl Session {
                 e.parent = parse::value_parent(obj);
             }
             if let Some(v) = v {
-                e.source = Source::Value(Box::new(v));
+                e.value = Some(Box::new(v));
             }
         }
     }
 }
+
+/// Files at least this large are mapped by [`Session::read_mapped`]; smaller ones are read.
+const MAP_MIN_BYTES: u64 = 1 << 20;
 
 /// Files at least this large are read by several threads at once.
 const PARALLEL_READ_BYTES: usize = 8 << 20;
@@ -642,9 +747,10 @@ struct Scan<'a> {
 }
 
 impl Scan<'_> {
-    fn line(&mut self, s: &mut Session, (start, end): (usize, usize), v: Option<Parsed>, text: &Arc<str>) {
+    fn line(&mut self, s: &mut Session, line: ParsedLine, part: &mut ParsedPart) {
+        let ParsedLine { start, end, value: v } = line;
         let at_end = self.last == Some((start, end)) && end == self.buf.len();
-        let Some(v) = v else {
+        if let Parsed::Malformed = v {
             s.problems.push(if at_end {
                 Problem::TornTail { offset: start }
             } else {
@@ -652,13 +758,14 @@ impl Scan<'_> {
             });
             s.lines.push((start, end, LineRole::Malformed));
             return;
-        };
+        }
         if at_end {
             s.problems.push(Problem::MissingNewline { offset: start });
         }
         let first = !self.first_value_seen;
         self.first_value_seen = true;
         match v {
+            Parsed::Malformed => {}
             Parsed::Null => {
                 s.lines.push((start, end, LineRole::Null));
                 s.problems.push(Problem::NullLine { offset: start });
@@ -668,48 +775,30 @@ impl Scan<'_> {
                 s.problems.push(Problem::NotAnObject { offset: start });
                 self.not_a_header(s, first, start, "the first JSON line is not an object");
                 self.push(
-                    s,
-                    start,
-                    end,
                     EntryRec {
-                        kind: Kind::Other,
-                        id: None,
-                        parent: Parent::Absent,
-                        offset: start,
                         is_object: false,
-                        message: None,
-                        source: Source::Line(start, end),
+                        ..EntryRec::from_line(Kind::Other, None, Parent::Absent, (start, end), Span::NONE)
                     },
                     None,
                 );
             }
-            Parsed::Object { kind: Kind::Session, .. } => {
-                self.prev_object = None;
-                self.header(s, first, start, end)
-            }
             Parsed::Object { kind, id, parent, parent_is_prev, message } => {
+                // Keys set aside are taken in the order they were made: the parent, then the id
+                // (of every object, headers too).
+                let parent = match parent {
+                    ParsedParent::Absent => Parent::Absent,
+                    ParsedParent::Root => Parent::Root,
+                    ParsedParent::Id(r) => Parent::Id(part.key(r)),
+                };
+                let id = id.map(|r| part.key(r));
+                if kind == Kind::Session {
+                    self.prev_object = None;
+                    return self.header(s, first, start, end);
+                }
                 let hint = self.prev_object.filter(|_| parent_is_prev);
                 self.prev_object = Some(self.entries.len());
                 self.not_a_header(s, first, start, "the first JSON line is not a session header");
-                self.push(
-                    s,
-                    start,
-                    end,
-                    EntryRec {
-                        kind,
-                        id: id.map(|r| parse::KeyText::key(text, r)),
-                        parent: match parent {
-                            ParsedParent::Absent => Parent::Absent,
-                            ParsedParent::Root => Parent::Root,
-                            ParsedParent::Id(r) => Parent::Id(parse::KeyText::key(text, r)),
-                        },
-                        offset: start,
-                        is_object: true,
-                        message,
-                        source: Source::Line(start, end),
-                    },
-                    hint,
-                );
+                self.push(EntryRec::from_line(kind, id, parent, (start, end), message), hint);
             }
         }
     }
@@ -744,56 +833,83 @@ impl Scan<'_> {
         }
     }
 
-    fn push(&mut self, s: &mut Session, start: usize, end: usize, e: EntryRec, hint: Option<usize>) {
-        s.lines.push((start, end, LineRole::Entry(self.entries.len())));
+    fn push(&mut self, e: EntryRec, hint: Option<usize>) {
         self.entries.push(e);
         self.parent_hints.push(hint);
     }
 }
 
 /// What the light parse found on one line, in the form the scan needs. It is made on the parse
-/// threads, so that the sequential scan never reads the file's bytes again; keys are ranges of the
-/// key text of the part of the file the line is in (see [`ParsedPart`]).
+/// threads, so that the sequential scan never reads the file's bytes again; keys are [`KeyRef`]s
+/// into the key text of the part of the file the line is in (see [`ParsedPart`]). 36 bytes.
 enum Parsed {
+    /// Not JSON (Pi skips it).
+    Malformed,
     /// A bare `null`.
     Null,
     /// JSON that is not an object.
     Scalar,
-    /// An object; `message` is the byte range of its raw `message` in the file. `parent_is_prev`:
-    /// the parent's id is the id of the previous object line (the usual chain).
-    Object {
-        kind: Kind,
-        id: Option<(usize, usize)>,
-        parent: ParsedParent,
-        parent_is_prev: bool,
-        message: Option<(usize, usize)>,
-    },
+    /// An object; `message` is where its raw `message` is in the line. `parent_is_prev`: the
+    /// parent's id is the id of the previous object line (the usual chain).
+    Object { kind: Kind, id: Option<KeyRef>, parent: ParsedParent, parent_is_prev: bool, message: Span },
 }
 
 enum ParsedParent {
     Absent,
     Root,
-    Id((usize, usize)),
+    Id(KeyRef),
 }
 
-/// A part of the file parsed by one thread: its lines' ranges, what each line is, and the key text
-/// the lines' keys are ranges of.
+/// A key of a parsed line: bytes `start..end` of its part's key text, or, for a key that did not
+/// fit in 4 GiB of key text, [`KeyRef::ASIDE`]: the next key of the part's `aside` list (the
+/// scan takes them in the order they were made: each line's parent, then its id).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct KeyRef {
+    start: u32,
+    end: u32,
+}
+
+impl KeyRef {
+    const ASIDE: KeyRef = KeyRef { start: u32::MAX, end: u32::MAX };
+}
+
+/// One line of a part: where it is, and what it is.
+struct ParsedLine {
+    start: usize,
+    end: usize,
+    value: Parsed,
+}
+
+/// A part of the file parsed by one thread: its lines, the key text their keys are ranges of, and
+/// the keys that did not fit in it.
 struct ParsedPart {
-    ranges: Vec<(usize, usize)>,
-    lines: Vec<Option<Parsed>>,
-    text: Arc<str>,
+    lines: Vec<ParsedLine>,
+    text: Arc<String>,
+    aside: std::vec::IntoIter<Key>,
+}
+
+impl ParsedPart {
+    fn key(&mut self, r: KeyRef) -> Key {
+        if r == KeyRef::ASIDE {
+            return self.aside.next().unwrap_or_else(|| Key::from(""));
+        }
+        parse::KeyText::key(&self.text, (r.start as usize, r.end as usize))
+    }
 }
 
 /// Files at least this large are split into lines and parsed by several threads.
 const PARALLEL_PARSE_BYTES: usize = 2 << 20;
 
+/// The most key text a part's keys can be ranges of ([`KeyRef`] has 32-bit offsets).
+const KEY_TEXT_MAX: usize = u32::MAX as usize - 1;
+
 /// The lines of the file and their light parse, in file order; large files are split over the
 /// available cores, each thread finding the lines of its part too.
-fn parse_all(buf: &[u8]) -> Vec<ParsedPart> {
+fn parse_all(buf: &[u8], text_max: usize) -> Vec<ParsedPart> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
     let start = parse::bom_len(buf);
     if threads < 2 || buf.len() < PARALLEL_PARSE_BYTES {
-        return vec![parse_part(buf, start, buf.len())];
+        return vec![parse_part(buf, start, buf.len(), text_max)];
     }
     // Parts of about equal size, each ending after a newline.
     let mut cuts = vec![start];
@@ -805,52 +921,72 @@ fn parse_all(buf: &[u8]) -> Vec<ParsedPart> {
     cuts.push(buf.len());
     cuts.dedup();
     let parts = std::thread::scope(|scope| {
-        let handles: Vec<_> =
-            cuts.windows(2).map(|w| (w[0], w[1])).map(|(a, b)| scope.spawn(move || parse_part(buf, a, b))).collect();
+        let handles: Vec<_> = cuts
+            .windows(2)
+            .map(|w| (w[0], w[1]))
+            .map(|(a, b)| scope.spawn(move || parse_part(buf, a, b, text_max)))
+            .collect();
         handles.into_iter().map(|h| h.join().ok()).collect::<Option<Vec<_>>>()
     });
     // A panicking parser thread: parse everything here instead.
-    parts.unwrap_or_else(|| vec![parse_part(buf, start, buf.len())])
+    parts.unwrap_or_else(|| vec![parse_part(buf, start, buf.len(), text_max)])
 }
 
 /// Finds and parses the lines in bytes `start..end` (which start at a line start). The keys of all
-/// of them share one text; a parent that is the previous line's id (the usual chain) shares its
-/// range.
-fn parse_part(buf: &[u8], start: usize, end: usize) -> ParsedPart {
-    let ranges = parse::lines_in(buf, start, end);
-    let mut lines = Vec::with_capacity(ranges.len());
-    let mut text = parse::KeyText::default();
-    let mut prev_id: Option<(usize, usize)> = None;
-    for &(s, e) in &ranges {
+/// of them share one text (of at most `text_max` bytes; keys beyond go aside); a parent that is
+/// the previous line's id (the usual chain) shares its range.
+fn parse_part(buf: &[u8], start: usize, end: usize, text_max: usize) -> ParsedPart {
+    // Room for lines of 128 bytes on average (transcript lines are longer), so the vector is
+    // rarely grown.
+    let mut lines = Vec::with_capacity((end - start) / 128 + 16);
+    // About one key per line (a parent that is the previous line's id is not stored again): 10
+    // bytes per 128 of the part, about 40 (a UUID) per line of a usual transcript's length, so the
+    // text is rarely grown (what is reserved and not used is never touched).
+    let mut text = parse::KeyText::with_capacity(lines.capacity() * 10);
+    let mut aside = Vec::new();
+    let mut key = |text: &mut parse::KeyText, k: &str| match text.len() + k.len() <= text_max {
+        true => {
+            let (a, b) = text.push(k);
+            KeyRef { start: a as u32, end: b as u32 }
+        }
+        false => {
+            aside.push(Key::from(k));
+            KeyRef::ASIDE
+        }
+    };
+    let mut prev_id: Option<KeyRef> = None;
+    for (s, e) in parse::lines_iter(buf, start, end) {
         let line = &buf[s..e];
-        lines.push(parse::parse_line(line).map(|v| match v {
-            LineValue::Null => Parsed::Null,
-            LineValue::Scalar => Parsed::Scalar,
-            LineValue::Object(h) => {
+        let value = match parse::parse_line(line) {
+            None => Parsed::Malformed,
+            Some(LineValue::Null) => Parsed::Null,
+            Some(LineValue::Scalar) => Parsed::Scalar,
+            Some(LineValue::Object(h)) => {
                 let kind = h.ty.as_deref().map(Kind::from_type).unwrap_or(Kind::Other);
                 let mut parent_is_prev = false;
                 let parent = match &h.parent {
                     None => ParsedParent::Absent,
                     Some(parse::ParentText::Root) => ParsedParent::Root,
                     Some(parse::ParentText::Id(p)) => ParsedParent::Id(match prev_id {
-                        Some(r) if text.get(r) == p.as_ref() => {
+                        Some(r) if r != KeyRef::ASIDE && text.get((r.start as usize, r.end as usize)) == p.as_ref() => {
                             parent_is_prev = true;
                             r
                         }
-                        _ => text.push(p),
+                        _ => key(&mut text, p),
                     }),
                 };
-                let id = h.id.as_deref().map(|i| text.push(i));
+                let id = h.id.as_deref().map(|i| key(&mut text, i));
                 prev_id = id;
-                let message = h.message.map(|m| {
-                    let at = s + (m.as_ptr() as usize - line.as_ptr() as usize);
-                    (at, at + m.len())
-                });
+                let message = match h.message {
+                    Some(m) => Span::new(m.as_ptr() as usize - line.as_ptr() as usize, m.len()),
+                    None => Span::NONE,
+                };
                 Parsed::Object { kind, id, parent, parent_is_prev, message }
             }
-        }));
+        };
+        lines.push(ParsedLine { start: s, end: e, value });
     }
-    ParsedPart { ranges, lines, text: text.finish() }
+    ParsedPart { lines, text: text.finish(), aside: aside.into_iter() }
 }
 
 #[cfg(test)]
@@ -906,6 +1042,56 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(s.leaf, Leaf::Entry(n - 1));
         assert_eq!(build_context_len(&s), n);
+    }
+
+    #[test]
+    fn keys_beyond_the_key_text_limit_are_set_aside_and_read_the_same() {
+        let mut file = header();
+        let mut parent = "null".to_owned();
+        for n in 0..80_000 {
+            let id = if n % 7 == 0 { format!("long-id-{n}-{}", "x".repeat(n % 50)) } else { format!("e{n}") };
+            file +=
+                &format!("{{\"type\":\"message\",\"id\":\"{id}\",\"parentId\":{parent},\"message\":{{\"n\":{n}}}}}\n");
+            if n % 1000 == 0 {
+                file += &header();
+                file += "{\"type\":\"message\",\"id\":\"e5\",\"parentId\":\"nowhere\"}\n";
+            }
+            parent = format!("\"{id}\"");
+        }
+        assert!(file.len() > 2 * PARALLEL_PARSE_BYTES, "parsed in parts");
+        let want = Session::parse(file.clone().into_bytes());
+        for max in [0, 20, 100_000] {
+            let got = Session::parse_with(file.clone().into_bytes().into(), max);
+            let ids = |s: &Session| s.entries.iter().map(|e| (e.id.clone(), e.parent.clone())).collect::<Vec<_>>();
+            assert!(ids(&got) == ids(&want), "{max}");
+            assert_eq!(got.problems, want.problems);
+            assert_eq!(got.leaf, want.leaf);
+            assert_eq!(got.by_id.len(), want.by_id.len());
+            let ctx = |s: &Session| crate::build_context(s, &s.leaf).to_json();
+            assert_eq!(ctx(&got), ctx(&want));
+        }
+    }
+
+    #[test]
+    fn an_entry_whose_line_or_message_does_not_fit_32_bits_is_found_again() {
+        let file = header()
+            + r#"{"type":"message","id":"a","parentId":null,"message":{"role":"user","content":"hi"}}
+{"type":"message","id":"b","parentId":"a","message":{"role":"assistant","content":"é"}}"#;
+        let want = Session::parse(file.clone().into_bytes());
+        let mut got = Session::parse(file.into_bytes());
+        for e in &mut got.entries {
+            e.line_len = u32::MAX;
+            e.message = Span::FAR;
+        }
+        for i in 0..2 {
+            assert_eq!(got.raw_line(i), want.raw_line(i));
+            assert_eq!(got.raw_message(i), want.raw_message(i));
+            assert_eq!(got.value(i), want.value(i));
+            assert!(got.raw_message(i).is_some());
+        }
+        assert_eq!(got.render(true), want.render(true));
+        assert_eq!(std::mem::size_of::<EntryRec>(), 72);
+        assert_eq!(std::mem::size_of::<Parsed>(), 36);
     }
 
     fn build_context_len(s: &Session) -> usize {
