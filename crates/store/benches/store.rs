@@ -3,7 +3,8 @@
 //!   the same bytes on the same disk (the ratio to that floor is the store's own cost);
 //! - open + leaf + `history` of the last 200 messages of a 100k-entry file;
 //! - context building of a 100k-entry file, and its throughput in MB/s on a ~100 MB file (the file
-//!   read as `Session::read` reads it).
+//!   read as `Session::read` reads it), and of the 100k-entry file mapped as the CLI reads it
+//!   (`Session::read_mapped`).
 //!
 //! The reads also report the process's CPU time per read (user + system of all its threads), which
 //! a machine busy with other work inflates far less than the wall time.
@@ -176,6 +177,20 @@ fn main() {
     let p50 = report(&format!("context of a 100k-entry file ({:.0} MB)", size / 1e6), samples);
     report("  … its CPU time (all threads)", cpus);
     println!("context throughput {:.0} MB/s", size / 1e6 / p50.as_secs_f64());
+
+    // As `pincer transcript context` reads it: the file mapped, not copied (the gateway reads it
+    // into memory, above).
+    let (mut samples, mut cpus) = (Vec::new(), Vec::new());
+    for _ in 0..if quick { 3 } else { 10 } {
+        let (t, c0) = (Instant::now(), cpu());
+        let s = Session::read_mapped(&h100k).expect("read").expect("exists");
+        let c = build_context(&s, &s.leaf);
+        samples.push(t.elapsed());
+        assert_eq!(c.messages.len(), 100_000);
+        cpus.push(cpu() - c0);
+    }
+    report("context of the same file, mapped (as the CLI reads it)", samples);
+    report("  … its CPU time (all threads)", cpus);
 
     let mb100 = dir.join("context-100mb.jsonl");
     make_file(&mb100, 100_000, 900);
