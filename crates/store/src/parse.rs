@@ -17,7 +17,7 @@ use std::sync::Arc;
 /// Byte ranges of the lines Pi would try to parse: split on `\n`, blank lines skipped, a UTF-8 BOM at
 /// the start ignored. The ranges exclude the `\n` (a trailing `\r` is JSON whitespace and harmless).
 pub(crate) fn line_ranges(buf: &[u8]) -> Vec<(usize, usize)> {
-    lines_in(buf, bom_len(buf), buf.len())
+    lines_iter(buf, bom_len(buf), buf.len()).collect()
 }
 
 /// 3 when the buffer starts with a UTF-8 BOM.
@@ -29,14 +29,8 @@ pub(crate) fn bom_len(buf: &[u8]) -> usize {
     }
 }
 
-/// [`line_ranges`] of the bytes `start..end` of `buf`, which start at a line start.
-pub(crate) fn lines_in(buf: &[u8], start: usize, end: usize) -> Vec<(usize, usize)> {
-    let mut out = Vec::with_capacity((end - start) / 256 + 1);
-    out.extend(lines_iter(buf, start, end));
-    out
-}
-
-/// [`lines_in`] one line at a time.
+/// [`line_ranges`] of the bytes `start..end` of `buf` (which start at a line start), one line at a
+/// time.
 pub(crate) fn lines_iter(buf: &[u8], start: usize, end: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut newlines = memchr::memchr_iter(b'\n', &buf[start..end]);
     let (mut pos, mut done) = (start, false);
