@@ -213,6 +213,20 @@ impl AsyncWrite for Metered {
     }
 }
 
+/// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default).
+/// tokio's default of 1024 overflowed under a burst of thousands of connections (a slowloris
+/// flood on a busy machine): the kernel then drops the handshake's last ACK, and each such client
+/// waits for SYN-ACK retransmits (1 s, 2 s, 4 s) before the gateway even sees it.
+const LISTEN_BACKLOG: u32 = 65_535;
+
+/// A listening socket on `addr` (`SO_REUSEADDR`, as tokio's own `bind`) with [`LISTEN_BACKLOG`].
+fn bind_listener(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds and serves until `stop` resolves; then shuts down gracefully.
 pub async fn serve(
     settings: Settings,
@@ -221,7 +235,7 @@ pub async fn serve(
 ) -> Result<(), GatewayError> {
     let bind = settings.bind;
     let listen = |source| GatewayError::Listen { addr: bind, source };
-    let listener = tokio::net::TcpListener::bind(bind).await.map_err(listen)?;
+    let listener = bind_listener(bind).map_err(listen)?;
     let addr = listener.local_addr().map_err(listen)?;
     pincer_store::files::create_state_dir(&settings.state_dir)
         .map_err(|source| GatewayError::StateDir { path: settings.state_dir.clone(), source })?;
