@@ -155,41 +155,80 @@ fn last_user_text(body: &Value) -> String {
 }
 
 /// What the script reads of a chat request, without decoding the whole conversation: the system
-/// (developer) messages, the last user message and the tool results' roles.
+/// (developer) messages, the last user message and the tool results' roles. A long session's body is
+/// several MB and this server shares the load command's cores with the gateway, so the messages are
+/// found by a byte search when it can ([`lean_by_scan`]), else by a borrowed parse.
 fn lean_body(body: &[u8]) -> Value {
+    lean_by_scan(body).unwrap_or_else(|| lean_by_parse(body))
+}
+
+/// One message as the script reads it.
+#[derive(serde::Deserialize)]
+struct LeanMessage<'a> {
+    #[serde(borrow, default)]
+    role: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The messages the script reads, from all of them with the index of the last user message.
+fn lean_messages<'a>(
+    all: impl Iterator<Item = (usize, Option<&'a str>)>,
+    last_user: Option<usize>,
+    content: impl Fn(usize) -> Value,
+) -> Value {
+    let messages: Vec<Value> = all
+        .filter_map(|(i, role)| match role? {
+            r @ ("system" | "developer" | "user") if r != "user" || Some(i) == last_user => {
+                Some(json!({"role": r, "content": content(i)}))
+            }
+            "tool" => Some(json!({"role": "tool"})),
+            _ => None,
+        })
+        .collect();
+    json!({ "messages": messages })
+}
+
+fn raw_content(m: &LeanMessage<'_>) -> Value {
+    m.content.and_then(|c| serde_json::from_str(c.get()).ok()).unwrap_or(Value::Null)
+}
+
+/// Decodes the `messages` array (borrowed: contents stay unparsed until needed).
+fn lean_by_parse(body: &[u8]) -> Value {
     #[derive(serde::Deserialize)]
     struct Body<'a> {
         #[serde(borrow)]
-        messages: Vec<Message<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Message<'a> {
-        #[serde(borrow, default)]
-        role: Option<std::borrow::Cow<'a, str>>,
-        #[serde(borrow, default)]
-        content: Option<&'a serde_json::value::RawValue>,
+        messages: Vec<LeanMessage<'a>>,
     }
     let Ok(b) = serde_json::from_slice::<Body<'_>>(body) else {
         return crate::fake_provider::read_whole_body(body);
     };
     let last_user = b.messages.iter().rposition(|m| m.role.as_deref() == Some("user"));
-    let messages: Vec<Value> = b
-        .messages
-        .iter()
-        .enumerate()
-        .filter_map(|(i, m)| {
-            let role = m.role.as_deref()?;
-            match role {
-                "system" | "developer" | "user" if role != "user" || Some(i) == last_user => {
-                    let content = m.content.and_then(|c| serde_json::from_str(c.get()).ok()).unwrap_or(Value::Null);
-                    Some(json!({"role": role, "content": content}))
-                }
-                "tool" => Some(json!({"role": role})),
-                _ => None,
-            }
-        })
-        .collect();
-    json!({ "messages": messages })
+    lean_messages(b.messages.iter().map(|m| m.role.as_deref()).enumerate(), last_user, |i| raw_content(&b.messages[i]))
+}
+
+/// The gateway writes compact JSON with `role` first in every message, and `{"role":"` cannot occur
+/// inside a JSON string (its quotes would be escaped), so each match of it starts a message: only
+/// the messages the script reads are decoded. `None` when no message starts so (another layout).
+fn lean_by_scan(body: &[u8]) -> Option<Value> {
+    const AT: &[u8] = b"{\"role\":\"";
+    let starts: Vec<usize> = memchr::memmem::find_iter(body, AT).collect();
+    let role_at = |p: usize| {
+        let rest = &body[p + AT.len()..];
+        std::str::from_utf8(&rest[..memchr::memchr(b'"', rest)?]).ok()
+    };
+    let roles: Vec<Option<&str>> = starts.iter().map(|&p| role_at(p)).collect();
+    // Every `"role":` key must be one of those starts (a message with another key first is not).
+    let keys = memchr::memmem::find_iter(body, b"\"role\":").count();
+    if roles.is_empty() || roles.contains(&None) || keys != starts.len() {
+        return None;
+    }
+    let last_user = roles.iter().rposition(|r| *r == Some("user"));
+    let content = |i: usize| {
+        let mut one = serde_json::Deserializer::from_slice(&body[starts[i]..]).into_iter::<LeanMessage<'_>>();
+        one.next().and_then(Result::ok).map(|m| raw_content(&m)).unwrap_or(Value::Null)
+    };
+    Some(lean_messages(roles.iter().copied().enumerate(), last_user, content))
 }
 
 /// Whether the request is a compaction's (Pi's summarization system prompt).
@@ -295,4 +334,40 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
         "choices": [], "usage": usage_for(req, said)});
     steps.push(Step::Send(format!("data: {usage}\n\ndata: [DONE]\n\n")));
     Reply::Stream(steps, Framing::Chunked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte search reads what the parse reads, or declines.
+    #[test]
+    fn the_scan_reads_a_body_as_the_parse_does() {
+        let tricky = r#"say {"role":"user","content":"x"} and "role": twice"#;
+        let body = json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "You are a context summarization assistant."},
+                {"role": "user", "content": tricky},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "f", "arguments": "{\"role\":\"user\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "{\"role\": 1}"},
+                {"role": "user", "content": [{"type": "text", "text": "last "}, {"type": "text", "text": tricky}]},
+                {"role": "assistant", "content": "after"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        });
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let scanned = lean_by_scan(&bytes).expect("the gateway's layout is scanned");
+        assert_eq!(scanned, lean_by_parse(&bytes));
+        assert_eq!(scanned["messages"].as_array().unwrap().len(), 3, "{scanned}");
+        assert_eq!(last_user_text(&scanned), format!("last {tricky}"));
+        assert!(is_summarization(&scanned));
+
+        // A message whose first key is not `role` is not found by the search: it declines.
+        let other = json!({"messages": [{"role": "user", "content": "a"}, {"content": "b", "role": "user"}]});
+        let bytes = serde_json::to_vec(&other).unwrap();
+        assert_eq!(lean_by_scan(&bytes), None);
+        assert_eq!(last_user_text(&lean_body(&bytes)), "b");
+    }
 }
