@@ -58,24 +58,19 @@ impl ContextCache {
     /// Extends the context of `path` by a message entry `id` whose parent is `parent`; forgets the
     /// context when the entry does not continue it.
     fn extend(&mut self, path: &std::path::Path, parent: Option<&str>, id: Option<&str>, message: Option<&Value>) {
-        let fits = self.map.get(path).is_some_and(|c| Some(c.leaf.as_str()) == parent);
-        match (fits, id, message) {
-            (true, Some(id), Some(m)) => {
-                let mut n = 0;
-                if let Some(c) = self.map.get_mut(path) {
-                    // Wire forms are built now for the APIs the context already goes out in.
-                    let m = ContextMessage::shared_like(m, c.messages.last().map(|l| &**l));
-                    n = m.json().len();
-                    c.leaf = id.to_owned();
-                    c.messages.push(m);
-                    c.bytes += n;
-                }
-                self.bytes += n;
-                if !self.make_room(0) {
-                    self.remove(path);
-                }
-            }
-            _ => self.remove(path),
+        let continued = self.map.get_mut(path).filter(|c| Some(c.leaf.as_str()) == parent);
+        let (Some(c), Some(id), Some(m)) = (continued, id, message) else {
+            return self.remove(path);
+        };
+        // Wire forms are built now for the APIs the context already goes out in.
+        let m = ContextMessage::shared_like(m, c.messages.last().map(|l| &**l));
+        let n = m.json().len();
+        c.leaf = id.to_owned();
+        c.messages.push(m);
+        c.bytes += n;
+        self.bytes += n;
+        if !self.make_room(0) {
+            self.remove(path);
         }
     }
 
