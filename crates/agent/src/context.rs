@@ -2,10 +2,13 @@
 //! run and the request builders. It is kept as its JSON text (as in the transcript: a context
 //! built from a file parses no message), and, each computed once per message rather than once per
 //! turn, what Pi's `convertToLlm` makes of it, the facts the pre-call clean-up needs, and its
-//! serialized wire form for each provider API. A turn in a long session then costs one pass that
-//! copies cached bytes into the request body.
+//! serialized wire form for each provider API; and, per context, the bytes its last request body
+//! sent, which the next turn's body refers to (so a turn in a long session copies the wire forms
+//! of its new messages only).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -188,6 +191,29 @@ const CHUNK: usize = 32;
 pub struct Messages {
     frozen: Arc<Vec<Arc<[SharedMessage]>>>,
     tail: Vec<SharedMessage>,
+    /// Shared by the clones: see [`Prefixes`].
+    prefixes: Arc<Prefixes>,
+}
+
+/// Per API, the wire bytes that the last request body of a context (or of a clone of it) sent
+/// for its first messages, up to a point where no tool call waited for its result (from there
+/// on, what a message is sent as does not depend on what came before). The next request of a
+/// context that starts with the same messages sends those bytes as they are and writes only the
+/// messages after them: in a long session, a turn's body is a few new messages, not the whole
+/// history again. Each entry holds the messages it covers, and is used only by a context that
+/// starts with exactly those (the same shared messages, compared by identity), so clones that
+/// went different ways never take each other's bytes.
+#[derive(Debug, Default)]
+struct Prefixes([Mutex<Option<Prefix>>; 3]);
+
+#[derive(Debug)]
+struct Prefix {
+    /// The context the bytes were written for: its first `count` messages are covered.
+    frozen: Arc<Vec<Arc<[SharedMessage]>>>,
+    tail: Vec<SharedMessage>,
+    count: usize,
+    /// The covered messages' wire bytes in order, in a few pieces (see `provider::wire`).
+    segments: Vec<Bytes>,
 }
 
 impl Messages {
@@ -223,6 +249,62 @@ impl Messages {
     /// The last message.
     pub fn last(&self) -> Option<&SharedMessage> {
         self.tail.last().or_else(|| self.frozen.last().and_then(|c| c.last()))
+    }
+
+    /// The messages from the `i`th on.
+    pub(crate) fn iter_from(&self, i: usize) -> impl Iterator<Item = &SharedMessage> + '_ {
+        let (chunk, within) = (i / CHUNK, i % CHUNK);
+        let frozen = self.frozen.get(chunk..).unwrap_or_default();
+        let tail_from = i.saturating_sub(self.frozen.len() * CHUNK).min(self.tail.len());
+        frozen
+            .iter()
+            .enumerate()
+            .flat_map(move |(n, c)| c.get(if n == 0 { within } else { 0 }..).unwrap_or_default())
+            .chain(self.tail[tail_from..].iter())
+    }
+
+    fn at(frozen: &[Arc<[SharedMessage]>], tail: &[SharedMessage], i: usize) -> Option<*const ContextMessage> {
+        let m = match frozen.get(i / CHUNK) {
+            Some(chunk) => chunk.get(i % CHUNK),
+            None => tail.get(i - frozen.len() * CHUNK),
+        };
+        m.map(Arc::as_ptr)
+    }
+
+    /// True when this context's first `p.count` messages are the very messages `p` covers.
+    fn starts_like(&self, p: &Prefix) -> bool {
+        if p.count > self.len() {
+            return false;
+        }
+        // Whole chunks both have frozen are compared by handle first (one comparison for 32).
+        let both = self.frozen.len().min(p.frozen.len()).min(p.count / CHUNK);
+        let same_list = Arc::ptr_eq(&self.frozen, &p.frozen);
+        for c in 0..both {
+            let (a, b) = (&self.frozen[c], &p.frozen[c]);
+            if !same_list && !Arc::ptr_eq(a, b) && !a.iter().zip(b.iter()).all(|(x, y)| Arc::ptr_eq(x, y)) {
+                return false;
+            }
+        }
+        (both * CHUNK..p.count).all(|i| {
+            let mine = Messages::at(&self.frozen, &self.tail, i);
+            mine.is_some() && mine == Messages::at(&p.frozen, &p.tail, i)
+        })
+    }
+
+    /// The wire bytes of this context's first messages for `api`, if a request of this context
+    /// (or of one it shares its first messages with) wrote them: how many messages they cover, and
+    /// the bytes in pieces.
+    pub(crate) fn prefix(&self, api: Api) -> Option<(usize, Vec<Bytes>)> {
+        let slot = pincer_pi::lock(&self.prefixes.0[slot(api)]);
+        slot.as_ref().filter(|p| self.starts_like(p)).map(|p| (p.count, p.segments.clone()))
+    }
+
+    /// Keeps `segments` as the wire bytes of this context's first `count` messages for `api`.
+    pub(crate) fn set_prefix(&self, api: Api, count: usize, segments: Vec<Bytes>) {
+        let frozen_count = self.frozen.len() * CHUNK;
+        let tail = self.tail[..count.saturating_sub(frozen_count).min(self.tail.len())].to_vec();
+        let p = Prefix { frozen: self.frozen.clone(), tail, count: count.min(self.len()), segments };
+        *pincer_pi::lock(&self.prefixes.0[slot(api)]) = Some(p);
     }
 }
 

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
 /// Sessions whose context is kept in memory, and the JSON bytes of their messages together (in
-/// memory a message takes a few times its JSON: the decoded value and its wire form). Idle contexts
+/// memory a message takes a few times its JSON: its text, its wire form, and the bytes the last
+/// request body sent for it, which the next turn's body refers to). Idle contexts
 /// go first, least recently used first; a context that does not fit is not kept.
 const CONTEXT_CACHE_SESSIONS: usize = 256;
 const CONTEXT_CACHE_BYTES: usize = 128 * 1024 * 1024;

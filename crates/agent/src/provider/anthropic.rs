@@ -110,7 +110,7 @@ fn wire_form(msg: &Value) -> WireForm {
 
 /// Builds the request.
 pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest {
-    let mut body = wire::Body::for_messages(&req.messages, &LAYOUT, 4096);
+    let mut body = wire::Body::new();
     body.field("model", &model.model.id);
     body.field("max_tokens", &model.model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
     body.field("stream", &true);

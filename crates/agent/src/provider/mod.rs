@@ -20,6 +20,8 @@ pub(crate) mod openai_completions;
 pub(crate) mod openai_responses;
 pub(crate) mod wire;
 
+pub use wire::Payload;
+
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
@@ -164,7 +166,7 @@ fn wire_request_unmeasured(model: &ResolvedModel, request: &ModelRequest) -> Opt
 
 /// The JSON body a model call sends for `request` (`None` for the offline echo model): what
 /// [`ModelStream::open`] posts, for benchmarks and tests of the request-body pass.
-pub fn request_body(model: &ResolvedModel, request: &ModelRequest) -> Option<Bytes> {
+pub fn request_body(model: &ResolvedModel, request: &ModelRequest) -> Option<Payload> {
     wire_request(model, request).map(|(w, _)| w.body)
 }
 
@@ -219,7 +221,7 @@ pub(crate) struct WireRequest {
     pub url: String,
     pub headers: Vec<(String, String)>,
     /// The JSON body (shared by the attempts of a retried request).
-    pub body: Bytes,
+    pub body: Payload,
 }
 
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
@@ -468,14 +470,16 @@ async fn send_with_retries(
             Some(url) => p.client.post(url),
             None => p.client.post(&wire.url),
         };
-        let mut req = req.header("content-type", "application/json");
+        // The body streams in chunks; its length is known, so it goes with a Content-Length (hyper
+        // keeps the header's length), not chunked transfer coding, which some local servers lack.
+        let mut req = req.header("content-type", "application/json").header("content-length", body.len());
         for (k, v) in &wire.headers {
             req = req.header(k.as_str(), v.as_str());
         }
         for (k, v) in &p.headers {
             req = req.header(k.as_str(), v.as_str());
         }
-        let req = req.body(body.clone());
+        let req = req.body(reqwest::Body::wrap_stream(body.stream()));
         let attempts = || {
             if attempt == 0 {
                 String::new()

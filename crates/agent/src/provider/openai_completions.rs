@@ -90,7 +90,7 @@ fn wire_form(msg: &Value) -> WireForm {
 
 /// Builds the request.
 pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest {
-    let mut body = wire::Body::for_messages(&req.messages, &LAYOUT, 4096);
+    let mut body = wire::Body::new();
     body.field("model", &model.model.id);
     body.list("messages", |out| {
         if let Some(system) = req.system_prompt.as_deref().filter(|s| !s.is_empty()) {

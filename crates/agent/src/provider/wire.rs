@@ -1,11 +1,12 @@
 //! Helpers shared by the request mappers and decoders: Pi's message clean-up before a call
-//! (skipping failed assistant turns, closing orphaned tool calls), the request body writer over
-//! the messages' cached wire forms, content block access, error-body reading and context-length
-//! detection.
+//! (skipping failed assistant turns, closing orphaned tool calls), the request body over the
+//! messages' cached wire forms and the context's prefix (a rope of pieces, sent as they are),
+//! content block access, error-body reading and context-length detection.
 
 use std::collections::BTreeSet;
 
 use crate::config::ResolvedModel;
+use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -15,44 +16,59 @@ use crate::context::{ContextMessage, Kind, Messages, WireForm};
 /// Text given to the model for a tool call whose result never arrived (an aborted run).
 pub(crate) const NO_RESULT: &str = "No result provided";
 
+/// What [`prepare`] hands on.
+pub(crate) enum Step<'a> {
+    /// The next message to send.
+    Send(&'a ContextMessage),
+    /// The context's first `n` messages are done and no tool call waits for its result: how the
+    /// messages after them are sent does not depend on them.
+    Settled(usize),
+}
+
 /// Pi context messages → the messages a provider sees, handed to `each` in order:
 /// `convert_to_llm` (dropped roles go), then (as Pi's `transformMessages`) assistant messages that
 /// ended in `error` or `aborted` are skipped, tool calls without a result get an error result
 /// before the next message, and tool results that answer no pending call are dropped (APIs reject
 /// both kinds of orphan). Works on each message's cached facts only: nothing here walks a
-/// message's content, and nothing is collected.
-pub(crate) fn prepare(messages: &Messages, mut each: impl FnMut(&ContextMessage)) {
+/// message's content, and nothing is collected. Starts at message `from`, which must be a point
+/// where an earlier pass said [`Step::Settled`].
+pub(crate) fn prepare(messages: &Messages, from: usize, mut each: impl FnMut(Step<'_>)) {
     let mut pending: Vec<(&str, &str)> = Vec::new();
     let mut answered: BTreeSet<&str> = BTreeSet::new();
     let close_pending =
-        |each: &mut dyn FnMut(&ContextMessage), pending: &mut Vec<(&str, &str)>, answered: &mut BTreeSet<&str>| {
+        |each: &mut dyn FnMut(Step<'_>), pending: &mut Vec<(&str, &str)>, answered: &mut BTreeSet<&str>| {
             for (id, name) in pending.drain(..) {
                 if !answered.contains(id) {
-                    each(&ContextMessage::new(json!({
+                    each(Step::Send(&ContextMessage::new(json!({
                         "role": "toolResult", "toolCallId": id, "toolName": name,
                         "content": [{"type": "text", "text": NO_RESULT}], "isError": true, "timestamp": 0
-                    })));
+                    }))));
                 }
             }
             answered.clear();
         };
-    for msg in messages.iter() {
+    for (i, msg) in messages.iter_from(from).enumerate() {
         match msg.kind() {
             Kind::Dropped | Kind::Assistant { failed: true, .. } => {}
             Kind::Assistant { calls, .. } => {
                 close_pending(&mut each, &mut pending, &mut answered);
                 pending.extend(calls.iter().map(|(id, name)| (id.as_str(), name.as_str())));
-                each(msg);
+                each(Step::Send(msg));
             }
             Kind::ToolResult { id } => {
                 if pending.iter().any(|(p, _)| p == id) && answered.insert(id) {
-                    each(msg);
+                    each(Step::Send(msg));
                 }
             }
             Kind::User => {
                 close_pending(&mut each, &mut pending, &mut answered);
-                each(msg);
+                each(Step::Send(msg));
             }
+        }
+        // With no call pending, what `answered` holds no longer matters: it is cleared before the
+        // next call is looked at.
+        if pending.is_empty() {
+            each(Step::Settled(from + i + 1));
         }
     }
     close_pending(&mut each, &mut pending, &mut answered);
@@ -69,31 +85,52 @@ pub(crate) struct Layout {
     pub image_text_type: &'static str,
 }
 
+/// Where JSON text is appended: a mapper's buffer, or a request body's [`Rope`].
+pub(crate) trait Out: std::io::Write {
+    /// Appends bytes.
+    fn bytes(&mut self, b: &[u8]);
+}
+
+impl Out for Vec<u8> {
+    fn bytes(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
 /// Appends `v` as JSON.
-pub(crate) fn put(out: &mut Vec<u8>, v: &impl Serialize) {
+pub(crate) fn put(out: &mut impl Out, v: &impl Serialize) {
     if serde_json::to_writer(&mut *out, v).is_err() {
-        out.extend_from_slice(b"null");
+        out.bytes(b"null");
     }
 }
 
 /// Appends `v` as JSON followed by a comma (the shape of [`WireForm`] items).
-pub(crate) fn item(out: &mut Vec<u8>, v: &Value) {
+pub(crate) fn item(out: &mut impl Out, v: &Value) {
     put(out, v);
-    out.push(b',');
-}
-
-/// Ends a comma-separated list: drops the trailing comma.
-fn end_list(out: &mut Vec<u8>) {
-    if out.last() == Some(&b',') {
-        out.pop();
-    }
+    out.bytes(b",");
 }
 
 /// Writes the context's prepared messages as comma-terminated elements of the body's message
-/// array, each message's wire form built once and then copied as bytes.
-pub(crate) fn write_messages(out: &mut Vec<u8>, messages: &Messages, layout: &Layout) {
+/// array. The bytes of the messages an earlier request of this context already wrote (see
+/// [`Messages::prefix`]) are sent as they are; the rest is copied from each message's wire form
+/// (built once per message), and this request's bytes up to its last settled point become the
+/// context's prefix for the next request.
+pub(crate) fn write_messages(out: &mut Rope, messages: &Messages, layout: &Layout) {
+    let (from, mut segments) = messages.prefix(layout.api).unwrap_or_default();
+    for s in &segments {
+        out.share(s);
+    }
+    let size: usize = messages
+        .iter_from(from)
+        .map(|m| {
+            let f = m.wire(layout.api, layout.build);
+            f.items.len() + f.images.len()
+        })
+        .sum();
+    let mut fresh: Vec<u8> = Vec::with_capacity(size + 1024);
     let mut results: Vec<u8> = Vec::new();
     let mut images: Vec<u8> = Vec::new();
+    let mut settled = None;
     let flush = |out: &mut Vec<u8>, results: &mut Vec<u8>, images: &mut Vec<u8>| {
         if !results.is_empty() {
             out.extend_from_slice(br#"{"role":"user","content":["#);
@@ -109,114 +146,175 @@ pub(crate) fn write_messages(out: &mut Vec<u8>, messages: &Messages, layout: &La
             out.extend_from_slice(b"]},");
         }
     };
-    prepare(messages, |m| {
-        let is_result = matches!(m.kind(), Kind::ToolResult { .. });
-        if !is_result {
-            flush(out, &mut results, &mut images);
+    prepare(messages, from, |step| match step {
+        Step::Send(m) => {
+            let is_result = matches!(m.kind(), Kind::ToolResult { .. });
+            if !is_result {
+                flush(&mut fresh, &mut results, &mut images);
+            }
+            let form = m.wire(layout.api, layout.build);
+            if is_result && layout.group_results {
+                results.extend_from_slice(&form.items);
+            } else {
+                fresh.extend_from_slice(&form.items);
+            }
+            images.extend_from_slice(&form.images);
         }
-        let form = m.wire(layout.api, layout.build);
-        if is_result && layout.group_results {
-            results.extend_from_slice(&form.items);
-        } else {
-            out.extend_from_slice(&form.items);
+        Step::Settled(n) => {
+            if results.is_empty() && images.is_empty() {
+                settled = Some((n, fresh.len()));
+            }
         }
-        images.extend_from_slice(&form.images);
     });
-    flush(out, &mut results, &mut images);
+    flush(&mut fresh, &mut results, &mut images);
+    let fresh = Bytes::from(fresh);
+    out.share(&fresh);
+    if let Some((n, at)) = settled.filter(|&(n, _)| n > from) {
+        segments.push(fresh.slice(..at));
+        merge_segments(&mut segments);
+        messages.set_prefix(layout.api, n, segments);
+    }
 }
 
-/// Request bodies of long contexts are megabytes. Their buffers are kept (a bounded few) and
-/// reused, so a turn does not map, fault in, zero and unmap fresh pages for every body.
-mod pool {
-    use std::sync::Mutex;
+/// Merges the last two segments of a prefix while the last is at least half the one before it:
+/// as in a binary counter, the pieces stay few (about log2 of the turns since the first), and a
+/// byte is copied a few times in all, not once per turn.
+fn merge_segments(segments: &mut Vec<Bytes>) {
+    while let [.., a, b] = segments.as_slice() {
+        if a.len() >= 2 * b.len() {
+            break;
+        }
+        let mut joined = Vec::with_capacity(a.len() + b.len());
+        joined.extend_from_slice(a);
+        joined.extend_from_slice(b);
+        segments.truncate(segments.len() - 2);
+        segments.push(joined.into());
+    }
+}
 
-    /// Smaller buffers come from the allocator as usual.
-    const MIN_POOLED: usize = 256 * 1024;
-    /// Bytes of capacity kept for reuse at most.
-    const MAX_POOLED_BYTES: usize = 48 * 1024 * 1024;
+/// Ends a comma-separated list in a buffer: drops the trailing comma.
+fn end_list(out: &mut Vec<u8>) {
+    if out.last() == Some(&b',') {
+        out.pop();
+    }
+}
 
-    static FREE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+/// A request body as a list of byte pieces: JSON written here, and bytes shared from elsewhere
+/// (a context's prefix) without a copy.
+#[derive(Debug, Default)]
+pub(crate) struct Rope {
+    pieces: Vec<Bytes>,
+    /// Literal bytes after the last piece.
+    lit: Vec<u8>,
+    len: usize,
+}
 
-    fn free() -> std::sync::MutexGuard<'static, Vec<Vec<u8>>> {
-        pincer_pi::lock(&FREE)
+impl std::io::Write for Rope {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.bytes(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Out for Rope {
+    fn bytes(&mut self, b: &[u8]) {
+        self.lit.extend_from_slice(b);
+        self.len += b.len();
+    }
+}
+
+impl Rope {
+    fn close_lit(&mut self) {
+        if !self.lit.is_empty() {
+            self.pieces.push(Bytes::from(std::mem::take(&mut self.lit)));
+        }
     }
 
-    /// An empty buffer with room for `n` bytes.
-    pub fn take(n: usize) -> Vec<u8> {
-        if n < MIN_POOLED {
-            return Vec::with_capacity(n);
-        }
-        let mut free = free();
-        if let Some(i) = free.iter().position(|b| b.capacity() >= n) {
-            return free.swap_remove(i);
-        }
-        // The kept buffers are too small for the context now: give the largest up, and leave room
-        // for the context to grow for a while.
-        if let Some(i) = (0..free.len()).max_by_key(|&i| free[i].capacity()) {
-            free.swap_remove(i);
-        }
-        Vec::with_capacity(n + n / 4)
-    }
-
-    /// A body's bytes; the buffer goes back to the pool when the last reference is dropped.
-    pub struct Pooled(pub Vec<u8>);
-
-    impl AsRef<[u8]> for Pooled {
-        fn as_ref(&self) -> &[u8] {
-            &self.0
+    /// Appends `b` by reference.
+    fn share(&mut self, b: &Bytes) {
+        if !b.is_empty() {
+            self.close_lit();
+            self.pieces.push(b.clone());
+            self.len += b.len();
         }
     }
 
-    impl Drop for Pooled {
-        fn drop(&mut self) {
-            let mut buf = std::mem::take(&mut self.0);
-            if buf.capacity() < MIN_POOLED {
-                return;
+    /// Ends a comma-separated list: drops the trailing comma.
+    fn end_list(&mut self) {
+        if let Some(&last) = self.lit.last() {
+            if last == b',' {
+                self.lit.pop();
+                self.len -= 1;
             }
-            buf.clear();
-            let mut free = free();
-            let mut kept: usize = free.iter().map(Vec::capacity).sum();
-            // Keep the newest; drop the smallest kept ones while over the budget.
-            free.sort_by_key(|b| std::cmp::Reverse(b.capacity()));
-            while kept + buf.capacity() > MAX_POOLED_BYTES {
-                match free.pop() {
-                    Some(b) => kept -= b.capacity(),
-                    None => return,
-                }
+        } else if let Some(piece) = self.pieces.last_mut() {
+            if piece.last() == Some(&b',') {
+                piece.truncate(piece.len() - 1);
+                self.len -= 1;
             }
-            free.push(buf);
         }
+    }
+
+    fn finish(mut self) -> Payload {
+        self.close_lit();
+        Payload { pieces: self.pieces.into(), len: self.len }
+    }
+}
+
+/// A finished request body: its pieces, shared by the attempts of a retried request.
+#[derive(Debug, Clone)]
+pub struct Payload {
+    pieces: std::sync::Arc<[Bytes]>,
+    len: usize,
+}
+
+impl Payload {
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty body (never, for a JSON object).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The body as it is sent: its pieces, shared (a long context's prefix is not copied again).
+    pub(crate) fn stream(&self) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+        futures::stream::iter((0..self.pieces.len()).map({
+            let pieces = self.pieces.clone();
+            move |i| Ok(pieces[i].clone())
+        }))
+    }
+
+    /// The whole body in one buffer (for tests and benchmarks; a request streams its pieces).
+    pub fn to_bytes(&self) -> Bytes {
+        let mut out = Vec::with_capacity(self.len);
+        for p in self.pieces.iter() {
+            out.extend_from_slice(p);
+        }
+        out.into()
     }
 }
 
 /// A JSON object written field by field, in order.
-pub(crate) struct Body(Vec<u8>);
+pub(crate) struct Body(Rope);
 
 impl Body {
-    /// A body with room for `messages`' wire forms (building any not built yet) and `extra` bytes.
-    pub(crate) fn for_messages(messages: &Messages, layout: &Layout, extra: usize) -> Body {
-        let size: usize = messages
-            .iter()
-            .map(|m| {
-                let f = m.wire(layout.api, layout.build);
-                f.items.len() + f.images.len()
-            })
-            .sum();
-        Body::with_capacity(size + extra)
-    }
-
-    pub(crate) fn with_capacity(n: usize) -> Body {
-        let mut out = pool::take(n);
-        out.push(b'{');
+    pub(crate) fn new() -> Body {
+        let mut out = Rope::default();
+        out.bytes(b"{");
         Body(out)
     }
 
     fn key(&mut self, key: &str) {
-        if self.0.len() > 1 {
-            self.0.push(b',');
+        if self.0.len > 1 {
+            self.0.bytes(b",");
         }
         put(&mut self.0, &key);
-        self.0.push(b':');
+        self.0.bytes(b":");
     }
 
     /// A field with a serialized value.
@@ -226,12 +324,12 @@ impl Body {
     }
 
     /// A field whose value is an array of comma-terminated elements written by `write`.
-    pub(crate) fn list(&mut self, key: &str, write: impl FnOnce(&mut Vec<u8>)) {
+    pub(crate) fn list(&mut self, key: &str, write: impl FnOnce(&mut Rope)) {
         self.key(key);
-        self.0.push(b'[');
+        self.0.bytes(b"[");
         write(&mut self.0);
-        end_list(&mut self.0);
-        self.0.push(b']');
+        self.0.end_list();
+        self.0.bytes(b"]");
     }
 
     /// `tools`, each spelled as the API wants a function declared; left out when the run has none.
@@ -262,9 +360,9 @@ impl Body {
         super::WireRequest { url: format!("{}{path}", model.provider.base_url), headers, body: self.finish() }
     }
 
-    pub(crate) fn finish(mut self) -> bytes::Bytes {
-        self.0.push(b'}');
-        bytes::Bytes::from_owner(pool::Pooled(self.0))
+    fn finish(mut self) -> Payload {
+        self.0.bytes(b"}");
+        self.0.finish()
     }
 }
 
@@ -377,7 +475,11 @@ mod tests {
         ];
         let shared: Messages = input.into_iter().map(ContextMessage::shared).collect();
         let mut prepared = Vec::new();
-        prepare(&shared, |m| prepared.push(m.value()));
+        prepare(&shared, 0, |s| {
+            if let Step::Send(m) = s {
+                prepared.push(m.value())
+            }
+        });
         assert_eq!(
             prepared,
             vec![
@@ -388,6 +490,96 @@ mod tests {
                 json!({"role":"user","content":"b","timestamp":6}),
             ]
         );
+    }
+
+    /// The message array `write_messages` writes for `messages`, as one buffer.
+    fn written(messages: &Messages, layout: &Layout) -> Vec<u8> {
+        let mut body = Body::new();
+        body.list("m", |out| write_messages(out, messages, layout));
+        body.finish().to_bytes().to_vec()
+    }
+
+    /// A context with every shape the clean-up cares about, from a seed: plain and image user
+    /// messages, assistant turns with and without tool calls, failed ones, results that answer,
+    /// come twice or answer nothing, results with images, and messages Pi converts or drops.
+    fn random_message(seed: &mut u64, open_calls: &mut Vec<String>) -> Value {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let r = (*seed >> 33) as usize;
+        let n = r % 100;
+        let img = json!({"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"});
+        match r % 9 {
+            0 | 1 => json!({"role": "user", "content": format!("question {n}"), "timestamp": n}),
+            2 => {
+                let calls: Vec<Value> = (0..=r % 3)
+                    .map(|k| {
+                        let id = format!("c{n}_{k}");
+                        open_calls.push(id.clone());
+                        json!({"type": "toolCall", "id": id, "name": "read", "arguments": {"k": k}})
+                    })
+                    .collect();
+                let stop = if r.is_multiple_of(7) { "error" } else { "toolUse" };
+                json!({"role": "assistant", "content": calls, "stopReason": stop, "timestamp": n})
+            }
+            3 | 4 => {
+                let id = match open_calls.len() {
+                    0 => "nobody".to_owned(),
+                    len => open_calls[r % len].clone(),
+                };
+                let mut content = vec![json!({"type": "text", "text": format!("result {n}")})];
+                if r.is_multiple_of(5) {
+                    content.push(img);
+                }
+                json!({"role": "toolResult", "toolCallId": id, "toolName": "read", "content": content, "isError": false, "timestamp": n})
+            }
+            5 => {
+                json!({"role": "assistant", "content": [{"type": "text", "text": format!("answer {n}")}], "stopReason": if r.is_multiple_of(4) { "aborted" } else { "stop" }, "timestamp": n})
+            }
+            6 => json!({"role": "user", "content": [{"type": "text", "text": "look"}, img], "timestamp": n}),
+            7 => {
+                json!({"role": "bashExecution", "command": "ls", "output": "a", "exitCode": 0, "cancelled": false, "truncated": false, "timestamp": n})
+            }
+            _ => json!({"role": "custom", "customType": "note", "content": "hidden", "display": false, "timestamp": n}),
+        }
+    }
+
+    #[test]
+    fn a_body_written_on_a_prefix_is_the_body_written_whole() {
+        let layouts = [
+            &super::super::openai_completions::LAYOUT,
+            &super::super::openai_responses::LAYOUT,
+            &super::super::anthropic::LAYOUT,
+        ];
+        for (seed0, layout) in (1..=6u64).zip(layouts.iter().cycle()) {
+            let mut seed = seed0;
+            let mut open_calls = Vec::new();
+            let mut a = Messages::new();
+            let mut used = 0;
+            for turn in 0..400 {
+                a.push(ContextMessage::shared(random_message(&mut seed, &mut open_calls)));
+                if turn % 3 != 0 {
+                    continue;
+                }
+                let fresh: Messages = a.iter().cloned().collect();
+                assert_eq!(written(&a, layout), written(&fresh, layout), "seed {seed0}, {} messages", a.len());
+                if let Some((n, segments)) = a.prefix(layout.api) {
+                    used += 1;
+                    assert!(n <= a.len());
+                    assert!(segments.len() <= 12, "{} segments after {} messages", segments.len(), a.len());
+                }
+            }
+            assert!(used > 100, "seed {seed0}: the prefix was there for {used} of 133 requests");
+
+            // Clones that go different ways share the prefixes' home, never each other's bytes.
+            let mut b = a.clone();
+            for _ in 0..40 {
+                a.push(ContextMessage::shared(random_message(&mut seed, &mut open_calls)));
+                b.push(ContextMessage::shared(random_message(&mut seed, &mut open_calls)));
+                for m in [&a, &b] {
+                    let fresh: Messages = m.iter().cloned().collect();
+                    assert_eq!(written(m, layout), written(&fresh, layout), "seed {seed0}, a fork");
+                }
+            }
+        }
     }
 
     #[test]
