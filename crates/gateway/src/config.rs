@@ -115,6 +115,8 @@ pub struct GatewaySection {
     pub max_connections: Option<usize>,
     /// Time a client has to send its request headers (default 10 s).
     pub header_timeout_ms: Option<u64>,
+    /// Message JSON of the sessions' contexts kept in memory, in MiB (default 128; 0: none).
+    pub context_cache_mb: Option<u64>,
     /// `[gateway.openai_api]`: the OpenAI-compatible endpoint (off unless enabled).
     pub openai_api: OpenAiApiSection,
 }
@@ -235,6 +237,8 @@ pub struct Settings {
     pub allowed_origins: Vec<String>,
     pub max_connections: usize,
     pub header_timeout: std::time::Duration,
+    /// Bytes of message JSON the context cache holds at most (`context_cache_mb`).
+    pub context_cache_bytes: usize,
     pub max_reply_bytes: usize,
     /// The OpenAI-compatible endpoint, when enabled.
     pub openai_api: Option<OpenAiApi>,
@@ -377,6 +381,8 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         allowed_origins: allowed_origins(&file.gateway.allowed_origins)?,
         max_connections: file.gateway.max_connections.unwrap_or_else(default_max_connections).max(1),
         header_timeout: std::time::Duration::from_millis(file.gateway.header_timeout_ms.unwrap_or(10_000).max(100)),
+        context_cache_bytes: usize::try_from(file.gateway.context_cache_mb.unwrap_or(128).saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX),
         max_reply_bytes: file
             .agents
             .defaults
@@ -528,6 +534,26 @@ mod tests {
         assert!(err.contains("unknown variant `no`, expected `on` or `off`"), "{err}");
         let ok: FileConfig = toml::from_str("[gateway.auth]\nmode = \"none\"\n[logging]\nredact = \"off\"\n").unwrap();
         assert_eq!((ok.gateway.auth.mode, ok.logging.redact), (Some(AuthModeName::None), Some(Switch::Off)));
+    }
+
+    #[test]
+    fn the_context_cache_budget_is_given_in_mib_and_can_be_off() {
+        for (text, want) in [
+            ("", 128usize << 20),
+            ("[gateway]\ncontext_cache_mb = 0\n", 0),
+            ("[gateway]\ncontext_cache_mb = 2048\n", 2048 << 20),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("pincer.toml"), text).unwrap();
+            let o = Overrides {
+                state_dir: Some(dir.path().to_path_buf()),
+                config: Some(dir.path().join("pincer.toml")),
+                ..Overrides::default()
+            };
+            assert_eq!(load(&o).unwrap().context_cache_bytes, want, "{text:?}");
+        }
+        let err = toml::from_str::<FileConfig>("[gateway]\ncontext_cache_mb = -1\n").unwrap_err().to_string();
+        assert!(err.contains("context_cache_mb"), "{err}");
     }
 
     const GATEWAY_TOKEN: &str = "gw-token-3f9a1c77b2e04d55";

@@ -18,10 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
-/// Sessions whose context is kept in memory, and the JSON bytes of their messages together (in
-/// memory a message takes a few times its JSON: its text, its wire form, and the bytes the last
-/// request body sent for it, which the next turn's body refers to). Idle contexts
-/// go first, least recently used first; a context that does not fit is not kept.
+/// Sessions whose context is kept in memory, and (by default; `[gateway] context_cache_mb`) the
+/// JSON bytes of their messages together (in memory a message takes a few times its JSON: its
+/// text, its wire form, and the bytes the last request body sent for it, which the next turn's
+/// body refers to). Idle contexts go first, least recently used first; a context that does not
+/// fit is not kept.
 const CONTEXT_CACHE_SESSIONS: usize = 256;
 const CONTEXT_CACHE_BYTES: usize = 128 * 1024 * 1024;
 /// Only contexts unused this long make room for another: when the busy ones fill the budget, a
@@ -42,13 +43,24 @@ struct CachedContext {
 }
 
 /// The contexts kept in memory (see [`CONTEXT_CACHE_BYTES`]).
-#[derive(Default)]
 struct ContextCache {
     map: HashMap<std::path::PathBuf, CachedContext>,
     bytes: usize,
+    /// Message JSON bytes held at most.
+    budget: usize,
+}
+
+impl Default for ContextCache {
+    fn default() -> ContextCache {
+        ContextCache::with_budget(CONTEXT_CACHE_BYTES)
+    }
 }
 
 impl ContextCache {
+    fn with_budget(budget: usize) -> ContextCache {
+        ContextCache { map: HashMap::new(), bytes: 0, budget }
+    }
+
     /// The context of `path` if it was built at `leaf` of the transcript's `version`.
     fn get(&mut self, path: &std::path::Path, leaf: &str, version: u64) -> Option<Messages> {
         let c = self.map.get_mut(path).filter(|c| c.leaf == leaf && c.version == version)?;
@@ -94,7 +106,7 @@ impl ContextCache {
     /// context, one more session) fit; false when they cannot.
     fn make_room(&mut self, room: usize) -> bool {
         let adding = usize::from(room > 0);
-        while self.bytes + room > CONTEXT_CACHE_BYTES || self.map.len() + adding > CONTEXT_CACHE_SESSIONS {
+        while self.bytes + room > self.budget || self.map.len() + adding > CONTEXT_CACHE_SESSIONS {
             let idle = self
                 .map
                 .iter()
@@ -349,6 +361,7 @@ impl Gateway {
         let (store, pg, indexer) = open_store(&settings, &redactor)?;
         let conversations = Arc::new(crate::openai::index::ConversationIndex::new(store.clone()));
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
+        let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         Ok(Gateway {
             sessions: Sessions::new(&settings.state_dir, store.clone()),
             settings,
@@ -365,7 +378,7 @@ impl Gateway {
             sockets: TaskTracker::new(),
             runs: Mutex::new(HashMap::new()),
             dedupe: Mutex::new(DedupeWindow::default()),
-            contexts: Mutex::new(ContextCache::default()),
+            contexts: Mutex::new(contexts),
             next_conn: AtomicU64::new(1),
             indexer,
             search_reader: Mutex::new(None),
@@ -743,6 +756,9 @@ mod tests {
         assert!(c.get(Path::new("a"), "leaf", 1).is_none(), "nor after the transcript was rewritten");
         c.insert(PathBuf::from("huge"), ("leaf".into(), 0), msgs(1), CONTEXT_CACHE_BYTES + 1);
         assert!(c.get(Path::new("huge"), "leaf", 0).is_none(), "a context larger than the budget is not kept");
+        let mut off = ContextCache::with_budget(0);
+        off.insert(PathBuf::from("s"), ("leaf".into(), 0), msgs(1), 1);
+        assert!(off.get(Path::new("s"), "leaf", 0).is_none() && off.bytes == 0, "a budget of 0 keeps nothing");
 
         let mut c = ContextCache::default();
         c.insert(PathBuf::from("s"), ("l1".into(), 0), msgs(2), 10);

@@ -206,7 +206,12 @@ fn check_turn(state: &Path, request: &Value, said: &str) -> usize {
 /// The gateway on the prefilled state dir with a window no turn reaches (no automatic compaction:
 /// any compaction is the test's), and a client of it.
 async fn start_on(state: &Path, fake: &FakeOpenAi) -> (GatewayProcess, Client) {
-    let config = fake.gateway_toml_window(100_000_000);
+    start_with(state, fake, "").await
+}
+
+/// [`start_on`] with `gateway` as the config's `[gateway]` section.
+async fn start_with(state: &Path, fake: &FakeOpenAi, gateway: &str) -> (GatewayProcess, Client) {
+    let config = format!("[gateway]\n{gateway}\n{}", fake.gateway_toml_window(100_000_000));
     let state = state.to_path_buf();
     let gw = tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &state, &config)).await.expect("start");
     let c = Client::connect(&gw.addr).await;
@@ -222,11 +227,21 @@ async fn send_turn(c: &mut Client, text: &str, run: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_of_a_long_branched_compacted_session_is_what_pi_builds_from_the_file() {
+    long_branched_compacted_session("").await;
+}
+
+/// The same with no context kept in memory: every turn reads the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_context_cache_off_every_request_is_still_what_pi_builds() {
+    long_branched_compacted_session("context_cache_mb = 0").await;
+}
+
+async fn long_branched_compacted_session(gateway: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     prefill(&state);
     let fake = FakeOpenAi::start().await;
-    let (mut gw, mut c) = start_on(&state, &fake).await;
+    let (mut gw, mut c) = start_with(&state, &fake, gateway).await;
     let mut said = Vec::new();
     for n in 1..=4 {
         if n == 3 {

@@ -24,6 +24,9 @@
 //! gateway is (threads that sleep and wake between turns) then compare at equal load, for example a
 //! long session's turn against a fresh one's: `--sessions 10 --lengths 0,10000 --rate 150`.
 //!
+//! `--context-cache-mb N` sets the gateway's `context_cache_mb` (many long sessions at once do not
+//! fit the default 128 MiB: `--sessions 100 --lengths 10000 --context-cache-mb 1024`).
+//!
 //! `--perf DIR` records a `perf record -g` profile of the gateway process during each measured
 //! combination into `DIR/perf-<sessions>x<entries>.data` (read with `perf report -i …`).
 
@@ -240,6 +243,9 @@ async fn main() {
         .expect("write sessions.json");
     // A window no prefilled session reaches: compaction would otherwise run after every turn.
     let mut config = fake.gateway_toml_window(100_000_000);
+    if let Some(mb) = std::env::args().any(|a| a == "--context-cache-mb").then(|| arg("--context-cache-mb", "128")) {
+        config = format!("[gateway]\ncontext_cache_mb = {mb}\n{config}");
+    }
     let replicas: usize = arg("--replicas", "1").parse().expect("--replicas");
     let postgres = std::env::args().any(|a| a == "--postgres").then(pincer_testkit::postgres::Postgres::start);
     assert!(replicas == 1 || postgres.is_some(), "--replicas needs --postgres");
