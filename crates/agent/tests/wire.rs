@@ -52,7 +52,7 @@ async fn request_body(f: Format) -> Value {
     let events = collect(rx).await;
     assert!(matches!(events.last(), Some(pincer_agent::RunEvent::Final { .. })), "{events:?}");
     let sent = fake.requests().remove(0);
-    // The body streams in chunks, but with its length up front: not every server takes chunked bodies.
+    // The body goes out in pieces, but with its length up front: not every server takes chunked bodies.
     assert_eq!(sent.headers.get("content-length"), Some(&sent.body_len.to_string()));
     assert!(!sent.headers.contains_key("transfer-encoding"), "{:?}", sent.headers);
     sent.body

@@ -470,8 +470,9 @@ async fn send_with_retries(
             Some(url) => p.client.post(url),
             None => p.client.post(&wire.url),
         };
-        // The body streams in chunks; its length is known, so it goes with a Content-Length (hyper
-        // keeps the header's length), not chunked transfer coding, which some local servers lack.
+        // The body goes out as its pieces (see `wire::Payload`); its length is known, so it goes with
+        // a Content-Length (hyper keeps the header's), not chunked transfer coding, which some local
+        // servers do not take.
         let mut req = req.header("content-type", "application/json").header("content-length", body.len());
         for (k, v) in &wire.headers {
             req = req.header(k.as_str(), v.as_str());
