@@ -381,8 +381,9 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         allowed_origins: allowed_origins(&file.gateway.allowed_origins)?,
         max_connections: file.gateway.max_connections.unwrap_or_else(default_max_connections).max(1),
         header_timeout: std::time::Duration::from_millis(file.gateway.header_timeout_ms.unwrap_or(10_000).max(100)),
-        context_cache_bytes: usize::try_from(file.gateway.context_cache_mb.unwrap_or(128).saturating_mul(1 << 20))
-            .unwrap_or(usize::MAX),
+        context_cache_bytes: file.gateway.context_cache_mb.map_or(crate::state::CONTEXT_CACHE_BYTES, |mb| {
+            usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+        }),
         max_reply_bytes: file
             .agents
             .defaults

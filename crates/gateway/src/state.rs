@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 /// body refers to). Idle contexts go first, least recently used first; a context that does not
 /// fit is not kept.
 const CONTEXT_CACHE_SESSIONS: usize = 256;
-const CONTEXT_CACHE_BYTES: usize = 128 * 1024 * 1024;
+pub(crate) const CONTEXT_CACHE_BYTES: usize = 128 * 1024 * 1024;
 /// Only contexts unused this long make room for another: when the busy ones fill the budget, a
 /// newcomer is not kept (rather than all of them taking turns at being evicted and rebuilt).
 const CONTEXT_CACHE_IDLE: Duration = Duration::from_secs(30);

@@ -244,11 +244,10 @@ impl Rope {
 
     /// Ends a comma-separated list: drops the trailing comma.
     fn end_list(&mut self) {
-        if let Some(&last) = self.lit.last() {
-            if last == b',' {
-                self.lit.pop();
-                self.len -= 1;
-            }
+        if !self.lit.is_empty() {
+            let before = self.lit.len();
+            end_list(&mut self.lit);
+            self.len -= before - self.lit.len();
         } else if let Some(piece) = self.pieces.last_mut() {
             if piece.last() == Some(&b',') {
                 piece.truncate(piece.len() - 1);
