@@ -171,15 +171,17 @@ export async function launchBrowser() {
 }
 
 /**
- * Records the WebSocket frames of a page (both directions, parsed JSON) so tests can assert on the
- * wire as well as on the DOM.
+ * Records the WebSocket frames of a page (both directions, parsed JSON, `sock` numbering the page's
+ * sockets in the order they opened) so tests can assert on the wire as well as on the DOM.
  */
 export function recordFrames(page) {
   const frames = [];
+  let sockets = 0;
   page.on("websocket", (ws) => {
+    const sock = ++sockets;
     const push = (dir) => (ev) => {
       const data = typeof ev.payload === "string" ? ev.payload : ev.payload.toString("utf8");
-      try { frames.push({ dir, url: ws.url(), t: Date.now(), frame: JSON.parse(data) }); } catch { /* not JSON */ }
+      try { frames.push({ dir, url: ws.url(), sock, t: Date.now(), frame: JSON.parse(data) }); } catch { /* not JSON */ }
     };
     ws.on("framesent", push("out"));
     ws.on("framereceived", push("in"));
