@@ -23,12 +23,16 @@
 //! sessions/R seconds, or at once when it is behind): per-turn costs that depend on how busy the
 //! gateway is (threads that sleep and wake between turns) then compare at equal load, for example a
 //! long session's turn against a fresh one's: `--sessions 10 --lengths 0,10000 --rate 150`.
+//! `--equal-load` does that by itself: after each combination of long sessions it measures as
+//! many fresh ones paced at the rate the long ones reached, and prints the ratio of their CPU per
+//! turn without the request-body pass (and without the body's send too).
 //!
 //! `--context-cache-mb N` sets the gateway's `context_cache_mb` (many long sessions at once do not
 //! fit the default 128 MiB: `--sessions 100 --lengths 10000 --context-cache-mb 1024`).
 //!
 //! `--perf DIR` records a `perf record -g` profile of the gateway process during each measured
-//! combination into `DIR/perf-<sessions>x<entries>.data` (read with `perf report -i …`).
+//! combination into `DIR/perf-<sessions>x<entries>-<sessions' prefix>.data` (read with
+//! `perf report -i …`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // a measuring tool
 
@@ -226,6 +230,7 @@ async fn main() {
     let lengths: Vec<usize> = arg("--lengths", "0").split(',').map(|s| s.parse().expect("--lengths")).collect();
     let perf_dir = std::env::args().any(|a| a == "--perf").then(|| std::path::PathBuf::from(arg("--perf", ".")));
     let rate: f64 = arg("--rate", "0").parse().expect("--rate");
+    let equal_load = std::env::args().any(|a| a == "--equal-load");
     let send_ms_per_mb = std::thread::spawn(loopback_send_ms_per_mb).join().expect("loopback calibration");
     println!("sending over loopback TCP: {send_ms_per_mb:.3} ms of CPU per MB (the sender's side)");
     let fake = FakeOpenAi::start_unrecorded().await;
@@ -236,6 +241,10 @@ async fn main() {
             for s in 0..n {
                 let sid = format!("load-{len}-{n}-{s}");
                 index.insert(format!("agent:main:{sid}"), prefill(&dir, &sid, len));
+                if equal_load && len > 0 {
+                    let sid = format!("fresh{len}-0-{n}-{s}");
+                    index.insert(format!("agent:main:{sid}"), prefill(&dir, &sid, 0));
+                }
             }
         }
     }
@@ -272,7 +281,6 @@ async fn main() {
     let gw = &gws[0];
     let addrs: Vec<String> = gws.iter().map(|g| g.addr.clone()).collect();
     let pids: Vec<u32> = gws.iter().map(|g| g.child.id()).collect();
-    let cpu_all = || pids.iter().map(|p| cpu_s(*p)).sum::<f64>();
     let first = Client::connect(&gw.addr).await;
     let cold = t0.elapsed();
     drop(first);
@@ -289,122 +297,14 @@ async fn main() {
     println!("RSS with {idle} idle connections: {:.1} MiB", rss_kib(pid) as f64 / 1024.0);
     drop(conns);
 
+    let env = Env { addrs, pids, pid, turns, send_ms_per_mb, perf_dir };
     for &len in &lengths {
         for &n in &levels {
-            let warm = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
-            // Measured turns start together once the gateway has settled after the warm-up.
-            let go = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
-            let mut tasks = Vec::new();
-            for s in 0..n {
-                let addr = addrs[s % addrs.len()].clone();
-                let (warm, go) = (warm.clone(), go.clone());
-                tasks.push(tokio::spawn(async move {
-                    let mut c = Client::connect(&addr).await;
-                    let key = format!("agent:main:load-{len}-{n}-{s}");
-                    let mut lat = Vec::with_capacity(turns);
-                    // With `--rate`: this session's turns start every n/rate seconds, the sessions
-                    // spread evenly over that gap.
-                    let gap = (rate > 0.0).then(|| Duration::from_secs_f64(n as f64 / rate));
-                    let mut start = tokio::time::Instant::now();
-                    // Turn 0 warms up (the gateway reads the prefilled file once); it is not counted.
-                    for t in 0..=turns {
-                        if let (Some(gap), true) = (gap, t > 0) {
-                            tokio::time::sleep_until(start + gap.mul_f64((t - 1) as f64 + s as f64 / n as f64)).await;
-                        }
-                        let run = format!("load-{len}-{n}-{s}-{t}");
-                        let sent = Instant::now();
-                        c.request(
-                            "chat.send",
-                            json!({"sessionKey": key, "message": format!("turn {t}"), "idempotencyKey": run}),
-                        )
-                        .await
-                        .expect("send");
-                        let end = c.chat_end(&run).await;
-                        assert_eq!(end["payload"]["state"], "final", "{end}");
-                        if t > 0 {
-                            lat.push(sent.elapsed());
-                        }
-                        if t == turns && s == 0 && std::env::var_os("LOAD_SHOW_EVENTS").is_some() {
-                            for e in &c.events {
-                                println!("event: {}", e.to_string().chars().take(300).collect::<String>());
-                            }
-                            println!("final: {}", end.to_string().chars().take(600).collect::<String>());
-                        }
-                        c.events.clear();
-                        if t == 0 {
-                            warm.wait().await;
-                            go.wait().await;
-                            start = tokio::time::Instant::now();
-                        }
-                    }
-                    lat
-                }));
-            }
-            warm.wait().await;
-            settle(&gw.addr, pid).await;
-            let perf = perf_dir.as_ref().map(|d| start_perf(d, pid, &format!("perf-{n}x{len}.data")));
-            let before = totals_of(&addrs).await;
-            let cpu_before = cpu_all();
-            let switches_before: u64 = pids.iter().map(|p| switches(*p)).sum();
-            let own_before = cpu_s(std::process::id());
-            let started = Instant::now();
-            go.wait().await;
-            let mut all = Vec::new();
-            for t in tasks {
-                all.extend(t.await.expect("session task"));
-            }
-            let wall = started.elapsed().as_secs_f64();
-            let cpu = cpu_all() - cpu_before;
-            let own = cpu_s(std::process::id()) - own_before;
-            let switched = pids.iter().map(|p| switches(*p)).sum::<u64>().saturating_sub(switches_before);
-            let d = totals_of(&addrs).await - before;
-            let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
-            let count = all.len();
-            let per_turn = |s: f64| s * 1e3 / count as f64;
-            let split = perf.map(|p| {
-                stop_perf(p);
-                profile_split(&perf_dir.as_ref().expect("perf dir").join(format!("perf-{n}x{len}.data")))
-            });
-            let paced = if rate > 0.0 { format!(" (paced at {rate} turns/s)") } else { String::new() };
-            println!(
-                "{n:>4} sessions x {turns} turns at {len:>6} entries{paced}: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, \
-                 gateway CPU {:.3} ms/turn ({:.3} without the request-body pass; the pass {:.3} ms/turn, \
-                 {:.2} MB/turn at {:.0} MB/s; {:.3} without the pass and the body's send at the loopback rate), \
-                 gateway RSS {:.1} MiB",
-                pct(&mut all, 0.5),
-                pct(&mut all, 0.99),
-                count as f64 / wall,
-                per_turn(cpu),
-                per_turn(cpu - body_cpu),
-                per_turn(body_cpu),
-                body_bytes / count as f64 / 1e6,
-                if body_cpu > 0.0 { body_bytes / body_cpu / 1e6 } else { 0.0 },
-                per_turn(cpu - body_cpu) - body_bytes / count as f64 / 1e6 * send_ms_per_mb,
-                rss_kib(pid) as f64 / 1024.0
-            );
-            // Time inside fdatasync summed over the calls, over the wall time: above 1, calls of
-            // different files overlapped (they run on several blocking threads).
-            println!(
-                "      fdatasyncs: {:.2} per turn, {:.3} ms each on average, {:.2} in flight on average; \
-                 {:.1} context switches of the gateway's threads per turn; this command's own CPU (the clients and \
-                 the fake provider) {:.3} ms/turn",
-                d.syncs / count as f64,
-                if d.syncs > 0.0 { d.sync_seconds / d.syncs * 1e3 } else { 0.0 },
-                d.sync_seconds / wall,
-                switched as f64 / count as f64,
-                own * 1e3 / count as f64
-            );
-            if let Some([pass, send, rest]) = split {
-                let all = (pass + send + rest).max(1) as f64;
-                println!(
-                    "      profile: {:.1} % the request-body pass, {:.1} % its send (the HTTP client's flush), \
-                     {:.1} % the rest: {:.3} ms/turn without the pass and the send (under perf, {} samples)",
-                    100.0 * pass as f64 / all,
-                    100.0 * send as f64 / all,
-                    100.0 * rest as f64 / all,
-                    per_turn(cpu) * rest as f64 / all,
-                    pass + send + rest
-                );
+            let long = combination(&env, "load", len, n, rate).await;
+            if equal_load && len > 0 {
+                // The same number of fresh sessions, paced at the rate the long ones reached.
+                let fresh = combination(&env, &format!("fresh{len}"), 0, n, long.rate).await;
+                long.compare(&fresh, len);
             }
         }
     }
@@ -438,11 +338,13 @@ async fn settle(addr: &str, pid: u32) {
 }
 
 /// Starts `perf record -g` on the gateway process (Debian's linux-perf).
-fn start_perf(dir: &std::path::Path, pid: u32, name: &str) -> std::process::Child {
-    std::fs::create_dir_all(dir).expect("perf dir");
+fn start_perf(file: &std::path::Path, pid: u32) -> std::process::Child {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).expect("perf dir");
+    }
     let child = std::process::Command::new("perf")
         .args(["record", "-q", "-F", "499", "--call-graph", "dwarf,16384", "-p", &pid.to_string(), "-o"])
-        .arg(dir.join(name))
+        .arg(file)
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("perf record (apt install linux-perf)");
@@ -485,4 +387,185 @@ fn tempfile_dir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("pincer-load-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
+}
+
+/// What every measured combination shares: the gateways, the first one's process, and how a
+/// combination is measured.
+struct Env {
+    addrs: Vec<String>,
+    pids: Vec<u32>,
+    /// The first gateway's process (the one profiled and whose RSS is reported).
+    pid: u32,
+    turns: usize,
+    send_ms_per_mb: f64,
+    perf_dir: Option<std::path::PathBuf>,
+}
+
+/// One combination's figures, per measured turn.
+struct Outcome {
+    /// Turns per second over the measured turns.
+    rate: f64,
+    /// The gateways' CPU per turn, in ms.
+    cpu: f64,
+    /// The request-body pass per turn (the gateway's own clock), in ms.
+    pass: f64,
+    /// The body's send per turn at the loopback calibration's rate, in ms.
+    send: f64,
+    /// With `--perf`: the CPU per turn outside the pass and the send, by the profile's samples.
+    profiled_rest: Option<f64>,
+}
+
+impl Outcome {
+    /// Prints how a long session's turn compares with a fresh one's measured at the same rate.
+    fn compare(&self, fresh: &Outcome, len: usize) {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        let (long_rest, fresh_rest) = (self.cpu - self.pass, fresh.cpu - fresh.pass);
+        let (long_net, fresh_net) = (long_rest - self.send, fresh_rest - fresh.send);
+        let profiled = match (self.profiled_rest, fresh.profiled_rest) {
+            (Some(a), Some(b)) => format!("; by the profiles {a:.3} against {b:.3}: {:.2}x", ratio(a, b)),
+            _ => String::new(),
+        };
+        println!(
+            "      equal load ({:.0} turns/s against {:.0}): a {len}-entry turn costs {long_rest:.3} ms of CPU without \
+             the request-body pass, a fresh one {fresh_rest:.3}: {:.2}x; without the pass and the body's send at the \
+             loopback rate {long_net:.3} against {fresh_net:.3}: {:.2}x{profiled}",
+            self.rate,
+            fresh.rate,
+            ratio(long_rest, fresh_rest),
+            ratio(long_net, fresh_net),
+        );
+    }
+}
+
+/// Measures `n` sessions of `len` prefilled entries (`<prefix>-<len>-<n>-<s>`) taking `env.turns`
+/// turns each (paced to `rate` turns/s in all when it is above 0), and prints the figures.
+async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -> Outcome {
+    let (turns, pid, send_ms_per_mb) = (env.turns, env.pid, env.send_ms_per_mb);
+    let cpu_all = || env.pids.iter().map(|p| cpu_s(*p)).sum::<f64>();
+    let warm = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
+    // Measured turns start together once the gateway has settled after the warm-up.
+    let go = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
+    let mut tasks = Vec::new();
+    for s in 0..n {
+        let addr = env.addrs[s % env.addrs.len()].clone();
+        let (warm, go) = (warm.clone(), go.clone());
+        let name = format!("{prefix}-{len}-{n}-{s}");
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::connect(&addr).await;
+            let key = format!("agent:main:{name}");
+            let mut lat = Vec::with_capacity(turns);
+            // With a rate: this session's turns start every n/rate seconds, the sessions spread
+            // evenly over that gap.
+            let gap = (rate > 0.0).then(|| Duration::from_secs_f64(n as f64 / rate));
+            let mut start = tokio::time::Instant::now();
+            // Turn 0 warms up (the gateway reads the prefilled file once); it is not counted.
+            for t in 0..=turns {
+                if let (Some(gap), true) = (gap, t > 0) {
+                    tokio::time::sleep_until(start + gap.mul_f64((t - 1) as f64 + s as f64 / n as f64)).await;
+                }
+                let run = format!("{name}-{t}");
+                let sent = Instant::now();
+                c.request(
+                    "chat.send",
+                    json!({"sessionKey": key, "message": format!("turn {t}"), "idempotencyKey": run}),
+                )
+                .await
+                .expect("send");
+                let end = c.chat_end(&run).await;
+                assert_eq!(end["payload"]["state"], "final", "{end}");
+                if t > 0 {
+                    lat.push(sent.elapsed());
+                }
+                if t == turns && s == 0 && std::env::var_os("LOAD_SHOW_EVENTS").is_some() {
+                    for e in &c.events {
+                        println!("event: {}", e.to_string().chars().take(300).collect::<String>());
+                    }
+                    println!("final: {}", end.to_string().chars().take(600).collect::<String>());
+                }
+                c.events.clear();
+                if t == 0 {
+                    warm.wait().await;
+                    go.wait().await;
+                    start = tokio::time::Instant::now();
+                }
+            }
+            lat
+        }));
+    }
+    warm.wait().await;
+    settle(&env.addrs[0], pid).await;
+    let profile = env.perf_dir.as_ref().map(|d| d.join(format!("perf-{n}x{len}-{prefix}.data")));
+    let perf = profile.as_ref().map(|p| start_perf(p, pid));
+    let before = totals_of(&env.addrs).await;
+    let cpu_before = cpu_all();
+    let switches_before: u64 = env.pids.iter().map(|p| switches(*p)).sum();
+    let own_before = cpu_s(std::process::id());
+    let started = Instant::now();
+    go.wait().await;
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("session task"));
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = cpu_all() - cpu_before;
+    let own = cpu_s(std::process::id()) - own_before;
+    let switched = env.pids.iter().map(|p| switches(*p)).sum::<u64>().saturating_sub(switches_before);
+    let d = totals_of(&env.addrs).await - before;
+    let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
+    let count = all.len();
+    let per_turn = |s: f64| s * 1e3 / count as f64;
+    let split = perf.zip(profile.as_ref()).map(|(p, file)| {
+        stop_perf(p);
+        profile_split(file)
+    });
+    let paced = if rate > 0.0 { format!(" (paced at {rate:.0} turns/s)") } else { String::new() };
+    let send = body_bytes / count as f64 / 1e6 * send_ms_per_mb;
+    let outcome = Outcome {
+        rate: count as f64 / wall,
+        cpu: per_turn(cpu),
+        pass: per_turn(body_cpu),
+        send,
+        profiled_rest: split.map(|[pass, send, rest]| per_turn(cpu) * rest as f64 / (pass + send + rest).max(1) as f64),
+    };
+    println!(
+        "{n:>4} sessions x {turns} turns at {len:>6} entries{paced}: send→final p50 {:.2} ms, p99 {:.2} ms, {:.0} turns/s, \
+         gateway CPU {:.3} ms/turn ({:.3} without the request-body pass; the pass {:.3} ms/turn, \
+         {:.2} MB/turn at {:.0} MB/s; {:.3} without the pass and the body's send at the loopback rate), \
+         gateway RSS {:.1} MiB",
+        pct(&mut all, 0.5),
+        pct(&mut all, 0.99),
+        outcome.rate,
+        outcome.cpu,
+        outcome.cpu - outcome.pass,
+        outcome.pass,
+        body_bytes / count as f64 / 1e6,
+        if body_cpu > 0.0 { body_bytes / body_cpu / 1e6 } else { 0.0 },
+        outcome.cpu - outcome.pass - send,
+        rss_kib(pid) as f64 / 1024.0
+    );
+    // Time inside fdatasync summed over the calls, over the wall time: above 1, calls of
+    // different files overlapped (they run on several blocking threads).
+    println!(
+        "      fdatasyncs: {:.2} per turn, {:.3} ms each on average, {:.2} in flight on average; \
+         {:.1} context switches of the gateway's threads per turn; this command's own CPU (the clients and \
+         the fake provider) {:.3} ms/turn",
+        d.syncs / count as f64,
+        if d.syncs > 0.0 { d.sync_seconds / d.syncs * 1e3 } else { 0.0 },
+        d.sync_seconds / wall,
+        switched as f64 / count as f64,
+        own * 1e3 / count as f64
+    );
+    if let Some([pass, send, rest]) = split {
+        let all = (pass + send + rest).max(1) as f64;
+        println!(
+            "      profile: {:.1} % the request-body pass, {:.1} % its send (the HTTP client's flush), \
+             {:.1} % the rest: {:.3} ms/turn without the pass and the send (under perf, {} samples)",
+            100.0 * pass as f64 / all,
+            100.0 * send as f64 / all,
+            100.0 * rest as f64 / all,
+            per_turn(cpu) * rest as f64 / all,
+            pass + send + rest
+        );
+    }
+    outcome
 }
