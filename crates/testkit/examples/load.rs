@@ -2,7 +2,8 @@
 //! answering fake provider and reports cold start, idle RSS, RSS with many idle connections, and
 //! for N concurrent sessions of L entries each (every combination of `--sessions` and
 //! `--lengths`): send→final latency (p50/p99), turns/s, and the gateway's own CPU time per turn
-//! (user + system, from `/proc/<pid>/stat`, so the load generator and the fake do not count).
+//! (user + system of its threads, in nanoseconds from `/proc/<pid>/task/*/schedstat`, or in ticks
+//! from `/proc/<pid>/stat` when threads ended meanwhile; the load generator and the fake do not count).
 //! The request-body pass (writing the model call's JSON body, O(context) by nature) is read from
 //! the gateway's `/metrics` (`pincer_request_body_*`, the writing thread's CPU clock) and reported
 //! on its own: its share of the CPU per turn, its throughput in MB/s, and the CPU per turn without it.
@@ -50,13 +51,56 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// User + system CPU time of a process, in seconds.
+/// User + system CPU time of a process, in seconds, in clock ticks of 1/100 s (`/proc/<pid>/stat`,
+/// which counts the time of threads that have ended too).
 fn cpu_s(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<u64> = after.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
     // Fields 14 and 15 of stat(5) are the 12th and 13th after the command name; clock ticks of 1/100 s.
     (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / 100.0
+}
+
+/// A process's CPU time at one instant: the tick count of `/proc/<pid>/stat` and each live
+/// thread's nanoseconds on a CPU (`/proc/<pid>/task/<tid>/schedstat`).
+struct CpuReading {
+    ticks_s: f64,
+    threads_ns: std::collections::HashMap<String, u64>,
+}
+
+impl CpuReading {
+    fn of(pid: u32) -> CpuReading {
+        let threads_ns = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks
+                    .flatten()
+                    .filter_map(|t| {
+                        let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+                        Some((t.file_name().to_string_lossy().into_owned(), s.split_whitespace().next()?.parse().ok()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        CpuReading { ticks_s: cpu_s(pid), threads_ns }
+    }
+
+    /// Seconds of CPU since `earlier`: the threads' nanoseconds summed (a thread started since counts
+    /// whole), unless that falls short of the tick count by more than the ticks' rounding, which
+    /// means threads ended in between and took their time with them: then the tick count.
+    fn since(&self, earlier: &CpuReading) -> f64 {
+        let precise = self
+            .threads_ns
+            .iter()
+            .map(|(tid, ns)| ns.saturating_sub(earlier.threads_ns.get(tid).copied().unwrap_or(0)))
+            .sum::<u64>() as f64
+            / 1e9;
+        let ticks = self.ticks_s - earlier.ticks_s;
+        if precise < ticks - 0.02 {
+            ticks
+        } else {
+            precise
+        }
+    }
 }
 
 /// CPU time of the calling thread, in seconds (`/proc/thread-self/schedstat`: nanoseconds on a CPU).
@@ -441,7 +485,7 @@ impl Outcome {
 /// turns each (paced to `rate` turns/s in all when it is above 0), and prints the figures.
 async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -> Outcome {
     let (turns, pid, send_ms_per_mb) = (env.turns, env.pid, env.send_ms_per_mb);
-    let cpu_all = || env.pids.iter().map(|p| cpu_s(*p)).sum::<f64>();
+    let cpu_all = || env.pids.iter().map(|p| CpuReading::of(*p)).collect::<Vec<_>>();
     let warm = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
     // Measured turns start together once the gateway has settled after the warm-up.
     let go = std::sync::Arc::new(tokio::sync::Barrier::new(n + 1));
@@ -499,7 +543,7 @@ async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -
     let before = totals_of(&env.addrs).await;
     let cpu_before = cpu_all();
     let switches_before: u64 = env.pids.iter().map(|p| switches(*p)).sum();
-    let own_before = cpu_s(std::process::id());
+    let own_before = CpuReading::of(std::process::id());
     let started = Instant::now();
     go.wait().await;
     let mut all = Vec::new();
@@ -507,8 +551,8 @@ async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -
         all.extend(t.await.expect("session task"));
     }
     let wall = started.elapsed().as_secs_f64();
-    let cpu = cpu_all() - cpu_before;
-    let own = cpu_s(std::process::id()) - own_before;
+    let cpu: f64 = cpu_all().iter().zip(&cpu_before).map(|(now, then)| now.since(then)).sum();
+    let own = CpuReading::of(std::process::id()).since(&own_before);
     let switched = env.pids.iter().map(|p| switches(*p)).sum::<u64>().saturating_sub(switches_before);
     let d = totals_of(&env.addrs).await - before;
     let (body_bytes, body_cpu) = (d.body_bytes, d.body_cpu);
