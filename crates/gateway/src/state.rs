@@ -18,13 +18,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
-/// Sessions whose context is kept in memory, and (by default; `[gateway] context_cache_mb`) the
-/// JSON bytes of their messages together (in memory a message takes a few times its JSON: its
-/// text, its wire form, and the bytes the last request body sent for it, which the next turn's
-/// body refers to). Idle contexts go first, least recently used first; a context that does not
-/// fit is not kept.
-const CONTEXT_CACHE_SESSIONS: usize = 256;
+/// The JSON bytes of the messages of the sessions whose context is kept in memory (by default;
+/// `[gateway] context_cache_mb`), each context also charged [`CONTEXT_OVERHEAD`] (in memory a
+/// message takes a few times its JSON: its text, its wire form, and the bytes the last request
+/// body sent for it, which the next turn's body refers to). The budget alone bounds the cache: many
+/// short sessions fit as well as a few long ones. Idle contexts go first, least recently used
+/// first; a context that does not fit is not kept.
 pub(crate) const CONTEXT_CACHE_BYTES: usize = 128 * 1024 * 1024;
+/// What a context costs beyond its messages' JSON (its map entry, path, leaf and message list).
+const CONTEXT_OVERHEAD: usize = 1024;
 /// Only contexts unused this long make room for another: when the busy ones fill the budget, a
 /// newcomer is not kept (rather than all of them taking turns at being evicted and rebuilt).
 const CONTEXT_CACHE_IDLE: Duration = Duration::from_secs(30);
@@ -36,7 +38,7 @@ struct CachedContext {
     /// The transcript's rewrite count it was built at ([`Transcripts::leaf_version`]).
     version: u64,
     messages: Messages,
-    /// JSON bytes of the messages.
+    /// JSON bytes of the messages, and the context's overhead.
     bytes: usize,
     /// When it was last used.
     used: Instant,
@@ -93,8 +95,9 @@ impl ContextCache {
         }
     }
 
-    fn insert(&mut self, path: std::path::PathBuf, (leaf, version): (String, u64), messages: Messages, bytes: usize) {
+    fn insert(&mut self, path: std::path::PathBuf, (leaf, version): (String, u64), messages: Messages, json: usize) {
         self.remove(&path);
+        let bytes = json + CONTEXT_OVERHEAD;
         if !self.make_room(bytes) {
             return;
         }
@@ -102,11 +105,10 @@ impl ContextCache {
         self.map.insert(path, CachedContext { leaf, version, messages, bytes, used: Instant::now() });
     }
 
-    /// Drops idle contexts, least recently used first, until `room` more bytes (and, for a new
-    /// context, one more session) fit; false when they cannot.
+    /// Drops idle contexts, least recently used first, until `room` more bytes fit; false when
+    /// they cannot.
     fn make_room(&mut self, room: usize) -> bool {
-        let adding = usize::from(room > 0);
-        while self.bytes + room > self.budget || self.map.len() + adding > CONTEXT_CACHE_SESSIONS {
+        while self.bytes + room > self.budget {
             let idle = self
                 .map
                 .iter()
@@ -732,7 +734,7 @@ mod tests {
     #[test]
     fn the_context_cache_keeps_within_its_byte_budget_and_busy_contexts_stay() {
         let mut c = ContextCache::default();
-        let third = CONTEXT_CACHE_BYTES / 3;
+        let third = CONTEXT_CACHE_BYTES / 3 - CONTEXT_OVERHEAD;
         for name in ["a", "b", "c"] {
             c.insert(PathBuf::from(name), ("leaf".into(), 0), msgs(1), third);
         }
@@ -760,6 +762,18 @@ mod tests {
         off.insert(PathBuf::from("s"), ("leaf".into(), 0), msgs(1), 1);
         assert!(off.get(Path::new("s"), "leaf", 0).is_none() && off.bytes == 0, "a budget of 0 keeps nothing");
 
+        // Many short sessions fit as well as a few long ones: the budget alone bounds the cache.
+        let mut c = ContextCache::default();
+        for i in 0..2000 {
+            c.insert(PathBuf::from(format!("short-{i}")), ("leaf".into(), 0), msgs(2), 100);
+        }
+        assert_eq!(c.map.len(), 2000, "2,000 busy short sessions are all kept");
+        let mut c = ContextCache::with_budget(10 * (100 + CONTEXT_OVERHEAD));
+        for i in 0..20 {
+            c.insert(PathBuf::from(format!("short-{i}")), ("leaf".into(), 0), msgs(2), 100);
+        }
+        assert_eq!(c.map.len(), 10, "each context is charged its overhead");
+
         let mut c = ContextCache::default();
         c.insert(PathBuf::from("s"), ("l1".into(), 0), msgs(2), 10);
         c.extend(Path::new("s"), Some("l1"), Some("l2"), Some(&json!({"role": "assistant", "content": []})));
@@ -768,7 +782,7 @@ mod tests {
             Some(3),
             "an append continuing the leaf extends it"
         );
-        assert!(c.bytes > 10);
+        assert!(c.bytes > 10 + CONTEXT_OVERHEAD);
         c.extend(Path::new("s"), Some("elsewhere"), Some("l3"), Some(&json!({})));
         assert!(c.get(Path::new("s"), "l3", 0).is_none() && c.map.is_empty(), "a branch forgets it");
         assert_eq!(c.bytes, 0);

@@ -365,7 +365,8 @@ async fn settle(addr: &str, pid: u32) {
     let mut c = Client::connect(addr).await;
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
-        let r = c.request("sessions.search", json!({"query": "turn", "limit": 1})).await.expect("sessions.search");
+        // A gateway without search (an older build measured side by side) has nothing to wait for.
+        let Ok(r) = c.request("sessions.search", json!({"query": "turn", "limit": 1})).await else { break };
         if r.get("indexing").and_then(serde_json::Value::as_bool) != Some(true) {
             break;
         }
