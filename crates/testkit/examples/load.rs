@@ -75,8 +75,7 @@ impl CpuReading {
                 tasks
                     .flatten()
                     .filter_map(|t| {
-                        let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
-                        Some((t.file_name().to_string_lossy().into_owned(), s.split_whitespace().next()?.parse().ok()?))
+                        Some((t.file_name().to_string_lossy().into_owned(), schedstat_ns(&t.path().join("schedstat"))?))
                     })
                     .collect()
             })
@@ -103,10 +102,14 @@ impl CpuReading {
     }
 }
 
-/// CPU time of the calling thread, in seconds (`/proc/thread-self/schedstat`: nanoseconds on a CPU).
+/// A thread's nanoseconds on a CPU: the first field of its `schedstat`.
+fn schedstat_ns(path: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// CPU time of the calling thread, in seconds (`/proc/thread-self/schedstat`).
 fn thread_cpu_s() -> f64 {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
-    s.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()).expect("schedstat run time") / 1e9
+    schedstat_ns(std::path::Path::new("/proc/thread-self/schedstat")).expect("schedstat run time") as f64 / 1e9
 }
 
 /// CPU milliseconds a process spends per MB sending a request body over loopback TCP to a
