@@ -165,8 +165,21 @@ impl ContextMessage {
     }
 
     /// The wire form for `api`, built by `build` from the model's view the first time it is asked for.
+    /// A message read from a file is decoded once for its facts and its first wire form together
+    /// (decoding is most of the first request-body pass after a start, a branch switch or a compaction).
     pub(crate) fn wire(&self, api: Api, build: fn(&Value) -> WireForm) -> &WireForm {
-        self.wire[slot(api)].get_or_init(|| self.llm().map(|v| build(&v)).unwrap_or_default())
+        self.wire[slot(api)].get_or_init(|| {
+            let decoded = self.facts.get().is_none().then(|| self.value());
+            let facts = match &decoded {
+                Some(v) => self.facts.get_or_init(|| Facts::of(v)),
+                None => self.facts(),
+            };
+            match (&facts.kind, &facts.converted, decoded) {
+                (Kind::Dropped, _, _) => WireForm::default(),
+                (_, None, Some(v)) => build(&v),
+                _ => self.llm().map(|v| build(&v)).unwrap_or_default(),
+            }
+        })
     }
 }
 
@@ -355,6 +368,33 @@ mod tests {
             }
             let alone = ContextMessage::shared_like(&messages[0], None);
             assert!(alone.wire.iter().all(|w| w.get().is_none()), "nothing to go by: built when first sent");
+        }
+    }
+
+    #[test]
+    fn a_message_read_as_text_is_sent_as_the_same_message_given_as_a_value() {
+        let messages = [
+            json!({"role": "user", "content": [{"type": "text", "text": "a\nb"}, {"type": "image", "data": "AAAA", "mimeType": "image/png"}], "timestamp": 1}),
+            json!({"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}, {"type": "toolCall", "id": "c1", "name": "read", "arguments": {"path": "a"}}], "stopReason": "toolUse", "timestamp": 2}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "cut"}], "stopReason": "aborted", "timestamp": 3}),
+            json!({"role": "toolResult", "toolCallId": "c1", "toolName": "read", "content": [{"type": "text", "text": "x"}], "isError": true, "timestamp": 4}),
+            json!({"role": "compactionSummary", "summary": "earlier", "tokensBefore": 9, "timestamp": 5}),
+            json!({"role": "bashExecution", "command": "ls", "output": "a", "exitCode": 0, "excludeFromContext": true, "timestamp": 6}),
+            json!({"role": "somethingElse", "timestamp": 7}),
+        ];
+        for api in SLOTS {
+            let build = crate::provider::wire_builder(api);
+            for v in &messages {
+                let given = ContextMessage::new(v);
+                let read = ContextMessage::from_json(&v.to_string());
+                // The wire form first: that is the order a request asks in.
+                let (g, r) = (given.wire(api, build), read.wire(api, build));
+                assert_eq!((&g.items, &g.images), (&r.items, &r.images), "{api:?} {v}");
+                assert_eq!(given.kind(), read.kind(), "{api:?} {v}");
+                assert_eq!(given.llm_json().is_some(), read.llm_json().is_some(), "{api:?} {v}");
+                let dropped = matches!(v["role"].as_str(), Some("bashExecution" | "somethingElse"));
+                assert_eq!(r.items.is_empty(), dropped, "{api:?} {v}");
+            }
         }
     }
 
