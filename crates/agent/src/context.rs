@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::config::Api;
+use crate::provider::wire::{Layout, Lean};
 use pincer_pi::llm::Converted;
 
 /// A shared context message.
@@ -123,7 +124,7 @@ impl ContextMessage {
             let send_as_is = matches!(m.facts.get(), Some(f) if f.converted.is_none() && f.kind != Kind::Dropped);
             for (slot, api) in SLOTS.iter().enumerate() {
                 if send_as_is && like.wire[slot].get().is_some() {
-                    let _ = m.wire[slot].set(crate::provider::wire_builder(*api)(value));
+                    let _ = m.wire[slot].set((crate::provider::layout(*api).build)(value));
                 }
             }
         }
@@ -164,11 +165,22 @@ impl ContextMessage {
         &self.facts().kind
     }
 
-    /// The wire form for `api`, built by `build` from the model's view the first time it is asked for.
-    /// A message read from a file is decoded once for its facts and its first wire form together
-    /// (decoding is most of the first request-body pass after a start, a branch switch or a compaction).
-    pub(crate) fn wire(&self, api: Api, build: fn(&Value) -> WireForm) -> &WireForm {
-        self.wire[slot(api)].get_or_init(|| {
+    /// The wire form for `layout`'s API, built the first time it is asked for: from a lean decoding
+    /// of the text where the API has one (which also gives the message's facts), else from the
+    /// model's view as a value. A message read from a file is decoded once for its facts and its
+    /// first wire form together (decoding is most of the first request-body pass after a start, a
+    /// branch switch or a compaction).
+    pub(crate) fn wire(&self, layout: &Layout) -> &WireForm {
+        self.wire[slot(layout.api)].get_or_init(|| {
+            if let Some(lean_form) = layout.lean {
+                if let Some(lean) = Lean::parse(self.raw.get()) {
+                    let _ = self.facts.get_or_init(|| Facts { kind: lean.kind(), converted: None });
+                    if let Some(form) = lean_form(&lean) {
+                        return form;
+                    }
+                }
+            }
+            let build = layout.build;
             let decoded = self.facts.get().is_none().then(|| self.value());
             let facts = match &decoded {
                 Some(v) => self.facts.get_or_init(|| Facts::of(v)),
@@ -352,7 +364,7 @@ mod tests {
         ];
         for api in SLOTS {
             let previous = ContextMessage::shared(json!({"role": "user", "content": "before"}));
-            let _ = previous.wire(api, crate::provider::wire_builder(api));
+            let _ = previous.wire(crate::provider::layout(api));
             for v in &messages {
                 let eager = ContextMessage::shared_like(v, Some(&previous));
                 let lazy = ContextMessage::shared(v);
@@ -360,41 +372,11 @@ mod tests {
                 let as_is = !matches!(v["role"].as_str(), Some("custom"));
                 assert_eq!(eager.wire[slot].get().is_some(), as_is, "{api:?} {v}");
                 assert!(eager.wire.iter().enumerate().all(|(i, w)| i == slot || w.get().is_none()));
-                let (e, l) = (
-                    eager.wire(api, crate::provider::wire_builder(api)),
-                    lazy.wire(api, crate::provider::wire_builder(api)),
-                );
+                let (e, l) = (eager.wire(crate::provider::layout(api)), lazy.wire(crate::provider::layout(api)));
                 assert_eq!((&e.items, &e.images), (&l.items, &l.images), "{api:?} {v}");
             }
             let alone = ContextMessage::shared_like(&messages[0], None);
             assert!(alone.wire.iter().all(|w| w.get().is_none()), "nothing to go by: built when first sent");
-        }
-    }
-
-    #[test]
-    fn a_message_read_as_text_is_sent_as_the_same_message_given_as_a_value() {
-        let messages = [
-            json!({"role": "user", "content": [{"type": "text", "text": "a\nb"}, {"type": "image", "data": "AAAA", "mimeType": "image/png"}], "timestamp": 1}),
-            json!({"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}, {"type": "toolCall", "id": "c1", "name": "read", "arguments": {"path": "a"}}], "stopReason": "toolUse", "timestamp": 2}),
-            json!({"role": "assistant", "content": [{"type": "text", "text": "cut"}], "stopReason": "aborted", "timestamp": 3}),
-            json!({"role": "toolResult", "toolCallId": "c1", "toolName": "read", "content": [{"type": "text", "text": "x"}], "isError": true, "timestamp": 4}),
-            json!({"role": "compactionSummary", "summary": "earlier", "tokensBefore": 9, "timestamp": 5}),
-            json!({"role": "bashExecution", "command": "ls", "output": "a", "exitCode": 0, "excludeFromContext": true, "timestamp": 6}),
-            json!({"role": "somethingElse", "timestamp": 7}),
-        ];
-        for api in SLOTS {
-            let build = crate::provider::wire_builder(api);
-            for v in &messages {
-                let given = ContextMessage::new(v);
-                let read = ContextMessage::from_json(&v.to_string());
-                // The wire form first: that is the order a request asks in.
-                let (g, r) = (given.wire(api, build), read.wire(api, build));
-                assert_eq!((&g.items, &g.images), (&r.items, &r.images), "{api:?} {v}");
-                assert_eq!(given.kind(), read.kind(), "{api:?} {v}");
-                assert_eq!(given.llm_json().is_some(), read.llm_json().is_some(), "{api:?} {v}");
-                let dropped = matches!(v["role"].as_str(), Some("bashExecution" | "somethingElse"));
-                assert_eq!(r.items.is_empty(), dropped, "{api:?} {v}");
-            }
         }
     }
 

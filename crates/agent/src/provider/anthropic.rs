@@ -38,8 +38,13 @@ fn user_parts(content: &[Value]) -> Vec<Value> {
 }
 
 /// How this API lists messages: a run of tool results is one user message of `tool_result` blocks.
-pub(crate) const LAYOUT: wire::Layout =
-    wire::Layout { api: Api::AnthropicMessages, build: wire_form, group_results: true, image_text_type: "text" };
+pub(crate) const LAYOUT: wire::Layout = wire::Layout {
+    api: Api::AnthropicMessages,
+    build: wire_form,
+    lean: Some(lean_form),
+    group_results: true,
+    image_text_type: "text",
+};
 
 /// One message on this API's wire (cached on the message); a tool result is its `tool_result` block.
 fn wire_form(msg: &Value) -> WireForm {
@@ -106,6 +111,78 @@ fn wire_form(msg: &Value) -> WireForm {
         _ => {}
     }
     form
+}
+
+/// [`wire_form`] from a [`wire::Lean`] decoding, writing the same bytes without a JSON tree;
+/// `None` for images and thinking (rare, or carrying a signature: those take [`wire_form`]).
+fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
+    #[derive(serde::Serialize)]
+    struct Said<C> {
+        role: &'static str,
+        content: C,
+    }
+    #[derive(serde::Serialize)]
+    #[serde(untagged)]
+    enum Part<'a> {
+        Text(wire::TextPart<'a>),
+        ToolUse { r#type: &'static str, id: &'a str, name: &'a str, input: Value },
+    }
+    #[derive(serde::Serialize)]
+    struct ToolResult<'a> {
+        r#type: &'static str,
+        tool_use_id: &'a str,
+        content: Vec<wire::TextPart<'a>>,
+        is_error: bool,
+    }
+    if msg.has("image") || msg.has("thinking") {
+        return None;
+    }
+    let texts = || {
+        msg.blocks()
+            .iter()
+            .filter(|b| b.kind == "text" && !b.text.is_empty())
+            .map(|b| wire::TextPart { r#type: "text", text: &b.text })
+    };
+    let mut form = WireForm::default();
+    let out = &mut form.items;
+    match &*msg.role {
+        "user" => match &msg.content {
+            wire::LeanContent::Text(s) if s.is_empty() => {}
+            wire::LeanContent::Text(s) => wire::item(out, &Said { role: "user", content: &**s }),
+            _ => {
+                let parts: Vec<_> = texts().collect();
+                if !parts.is_empty() {
+                    wire::item(out, &Said { role: "user", content: parts });
+                }
+            }
+        },
+        "assistant" => {
+            let parts: Vec<Part<'_>> = msg
+                .blocks()
+                .iter()
+                .filter_map(|b| match &*b.kind {
+                    "text" if !b.text.is_empty() => Some(Part::Text(wire::TextPart { r#type: "text", text: &b.text })),
+                    "toolCall" => {
+                        Some(Part::ToolUse { r#type: "tool_use", id: &b.id, name: &b.name, input: b.arguments() })
+                    }
+                    _ => None,
+                })
+                .collect();
+            if !parts.is_empty() {
+                wire::item(out, &Said { role: "assistant", content: parts });
+            }
+        }
+        "toolResult" => {
+            let mut content: Vec<_> = texts().collect();
+            if content.is_empty() {
+                content.push(wire::TextPart { r#type: "text", text: "(no output)" });
+            }
+            let is_error = msg.is_error.unwrap_or(false);
+            wire::item(out, &ToolResult { r#type: "tool_result", tool_use_id: &msg.tool_call_id, content, is_error });
+        }
+        _ => return None,
+    }
+    Some(form)
 }
 
 /// Builds the request.

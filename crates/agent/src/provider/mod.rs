@@ -201,12 +201,12 @@ pub(crate) fn http_client(
     builder.build().map_err(|e| error_chain(&e))
 }
 
-/// The builder of a message's wire form for `api` (its layout's).
-pub(crate) fn wire_builder(api: Api) -> fn(&Value) -> crate::context::WireForm {
+/// How `api` lists a request's messages (the echo model's requests are spelled as OpenAI's).
+pub(crate) fn layout(api: Api) -> &'static wire::Layout {
     match api {
-        Api::OpenaiResponses => openai_responses::LAYOUT.build,
-        Api::AnthropicMessages => anthropic::LAYOUT.build,
-        Api::OpenaiCompletions | Api::PincerEcho => openai_completions::LAYOUT.build,
+        Api::OpenaiResponses => &openai_responses::LAYOUT,
+        Api::AnthropicMessages => &anthropic::LAYOUT,
+        Api::OpenaiCompletions | Api::PincerEcho => &openai_completions::LAYOUT,
     }
 }
 

@@ -18,8 +18,13 @@ use crate::message::{AssistantDraft, DraftBlock, StopReason, Usage};
 use crate::sse::SseEvent;
 
 /// How this API lists messages.
-pub(crate) const LAYOUT: wire::Layout =
-    wire::Layout { api: Api::OpenaiCompletions, build: wire_form, group_results: false, image_text_type: "text" };
+pub(crate) const LAYOUT: wire::Layout = wire::Layout {
+    api: Api::OpenaiCompletions,
+    build: wire_form,
+    lean: Some(lean_form),
+    group_results: false,
+    image_text_type: "text",
+};
 
 /// One message on this API's wire (cached on the message).
 fn wire_form(msg: &Value) -> WireForm {
@@ -86,6 +91,81 @@ fn wire_form(msg: &Value) -> WireForm {
         _ => {}
     }
     form
+}
+
+/// [`wire_form`] from a [`wire::Lean`] decoding, writing the same bytes without a JSON tree;
+/// `None` for content with images (rare: those take [`wire_form`]).
+fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
+    #[derive(serde::Serialize)]
+    struct Said<'a> {
+        role: &'static str,
+        content: &'a str,
+    }
+    #[derive(serde::Serialize)]
+    struct ToolMessage<'a> {
+        role: &'static str,
+        tool_call_id: &'a str,
+        content: &'a str,
+    }
+    #[derive(serde::Serialize)]
+    struct Assistant<'a> {
+        role: &'static str,
+        content: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<Call<'a>>,
+    }
+    #[derive(serde::Serialize)]
+    struct Call<'a> {
+        id: &'a str,
+        r#type: &'static str,
+        function: Function<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Function<'a> {
+        name: &'a str,
+        arguments: String,
+    }
+    let mut form = WireForm::default();
+    let out = &mut form.items;
+    match &*msg.role {
+        "user" => {
+            if msg.has("image") {
+                return None;
+            }
+            match &msg.content {
+                wire::LeanContent::Text(s) => wire::item(out, &Said { role: "user", content: s }),
+                _ => wire::item(out, &Said { role: "user", content: &msg.joined_text() }),
+            }
+        }
+        "assistant" => {
+            let text = msg.joined_text();
+            let tool_calls: Vec<Call<'_>> = msg
+                .blocks()
+                .iter()
+                .filter(|b| b.kind == "toolCall")
+                .map(|b| Call {
+                    id: &b.id,
+                    r#type: "function",
+                    function: Function { name: &b.name, arguments: b.arguments().to_string() },
+                })
+                .collect();
+            if text.is_empty() && tool_calls.is_empty() {
+                return Some(form);
+            }
+            let content = (!text.is_empty()).then_some(text.as_str());
+            wire::item(out, &Assistant { role: "assistant", content, tool_calls });
+        }
+        "toolResult" => {
+            if msg.has("image") {
+                return None;
+            }
+            let text = msg.joined_text();
+            let content = if text.is_empty() { "(no output)" } else { &text };
+            wire::item(out, &ToolMessage { role: "tool", tool_call_id: &msg.tool_call_id, content });
+        }
+        _ => return None,
+    }
+    Some(form)
 }
 
 /// Builds the request.

@@ -19,8 +19,13 @@ use crate::message::{AssistantDraft, DraftBlock, StopReason, Usage};
 use crate::sse::SseEvent;
 
 /// How this API lists input items.
-pub(crate) const LAYOUT: wire::Layout =
-    wire::Layout { api: Api::OpenaiResponses, build: wire_form, group_results: false, image_text_type: "input_text" };
+pub(crate) const LAYOUT: wire::Layout = wire::Layout {
+    api: Api::OpenaiResponses,
+    build: wire_form,
+    lean: Some(lean_form),
+    group_results: false,
+    image_text_type: "input_text",
+};
 
 /// One message as this API's input items (cached on the message): an assistant message becomes
 /// its reasoning, text and function-call items.
@@ -96,6 +101,74 @@ fn wire_form(msg: &Value) -> WireForm {
         _ => {}
     }
     form
+}
+
+/// [`wire_form`] from a [`wire::Lean`] decoding, writing the same bytes without a JSON tree;
+/// `None` for images and thinking (rare, or carrying a reasoning item: those take [`wire_form`]).
+fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
+    #[derive(serde::Serialize)]
+    struct Said<C> {
+        role: &'static str,
+        content: C,
+    }
+    #[derive(serde::Serialize)]
+    struct FunctionCall<'a> {
+        r#type: &'static str,
+        call_id: &'a str,
+        name: &'a str,
+        arguments: String,
+    }
+    #[derive(serde::Serialize)]
+    struct Output<'a> {
+        r#type: &'static str,
+        call_id: &'a str,
+        output: &'a str,
+    }
+    if msg.has("image") || msg.has("thinking") {
+        return None;
+    }
+    let mut form = WireForm::default();
+    let out = &mut form.items;
+    match &*msg.role {
+        "user" => {
+            let parts: Vec<wire::TextPart<'_>> = match &msg.content {
+                wire::LeanContent::Text(s) => vec![wire::TextPart { r#type: "input_text", text: s }],
+                _ => msg
+                    .blocks()
+                    .iter()
+                    .filter(|b| b.kind == "text")
+                    .map(|b| wire::TextPart { r#type: "input_text", text: &b.text })
+                    .collect(),
+            };
+            if !parts.is_empty() {
+                wire::item(out, &Said { role: "user", content: parts });
+            }
+        }
+        "assistant" => {
+            for b in msg.blocks() {
+                match &*b.kind {
+                    "text" if !b.text.is_empty() => wire::item(out, &Said { role: "assistant", content: &*b.text }),
+                    "toolCall" => wire::item(
+                        out,
+                        &FunctionCall {
+                            r#type: "function_call",
+                            call_id: &b.id,
+                            name: &b.name,
+                            arguments: b.arguments().to_string(),
+                        },
+                    ),
+                    _ => {}
+                }
+            }
+        }
+        "toolResult" => {
+            let text = msg.joined_text();
+            let output = if text.is_empty() { "(no output)" } else { &text };
+            wire::item(out, &Output { r#type: "function_call_output", call_id: &msg.tool_call_id, output });
+        }
+        _ => return None,
+    }
+    Some(form)
 }
 
 /// Builds the request.

@@ -3,6 +3,7 @@
 //! messages' cached wire forms and the context's prefix (a rope of pieces, sent as they are),
 //! content block access, error-body reading and context-length detection.
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use crate::config::ResolvedModel;
@@ -79,6 +80,9 @@ pub(crate) struct Layout {
     pub api: Api,
     /// One message's wire form (computed once per message, then cached on it).
     pub build: fn(&Value) -> WireForm,
+    /// The same from a [`Lean`] decoding, where the API has one (`None` from it: that message
+    /// takes `build`).
+    pub lean: Option<fn(&Lean<'_>) -> Option<WireForm>>,
     /// A run of tool results goes in one user message (Anthropic's `tool_result` blocks).
     pub group_results: bool,
     /// The text block type of the user message carrying a run's tool-result images.
@@ -105,7 +109,7 @@ pub(crate) fn put(out: &mut impl Out, v: &impl Serialize) {
 }
 
 /// Appends `v` as JSON followed by a comma (the shape of [`WireForm`] items).
-pub(crate) fn item(out: &mut impl Out, v: &Value) {
+pub(crate) fn item(out: &mut impl Out, v: &impl Serialize) {
     put(out, v);
     out.bytes(b",");
 }
@@ -123,7 +127,7 @@ pub(crate) fn write_messages(out: &mut Rope, messages: &Messages, layout: &Layou
     let size: usize = messages
         .iter_from(from)
         .map(|m| {
-            let f = m.wire(layout.api, layout.build);
+            let f = m.wire(layout);
             f.items.len() + f.images.len()
         })
         .sum();
@@ -152,7 +156,7 @@ pub(crate) fn write_messages(out: &mut Rope, messages: &Messages, layout: &Layou
             if !is_result {
                 flush(&mut fresh, &mut results, &mut images);
             }
-            let form = m.wire(layout.api, layout.build);
+            let form = m.wire(layout);
             if is_result && layout.group_results {
                 results.extend_from_slice(&form.items);
             } else {
@@ -362,6 +366,146 @@ impl Body {
     fn finish(mut self) -> Payload {
         self.0.bytes(b"}");
         self.0.finish()
+    }
+}
+
+/// A `user`, `assistant` or `toolResult` message (the roles sent as they are) decoded straight from
+/// its JSON text, without a JSON tree: strings borrowed from the text where they have no escapes,
+/// the fields no request reads (usage, model, timestamps…) skipped unread. The first request after a
+/// start, a branch switch or a compaction decodes every message of the context; decoding them as
+/// values was most of that pass. Only what decodes cleanly is taken: another role, a field of an
+/// unexpected type or a repeated field gives `None` from [`Lean::parse`], and the message is
+/// decoded as a value, whose reading (see [`str_of`], [`blocks`]) is lenient.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct Lean<'a> {
+    #[serde(borrow)]
+    pub role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub content: LeanContent<'a>,
+    #[serde(borrow, default, rename = "toolCallId")]
+    pub tool_call_id: Cow<'a, str>,
+    #[serde(borrow, default, rename = "stopReason")]
+    pub stop_reason: Cow<'a, str>,
+    /// `None` when missing or `null`.
+    #[serde(default, rename = "isError")]
+    pub is_error: Option<bool>,
+}
+
+/// A [`Lean`] message's content: missing or `null`, a string, or a list of blocks.
+#[derive(Debug, Default)]
+pub(crate) enum LeanContent<'a> {
+    #[default]
+    Missing,
+    Text(Cow<'a, str>),
+    Blocks(Vec<LeanBlock<'a>>),
+}
+
+/// A content block of a [`Lean`] message, with the fields the request mappers read of it.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct LeanBlock<'a> {
+    #[serde(borrow, default, rename = "type")]
+    pub kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub text: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub id: Cow<'a, str>,
+    #[serde(borrow, default)]
+    pub name: Cow<'a, str>,
+    /// `Some(Value::Null)` for an explicit `null`, `None` when missing.
+    #[serde(default, deserialize_with = "present")]
+    pub arguments: Option<Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    serde::Deserialize::deserialize(d).map(Some)
+}
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for LeanContent<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = LeanContent<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, a list of content blocks or null")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(LeanContent::Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(LeanContent::Text(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+                Ok(LeanContent::Text(Cow::Owned(s)))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(LeanContent::Missing)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut blocks = Vec::with_capacity(seq.size_hint().unwrap_or(2));
+                while let Some(b) = seq.next_element()? {
+                    blocks.push(b);
+                }
+                Ok(LeanContent::Blocks(blocks))
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
+}
+
+impl LeanBlock<'_> {
+    /// A tool call's arguments as the value path has them (`{}` when missing).
+    pub fn arguments(&self) -> Value {
+        self.arguments.clone().unwrap_or_else(|| json!({}))
+    }
+}
+
+/// A `{"type": …, "text": …}` part, as the lean request mappers write it.
+#[derive(serde::Serialize)]
+pub(crate) struct TextPart<'a> {
+    pub r#type: &'static str,
+    pub text: &'a str,
+}
+
+impl<'a> Lean<'a> {
+    /// Decodes `json`; `None` unless it is a message of a role sent as it is, cleanly typed.
+    pub fn parse(json: &'a str) -> Option<Lean<'a>> {
+        let m: Lean<'a> = serde_json::from_str(json).ok()?;
+        matches!(&*m.role, "user" | "assistant" | "toolResult").then_some(m)
+    }
+
+    /// The content blocks (none when the content is a string or missing: as [`blocks`]).
+    pub fn blocks(&self) -> &[LeanBlock<'a>] {
+        match &self.content {
+            LeanContent::Blocks(b) => b,
+            _ => &[],
+        }
+    }
+
+    /// Text blocks joined with `\n` (as [`joined_text`]).
+    pub fn joined_text(&self) -> String {
+        self.blocks().iter().filter(|b| b.kind == "text").map(|b| &*b.text).collect::<Vec<_>>().join("\n")
+    }
+
+    /// True when a content block is of type `kind`.
+    pub fn has(&self, kind: &str) -> bool {
+        self.blocks().iter().any(|b| b.kind == kind)
+    }
+
+    /// The message's role in the pre-call clean-up.
+    pub(crate) fn kind(&self) -> Kind {
+        match &*self.role {
+            "assistant" => Kind::Assistant {
+                failed: self.stop_reason == "error" || self.stop_reason == "aborted",
+                calls: self
+                    .blocks()
+                    .iter()
+                    .filter(|b| b.kind == "toolCall")
+                    .map(|b| (b.id.clone().into_owned(), b.name.clone().into_owned()))
+                    .collect(),
+            },
+            "toolResult" => Kind::ToolResult { id: self.tool_call_id.clone().into_owned() },
+            _ => Kind::User,
+        }
     }
 }
 
@@ -578,6 +722,65 @@ mod tests {
                     assert_eq!(written(m, layout), written(&fresh, layout), "seed {seed0}, a fork");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_lean_decoding_writes_what_a_decoded_value_does() {
+        let odd = [
+            // Escapes, non-ASCII, and what JSON writers spell differently.
+            r#"{"role":"user","content":"tab\tquote\" \u00e9 \ud83d\ude00 \/ end","timestamp":1}"#,
+            r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b\n"},{"type":"other"}]}"#,
+            r#"{"role":"user","content":null}"#,
+            r#"{"role":"user"}"#,
+            r#"{"role":"user","content":5}"#,
+            r#"{"role":"user","content":[{"type":"text","text":7}]}"#,
+            r#"{"role":"user","content":["loose string"]}"#,
+            r#"{"role":"user","content":"first","content":"second"}"#,
+            r#"{"role":"assistant","content":[{"type":"thinking","thinking":"hm","thinkingSignature":"s"},{"type":"toolCall","id":"c","name":"n","arguments":null},{"type":"toolCall","id":"d","name":"n"},{"type":"toolCall","id":"e","name":"n","arguments":{"z":1,"a":[1.5,"x"]}}],"stopReason":"toolUse"}"#,
+            r#"{"role":"assistant","content":[],"stopReason":"stop"}"#,
+            r#"{"role":"assistant","content":"a plain string","stopReason":"stop"}"#,
+            r#"{"role":"assistant","content":[{"type":"text","text":"x"}],"stopReason":null}"#,
+            r#"{"role":"assistant","content":[{"type":"text","text":""}],"stopReason":"aborted"}"#,
+            r#"{"role":"toolResult","toolCallId":"c","content":[]}"#,
+            r#"{"role":"toolResult","content":[{"type":"text","text":"out"}],"isError":true}"#,
+            r#"{"role":"toolResult","toolCallId":"c","content":[{"type":"image","data":"AA==","mimeType":"image/png"}]}"#,
+            r#"{"role":"custom","customType":"n","content":"shown","display":true}"#,
+            r#"{"role":"branchSummary","summary":"s","fromId":"x"}"#,
+            r#"{"role":"compactionSummary","summary":"earlier","tokensBefore":9}"#,
+            r#"{"role":"bashExecution","command":"ls","output":"a","exitCode":0,"excludeFromContext":true}"#,
+            r#"{"role":5}"#,
+            r#"[1,2]"#,
+        ];
+        let mut texts: Vec<String> = odd.iter().map(|s| (*s).to_owned()).collect();
+        let (mut seed, mut open_calls) = (7u64, Vec::new());
+        texts.extend((0..300).map(|_| random_message(&mut seed, &mut open_calls).to_string()));
+        let mut lean_taken = 0;
+        for layout in [
+            &super::super::openai_completions::LAYOUT,
+            &super::super::openai_responses::LAYOUT,
+            &super::super::anthropic::LAYOUT,
+        ] {
+            for text in &texts {
+                let value: Value = serde_json::from_str(text).unwrap();
+                let by_value = ContextMessage::new(&value);
+                let read = ContextMessage::from_json(text);
+                let (v, r) = (by_value.llm().map(|m| (layout.build)(&m)).unwrap_or_default(), read.wire(layout));
+                assert_eq!(
+                    (String::from_utf8_lossy(&r.items), String::from_utf8_lossy(&r.images)),
+                    (String::from_utf8_lossy(&v.items), String::from_utf8_lossy(&v.images)),
+                    "{:?}: {text}",
+                    layout.api
+                );
+                assert_eq!(read.kind(), by_value.kind(), "{:?}: {text}", layout.api);
+                assert_eq!(read.llm(), by_value.llm(), "{text}");
+                lean_taken += usize::from(layout.lean.is_some() && Lean::parse(text).is_some());
+            }
+        }
+        assert!(lean_taken > 200, "the lean decoding took {lean_taken} messages");
+        // What must go the lenient way does.
+        for text in [odd[4], odd[5], odd[6], odd[7], odd[16], odd[20]] {
+            assert!(Lean::parse(text).is_none(), "{text}");
         }
     }
 
