@@ -117,11 +117,6 @@ fn wire_form(msg: &Value) -> WireForm {
 /// `None` for images and thinking (rare, or carrying a signature: those take [`wire_form`]).
 fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
     #[derive(serde::Serialize)]
-    struct Said<C> {
-        role: &'static str,
-        content: C,
-    }
-    #[derive(serde::Serialize)]
     #[serde(untagged)]
     enum Part<'a> {
         Text(wire::TextPart<'a>),
@@ -148,11 +143,11 @@ fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
     match &*msg.role {
         "user" => match &msg.content {
             wire::LeanContent::Text(s) if s.is_empty() => {}
-            wire::LeanContent::Text(s) => wire::item(out, &Said { role: "user", content: &**s }),
+            wire::LeanContent::Text(s) => wire::item(out, &wire::Said { role: "user", content: &**s }),
             _ => {
                 let parts: Vec<_> = texts().collect();
                 if !parts.is_empty() {
-                    wire::item(out, &Said { role: "user", content: parts });
+                    wire::item(out, &wire::Said { role: "user", content: parts });
                 }
             }
         },
@@ -169,7 +164,7 @@ fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
                 })
                 .collect();
             if !parts.is_empty() {
-                wire::item(out, &Said { role: "assistant", content: parts });
+                wire::item(out, &wire::Said { role: "assistant", content: parts });
             }
         }
         "toolResult" => {

@@ -97,11 +97,6 @@ fn wire_form(msg: &Value) -> WireForm {
 /// `None` for content with images (rare: those take [`wire_form`]).
 fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
     #[derive(serde::Serialize)]
-    struct Said<'a> {
-        role: &'static str,
-        content: &'a str,
-    }
-    #[derive(serde::Serialize)]
     struct ToolMessage<'a> {
         role: &'static str,
         tool_call_id: &'a str,
@@ -133,8 +128,8 @@ fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
                 return None;
             }
             match &msg.content {
-                wire::LeanContent::Text(s) => wire::item(out, &Said { role: "user", content: s }),
-                _ => wire::item(out, &Said { role: "user", content: &msg.joined_text() }),
+                wire::LeanContent::Text(s) => wire::item(out, &wire::Said { role: "user", content: s }),
+                _ => wire::item(out, &wire::Said { role: "user", content: &msg.joined_text() }),
             }
         }
         "assistant" => {

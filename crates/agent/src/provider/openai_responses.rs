@@ -107,11 +107,6 @@ fn wire_form(msg: &Value) -> WireForm {
 /// `None` for images and thinking (rare, or carrying a reasoning item: those take [`wire_form`]).
 fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
     #[derive(serde::Serialize)]
-    struct Said<C> {
-        role: &'static str,
-        content: C,
-    }
-    #[derive(serde::Serialize)]
     struct FunctionCall<'a> {
         r#type: &'static str,
         call_id: &'a str,
@@ -141,13 +136,15 @@ fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
                     .collect(),
             };
             if !parts.is_empty() {
-                wire::item(out, &Said { role: "user", content: parts });
+                wire::item(out, &wire::Said { role: "user", content: parts });
             }
         }
         "assistant" => {
             for b in msg.blocks() {
                 match &*b.kind {
-                    "text" if !b.text.is_empty() => wire::item(out, &Said { role: "assistant", content: &*b.text }),
+                    "text" if !b.text.is_empty() => {
+                        wire::item(out, &wire::Said { role: "assistant", content: &*b.text })
+                    }
                     "toolCall" => wire::item(
                         out,
                         &FunctionCall {

@@ -459,6 +459,13 @@ impl LeanBlock<'_> {
     }
 }
 
+/// A `{"role": …, "content": …}` message, as the lean request mappers write it.
+#[derive(serde::Serialize)]
+pub(crate) struct Said<C> {
+    pub role: &'static str,
+    pub content: C,
+}
+
 /// A `{"type": …, "text": …}` part, as the lean request mappers write it.
 #[derive(serde::Serialize)]
 pub(crate) struct TextPart<'a> {
