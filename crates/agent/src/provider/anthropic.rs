@@ -114,13 +114,15 @@ fn wire_form(msg: &Value) -> WireForm {
 }
 
 /// [`wire_form`] from a [`wire::Lean`] decoding, writing the same bytes without a JSON tree;
-/// `None` for images and thinking (rare, or carrying a signature: those take [`wire_form`]).
+/// `None` for images (rare: those take [`wire_form`]).
 fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
     #[derive(serde::Serialize)]
     #[serde(untagged)]
     enum Part<'a> {
         Text(wire::TextPart<'a>),
         ToolUse { r#type: &'static str, id: &'a str, name: &'a str, input: Value },
+        Redacted { r#type: &'static str, data: &'a str },
+        Thinking { r#type: &'static str, thinking: &'a str, signature: &'a str },
     }
     #[derive(serde::Serialize)]
     struct ToolResult<'a> {
@@ -129,7 +131,7 @@ fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
         content: Vec<wire::TextPart<'a>>,
         is_error: bool,
     }
-    if msg.has("image") || msg.has("thinking") {
+    if msg.has("image") {
         return None;
     }
     let texts = || {
@@ -152,10 +154,23 @@ fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
             }
         },
         "assistant" => {
+            let same_api = msg.api == "anthropic-messages";
             let parts: Vec<Part<'_>> = msg
                 .blocks()
                 .iter()
                 .filter_map(|b| match &*b.kind {
+                    "thinking" if same_api => {
+                        let signature = &*b.thinking_signature;
+                        if b.redacted == Some(true) {
+                            Some(Part::Redacted { r#type: "redacted_thinking", data: signature })
+                        } else {
+                            (!signature.is_empty()).then_some(Part::Thinking {
+                                r#type: "thinking",
+                                thinking: &b.thinking,
+                                signature,
+                            })
+                        }
+                    }
                     "text" if !b.text.is_empty() => Some(Part::Text(wire::TextPart { r#type: "text", text: &b.text })),
                     "toolCall" => {
                         Some(Part::ToolUse { r#type: "tool_use", id: &b.id, name: &b.name, input: b.arguments() })

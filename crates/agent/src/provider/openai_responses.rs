@@ -54,12 +54,7 @@ fn wire_form(msg: &Value) -> WireForm {
             for b in blocks(msg) {
                 match block_type(b) {
                     "thinking" if same_api => {
-                        let item = b
-                            .get("thinkingSignature")
-                            .and_then(Value::as_str)
-                            .and_then(|s| serde_json::from_str::<Value>(s).ok())
-                            .filter(|v| str_of(v, "type") == "reasoning");
-                        if let Some(item) = item {
+                        if let Some(item) = reasoning_item(b.get("thinkingSignature").and_then(Value::as_str)) {
                             wire::item(out, &item);
                         }
                     }
@@ -103,8 +98,13 @@ fn wire_form(msg: &Value) -> WireForm {
     form
 }
 
+/// The reasoning item a thinking block's signature carries (this API's own reasoning, sent back).
+fn reasoning_item(signature: Option<&str>) -> Option<Value> {
+    signature.and_then(|s| serde_json::from_str::<Value>(s).ok()).filter(|v| str_of(v, "type") == "reasoning")
+}
+
 /// [`wire_form`] from a [`wire::Lean`] decoding, writing the same bytes without a JSON tree;
-/// `None` for images and thinking (rare, or carrying a reasoning item: those take [`wire_form`]).
+/// `None` for images (rare: those take [`wire_form`]).
 fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
     #[derive(serde::Serialize)]
     struct FunctionCall<'a> {
@@ -119,7 +119,7 @@ fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
         call_id: &'a str,
         output: &'a str,
     }
-    if msg.has("image") || msg.has("thinking") {
+    if msg.has("image") {
         return None;
     }
     let mut form = WireForm::default();
@@ -140,8 +140,14 @@ fn lean_form(msg: &wire::Lean<'_>) -> Option<WireForm> {
             }
         }
         "assistant" => {
+            let same_api = msg.api == "openai-responses";
             for b in msg.blocks() {
                 match &*b.kind {
+                    "thinking" if same_api => {
+                        if let Some(item) = reasoning_item(Some(&b.thinking_signature)) {
+                            wire::item(out, &item);
+                        }
+                    }
                     "text" if !b.text.is_empty() => {
                         wire::item(out, &wire::Said { role: "assistant", content: &*b.text })
                     }
