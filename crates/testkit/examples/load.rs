@@ -502,6 +502,8 @@ async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -
             let mut c = Client::connect(&addr).await;
             let key = format!("agent:main:{name}");
             let mut lat = Vec::with_capacity(turns);
+            // The first turn reads the session from its file and writes its whole request body.
+            let mut first = Duration::ZERO;
             // With a rate: this session's turns start every n/rate seconds, the sessions spread
             // evenly over that gap.
             let gap = (rate > 0.0).then(|| Duration::from_secs_f64(n as f64 / rate));
@@ -523,6 +525,8 @@ async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -
                 assert_eq!(end["payload"]["state"], "final", "{end}");
                 if t > 0 {
                     lat.push(sent.elapsed());
+                } else {
+                    first = sent.elapsed();
                 }
                 if t == turns && s == 0 && std::env::var_os("LOAD_SHOW_EVENTS").is_some() {
                     for e in &c.events {
@@ -537,7 +541,7 @@ async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -
                     start = tokio::time::Instant::now();
                 }
             }
-            lat
+            (lat, first)
         }));
     }
     warm.wait().await;
@@ -550,9 +554,11 @@ async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -
     let own_before = CpuReading::of(std::process::id());
     let started = Instant::now();
     go.wait().await;
-    let mut all = Vec::new();
+    let (mut all, mut firsts) = (Vec::new(), Vec::new());
     for t in tasks {
-        all.extend(t.await.expect("session task"));
+        let (lat, first) = t.await.expect("session task");
+        all.extend(lat);
+        firsts.push(first);
     }
     let wall = started.elapsed().as_secs_f64();
     let cpu: f64 = cpu_all().iter().zip(&cpu_before).map(|(now, then)| now.since(then)).sum();
@@ -590,6 +596,12 @@ async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -
         if body_cpu > 0.0 { body_bytes / body_cpu / 1e6 } else { 0.0 },
         outcome.cpu - outcome.pass - send,
         rss_kib(pid) as f64 / 1024.0
+    );
+    println!(
+        "      first turns (all {n} at once, before the measured ones: each session read from its file and its whole \
+         request body written): send→final p50 {:.2} ms, max {:.2} ms",
+        pct(&mut firsts, 0.5),
+        pct(&mut firsts, 1.0)
     );
     // Time inside fdatasync summed over the calls, over the wall time: above 1, calls of
     // different files overlapped (they run on several blocking threads).
