@@ -1,7 +1,8 @@
 //! Helpers shared by the request mappers and decoders: Pi's message clean-up before a call
 //! (skipping failed assistant turns, closing orphaned tool calls), the request body over the
 //! messages' cached wire forms and the context's prefix (a rope of pieces, sent as they are),
-//! content block access, error-body reading and context-length detection.
+//! a message's lean decoding (no JSON tree) for building its wire form, content block access,
+//! error-body reading and context-length detection.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
