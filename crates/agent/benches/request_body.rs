@@ -1,7 +1,8 @@
 //! The request-body pass: building the JSON body of a model call for a long context, per API.
 //! Each message's wire form is built once (the "first" pass, from messages at hand as values; and
-//! from messages read from a transcript as JSON text, as in the turn after a gateway start); a context that has not sent a body yet copies the cached forms (the "cached" pass, as
-//! after a branch switch or a compaction); the next turn of a context that has sent one refers to
+//! from messages read from a transcript as JSON text, as in the turn after a gateway start); a
+//! context that has not sent a body yet copies the cached forms (the "cached" pass, as after a
+//! branch switch or a compaction); the next turn of a context that has sent one refers to
 //! the bytes it sent and writes only the new messages (the "next turn" pass). Prints the median
 //! time of each, and the throughput of all but the last, for contexts of 1,000 and 10,000 messages
 //! (user/assistant pairs of about 500 bytes, as the gateway's `load` command writes). The times
