@@ -247,7 +247,10 @@ pub async fn start_turn(
     // The transcript remembers every key that reached it, across restarts and crashes.
     let resume = match turn_on_disk(gw, &session, &run_id).await {
         Ok(OnDisk::New) => None,
-        Ok(OnDisk::Resume(user)) => Some(user),
+        Ok(OnDisk::Resume(user)) => {
+            tracing::info!(session = %session.key, run = %run_id, "resuming a turn whose reply was never written");
+            Some(user)
+        }
         Ok(OnDisk::Done(status)) => {
             let r = Ok(json!({"runId": run_id, "status": status}));
             gw.dedupe_finish(&dedupe_key, r.clone());
@@ -632,6 +635,16 @@ impl Turn {
             msg[k] = v;
         }
         match self.gw.append(&self.session, NewEntry::message(msg)).await {
+            Ok(a) if !a.appended => {
+                // The row of this key was in the transcript already (another gateway process on
+                // the same state dir got the same turn): that one answers it, this one must not.
+                let (store, path, id) = (self.gw.store.clone(), self.session.path.clone(), self.run.run_id.clone());
+                let state = tokio::task::spawn_blocking(move || crate::turns::on_disk(&store, &path, &id)).await;
+                let why = "another gateway process on this state dir wrote this turn's user row first and answers \
+                           it; its reply will be in the session's history";
+                self.settle(state.ok().and_then(Result::ok).unwrap_or(OnDisk::Interrupted), why);
+                None
+            }
             Ok(a) => {
                 self.session_message(&a.entry);
                 Some(a.entry["message"].clone())
@@ -848,12 +861,7 @@ impl Turn {
                 return;
             }
         } else if self.resume.is_some() {
-            // The user row is on disk from before a restart: record that it runs again (once).
-            let why = "the turn's reply was never written; running it again for the same user row";
-            let marker = crate::turns::marker(crate::turns::RESUMED, &self.run.run_id, why);
-            if let Err(e) = self.gw.append(&self.session, marker).await {
-                let (kind, message) = persist_failure(&e);
-                self.fail(&message, kind, None);
+            if !self.claim_resume().await {
                 return;
             }
         } else if !self.admit_user().await {
@@ -923,6 +931,72 @@ impl Turn {
                 StreamEnd::Other => return,
             }
         }
+    }
+
+    /// Records that a turn whose user row is on disk from before a restart runs again — once. The
+    /// check in [`start_turn`] was made before the turn waited for its queue, and another gateway
+    /// process may share the state dir: the turn is read again here, in the queue and under the
+    /// transcript's lock, and the marker is written under that lock. A turn answered or resumed
+    /// meanwhile does not run (false; it is settled as the transcript has it).
+    async fn claim_resume(&self) -> bool {
+        let (store, path, id) = (self.gw.store.clone(), self.session.path.clone(), self.run.run_id.clone());
+        let checked = tokio::task::spawn_blocking(move || {
+            let held = store.lock(&path)?;
+            crate::turns::on_disk(&store, &path, &id).map(|state| (held, state))
+        })
+        .await;
+        let (held, state) = match checked {
+            Ok(Ok(checked)) => checked,
+            Ok(Err(e)) => {
+                let (kind, message) = persist_failure(&e);
+                self.fail(&message, kind, None);
+                return false;
+            }
+            Err(e) => {
+                self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                return false;
+            }
+        };
+        if !matches!(state, OnDisk::Resume(_)) {
+            drop(held);
+            tracing::warn!(session = %self.session.key, run = %self.run.run_id, "not resumed: {state:?} by now");
+            let why = "this turn was interrupted by a restart and was resumed once already (or the session moved \
+                       on); send it again with a new idempotencyKey";
+            self.settle(state, why);
+            return false;
+        }
+        let why = "the turn's reply was never written; running it again for the same user row";
+        let marker = crate::turns::marker(crate::turns::RESUMED, &self.run.run_id, why);
+        let written = self.gw.append(&self.session, marker).await;
+        drop(held);
+        if let Err(e) = written {
+            let (kind, message) = persist_failure(&e);
+            self.fail(&message, kind, None);
+            return false;
+        }
+        true
+    }
+
+    /// Ends a turn that must not run, as the transcript has it: answered already (its final, the
+    /// reply being in the history), else a `chat` error of kind `interrupted` saying `why`.
+    fn settle(&self, state: OnDisk, why: &str) {
+        let status = match state {
+            OnDisk::Done(status) => {
+                let stop = match status {
+                    "aborted" | "error" => status,
+                    _ => "stop",
+                };
+                self.lifecycle_end();
+                self.chat_event("final", json!({"stopReason": stop}));
+                status
+            }
+            _ => {
+                self.chat_event("error", json!({"errorMessage": why, "errorKind": "interrupted"}));
+                self.agent_event("lifecycle", json!({"phase": "error", "error": why}));
+                "interrupted"
+            }
+        };
+        self.finish(Ok(json!({"runId": self.run.run_id, "status": status})));
     }
 
     fn session_model(&self) -> String {

@@ -118,6 +118,25 @@ fn replies(rows: &[Value], run: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The rows from turn `run`'s user row on, one line each (id, parent, what it is, when written).
+fn outline(rows: &[Value], run: &str) -> String {
+    let k = format!("{run}:user");
+    let from = rows.iter().position(|r| r["message"]["idempotencyKey"] == k.as_str()).unwrap_or(0);
+    let short = |v: &Value| v.as_str().map(|s| s.chars().take(8).collect::<String>()).unwrap_or_else(|| "-".into());
+    rows[from..]
+        .iter()
+        .map(|r| {
+            let what = match r["type"].as_str() {
+                Some("message") => format!("{} {}", r["message"]["role"], r["message"]["idempotencyKey"]),
+                Some("custom") => format!("{} {}", r["customType"], r["data"]["runId"]),
+                other => format!("{other:?}"),
+            };
+            format!("  {} <- {} {what} at {}", short(&r["id"]), short(&r["parentId"]), r["timestamp"])
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn customs<'a>(rows: &'a [Value], custom_type: &str, run: &str) -> Vec<&'a Value> {
     rows.iter()
         .filter(|r| r["type"] == "custom" && r["customType"] == custom_type && r["data"]["runId"] == run)
@@ -224,6 +243,101 @@ async fn t01_idempotency_is_durable_across_sigkill_and_an_interrupted_turn_resum
     assert_chain(&after, "durable");
     assert_verifies(&file);
     ordinary_turn(&e.gw.addr, "durable").await;
+}
+
+/// Holds `<transcript>.lock` as a live Pincer holder does (the file, flocked), so that every
+/// gateway's appends to that transcript wait; dropping it releases them.
+struct HeldLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl HeldLock {
+    /// Waits for the lock to be free (a holder's linger ends; one left by a killed holder is
+    /// removed, as a gateway would), then takes it.
+    fn take(transcript: &Path) -> HeldLock {
+        let path = PathBuf::from(format!("{}.lock", transcript.display()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let file = loop {
+            assert!(Instant::now() < deadline, "{} stayed held", path.display());
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(f) => break f,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if std::fs::File::open(&path).is_ok_and(|f| f.try_lock().is_ok()) {
+                        let _ = std::fs::remove_file(&path); // no live holder
+                    } else {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+                Err(e) => panic!("create {}: {e}", path.display()),
+            }
+        };
+        std::fs::write(&path, json!({"pid": std::process::id(), "createdAt": "2026-01-01T00:00:00.000Z"}).to_string())
+            .expect("lock body");
+        file.lock().expect("flock");
+        HeldLock { path, _file: file }
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t01b_two_gateways_on_one_state_dir_never_answer_a_turn_twice() {
+    // Two processes on one state dir (a second `pincer gateway` started by mistake, a supervisor
+    // restarting one before the old one is gone) each get the same turn at the same moment. Both
+    // decide before either writes (the transcript's lock is held meanwhile, as by a third writer):
+    // a new turn and an interrupted one being resumed are still answered once.
+    let mut e = start("", StartOptions::default());
+    let key = "agent:main:twice";
+    let mut c = Client::connect(&e.gw.addr).await;
+    assert_eq!(send(&mut c, key, "hello", "K-first").await.expect("send")["status"], "started");
+    assert_eq!(c.chat_end("K-first").await["payload"]["state"], "final");
+    let file = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
+    // An interrupted turn: its user row is the leaf and nothing answers it.
+    let rows = probe::read_rows(&file);
+    let leaf = rows.last().expect("rows")["id"].clone();
+    let user = json!({"type": "message", "id": "0badc0de", "parentId": leaf, "timestamp": "2026-01-01T00:00:00.000Z",
+        "message": {"role": "user", "content": "resume me", "timestamp": 1, "idempotencyKey": "K-resumed:user"}});
+    let mut text = std::fs::read_to_string(&file).expect("read");
+    text.push_str(&format!("{user}\n"));
+    std::fs::write(&file, text).expect("append the interrupted turn");
+    let config = config(&e.fake, "");
+    tokio::task::block_in_place(|| e.gw.kill9());
+    let (mut a, mut b) = tokio::task::block_in_place(|| {
+        let a = GatewayProcess::start(BIN, &e.gw.state_dir, &config);
+        let b = GatewayProcess::start(BIN, &e.gw.state_dir, &config);
+        (a, b)
+    });
+    for (run, message) in [("K-resumed", "resume me"), ("K-fresh", "a new turn sent twice")] {
+        let held = HeldLock::take(&file);
+        let mut ca = Client::connect(&a.addr).await;
+        let mut cb = Client::connect(&b.addr).await;
+        let (ra, rb) = tokio::join!(send(&mut ca, key, message, run), send(&mut cb, key, message, run));
+        // Both acknowledged: both have decided, before anything of the turn could be written.
+        assert_eq!(ra.expect("send to a")["status"], "started", "{run} on a");
+        assert_eq!(rb.expect("send to b")["status"], "started", "{run} on b");
+        drop(held);
+        let (ea, eb) =
+            tokio::join!(ca.try_chat_end(run, Duration::from_secs(30)), cb.try_chat_end(run, Duration::from_secs(30)));
+        let states = [ea.expect("end on a"), eb.expect("end on b")]
+            .map(|e| e["payload"]["state"].as_str().unwrap_or("").to_owned());
+        assert!(states.contains(&"final".to_owned()), "{run}: one of them answers: {states:?}");
+        let rows = probe::read_rows(&file);
+        assert_eq!(user_rows(&rows, run), 1, "{run}: {}", outline(&rows, run));
+        assert_eq!(replies(&rows, run).len(), 1, "{run} answered twice:\n{}", outline(&rows, run));
+        assert!(customs(&rows, "pincer.turn-resumed", run).len() <= 1, "{run}:\n{}", outline(&rows, run));
+    }
+    let rows = probe::read_rows(&file);
+    assert_chain(&rows, key);
+    assert_verifies(&file);
+    tokio::task::block_in_place(|| {
+        a.kill9();
+        b.kill9();
+    });
 }
 
 // 2 ────────────────────────────────────────────────────────────────────────────────────────────
@@ -1049,13 +1163,16 @@ async fn t12_a_crash_storm_never_duplicates_or_breaks_a_turn() {
     let addr = Arc::new(Mutex::new(gw.addr.clone()));
     let stop = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..CLIENTS).map(|i| tokio::spawn(storm_client(i, addr.clone(), stop.clone()))).collect();
+    // Each process's log, kept for the failure message.
+    let logs = Arc::new(Mutex::new(Vec::new()));
     let killer = {
-        let (addr, stop) = (addr.clone(), stop.clone());
+        let (addr, stop, logs) = (addr.clone(), stop.clone(), logs.clone());
         tokio::task::spawn_blocking(move || {
             let mut gw = gw;
             let mut rng = Rng(seed);
             for _ in 0..KILLS {
                 std::thread::sleep(Duration::from_millis(rng.range(300, 1500)));
+                logs.lock().expect("logs").push(gw.log_text());
                 gw.restart();
                 *addr.lock().expect("addr") = gw.addr.clone();
             }
@@ -1079,7 +1196,23 @@ async fn t12_a_crash_storm_never_duplicates_or_breaks_a_turn() {
         for run in &s.acked {
             assert_eq!(user_rows(&rows, run), 1, "{key}: user rows of {run}");
             let r = replies(&rows, run);
-            assert!(r.len() <= 1, "{key}: {} replies for {run}: {r:#?}", r.len());
+            if r.len() > 1 {
+                logs.lock().expect("logs").push(gw.log_text());
+                let logs = logs.lock().expect("logs");
+                let said: Vec<_> = logs
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(n, l)| {
+                        l.lines().filter(|l| l.contains(run.as_str())).map(move |l| format!("process {n}: {l}"))
+                    })
+                    .collect();
+                panic!(
+                    "{key}: {} replies for {run}:\n{}\nthe gateways said:\n{}",
+                    r.len(),
+                    outline(&rows, run),
+                    said.join("\n")
+                );
+            }
         }
         let mut keyed = HashMap::new();
         for r in &rows {
