@@ -1,9 +1,10 @@
 //! Adversarial end-to-end tests of the gateway's edges, with real processes: the `pincer gateway`
 //! binary as a child process (sometimes under `prlimit` or on a tiny tmpfs), real sockets, the fake
 //! OpenAI-compatible provider, and the gateway's memory and descriptors read from `/proc/<pid>`.
-//! Each test attacks one bound — durable idempotency across SIGKILL, pre-auth floods, slow
-//! consumers, Origin checks, slowloris, many sessions under a low file limit, SSE logs of deleted
-//! sessions, a full disk, graceful shutdown, the per-session queue, frame sizes, and a crash storm —
+//! Each test attacks one bound — durable idempotency across SIGKILL and between two processes on one
+//! state dir, pre-auth floods, slow consumers, Origin checks, slowloris, many sessions under a low
+//! file limit, SSE logs of deleted sessions, a full disk, graceful shutdown, the per-session queue,
+//! frame sizes, and a crash storm —
 //! asserts the bound with the measured numbers in the failure message, and checks that an ordinary
 //! client (connect, `chat.send`, `chat` final) keeps chatting during or after the attack.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
