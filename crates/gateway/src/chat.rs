@@ -285,6 +285,7 @@ pub async fn start_turn(
         run,
         text: message,
         images,
+        expected_leaf: expected_leaf.filter(|_| resume.is_none()),
         resume,
         regenerate,
         graft,
@@ -435,6 +436,9 @@ struct Turn {
     run: Arc<RunHandle>,
     text: String,
     images: Vec<Value>,
+    /// `expectedLeafEntryId`: checked again once the turn has its place in the session's queue
+    /// (a turn queued before it may have moved the leaf since the check in [`start_turn`]).
+    expected_leaf: Option<Option<String>>,
     /// The turn's user entry when it is being resumed after a restart (nothing new is written).
     resume: Option<Value>,
     /// A user row to answer again: the leaf moves there and no user row is written.
@@ -456,6 +460,7 @@ impl Turn {
             run,
             text: String::new(),
             images: vec![],
+            expected_leaf: None,
             resume: None,
             regenerate: None,
             graft: None,
@@ -597,7 +602,15 @@ impl Turn {
         // A stateless client's text is never a command (its history would not say what it did).
         let command = slash_command(&self.text)
             .filter(|_| self.images.is_empty() && self.regenerate.is_none() && self.graft.is_none());
-        if let (Some(_), Some(_)) = (command, &self.resume) {
+        let moved = match &self.expected_leaf {
+            Some(want) => check_branch_point(&self.gw, &self.session, Some(want), None).await.err(),
+            None => None,
+        };
+        if let Some(e) = moved {
+            // Nothing was written: the client's view of the branch is stale (or could not be checked).
+            let kind = if e.code == "INVALID_REQUEST" { "conflict" } else { "persistence" };
+            self.fail(&e.message, kind, None);
+        } else if let (Some(_), Some(_)) = (command, &self.resume) {
             self.reply("This command was interrupted by a restart before it was answered; send it again.").await;
             self.finish(Ok(json!({"runId": self.run.run_id, "status": "interrupted"})));
         } else if let Some(cmd) = command {

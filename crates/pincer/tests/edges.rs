@@ -2,10 +2,9 @@
 //! binary as a child process (sometimes under `prlimit` or on a tiny tmpfs), real sockets, the fake
 //! OpenAI-compatible provider, and the gateway's memory and descriptors read from `/proc/<pid>`.
 //! Each test attacks one bound — durable idempotency across SIGKILL and between two processes on one
-//! state dir, pre-auth floods, slow consumers, Origin checks, slowloris, many sessions under a low
-//! file limit, SSE logs of deleted sessions, a full disk, graceful shutdown, the per-session queue,
-//! frame sizes, and a crash storm —
-//! asserts the bound with the measured numbers in the failure message, and checks that an ordinary
+//! state dir, a leaf guard raced by two sends, pre-auth floods, slow consumers, Origin checks,
+//! slowloris, many sessions under a low file limit, SSE logs of deleted sessions, a full disk,
+//! graceful shutdown, the per-session queue, frame sizes, and a crash storm — asserts the bound with the measured numbers in the failure message, and checks that an ordinary
 //! client (connect, `chat.send`, `chat` final) keeps chatting during or after the attack.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
@@ -339,6 +338,41 @@ async fn t01b_two_gateways_on_one_state_dir_never_answer_a_turn_twice() {
         a.kill9();
         b.kill9();
     });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t01c_two_sends_guarded_by_one_leaf_write_one_turn() {
+    // Two tabs send at once, each "only if the leaf is still X" (`expectedLeafEntryId`). Both
+    // pass the check when they arrive (nothing can be written meanwhile: the transcript's lock is
+    // held); the one that runs second finds the leaf moved, writes nothing, and says so.
+    let e = start("", StartOptions::default());
+    let key = "agent:main:guarded";
+    let mut c = Client::connect(&e.gw.addr).await;
+    assert_eq!(send(&mut c, key, "hello", "G-first").await.expect("send")["status"], "started");
+    assert_eq!(c.chat_end("G-first").await["payload"]["state"], "final");
+    let file = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
+    let leaf = probe::read_rows(&file).last().expect("rows")["id"].clone();
+    let held = HeldLock::take(&file);
+    let mut c2 = Client::connect(&e.gw.addr).await;
+    let guarded = |run: &str| json!({"sessionKey": key, "message": format!("edit {run}"), "idempotencyKey": run, "expectedLeafEntryId": leaf});
+    let (ra, rb) = tokio::join!(c.request("chat.send", guarded("G-a")), c2.request("chat.send", guarded("G-b")));
+    assert_eq!(ra.expect("send a")["status"], "started");
+    assert_eq!(rb.expect("send b")["status"], "started");
+    drop(held);
+    let (ea, eb) = tokio::join!(c.chat_end("G-a"), c2.chat_end("G-b"));
+    let mut ends = [("G-a", ea), ("G-b", eb)];
+    ends.sort_by_key(|(_, e)| e["payload"]["state"] != "final");
+    let [(won, _), (lost, refused)] = ends;
+    assert_eq!(refused["payload"]["state"], "error", "{refused}");
+    assert_eq!(refused["payload"]["errorKind"], "conflict", "{refused}");
+    let why = refused["payload"]["errorMessage"].as_str().unwrap_or("");
+    assert!(why.contains("active branch of agent:main:guarded moved"), "{why}");
+    let rows = probe::read_rows(&file);
+    assert_eq!(user_rows(&rows, won), 1);
+    assert_eq!(user_rows(&rows, lost), 0, "nothing written for the stale send: {}", outline(&rows, won));
+    let user = rows.iter().find(|r| r["message"]["idempotencyKey"] == format!("{won}:user")).expect("user row");
+    assert_eq!(user["parentId"], leaf, "the winner is chained where both expected");
+    assert_chain(&rows, key);
 }
 
 // 2 ────────────────────────────────────────────────────────────────────────────────────────────
