@@ -580,7 +580,7 @@ impl Turn {
         self.gw.sessions.touch(&self.session);
     }
 
-    async fn execute(self) {
+    async fn execute(mut self) {
         let queued = crate::metrics::Live::queued();
         let guard = match self.gw.turn_slot(&self.session.key, &self.run.cancel).await {
             Ok(g) => g,
@@ -597,6 +597,9 @@ impl Turn {
             }
         };
         drop(queued);
+        if !self.follow_reset().await {
+            return;
+        }
         let (_running, started) = (crate::metrics::Live::run(), Instant::now());
         self.agent_event("lifecycle", json!({"phase": "start"}));
         // A stateless client's text is never a command (its history would not say what it did).
@@ -621,6 +624,28 @@ impl Turn {
         self.lifecycle_end();
         crate::metrics::turn_seconds(started.elapsed());
         drop(guard);
+    }
+
+    /// A session reset or deleted while this turn waited for its queue has a new transcript: a
+    /// plain turn goes there (as one sent now would). A turn tied to entries of the old one (a
+    /// resume, a regenerate, a leaf guard, a stateless client's history) ends with a `chat` error
+    /// instead (false). Nothing is written to the old transcript after it was moved aside.
+    async fn follow_reset(&mut self) -> bool {
+        let now = match self.gw.session(&self.session.key, true).await {
+            Ok(Some(now)) if now.path != self.session.path => now,
+            _ => return true,
+        };
+        let tied = self.resume.is_some() || self.regenerate.is_some() || self.expected_leaf.is_some();
+        if tied || self.graft.is_some() {
+            let why = format!(
+                "session {} was reset or deleted while this turn waited; nothing was written, send it again",
+                self.session.key
+            );
+            self.fail(&why, "conflict", None);
+            return false;
+        }
+        self.session = now;
+        true
     }
 
     fn user_content(&self, text: &str) -> Value {

@@ -93,8 +93,15 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::SessionsList => blocking(gw, params, sessions_list).await,
         Method::SessionsCreate => sessions_create(gw, ctx, params).await,
         Method::SessionsPatch => blocking(gw, params, sessions_patch).await,
-        Method::SessionsReset => blocking(gw, params, sessions_reset).await,
-        Method::SessionsDelete => blocking(gw, params, sessions_delete).await,
+        Method::SessionsReset | Method::SessionsDelete => {
+            // The session's runs are aborted, and its transcript moved aside once they have
+            // written what they still write (an aborted partial): in the session's queue.
+            let key = session_key(method, params)?;
+            chat::abort_session(gw, &key, None, "rpc");
+            let _slot = gw.turn_slot(&key, &gw.stopping()).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
+            let f = if method == Method::SessionsReset { sessions_reset } else { sessions_delete };
+            blocking(gw, params, f).await
+        }
         Method::SessionsCompact => {
             #[derive(Deserialize)]
             #[serde(rename_all = "camelCase")]
@@ -451,7 +458,6 @@ fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let key = session_key(Method::SessionsReset, params)?;
     let _: ResetParams = crate::protocol::params(Method::SessionsReset, params)?;
     let reason = "reset";
-    chat::abort_session(gw, &key, None, "rpc");
     let old = gw.sessions.resolve(&key, false)?;
     let (s, archived) = gw.sessions.reset(&key, reason)?;
     if let Some(o) = old {
@@ -463,7 +469,6 @@ fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 
 fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let key = session_key(Method::SessionsDelete, params)?;
-    chat::abort_session(gw, &key, None, "rpc");
     let old = gw.sessions.resolve(&key, false)?;
     let (deleted, archived) = gw.sessions.delete(&key)?;
     if let Some(o) = old {

@@ -4,8 +4,10 @@
 //! Each test attacks one bound — durable idempotency across SIGKILL and between two processes on one
 //! state dir, a leaf guard raced by two sends, pre-auth floods, slow consumers, Origin checks,
 //! slowloris, many sessions under a low file limit, SSE logs of deleted sessions, a full disk,
-//! graceful shutdown, the per-session queue, frame sizes, and a crash storm — asserts the bound with the measured numbers in the failure message, and checks that an ordinary
-//! client (connect, `chat.send`, `chat` final) keeps chatting during or after the attack.
+//! a reset or delete during a turn, graceful shutdown, the per-session queue, frame sizes, and a
+//! crash storm — asserts the bound with the measured numbers in the failure message, and checks
+//! that an ordinary client (connect, `chat.send`, `chat` final) keeps chatting during or after the
+//! attack.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
@@ -947,6 +949,87 @@ async fn t08_a_full_disk_fails_the_turn_and_nothing_runs() {
 }
 
 // 9 ────────────────────────────────────────────────────────────────────────────────────────────
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t09b_a_reset_or_delete_during_a_turn_keeps_the_turn_whole_in_the_archive() {
+    // `sessions.reset` (and `sessions.delete`) while a reply streams: the run is aborted, and its
+    // user row and aborted partial end up in the archived transcript, chained; nothing is written
+    // under the old name afterwards, and the session's new transcript starts clean.
+    let e = start("", StartOptions::default());
+    let mut c = Client::connect(&e.gw.addr).await;
+    for (method, key) in [("sessions.reset", "agent:main:reset-mid"), ("sessions.delete", "agent:main:delete-mid")] {
+        let run = format!("{method}-run");
+        assert_eq!(send(&mut c, key, "[slow] a story cut by a reset", &run).await.expect("send")["status"], "started");
+        c.event(|f| f["event"] == "chat" && f["payload"]["runId"] == run.as_str() && f["payload"]["state"] == "delta")
+            .await;
+        let file = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
+        c.request(method, json!({"key": key})).await.expect(method);
+        let end = c.chat_end(&run).await;
+        assert_eq!(end["payload"]["state"], "aborted", "{end}");
+        // Whatever the aborted run still wrote has landed by now; give a stray write time to show.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!file.exists(), "{method}: {} was written again after it was archived", file.display());
+        let dir = probe::sessions_dir(&e.gw.state_dir, "main");
+        let name = file.file_name().and_then(|n| n.to_str()).expect("name").to_owned();
+        let archived: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(|d| d.ok().map(|d| d.path()))
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{name}."))))
+            .filter(|p| !p.to_string_lossy().ends_with(".lock"))
+            .collect();
+        assert_eq!(archived.len(), 1, "{method}: one archive of {name}: {archived:?}");
+        let rows = probe::read_rows(&archived[0]);
+        assert_eq!(user_rows(&rows, &run), 1, "{method}: {}", outline(&rows, &run));
+        let partial = rows.iter().find(|r| r["message"]["idempotencyKey"] == format!("{run}:assistant"));
+        assert!(partial.is_some(), "{method}: the aborted partial is in the archive: {}", outline(&rows, &run));
+        assert_chain(&rows, method);
+        assert_verifies(&archived[0]);
+    }
+    ordinary_turn(&e.gw.addr, "reset-mid").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t09c_a_turn_sent_while_a_reset_waits_goes_to_the_new_transcript() {
+    // A reply streams; `sessions.reset` aborts it and waits for it to write its partial (held
+    // back here by the transcript's lock); a turn sent meanwhile, queued behind the reset, runs in
+    // the session's new transcript, not in the one moved aside.
+    let e = start("", StartOptions::default());
+    let key = "agent:main:reset-queue";
+    let mut c = Client::connect(&e.gw.addr).await;
+    assert_eq!(send(&mut c, key, "[slow] cut by a reset", "Q-a").await.expect("send")["status"], "started");
+    c.event(|f| f["event"] == "chat" && f["payload"]["runId"] == "Q-a" && f["payload"]["state"] == "delta").await;
+    let old = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
+    let held = HeldLock::take(&old);
+    let mut c2 = Client::connect(&e.gw.addr).await;
+    let mut c3 = Client::connect(&e.gw.addr).await;
+    // Q-b is sent once the reset waits for Q-a; the lock goes a moment later (Q-b's check of the
+    // transcript waits for Q-a's pending write too).
+    let (reset, sent, ()) = tokio::join!(
+        c2.request("sessions.reset", json!({"key": key})),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            send(&mut c3, key, "after the reset", "Q-b").await
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            drop(held);
+        }
+    );
+    reset.expect("reset");
+    assert_eq!(sent.expect("send Q-b")["status"], "started");
+    assert_eq!(c.chat_end("Q-a").await["payload"]["state"], "aborted");
+    let end = c3.chat_end("Q-b").await;
+    assert_eq!(end["payload"]["state"], "final", "{end}");
+    let new = probe::transcript_path(&e.gw.state_dir, key).expect("the new transcript");
+    assert_ne!(new, old);
+    assert!(!old.exists(), "{} was written again after the reset", old.display());
+    let rows = probe::read_rows(&new);
+    assert_eq!(user_rows(&rows, "Q-b"), 1, "Q-b is in the new transcript: {rows:#?}");
+    assert_eq!(replies(&rows, "Q-b").len(), 1);
+    assert_eq!(user_rows(&rows, "Q-a"), 0);
+    assert_chain(&rows, key);
+    assert_verifies(&new);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t09_sigterm_ends_a_streaming_turn_then_says_shutdown_then_closes_1012() {
