@@ -631,6 +631,9 @@ impl Turn {
     /// resume, a regenerate, a leaf guard, a stateless client's history) ends with a `chat` error
     /// instead (false). Nothing is written to the old transcript after it was moved aside.
     async fn follow_reset(&mut self) -> bool {
+        if self.session.moved == self.gw.sessions.moved() {
+            return true; // nothing was moved aside since the session was read (the common case)
+        }
         let now = match self.gw.session(&self.session.key, true).await {
             Ok(Some(now)) if now.path != self.session.path => now,
             _ => return true,

@@ -15,6 +15,7 @@ use pincer_store::{valid_session_id, IndexStamp, Transcripts};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use unicode_normalization::UnicodeNormalization;
 
@@ -33,6 +34,8 @@ pub struct SessionRef {
     pub path: PathBuf,
     /// The index row.
     pub entry: Map<String, Value>,
+    /// [`Sessions::moved`] when this was read: a turn that waited compares the two.
+    pub moved: u64,
 }
 
 impl SessionRef {
@@ -164,6 +167,8 @@ pub struct Sessions {
     state_dir: PathBuf,
     store: Arc<dyn Transcripts>,
     agents: Mutex<HashMap<String, AgentIndex>>,
+    /// How many transcripts this process moved aside (resets, deletes); see [`Sessions::moved`].
+    moved: AtomicU64,
 }
 
 fn read_index(store: &dyn Transcripts, path: &Path) -> Result<(Map<String, Value>, Option<IndexStamp>), RpcError> {
@@ -184,7 +189,12 @@ fn read_index(store: &dyn Transcripts, path: &Path) -> Result<(Map<String, Value
 
 impl Sessions {
     pub fn new(state_dir: &Path, store: Arc<dyn Transcripts>) -> Sessions {
-        Sessions { state_dir: state_dir.to_path_buf(), store, agents: Mutex::new(HashMap::new()) }
+        Sessions {
+            state_dir: state_dir.to_path_buf(),
+            store,
+            agents: Mutex::new(HashMap::new()),
+            moved: AtomicU64::new(0),
+        }
     }
 
     /// An agent with sessions here: the default agent, or one whose index exists on disk.
@@ -277,7 +287,14 @@ impl Sessions {
             session_id: session_id.into(),
             path,
             entry: entry.clone(),
+            moved: self.moved(),
         })
+    }
+
+    /// Counts the transcripts moved aside by this process (resets, deletes): a [`SessionRef`] read
+    /// before the last one may name a transcript that is gone (checked cheaply by turns that waited).
+    pub fn moved(&self) -> u64 {
+        self.moved.load(Ordering::Acquire)
     }
 
     fn fresh_entry() -> Map<String, Value> {
@@ -406,6 +423,7 @@ impl Sessions {
                 }
             }
             idx.map.insert(key.clone(), Value::Object(e.clone()));
+            self.moved.fetch_add(1, Ordering::AcqRel);
             self.save(idx)?;
             Ok((self.to_ref(&key, &agent, &e)?, archived))
         })
@@ -427,6 +445,7 @@ impl Sessions {
                 .archive_transcript(&r.path, "deleted")
                 .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", r.path.display())))?;
             idx.map.remove(&key);
+            self.moved.fetch_add(1, Ordering::AcqRel);
             self.save(idx)?;
             Ok((true, archived.into_iter().collect()))
         })
