@@ -605,11 +605,11 @@ impl Turn {
         // A stateless client's text is never a command (its history would not say what it did).
         let command = slash_command(&self.text)
             .filter(|_| self.images.is_empty() && self.regenerate.is_none() && self.graft.is_none());
-        let moved = match &self.expected_leaf {
+        let stale = match &self.expected_leaf {
             Some(want) => check_branch_point(&self.gw, &self.session, Some(want), None).await.err(),
             None => None,
         };
-        if let Some(e) = moved {
+        if let Some(e) = stale {
             // Nothing was written: the client's view of the branch is stale (or could not be checked).
             let kind = if e.code == "INVALID_REQUEST" { "conflict" } else { "persistence" };
             self.fail(&e.message, kind, None);
@@ -638,8 +638,9 @@ impl Turn {
             Ok(Some(now)) if now.path != self.session.path => now,
             _ => return true,
         };
-        let tied = self.resume.is_some() || self.regenerate.is_some() || self.expected_leaf.is_some();
-        if tied || self.graft.is_some() {
+        let tied =
+            self.resume.is_some() || self.regenerate.is_some() || self.expected_leaf.is_some() || self.graft.is_some();
+        if tied {
             let why = format!(
                 "session {} was reset or deleted while this turn waited; nothing was written, send it again",
                 self.session.key
@@ -679,11 +680,10 @@ impl Turn {
             Ok(a) if !a.appended => {
                 // The row of this key was in the transcript already (another gateway process on
                 // the same state dir got the same turn): that one answers it, this one must not.
-                let (store, path, id) = (self.gw.store.clone(), self.session.path.clone(), self.run.run_id.clone());
-                let state = tokio::task::spawn_blocking(move || crate::turns::on_disk(&store, &path, &id)).await;
+                let state = turn_on_disk(&self.gw, &self.session, &self.run.run_id).await;
                 let why = "another gateway process on this state dir wrote this turn's user row first and answers \
                            it; its reply will be in the session's history";
-                self.settle(state.ok().and_then(Result::ok).unwrap_or(OnDisk::Interrupted), why);
+                self.settle(state.unwrap_or(OnDisk::Interrupted), why);
                 None
             }
             Ok(a) => {
