@@ -86,8 +86,8 @@ pub enum RunEvent {
     },
     /// An assistant or toolResult message was appended; the entry as written.
     Persisted {
-        /// `{type:"message",id,parentId,timestamp,message}`.
-        entry: Value,
+        /// `{type:"message",id,parentId,timestamp,message}`, shared with the events after it.
+        entry: Arc<Value>,
     },
     /// Pi usage object of the assistant message just completed.
     Usage(Value),
@@ -96,12 +96,12 @@ pub enum RunEvent {
     /// The run ended normally; the last assistant entry (already announced by `Persisted`).
     Final {
         /// The entry.
-        entry: Value,
+        entry: Arc<Value>,
     },
     /// The run failed.
     Error {
         /// The persisted assistant message with `stopReason: "error"`, if it could be appended.
-        entry: Option<Value>,
+        entry: Option<Arc<Value>>,
         /// What happened, naming the provider.
         message: String,
         /// Classification for `errorKind`.
@@ -134,7 +134,7 @@ pub fn start_run(req: RunRequest) -> mpsc::Receiver<RunEvent> {
             tracing::error!(run_id = %run_id, "{message}");
             let msg = AssistantDraft::new().to_message(&model, StopReason::Error, Some(&message));
             let entry = match std::panic::AssertUnwindSafe(sink.append_message(msg)).catch_unwind().await {
-                Ok(Ok(entry)) => Some(entry),
+                Ok(Ok(entry)) => Some(Arc::new(entry)),
                 Ok(Err(e)) => {
                     tracing::warn!(run_id = %run_id, "cannot append the error message of a panicked run: {e}");
                     None
@@ -221,9 +221,10 @@ impl Runner {
     }
 
     /// Appends and announces; `Err` carries the terminal error event already emitted.
-    async fn persist(&self, message: Value) -> Result<Value, RunEvent> {
+    async fn persist(&self, message: Value) -> Result<Arc<Value>, RunEvent> {
         match self.req.sink.append_message(message).await {
             Ok(entry) => {
+                let entry = Arc::new(entry);
                 self.emit(RunEvent::Persisted { entry: entry.clone() }).await;
                 Ok(entry)
             }
@@ -307,18 +308,20 @@ impl Runner {
             let stop = draft.stop_reason.unwrap_or(StopReason::Stop);
             let message = draft.to_message(&self.req.model, stop, None);
             self.emit(RunEvent::Usage(message.get("usage").cloned().unwrap_or(Value::Null))).await;
-            let shared = crate::context::ContextMessage::shared(&message);
+            let calls = draft.tool_calls();
+            // The next model call's context, needed only when the loop goes on.
+            let goes_on = stop == StopReason::ToolUse && !calls.is_empty();
+            let shared = goes_on.then(|| crate::context::ContextMessage::shared(&message));
             let entry = match self.persist(message).await {
                 Ok(e) => e,
                 Err(ev) => return ev,
             };
-            context.push(shared);
-            let calls = draft.tool_calls();
-            if stop != StopReason::ToolUse || calls.is_empty() {
+            let Some(shared) = shared else {
                 let ev = RunEvent::Final { entry };
                 self.emit(ev.clone()).await;
                 return ev;
-            }
+            };
+            context.push(shared);
             for call in calls {
                 if self.req.cancel.is_cancelled() {
                     return self.aborted(None).await;

@@ -531,9 +531,9 @@ async fn a_panicking_run_still_ends_with_a_persisted_error() {
     assert_eq!(
         &events[events.len() - 2..],
         &[
-            RunEvent::Persisted { entry: entries[0].clone() },
+            RunEvent::Persisted { entry: entries[0].clone().into() },
             RunEvent::Error {
-                entry: Some(entries[0].clone()),
+                entry: Some(entries[0].clone().into()),
                 message: "the run panicked: sink exploded".into(),
                 kind: pincer_agent::ErrorKind::Internal
             }

@@ -12,7 +12,7 @@ use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
 use crate::turns::OnDisk;
 use crate::Ctx;
 use base64::Engine;
-use pincer_agent::{start_run, ContextMessage, RunEvent, RunRequest, SinkError, TranscriptSink};
+use pincer_agent::{start_run, RunEvent, RunRequest, SinkError, TranscriptSink};
 use pincer_pi::now_ms;
 use pincer_store::history::{HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
 use pincer_store::NewEntry;
@@ -472,6 +472,18 @@ impl Turn {
     /// A `chat` event. As OpenClaw numbers them, the final repeats the last delta's `seq` (a
     /// final without deltas, an abort or an error takes the next one).
     fn chat_event(&self, state: &str, extra: Value) {
+        let extra = match extra {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
+        // An event carrying a persisted entry is that entry's `chat` event, under its durable id.
+        let entry_id = extra.get("message").and_then(|m| m.get("__openclaw")).and_then(|o| o.get("id"));
+        self.chat_event_with(state, &extra, entry_id.and_then(Value::as_str));
+    }
+
+    /// [`Turn::chat_event`] with the fields after `state` serialized from `extra` (flattened), and
+    /// the id of the persisted entry the event carries, if any.
+    fn chat_event_with(&self, state: &str, extra: &impl serde::Serialize, entry_id: Option<&str>) {
         let seq = match (state, self.run.last_seq()) {
             ("final", last) if last > 0 => last,
             _ => self.run.next_seq(),
@@ -479,21 +491,17 @@ impl Turn {
         if !self.gw.hub.wants("chat", Some(&self.session.key), crate::hub::Audience::All) {
             return;
         }
-        let extra = match extra {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        };
         // Serialized straight from the turn's fields (no JSON tree built for it).
         #[derive(serde::Serialize)]
         #[serde(rename_all = "camelCase")]
-        struct Payload<'a> {
+        struct Payload<'a, E> {
             run_id: &'a str,
             session_key: &'a str,
             agent_id: &'a str,
             seq: u64,
             state: &'a str,
             #[serde(flatten)]
-            extra: &'a Map<String, Value>,
+            extra: &'a E,
         }
         let p = Payload {
             run_id: &self.run.run_id,
@@ -501,15 +509,12 @@ impl Turn {
             agent_id: &self.session.agent_id,
             seq,
             state,
-            extra: &extra,
+            extra,
         };
         let Some(json) = crate::hub::to_json(&p) else { return };
         // Deltas and startup phases are superseded by what follows: droppable for a slow client.
         let droppable = matches!(state, "delta" | "status");
-        // An event carrying a persisted entry is that entry's `chat` event, under its durable id.
-        let entry_id = extra.get("message").and_then(|m| m.get("__openclaw")).and_then(|o| o.get("id"));
-        let id = entry_id.and_then(Value::as_str).filter(|_| !droppable);
-        let id = id.and_then(|id| self.gw.event_id(&self.session, id, 1));
+        let id = entry_id.filter(|_| !droppable).and_then(|id| self.gw.event_id(&self.session, id, 1));
         self.gw.hub.publish_json("chat", &self.session.key, json, droppable, crate::hub::Audience::All, id);
     }
 
@@ -955,15 +960,14 @@ impl Turn {
                             self.fail(
                                 &format!("{message} (compacting to make room failed: {e})"),
                                 "context_length",
-                                entry.as_ref(),
+                                entry.as_deref(),
                             );
                             return;
                         }
                     }
                 }
-                StreamEnd::Finished { usage, message } => {
-                    messages.push(ContextMessage::shared(message));
-                    if crate::compact::over_threshold(&self.gw, &self.session, &messages, usage.as_ref()) {
+                StreamEnd::Finished { usage } => {
+                    if crate::compact::over_threshold(&self.gw, &self.session, usage.as_ref()).await {
                         let reason = pincer_compaction::CompactionReason::Threshold;
                         let _ = crate::compact::run(&self.gw, &self.session, reason, None, self.gw.stopping()).await;
                     }
@@ -1126,22 +1130,30 @@ impl Turn {
                 RunEvent::Final { entry } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
                     let msg = &entry["message"];
-                    let mut extra =
-                        json!({"stopReason": msg["stopReason"], "message": with_meta(&entry, &self.run.run_id)});
-                    if let Some(u) = msg.get("usage") {
-                        extra["usage"] = u.clone();
+                    #[derive(serde::Serialize)]
+                    #[serde(rename_all = "camelCase")]
+                    struct Final<'a> {
+                        stop_reason: &'a Value,
+                        message: WithMeta<'a>,
+                        #[serde(skip_serializing_if = "Option::is_none")]
+                        usage: Option<&'a Value>,
                     }
+                    let extra = Final {
+                        stop_reason: &msg["stopReason"],
+                        message: WithMeta::run(&entry, &self.run.run_id),
+                        usage: msg.get("usage"),
+                    };
                     self.lifecycle_end();
-                    self.chat_event("final", extra);
+                    self.chat_event_with("final", &extra, entry.get("id").and_then(Value::as_str));
                     self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
-                    return StreamEnd::Finished { usage: msg.get("usage").cloned(), message: msg.clone() };
+                    return StreamEnd::Finished { usage: msg.get("usage").cloned() };
                 }
                 RunEvent::Error { entry, message, kind } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
                     if may_recover && kind == pincer_agent::ErrorKind::ContextLength {
                         return StreamEnd::Overflow { message, entry };
                     }
-                    self.fail(&message, kind.as_str(), entry.as_ref());
+                    self.fail(&message, kind.as_str(), entry.as_deref());
                     return StreamEnd::Other;
                 }
                 RunEvent::Aborted { partial_text, .. } => {
@@ -1156,16 +1168,30 @@ impl Turn {
         if pending.is_empty() {
             return;
         }
-        let mut content = Vec::new();
-        if !thinking.is_empty() {
-            content.push(json!({"type": "thinking", "thinking": thinking}));
+        // Serialized from the run's text as it is (no JSON tree built for each delta).
+        #[derive(serde::Serialize)]
+        #[serde(tag = "type", rename_all = "lowercase")]
+        enum Block<'a> {
+            Thinking { thinking: &'a str },
+            Text { text: &'a str },
         }
-        content.push(json!({"type": "text", "text": text}));
-        let delta = std::mem::take(pending);
-        self.chat_event(
-            "delta",
-            json!({"deltaText": delta, "message": {"role": "assistant", "content": content, "timestamp": now_ms()}}),
-        );
+        #[derive(serde::Serialize)]
+        struct Message<'a> {
+            role: &'static str,
+            content: &'a [Block<'a>],
+            timestamp: u64,
+        }
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Delta<'a> {
+            delta_text: &'a str,
+            message: Message<'a>,
+        }
+        let blocks = [Block::Thinking { thinking }, Block::Text { text }];
+        let content = if thinking.is_empty() { &blocks[1..] } else { &blocks[..] };
+        let delta = Delta { delta_text: pending, message: Message { role: "assistant", content, timestamp: now_ms() } };
+        self.chat_event_with("delta", &delta, None);
+        pending.clear();
         *last_sent = Some(Instant::now());
     }
 
@@ -1197,10 +1223,10 @@ impl Turn {
 
 /// How a streamed run ended.
 enum StreamEnd {
-    /// Final sent; the last assistant message and its usage.
-    Finished { usage: Option<Value>, message: Value },
+    /// Final sent; the last assistant message's usage.
+    Finished { usage: Option<Value> },
     /// The provider said the context is too long (not announced yet).
-    Overflow { message: String, entry: Option<Value> },
+    Overflow { message: String, entry: Option<Arc<Value>> },
     /// Error or abort, already announced.
     Other,
 }
@@ -1212,40 +1238,97 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// The message of an entry with OpenClaw's `__openclaw` identity block.
-pub fn with_meta(entry: &Value, run_id: &str) -> Value {
-    let mut m = entry.get("message").cloned().unwrap_or(Value::Null);
-    if let Some(obj) = m.as_object_mut() {
-        let mut meta = Map::new();
-        if let Some(id) = entry.get("id") {
-            meta.insert("id".into(), id.clone());
-        }
-        meta.insert("runId".into(), json!(run_id));
-        obj.insert("__openclaw".into(), Value::Object(meta));
+/// The message of an entry with OpenClaw's `__openclaw` identity block (`{id, runId}`; in
+/// `session.message`, `{id}`), serialized from the entry as it is (no copy of the message). A
+/// message that is not an object goes out as it is; `null` when the entry has none.
+pub struct WithMeta<'a> {
+    entry: &'a Value,
+    run_id: Option<&'a str>,
+}
+
+impl<'a> WithMeta<'a> {
+    /// As a run's events carry it: `{id, runId}`.
+    pub fn run(entry: &'a Value, run_id: &'a str) -> WithMeta<'a> {
+        WithMeta { entry, run_id: Some(run_id) }
     }
-    m
+
+    /// As `session.message` carries it: `{id}`, when the entry has one.
+    fn entry(entry: &'a Value) -> WithMeta<'a> {
+        WithMeta { entry, run_id: None }
+    }
+}
+
+impl serde::Serialize for WithMeta<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            id: Option<&'a Value>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            run_id: Option<&'a str>,
+        }
+        let message = self.entry.get("message").unwrap_or(&Value::Null);
+        let meta = Meta { id: self.entry.get("id"), run_id: self.run_id };
+        let (Some(obj), true) = (message.as_object(), meta.id.is_some() || meta.run_id.is_some()) else {
+            return message.serialize(s);
+        };
+        // An `__openclaw` the message already has keeps its place, with the new value.
+        let had = obj.contains_key("__openclaw");
+        let mut map = s.serialize_map(Some(obj.len() + usize::from(!had)))?;
+        for (k, v) in obj {
+            if k == "__openclaw" {
+                map.serialize_entry(k, &meta)?;
+            } else {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        if !had {
+            map.serialize_entry("__openclaw", &meta)?;
+        }
+        map.end()
+    }
+}
+
+/// [`WithMeta::run`] as a value.
+pub fn with_meta(entry: &Value, run_id: &str) -> Value {
+    serde_json::to_value(WithMeta::run(entry, run_id)).unwrap_or(Value::Null)
 }
 
 /// `session.message`'s payload for an entry as written, with its durable position as OpenClaw's
 /// `messageSeq` (ascending with the transcript, the same on every replica; not a count).
-pub fn session_message_payload(gw: &Gateway, session: &SessionRef, entry: &Value, pos: Option<u64>) -> Value {
-    let mut message = entry.get("message").cloned().unwrap_or(Value::Null);
-    let id = entry.get("id").cloned();
-    if let (Some(obj), Some(id)) = (message.as_object_mut(), &id) {
-        obj.insert("__openclaw".into(), json!({"id": id}));
-    }
+pub fn session_message_payload<'a>(
+    gw: &Gateway,
+    session: &'a SessionRef,
+    entry: &'a Value,
+    pos: Option<u64>,
+) -> SessionMessage<'a> {
     // Whether the session still runs: the Control UI takes a row without `hasActiveRun: true` as the
     // end of the run and hides its Stop button while the reply is still streaming.
     let active: Vec<String> = gw.runs_of(&session.key).iter().map(|r| r.run_id.clone()).collect();
-    let mut p = json!({"sessionKey": session.key, "message": message,
-        "hasActiveRun": !active.is_empty(), "activeRunIds": active});
-    if let Some(id) = id {
-        p["messageId"] = id;
+    SessionMessage {
+        session_key: &session.key,
+        message: WithMeta::entry(entry),
+        has_active_run: !active.is_empty(),
+        active_run_ids: active,
+        message_id: entry.get("id"),
+        message_seq: pos.filter(|p| *p > 0),
     }
-    if let Some(pos) = pos.filter(|p| *p > 0) {
-        p["messageSeq"] = json!(pos);
-    }
-    p
+}
+
+/// `session.message`'s payload (see [`session_message_payload`]).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionMessage<'a> {
+    session_key: &'a str,
+    message: WithMeta<'a>,
+    has_active_run: bool,
+    active_run_ids: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message_id: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message_seq: Option<u64>,
 }
 
 /// `session.message` for subscribers of the session, carrying the entry as written, under its
@@ -1259,7 +1342,7 @@ pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value
         None => entry.get("id").and_then(Value::as_str).and_then(|id| gw.event_id(session, id, 0)),
     };
     let p = session_message_payload(gw, session, entry, id.as_ref().map(|i| i.pos));
-    gw.hub.publish_entry("session.message", &session.key, p, crate::hub::Audience::SessionSubscribers, id);
+    gw.hub.publish_entry("session.message", &session.key, &p, crate::hub::Audience::SessionSubscribers, id);
 }
 
 /// Appends a run's assistant and toolResult messages through the store.
@@ -1311,7 +1394,7 @@ pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
         let p = json!({"runId": run_id, "sessionKey": session.key, "agentId": session.agent_id, "seq": 0,
             "state": "final", "stopReason": "stop", "message": with_meta(&a.entry, &run_id)});
         let eid = crate::hub::EventId::chat(&session.session_id, a.pos);
-        gw.hub.publish_entry("chat", &session.key, p, crate::hub::Audience::All, Some(eid));
+        gw.hub.publish_entry("chat", &session.key, &p, crate::hub::Audience::All, Some(eid));
         gw.sessions.touch(&session);
     }
     Ok(json!({"ok": true, "messageId": id, "appended": a.appended}))
@@ -1366,4 +1449,44 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
             "contextTokens": gw.settings.providers.resolve(&gw.settings.model).ok().and_then(|m| m.model.context_window)},
         "sessionInfo": info,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `with_meta` wrote when it copied the message and inserted the block (the rule
+    /// [`WithMeta`] serializes without the copy).
+    fn copied(entry: &Value, meta: Option<Map<String, Value>>) -> Value {
+        let mut m = entry.get("message").cloned().unwrap_or(Value::Null);
+        if let (Some(obj), Some(meta)) = (m.as_object_mut(), meta) {
+            obj.insert("__openclaw".into(), Value::Object(meta));
+        }
+        m
+    }
+
+    #[test]
+    fn with_meta_serializes_what_a_copy_with_the_block_inserted_would() {
+        let entries = [
+            json!({"id": "e1", "message": {"role": "assistant", "content": [{"type": "text", "text": "hi \"x\""}], "usage": {"input": 1}}}),
+            json!({"id": "e2", "message": {"role": "user", "__openclaw": {"old": true}, "content": "kept in place"}}),
+            json!({"message": {"role": "assistant", "content": []}}),
+            json!({"id": "e3", "message": "not an object"}),
+            json!({"id": "e4"}),
+        ];
+        for e in &entries {
+            let mut run_meta = Map::new();
+            if let Some(id) = e.get("id") {
+                run_meta.insert("id".into(), id.clone());
+            }
+            run_meta.insert("runId".into(), json!("r1"));
+            let want = copied(e, Some(run_meta));
+            assert_eq!(serde_json::to_string(&WithMeta::run(e, "r1")).ok(), serde_json::to_string(&want).ok(), "{e}");
+            assert_eq!(with_meta(e, "r1"), want);
+            // session.message: `{id}`, and only when the entry has one.
+            let id_meta = e.get("id").map(|id| Map::from_iter([("id".to_owned(), id.clone())]));
+            let want = copied(e, id_meta);
+            assert_eq!(serde_json::to_string(&WithMeta::entry(e)).ok(), serde_json::to_string(&want).ok(), "{e}");
+        }
+    }
 }

@@ -6,7 +6,7 @@
 use crate::hub::Audience;
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
-use pincer_agent::{CancellationToken, Messages};
+use pincer_agent::CancellationToken;
 use pincer_compaction::{
     assistant_usage, calculate_context_tokens, estimate_context_tokens, CompactionOutcome, CompactionReason,
 };
@@ -64,14 +64,16 @@ pub async fn run(
 }
 
 /// Whether a session's context is over the threshold after a turn: tokens from the provider's
-/// reported usage of the last assistant message when there is one, else Pi's estimate.
-pub fn over_threshold(gw: &Gateway, session: &SessionRef, messages: &Messages, last_usage: Option<&Value>) -> bool {
+/// reported usage of the last assistant message when there is one, else Pi's estimate of the
+/// session's context (the cached one, which the turn's appends extended).
+pub async fn over_threshold(gw: &Gateway, session: &SessionRef, last_usage: Option<&Value>) -> bool {
     let Ok(model) = gw.settings.providers.resolve(&model_spec(gw, session)) else { return false };
     let Some(window) = model.model.context_window else { return false };
     let reported = last_usage.map(calculate_context_tokens).unwrap_or(0);
     let tokens = if reported > 0 {
         reported
     } else {
+        let Ok(messages) = gw.context(session).await else { return false };
         // Pi's estimate needs only the messages from the last assistant usage on: decode those
         // (walking back), not the whole context.
         let mut tail: Vec<Value> = Vec::new();

@@ -246,11 +246,12 @@ impl Hub {
         &self,
         name: &'static str,
         session_key: &str,
-        payload: serde_json::Value,
+        payload: &impl serde::Serialize,
         audience: Audience,
         id: Option<EventId>,
     ) {
-        self.publish_json(name, session_key, payload.to_string(), false, audience, id);
+        let Some(json) = to_json(payload) else { return };
+        self.publish_json(name, session_key, json, false, audience, id);
     }
 
     fn publish_event(&self, ev: BusEvent) {
@@ -370,10 +371,10 @@ mod tests {
         let hub = Arc::new(Hub::default());
         let c = Arc::new(Collect(Mutex::new(vec![])));
         let sub = hub.subscribe(c.clone());
-        hub.publish_entry("chat", "k", json!({}), Audience::All, Some(EventId::chat("s", 1)));
+        hub.publish_entry("chat", "k", &json!({}), Audience::All, Some(EventId::chat("s", 1)));
         assert!(lock(&c.0).is_empty(), "a session's events go to the subscribers watching it");
         sub.watch("k");
-        hub.publish_entry("chat", "k", json!({}), Audience::All, Some(EventId::chat("s", 2)));
+        hub.publish_entry("chat", "k", &json!({}), Audience::All, Some(EventId::chat("s", 2)));
         hub.publish("chat", Some("k"), json!({}), true, Audience::All);
         hub.publish("chat", Some("other"), json!({}), false, Audience::All);
         drop(sub);

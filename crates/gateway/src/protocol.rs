@@ -283,14 +283,19 @@ pub fn event(name: &str, payload: &Value, seq: Option<u64>) -> String {
 
 /// An event frame from an already serialized payload (the bus serializes each payload once).
 pub fn event_frame(name: &str, payload_json: &str, seq: Option<u64>) -> String {
+    use std::fmt::Write;
     let mut f = String::with_capacity(payload_json.len() + 64);
     f.push_str("{\"type\":\"event\",\"event\":");
-    f.push_str(&Value::from(name).to_string());
+    // Event names are dotted identifiers: written as they are, anything else escaped.
+    if name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+        let _ = write!(f, "\"{name}\"");
+    } else {
+        f.push_str(&Value::from(name).to_string());
+    }
     f.push_str(",\"payload\":");
     f.push_str(payload_json);
     if let Some(s) = seq {
-        f.push_str(",\"seq\":");
-        f.push_str(&s.to_string());
+        let _ = write!(f, ",\"seq\":{s}");
     }
     f.push('}');
     f
@@ -443,5 +448,6 @@ mod tests {
         );
         assert_eq!(event_frame("tick", r#"{"ts":1}"#, Some(3)), event("tick", &json!({"ts": 1}), Some(3)));
         assert_eq!(event_frame("x", "{}", None), event("x", &json!({}), None));
+        assert_eq!(event_frame("odd \"name\"", "{}", Some(1)), event("odd \"name\"", &json!({}), Some(1)));
     }
 }

@@ -179,7 +179,7 @@ async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) -> bool {
 /// the row, [`render`]).
 pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str, pos: u64) {
     let id = EventId::chat(&s.session_id, pos);
-    gw.hub.publish_entry("chat", &s.key, interrupted(s, run_id, reason), Audience::All, Some(id));
+    gw.hub.publish_entry("chat", &s.key, &interrupted(s, run_id, reason), Audience::All, Some(id));
 }
 
 /// The `chat` error of a turn whose replica died (announcing its interrupted marker).
@@ -252,7 +252,7 @@ async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
 /// Publishes one row written by another replica as this replica publishes its own.
 fn announce(gw: &Gateway, w: &mut Watched, pos: u64, entry: &Value) {
     for ev in render(gw, &w.session, pos, entry, &mut w.run) {
-        gw.hub.publish_entry(ev.name, &w.session.key, ev.payload, ev.audience, Some(ev.id));
+        gw.hub.publish_entry(ev.name, &w.session.key, &ev.payload, ev.audience, Some(ev.id));
     }
 }
 
@@ -304,7 +304,8 @@ pub fn render(
     }
     let mut out = vec![EntryEvent {
         name: "session.message",
-        payload: crate::chat::session_message_payload(gw, session, entry, Some(pos)),
+        payload: serde_json::to_value(crate::chat::session_message_payload(gw, session, entry, Some(pos)))
+            .unwrap_or_default(),
         audience: Audience::SessionSubscribers,
         id: EventId::message(&session.session_id, pos),
     }];

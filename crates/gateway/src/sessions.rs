@@ -32,8 +32,8 @@ pub struct SessionRef {
     pub session_id: String,
     /// The transcript.
     pub path: PathBuf,
-    /// The index row.
-    pub entry: Map<String, Value>,
+    /// The index row (shared by the clones a turn makes).
+    pub entry: Arc<Map<String, Value>>,
     /// [`Sessions::moved`] when this was read: a turn that waited compares the two.
     pub moved: u64,
 }
@@ -41,7 +41,7 @@ pub struct SessionRef {
 impl SessionRef {
     /// A row for `sessions.list` and `sessionInfo`.
     pub fn row(&self) -> Value {
-        let mut row = self.entry.clone();
+        let mut row = (*self.entry).clone();
         row.insert("key".into(), json!(self.key));
         row.insert("agentId".into(), json!(self.agent_id));
         row.insert("sessionId".into(), json!(self.session_id));
@@ -286,7 +286,7 @@ impl Sessions {
             agent_id: agent.into(),
             session_id: session_id.into(),
             path,
-            entry: entry.clone(),
+            entry: Arc::new(entry.clone()),
             moved: self.moved(),
         })
     }
@@ -415,7 +415,7 @@ impl Sessions {
             };
             let mut e = Self::fresh_entry();
             if let Some(o) = &old {
-                for (k, v) in &o.entry {
+                for (k, v) in o.entry.iter() {
                     let model_field = MODEL_FIELDS.iter().any(|(m, p)| k == m || k == p);
                     if model_field || matches!(k.as_str(), "label" | "displayName" | "thinkingLevel") {
                         e.insert(k.clone(), v.clone());

@@ -1184,19 +1184,27 @@ impl FileWriter {
         }
         let leaf_before = st.leaf.clone();
         let mut results: Vec<Result<Appended, StoreError>> = Vec::with_capacity(batch.len());
-        let mut batch_keys: HashMap<String, (Value, u64)> = HashMap::new();
+        // Keys appended by this batch (by their hash), with where their result is.
+        let mut batch_keys: HashMap<u64, usize> = HashMap::new();
         let mut batch_ids: HashSet<String> = HashSet::new();
         let mut new_keys: Vec<(u64, u64)> = Vec::new();
         for p in &mut batch {
-            results.push(self.build_one(
-                st,
-                &mut p.entry,
-                inner,
-                &mut out,
-                &mut batch_keys,
-                &mut batch_ids,
-                &mut new_keys,
-            ));
+            let key = p.entry.idempotency_key();
+            let hash = key.map(hash_str);
+            let earlier = hash.and_then(|h| batch_keys.get(&h)).and_then(|&i| results.get(i));
+            if let (Some(Ok(a)), Some(key)) = (earlier, key) {
+                if a.entry.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str) == Some(key) {
+                    results.push(Ok(Appended { entry: a.entry.clone(), appended: false, pos: a.pos }));
+                    continue;
+                }
+            }
+            let r = self.build_one(st, &mut p.entry, inner, &mut out, &mut batch_ids, &mut new_keys);
+            if let (Some(h), Ok(a)) = (hash, &r) {
+                if a.appended {
+                    batch_keys.insert(h, results.len());
+                }
+            }
+            results.push(r);
         }
         let wrote_entries = results.iter().any(|r| matches!(r, Ok(a) if a.appended));
         if wrote_entries {
@@ -1256,14 +1264,10 @@ impl FileWriter {
         entry: &mut NewEntry,
         inner: &Inner,
         out: &mut Vec<u8>,
-        batch_keys: &mut HashMap<String, (Value, u64)>,
         batch_ids: &mut HashSet<String>,
         new_keys: &mut Vec<(u64, u64)>,
     ) -> Result<Appended, StoreError> {
         if let Some(key) = entry.idempotency_key() {
-            if let Some((v, pos)) = batch_keys.get(key) {
-                return Ok(Appended { entry: v.clone(), appended: false, pos: *pos });
-            }
             st.ensure_index(&self.path)?;
             let hit = st.index.as_ref().and_then(|i| i.idem.get(&hash_str(key)).copied());
             if let Some(off) = hit {
@@ -1296,14 +1300,13 @@ impl FileWriter {
                 }
             }
         }
-        let key = entry.idempotency_key().map(str::to_owned);
+        let key = entry.idempotency_key().map(hash_str);
         let Rendered { value, line, id, leaf } = entry.render_once(parent, inner.opts.redactor.as_ref())?;
         let offset = st.len + out.len() as u64;
         out.extend_from_slice(&line);
         out.push(b'\n');
         if let Some(key) = key {
-            new_keys.push((hash_str(&key), offset));
-            batch_keys.insert(key, (value.clone(), offset));
+            new_keys.push((key, offset));
         }
         batch_ids.insert(id);
         st.leaf = leaf;

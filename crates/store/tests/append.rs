@@ -296,6 +296,48 @@ fn concurrent_appenders_form_one_chain_with_every_entry_once() {
     assert_eq!(texts, want);
 }
 
+/// Appends of one key queued together (one commit writes what queued while the one before it was
+/// syncing) write it once: every caller gets the one entry, one of them as appended.
+#[test]
+fn one_key_queued_by_many_threads_at_once_is_written_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("s.jsonl");
+    let store = Store::new(StoreOptions::default());
+    let results = std::sync::Mutex::new(Vec::new());
+    let together = std::sync::Barrier::new(12);
+    std::thread::scope(|s| {
+        for t in 0..12 {
+            let (store, f, results, together) = (store.clone(), f.clone(), &results, &together);
+            s.spawn(move || {
+                for i in 0..30 {
+                    together.wait();
+                    if t == 0 {
+                        // Holds the file's commit (its fdatasync) while the others queue key i.
+                        store.append(&f, NewEntry::message(user(&format!("between {i}")))).expect("append");
+                        continue;
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                    let a =
+                        store.append(&f, NewEntry::message(keyed(&format!("m{i}"), &format!("k{i}")))).expect("append");
+                    results.lock().expect("results").push((i, a));
+                }
+            });
+        }
+    });
+    let l = lines(&f);
+    let keyed_rows = l.iter().filter(|e| e["message"]["idempotencyKey"].is_string()).count();
+    assert_eq!(keyed_rows, 30, "each key once");
+    assert_eq!(l.len(), 1 + 30 + 30);
+    for i in 0..30 {
+        let all: Vec<_> =
+            results.lock().expect("results").iter().filter(|(k, _)| *k == i).map(|(_, a)| a.clone()).collect();
+        assert_eq!(all.len(), 11);
+        assert_eq!(all.iter().filter(|a| a.appended).count(), 1, "key k{i} appended once");
+        let written = l.iter().find(|e| e["message"]["idempotencyKey"] == format!("k{i}")).expect("written");
+        assert!(all.iter().all(|a| &a.entry == written && a.pos == all[0].pos), "every caller of k{i} gets the entry");
+    }
+}
+
 #[test]
 fn the_holder_of_the_lock_can_append() {
     let dir = tempfile::tempdir().expect("tempdir");

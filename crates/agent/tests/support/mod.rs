@@ -167,7 +167,7 @@ pub fn events_json(events: &[RunEvent]) -> Vec<Value> {
             }
             RunEvent::Final { entry } => json!({"final": normalize(entry)}),
             RunEvent::Error { entry, message, kind } => {
-                json!({"error": {"entry": entry.as_ref().map(normalize), "message": message, "kind": kind.as_str()}})
+                json!({"error": {"entry": entry.as_deref().map(normalize), "message": message, "kind": kind.as_str()}})
             }
             RunEvent::Aborted { partial_text, partial_message } => {
                 json!({"aborted": {"partialText": partial_text, "partialMessage": partial_message.as_ref().map(normalize)}})
