@@ -22,6 +22,17 @@ pub fn lane_count() -> usize {
     (2 * cores).clamp(4, 32)
 }
 
+/// Which of `lanes` lanes writes transcript `path`: FNV-1a over the path's bytes (stable for a
+/// path, cheap: no component parsing).
+pub fn lane_index(path: &Path, lanes: usize) -> usize {
+    let h = path
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    (h % lanes.max(1) as u64) as usize
+}
+
 type Job = Box<dyn FnOnce() + Send>;
 
 /// The lanes of one gateway.
@@ -55,13 +66,7 @@ impl Lanes {
     }
 
     fn sender(&self, path: &Path) -> Option<&Sender<Job>> {
-        // FNV-1a over the path's bytes: stable for a path, cheap (no component parsing).
-        let h = path
-            .as_os_str()
-            .as_encoded_bytes()
-            .iter()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
-        let i = (h % self.lanes.len() as u64) as usize;
+        let i = lane_index(path, self.lanes.len());
         let slot = self.lanes.get(i)?;
         if let Some(s) = slot.get() {
             return Some(s);

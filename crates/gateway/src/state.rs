@@ -583,6 +583,7 @@ impl Gateway {
 
     /// Appends one entry to a session's transcript; returns it as written.
     pub async fn append(&self, session: &SessionRef, entry: NewEntry) -> Result<Appended, StoreError> {
+        let held = self.hold_transcript(&session.path).await?;
         let store = self.store.clone();
         let path = session.path.clone();
         let sid = session.session_id.clone();
@@ -591,6 +592,7 @@ impl Gateway {
             .lanes
             .run(&session.path, move || {
                 let r = store.append_with(&path, entry, Some(&sid));
+                drop(held);
                 if let Ok(a) = &r {
                     if a.appended {
                         index.appended(&key, &path, &a.entry);
@@ -617,6 +619,22 @@ impl Gateway {
             Err(_) => lock(&self.contexts).remove(&session.path),
         }
         r
+    }
+
+    /// The transcript's cross-process lock, taken before its append enters a writer lane. While
+    /// another process (OpenClaw, Pi, a second gateway) holds it, the append waits here, on this
+    /// task: not in the lane, whose thread also writes other sessions' transcripts, and not holding
+    /// the file's state, which this file's readers need.
+    async fn hold_transcript(&self, path: &std::path::Path) -> Result<pincer_store::backend::Held, StoreError> {
+        let since = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            if let Some(held) = self.store.try_lock(path, since)? {
+                return Ok(held);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
     }
 
     /// The durable id of an event announcing entry `id` (`part` 0: its `session.message`, 1: the

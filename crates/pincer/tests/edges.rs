@@ -2,7 +2,7 @@
 //! binary as a child process (sometimes under `prlimit` or on a tiny tmpfs), real sockets, the fake
 //! OpenAI-compatible provider, and the gateway's memory and descriptors read from `/proc/<pid>`.
 //! Each test attacks one bound — durable idempotency across SIGKILL and between two processes on one
-//! state dir, a leaf guard raced by two sends, pre-auth floods, slow consumers, Origin checks,
+//! state dir, a leaf guard raced by two sends, a transcript locked by another process, pre-auth floods, slow consumers, Origin checks,
 //! slowloris, many sessions under a low file limit, SSE logs of deleted sessions, a full disk,
 //! a reset or delete during a turn, graceful shutdown, the per-session queue, frame sizes, and a
 //! crash storm — asserts the bound with the measured numbers in the failure message, and checks
@@ -374,6 +374,70 @@ async fn t01c_two_sends_guarded_by_one_leaf_write_one_turn() {
     assert_eq!(user_rows(&rows, lost), 0, "nothing written for the stale send: {}", outline(&rows, won));
     let user = rows.iter().find(|r| r["message"]["idempotencyKey"] == format!("{won}:user")).expect("user row");
     assert_eq!(user["parentId"], leaf, "the winner is chained where both expected");
+    assert_chain(&rows, key);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t01d_a_transcript_another_process_holds_stalls_only_its_own_session() {
+    // OpenClaw (or Pi, or a second gateway) holds one session's transcript lock for a long run.
+    // That session's next turn waits for it; other sessions keep answering, also those whose
+    // transcripts share its writer lane (each lane writes a quarter of the sessions here), and the
+    // waiting session's history still reads.
+    let e = start("", StartOptions::default());
+    let mut c = Client::connect(&e.gw.addr).await;
+    let key = "agent:main:held-elsewhere";
+    assert_eq!(send(&mut c, key, "hello", "H-first").await.expect("send")["status"], "started");
+    assert_eq!(c.chat_end("H-first").await["payload"]["state"], "final");
+    let file = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
+    let lanes = pincer_gateway::lanes::lane_count();
+    let lane = pincer_gateway::lanes::lane_index(&file, lanes);
+    // Sessions until two share the held one's lane (and some that do not).
+    let mut same_lane = Vec::new();
+    let mut others = Vec::new();
+    for i in 0..64 {
+        if same_lane.len() >= 2 && others.len() >= 2 {
+            break;
+        }
+        let k = format!("agent:main:neighbour-{i}");
+        let run = format!("N-{i}-first");
+        assert_eq!(send(&mut c, &k, "hello", &run).await.expect("send")["status"], "started");
+        assert_eq!(c.chat_end(&run).await["payload"]["state"], "final");
+        let f = probe::transcript_path(&e.gw.state_dir, &k).expect("transcript");
+        match pincer_gateway::lanes::lane_index(&f, lanes) == lane {
+            true => same_lane.push(k),
+            false => others.push(k),
+        }
+    }
+    assert!(same_lane.len() >= 2, "no session shares lane {lane} of {lanes}");
+    let held = HeldLock::take(&file);
+    assert_eq!(send(&mut c, key, "wait for the lock", "H-waits").await.expect("send")["status"], "started");
+    tokio::time::sleep(Duration::from_millis(300)).await; // its user row's append is waiting now
+    for (i, k) in same_lane.iter().chain(&others).enumerate() {
+        let run = format!("N-{i}-while-held");
+        let mut cn = Client::connect(&e.gw.addr).await;
+        assert_eq!(
+            send(&mut cn, k, "hello while another session is held", &run).await.expect("send")["status"],
+            "started"
+        );
+        let end = cn.try_chat_end(&run, Duration::from_secs(20)).await;
+        let same = same_lane.contains(k);
+        let end = end.unwrap_or_else(|e| panic!("{k} (lane shared with the held session: {same}) stalled: {e}"));
+        assert_eq!(end["payload"]["state"], "final", "{k}: {end}");
+    }
+    let mut ch = Client::connect(&e.gw.addr).await;
+    let history = tokio::time::timeout(Duration::from_secs(10), ch.request("chat.history", json!({"sessionKey": key})))
+        .await
+        .expect("the held session's history reads while its turn waits")
+        .expect("chat.history");
+    assert!(history["messages"].as_array().is_some_and(|m| !m.is_empty()), "{history}");
+    let rows = probe::read_rows(&file);
+    assert_eq!(user_rows(&rows, "H-waits"), 0, "nothing written while the lock is held elsewhere");
+    drop(held);
+    let end = c.try_chat_end("H-waits", Duration::from_secs(30)).await.expect("the waiting turn ends");
+    assert_eq!(end["payload"]["state"], "final", "{end}");
+    let rows = probe::read_rows(&file);
+    assert_eq!(user_rows(&rows, "H-waits"), 1);
+    assert_eq!(replies(&rows, "H-waits").len(), 1, "{}", outline(&rows, "H-waits"));
     assert_chain(&rows, key);
 }
 

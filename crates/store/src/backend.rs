@@ -115,6 +115,14 @@ pub trait Transcripts: Send + Sync {
     /// through while it is held, those of other processes wait.
     fn lock(&self, path: &Path) -> Result<Held, StoreError>;
 
+    /// [`Transcripts::lock`] if that can be done at once, `None` while another process holds it
+    /// (an error once `waiting_since` is older than the lock timeout): a caller that must not block
+    /// a shared thread waits itself and asks again. A backend whose appends never wait for another
+    /// process's file lock holds nothing (the default).
+    fn try_lock(&self, _path: &Path, _waiting_since: std::time::Instant) -> Result<Option<Held>, StoreError> {
+        Ok(Some(Box::new(())))
+    }
+
     /// `sessions.compact {maxLines}`: the transcript keeps its last lines.
     fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError>;
 
@@ -234,6 +242,10 @@ impl Transcripts for Store {
 
     fn lock(&self, path: &Path) -> Result<Held, StoreError> {
         Ok(Box::new(Store::lock(self, path)?))
+    }
+
+    fn try_lock(&self, path: &Path, waiting_since: std::time::Instant) -> Result<Option<Held>, StoreError> {
+        Ok(Store::try_lock(self, path, waiting_since)?.map(|g| Box::new(g) as Held))
     }
 
     fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError> {
@@ -356,6 +368,9 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     }
     fn lock(&self, path: &Path) -> Result<Held, StoreError> {
         (**self).lock(path)
+    }
+    fn try_lock(&self, path: &Path, waiting_since: std::time::Instant) -> Result<Option<Held>, StoreError> {
+        (**self).try_lock(path, waiting_since)
     }
     fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError> {
         (**self).trim(path, max_lines)

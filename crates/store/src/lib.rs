@@ -161,13 +161,24 @@ pub enum StoreError {
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
     #[error(transparent)]
-    Lock(#[from] lock::LockError),
+    Lock(lock::LockError),
     #[error("{0}: the file has entries but no valid session header; run `pincer transcript repair` on it first")]
     NoHeader(String),
     #[error("invalid entry: {0}")]
     InvalidEntry(String),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// A lock file that cannot be created is an I/O error like any other (a full disk, no write
+/// permission on the directory): it keeps its kind.
+impl From<lock::LockError> for StoreError {
+    fn from(e: lock::LockError) -> StoreError {
+        match e {
+            lock::LockError::Io { path, source } => StoreError::Io { path, source },
+            e => StoreError::Lock(e),
+        }
+    }
 }
 
 impl StoreError {
@@ -178,8 +189,6 @@ impl StoreError {
             StoreError::Io { path, source } => {
                 StoreError::Io { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
             }
-            // A lock file that cannot be created is an I/O error like any other (a full disk, no
-            // write permission on the directory): it keeps its kind.
             StoreError::Lock(lock::LockError::Io { path, source }) => {
                 StoreError::Io { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
             }

@@ -217,16 +217,34 @@ impl LockRegistry {
 
     /// Takes the lock for `transcript`, waiting (with short, growing sleeps) while a live process holds it.
     pub fn acquire(&self, transcript: &Path, opts: &LockOptions) -> Result<LockGuard, LockError> {
-        let path = lock_path_for(transcript);
         let started = Instant::now();
         let mut sleep = Duration::from_millis(1);
+        loop {
+            if let Some(guard) = self.try_acquire(transcript, opts, started)? {
+                return Ok(guard);
+            }
+            std::thread::sleep(sleep);
+            sleep = (sleep * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Takes the lock for `transcript` if no live process holds it (a stale lock file is removed
+    /// first); `None` while one does. Past `opts.acquire_timeout` after `waiting_since` a live
+    /// holder is an error: the caller has waited long enough.
+    pub fn try_acquire(
+        &self,
+        transcript: &Path,
+        opts: &LockOptions,
+        waiting_since: Instant,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let path = lock_path_for(transcript);
         loop {
             {
                 let mut held = lock(&self.inner.shared.held);
                 if let Some(h) = held.locks.get_mut(&path) {
                     h.count += 1;
                     h.idle_since = None;
-                    return Ok(LockGuard { registry: self.clone(), path });
+                    return Ok(Some(LockGuard { registry: self.clone(), path }));
                 }
                 match create_lock(&path, opts) {
                     Ok(file) => {
@@ -238,17 +256,16 @@ impl LockRegistry {
                             max_lingering: opts.max_lingering,
                         };
                         held.locks.insert(path.clone(), h);
-                        return Ok(LockGuard { registry: self.clone(), path });
+                        return Ok(Some(LockGuard { registry: self.clone(), path }));
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                     Err(source) => return Err(LockError::Io { path: path.display().to_string(), source }),
                 }
             }
             match inspect(&path, opts, self) {
-                Holder::Gone => continue,
-                Holder::Stale => continue,
+                Holder::Gone | Holder::Stale => continue,
                 Holder::Live { pid, age_ms } => {
-                    if started.elapsed() >= opts.acquire_timeout {
+                    if waiting_since.elapsed() >= opts.acquire_timeout {
                         return Err(LockError::Timeout {
                             timeout_ms: opts.acquire_timeout.as_millis(),
                             pid,
@@ -257,10 +274,9 @@ impl LockRegistry {
                             path: path.display().to_string(),
                         });
                     }
+                    return Ok(None);
                 }
             }
-            std::thread::sleep(sleep);
-            sleep = (sleep * 2).min(Duration::from_millis(50));
         }
     }
 

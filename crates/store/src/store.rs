@@ -444,6 +444,9 @@ impl Store {
     fn append_queued(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
         entry.validate()?;
         let w = self.writer(path);
+        // The cross-process lock first, without the file's state: while another process holds it,
+        // this file's readers here are not held up (the commit takes it again, re-entrantly).
+        let _held = self.hold(&w.path)?;
         let slot = Arc::new(Mutex::new(None));
         lock(&w.queue).push(Pending { entry, session_id: session_id.map(str::to_owned), slot: slot.clone() });
         let mut st = lock(&w.state);
@@ -465,8 +468,8 @@ impl Store {
     pub fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
         create_dir(path)?;
         let w = self.writer(path);
+        let _guard = self.hold(&w.path)?; // before the state, as in `append_queued`
         let mut st = lock(&w.state);
-        let _guard = self.inner.locks.acquire(&w.path, &self.inner.opts.lock)?;
         st.refresh(&w.path)?;
         if st.header == HeaderState::Missing {
             let mut out = Vec::new();
@@ -498,6 +501,33 @@ impl Store {
     /// Holds the cross-process lock of `path` (re-entrant: appends in this process still go through).
     pub fn lock(&self, path: &Path) -> Result<LockGuard, StoreError> {
         Ok(self.inner.locks.acquire(&normalize(path), &self.inner.opts.lock)?)
+    }
+
+    /// [`Store::lock`] if no other process holds it now, else `None` (an error once `waiting_since`
+    /// is older than the lock timeout): for a caller that waits without blocking a thread.
+    pub fn try_lock(&self, path: &Path, waiting_since: std::time::Instant) -> Result<Option<LockGuard>, StoreError> {
+        let key = normalize(path);
+        let r = self.inner.locks.try_acquire(&key, &self.inner.opts.lock, waiting_since);
+        match r {
+            Err(crate::lock::LockError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                // A new transcript: its directory is made here, as its first append makes it.
+                create_dir(&key)?;
+                Ok(self.inner.locks.try_acquire(&key, &self.inner.opts.lock, waiting_since)?)
+            }
+            r => Ok(r?),
+        }
+    }
+
+    /// [`Store::lock`] for an append of the writer at `path` (normalized), making the transcript's
+    /// directory when it does not exist yet.
+    fn hold(&self, path: &Path) -> Result<LockGuard, StoreError> {
+        match self.inner.locks.acquire(path, &self.inner.opts.lock) {
+            Err(crate::lock::LockError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                create_dir(path)?;
+                Ok(self.inner.locks.acquire(path, &self.inner.opts.lock)?)
+            }
+            r => Ok(r?),
+        }
     }
 
     /// `repair` under this store's locks; cached state of the file is dropped afterwards.

@@ -338,6 +338,39 @@ fn one_key_queued_by_many_threads_at_once_is_written_once() {
     }
 }
 
+/// While an append waits for the transcript's lock held by another process (a flocked lock file
+/// naming a live pid, as OpenClaw and Pincer hold it), this process's readers of the file are not
+/// held up with it.
+#[test]
+fn readers_do_not_wait_for_an_append_waiting_for_another_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("s.jsonl");
+    let store = Store::new(StoreOptions::default());
+    let first = store.append(&f, NewEntry::message(user("first"))).expect("append");
+    store.close(); // releases the lingering lock
+    let lock_path = dir.path().join("s.jsonl.lock");
+    let holder = std::fs::OpenOptions::new().write(true).create_new(true).open(&lock_path).expect("lock file");
+    std::fs::write(&lock_path, json!({"pid": std::process::id(), "createdAt": "2026-01-01T00:00:00.000Z"}).to_string())
+        .expect("lock body");
+    holder.lock().expect("flock");
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| store.append(&f, NewEntry::message(user("second"))));
+        std::thread::sleep(std::time::Duration::from_millis(200)); // the append waits for the lock now
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = store.clone();
+        let path = f.clone();
+        s.spawn(move || tx.send(reader.leaf(&path).map_err(|e| e.to_string())));
+        let leaf =
+            rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the reader waited for the lock's holder");
+        assert_eq!(leaf.expect("leaf").as_deref(), first.id());
+        assert!(!waiting.is_finished(), "the append waits while the other process holds the lock");
+        drop(holder);
+        std::fs::remove_file(&lock_path).expect("release");
+        let second = waiting.join().expect("join").expect("append after the release");
+        assert_eq!(second.entry["parentId"].as_str(), first.id());
+    });
+}
+
 #[test]
 fn the_holder_of_the_lock_can_append() {
     let dir = tempfile::tempdir().expect("tempdir");
