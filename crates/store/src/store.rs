@@ -507,27 +507,12 @@ impl Store {
     /// is older than the lock timeout): for a caller that waits without blocking a thread.
     pub fn try_lock(&self, path: &Path, waiting_since: std::time::Instant) -> Result<Option<LockGuard>, StoreError> {
         let key = normalize(path);
-        let r = self.inner.locks.try_acquire(&key, &self.inner.opts.lock, waiting_since);
-        match r {
-            Err(crate::lock::LockError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                // A new transcript: its directory is made here, as its first append makes it.
-                create_dir(&key)?;
-                Ok(self.inner.locks.try_acquire(&key, &self.inner.opts.lock, waiting_since)?)
-            }
-            r => Ok(r?),
-        }
+        in_dir(&key, || self.inner.locks.try_acquire(&key, &self.inner.opts.lock, waiting_since))
     }
 
-    /// [`Store::lock`] for an append of the writer at `path` (normalized), making the transcript's
-    /// directory when it does not exist yet.
+    /// [`Store::lock`] for an append of the writer at `path` (normalized).
     fn hold(&self, path: &Path) -> Result<LockGuard, StoreError> {
-        match self.inner.locks.acquire(path, &self.inner.opts.lock) {
-            Err(crate::lock::LockError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                create_dir(path)?;
-                Ok(self.inner.locks.acquire(path, &self.inner.opts.lock)?)
-            }
-            r => Ok(r?),
-        }
+        in_dir(path, || self.inner.locks.acquire(path, &self.inner.opts.lock))
     }
 
     /// `repair` under this store's locks; cached state of the file is dropped afterwards.
@@ -678,6 +663,18 @@ impl Store {
 }
 
 /// Creates the transcript's directory (0700) if needed.
+/// Runs a lock attempt for transcript `path`, making its directory first when there is none yet
+/// (a new transcript's lock file goes beside it).
+fn in_dir<T>(path: &Path, attempt: impl Fn() -> Result<T, crate::lock::LockError>) -> Result<T, StoreError> {
+    match attempt() {
+        Err(crate::lock::LockError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            create_dir(path)?;
+            Ok(attempt()?)
+        }
+        r => Ok(r?),
+    }
+}
+
 fn create_dir(path: &Path) -> Result<(), StoreError> {
     crate::fsutil::create_parent_dir(path).map_err(io_err(path))
 }
