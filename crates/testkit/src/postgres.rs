@@ -172,7 +172,10 @@ impl Postgres {
     /// [`Postgres::release`]; returns once the lock is held.
     pub fn hold_advisory_lock(&self, url: &str, key: i64) -> HeldLock {
         let db = url.rsplit('/').next().expect("database name");
-        let tag = format!("held-by-test-{}", std::process::id());
+        // One tag per hold: tests of one binary run at once, and `release` ends the sessions it names.
+        static HOLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = HOLDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tag = format!("held-by-test-{}-{n}-end", std::process::id());
         let sql = format!("SELECT pg_advisory_lock({key}); SELECT pg_sleep(3600) /* {tag} */");
         let mut c = command(&self.bin, "psql");
         c.args(["-X", "-At", "-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-d", db, "-c", &sql]);
