@@ -602,7 +602,8 @@ impl Turn {
             }
         };
         drop(queued);
-        if !self.follow_reset().await {
+        let moved = guard.moved(&self.gw, &self.session);
+        if !self.follow_reset(moved).await {
             return;
         }
         let (_running, started) = (crate::metrics::Live::run(), Instant::now());
@@ -631,12 +632,13 @@ impl Turn {
         drop(guard);
     }
 
-    /// A session reset or deleted while this turn waited for its queue has a new transcript: a
-    /// plain turn goes there (as one sent now would). A turn tied to entries of the old one (a
-    /// resume, a regenerate, a leaf guard, a stateless client's history) ends with a `chat` error
-    /// instead (false). Nothing is written to the old transcript after it was moved aside.
-    async fn follow_reset(&mut self) -> bool {
-        if self.session.moved == self.gw.sessions.moved() {
+    /// A session reset or deleted while this turn waited for its queue (here or on another
+    /// replica) has a new transcript: a plain turn goes there (as one sent now would). A turn tied
+    /// to entries of the old one (a resume, a regenerate, a leaf guard, a stateless client's
+    /// history) ends with a `chat` error instead (false). Nothing is written to the old transcript
+    /// after it was moved aside. `moved`: [`crate::state::TurnSlot::moved`] of the turn's slot.
+    async fn follow_reset(&mut self, moved: bool) -> bool {
+        if !moved {
             return true; // nothing was moved aside since the session was read (the common case)
         }
         let now = match self.gw.session(&self.session.key, true).await {

@@ -117,7 +117,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             let session = gw.blocking(move |gw| existing(gw, &key)).await?;
             let cancel = gw.stopping();
             // In the session's queue: never while a turn is being written.
-            let _slot = gw.turn_slot(&session.key, &cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
+            let _slot = gw.slot_for(&session, &cancel).await?;
             if let Some(Bounded(max_lines)) = p.max_lines {
                 return trim(gw, session, max_lines as usize).await;
             }

@@ -148,9 +148,13 @@ async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) -> bool {
     };
     if let Some(s) = session {
         let cancel = gw.stopping();
-        let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return false };
+        let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return false };
         let (store, path) = (gw.store.clone(), s.path.clone());
-        let found = tokio::task::spawn_blocking(move || crate::turns::unanswered_at_leaf(store.as_ref(), &path)).await;
+        let found = match slot.moved(gw, &s) {
+            // Reset or deleted meanwhile: the turn went aside with its transcript, unmarked.
+            true => Ok(Ok(None)),
+            false => tokio::task::spawn_blocking(move || crate::turns::unanswered_at_leaf(store.as_ref(), &path)).await,
+        };
         match found {
             Ok(Ok(Some(open))) if open == run_id => {
                 let reason = "the replica running this turn stopped before its reply was written";

@@ -109,6 +109,11 @@ fn fold(raw: &str) -> Option<String> {
 /// Longest canonical session key, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
 
+/// The agent of canonical session key `key` (`agent:<agent>:<rest>`).
+pub fn agent_of(key: &str) -> &str {
+    key.strip_prefix("agent:").and_then(|rest| rest.split_once(':')).map_or(DEFAULT_AGENT, |(agent, _)| agent)
+}
+
 /// Canonical form of a client's session key, and its agent id. Compatibility forms (fullwidth
 /// letters, ligatures) are folded by NFKC, so `ａｇｅｎｔ:main:x` and `agent:main:x` are one session.
 /// Idempotent: a canonical key (as `sessions.list` returns it) canonicalises to itself.

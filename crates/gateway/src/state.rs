@@ -318,6 +318,20 @@ pub enum SlotError {
 pub struct TurnSlot {
     _local: SessionGuard,
     _shared: Option<pincer_store::Held>,
+    /// On PostgreSQL: the session id the key's index row named when the slot was taken (`None`:
+    /// no row), as every replica sees it.
+    row: Option<Option<String>>,
+}
+
+impl TurnSlot {
+    /// True when `session` (read before the slot was waited for) was reset or deleted since:
+    /// by this process (the [`crate::sessions::Sessions::moved`] counter), or by another replica
+    /// (the index row read with the slot names another session, or none). Its transcript may be
+    /// archived then: nothing is to be written under its old name.
+    pub fn moved(&self, gw: &Gateway, session: &SessionRef) -> bool {
+        session.moved != gw.sessions.moved()
+            || self.row.as_ref().is_some_and(|now| now.as_deref() != Some(session.session_id.as_str()))
+    }
 }
 
 /// What [`open_store`] opens.
@@ -487,16 +501,18 @@ impl Gateway {
         self.stopping_runs.child_token()
     }
 
-    /// Waits for the session's turn: its slot in this process's queue and, on the PostgreSQL
-    /// store, the session's turn lock shared by every replica (so turns of one session run one at a
-    /// time whichever replica runs them, as they do in one process). Fails when `cancel` fires
-    /// first, or when the database cannot be asked.
+    /// Waits for the session's turn (`session_key`: canonical): its slot in this process's queue
+    /// and, on the PostgreSQL store, the session's turn lock shared by every replica (so turns of
+    /// one session run one at a time whichever replica runs them, as they do in one process).
+    /// Fails when `cancel` fires first, or when the database cannot be asked. A caller holding a
+    /// [`SessionRef`] read before asks [`TurnSlot::moved`] (or takes [`Gateway::slot_for`]).
     pub async fn turn_slot(&self, session_key: &str, cancel: &CancellationToken) -> Result<TurnSlot, SlotError> {
         let local = self.queue.acquire(session_key, cancel).await.map_err(|Cancelled| SlotError::Cancelled)?;
-        let Some(pg) = &self.pg else { return Ok(TurnSlot { _local: local, _shared: None }) };
+        let Some(pg) = &self.pg else { return Ok(TurnSlot { _local: local, _shared: None, row: None }) };
+        let agent = crate::sessions::agent_of(session_key);
         loop {
-            match pg.try_lock_turns(session_key).await {
-                Ok(Some(held)) => return Ok(TurnSlot { _local: local, _shared: Some(held) }),
+            match pg.try_lock_turns(agent, session_key).await {
+                Ok(Some((held, row))) => return Ok(TurnSlot { _local: local, _shared: Some(held), row: Some(row) }),
                 Ok(None) => {}
                 Err(e) => return Err(SlotError::Unavailable(format!("cannot take the session's turn: {e}"))),
             }
@@ -506,6 +522,20 @@ impl Gateway {
                 () = tokio::time::sleep(Duration::from_millis(20)) => {}
             }
         }
+    }
+
+    /// [`Gateway::turn_slot`] for work on `session` that must not follow it elsewhere (a branch
+    /// move, a label, a compaction): an error naming the session when it was reset or deleted
+    /// while this waited (nothing is written then).
+    pub async fn slot_for(&self, session: &SessionRef, cancel: &CancellationToken) -> Result<TurnSlot, RpcError> {
+        let slot = self.turn_slot(&session.key, cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
+        if slot.moved(self, session) {
+            return Err(RpcError::invalid(format!(
+                "session {} was reset or deleted meanwhile; nothing was written (reload it)",
+                session.key
+            )));
+        }
+        Ok(slot)
     }
 
     // ---- dedupe ----

@@ -370,7 +370,7 @@ async fn move_leaf(
 ) -> Result<(), RpcError> {
     idle(gw, s, what)?;
     let cancel = gw.stopping();
-    let _slot = gw.turn_slot(&s.key, &cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
+    let _slot = gw.slot_for(s, &cancel).await?;
     idle(gw, s, what)?;
     gw.append(s, NewEntry::move_leaf(target))
         .await
@@ -551,7 +551,7 @@ pub async fn label(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
         .await?;
     idle(gw, &s, "Labelling")?;
     let cancel = gw.stopping();
-    let _slot = gw.turn_slot(&s.key, &cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
+    let _slot = gw.slot_for(&s, &cancel).await?;
     let mut payload = serde_json::Map::new();
     payload.insert("targetId".into(), json!(target));
     if !text.is_empty() {

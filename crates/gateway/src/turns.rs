@@ -214,7 +214,10 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
         let (looked, mut marked) = (sessions.len(), 0);
         for s in sessions {
             let cancel = gw.stopping();
-            let Ok(_slot) = gw.turn_slot(&s.key, &cancel).await else { return };
+            let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return };
+            if slot.moved(&gw, &s) {
+                continue; // reset or deleted meanwhile: the turn went aside with its transcript
+            }
             let (store, path) = (gw.store.clone(), s.path.clone());
             let found = tokio::task::spawn_blocking(move || unanswered_at_leaf(&store, &path)).await;
             let Ok(Ok(Some(run_id))) = found else { continue };

@@ -181,14 +181,16 @@ impl OwnRows {
     }
 }
 
-/// A stable 64-bit key for an advisory lock on a name (FNV-1a: the same in every replica's build).
 /// The advisory lock a session's turns are serialized on across replicas (see
 /// [`PgStore::try_lock_turns`]).
 pub fn turn_lock_key(session_key: &str) -> i64 {
     lock_key(&format!("turns:{session_key}"))
 }
 
-fn lock_key(name: &str) -> i64 {
+/// A stable 64-bit key for an advisory lock on a name (FNV-1a: the same in every replica's build):
+/// the lock of a transcript's appends, and the one [`Transcripts::lock`] takes (a session index's
+/// writers), of the name the JSONL layout gives the file (`agents/main/sessions/sessions.json`).
+pub fn lock_key(name: &str) -> i64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in name.bytes() {
         h ^= u64::from(b);
@@ -377,17 +379,30 @@ impl PgStore {
         Ok((changed.collect(), now))
     }
 
-    /// Takes the cross-replica turn lock of a session key if it is free (`None`: a run of another
-    /// replica holds it). Turn locks are held on one connection of their own, shared by every run
-    /// of this process (a run holds its lock for the whole turn: from the pool, the runs would
-    /// take the connections their appends need); the server releases them when the replica dies.
-    pub async fn try_lock_turns(&self, session_key: &str) -> Result<Option<Held>, PgError> {
-        let key = turn_lock_key(session_key);
+    /// Takes the cross-replica turn lock of session `session_key` (of agent `agent`) if it is free
+    /// (`None`: a run of another replica holds it), with the session id the key's index row names
+    /// once it is held (`None`: no row), read in the same statement: a caller that read the
+    /// session before it waited learns whether another replica reset or deleted it meanwhile (a
+    /// reset writes its row before it lets the lock go). Turn locks are held on one connection of
+    /// their own, shared by every run of this process (a run holds its lock for the whole turn:
+    /// from the pool, the runs would take the connections their appends need); the server releases
+    /// them when the replica dies.
+    pub async fn try_lock_turns(
+        &self,
+        agent: &str,
+        session_key: &str,
+    ) -> Result<Option<(Held, Option<String>)>, PgError> {
+        let lock = turn_lock_key(session_key);
+        let (agent, key) = (agent.to_owned(), session_key.to_owned());
         let this = self.clone();
         self.run(move |_| async move {
             let client = this.lock_client().await?;
-            let got: bool = client.query_one("SELECT pg_try_advisory_lock($1)", &[&key]).await?.get(0);
-            Ok(got.then(|| Box::new(TurnLock { client, key, handle: this.handle.clone() }) as Held))
+            let sql = "SELECT pg_try_advisory_lock($1), \
+                       (SELECT session_id FROM sessions WHERE agent = $2 AND key = $3)";
+            let row = client.query_one(sql, &[&lock, &agent, &key]).await?;
+            let (got, session_id): (bool, Option<String>) = (row.get(0), row.get(1));
+            let handle = this.handle.clone();
+            Ok(got.then(|| (Box::new(TurnLock { client, key: lock, handle }) as Held, session_id)))
         })
         .await
     }

@@ -704,3 +704,59 @@ async fn a_websocket_client_resumes_its_session_messages_after_seq_on_another_re
         assert!(r["reset"].as_str().is_some_and(|m| m.contains(why) && m.contains("refetch")), "{r}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_waiting_behind_a_reset_on_another_replica_goes_to_the_new_transcript() {
+    let pg = Postgres::shared();
+    let c = cluster(2);
+    let mut a = Client::connect(&c.replicas[0].addr).await;
+    let mut b = Client::connect(&c.replicas[1].addr).await;
+    a.request("chat.send", json!({"sessionKey": "main", "message": "one", "idempotencyKey": "rs-1"}))
+        .await
+        .expect("send");
+    a.chat_end("rs-1").await;
+    let old = c.sql("SELECT file FROM transcripts");
+    assert!(old.ends_with(".jsonl") && !old.contains('\n'), "one transcript: {old}");
+    // The test holds the session index's lock: A's reset takes the session's turn, then waits
+    // for the index, holding the turn.
+    let index = pg.hold_advisory_lock(&c.url, pincer_pg::lock_key("agents/main/sessions/sessions.json"));
+    let reset = tokio::spawn(async move { a.request("sessions.reset", json!({"key": "main"})).await });
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    poll_async(Duration::from_secs(10), Duration::from_millis(20), || async { (c.sql(waiting) == "1").then_some(()) })
+        .await
+        .expect("A's reset waits for the index, holding the session's turn");
+    // B reads the session now (the old transcript) and waits for the turn A holds.
+    let ack = b
+        .request("chat.send", json!({"sessionKey": "main", "message": "two", "idempotencyKey": "rs-2"}))
+        .await
+        .expect("send");
+    assert_eq!(ack["status"], "started", "{ack}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pg.release(&c.url, index);
+    reset.await.expect("reset task").expect("sessions.reset");
+    let fin = b.chat_end("rs-2").await;
+    assert_eq!(fin["payload"]["state"], "final", "{fin}");
+
+    // Nothing under the old name again: the old transcript is archived, B's turn is in the new one.
+    let files = c.sql("SELECT file FROM transcripts ORDER BY file");
+    let files: Vec<&str> = files.lines().collect();
+    let new = format!(
+        "agents/main/sessions/{}.jsonl",
+        c.sql("SELECT session_id FROM sessions WHERE key = 'agent:main:main'")
+    );
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(files.iter().any(|f| f.starts_with(&format!("{old}.reset."))), "{files:?}");
+    assert!(files.contains(&new.as_str()) && !files.contains(&old.as_str()), "{files:?} (new: {new})");
+    let where_is = |key: &str| {
+        c.sql(&format!(
+            "SELECT t.file FROM entries e JOIN transcripts t ON t.id = e.transcript WHERE e.idempotency_key = '{key}'"
+        ))
+    };
+    assert_eq!(where_is("rs-2:user"), new);
+    assert!(where_is("rs-1:user").starts_with(&format!("{old}.reset.")));
+    let types = c.sql(&format!(
+        "SELECT string_agg(e.line::json->'message'->>'role', ',' ORDER BY seq) FROM entries e \
+         JOIN transcripts t ON t.id = e.transcript WHERE t.file = '{new}'"
+    ));
+    assert_eq!(types, "user,assistant", "B's turn and its reply, alone in the new transcript");
+}
