@@ -381,12 +381,13 @@ impl PgStore {
 
     /// Takes the cross-replica turn lock of session `session_key` (of agent `agent`) if it is free
     /// (`None`: a run of another replica holds it), with the session id the key's index row names
-    /// once it is held (`None`: no row), read in the same statement: a caller that read the
-    /// session before it waited learns whether another replica reset or deleted it meanwhile (a
-    /// reset writes its row before it lets the lock go). Turn locks are held on one connection of
-    /// their own, shared by every run of this process (a run holds its lock for the whole turn:
-    /// from the pool, the runs would take the connections their appends need); the server releases
-    /// them when the replica dies.
+    /// once it is held (`None`: no row): a caller that read the session before it waited learns
+    /// whether another replica reset or deleted it meanwhile (a reset commits its row before it
+    /// lets the lock go; the row is read by a statement of its own once the lock is held, so its
+    /// snapshot is taken after). Turn locks are held on one connection of their own, shared by
+    /// every run of this process (a run holds its lock for the whole turn: from the pool, the runs
+    /// would take the connections their appends need); the server releases them when the replica
+    /// dies.
     pub async fn try_lock_turns(
         &self,
         agent: &str,
@@ -397,12 +398,14 @@ impl PgStore {
         let this = self.clone();
         self.run(move |_| async move {
             let client = this.lock_client().await?;
-            let sql = "SELECT pg_try_advisory_lock($1), \
-                       (SELECT session_id FROM sessions WHERE agent = $2 AND key = $3)";
-            let row = client.query_one(sql, &[&lock, &agent, &key]).await?;
-            let (got, session_id): (bool, Option<String>) = (row.get(0), row.get(1));
-            let handle = this.handle.clone();
-            Ok(got.then(|| (Box::new(TurnLock { client, key: lock, handle }) as Held, session_id)))
+            let got: bool = client.query_one("SELECT pg_try_advisory_lock($1)", &[&lock]).await?.get(0);
+            if !got {
+                return Ok(None);
+            }
+            let held = Box::new(TurnLock { client: client.clone(), key: lock, handle: this.handle.clone() }) as Held;
+            let row = "SELECT session_id FROM sessions WHERE agent = $1 AND key = $2";
+            let session_id = client.query_opt(row, &[&agent, &key]).await?.map(|r| r.get(0));
+            Ok(Some((held, session_id)))
         })
         .await
     }
