@@ -721,11 +721,23 @@ async fn a_turn_waiting_behind_a_reset_on_another_replica_goes_to_the_new_transc
     // for the index, holding the turn.
     let index = pg.hold_advisory_lock(&c.url, pincer_pg::lock_key("agents/main/sessions/sessions.json"));
     let reset = tokio::spawn(async move { a.request("sessions.reset", json!({"key": "main"})).await });
-    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
     poll_async(Duration::from_secs(10), Duration::from_millis(20), || async { (c.sql(waiting) == "1").then_some(()) })
         .await
         .expect("A's reset waits for the index, holding the session's turn");
-    // B reads the session now (the old transcript) and waits for the turn A holds.
+    // A label of an entry of the old transcript sent through B waits for the turn A holds; so
+    // does a turn sent through B, which reads the session now (the old transcript).
+    let first = c.sql("SELECT id FROM entries WHERE idempotency_key = 'rs-1:user'");
+    let mut b2 = Client::connect(&c.replicas[1].addr).await;
+    let label = tokio::spawn(async move {
+        b2.request("sessions.label", json!({"sessionKey": "main", "entryId": first, "label": "first"})).await
+    });
+    let queued = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                  AND query LIKE 'SELECT pg_try_advisory_lock%'";
+    poll_async(Duration::from_secs(10), Duration::from_millis(20), || async { (c.sql(queued) != "0").then_some(()) })
+        .await
+        .expect("B's label asks for the session's turn");
     let ack = b
         .request("chat.send", json!({"sessionKey": "main", "message": "two", "idempotencyKey": "rs-2"}))
         .await
@@ -736,6 +748,9 @@ async fn a_turn_waiting_behind_a_reset_on_another_replica_goes_to_the_new_transc
     reset.await.expect("reset task").expect("sessions.reset");
     let fin = b.chat_end("rs-2").await;
     assert_eq!(fin["payload"]["state"], "final", "{fin}");
+    let err = label.await.expect("label task").expect_err("a label of the reset session's old entry");
+    assert!(err.to_string().contains("was reset or deleted meanwhile"), "{err}");
+    assert_eq!(c.sql("SELECT count(*) FROM entries WHERE type = 'label'"), "0", "no label written anywhere");
 
     // Nothing under the old name again: the old transcript is archived, B's turn is in the new one.
     let files = c.sql("SELECT file FROM transcripts ORDER BY file");
