@@ -2,18 +2,18 @@
 //! binary as a child process (sometimes under `prlimit` or on a tiny tmpfs), real sockets, the fake
 //! OpenAI-compatible provider, and the gateway's memory and descriptors read from `/proc/<pid>`.
 //! Each test attacks one bound — durable idempotency across SIGKILL and between two processes on one
-//! state dir, a leaf guard raced by two sends, a transcript locked by another process, pre-auth floods, slow consumers, Origin checks,
-//! slowloris, many sessions under a low file limit, SSE logs of deleted sessions, a full disk,
-//! a reset or delete during a turn, graceful shutdown, the per-session queue, frame sizes, and a
-//! crash storm — asserts the bound with the measured numbers in the failure message, and checks
-//! that an ordinary client (connect, `chat.send`, `chat` final) keeps chatting during or after the
-//! attack.
+//! state dir, a leaf guard raced by two sends, a transcript locked by another process, pre-auth
+//! floods, slow consumers, Origin checks, slowloris, many sessions under a low file limit, SSE logs
+//! of deleted sessions, a full disk, a reset or delete during a turn, graceful shutdown, the
+//! per-session queue, frame sizes, and a crash storm — asserts the bound with the measured numbers
+//! in the failure message, and checks that an ordinary client (connect, `chat.send`, `chat` final)
+//! keeps chatting during or after the attack.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use futures::{SinkExt, StreamExt};
 use pincer_testkit::fake_openai::FakeOpenAi;
-use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions, TOKEN};
+use pincer_testkit::gateway::{is_chat_end, Client, GatewayProcess, StartOptions, TOKEN};
 use pincer_testkit::probe::message_text as text;
 use pincer_testkit::probe::{self, Rng, Sampler};
 use serde_json::{json, Value};
@@ -228,14 +228,7 @@ async fn t01_idempotency_is_durable_across_sigkill_and_an_interrupted_turn_resum
     // so it may reach this client too: it is not the resumed run's end.
     let marker_said =
         |f: &Value| f["payload"]["errorMessage"] == "the gateway stopped before this turn's reply was written";
-    let end = c
-        .event(|f| {
-            f["event"] == "chat"
-                && f["payload"]["runId"] == "K-cut"
-                && matches!(f["payload"]["state"].as_str(), Some("final" | "aborted" | "error"))
-                && !marker_said(f)
-        })
-        .await;
+    let end = c.event(|f| is_chat_end(f, "K-cut") && !marker_said(f)).await;
     assert_eq!(end["payload"]["state"], "final", "{end}");
     let rows = probe::read_rows(&file);
     assert_eq!(user_rows(&rows, "K-cut"), 1, "no second user row: {rows:#?}");

@@ -3,8 +3,9 @@
 //! three replicas at once make one chain with every turn once (checked in the database and in the
 //! export, which the real Pi library reads identically), a resend of an acknowledged key to
 //! another replica writes nothing, a client resumes its event stream on another replica by
-//! durable ids, and a dead replica's turn is marked interrupted once, even when a survivor dies
-//! in the middle of taking it over.
+//! durable ids, a dead replica's turn is marked interrupted once, even when a survivor dies in the
+//! middle of taking it over, and a turn or a label that waited behind a reset through another
+//! replica writes nothing under the archived transcript's name.
 #![allow(clippy::disallowed_methods)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
@@ -742,8 +743,8 @@ async fn a_turn_waiting_behind_a_reset_on_another_replica_goes_to_the_new_transc
         .request("chat.send", json!({"sessionKey": "main", "message": "two", "idempotencyKey": "rs-2"}))
         .await
         .expect("send");
+    // B read the session before the ack: whenever its turn gets the lock, it has the old name.
     assert_eq!(ack["status"], "started", "{ack}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
     pg.release(&c.url, index);
     reset.await.expect("reset task").expect("sessions.reset");
     let fin = b.chat_end("rs-2").await;

@@ -186,10 +186,7 @@ impl StoreError {
     pub fn duplicate(&self) -> StoreError {
         match self {
             StoreError::UnknownEntry(s) => StoreError::UnknownEntry(s.clone()),
-            StoreError::Io { path, source } => {
-                StoreError::Io { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
-            }
-            StoreError::Lock(lock::LockError::Io { path, source }) => {
+            StoreError::Io { path, source } | StoreError::Lock(lock::LockError::Io { path, source }) => {
                 StoreError::Io { path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
             }
             StoreError::Lock(lock::LockError::Timeout { timeout_ms, pid, alive, age_ms, path }) => {

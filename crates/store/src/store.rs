@@ -662,7 +662,6 @@ impl Store {
     }
 }
 
-/// Creates the transcript's directory (0700) if needed.
 /// Runs a lock attempt for transcript `path`, making its directory first when there is none yet
 /// (a new transcript's lock file goes beside it).
 fn in_dir<T>(path: &Path, attempt: impl Fn() -> Result<T, crate::lock::LockError>) -> Result<T, StoreError> {
@@ -675,6 +674,7 @@ fn in_dir<T>(path: &Path, attempt: impl Fn() -> Result<T, crate::lock::LockError
     }
 }
 
+/// Creates the transcript's directory (0700) if needed.
 fn create_dir(path: &Path) -> Result<(), StoreError> {
     crate::fsutil::create_parent_dir(path).map_err(io_err(path))
 }

@@ -347,7 +347,7 @@ impl Client {
 }
 
 /// A `chat` event of `run_id` in one of the terminal states.
-fn is_chat_end(f: &Value, run_id: &str) -> bool {
+pub fn is_chat_end(f: &Value, run_id: &str) -> bool {
     f["event"] == "chat"
         && f["payload"]["runId"] == run_id
         && matches!(f["payload"]["state"].as_str(), Some("final" | "aborted" | "error"))
