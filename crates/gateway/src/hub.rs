@@ -129,7 +129,7 @@ struct Inner {
     subscribers: BTreeMap<u64, Arc<dyn Subscriber>>,
     /// Session key → the subscribers that watch it: a session's events go to these alone, so a
     /// turn costs the same with 1 or 1,000 connections open.
-    watching: HashMap<String, BTreeSet<u64>>,
+    watching: foldhash::HashMap<String, BTreeSet<u64>>,
     /// Subscriber → the keys it watches (to forget them with it).
     watched_by: HashMap<u64, Vec<String>>,
 }

@@ -46,7 +46,7 @@ struct CachedContext {
 
 /// The contexts kept in memory (see [`CONTEXT_CACHE_BYTES`]).
 struct ContextCache {
-    map: HashMap<std::path::PathBuf, CachedContext>,
+    map: foldhash::HashMap<std::path::PathBuf, CachedContext>,
     bytes: usize,
     /// Message JSON bytes held at most.
     budget: usize,
@@ -60,7 +60,7 @@ impl Default for ContextCache {
 
 impl ContextCache {
     fn with_budget(budget: usize) -> ContextCache {
-        ContextCache { map: HashMap::new(), bytes: 0, budget }
+        ContextCache { map: foldhash::HashMap::default(), bytes: 0, budget }
     }
 
     /// The context of `path` if it was built at `leaf` of the transcript's `version`.
@@ -263,7 +263,7 @@ const RELAY_HINT_TTL: Duration = Duration::from_secs(5);
 /// entry is announced right after its append, long before [`Positions::MAX`] newer ones.
 #[derive(Default)]
 struct Positions {
-    map: HashMap<(PathBuf, String), u64>,
+    map: foldhash::HashMap<(PathBuf, String), u64>,
     order: std::collections::VecDeque<(PathBuf, String)>,
 }
 

@@ -7,7 +7,6 @@
 //! append` or `import`); [`Indexer::flush`] waits until everything sent is indexed.
 
 use crate::{Index, Result, SearchError};
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -32,7 +31,7 @@ enum Job {
 pub struct Indexer {
     tx: Mutex<Option<Sender<Job>>>,
     /// Paths appended to since the thread last took them.
-    pending: Arc<Mutex<HashSet<PathBuf>>>,
+    pending: Arc<Mutex<foldhash::HashSet<PathBuf>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -41,7 +40,7 @@ impl Indexer {
     pub fn start(state_dir: &Path) -> Result<Arc<Indexer>> {
         let mut index = Index::open(state_dir)?;
         let (tx, rx) = channel::<Job>();
-        let pending = Arc::new(Mutex::new(HashSet::new()));
+        let pending = Arc::new(Mutex::new(foldhash::HashSet::default()));
         let queued = pending.clone();
         let thread = std::thread::Builder::new()
             .name("pincer-search-index".into())

@@ -20,7 +20,6 @@
 use crate::ids::now_iso;
 use pincer_pi::lock;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -78,7 +77,7 @@ struct Held {
 /// The locks held, and whether the registry is gone (the reaper's signal to stop).
 #[derive(Default)]
 struct HeldState {
-    locks: HashMap<PathBuf, Held>,
+    locks: foldhash::HashMap<PathBuf, Held>,
     shutdown: bool,
     /// When the reaper wakes by itself next: `None` while it sleeps until woken (or has not
     /// started). A release wakes it only when its linger ends before that.
@@ -173,7 +172,7 @@ impl Drop for LockGuard {
 }
 
 /// Releases the longest-lingering locks until at most `keep` linger.
-fn release_oldest_idle(locks: &mut HashMap<PathBuf, Held>, keep: usize) {
+fn release_oldest_idle(locks: &mut foldhash::HashMap<PathBuf, Held>, keep: usize) {
     let mut idle: Vec<(Instant, PathBuf)> =
         locks.iter().filter(|(_, h)| h.count == 0).filter_map(|(p, h)| Some((h.idle_since?, p.clone()))).collect();
     if idle.len() <= keep {

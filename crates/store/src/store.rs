@@ -238,9 +238,9 @@ struct Inner {
     locks: LockRegistry,
     /// Writers by normalized path. Lock order: `aliases`, then `files`, then `handles`; a writer's
     /// `state` may be held while taking `handles`, and is only ever `try_lock`ed under `handles`.
-    files: Mutex<HashMap<PathBuf, Arc<FileWriter>>>,
+    files: Mutex<foldhash::HashMap<PathBuf, Arc<FileWriter>>>,
     /// Writers by the path as callers spelled it (a cache in front of `files`).
-    aliases: Mutex<HashMap<PathBuf, Arc<FileWriter>>>,
+    aliases: Mutex<foldhash::HashMap<PathBuf, Arc<FileWriter>>>,
     handles: Mutex<Handles>,
     /// `opts.max_open_files`, limited by the process's open-file limit.
     max_open: usize,
@@ -270,8 +270,8 @@ impl Store {
             inner: Arc::new(Inner {
                 opts,
                 locks: LockRegistry::default(),
-                files: Mutex::new(HashMap::new()),
-                aliases: Mutex::new(HashMap::new()),
+                files: Mutex::default(),
+                aliases: Mutex::default(),
                 handles: Mutex::new(Handles::default()),
                 max_open,
             }),
@@ -426,6 +426,15 @@ impl Store {
         w
     }
 
+    /// `path` normalized: its writer's path when this store has one (a turn's lock costs no
+    /// `realpath`, as in [`Store::writer`]).
+    fn normalized(&self, path: &Path) -> PathBuf {
+        match lock(&self.inner.aliases).get(path) {
+            Some(w) => w.path.clone(),
+            None => normalize(path),
+        }
+    }
+
     /// Appends one entry; returns it as written once it is durable.
     pub fn append(&self, path: &Path, entry: NewEntry) -> Result<Appended, StoreError> {
         self.append_with(path, entry, None)
@@ -506,7 +515,7 @@ impl Store {
     /// [`Store::lock`] if no other process holds it now, else `None` (an error once `waiting_since`
     /// is older than the lock timeout): for a caller that waits without blocking a thread.
     pub fn try_lock(&self, path: &Path, waiting_since: std::time::Instant) -> Result<Option<LockGuard>, StoreError> {
-        let key = normalize(path);
+        let key = self.normalized(path);
         in_dir(&key, || self.inner.locks.try_acquire(&key, &self.inner.opts.lock, waiting_since))
     }
 
