@@ -7,6 +7,12 @@
 //! was idle, one wake-up. Appends of different transcripts in different lanes sync at once (the
 //! filesystem's journal commits them together); those sharing a lane wait their turn, which an
 //! fdatasync of a fraction of a millisecond makes short. Lanes start on first use.
+//!
+//! A lane runs under `SCHED_BATCH`: when its fdatasync completes, its wake-up does not preempt
+//! the async thread running on that core (which then had to be switched out and back for a few
+//! microseconds of the lane's work); the lane runs when that thread waits or its slice ends, or at
+//! once on an idle core. At 100 busy sessions that took context switches from ~10.2 to ~7.6 per
+//! turn and the gateway's CPU per turn down by ~10% (issue 9), at the same turns/s and latency.
 
 use std::path::Path;
 use std::sync::mpsc::{channel, Sender};
@@ -73,6 +79,7 @@ impl Lanes {
         }
         let (tx, rx) = channel::<Job>();
         let started = std::thread::Builder::new().name(format!("pincer-lane-{i}")).spawn(move || {
+            batch_scheduling();
             for job in rx {
                 // A panicking job fails its own caller (its answer is dropped), not the lane.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
@@ -84,6 +91,18 @@ impl Lanes {
         }
         // Another caller may have started the lane first: then this thread ends with its sender.
         Some(slot.get_or_init(|| tx))
+    }
+}
+
+/// Puts the calling thread under `SCHED_BATCH` (see the module doc); where that is refused (a
+/// sandbox), the thread stays as it was.
+fn batch_scheduling() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param for the duration of the call; pid 0 is the calling thread.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+    if r != 0 {
+        tracing::debug!("a transcript writer thread keeps the default scheduling: {}", std::io::Error::last_os_error());
     }
 }
 
@@ -106,6 +125,23 @@ mod tests {
         assert!(names.iter().all(|n| *n == names[0]), "{names:?}");
         let threads = lanes_of_many_paths(&lanes).await;
         assert!(threads.len() > 1, "different transcripts spread over lanes: {threads:?}");
+    }
+
+    #[tokio::test]
+    async fn lanes_run_under_sched_batch() {
+        let lanes = Lanes::default();
+        let stat = lanes
+            .run(Path::new("/b.jsonl"), || std::fs::read_to_string("/proc/thread-self/stat"))
+            .await
+            .expect("lane")
+            .expect("stat");
+        // Field 41 of proc_pid_stat(5) is the policy: the fields after the command name start at 3.
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let policy = after.split_whitespace().nth(41 - 3).expect("policy field");
+        assert_eq!(policy, libc::SCHED_BATCH.to_string(), "{stat}");
+        let here = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
+        let here = here.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        assert_eq!(here.split_whitespace().nth(41 - 3), Some("0"), "the caller's thread is left as it was");
     }
 
     async fn lanes_of_many_paths(lanes: &Lanes) -> std::collections::HashSet<String> {
