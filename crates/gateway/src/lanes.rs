@@ -136,12 +136,13 @@ mod tests {
             .expect("lane")
             .expect("stat");
         // Field 41 of proc_pid_stat(5) is the policy: the fields after the command name start at 3.
-        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-        let policy = after.split_whitespace().nth(41 - 3).expect("policy field");
-        assert_eq!(policy, libc::SCHED_BATCH.to_string(), "{stat}");
+        let policy = |stat: &str| {
+            let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+            after.split_whitespace().nth(41 - 3).map(str::to_owned)
+        };
+        assert_eq!(policy(&stat), Some(libc::SCHED_BATCH.to_string()), "{stat}");
         let here = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
-        let here = here.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-        assert_eq!(here.split_whitespace().nth(41 - 3), Some("0"), "the caller's thread is left as it was");
+        assert_eq!(policy(&here).as_deref(), Some("0"), "the caller's thread is left as it was: {here}");
     }
 
     async fn lanes_of_many_paths(lanes: &Lanes) -> std::collections::HashSet<String> {

@@ -426,7 +426,7 @@ impl Store {
         w
     }
 
-    /// `path` normalized: its writer's path when this store has one (a turn's lock costs no
+    /// `path` normalized: its writer's path when this store has one (taking a file's lock costs no
     /// `realpath`, as in [`Store::writer`]).
     fn normalized(&self, path: &Path) -> PathBuf {
         match lock(&self.inner.aliases).get(path) {
@@ -509,7 +509,7 @@ impl Store {
 
     /// Holds the cross-process lock of `path` (re-entrant: appends in this process still go through).
     pub fn lock(&self, path: &Path) -> Result<LockGuard, StoreError> {
-        Ok(self.inner.locks.acquire(&normalize(path), &self.inner.opts.lock)?)
+        Ok(self.inner.locks.acquire(&self.normalized(path), &self.inner.opts.lock)?)
     }
 
     /// [`Store::lock`] if no other process holds it now, else `None` (an error once `waiting_since`
@@ -551,8 +551,9 @@ impl Store {
 
     /// Forgets cached state of `path` (after it was replaced, e.g. archived by a reset).
     pub fn forget(&self, path: &Path) {
-        lock(&self.inner.aliases).retain(|_, w| w.path != normalize(path));
-        lock(&self.inner.files).remove(&normalize(path));
+        let key = normalize(path);
+        lock(&self.inner.aliases).retain(|_, w| w.path != key);
+        lock(&self.inner.files).remove(&key);
     }
 }
 
