@@ -617,11 +617,14 @@ async fn combination(env: &Env, prefix: &str, len: usize, n: usize, rate: f64) -
     );
     if let Some([pass, send, rest]) = split {
         let all = (pass + send + rest).max(1) as f64;
+        // The send's own rate: the body's bytes per turn over its share of the CPU per turn.
+        let send_ms = per_turn(cpu) * send as f64 / all;
         println!(
-            "      profile: {:.1} % the request-body pass, {:.1} % its send (the HTTP client's flush), \
-             {:.1} % the rest: {:.3} ms/turn without the pass and the send (under perf, {} samples)",
+            "      profile: {:.1} % the request-body pass, {:.1} % its send (the HTTP client's flush: {send_ms:.3} \
+             ms/turn, {:.0} MB/s), {:.1} % the rest: {:.3} ms/turn without the pass and the send (under perf, {} samples)",
             100.0 * pass as f64 / all,
             100.0 * send as f64 / all,
+            if send_ms > 0.0 { body_bytes / count as f64 / 1e3 / send_ms } else { 0.0 },
             100.0 * rest as f64 / all,
             per_turn(cpu) * rest as f64 / all,
             pass + send + rest
