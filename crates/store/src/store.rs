@@ -689,17 +689,29 @@ fn create_dir(path: &Path) -> Result<(), StoreError> {
     crate::fsutil::create_parent_dir(path).map_err(io_err(path))
 }
 
-/// Absolute, with the directory's symlinks resolved (the file itself may not exist yet).
+/// Absolute, with the directory's symlinks resolved (the file itself may not exist yet). When the
+/// directory is not there yet either, its nearest existing ancestor is resolved and the rest applied
+/// as text (nothing in it can be a symlink yet, and `..` there undoes the step before it, as when the
+/// directory is made): a path has the same key before and after its directory exists.
 fn normalize(path: &Path) -> PathBuf {
     let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
         std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.to_path_buf())
     };
-    match (abs.parent().and_then(|p| p.canonicalize().ok()), abs.file_name()) {
-        (Some(dir), Some(name)) => dir.join(name),
-        _ => abs,
+    let (Some(dir), Some(name)) = (abs.parent(), abs.file_name()) else { return abs };
+    let resolved = dir.ancestors().find_map(|a| Some((a.canonicalize().ok()?, dir.strip_prefix(a).ok()?)));
+    let Some((mut out, rest)) = resolved else { return abs };
+    for c in rest.components() {
+        match c {
+            std::path::Component::Normal(part) => out.push(part),
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
     }
+    out.join(name)
 }
 
 type Slot = Arc<Mutex<Option<Result<Appended, StoreError>>>>;

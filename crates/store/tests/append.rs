@@ -394,3 +394,31 @@ fn secrets_are_redacted_before_they_reach_disk() {
     assert!(!text.contains("abcdefghijklmnopqrstuvwxyz0123"));
     assert_eq!(a.entry["message"]["content"], "key sk-pro…[REDACTED]");
 }
+
+/// A turn takes its transcript's lock before the append that writes it; when the transcript's
+/// directory does not exist yet and the path is spelled through a symlink or `..`, both must still
+/// name one lock (they once took two keys, and the append waited out the lock timeout for this
+/// process's own lock).
+#[test]
+fn the_turn_lock_and_the_append_agree_on_a_new_directory_behind_a_symlink_or_dotdot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("real")).expect("real");
+    std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("link")).expect("symlink");
+    std::fs::create_dir(dir.path().join("a")).expect("a");
+    let spellings = [
+        (dir.path().join("link/sessions/s.jsonl"), dir.path().join("real/sessions/s.jsonl")),
+        (dir.path().join("a/../dotted/s.jsonl"), dir.path().join("dotted/s.jsonl")),
+        (dir.path().join("link/gone/../deep/s.jsonl"), dir.path().join("real/deep/s.jsonl")),
+    ];
+    for (spelled, real) in spellings {
+        let mut opts = StoreOptions::default();
+        opts.lock.acquire_timeout = std::time::Duration::from_secs(1);
+        let store = Store::new(opts);
+        let held = store.try_lock(&spelled, std::time::Instant::now()).expect("try_lock").expect("free");
+        let r = store.append(&spelled, NewEntry::message(user("one")));
+        drop(held);
+        r.unwrap_or_else(|e| panic!("append to {} while holding its lock: {e}", spelled.display()));
+        let s = Session::read(&real).expect("read").expect("written where the path leads");
+        assert_eq!(s.entries.len(), 1, "{}", spelled.display());
+    }
+}
