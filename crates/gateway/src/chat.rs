@@ -602,7 +602,7 @@ impl Turn {
             }
         };
         drop(queued);
-        let moved = guard.moved(&self.gw, &self.session);
+        let moved = guard.moved(&self.gw, &self.session).await;
         if !self.follow_reset(moved).await {
             return;
         }

@@ -150,7 +150,7 @@ async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) -> bool {
         let cancel = gw.stopping();
         let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return false };
         let (store, path) = (gw.store.clone(), s.path.clone());
-        let found = match slot.moved(gw, &s) {
+        let found = match slot.moved(gw, &s).await {
             // Reset or deleted meanwhile: the turn went aside with its transcript, unmarked.
             true => Ok(Ok(None)),
             false => tokio::task::spawn_blocking(move || crate::turns::unanswered_at_leaf(store.as_ref(), &path)).await,

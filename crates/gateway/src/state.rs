@@ -325,12 +325,21 @@ pub struct TurnSlot {
 
 impl TurnSlot {
     /// True when `session` (read before the slot was waited for) was reset or deleted since:
-    /// by this process (the [`crate::sessions::Sessions::moved`] counter), or by another replica
-    /// (the index row read with the slot names another session, or none). Its transcript may be
-    /// archived then: nothing is to be written under its old name.
-    pub fn moved(&self, gw: &Gateway, session: &SessionRef) -> bool {
-        session.moved != gw.sessions.moved()
-            || self.row.as_ref().is_some_and(|now| now.as_deref() != Some(session.session_id.as_str()))
+    /// by another replica (the index row read with the slot names another session, or none), or
+    /// by this process (its key now names another transcript, or none; looked up only when the
+    /// [`crate::sessions::Sessions::moved`] counter says some transcript was moved aside since).
+    /// Its transcript may be archived then: nothing is to be written under its old name.
+    /// (The future holds no borrow of the slot, which is not `Sync`.)
+    pub fn moved(&self, gw: &Arc<Gateway>, session: &SessionRef) -> impl std::future::Future<Output = bool> + Send {
+        let by_replica = self.row.as_ref().is_some_and(|now| now.as_deref() != Some(session.session_id.as_str()));
+        let look = (!by_replica && session.moved != gw.sessions.moved())
+            .then(|| (gw.clone(), session.key.clone(), session.path.clone()));
+        async move {
+            match look {
+                Some((gw, key, path)) => !matches!(gw.session(&key, false).await, Ok(Some(now)) if now.path == path),
+                None => by_replica,
+            }
+        }
     }
 }
 
@@ -527,9 +536,13 @@ impl Gateway {
     /// [`Gateway::turn_slot`] for work on `session` that must not follow it elsewhere (a branch
     /// move, a label, a compaction): an error naming the session when it was reset or deleted
     /// while this waited (nothing is written then).
-    pub async fn slot_for(&self, session: &SessionRef, cancel: &CancellationToken) -> Result<TurnSlot, RpcError> {
+    pub async fn slot_for(
+        self: &Arc<Self>,
+        session: &SessionRef,
+        cancel: &CancellationToken,
+    ) -> Result<TurnSlot, RpcError> {
         let slot = self.turn_slot(&session.key, cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
-        if slot.moved(self, session) {
+        if slot.moved(self, session).await {
             return Err(RpcError::invalid(format!(
                 "session {} was reset or deleted meanwhile; nothing was written (reload it)",
                 session.key
@@ -716,18 +729,21 @@ impl Gateway {
         if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l, version)) {
             return Ok(m);
         }
-        let (messages, bytes) = tokio::task::spawn_blocking(move || match store.read_session(&path) {
+        let (messages, bytes, read_at) = tokio::task::spawn_blocking(move || match store.read_session(&path) {
             Ok(Some(s)) => {
                 let c = build_context(&s, &s.leaf);
                 let size = c.messages.iter().map(|m| m.len()).sum::<usize>();
-                Ok((c.messages.iter().map(|m| Arc::new(ContextMessage::from_json(m))).collect::<Messages>(), size))
+                let messages = c.messages.iter().map(|m| Arc::new(ContextMessage::from_json(m))).collect::<Messages>();
+                Ok((messages, size, s.leaf_id().map(str::to_owned)))
             }
-            Ok(None) => Ok((Messages::new(), 0)),
+            Ok(None) => Ok((Messages::new(), 0, None)),
             Err(e) => Err(GatewayError::Store(e)),
         })
         .await
         .map_err(task)??;
-        if let Some(leaf) = leaf {
+        // Kept only as the context at `leaf` when the file read was still there (another process
+        // may have moved the leaf in between).
+        if let Some(leaf) = leaf.filter(|l| read_at.as_deref() == Some(l.as_str())) {
             lock(&self.contexts).insert(session.path.clone(), (leaf, version), messages.clone(), bytes);
         }
         Ok(messages)

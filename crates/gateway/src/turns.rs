@@ -215,7 +215,7 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
         for s in sessions {
             let cancel = gw.stopping();
             let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return };
-            if slot.moved(&gw, &s) {
+            if slot.moved(&gw, &s).await {
                 continue; // reset or deleted meanwhile: the turn went aside with its transcript
             }
             let (store, path) = (gw.store.clone(), s.path.clone());

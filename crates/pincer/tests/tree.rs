@@ -368,3 +368,33 @@ async fn bad_tree_input_names_what_is_wrong_and_writes_nothing() {
     let e = c.request("sessions.archives.get", json!({"file": "../sessions.json"})).await.expect_err("path");
     assert_eq!(e["message"], "archived transcript not found: ../sessions.json");
 }
+
+/// Work queued behind a session's turn (a compaction, a branch move, a label) checks, when its
+/// turn comes, that its session was not reset meanwhile; a reset of *another* session is not one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_of_another_session_does_not_fail_work_queued_behind_a_turn() {
+    let s = setup();
+    let mut c = Client::connect(&s.gw.addr).await;
+    turn(&mut c, "main", json!({"message": "one"}), "q1").await;
+    turn(&mut c, "other", json!({"message": "elsewhere"}), "q2").await;
+    let file = transcript(&s, "agent:main:main");
+
+    // A slow turn holds main's queue; a compaction of main (keep the last 3 lines) waits behind it.
+    c.request("chat.send", json!({"sessionKey": "main", "message": "[slow] two", "idempotencyKey": "q3"}))
+        .await
+        .expect("chat.send");
+    let mut k = Client::connect(&s.gw.addr).await;
+    let compact =
+        tokio::spawn(async move { k.request("sessions.compact", json!({"key": "main", "maxLines": 3})).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!compact.is_finished(), "the compaction waits for the turn");
+    let mut r = Client::connect(&s.gw.addr).await;
+    r.request("sessions.reset", json!({"key": "other"})).await.expect("reset other");
+    assert_eq!(c.chat_end("q3").await["payload"]["state"], "final");
+
+    let done = compact.await.expect("compact task").expect("a compaction of main, whose transcript is where it was");
+    assert_eq!((&done["ok"], &done["compacted"]), (&json!(true), &json!(true)), "{done}");
+    let rows = read_rows(&file);
+    assert_eq!(rows.len(), 3, "the header and the last two lines: {rows:?}");
+    assert_eq!((text(&rows[1]["message"]).as_str(), &rows[2]["message"]["role"]), ("[slow] two", &json!("assistant")));
+}
