@@ -81,6 +81,7 @@ impl ContextCache {
         let m = ContextMessage::shared_like(m, c.messages.last().map(|l| &**l));
         let n = m.json().len();
         c.leaf = id.to_owned();
+        c.used = Instant::now(); // a long tool loop extends its context without reading it
         c.messages.push(m);
         c.bytes += n;
         self.bytes += n;
@@ -847,6 +848,11 @@ mod tests {
             "an append continuing the leaf extends it"
         );
         assert!(c.bytes > 10 + CONTEXT_OVERHEAD);
+        // A context a long tool loop keeps extending is in use, even if nobody read it for a while.
+        let long_ago = Instant::now().checked_sub(CONTEXT_CACHE_IDLE * 2).expect("an instant in the past");
+        c.map.get_mut(Path::new("s")).expect("cached").used = long_ago;
+        c.extend(Path::new("s"), Some("l2"), Some("l2b"), Some(&json!({"role": "user", "content": "x"})));
+        assert!(c.map.get(Path::new("s")).is_some_and(|s| s.used > long_ago), "an extension marks it used");
         c.extend(Path::new("s"), Some("elsewhere"), Some("l3"), Some(&json!({})));
         assert!(c.get(Path::new("s"), "l3", 0).is_none() && c.map.is_empty(), "a branch forgets it");
         assert_eq!(c.bytes, 0);
