@@ -52,8 +52,8 @@ fn place(idx: &ConversationIndex, messages: &Value) -> Option<usize> {
         })
         .collect();
     let full = trailing.iter().flatten().fold(at, |c, h| chain(c, *h));
-    let _ = idx.keyed_turn(full, "oai-none");
-    idx.deepest(&chains, None).map(|m| m.depth)
+    let _ = idx.keyed_turn(full, "oai-none", &mut |_| true);
+    idx.deepest(&chains, None, &mut |_| true).map(|m| m.depth)
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {

@@ -21,7 +21,7 @@ use std::time::Duration;
 struct AgentParams {
     message: NonBlank,
     idempotency_key: NonBlank,
-    agent_id: Option<NonBlank>,
+    agent_id: Option<crate::sessions::AgentId>,
     session_key: Option<String>,
     session_id: Option<String>,
     /// A model for this turn: `provider/model`, or a bare id with `provider`.
@@ -40,8 +40,8 @@ pub async fn agent(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value
     let message = chat::sanitize_message(&p.message)?;
     let images = chat::parse_attachments(p.attachments.as_deref().unwrap_or_default())?;
     let model = turn_model(gw, p.model.as_deref(), p.provider.as_deref())?;
-    let session = pick_session(gw, p.agent_id.as_deref(), p.session_key.as_deref(), p.session_id.as_deref()).await?;
-    ctx.subs.add_chat(session.key.clone());
+    let session = pick_session(gw, p.agent_id, p.session_key.as_deref(), p.session_id.as_deref()).await?;
+    ctx.subs.add_chat(session.key.clone())?;
     let accepted = json!({"runId": run_id, "sessionKey": session.key, "agentId": session.agent_id,
         "status": "accepted", "acceptedAt": pincer_pi::now_ms()});
     if images.is_empty() && chat::is_stop(&message) {
@@ -99,11 +99,11 @@ fn turn_model(gw: &Gateway, model: Option<&str>, provider: Option<&str>) -> Resu
 /// the main session of `agentId` (default `main`). A key is created on first use, as `chat.send` does.
 async fn pick_session(
     gw: &Arc<Gateway>,
-    agent_id: Option<&str>,
+    agent_id: Option<crate::sessions::AgentId>,
     session_key: Option<&str>,
     session_id: Option<&str>,
 ) -> Result<SessionRef, RpcError> {
-    let agent = agent_id.unwrap_or(crate::sessions::DEFAULT_AGENT).to_owned();
+    let agent = agent_id.unwrap_or_else(crate::sessions::AgentId::main);
     let key = session_key.map(str::trim).filter(|k| !k.is_empty()).map(str::to_owned);
     let id = session_id.map(str::trim).filter(|k| !k.is_empty()).map(str::to_owned);
     gw.index(move |s| {
@@ -111,7 +111,7 @@ async fn pick_session(
             return s.resolve(&key, true)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")));
         }
         if let Some(id) = id {
-            let found = s.list(agent_id_filter(&agent, s))?.into_iter().find(|r| r.session_id == id);
+            let found = s.list(s.known_agent(&agent).then_some(&agent))?.into_iter().find(|r| r.session_id == id);
             return found
                 .ok_or_else(|| RpcError::invalid(format!("invalid agent params: no session has sessionId {id:?}")));
         }
@@ -119,10 +119,6 @@ async fn pick_session(
         s.resolve(&key, true)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))
     })
     .await
-}
-
-fn agent_id_filter<'a>(agent: &'a str, s: &crate::sessions::Sessions) -> Option<&'a str> {
-    s.known_agent(agent).then_some(agent)
 }
 
 /// OpenClaw's final answer of a finished turn: its replies (from the transcript) as payloads.

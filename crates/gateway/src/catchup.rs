@@ -151,7 +151,7 @@ pub async fn subscribe_messages(
     let p: SubscribeParams = crate::protocol::params(Method::SessionsMessagesSubscribe, params)?;
     let key = crate::sessions::canonical_key(&p.key)?.0;
     let Some(after) = p.after_seq.map(|a| a.0) else {
-        ctx.subs.add_messages(key.clone());
+        ctx.subs.add_messages(key.clone())?;
         return Ok(serde_json::json!({"subscribed": true, "key": key}));
     };
     // Live events wait from now on; the store is read after the subscription, so none is missed.
@@ -160,7 +160,10 @@ pub async fn subscribe_messages(
     if gw.pg.is_some() {
         gw.relay_from(&key, after);
     }
-    ctx.subs.add_messages(key.clone());
+    if let Err(e) = ctx.subs.add_messages(key.clone()) {
+        crate::state::lock(&ctx.subs.catchup).remove(&key);
+        return Err(e);
+    }
     let read = match gw.session(&key, false).await {
         Ok(Some(s)) => {
             let sid = p.session_id.map_or(s.session_id, |id| id.0);

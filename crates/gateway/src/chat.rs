@@ -809,6 +809,16 @@ impl Turn {
         if let Some(h) = &self.gw.settings.hook {
             match hook::decide(h, &self.session.key, &self.text).await {
                 Decision::Allow => {}
+                Decision::Failed(why) => {
+                    // The gateway failed, not the user: nothing is written and the key stays
+                    // usable, so the same message can be sent again once the hook works.
+                    let message = format!(
+                        "the before_agent_run hook could not decide ({why}); the message was not sent and nothing was saved: send it again once the hook works"
+                    );
+                    self.fail(&message, "hook", None);
+                    self.gw.dedupe_forget(&format!("chat:{}", self.run.run_id));
+                    return false;
+                }
                 Decision::Block { reason, replacement } => {
                     let shown = replacement.unwrap_or_else(|| "[message blocked]".into());
                     let block = json!({"blocked": true, "reason": reason});
@@ -863,17 +873,24 @@ impl Turn {
                 return false;
             }
         }
-        for m in &g.prelude {
-            match self.gw.append(&self.session, NewEntry::message(m.clone())).await {
-                Ok(a) => self.session_message(&a.entry),
-                Err(e) => {
-                    let (kind, message) = persist_failure(&e);
-                    self.fail(&message, kind, None);
-                    return false;
+        if g.prelude.is_empty() {
+            return true;
+        }
+        // The messages the tree lacks, in one durable commit: all of them, or none.
+        let entries = g.prelude.iter().map(|m| NewEntry::message(m.clone())).collect();
+        match self.gw.append_all(&self.session, entries).await {
+            Ok(all) => {
+                for a in &all {
+                    self.session_message(&a.entry);
                 }
+                true
+            }
+            Err(e) => {
+                let (kind, message) = persist_failure(&e);
+                self.fail(&message, kind, None);
+                false
             }
         }
-        true
     }
 
     /// Moves the session's leaf (a `leaf` entry) and tells the session lists; false (after a `chat`

@@ -111,6 +111,9 @@ pub struct GatewaySection {
     pub control_ui_dir: Option<PathBuf>,
     /// Web origins (`https://host[:port]`) allowed to open the WebSocket besides the gateway's own.
     pub allowed_origins: Vec<String>,
+    /// Host names (besides IP literals and `localhost`) this gateway answers to: the names a reverse
+    /// proxy or a LAN uses for it. Requests naming any other host are refused (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
     /// Open connections at most (default: from the process's file limit).
     pub max_connections: Option<usize>,
     /// Time a client has to send its request headers (default 10 s).
@@ -235,6 +238,8 @@ pub struct Settings {
     pub control_ui_dir: Option<PathBuf>,
     /// Extra origins allowed on WebSocket upgrades (normalised: scheme://host[:port], lowercase).
     pub allowed_origins: Vec<String>,
+    /// `gateway.allowed_hosts`, lowercased ([`crate::guard::check_host`]).
+    pub allowed_hosts: Vec<String>,
     pub max_connections: usize,
     pub header_timeout: std::time::Duration,
     /// Bytes of message JSON the context cache holds at most (`context_cache_mb`).
@@ -358,9 +363,15 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
     let openai_api = openai_api(&file.gateway.openai_api, &config_path)?;
     let store = store_settings(&file.store, &config_path)?;
     if let Some(h) = &file.hooks.before_agent_run {
-        if h.command.is_empty() {
+        let Some(program) = h.command.first() else {
             return Err("hooks.before_agent_run.command is empty".into());
-        }
+        };
+        crate::hook::find_program(program).map_err(|e| {
+            format!(
+                "{}: hooks.before_agent_run.command: {e} (a hook that cannot run would refuse every message)",
+                config_path.display()
+            )
+        })?;
     }
     Ok(Settings {
         workspace: file.agents.defaults.workspace.clone().unwrap_or_else(|| state_dir.join("workspace")),
@@ -379,6 +390,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         hook: file.hooks.before_agent_run,
         control_ui_dir: file.gateway.control_ui_dir,
         allowed_origins: allowed_origins(&file.gateway.allowed_origins)?,
+        allowed_hosts: allowed_hosts(&file.gateway.allowed_hosts)?,
         max_connections: file.gateway.max_connections.unwrap_or_else(default_max_connections).max(1),
         header_timeout: std::time::Duration::from_millis(file.gateway.header_timeout_ms.unwrap_or(10_000).max(100)),
         context_cache_bytes: file.gateway.context_cache_mb.map_or(crate::state::CONTEXT_CACHE_BYTES, |mb| {
@@ -474,6 +486,19 @@ fn openai_api(section: &OpenAiApiSection, config_path: &Path) -> Result<Option<O
         ));
     }
     Ok(enabled.then(|| OpenAiApi { api_keys: section.api_keys.iter().map(|k| k.trim().to_owned()).collect() }))
+}
+
+/// Checks and normalises `gateway.allowed_hosts`: bare host names, no scheme, port or path.
+fn allowed_hosts(list: &[String]) -> Result<Vec<String>, String> {
+    list.iter()
+        .map(|h| {
+            let n = h.trim().trim_end_matches('.').to_ascii_lowercase();
+            let ok = !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.'));
+            ok.then_some(n).ok_or_else(|| {
+                format!("gateway.allowed_hosts: {h:?} is not a host name like \"chat.example.com\" (no scheme or port)")
+            })
+        })
+        .collect()
 }
 
 /// Checks and normalises `gateway.allowed_origins`.

@@ -14,6 +14,13 @@ pub enum GatewayError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("{}: cannot create the state directory: {source}", path.display())]
     StateDir { path: PathBuf, source: std::io::Error },
+    /// Another gateway serves the JSONL state directory.
+    #[error(
+        "{}: another pincer gateway{} is serving this state directory; run one gateway per JSONL state directory (several replicas share a PostgreSQL store: [store] backend = \"postgres\")",
+        path.display(),
+        pid.map_or(String::new(), |p| format!(" (pid {p})"))
+    )]
+    StateDirInUse { path: PathBuf, pid: Option<u32> },
     /// The transcript could not be read or its leaf not found.
     #[error(transparent)]
     Store(#[from] pincer_store::StoreError),

@@ -1,7 +1,7 @@
 //! HTTP on the gateway port: a plain `GET /` is the WebChat page (its files under `/webchat/`,
 //! [`crate::assets`]) and a WebSocket upgrade on any path
-//! is the RPC socket (after the Origin and Host checks: a web page of another origin, or a
-//! rebound DNS name, gets 403); `/healthz`; `GET /api/sessions/{key}/events`, the session's `chat`
+//! is the RPC socket (every route behind [`crate::guard`]'s Host, Origin and CORS checks: a web
+//! page of another origin, or a rebound DNS name, gets 403); `/healthz`; `GET /api/sessions/{key}/events`, the session's `chat`
 //! and `session.message` events as Server-Sent Events with catch-up from the store after
 //! `Last-Event-ID` ([`crate::catchup`]);
 //! `GET /api/sessions/{key}/export?format=html|md|jsonl&leaf=<id>` ([`crate::export`]); and,
@@ -33,6 +33,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/api/sessions/{key}/export", get(session_export))
         .merge(crate::openai::routes())
         .fallback(get(root))
+        // Every route and the upgrade pass the guard first (Host, Origin, body type, CORS, throttle).
+        .layer(axum::middleware::from_fn_with_state(gw.clone(), crate::guard::layer))
         .with_state(gw)
 }
 
@@ -66,41 +68,6 @@ pub fn webchat_url(addr: std::net::SocketAddr, auth: &AuthMode) -> String {
     }
 }
 
-/// The host part of a `Host` header or origin authority (`[v6]:port`, `name:port`, `name`).
-fn host_name(authority: &str) -> &str {
-    if let Some(rest) = authority.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or("");
-    }
-    authority.rsplit_once(':').map_or(authority, |(h, _)| h)
-}
-
-/// A name that cannot be rebound to this machine by someone else's DNS: an IP literal or localhost.
-fn fixed_host(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    n.parse::<std::net::IpAddr>().is_ok() || n == "localhost" || n.ends_with(".localhost")
-}
-
-/// Origin and Host checks of a WebSocket upgrade. Clients without an `Origin` (CLIs, SDKs) pass; a
-/// page may connect from the gateway's own origin or a configured `gateway.allowed_origins` entry.
-/// Without token auth, the gateway's own origin counts only under a name DNS cannot rebind.
-pub fn check_origin(gw: &Gateway, headers: &HeaderMap) -> Result<(), String> {
-    let Some(origin) = headers.get(header::ORIGIN) else { return Ok(()) };
-    let origin = origin.to_str().map_err(|_| "the Origin header is not ASCII".to_string())?.to_ascii_lowercase();
-    if gw.settings.allowed_origins.contains(&origin) {
-        return Ok(());
-    }
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("").to_ascii_lowercase();
-    let authority = origin.split_once("://").map(|(_, a)| a).unwrap_or("");
-    let same = !host.is_empty() && authority == host;
-    let rebindable = !fixed_host(host_name(&host)) && gw.settings.auth == AuthMode::None;
-    if same && !rebindable {
-        return Ok(());
-    }
-    Err(format!(
-        "origin {origin} may not open the gateway socket (host {host:?}); add it to gateway.allowed_origins in pincer.toml"
-    ))
-}
-
 async fn root(
     State(gw): State<Arc<Gateway>>,
     conn: Option<Extension<Arc<Conn>>>,
@@ -109,10 +76,6 @@ async fn root(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     if let Ok(ws) = ws {
-        if let Err(why) = check_origin(&gw, &headers) {
-            tracing::warn!("refused a WebSocket upgrade: {why}");
-            return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response();
-        }
         let Some(Extension(conn)) = conn else {
             return (StatusCode::INTERNAL_SERVER_ERROR, "no connection\n").into_response();
         };

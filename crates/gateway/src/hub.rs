@@ -167,6 +167,18 @@ impl Inner {
             self.watched_by.entry(id).or_default().push(key.to_owned());
         }
     }
+
+    fn unwatch(&mut self, id: u64, key: &str) {
+        if let Some(ids) = self.watching.get_mut(key) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.watching.remove(key);
+            }
+        }
+        if let Some(keys) = self.watched_by.get_mut(&id) {
+            keys.retain(|k| k != key);
+        }
+    }
 }
 
 /// A subscription; dropping it unsubscribes.
@@ -279,6 +291,11 @@ impl Hub {
     /// Subscriber `id` also gets the events of session `key` (see [`Subscription::watch`]).
     pub fn watch(&self, id: u64, key: &str) {
         lock(&self.inner).watch(id, key);
+    }
+
+    /// Subscriber `id` no longer needs the events of session `key`.
+    pub fn unwatch(&self, id: u64, key: &str) {
+        lock(&self.inner).unwatch(id, key);
     }
 
     /// The sessions some subscriber watches now.

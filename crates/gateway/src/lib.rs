@@ -3,6 +3,7 @@
 //! Layout:
 //! - [`config`]: `pincer.toml` + environment → validated settings (token generated on first start).
 //! - [`server`]: binds, serves HTTP + WebSocket on one port, and shuts down gracefully.
+//! - [`guard`]: Host, Origin, body type and CORS checks in front of every route; the failed-login throttle.
 //! - [`http`]: the WebChat page, `/healthz`, the per-session SSE stream, the optional Control UI.
 //! - [`ws`]: one WebSocket connection: handshake, dispatch, event forwarding, slow consumers.
 //! - [`protocol`]: frames, errors and limits of OpenClaw's gateway protocol (v3/v4).
@@ -30,6 +31,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod export;
+pub mod guard;
 pub mod hook;
 pub mod http;
 pub mod hub;
@@ -87,16 +89,39 @@ impl Subs {
         }
     }
 
-    /// The connection works with this session: it gets its `chat` and `agent` events.
-    pub fn add_chat(&self, key: String) {
+    /// Adds `key` to a set of followed sessions, within [`protocol::MAX_SESSIONS_PER_CONNECTION`].
+    fn follow(&self, set: &Mutex<HashSet<String>>, key: String, what: &str) -> Result<(), protocol::RpcError> {
+        let mut set = state::lock(set);
+        if !set.contains(&key) && set.len() >= protocol::MAX_SESSIONS_PER_CONNECTION {
+            return Err(protocol::RpcError::invalid(format!(
+                "this connection already {what} {} sessions, the most one connection may; unsubscribe or reconnect",
+                protocol::MAX_SESSIONS_PER_CONNECTION
+            )));
+        }
         self.watch(&key);
-        state::lock(&self.chats).insert(key);
+        set.insert(key);
+        Ok(())
+    }
+
+    /// `sessions.messages.unsubscribe`: the connection leaves the session (its `session.message`,
+    /// `chat` and `agent` events), making room for another.
+    pub fn leave(&self, key: &str) {
+        state::lock(&self.messages).remove(key);
+        state::lock(&self.catchup).remove(key);
+        state::lock(&self.chats).remove(key);
+        if let Some((hub, id)) = self.route.get() {
+            hub.unwatch(*id, key);
+        }
+    }
+
+    /// The connection works with this session: it gets its `chat` and `agent` events.
+    pub fn add_chat(&self, key: String) -> Result<(), protocol::RpcError> {
+        self.follow(&self.chats, key, "works with")
     }
 
     /// `sessions.messages.subscribe`: the connection gets the session's `session.message` events.
-    pub fn add_messages(&self, key: String) {
-        self.watch(&key);
-        state::lock(&self.messages).insert(key);
+    pub fn add_messages(&self, key: String) -> Result<(), protocol::RpcError> {
+        self.follow(&self.messages, key, "is subscribed to")
     }
 }
 

@@ -31,7 +31,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     if method.joins_session() {
         let raw = params.get("sessionKey").or_else(|| params.get("key")).and_then(Value::as_str);
         if let Some(Ok((key, _))) = raw.map(canonical_key) {
-            ctx.subs.add_chat(key);
+            ctx.subs.add_chat(key)?;
         }
     }
     match method {
@@ -154,8 +154,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::SessionsMessagesSubscribe => crate::catchup::subscribe_messages(gw, ctx, params).await,
         Method::SessionsMessagesUnsubscribe => {
             let key = session_key(method, params)?;
-            crate::state::lock(&ctx.subs.messages).remove(&key);
-            crate::state::lock(&ctx.subs.catchup).remove(&key);
+            ctx.subs.leave(&key);
             Ok(json!({"subscribed": false, "key": key}))
         }
         // The Control UI gates sending on the agent's `model.primary` ("No AI provider configured").
@@ -244,7 +243,7 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct ListParams {
-        agent_id: Option<NonBlank>,
+        agent_id: Option<crate::sessions::AgentId>,
         limit: Option<Bounded<1, { u32::MAX as u64 }>>,
         offset: Option<Bounded<0, { u32::MAX as u64 }>>,
         include_derived_titles: Option<bool>,
@@ -252,7 +251,7 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         include_archived: Option<bool>,
     }
     let p: ListParams = crate::protocol::params(Method::SessionsList, params)?;
-    let agent = p.agent_id.as_deref();
+    let agent = p.agent_id.as_ref();
     let limit = p.limit.map_or(200, |l| l.0.min(MAX_LIST_ROWS)) as usize;
     let offset = p.offset.map_or(0, |o| o.0) as usize;
     let (titles, archived) = (p.include_derived_titles.unwrap_or(false), p.include_archived.unwrap_or(false));
@@ -282,13 +281,13 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
     #[serde(rename_all = "camelCase")]
     struct CreateParams {
         key: Option<NonBlank>,
-        agent_id: Option<NonBlank>,
+        agent_id: Option<crate::sessions::AgentId>,
         label: Option<Text<MAX_LABEL_CHARS>>,
         model: Option<Text<MAX_FIELD_CHARS>>,
         message: Option<String>,
     }
     let p: CreateParams = crate::protocol::params(Method::SessionsCreate, params)?;
-    let agent = p.agent_id.as_deref().unwrap_or(crate::sessions::DEFAULT_AGENT);
+    let agent = p.agent_id.unwrap_or_else(crate::sessions::AgentId::main);
     let key = match &p.key {
         Some(k) => canonical_key(k)?.0,
         None => format!("agent:{agent}:dashboard:{}", uuid::Uuid::new_v4()),
@@ -507,7 +506,10 @@ pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::pat
 
 /// Transcripts moved aside by `/new`, `sessions.reset` and `sessions.delete` (`<file>.<reason>.<ts>`),
 /// newest first, with when each was archived (ms), from whichever store holds them.
-fn archive_files(gw: &Gateway, agent: &str) -> Vec<(String, String, std::path::PathBuf, Option<u64>)> {
+fn archive_files(
+    gw: &Gateway,
+    agent: &crate::sessions::AgentId,
+) -> Vec<(String, String, std::path::PathBuf, Option<u64>)> {
     let dir = gw.sessions.sessions_dir(agent);
     let mut out = Vec::new();
     for (path, modified) in gw.store.set_aside(&dir) {
@@ -526,16 +528,16 @@ fn archive_files(gw: &Gateway, agent: &str) -> Vec<(String, String, std::path::P
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ArchivesParams {
-    agent_id: Option<NonBlank>,
+    agent_id: Option<crate::sessions::AgentId>,
     /// `sessions.archives.get`: a file name as `sessions.archives.list` gives it.
     file: Option<NonBlank>,
 }
 
 fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesList, params)?;
-    let agent = p.agent_id.as_deref().unwrap_or(crate::sessions::DEFAULT_AGENT);
+    let agent = &p.agent_id.unwrap_or_else(crate::sessions::AgentId::main);
     if !gw.sessions.known_agent(agent) {
-        return Err(RpcError::invalid(format!("unknown agent id {agent:?}")));
+        return Err(RpcError::invalid(format!("unknown agent id {:?}", agent.as_str())));
     }
     let mut rows = Vec::new();
     for (file, reason, path, modified) in archive_files(gw, agent).into_iter().take(200) {
@@ -558,11 +560,11 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
     let Some(NonBlank(file)) = p.file else {
         return Err(RpcError::invalid("invalid sessions.archives.get params: missing field `file`"));
     };
-    let agent = p.agent_id.map_or_else(|| crate::sessions::DEFAULT_AGENT.to_owned(), |a| a.0);
+    let agent = p.agent_id.unwrap_or_else(crate::sessions::AgentId::main);
     let gw2 = gw.clone();
     tokio::task::spawn_blocking(move || {
         if !gw2.sessions.known_agent(&agent) {
-            return Err(RpcError::invalid(format!("unknown agent id {agent:?}")));
+            return Err(RpcError::invalid(format!("unknown agent id {:?}", agent.as_str())));
         }
         // Only a name the listing gives: never a path of the client's choosing.
         let Some((_, _, path, _)) = archive_files(&gw2, &agent).into_iter().find(|(n, ..)| *n == file) else {

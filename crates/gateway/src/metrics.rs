@@ -50,6 +50,7 @@ fn describe() {
     describe_gauge!("pincer_runs_active", "runs executing now");
     describe_gauge!("pincer_turns_queued", "turns waiting for their session's queue");
     describe_gauge!("pincer_connections_open", "open client connections");
+    describe_counter!("pincer_logins_refused_total", "logins refused for a wrong or missing token or key");
     describe_histogram!("pincer_store_append_seconds", Unit::Seconds, "transcript append, call to durable");
     describe_histogram!("pincer_store_fdatasync_seconds", Unit::Seconds, "fdatasync of a transcript append");
     describe_counter!("pincer_request_bodies_total", "model-call request bodies written");
@@ -90,6 +91,11 @@ pub fn turn_seconds(d: std::time::Duration) {
 /// A turn failed with `kind` (its `errorKind`).
 pub fn turn_error(kind: &str) {
     metrics::counter!("pincer_turn_errors_total", "kind" => kind.to_owned()).increment(1);
+}
+
+/// A login (WebSocket `connect`, an HTTP route's token, a `/v1` key) was refused.
+pub fn login_refused() {
+    metrics::counter!("pincer_logins_refused_total").increment(1);
 }
 
 /// A gauge that is raised while the value lives (a run executing, a turn waiting, a connection).

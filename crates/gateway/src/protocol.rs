@@ -11,6 +11,9 @@ pub const MAX_PAYLOAD_BYTES: usize = 32 * 1024 * 1024;
 pub const MAX_PREAUTH_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Per-connection send buffer before a slow consumer is dropped/closed (50 MiB).
 pub const MAX_BUFFERED_BYTES: usize = 50 * 1024 * 1024;
+/// Sessions one connection may follow at once: worked with (`chat` and `agent` events), and
+/// subscribed to (`sessions.messages.subscribe`), each. Beyond it the request is refused.
+pub const MAX_SESSIONS_PER_CONNECTION: usize = 4096;
 /// `tick` period.
 pub const TICK_INTERVAL_MS: u64 = 30_000;
 /// Time allowed for `connect` after the socket opens.

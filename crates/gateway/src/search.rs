@@ -25,7 +25,7 @@ pub const MAX_LIMIT: usize = 100;
 pub struct SearchParams {
     pub query: String,
     #[serde(default)]
-    pub agent_id: Option<String>,
+    pub agent_id: Option<crate::sessions::AgentId>,
     #[serde(default)]
     pub session_keys: Option<Vec<String>>,
     #[serde(default)]
@@ -82,7 +82,7 @@ pub fn search(sessions: &Sessions, index: Engine<'_>, p: &SearchParams) -> Resul
         Some(ks) => Some(ks.iter().map(|k| canonical_key(k).map(|(k, _)| k)).collect::<Result<_, _>>()?),
     };
     let mut by_file: HashMap<String, crate::sessions::SessionRef> = HashMap::new();
-    for s in sessions.list(p.agent_id.as_deref())? {
+    for s in sessions.list(p.agent_id.as_ref())? {
         if !archived && s.entry.get("archivedAt").is_some_and(|a| !a.is_null()) {
             continue;
         }

@@ -42,6 +42,8 @@ const EVICTION_SLACK: usize = 32;
 
 /// One accepted connection, shared by its socket wrapper, its request handlers and the table.
 pub struct Conn {
+    /// The client's address (for the login throttle and the logs).
+    pub peer: std::net::IpAddr,
     /// Bytes the socket may still deliver; `usize::MAX` is unlimited.
     read_limit: AtomicUsize,
     /// Authenticated (WebSocket after `connect`, an authorized SSE stream): never evicted.
@@ -108,7 +110,7 @@ impl ConnTable {
 
     /// Admits a new connection, evicting the oldest unauthenticated one when full; `None` when
     /// every open connection is authenticated.
-    pub fn admit(self: &Arc<Self>) -> Option<Arc<Conn>> {
+    pub fn admit(self: &Arc<Self>, peer: std::net::IpAddr) -> Option<Arc<Conn>> {
         let mut order = lock(&self.order);
         while order.front().is_some_and(|w| w.strong_count() == 0) {
             order.pop_front();
@@ -134,6 +136,7 @@ impl ConnTable {
             order.retain(|w| w.strong_count() > 0);
         }
         let conn = Arc::new(Conn {
+            peer,
             read_limit: AtomicUsize::new(usize::MAX),
             protected: AtomicBool::new(false),
             evict: CancellationToken::new(),
@@ -239,6 +242,17 @@ pub async fn serve(
     let addr = listener.local_addr().map_err(listen)?;
     pincer_store::files::create_state_dir(&settings.state_dir)
         .map_err(|source| GatewayError::StateDir { path: settings.state_dir.clone(), source })?;
+    // One gateway per JSONL state directory (two would interleave turns of one session); held
+    // until this function returns. PostgreSQL replicas coordinate through the database instead.
+    let _state_lock = match settings.store {
+        crate::config::StoreSettings::Jsonl => {
+            Some(pincer_store::files::lock_state_dir(&settings.state_dir).map_err(|e| match e {
+                Ok(pid) => GatewayError::StateDirInUse { path: settings.state_dir.clone(), pid },
+                Err(source) => GatewayError::StateDir { path: settings.state_dir.clone(), source },
+            })?)
+        }
+        crate::config::StoreSettings::Postgres { .. } => None,
+    };
     crate::metrics::install();
     let gw = Arc::new(Gateway::new(settings)?);
     on_listening(&Listening { addr, gateway: gw.clone() });
@@ -274,7 +288,7 @@ pub async fn serve(
             a = listener.accept() => a,
             _ = stopping.cancelled() => break,
         };
-        let (tcp, _peer) = match accepted {
+        let (tcp, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
                 // Out of descriptors or similar: back off instead of spinning.
@@ -283,7 +297,7 @@ pub async fn serve(
                 continue;
             }
         };
-        let Some(conn) = table.admit() else {
+        let Some(conn) = table.admit(peer.ip()) else {
             tracing::warn!("refusing a connection: {} connections are open or closing", table.live());
             drop(tcp);
             continue;
@@ -336,17 +350,20 @@ mod tests {
     #[test]
     fn a_full_table_evicts_the_oldest_unauthenticated_connection() {
         let t = ConnTable::new(3);
-        let a = t.admit().expect("a");
-        let b = t.admit().expect("b");
-        let c = t.admit().expect("c");
+        let a = t.admit(std::net::Ipv4Addr::LOCALHOST.into()).expect("a");
+        let b = t.admit(std::net::Ipv4Addr::LOCALHOST.into()).expect("b");
+        let c = t.admit(std::net::Ipv4Addr::LOCALHOST.into()).expect("c");
         a.authenticated();
-        let d = t.admit().expect("d: b is evicted");
+        let d = t.admit(std::net::Ipv4Addr::LOCALHOST.into()).expect("d: b is evicted");
         assert!(!a.evict.is_cancelled() && b.evict.is_cancelled() && !c.evict.is_cancelled());
         drop(b);
         assert_eq!(t.live(), 3);
         c.authenticated();
         d.authenticated();
-        assert!(t.admit().is_none(), "every connection is authenticated: the newcomer is refused");
+        assert!(
+            t.admit(std::net::Ipv4Addr::LOCALHOST.into()).is_none(),
+            "every connection is authenticated: the newcomer is refused"
+        );
         drop((a, c, d));
         assert_eq!(t.live(), 0);
     }

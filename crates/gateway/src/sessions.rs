@@ -57,6 +57,51 @@ impl SessionRef {
     pub fn model(&self) -> Option<String> {
         entry_model(&self.entry)
     }
+
+    /// The principal that owns the session ([`OWNER_FIELD`]); `None`: the operator's.
+    pub fn owner(&self) -> Option<&str> {
+        self.entry.get(OWNER_FIELD).and_then(Value::as_str)
+    }
+}
+
+/// The index field naming the principal that created a session (absent: the operator).
+pub const OWNER_FIELD: &str = "pincerOwner";
+
+/// Who is asking. The operator (the gateway token, or anyone when auth is off and no API keys are
+/// configured) reaches every session; a client with its own API key
+/// (`gateway.openai_api.api_keys`) reaches only the sessions it created: its history matches,
+/// named session keys, retries and answers never touch another principal's sessions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    Operator,
+    /// `apikey:<16 hex digits of the key's SHA-256>`: stable across restarts, and not the key.
+    Client(Arc<str>),
+}
+
+impl Principal {
+    /// The principal of a configured API key.
+    pub fn of_api_key(key: &str) -> Principal {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(key.as_bytes());
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        Principal::Client(Arc::from(format!("apikey:{hex}")))
+    }
+
+    /// The id written as [`OWNER_FIELD`] of the sessions it creates (`None`: the operator's).
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            Principal::Operator => None,
+            Principal::Client(id) => Some(id),
+        }
+    }
+
+    /// Whether this principal may use a session owned by `owner`.
+    pub fn reaches(&self, owner: Option<&str>) -> bool {
+        match self {
+            Principal::Operator => true,
+            Principal::Client(id) => owner == Some(&**id),
+        }
+    }
 }
 
 /// Entry fields naming a session's model: the pairs [`SessionRef::model`] reads, in its order.
@@ -72,6 +117,59 @@ pub fn entry_model(entry: &Map<String, Value>) -> Option<String> {
             _ => model.to_owned(),
         })
     })
+}
+
+/// An agent id, checked: `[a-z0-9][a-z0-9_-]{0,63}`. Every path of an agent's files is built from
+/// one ([`Sessions::sessions_dir`]), so no client-given `agentId` can name `..` or an absolute path.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct AgentId(String);
+
+impl TryFrom<String> for AgentId {
+    type Error = String;
+    fn try_from(raw: String) -> Result<AgentId, String> {
+        AgentId::parse(&raw).map_err(|e| e.message)
+    }
+}
+
+impl From<AgentId> for String {
+    fn from(a: AgentId) -> String {
+        a.0
+    }
+}
+
+impl PartialEq<str> for AgentId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl AgentId {
+    /// The id, or an error naming what is wrong with it.
+    pub fn parse(raw: &str) -> Result<AgentId, RpcError> {
+        if valid_agent_id(raw) {
+            Ok(AgentId(raw.to_owned()))
+        } else {
+            Err(RpcError::invalid(format!(
+                "agentId {raw:?} is not an agent id (lowercase letters, digits, '-' and '_', at most 64)"
+            )))
+        }
+    }
+
+    /// The default agent, `main`.
+    pub fn main() -> AgentId {
+        AgentId(DEFAULT_AGENT.to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for AgentId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 fn valid_agent_id(id: &str) -> bool {
@@ -117,13 +215,13 @@ pub fn agent_of(key: &str) -> &str {
 /// Canonical form of a client's session key, and its agent id. Compatibility forms (fullwidth
 /// letters, ligatures) are folded by NFKC, so `ａｇｅｎｔ:main:x` and `agent:main:x` are one session.
 /// Idempotent: a canonical key (as `sessions.list` returns it) canonicalises to itself.
-pub fn canonical_key(raw: &str) -> Result<(String, String), RpcError> {
+pub fn canonical_key(raw: &str) -> Result<(String, AgentId), RpcError> {
     let (key, agent) = canonical_key_unbounded(raw)?;
     // The limit applies to the canonical form, so a key accepted once is accepted again.
     if key.len() > MAX_KEY_LEN {
         return Err(RpcError::invalid(format!("sessionKey is longer than {MAX_KEY_LEN} bytes once canonical")));
     }
-    Ok((key, agent))
+    Ok((key, AgentId(agent)))
 }
 
 fn canonical_key_unbounded(raw: &str) -> Result<(String, String), RpcError> {
@@ -171,7 +269,7 @@ struct AgentIndex {
 pub struct Sessions {
     state_dir: PathBuf,
     store: Arc<dyn Transcripts>,
-    agents: Mutex<HashMap<String, AgentIndex>>,
+    agents: Mutex<HashMap<AgentId, AgentIndex>>,
     /// How many transcripts this process moved aside (resets, deletes); see [`Sessions::moved`].
     moved: AtomicU64,
 }
@@ -203,26 +301,27 @@ impl Sessions {
     }
 
     /// An agent with sessions here: the default agent, or one whose index exists on disk.
-    pub fn known_agent(&self, agent: &str) -> bool {
-        agent == DEFAULT_AGENT || self.store.index_stamp(&self.sessions_dir(agent).join("sessions.json")).is_some()
+    pub fn known_agent(&self, agent: &AgentId) -> bool {
+        agent.0 == DEFAULT_AGENT || self.store.index_stamp(&self.sessions_dir(agent).join("sessions.json")).is_some()
     }
 
     /// `<state>/agents/<agent>/sessions`.
-    pub fn sessions_dir(&self, agent: &str) -> PathBuf {
-        self.state_dir.join("agents").join(agent).join("sessions")
+    pub fn sessions_dir(&self, agent: &AgentId) -> PathBuf {
+        self.state_dir.join("agents").join(&agent.0).join("sessions")
     }
 
     /// Runs `f` on an agent's index as it is on disk now. With `change`, under the index's
     /// cross-process lock (so `f` may [`Sessions::save`]).
     fn with_index<T>(
         &self,
-        agent: &str,
+        agent: &AgentId,
         change: bool,
         f: impl FnOnce(&mut AgentIndex) -> Result<T, RpcError>,
     ) -> Result<T, RpcError> {
         if !self.known_agent(agent) {
             return Err(RpcError::invalid(format!(
-                "unknown agent id {agent:?}: this gateway serves agent \"{DEFAULT_AGENT}\""
+                "unknown agent id {:?}: this gateway serves agent \"{DEFAULT_AGENT}\"",
+                agent.as_str()
             )));
         }
         let mut agents = crate::state::lock(&self.agents);
@@ -235,7 +334,7 @@ impl Sessions {
             }
             false => None,
         };
-        let idx = match agents.entry(agent.to_owned()) {
+        let idx = match agents.entry(agent.clone()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let (map, stamp) = read_index(self.store.as_ref(), &path)?;
@@ -268,7 +367,7 @@ impl Sessions {
         Ok(())
     }
 
-    fn to_ref(&self, key: &str, agent: &str, entry: &Map<String, Value>) -> Result<SessionRef, RpcError> {
+    fn to_ref(&self, key: &str, agent: &AgentId, entry: &Map<String, Value>) -> Result<SessionRef, RpcError> {
         let session_id = entry.get("sessionId").and_then(Value::as_str).unwrap_or("");
         if !valid_session_id(session_id) {
             return Err(RpcError::unavailable(format!(
@@ -288,7 +387,7 @@ impl Sessions {
             .unwrap_or_else(|| dir.join(format!("{session_id}.jsonl")));
         Ok(SessionRef {
             key: key.into(),
-            agent_id: agent.into(),
+            agent_id: agent.0.clone(),
             session_id: session_id.into(),
             path,
             entry: Arc::new(entry.clone()),
@@ -313,6 +412,18 @@ impl Sessions {
 
     /// The session of a key; created in the index when `create` and missing.
     pub fn resolve(&self, raw_key: &str, create: bool) -> Result<Option<SessionRef>, RpcError> {
+        self.resolve_for(raw_key, create, &Principal::Operator)
+    }
+
+    /// [`Sessions::resolve`] for a principal: a session it creates is owned by it (written with
+    /// the new row, in one change of the index). Whether it may use an existing one is the
+    /// caller's check ([`Principal::reaches`]).
+    pub fn resolve_for(
+        &self,
+        raw_key: &str,
+        create: bool,
+        principal: &Principal,
+    ) -> Result<Option<SessionRef>, RpcError> {
         let (key, agent) = canonical_key(raw_key)?;
         if !create && !self.known_agent(&agent) {
             return Ok(None);
@@ -328,7 +439,10 @@ impl Sessions {
             if let Some(Value::Object(e)) = idx.map.get(&key) {
                 return self.to_ref(&key, &agent, e).map(Some);
             }
-            let e = Self::fresh_entry();
+            let mut e = Self::fresh_entry();
+            if let Some(owner) = principal.id() {
+                e.insert(OWNER_FIELD.into(), json!(owner));
+            }
             idx.map.insert(key.clone(), Value::Object(e.clone()));
             self.save(idx)?;
             self.to_ref(&key, &agent, &e).map(Some)
@@ -380,7 +494,7 @@ impl Sessions {
     /// seconds and at shutdown), not with an fsync on every turn.
     pub fn touch(&self, s: &SessionRef) {
         let mut agents = crate::state::lock(&self.agents);
-        if let Some(idx) = agents.get_mut(&s.agent_id) {
+        if let Some(idx) = agents.get_mut(&AgentId(s.agent_id.clone())) {
             let now = now_ms();
             if let Some(Value::Object(e)) = idx.map.get_mut(&s.key) {
                 e.insert("updatedAt".into(), json!(now));
@@ -391,7 +505,7 @@ impl Sessions {
 
     /// Merges pending activity into every index file that has some.
     pub fn flush(&self) {
-        let pending: Vec<String> = crate::state::lock(&self.agents)
+        let pending: Vec<AgentId> = crate::state::lock(&self.agents)
             .iter()
             .filter(|(_, i)| !i.touched.is_empty())
             .map(|(a, _)| a.clone())
@@ -422,7 +536,7 @@ impl Sessions {
             if let Some(o) = &old {
                 for (k, v) in o.entry.iter() {
                     let model_field = MODEL_FIELDS.iter().any(|(m, p)| k == m || k == p);
-                    if model_field || matches!(k.as_str(), "label" | "displayName" | "thinkingLevel") {
+                    if model_field || matches!(k.as_str(), "label" | "displayName" | "thinkingLevel" | OWNER_FIELD) {
                         e.insert(k.clone(), v.clone());
                     }
                 }
@@ -462,7 +576,7 @@ impl Sessions {
     /// header, the only byte that changes. The transcript is written first (never over an
     /// existing file), then the index row, both under the index's lock.
     pub fn import(&self, prepared: &pincer_export::Prepared) -> Result<SessionRef, RpcError> {
-        let agent = DEFAULT_AGENT;
+        let agent = &AgentId::main();
         let dir = self.sessions_dir(agent);
         self.with_index(agent, true, |idx| {
             let taken = |id: &str| {
@@ -496,23 +610,20 @@ impl Sessions {
     }
 
     /// Sessions of one agent (or all agents found on disk), most recent first.
-    pub fn list(&self, agent: Option<&str>) -> Result<Vec<SessionRef>, RpcError> {
-        let agents: Vec<String> = match agent {
-            Some(a) => vec![a.to_owned()],
+    pub fn list(&self, agent: Option<&AgentId>) -> Result<Vec<SessionRef>, RpcError> {
+        let agents: Vec<AgentId> = match agent {
+            Some(a) => vec![a.clone()],
             None => {
-                let mut v: Vec<String> = self.store.agents(&self.state_dir);
-                v.retain(|a| valid_agent_id(a));
-                if !v.iter().any(|a| a == DEFAULT_AGENT) {
-                    v.push(DEFAULT_AGENT.into());
+                let mut v: Vec<AgentId> =
+                    self.store.agents(&self.state_dir).iter().filter_map(|a| AgentId::parse(a).ok()).collect();
+                if !v.iter().any(|a| a.0 == DEFAULT_AGENT) {
+                    v.push(AgentId::main());
                 }
                 v
             }
         };
         let mut out = Vec::new();
         for a in agents {
-            if !valid_agent_id(&a) {
-                return Err(RpcError::invalid(format!("agent id {a:?} is not valid")));
-            }
             if !self.known_agent(&a) {
                 continue;
             }
@@ -538,10 +649,10 @@ mod tests {
 
     #[test]
     fn keys_are_canonicalised_and_checked() {
-        assert_eq!(canonical_key("main").expect("ok"), (MAIN_KEY.to_string(), "main".to_string()));
+        assert_eq!(canonical_key("main").expect("ok"), (MAIN_KEY.to_string(), AgentId::main()));
         assert_eq!(canonical_key(" Agent:Main:Main ").expect("ok").0, MAIN_KEY);
         assert_eq!(canonical_key("dashboard:x").expect("ok").0, "agent:main:dashboard:x");
-        assert_eq!(canonical_key("agent:ops:daily").expect("ok"), ("agent:ops:daily".into(), "ops".into()));
+        assert_eq!(canonical_key("agent:ops:daily").expect("ok"), ("agent:ops:daily".into(), AgentId("ops".into())));
         for bad in ["", "agent:../x:y", "a/b", "agent:main:", "x\u{0}y", "agent:"] {
             assert!(canonical_key(bad).is_err(), "{bad:?}");
         }

@@ -253,6 +253,8 @@ pub struct Gateway {
     /// Sessions the relay should follow from an earlier seq than their end when it starts
     /// watching them (a catch-up read the store up to there): key → (seq, when asked).
     relay_from: Mutex<HashMap<String, (u64, Instant)>>,
+    /// Failed logins per client address ([`crate::guard::Logins`]).
+    pub logins: crate::guard::Logins,
 }
 
 /// How long a [`Gateway::relay_from`] hint waits for the relay to start watching its session.
@@ -412,6 +414,7 @@ impl Gateway {
             positions: Mutex::default(),
             lanes: crate::lanes::Lanes::default(),
             relay_from: Mutex::default(),
+            logins: crate::guard::Logins::default(),
         })
     }
 
@@ -627,6 +630,13 @@ impl Gateway {
 
     /// Appends one entry to a session's transcript; returns it as written.
     pub async fn append(&self, session: &SessionRef, entry: NewEntry) -> Result<Appended, StoreError> {
+        let mut r = self.append_all(session, vec![entry]).await?;
+        r.pop().ok_or_else(|| StoreError::Internal("the append returned nothing".into()))
+    }
+
+    /// Appends entries to a session's transcript in order, in one durable commit; returns them as
+    /// written.
+    pub async fn append_all(&self, session: &SessionRef, entries: Vec<NewEntry>) -> Result<Vec<Appended>, StoreError> {
         let held = self.hold_transcript(&session.path).await?;
         let store = self.store.clone();
         let path = session.path.clone();
@@ -635,10 +645,13 @@ impl Gateway {
         let r = self
             .lanes
             .run(&session.path, move || {
-                let r = store.append_with(&path, entry, Some(&sid));
+                let r = match entries.len() {
+                    1 => entries.into_iter().map(|e| store.append_with(&path, e, Some(&sid))).collect(),
+                    _ => store.append_all(&path, entries, Some(&sid)),
+                };
                 drop(held);
-                if let Ok(a) = &r {
-                    if a.appended {
+                if let Ok(all) = &r {
+                    for a in all.iter().filter(|a| a.appended) {
                         index.appended(&key, &path, &a.entry);
                     }
                 }
@@ -646,20 +659,24 @@ impl Gateway {
             })
             .await
             .unwrap_or_else(|_| Err(StoreError::Internal("the append failed (its writer thread panicked)".into())));
-        if let Ok(a) = &r {
-            if let Some(id) = a.id() {
-                lock(&self.positions).insert(&session.path, id, a.pos);
-            }
-        }
-        // Keep the cached context in step with what was written.
         match &r {
-            Ok(a) if a.appended => {
-                let parent = a.entry.get("parentId").and_then(Value::as_str);
-                let is_message = a.entry.get("type").and_then(Value::as_str) == Some("message");
-                let message = a.entry.get("message").filter(|_| is_message);
-                lock(&self.contexts).extend(&session.path, parent, a.id(), message);
+            Ok(all) => {
+                let mut positions = lock(&self.positions);
+                for a in all {
+                    if let Some(id) = a.id() {
+                        positions.insert(&session.path, id, a.pos);
+                    }
+                }
+                drop(positions);
+                // Keep the cached context in step with what was written.
+                let mut contexts = lock(&self.contexts);
+                for a in all.iter().filter(|a| a.appended) {
+                    let parent = a.entry.get("parentId").and_then(Value::as_str);
+                    let is_message = a.entry.get("type").and_then(Value::as_str) == Some("message");
+                    let message = a.entry.get("message").filter(|_| is_message);
+                    contexts.extend(&session.path, parent, a.id(), message);
+                }
             }
-            Ok(_) => {}
             Err(_) => lock(&self.contexts).remove(&session.path),
         }
         r

@@ -109,10 +109,10 @@ pub fn chat_metadata(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct MetadataParams {
-        agent_id: Option<crate::protocol::NonBlank>,
+        agent_id: Option<crate::sessions::AgentId>,
     }
     let p: MetadataParams = crate::protocol::params(Method::ChatMetadata, params)?;
-    let agent = p.agent_id.as_deref().unwrap_or(crate::sessions::DEFAULT_AGENT);
+    let agent = p.agent_id.unwrap_or_else(crate::sessions::AgentId::main);
     let (provider, model) = gw.settings.model.split_once('/').unwrap_or(("", gw.settings.model.as_str()));
     Ok(json!({"agentId": agent, "models": models(gw), "defaults": {"modelProvider": provider, "model": model},
         "thinkingLevels": ["off", "minimal", "low", "medium", "high"], "commands": commands()["commands"]}))

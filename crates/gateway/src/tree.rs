@@ -187,7 +187,7 @@ fn headline(tree: &Tree, path: &[&Node]) -> String {
 #[serde(rename_all = "camelCase")]
 struct SessionParams {
     session_key: NonBlank,
-    agent_id: Option<String>,
+    agent_id: Option<crate::sessions::AgentId>,
 }
 
 /// `sessions.branches.switch`.
@@ -233,7 +233,7 @@ fn find_session(gw: &Gateway, p: &SessionParams) -> Result<Option<SessionRef>, R
     let key = &*p.session_key;
     if let Some(agent) = &p.agent_id {
         let (_, from_key) = crate::sessions::canonical_key(key)?;
-        if *agent != from_key {
+        if from_key != *agent {
             return Err(RpcError::invalid(format!("agentId {agent:?} does not match sessionKey {key:?}")));
         }
     }

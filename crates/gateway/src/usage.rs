@@ -134,7 +134,7 @@ pub fn row_fields(gw: &Gateway, s: &SessionRef, u: &Usage) -> Value {
 #[serde(rename_all = "camelCase")]
 struct UsageParams {
     key: Option<crate::protocol::NonBlank>,
-    agent_id: Option<String>,
+    agent_id: Option<crate::sessions::AgentId>,
     limit: Option<u32>,
 }
 
@@ -143,7 +143,7 @@ pub fn sessions_usage(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     let p: UsageParams = crate::protocol::params(Method::SessionsUsage, params)?;
     let list = match &p.key {
         Some(k) => gw.sessions.resolve(k, false)?.into_iter().collect(),
-        None => gw.sessions.list(p.agent_id.as_deref())?,
+        None => gw.sessions.list(p.agent_id.as_ref())?,
     };
     let limit = p.limit.unwrap_or(1000).min(1000) as usize;
     let mut total = Usage::default();

@@ -377,6 +377,7 @@ enum Refused {
 async fn handshake(
     stream: &mut SplitStream<WebSocket>,
     gw: &Gateway,
+    peer: std::net::IpAddr,
     nonce: &str,
 ) -> Result<(protocol::Request, u64), Refused> {
     let limit = protocol::MAX_PREAUTH_PAYLOAD_BYTES;
@@ -407,7 +408,14 @@ async fn handshake(
         return Err(fail(id, RpcError::invalid("the first request must be connect")));
     }
     let version = negotiate(&req.params).map_err(|e| fail(id.clone(), e))?;
-    check_auth(&gw.settings.auth, &req.params).map_err(|e| fail(id.clone(), e))?;
+    if let Err(wait) = gw.logins.admit(peer) {
+        let msg = format!("too many failed logins from this address; retry in {} s", wait.as_secs().max(1));
+        return Err(fail(id, RpcError::invalid(msg).with_details(json!({"code": "AUTH_RATE_LIMITED"}))));
+    }
+    check_auth(&gw.settings.auth, &req.params).map_err(|e| {
+        gw.logins.failed(peer, &format!("WebSocket connect: {}", e.message));
+        fail(id.clone(), e)
+    })?;
     crate::device::verify(&req.params, nonce)
         .map_err(|e| fail(id.clone(), RpcError::invalid(e.message).with_details(json!({"code": e.code}))))?;
     Ok((req, version))
@@ -466,7 +474,7 @@ async fn greet(
     let challenge = json!({"nonce": nonce, "ts": pincer_pi::now_ms()});
     outbox.push(protocol::event("connect.challenge", &challenge, None), false);
     let handshake = tokio::select! {
-        h = handshake(stream, gw, &nonce) => h,
+        h = handshake(stream, gw, conn.peer, &nonce) => h,
         _ = conn.evicted() => Err(Refused::Close(None, 1013, "too many connections; try again later".into())),
         _ = gw.shutdown.cancelled() => Err(Refused::Close(None, 1012, "gateway stopping".into())),
     };

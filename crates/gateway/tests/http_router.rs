@@ -131,7 +131,7 @@ async fn an_upgrade_from_a_hostile_origin_is_refused() {
         let resp = send(&app, upgrade(Some(origin))).await;
         assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{origin}");
         let why = body_text(resp).await;
-        assert!(why.contains("may not open the gateway socket"), "{why}");
+        assert!(why.contains("may not use this gateway"), "{why}");
     }
     // The gateway's own origin and a configured one pass the check (and reach the upgrade, which
     // needs the real connection's state: not a 403).

@@ -514,12 +514,54 @@ impl Inner {
     }
 
     async fn append(&self, file: &str, entry: NewEntry, sid: Option<String>) -> Result<Appended, PgError> {
-        entry.validate()?;
+        let mut all = self.append_all(file, vec![entry], sid).await?;
+        all.pop().ok_or_else(|| PgError::Other(format!("{file}: the append returned nothing")))
+    }
+
+    /// Appends entries in order, each chained to the one before (or as it says), in one
+    /// transaction: all of them are durable, or none.
+    async fn append_all(
+        &self,
+        file: &str,
+        entries: Vec<NewEntry>,
+        sid: Option<String>,
+    ) -> Result<Vec<Appended>, PgError> {
+        for e in &entries {
+            e.validate()?;
+        }
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let Some(row) = self.lock_row(&tx, file, sid.as_deref(), true).await? else {
+        let Some(mut row) = self.lock_row(&tx, file, sid.as_deref(), true).await? else {
             return Err(PgError::Other(format!("{file}: the transcript row is missing")));
         };
+        let mut out = Vec::with_capacity(entries.len());
+        let mut written = Vec::new();
+        for entry in entries {
+            let a = self.append_in(&tx, file, &mut row, entry).await?;
+            if a.appended {
+                written.push(a.pos as i64);
+            }
+            out.push(a);
+        }
+        // Known as ours before the commit makes them visible to this process's watcher.
+        {
+            let mut own = pincer_pi::lock(&self.own);
+            for seq in &written {
+                own.insert(file, *seq);
+            }
+        }
+        if let Err(e) = tx.commit().await {
+            let mut own = pincer_pi::lock(&self.own);
+            for seq in &written {
+                own.set.remove(&(file.to_owned(), *seq));
+            }
+            return Err(e.into());
+        }
+        Ok(out)
+    }
+
+    /// One entry of [`Inner::append_all`], in its transaction, on the locked row (kept in step).
+    async fn append_in(&self, tx: &Tx<'_>, file: &str, row: &mut Locked, entry: NewEntry) -> Result<Appended, PgError> {
         if let Some(key) = entry.idempotency_key() {
             let found = tx
                 .query_opt(
@@ -530,7 +572,6 @@ impl Inner {
             if let Some(r) = found {
                 let existing: Value = serde_json::from_str(r.get::<_, &str>(0))
                     .map_err(|e| PgError::Other(format!("{file}: a stored entry is not JSON: {e}")))?;
-                tx.commit().await?;
                 return Ok(Appended { entry: existing, appended: false, pos: r.get::<_, i64>(1) as u64 });
             }
         }
@@ -538,7 +579,7 @@ impl Inner {
             ParentChoice::Leaf => row.leaf.clone(),
             ParentChoice::Root => None,
             ParentChoice::Entry(id) => {
-                if !Self::has_entry(&tx, row.id, id).await? {
+                if !Self::has_entry(tx, row.id, id).await? {
                     return Err(StoreError::UnknownEntry(id.clone()).into());
                 }
                 Some(id.clone())
@@ -546,7 +587,7 @@ impl Inner {
         };
         if entry.kind == "leaf" {
             if let Some(Value::String(t)) = entry.payload.get("targetId") {
-                if !Self::has_entry(&tx, row.id, t).await? {
+                if !Self::has_entry(tx, row.id, t).await? {
                     return Err(StoreError::UnknownEntry(t.clone()).into());
                 }
             }
@@ -561,15 +602,10 @@ impl Inner {
             &[&row.id, &seq, &r.id, &parent, &entry.kind, &entry.idempotency_key(), &line, &r.leaf],
         )
         .await?;
-        search::index_line(&tx, row.id, seq, &line).await?;
+        search::index_line(tx, row.id, seq, &line).await?;
         tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &format!("{file}:{seq}")]).await?;
-        // Known as ours before the commit makes it visible to this process's watcher.
-        pincer_pi::lock(&self.own).insert(file, seq);
-        if let Err(e) = tx.commit().await {
-            let mut own = pincer_pi::lock(&self.own);
-            own.set.remove(&(file.to_owned(), seq));
-            return Err(e.into());
-        }
+        row.last_seq = seq;
+        row.leaf = r.leaf.clone();
         Ok(Appended { entry: r.value, appended: true, pos: seq as u64 })
     }
 
@@ -966,6 +1002,22 @@ impl Transcripts for PgStore {
         let (f, sid) = (file.clone(), session_id.map(str::to_owned));
         let r =
             self.block(move |inner| async move { inner.append(&f, entry, sid).await }).map_err(|e| e.into_store(&file));
+        metrics_record(started);
+        r
+    }
+
+    fn append_all(
+        &self,
+        path: &Path,
+        entries: Vec<NewEntry>,
+        session_id: Option<&str>,
+    ) -> Result<Vec<Appended>, StoreError> {
+        let started = std::time::Instant::now();
+        let file = self.name(path);
+        let (f, sid) = (file.clone(), session_id.map(str::to_owned));
+        let r = self
+            .block(move |inner| async move { inner.append_all(&f, entries, sid).await })
+            .map_err(|e| e.into_store(&file));
         metrics_record(started);
         r
     }

@@ -4,6 +4,7 @@
 use crate::Failure;
 use clap::Args;
 use pincer_gateway::config::{self, AuthMode, Overrides};
+use pincer_gateway::sessions::AgentId;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -105,7 +106,8 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
     let store: std::sync::Arc<dyn pincer_store::Transcripts> =
         std::sync::Arc::new(pincer_store::Store::new(Default::default()));
     let sessions = pincer_gateway::sessions::Sessions::new(&dir, store.clone());
-    let rows = sessions.list(args.agent.as_deref()).map_err(|e| Failure::failed(e.message))?;
+    let agent = args.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| Failure::usage(e.message))?;
+    let rows = sessions.list(agent.as_ref()).map_err(|e| Failure::failed(e.message))?;
     if args.output.json() {
         let v: Vec<serde_json::Value> = rows
             .iter()

@@ -7,6 +7,7 @@
 use crate::Failure;
 use clap::Args;
 use pincer_gateway::search::{SearchParams, DEFAULT_LIMIT};
+use pincer_gateway::sessions::AgentId;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -49,9 +50,10 @@ fn open(dir: &std::path::Path) -> Result<pincer_search::Index, Failure> {
 
 pub fn search(args: SearchArgs) -> Result<u8, Failure> {
     use pincer_gateway::search::Engine;
+    let agent_id = args.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| Failure::usage(e.message))?;
     let params = SearchParams {
         query: args.query,
-        agent_id: args.agent,
+        agent_id,
         limit: Some(args.limit),
         include_archived: Some(args.archived),
         ..SearchParams::default()

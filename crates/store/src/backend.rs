@@ -40,6 +40,15 @@ pub trait Transcripts: Send + Sync {
         self.append_with(path, entry, None)
     }
 
+    /// Appends entries in order (each chained to the one before, unless it names its parent) in one
+    /// durable commit: all of them are written, or none is acknowledged. Returns them as written.
+    fn append_all(
+        &self,
+        path: &Path,
+        entries: Vec<NewEntry>,
+        session_id: Option<&str>,
+    ) -> Result<Vec<Appended>, StoreError>;
+
     /// Creates the transcript with its header if it does not exist yet.
     fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError>;
 
@@ -158,6 +167,15 @@ pub trait Transcripts: Send + Sync {
 impl Transcripts for Store {
     fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
         Store::append_with(self, path, entry, session_id)
+    }
+
+    fn append_all(
+        &self,
+        path: &Path,
+        entries: Vec<NewEntry>,
+        session_id: Option<&str>,
+    ) -> Result<Vec<Appended>, StoreError> {
+        Store::append_all(self, path, entries, session_id)
     }
 
     fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
@@ -314,6 +332,14 @@ impl Transcripts for Store {
 impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
         (**self).append_with(path, entry, session_id)
+    }
+    fn append_all(
+        &self,
+        path: &Path,
+        entries: Vec<NewEntry>,
+        session_id: Option<&str>,
+    ) -> Result<Vec<Appended>, StoreError> {
+        (**self).append_all(path, entries, session_id)
     }
     fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
         (**self).ensure_created(path, session_id)

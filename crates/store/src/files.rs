@@ -14,6 +14,45 @@ pub fn create_state_dir(dir: &Path) -> io::Result<()> {
     fsutil::create_private_dir(dir)
 }
 
+/// The name of the lock file a gateway holds in its state directory while it serves it.
+pub const STATE_DIR_LOCK: &str = "gateway.lock";
+
+/// The state directory, held by this process while the value lives (an exclusive `flock` on
+/// `<dir>/gateway.lock`, released by the kernel when the process ends, even by SIGKILL).
+pub struct StateDirLock {
+    _file: std::fs::File,
+}
+
+/// Takes the state directory's lock, writing this process's id in the lock file. `Err(Ok(pid))`
+/// when another process holds it (`pid`: what its file says, when readable); `Err(Err(e))` when
+/// the lock file cannot be opened.
+pub fn lock_state_dir(dir: &Path) -> Result<StateDirLock, io::Result<Option<u32>>> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(STATE_DIR_LOCK);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(Err)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            return Err(Ok(text.trim().parse().ok()));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(Err(e)),
+    }
+    // Only the holder writes it: the id of the process that serves the directory.
+    let written = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| writeln!(file, "{}", std::process::id()));
+    written.map_err(Err)?;
+    Ok(StateDirLock { _file: file })
+}
+
 /// Creates the directory (0700) that the transcript or index at `path` goes in, where missing.
 pub fn create_dir_for(path: &Path) -> io::Result<()> {
     fsutil::create_parent_dir(path)

@@ -357,10 +357,15 @@ impl ConversationIndex {
     }
 
     /// The deepest prefix of `chains` (the chain hash after each history message) that ends at an
-    /// entry, in `within` only when given. At most `chains.len()` lookups; candidates that grew
+    /// entry, in `within` only when given, in sessions `reaches` allows (by key). At most `chains.len()` lookups; candidates that grew
     /// behind the index are caught up first. Among several sessions, one whose active branch
     /// ends there wins, then the most recently changed. Blocking (the store's end of each candidate).
-    pub fn deepest(&self, chains: &[Hash], within: Option<&Path>) -> Option<Match> {
+    pub fn deepest(
+        &self,
+        chains: &[Hash],
+        within: Option<&Path>,
+        reaches: &mut dyn FnMut(&str) -> bool,
+    ) -> Option<Match> {
         let mut inner = lock(&self.inner);
         for _ in 0..3 {
             let mut found = None;
@@ -368,7 +373,13 @@ impl ConversationIndex {
                 let spots: Vec<Spot> = inner
                     .by_hash
                     .get(&chains[depth - 1])
-                    .map(|v| v.iter().filter(|(p, _)| within.is_none_or(|w| w == &**p)).cloned().collect())
+                    .map(|v| {
+                        v.iter()
+                            .filter(|(p, _)| within.is_none_or(|w| w == &**p))
+                            .filter(|(p, _)| inner.sessions.get(&**p).is_some_and(|t| reaches(&t.key)))
+                            .cloned()
+                            .collect()
+                    })
                     .unwrap_or_default();
                 if !spots.is_empty() {
                     found = Some((depth, spots));
@@ -412,7 +423,7 @@ impl ConversationIndex {
 
     /// The newest turn of the OpenAI endpoint whose user row ends the history `full` (the chain of
     /// the whole request) and whose run id starts with `run_prefix`.
-    pub fn keyed_turn(&self, full: Hash, run_prefix: &str) -> Option<KeyedTurn> {
+    pub fn keyed_turn(&self, full: Hash, run_prefix: &str, reaches: &mut dyn FnMut(&str) -> bool) -> Option<KeyedTurn> {
         let inner = lock(&self.inner);
         inner
             .by_hash
@@ -421,7 +432,7 @@ impl ConversationIndex {
             .filter_map(|(p, id)| {
                 let t = inner.sessions.get(&**p)?;
                 let (run, ts) = t.keys.get(id)?;
-                run.starts_with(run_prefix).then(|| KeyedTurn {
+                (run.starts_with(run_prefix) && reaches(&t.key)).then(|| KeyedTurn {
                     key: t.key.clone(),
                     path: p.to_path_buf(),
                     run_id: run.to_string(),
@@ -468,14 +479,14 @@ mod tests {
         let _e_u2 = add(u2.clone());
         let idx = ConversationIndex::default();
         idx.build([("agent:main:a".to_string(), path.clone())]);
-        let m = idx.deepest(&chains_of(&[u1.clone(), a1.clone()]), None).expect("found");
+        let m = idx.deepest(&chains_of(&[u1.clone(), a1.clone()]), None, &mut |_| true).expect("found");
         assert_eq!((m.depth, m.entry.as_str(), m.leaf), (2, e_a1["id"].as_str().expect("id"), None));
         let edited = json!({"role": "user", "content": "two, edited"});
-        let m = idx.deepest(&chains_of(&[u1.clone(), a1.clone(), edited]), None).expect("found");
+        let m = idx.deepest(&chains_of(&[u1.clone(), a1.clone(), edited]), None, &mut |_| true).expect("found");
         assert_eq!(m.depth, 2, "the edit diverges after the first reply");
-        assert_eq!(idx.deepest(&chains_of(&[json!({"role": "user", "content": "other"})]), None), None);
+        assert_eq!(idx.deepest(&chains_of(&[json!({"role": "user", "content": "other"})]), None, &mut |_| true), None);
         // The endpoint's turns are found by the chain of the whole request.
-        let k = idx.keyed_turn(chains_of(std::slice::from_ref(&u1))[0], "oai-x").expect("keyed");
+        let k = idx.keyed_turn(chains_of(std::slice::from_ref(&u1))[0], "oai-x", &mut |_| true).expect("keyed");
         assert_eq!((k.run_id.as_str(), k.timestamp), ("oai-x", 7));
         // Appends are followed; the leaf's chain tells that a history ends on the active branch.
         let e_a2 = store
@@ -484,7 +495,7 @@ mod tests {
             .entry;
         idx.appended("agent:main:a", &path, &e_a2);
         let a2 = json!({"role": "assistant", "content": "r2"});
-        let m = idx.deepest(&chains_of(&[u1, a1, u2, a2]), None).expect("found");
+        let m = idx.deepest(&chains_of(&[u1, a1, u2, a2]), None, &mut |_| true).expect("found");
         assert_eq!((m.depth, m.leaf.as_deref()), (4, e_a2["id"].as_str()));
         assert!(e_u1["id"].is_string());
     }
@@ -500,7 +511,7 @@ mod tests {
         idx.build([("agent:main:a".to_string(), path.clone())]);
         let a1 = json!({"role": "assistant", "content": [{"type": "text", "text": "r"}]});
         store.append(&path, NewEntry::message(a1.clone())).expect("append"); // not through the index
-        let m = idx.deepest(&chains_of(&[u1, a1]), None).expect("found after a re-read");
+        let m = idx.deepest(&chains_of(&[u1, a1]), None, &mut |_| true).expect("found after a re-read");
         assert_eq!(m.depth, 2);
     }
 }

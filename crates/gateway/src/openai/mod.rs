@@ -18,7 +18,7 @@ pub mod wire;
 use crate::chat::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
 use crate::config::AuthMode;
 use crate::hub::{BusEvent, Subscriber};
-use crate::sessions::{SessionRef, DEFAULT_AGENT};
+use crate::sessions::{Principal, SessionRef, DEFAULT_AGENT};
 use crate::state::{lock, Gateway};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -28,6 +28,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wire::{ApiError, Conversation, Hash, ROOT};
@@ -61,8 +62,9 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
-/// The endpoint is on, and the request carries the gateway token or a configured key.
-fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<(), ApiError> {
+/// The endpoint is on, and the request carries the gateway token (the operator) or a configured
+/// key (that key's principal).
+fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, ApiError> {
     let Some(api) = &gw.settings.openai_api else {
         return Err(ApiError::new(
             404,
@@ -74,7 +76,7 @@ fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<(), ApiError> {
     let token = match &gw.settings.auth {
         AuthMode::Token(t) if !t.is_empty() => Some(t.as_str()),
         AuthMode::Token(_) => None,
-        AuthMode::None if api.api_keys.is_empty() => return Ok(()),
+        AuthMode::None if api.api_keys.is_empty() => return Ok(Principal::Operator),
         AuthMode::None => None,
     };
     let Some(given) = bearer(headers) else {
@@ -86,14 +88,17 @@ fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<(), ApiError> {
         ));
     };
     // Every candidate is compared (in constant time each), so timing tells nothing about which matched.
-    let ok = token
-        .into_iter()
-        .chain(api.api_keys.iter().map(String::as_str))
-        .fold(false, |ok, k| crate::ws::same_secret(given, k) | ok);
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::new(401, "invalid_request_error", Some("invalid_api_key"), "incorrect API key provided"))
+    let operator = token.is_some_and(|t| crate::ws::same_secret(given, t));
+    let key = api.api_keys.iter().fold(None, |found, k| match crate::ws::same_secret(given, k) {
+        true => Some(k),
+        false => found,
+    });
+    match (operator, key) {
+        (true, _) => Ok(Principal::Operator),
+        (false, Some(k)) => Ok(Principal::of_api_key(k)),
+        (false, None) => {
+            Err(ApiError::new(401, "invalid_request_error", Some("invalid_api_key"), "incorrect API key provided"))
+        }
     }
 }
 
@@ -189,9 +194,36 @@ struct Ask {
     explicit_key: Option<String>,
     key_prefix: String,
     by_request_id: bool,
+    /// Who asks: the sessions it may match, name and continue.
+    principal: Principal,
 }
 
-fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8]) -> Result<Ask, ApiError> {
+/// Most messages one request may carry: a history the tree lacks is written in one commit, and
+/// every message costs memory while the request is read.
+pub const MAX_MESSAGES: usize = 10_000;
+
+/// Refuses a body with more than [`MAX_MESSAGES`] messages before building anything of it (the
+/// count is taken over borrowed slices of the body).
+fn check_message_count(body: &[u8]) -> Result<(), ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Count<'a> {
+        #[serde(borrow, default)]
+        messages: Option<Vec<&'a serde_json::value::RawValue>>,
+    }
+    // A body that does not fit this shape gets its precise error from the full parse.
+    if let Ok(Count { messages: Some(m) }) = serde_json::from_slice::<Count>(body) {
+        if m.len() > MAX_MESSAGES {
+            return Err(ApiError::bad(format!(
+                "messages holds {} messages; one request may carry at most {MAX_MESSAGES}",
+                m.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -> Result<Ask, ApiError> {
+    check_message_count(body)?;
     let req: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the request body is not JSON: {e}")))?;
     if !req.is_object() {
@@ -233,7 +265,18 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8]) -> Result<Ask, ApiError
         .map_err(|_| ApiError::bad("the session key header must be ASCII"))?
         .filter(|k| !k.is_empty());
     let (key_prefix, by_request_id) = request_key(headers, body)?;
-    Ok(Ask { stream, include_usage, model_name, agent, model, conversation, explicit_key, key_prefix, by_request_id })
+    Ok(Ask {
+        stream,
+        include_usage,
+        model_name,
+        agent,
+        model,
+        conversation,
+        explicit_key,
+        key_prefix,
+        by_request_id,
+        principal,
+    })
 }
 
 /// Where the turn goes.
@@ -301,17 +344,32 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
     }
     let conv = &ask.conversation;
     let (history, full) = chains(conv);
+    let principal = &ask.principal;
     let explicit = match &ask.explicit_key {
         Some(k) => {
             let s = gw
                 .sessions
-                .resolve(k, true)
+                .resolve_for(k, true, principal)
                 .map_err(|e| ApiError::bad(format!("session key header: {}", e.message)))?
-                .ok_or_else(|| ApiError::new(404, "invalid_request_error", None, format!("no session {k}")))?;
+                .filter(|s| principal.reaches(s.owner()))
+                .ok_or_else(|| {
+                    ApiError::new(404, "invalid_request_error", None, format!("no session {k} for this API key"))
+                })?;
             idx.track(&s.key, &s.path);
             Some(s)
         }
         None => None,
+    };
+    // Which indexed sessions this principal may land in (each key looked up once per request).
+    let mut reach: HashMap<String, bool> = HashMap::new();
+    let mut reaches = |key: &str| -> bool {
+        if let Some(r) = reach.get(key) {
+            return *r;
+        }
+        let r = matches!(principal, Principal::Operator)
+            || gw.sessions.resolve(key, false).ok().flatten().is_some_and(|s| principal.reaches(s.owner()));
+        reach.insert(key.to_owned(), r);
+        r
     };
     let now = pincer_pi::now_ms();
     let run_id = format!("{}-{now}", ask.key_prefix);
@@ -321,7 +379,7 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
     };
     // A retry: the whole request already ended in a user row of this key.
     if allow_retry {
-        if let Some(t) = idx.keyed_turn(full, &ask.key_prefix) {
+        if let Some(t) = idx.keyed_turn(full, &ask.key_prefix, &mut reaches) {
             let fresh = ask.by_request_id || now.saturating_sub(t.timestamp) < BODY_RETRY_WINDOW_MS;
             let same = explicit.as_ref().is_none_or(|s| s.path == t.path);
             if fresh && same {
@@ -332,7 +390,7 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
         }
     }
     for _ in 0..3 {
-        let found = idx.deepest(&history, explicit.as_ref().map(|s| s.path.as_path()));
+        let found = idx.deepest(&history, explicit.as_ref().map(|s| s.path.as_path()), &mut reaches);
         let found = match (found, &explicit) {
             // Without a session key, a shared first message is not enough to join someone's
             // conversation: the common part must hold a reply, or be the whole history.
@@ -361,7 +419,7 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
                 let key = format!("agent:{}:openai:{}", ask.agent, uuid::Uuid::new_v4());
                 let s = gw
                     .sessions
-                    .resolve(&key, true)
+                    .resolve_for(&key, true, principal)
                     .map_err(internal)?
                     .ok_or_else(|| ApiError::new(500, "api_error", None, format!("cannot create session {key}")))?;
                 (s, None, None, 0)
@@ -563,8 +621,8 @@ async fn completions(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: B
 }
 
 async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    authorize(gw, headers)?;
-    let ask = Arc::new(parse(gw, headers, &body)?);
+    let principal = authorize(gw, headers)?;
+    let ask = Arc::new(parse(gw, headers, &body, principal)?);
     drop(body);
     let mut allow_retry = true;
     loop {
