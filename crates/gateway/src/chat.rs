@@ -1436,6 +1436,7 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     let (session_id, messages, thinking) = match &session {
         None => (Value::Null, vec![], None),
         Some(s) => {
+            let _held = gw.reserve_answer(&s.path, crate::budget::Answer::History, "the history").await?;
             let (store, path) = (gw.store.clone(), s.path.clone());
             let h = tokio::task::spawn_blocking(move || store.history(&path, HistoryOptions { limit, max_chars }))
                 .await

@@ -55,10 +55,28 @@ struct ExportParams {
     leaf_entry_id: Option<String>,
 }
 
+/// Before an export is built: the transcript read whole must fit one frame when the answer goes
+/// in one (`frame`), and room for it is reserved in the answer budget (held until it is sent).
+pub async fn admit(gw: &Arc<Gateway>, key: &str, format: &str, frame: bool) -> Result<crate::budget::Held, RpcError> {
+    let format = Format::parse(format)
+        .ok_or_else(|| RpcError::invalid(format!("format {format:?} is not one of html, md, jsonl")))?;
+    let s = gw.session(key, false).await?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))?;
+    let bytes = gw.transcript_bytes(&s.path).await;
+    if frame && bytes > (crate::protocol::MAX_PAYLOAD_BYTES - 1024 * 1024) as u64 {
+        return Err(RpcError::invalid(format!(
+            "the transcript of {} is {bytes} bytes, too large to export in one frame; use GET /api/sessions/<key>/export",
+            s.key
+        )));
+    }
+    gw.reserve_answer(&s.path, crate::budget::Answer::Export(format), "the export").await
+}
+
 /// `sessions.export` (Pincer): the export as text in the answer (for large sessions, the HTTP
 /// endpoint streams no frame limit).
 pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let p: ExportParams = crate::protocol::params(Method::SessionsExport, params)?;
+    let format = p.format.as_deref().unwrap_or("html");
+    let _held = admit(gw, &p.session_key, format, true).await?;
     gw.blocking(move |gw| {
         let format = p.format.as_deref().unwrap_or("html");
         let e = export(gw, &p.session_key, format, p.leaf_entry_id.as_deref())?;

@@ -184,6 +184,14 @@ async fn session_export(
     }
     let format = query.get("format").cloned().unwrap_or_else(|| "html".into());
     let leaf = query.get("leaf").cloned().filter(|l| !l.is_empty());
+    let _held = match crate::export::admit(&gw, &raw_key, &format, false).await {
+        Ok(h) => h,
+        Err(e) => {
+            let status =
+                if e.code == "INVALID_REQUEST" { StatusCode::BAD_REQUEST } else { StatusCode::SERVICE_UNAVAILABLE };
+            return (status, Json(json!({"error": e.message}))).into_response();
+        }
+    };
     let r = gw.blocking(move |gw| crate::export::export(gw, &raw_key, &format, leaf.as_deref())).await;
     match r {
         Ok(e) => (

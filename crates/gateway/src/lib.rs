@@ -19,11 +19,13 @@
 //! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
 //!   the other read-only discovery methods; [`usage`]: token usage from the transcripts; [`stubs`]: empty
 //!   answers for OpenClaw features Pincer lacks.
+//! - [`budget`]: the memory budget of answers built whole (history, exports).
 //! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
 pub mod agent;
 pub mod assets;
+pub mod budget;
 pub mod catchup;
 pub mod chat;
 pub mod compact;

@@ -255,6 +255,8 @@ pub struct Gateway {
     relay_from: Mutex<HashMap<String, (u64, Instant)>>,
     /// Failed logins per client address ([`crate::guard::Logins`]).
     pub logins: crate::guard::Logins,
+    /// Memory that answers built whole may hold at once ([`crate::budget`]).
+    pub answers: crate::budget::Budget,
 }
 
 /// How long a [`Gateway::relay_from`] hint waits for the relay to start watching its session.
@@ -415,6 +417,7 @@ impl Gateway {
             lanes: crate::lanes::Lanes::default(),
             relay_from: Mutex::default(),
             logins: crate::guard::Logins::default(),
+            answers: crate::budget::Budget::default(),
         })
     }
 
@@ -618,6 +621,23 @@ impl Gateway {
                 .map_err(|e| RpcError::unavailable(format!("cannot create the transcript: {e}")))
         })
         .await
+    }
+
+    /// Reserves room in the answer budget for an answer over `path`'s transcript ([`crate::budget`]).
+    pub async fn reserve_answer(
+        self: &Arc<Self>,
+        path: &std::path::Path,
+        answer: crate::budget::Answer,
+        what: &str,
+    ) -> Result<crate::budget::Held, RpcError> {
+        let bytes = self.transcript_bytes(path).await;
+        self.answers.reserve(answer, bytes, what).await
+    }
+
+    /// The size of `path`'s transcript in bytes (0 when it has none).
+    pub async fn transcript_bytes(self: &Arc<Self>, path: &std::path::Path) -> u64 {
+        let (store, p) = (self.store.clone(), path.to_owned());
+        tokio::task::spawn_blocking(move || store.bytes(&p)).await.ok().flatten().unwrap_or(0)
     }
 
     /// Runs `f` on the session index on a blocking thread.

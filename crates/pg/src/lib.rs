@@ -996,6 +996,23 @@ impl Drop for TurnLock {
 }
 
 impl Transcripts for PgStore {
+    fn bytes(&self, path: &Path) -> Option<u64> {
+        let file = self.name(path);
+        self.block(move |inner| async move {
+            let c = inner.pool.get().await?;
+            let row = c
+                .query_opt(
+                    "SELECT coalesce(sum(octet_length(e.line) + 1), 0)::bigint FROM transcripts t \
+                     JOIN entries e ON e.transcript = t.id WHERE t.file = $1 GROUP BY t.id",
+                    &[&file],
+                )
+                .await?;
+            Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+        })
+        .ok()
+        .flatten()
+    }
+
     fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
         let started = std::time::Instant::now();
         let file = self.name(path);

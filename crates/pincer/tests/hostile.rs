@@ -387,3 +387,65 @@ async fn h09_subscriptions_per_connection_are_capped() {
     c.request("sessions.messages.unsubscribe", json!({"key": "agent:main:flood-0"})).await.expect("unsubscribe");
     c.request("sessions.messages.subscribe", json!({"key": "agent:main:one-more"})).await.expect("room again");
 }
+
+// 10 ───────────────────────────────────────────────────────────────────────────────────────────
+
+/// A session `agent:main:big` whose transcript holds `n` user messages of `each` bytes, written
+/// before the gateway starts.
+fn big_session(state: &Path, n: usize, each: usize) {
+    let dir = probe::sessions_dir(state, "main");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sessions.json"), r#"{"agent:main:big": {"sessionId": "big-1", "updatedAt": 1}}"#).unwrap();
+    let mut text = String::from(
+        "{\"type\":\"session\",\"version\":3,\"id\":\"big-1\",\"timestamp\":\"2026-01-01T00:00:00.000Z\",\"cwd\":\"/\"}\n",
+    );
+    let body = "word ".repeat(each / 5);
+    let mut parent = Value::Null;
+    for i in 0..n {
+        let id = format!("e{i:07}");
+        let row = json!({"type": "message", "id": id, "parentId": parent, "timestamp": "2026-01-01T00:00:00.000Z",
+            "message": {"role": "user", "content": format!("{i} {body}"), "timestamp": 1}});
+        text.push_str(&format!("{row}\n"));
+        parent = json!(id);
+    }
+    std::fs::write(dir.join("big-1.jsonl"), text).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h10_large_answers_are_refused_early_or_share_one_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    big_session(&state, 80, 1024 * 1024); // an 80 MB transcript
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = GatewayProcess::start(BIN, &state, &fake.gateway_toml());
+    let pid = gw.pid();
+    let mut c = Client::connect(&gw.addr).await;
+    let base = probe::hwm_kib(pid);
+    let r = c.request("sessions.export", json!({"sessionKey": "agent:main:big", "format": "html"})).await;
+    let err = r.expect_err("an export larger than a frame");
+    assert!(err["message"].as_str().unwrap_or("").contains("too large"), "{err}");
+    let after_export = probe::hwm_kib(pid);
+    println!("peak RSS {base} KiB -> {after_export} KiB after refusing an 80 MB export over the socket");
+    assert!(
+        after_export - base < 60 * 1024,
+        "the refusal came after building the export: +{} KiB",
+        after_export - base
+    );
+
+    // Ten histories at once: they take turns within the budget instead of all holding the file.
+    let calls = (0..10).map(|_| {
+        let addr = gw.addr.clone();
+        tokio::spawn(async move {
+            let mut c = Client::connect(&addr).await;
+            c.request("chat.history", json!({"sessionKey": "agent:main:big", "limit": 1000})).await
+        })
+    });
+    let answers = futures::future::join_all(calls).await;
+    for a in answers {
+        let a = a.expect("task").expect("history");
+        assert_eq!(a["messages"].as_array().map(Vec::len), Some(80));
+    }
+    let after = probe::hwm_kib(pid);
+    println!("peak RSS {after_export} KiB -> {after} KiB after ten concurrent chat.history of the 80 MB transcript");
+    assert!(after - after_export < 500 * 1024, "ten histories at once held +{} KiB", after - after_export);
+}

@@ -84,6 +84,10 @@ pub trait Transcripts: Send + Sync {
     /// Whether the transcript exists.
     fn exists(&self, path: &Path) -> bool;
 
+    /// The transcript's size in bytes as a file (the lines' length), `None` when it does not exist:
+    /// what reading it whole costs.
+    fn bytes(&self, path: &Path) -> Option<u64>;
+
     /// The position after the transcript's last entry (`None`: it does not exist): where
     /// [`Transcripts::entries_from`] finds the next entry appended; it grows with every append.
     fn end(&self, path: &Path) -> Option<u64>;
@@ -165,6 +169,10 @@ pub trait Transcripts: Send + Sync {
 }
 
 impl Transcripts for Store {
+    fn bytes(&self, path: &Path) -> Option<u64> {
+        std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len())
+    }
+
     fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
         Store::append_with(self, path, entry, session_id)
     }
@@ -330,6 +338,9 @@ impl Transcripts for Store {
 
 /// A shared store is a store (so `Arc<dyn Transcripts>` goes wherever a store is asked for).
 impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
+    fn bytes(&self, path: &Path) -> Option<u64> {
+        (**self).bytes(path)
+    }
     fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
         (**self).append_with(path, entry, session_id)
     }
