@@ -24,11 +24,16 @@ pub struct GatewayArgs {
 }
 
 pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
-    let settings =
-        config::load(&Overrides { offline: false, bind: args.bind, state_dir: args.state_dir, config: args.config })
-            .map_err(|e| Failure::usage(e.to_string()))?;
+    let settings = config::load(&Overrides {
+        offline: false,
+        skip_providers: false,
+        bind: args.bind,
+        state_dir: args.state_dir,
+        config: args.config,
+    })
+    .map_err(|e| Failure::usage(e.to_string()))?;
     if args.print_url {
-        println!("{}", pincer_gateway::http::webchat_url(settings.bind, &settings.auth));
+        crate::out::line(&pincer_gateway::http::webchat_url(settings.bind, &settings.auth))?;
         return Ok(0);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -115,12 +120,12 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
                 row
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| Failure::failed(e.to_string()))?);
+        crate::out::json_pretty(&serde_json::Value::Array(v))?;
     } else if rows.is_empty() {
-        println!("no sessions in {}", dir.display());
+        crate::out::line(&format!("no sessions in {}", dir.display()))?;
     } else {
         use crate::table::{local_time, one_line, Table};
-        let mut t = Table::new(&["KEY", "TITLE", "MESSAGES", "UPDATED", "SESSION"]);
+        let mut t = Table::new(&["KEY", "TITLE", "MESSAGES", "UPDATED", "SESSION"]).flex(1);
         for r in rows {
             let (derived, count) = pincer_gateway::methods::transcript_summary(store.as_ref(), &r.path);
             let label = r.entry.get("label").and_then(serde_json::Value::as_str).map(str::to_owned);
@@ -131,7 +136,7 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
             let updated = local_time(r.entry.get("updatedAt").and_then(serde_json::Value::as_i64));
             t.row(vec![r.key, title, count.to_string(), updated, r.session_id]);
         }
-        print!("{}", t.render());
+        crate::out::write(t.render().as_bytes())?;
     }
     Ok(0)
 }

@@ -1,9 +1,9 @@
 //! The `pincer` binary: parses the command line and hands each command to its module.
 
-// The binary is where output to the terminal belongs.
-#![allow(clippy::print_stdout)]
+// Output to stdout goes through `out` (a closed pipe ends a command quietly), never `println!`.
 
 mod gateway;
+mod out;
 mod search;
 mod store;
 mod table;
@@ -45,7 +45,8 @@ enum SessionsCmd {
     Reindex(search::ReindexArgs),
 }
 
-/// A failure with the exit code it maps to (1: the operation failed, 2: bad usage or input).
+/// A failure with the exit code it maps to (1: the operation failed, 2: bad usage or input; 0
+/// with no message: stdout was closed by its reader, which is not an error).
 #[derive(Debug)]
 pub struct Failure {
     pub code: u8,
@@ -58,6 +59,10 @@ impl Failure {
     }
     pub fn failed(message: impl Into<String>) -> Failure {
         Failure { code: 1, message: message.into() }
+    }
+    /// The reader of stdout went away (`| head`): stop quietly, successfully.
+    pub fn closed_pipe() -> Failure {
+        Failure { code: 0, message: String::new() }
     }
 }
 
@@ -130,7 +135,9 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            eprintln!("pincer: {}", f.message);
+            if !f.message.is_empty() {
+                eprintln!("pincer: {}", f.message);
+            }
             ExitCode::from(f.code)
         }
     }

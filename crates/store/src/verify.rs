@@ -25,6 +25,7 @@ impl Problem {
             Problem::Cycle { .. } => "parent-cycle",
             Problem::OldVersion { .. } => "old-version",
             Problem::MissingId { .. } => "missing-id",
+            Problem::UnknownRole { .. } => "unknown-role",
         }
     }
 
@@ -53,7 +54,8 @@ impl Problem {
             | Problem::ExtraHeader { offset }
             | Problem::DuplicateId { offset, .. }
             | Problem::Orphan { offset, .. }
-            | Problem::MissingId { offset } => Some(*offset),
+            | Problem::MissingId { offset }
+            | Problem::UnknownRole { offset, .. } => Some(*offset),
             Problem::Linear { .. } | Problem::Cycle { .. } | Problem::OldVersion { .. } => None,
         }
     }
@@ -74,6 +76,10 @@ impl Problem {
             Problem::Cycle { ids } => format!("parent cycle {}; Pi would hang, Pincer cuts the path where it repeats", ids.join(" -> ")),
             Problem::OldVersion { version } => format!("session format version {version}; migrated to 3 in memory, on disk by `repair` or the first append"),
             Problem::MissingId { .. } => "entry has no id, so nothing can be chained to it".into(),
+            Problem::UnknownRole { role, .. } => format!(
+                "message role {role:?} is not one Pi knows ({}); the model never sees this message",
+                pincer_pi::MESSAGE_ROLES.join(", ")
+            ),
         }
     }
 }
@@ -139,10 +145,22 @@ impl Report {
     }
 }
 
-/// Reads and checks a file (never changes it).
+/// Reads and checks a file (never changes it): what parsing finds, and messages with a role Pi
+/// does not know.
 pub fn verify(path: &Path) -> Result<Report, StoreError> {
     let data = std::fs::read(path).map_err(|source| StoreError::Io { path: path.display().to_string(), source })?;
-    Ok(Report { file: path.to_path_buf(), session: Session::parse(data) })
+    let mut session = Session::parse(data);
+    let unknown: Vec<Problem> = (0..session.entries.len())
+        .filter(|&i| session.entries[i].kind == crate::session::Kind::Message)
+        .filter_map(|i| {
+            let message: Value = serde_json::from_str(&session.raw_message(i)?).ok()?;
+            let role = message.get("role")?.as_str()?;
+            (!pincer_pi::MESSAGE_ROLES.contains(&role))
+                .then(|| Problem::UnknownRole { role: role.to_owned(), offset: session.entries[i].offset })
+        })
+        .collect();
+    session.problems.extend(unknown);
+    Ok(Report { file: path.to_path_buf(), session })
 }
 
 /// What `repair` did.
