@@ -243,10 +243,12 @@ impl ResolvedModel {
         format!("{}/{}", self.provider.name, self.model.id)
     }
 
-    /// The built-in offline echo model (`pincer/echo`).
+    /// The built-in offline echo model (`pincer/echo`). Its provider (and HTTP client, whose TLS
+    /// roots take a while to load) is made once per process.
     pub fn echo() -> Self {
-        Self {
-            provider: Arc::new(ProviderRuntime {
+        static ECHO: std::sync::OnceLock<Arc<ProviderRuntime>> = std::sync::OnceLock::new();
+        let provider = ECHO.get_or_init(|| {
+            Arc::new(ProviderRuntime {
                 name: ECHO_PROVIDER.to_owned(),
                 api: Api::PincerEcho,
                 base_url: String::new(),
@@ -256,7 +258,10 @@ impl ResolvedModel {
                 retry: RetryPolicy { max_retries: 0, base_delay: Duration::ZERO, max_delay: Duration::ZERO },
                 client: crate::provider::default_client(),
                 last_url: Default::default(),
-            }),
+            })
+        });
+        Self {
+            provider: provider.clone(),
             model: ModelConfig {
                 id: ECHO_MODEL.to_owned(),
                 context_window: Some(128_000),
@@ -556,6 +561,8 @@ id = "claude-sonnet-4-5"
     fn echo_always_resolves() {
         let m = Providers::default().resolve("pincer/echo").unwrap();
         assert_eq!((m.provider.api, m.spec()), (Api::PincerEcho, "pincer/echo".to_owned()));
+        // One provider (and HTTP client) for every turn, not a new one per resolve.
+        assert!(Arc::ptr_eq(&m.provider, &ResolvedModel::echo().provider));
     }
 
     #[test]

@@ -44,10 +44,13 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
     let auth = settings.auth.clone();
     let auth_none = settings.auth == AuthMode::None;
     let model = settings.model.clone();
+    let openai_api = settings.openai_api.is_some();
     let fallback = settings.model_is_fallback;
     let state_dir = settings.state_dir.clone();
     runtime
-        .block_on(pincer_gateway::serve(settings, shutdown_signal(), move |l| {
+        .block_on(async move {
+            let stop = shutdown_signal();
+            pincer_gateway::serve(settings, stop, move |l| {
             tracing::info!("Pincer gateway listening on ws://{} (state {})", l.addr, state_dir.display());
             // The token is a secret: the ready-to-open link goes to a person's terminal, never
             // into a log file or journal (there the link comes from `pincer gateway --print-url`).
@@ -56,6 +59,16 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
             } else {
                 tracing::info!(
                     "WebChat: open {} (for the link with the token, run `pincer gateway --print-url`)",
+                    pincer_gateway::http::webchat_url(l.addr, &AuthMode::None)
+                );
+            }
+            tracing::info!(
+                "metrics: {}metrics (Authorization: Bearer <gateway token>, or ?token=)",
+                pincer_gateway::http::webchat_url(l.addr, &AuthMode::None)
+            );
+            if openai_api {
+                tracing::info!(
+                    "OpenAI-compatible API: {}v1 (Authorization: Bearer <the gateway token or a key of gateway.openai_api.api_keys>)",
                     pincer_gateway::http::webchat_url(l.addr, &AuthMode::None)
                 );
             }
@@ -69,27 +82,35 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
             } else {
                 tracing::info!("model: {model}");
             }
-        }))
+            })
+            .await
+        })
         .map_err(|e| Failure::failed(e.to_string()))?;
     Ok(0)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called (inside the
+/// runtime), not when it is first polled: a SIGTERM right after startup must stop the gateway
+/// gracefully instead of killing it.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let mut term = signal(SignalKind::terminate()).ok();
+    async move {
+        tokio::select! {
+            _ = received(int.as_mut()) => {},
+            _ = received(term.as_mut()) => {},
         }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    }
+}
+
+/// Resolves when `signal` arrives (never without a handler).
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 

@@ -109,19 +109,32 @@ fn main() -> ExitCode {
     with_allocator_env();
     return_large_c_allocations();
     let cli = Cli::parse();
+    let json_logs = match std::env::var("PINCER_LOG_FORMAT").as_deref().map(str::trim) {
+        Err(_) | Ok("" | "text") => false,
+        Ok("json") => true,
+        Ok(other) => {
+            eprintln!("pincer: PINCER_LOG_FORMAT={other:?} is not `text` or `json`");
+            return ExitCode::from(2);
+        }
+    };
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    // stderr, and the bounded ring `logs.tail` reads (pincer_gateway::logs).
+    // stderr (text, or one JSON object a line with the event's fields at the top level), and the
+    // bounded ring `logs.tail` reads (pincer_gateway::logs).
+    let text = (!json_logs).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    });
+    let json =
+        json_logs.then(|| tracing_subscriber::fmt::layer().json().flatten_event(true).with_writer(std::io::stderr));
     tracing_subscriber::registry()
         .with(
             tracing_subscriber::EnvFilter::try_from_env("PINCER_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
-        )
+        .with(text)
+        .with(json)
         .with(pincer_gateway::logs::layer())
         .init();
     let result = match cli.command {
