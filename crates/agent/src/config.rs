@@ -416,6 +416,38 @@ impl Providers {
         out
     }
 
+    /// Each configured provider as `pincer doctor` shows it: name, wire format, base URL and
+    /// whether it has a key (configured, or from `api_key_env`).
+    pub fn summaries(&self) -> Vec<(String, Api, String, bool)> {
+        self.providers.values().map(|(p, _)| (p.name.clone(), p.api, p.base_url.clone(), p.api_key.is_some())).collect()
+    }
+
+    /// Asks provider `name` for its model list (`GET <base_url>/models`; Anthropic's
+    /// `/v1/models`) with its key and headers, within `timeout`: the HTTP status it answered,
+    /// or why no answer came (the error chain).
+    pub async fn probe(&self, name: &str, timeout: Duration) -> Result<u16, String> {
+        let Some((p, _)) = self.providers.get(name) else { return Err(format!("no provider {name:?}")) };
+        let (path, key_header) = match p.api {
+            Api::AnthropicMessages => ("/v1/models", "x-api-key"),
+            _ => ("/models", "authorization"),
+        };
+        let mut req = p.client.get(format!("{}{path}", p.base_url)).timeout(timeout);
+        if p.api == Api::AnthropicMessages {
+            req = req.header("anthropic-version", crate::provider::anthropic::VERSION);
+        }
+        if let Some(key) = &p.api_key {
+            let value = if key_header == "authorization" { format!("Bearer {key}") } else { key.clone() };
+            req = req.header(key_header, value);
+        }
+        for (k, v) in &p.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        match req.send().await {
+            Ok(r) => Ok(r.status().as_u16()),
+            Err(e) => Err(crate::provider::error_chain(&e)),
+        }
+    }
+
     /// Names of the configured providers (without the built-in one).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.providers.keys().map(String::as_str)

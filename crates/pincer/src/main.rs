@@ -2,6 +2,7 @@
 
 // Output to stdout goes through `out` (a closed pipe ends a command quietly), never `println!`.
 
+mod doctor;
 mod gateway;
 mod out;
 mod search;
@@ -33,6 +34,8 @@ enum Command {
     /// Move transcripts between store backends (a JSONL state directory, PostgreSQL).
     #[command(subcommand)]
     Store(store::StoreCmd),
+    /// Check the config, the providers (key, reachable), the hook, the state directory and the store.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Subcommand)]
@@ -144,6 +147,7 @@ fn main() -> ExitCode {
         Command::Sessions(SessionsCmd::Search(args)) => search::search(args),
         Command::Sessions(SessionsCmd::Reindex(args)) => search::reindex(args),
         Command::Store(cmd) => store::run(cmd),
+        Command::Doctor(args) => doctor::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -307,3 +307,42 @@ fn tables_fit_the_terminal_width() {
         assert_eq!(narrow.lines().count(), wide.lines().count());
     }
 }
+
+#[test]
+fn doctor_checks_the_config_providers_hook_state_dir_and_store() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = state_dir();
+    let state = dir.path().to_str().unwrap();
+    let fake = pincer_testkit::fake_openai::FakeOpenAi::start_in_thread();
+    let config = dir.path().join("pincer.toml");
+    let doctor = |toml: &str| {
+        std::fs::write(&config, toml).unwrap();
+        let out = run(&["doctor", "--state-dir", state]);
+        (out.status.code(), String::from_utf8(out.stdout).unwrap())
+    };
+    // A reachable provider, one that is down, and a hook whose program is missing.
+    let down = "[models.providers.down]\napi = \"openai-completions\"\nbase_url = \"http://127.0.0.1:9/v1\"\n";
+    let hook = |program: &str| format!("[hooks.before_agent_run]\ncommand = [\"{program}\"]\n");
+    let (code, text) = doctor(&format!("{}{down}{}", fake.gateway_toml(), hook("/nonexistent/my-policy")));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("ok    provider fake: openai-completions at http://"), "{text}");
+    assert!(text.contains("FAIL  provider down: http://127.0.0.1:9/v1 is unreachable"), "{text}");
+    assert!(text.contains("FAIL  hook: hooks.before_agent_run: no program \"/nonexistent/my-policy\""), "{text}");
+    assert!(text.contains(&format!("ok    state dir: {state} (writable)")), "{text}");
+    assert!(text.contains("ok    store: JSONL files in") && text.contains(": 3 session(s)"), "{text}");
+    // All well: a hook that exists and is executable.
+    let policy = dir.path().join("policy");
+    std::fs::write(&policy, "#!/bin/sh\necho '{}'\n").unwrap();
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, text) = doctor(&format!("{}{}", fake.gateway_toml(), hook(policy.to_str().unwrap())));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("ok    hook:") && text.contains("ok    model: fake/fake-model"), "{text}");
+    // A key that is not in the environment: said, and the other checks still run.
+    let (code, text) = doctor(
+        "[models.providers.cloud]\napi = \"openai-completions\"\nbase_url = \"https://api.example.com/v1\"\n\
+         api_key_env = \"PINCER_CLI_TEST_UNSET_KEY\"\n",
+    );
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("FAIL  providers:") && text.contains("PINCER_CLI_TEST_UNSET_KEY"), "{text}");
+    assert!(text.contains("ok    store:"), "{text}");
+}
