@@ -125,16 +125,7 @@ fn hook(c: &mut Checks, settings: &Settings) {
 
 /// Whether this process may execute `path` (and it is a file).
 fn executable(path: &Path) -> bool {
-    access(path, libc::X_OK) && path.is_file()
-}
-
-fn access(path: &Path, mode: libc::c_int) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
-    // SAFETY: `c` is a NUL-terminated path that lives across the call; access(2) only reads it.
-    #[allow(unsafe_code)]
-    let r = unsafe { libc::access(c.as_ptr(), mode) };
-    r == 0
+    rustix::fs::access(path, rustix::fs::Access::EXEC_OK).is_ok() && path.is_file()
 }
 
 fn state_dir(c: &mut Checks, dir: &Path) {
@@ -142,7 +133,7 @@ fn state_dir(c: &mut Checks, dir: &Path) {
         c.note("state dir", format!("{} does not exist yet; `pincer gateway` creates it", dir.display()));
     } else if !dir.is_dir() {
         c.fail("state dir", format!("{} is not a directory", dir.display()));
-    } else if !access(dir, libc::W_OK) {
+    } else if rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_err() {
         c.fail("state dir", format!("{} is not writable by this user", dir.display()));
     } else {
         c.ok("state dir", format!("{} (writable)", dir.display()));

@@ -27,12 +27,10 @@ impl OutputArgs {
 
 /// The width to fit tables to: the terminal's (stdout), else `$COLUMNS`; `None`: no limit.
 pub fn terminal_width() -> Option<usize> {
-    let mut size = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
-    // SAFETY: TIOCGWINSZ writes one `winsize` into the struct it is given, which lives on this stack.
-    #[allow(unsafe_code)]
-    let got = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
-    if got && size.ws_col > 0 {
-        return Some(usize::from(size.ws_col));
+    if let Ok(size) = rustix::termios::tcgetwinsize(std::io::stdout()) {
+        if size.ws_col > 0 {
+            return Some(usize::from(size.ws_col));
+        }
     }
     std::env::var("COLUMNS").ok()?.trim().parse().ok().filter(|w| *w > 0)
 }
