@@ -290,6 +290,15 @@ fn append_refuses_an_unknown_role_and_verify_flags_one() {
 }
 
 #[test]
+fn an_unknown_log_format_is_refused_by_name() {
+    let out =
+        command(&["sessions", "list", "--state-dir", "/nonexistent"]).env("PINCER_LOG_FORMAT", "xml").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("pincer: PINCER_LOG_FORMAT=\"xml\" is not `text` or `json`"), "{err}");
+}
+
+#[test]
 fn tables_fit_the_terminal_width() {
     let dir = state_dir();
     let state = dir.path().to_str().unwrap();

@@ -529,7 +529,7 @@ async fn sigterm_stops_runs_persists_partials_and_exits_zero() {
 
 #[test]
 fn healthz_and_the_webchat_page_are_served() {
-    let s = setup();
+    let s = setup_with("[gateway.openai_api]\nenabled = true\n");
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let page = rt.block_on(raw_get(&s.gw.addr, "/", "", None));
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
@@ -541,6 +541,9 @@ fn healthz_and_the_webchat_page_are_served() {
     // ready-to-open link comes from `pincer gateway --print-url`.
     assert!(log.contains(&format!("WebChat: open http://{}/ (", s.gw.addr)), "{log}");
     assert!(log.contains("pincer gateway --print-url"), "{log}");
+    // So are the metrics and the OpenAI endpoint's URLs.
+    assert!(log.contains(&format!("metrics: http://{}/metrics (", s.gw.addr)), "{log}");
+    assert!(log.contains(&format!("OpenAI-compatible API: http://{}/v1 (", s.gw.addr)), "{log}");
     assert!(!log.contains(TOKEN), "the token is not logged: {log}");
     // The page's files come from the binary with their types, and the page carries its CSP.
     let page = rt.block_on(raw_get(&s.gw.addr, "/", "", None)).to_ascii_lowercase();
