@@ -149,7 +149,12 @@ impl Report {
 /// does not know.
 pub fn verify(path: &Path) -> Result<Report, StoreError> {
     let data = std::fs::read(path).map_err(|source| StoreError::Io { path: path.display().to_string(), source })?;
-    let mut session = Session::parse(data);
+    Ok(Report { file: path.to_path_buf(), session: checked(Session::parse(data)) })
+}
+
+/// `session` with its messages of unknown roles added to its problems (parsing does not look
+/// inside messages; only `verify` and `repair` do).
+fn checked(mut session: Session) -> Session {
     let unknown: Vec<Problem> = (0..session.entries.len())
         .filter(|&i| session.entries[i].kind == crate::session::Kind::Message)
         .filter_map(|i| {
@@ -160,7 +165,7 @@ pub fn verify(path: &Path) -> Result<Report, StoreError> {
         })
         .collect();
     session.problems.extend(unknown);
-    Ok(Report { file: path.to_path_buf(), session })
+    session
 }
 
 /// What `repair` did.
@@ -193,7 +198,7 @@ pub(crate) fn repair(path: &Path, opts: &StoreOptions, locks: &LockRegistry) -> 
     }
     let content = s.render(true);
     let backup = crate::rewrite::replace_atomically(path, &content)?;
-    let after = Session::parse(content);
+    let after = checked(Session::parse(content));
     Ok(Repaired { fixed, backup: Some(backup), remaining: after.problems })
 }
 
@@ -229,5 +234,30 @@ mod tests {
             "a second repair changed the file: {:?}",
             again.fixed
         );
+    }
+
+    #[test]
+    fn a_message_of_an_unknown_role_is_reported_and_still_there_after_a_repair() {
+        // A message Pi does not know on a last line without its newline (repairable): repair adds
+        // the newline, and the message is still reported, before and after.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("s.jsonl");
+        std::fs::write(
+            &f,
+            "{\"type\":\"session\",\"version\":3,\"id\":\"s1\",\"timestamp\":\"2025-01-01T00:00:00.000Z\",\"cwd\":\"/\"}\n\
+             {\"type\":\"message\",\"id\":\"a1\",\"parentId\":null,\"timestamp\":\"2025-01-01T00:00:01.000Z\",\"message\":{\"role\":\"robot\",\"content\":\"beep\",\"timestamp\":1}}",
+        )
+        .expect("write");
+        let before = verify(&f).expect("verify");
+        assert!(before
+            .session
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::UnknownRole { role, .. } if role == "robot")));
+        let store = Store::new(StoreOptions::default());
+        let r = store.repair(&f).expect("repair");
+        assert!(r.backup.is_some(), "the newline was added");
+        assert_eq!(r.remaining.iter().map(Problem::kind).collect::<Vec<_>>(), ["unknown-role"], "{:?}", r.remaining);
+        assert!(!verify(&f).expect("verify").healthy());
     }
 }
