@@ -131,10 +131,13 @@ fn main() -> ExitCode {
     });
     let json =
         json_logs.then(|| tracing_subscriber::fmt::layer().json().flatten_event(true).with_writer(std::io::stderr));
+    // The gateway logs what it does; a one-off command only its warnings (its output and its
+    // error are what the user reads), unless PINCER_LOG says otherwise.
+    let level = if matches!(cli.command, Command::Gateway(_)) { "info" } else { "warn" };
     tracing_subscriber::registry()
         .with(
             tracing_subscriber::EnvFilter::try_from_env("PINCER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with(text)
         .with(json)
