@@ -243,10 +243,12 @@ impl ResolvedModel {
         format!("{}/{}", self.provider.name, self.model.id)
     }
 
-    /// The built-in offline echo model (`pincer/echo`).
+    /// The built-in offline echo model (`pincer/echo`). Its provider (and HTTP client, whose TLS
+    /// roots take a while to load) is made once per process.
     pub fn echo() -> Self {
-        Self {
-            provider: Arc::new(ProviderRuntime {
+        static ECHO: std::sync::OnceLock<Arc<ProviderRuntime>> = std::sync::OnceLock::new();
+        let provider = ECHO.get_or_init(|| {
+            Arc::new(ProviderRuntime {
                 name: ECHO_PROVIDER.to_owned(),
                 api: Api::PincerEcho,
                 base_url: String::new(),
@@ -256,7 +258,10 @@ impl ResolvedModel {
                 retry: RetryPolicy { max_retries: 0, base_delay: Duration::ZERO, max_delay: Duration::ZERO },
                 client: crate::provider::default_client(),
                 last_url: Default::default(),
-            }),
+            })
+        });
+        Self {
+            provider: provider.clone(),
             model: ModelConfig {
                 id: ECHO_MODEL.to_owned(),
                 context_window: Some(128_000),
@@ -411,6 +416,38 @@ impl Providers {
         out
     }
 
+    /// Each configured provider as `pincer doctor` shows it: name, wire format, base URL and
+    /// whether it has a key (configured, or from `api_key_env`).
+    pub fn summaries(&self) -> Vec<(String, Api, String, bool)> {
+        self.providers.values().map(|(p, _)| (p.name.clone(), p.api, p.base_url.clone(), p.api_key.is_some())).collect()
+    }
+
+    /// Asks provider `name` for its model list (`GET <base_url>/models`; Anthropic's
+    /// `/v1/models`) with its key and headers, within `timeout`: the HTTP status it answered,
+    /// or why no answer came (the error chain).
+    pub async fn probe(&self, name: &str, timeout: Duration) -> Result<u16, String> {
+        let Some((p, _)) = self.providers.get(name) else { return Err(format!("no provider {name:?}")) };
+        let (path, key_header) = match p.api {
+            Api::AnthropicMessages => ("/v1/models", "x-api-key"),
+            _ => ("/models", "authorization"),
+        };
+        let mut req = p.client.get(format!("{}{path}", p.base_url)).timeout(timeout);
+        if p.api == Api::AnthropicMessages {
+            req = req.header("anthropic-version", crate::provider::anthropic::VERSION);
+        }
+        if let Some(key) = &p.api_key {
+            let value = if key_header == "authorization" { format!("Bearer {key}") } else { key.clone() };
+            req = req.header(key_header, value);
+        }
+        for (k, v) in &p.headers {
+            req = req.header(k.as_str(), v.as_str());
+        }
+        match req.send().await {
+            Ok(r) => Ok(r.status().as_u16()),
+            Err(e) => Err(crate::provider::error_chain(&e)),
+        }
+    }
+
     /// Names of the configured providers (without the built-in one).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.providers.keys().map(String::as_str)
@@ -556,6 +593,8 @@ id = "claude-sonnet-4-5"
     fn echo_always_resolves() {
         let m = Providers::default().resolve("pincer/echo").unwrap();
         assert_eq!((m.provider.api, m.spec()), (Api::PincerEcho, "pincer/echo".to_owned()));
+        // One provider (and HTTP client) for every turn, not a new one per resolve.
+        assert!(Arc::ptr_eq(&m.provider, &ResolvedModel::echo().provider));
     }
 
     #[test]

@@ -291,6 +291,7 @@ pub async fn start_turn(
         graft,
         model,
         ended: Default::default(),
+        tokens: Default::default(),
     };
     gw.tasks.spawn(async move {
         // The ack goes out before any event of the run: once it is written, or a second at most (a
@@ -449,6 +450,8 @@ struct Turn {
     model: Option<String>,
     /// The lifecycle `end` went out (it comes before the final, once).
     ended: std::sync::atomic::AtomicBool,
+    /// Tokens in and out of the replies written so far (their `usage`).
+    tokens: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl Turn {
@@ -466,6 +469,7 @@ impl Turn {
             graft: None,
             model: None,
             ended: Default::default(),
+            tokens: Default::default(),
         }
     }
 
@@ -580,6 +584,19 @@ impl Turn {
             Err(_) => "error",
         };
         crate::metrics::turn_finished(status);
+        let model = self.session_model();
+        let [tokens_in, tokens_out] = self.tokens.each_ref().map(|t| t.load(std::sync::atomic::Ordering::Relaxed));
+        crate::metrics::model_turn(&model, status, tokens_in, tokens_out);
+        tracing::info!(
+            session = %self.session.key,
+            run = %self.run.run_id,
+            model = %model,
+            status = %status,
+            duration_ms = now_ms().saturating_sub(self.run.started_at),
+            tokens_in,
+            tokens_out,
+            "turn finished"
+        );
         self.gw.dedupe_finish(&format!("chat:{}", self.run.run_id), result);
         self.gw.finish_run(&self.run.run_id);
         self.gw.sessions.touch(&self.session);
@@ -1123,6 +1140,14 @@ impl Turn {
                     );
                 }
                 RunEvent::Persisted { entry } => {
+                    if let Some(usage) =
+                        entry["message"].get("usage").filter(|_| entry["message"]["role"] == "assistant")
+                    {
+                        for (total, field) in self.tokens.iter().zip(["input", "output"]) {
+                            let n = usage.get(field).and_then(Value::as_u64).unwrap_or(0);
+                            total.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
                     if entry["message"]["role"] == "assistant" {
                         // The held-back delta belongs to this message: send it before the row, not
                         // after it with the text cleared.

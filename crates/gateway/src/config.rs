@@ -314,6 +314,10 @@ impl Settings {
 pub struct Overrides {
     /// Load for a one-off command (no token is generated or required).
     pub offline: bool,
+    /// Load for a command that only reads the store (`pincer transcript export --session`):
+    /// providers are left out (none is built, so the variables their `api_key_env` names need
+    /// not be set) and the model is not checked.
+    pub skip_providers: bool,
     pub bind: Option<String>,
     pub state_dir: Option<PathBuf>,
     pub config: Option<PathBuf>,
@@ -345,19 +349,21 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         .parse()
         .map_err(|e| format!("bind address {bind_text:?} is not HOST:PORT ({e}); e.g. 127.0.0.1:18789"))?;
     let (auth, token_source) = auth_settings(o, &file.gateway.auth, bind, &state_dir, &config_path)?;
-    let providers = with_env_providers(file.models.providers);
+    let providers = if o.skip_providers { BTreeMap::new() } else { with_env_providers(file.models.providers) };
     let first_model = providers.iter().find_map(|(name, p)| p.models.first().map(|m| format!("{name}/{}", m.id)));
     let providers = Providers::new(providers).map_err(|e| format!("{}: {e}", config_path.display()))?;
     let chosen = env("PINCER_MODEL").or(file.agents.defaults.model.clone()).or(first_model);
     let model_is_fallback = chosen.is_none();
     let model = chosen.unwrap_or_else(|| "pincer/echo".into());
-    providers.resolve(&model).map_err(|e| format!("model {model:?}: {e}"))?;
     let compaction = match file.agents.defaults.compaction.clone() {
         None => pincer_compaction::CompactionSettings::default(),
         Some(v) => v.try_into().map_err(|e| format!("{}: [agents.defaults.compaction]: {e}", config_path.display()))?,
     };
-    if let Some(m) = &compaction.model {
-        providers.resolve(m).map_err(|e| format!("agents.defaults.compaction.model {m:?}: {e}"))?;
+    if !o.skip_providers {
+        providers.resolve(&model).map_err(|e| format!("model {model:?}: {e}"))?;
+        if let Some(m) = &compaction.model {
+            providers.resolve(m).map_err(|e| format!("agents.defaults.compaction.model {m:?}: {e}"))?;
+        }
     }
     let redact = file.logging.redact != Some(Switch::Off);
     let openai_api = openai_api(&file.gateway.openai_api, &config_path)?;

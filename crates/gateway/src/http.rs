@@ -143,9 +143,14 @@ async fn control_ui(dir: &std::path::Path, rest: &str) -> Response {
     ([(header::CONTENT_TYPE, mime)], bytes).into_response()
 }
 
-/// `GET /metrics`: Prometheus text ([`crate::metrics`]), behind the token like the event streams.
-async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if !authorized(&gw, &headers, &HashMap::new()) {
+/// `GET /metrics`: Prometheus text ([`crate::metrics`]), behind the token like the event streams
+/// (`Authorization: Bearer` or `?token=`, for scrapers that cannot send headers).
+async fn metrics(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if !authorized(&gw, &headers, &query) {
         return unauthorized();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], crate::metrics::render()).into_response()

@@ -4,7 +4,9 @@
 //! |---|---|---|
 //! | `pincer_turns_total` | counter | `status`: `ok`, `error`, `aborted`, `blocked`, `interrupted`, … |
 //! | `pincer_turn_seconds` | histogram | from the start of the run (after the queue) to its end |
-//! | `pincer_turn_errors_total` | counter | `kind`: the `errorKind` of the `chat` error (provider errors: `rate_limit`, `context_length`, `auth`, `provider`, …; `persistence`, `internal`) |
+//! | `pincer_turn_errors_total` | counter | `kind`: the `errorKind` of the `chat` error (provider errors: `rate_limit`, `context_length`, `timeout`, …; `persistence`, `internal`) |
+//! | `pincer_model_turns_total` | counter | `provider`, `model`, `status`: turns by the model they ran with |
+//! | `pincer_tokens_total` | counter | `provider`, `model`, `direction` (`input`, `output`): tokens of the replies' `usage` |
 //! | `pincer_runs_active` | gauge | runs executing now |
 //! | `pincer_turns_queued` | gauge | turns waiting for their session's queue |
 //! | `pincer_connections_open` | gauge | open HTTP/WebSocket connections |
@@ -14,7 +16,9 @@
 //! | `pincer_request_body_bytes_total` | counter | their bytes |
 //! | `pincer_request_body_cpu_microseconds_total` | counter | CPU time spent writing them (the writing thread's clock) |
 //!
-//! The recorder is installed once per process; [`render`] is what the endpoint returns.
+//! The recorder is installed once per process; every series above is there from startup (at 0;
+//! the statuses and error kinds listed below, and each configured model), so a dashboard or an
+//! alert sees it before the first turn. [`render`] is what the endpoint returns.
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
@@ -27,12 +31,31 @@ const BUCKETS: &[f64] = &[
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
+/// The turn statuses counted from startup.
+const STATUSES: [&str; 5] = ["ok", "error", "aborted", "blocked", "interrupted"];
+
+/// The error kinds counted from startup: the model call's ([`pincer_agent::ErrorKind`]) and the
+/// gateway's own.
+const ERROR_KINDS: [&str; 10] = [
+    "refusal",
+    "timeout",
+    "rate_limit",
+    "context_length",
+    "reply_too_large",
+    "internal",
+    "unknown",
+    "persistence",
+    "conflict",
+    "interrupted",
+];
+
 /// Installs the Prometheus recorder (once per process; later calls do nothing). Without it every
 /// metric call is a no-op.
 pub fn install() {
     HANDLE.get_or_init(|| match PrometheusBuilder::new().set_buckets(BUCKETS).and_then(|b| b.install_recorder()) {
         Ok(h) => {
             describe();
+            register();
             Some(h)
         }
         Err(e) => {
@@ -60,6 +83,63 @@ fn describe() {
         Unit::Microseconds,
         "CPU time spent writing request bodies"
     );
+}
+
+/// Every series at 0, so that it is listed before anything happened.
+fn register() {
+    for status in STATUSES {
+        metrics::counter!("pincer_turns_total", "status" => status).absolute(0);
+    }
+    for kind in ERROR_KINDS {
+        metrics::counter!("pincer_turn_errors_total", "kind" => kind).absolute(0);
+    }
+    for name in ["pincer_turn_seconds", "pincer_store_append_seconds", "pincer_store_fdatasync_seconds"] {
+        let _ = metrics::histogram!(name);
+    }
+    for name in ["pincer_runs_active", "pincer_turns_queued", "pincer_connections_open"] {
+        metrics::gauge!(name).increment(0.0);
+    }
+    for name in
+        ["pincer_request_bodies_total", "pincer_request_body_bytes_total", "pincer_request_body_cpu_microseconds_total"]
+    {
+        metrics::counter!(name).absolute(0);
+    }
+}
+
+/// The per-model series of each model (`provider/model`) at 0.
+pub fn register_models<'a>(models: impl IntoIterator<Item = &'a str>) {
+    for spec in models {
+        let (provider, model) = split_spec(spec);
+        for status in STATUSES {
+            model_turns(provider, model, status).absolute(0);
+        }
+        for direction in ["input", "output"] {
+            tokens(provider, model, direction).absolute(0);
+        }
+    }
+}
+
+/// `provider/model` as its two labels (the model part may contain `/`).
+fn split_spec(spec: &str) -> (&str, &str) {
+    spec.split_once('/').unwrap_or((spec, ""))
+}
+
+fn model_turns(provider: &str, model: &str, status: &str) -> metrics::Counter {
+    metrics::counter!("pincer_model_turns_total", "provider" => provider.to_owned(), "model" => model.to_owned(),
+        "status" => status.to_owned())
+}
+
+fn tokens(provider: &str, model: &str, direction: &'static str) -> metrics::Counter {
+    metrics::counter!("pincer_tokens_total", "provider" => provider.to_owned(), "model" => model.to_owned(),
+        "direction" => direction)
+}
+
+/// A turn with `model` (`provider/model`) ended with `status`, its replies having used so many tokens.
+pub fn model_turn(model: &str, status: &str, tokens_in: u64, tokens_out: u64) {
+    let (provider, model) = split_spec(model);
+    model_turns(provider, model, status).increment(1);
+    tokens(provider, model, "input").increment(tokens_in);
+    tokens(provider, model, "output").increment(tokens_out);
 }
 
 /// The Prometheus text exposition of every metric (empty when the recorder is off).

@@ -255,6 +255,10 @@ pub async fn serve(
     };
     crate::metrics::install();
     let gw = Arc::new(Gateway::new(settings)?);
+    let models = gw.settings.providers.configured();
+    crate::metrics::register_models(
+        models.iter().map(String::as_str).chain([gw.settings.model.as_str()]).filter(|m| !m.contains('<')),
+    );
     on_listening(&Listening { addr, gateway: gw.clone() });
     crate::turns::mark_interrupted(&gw);
     crate::relay::start(&gw);
@@ -335,6 +339,8 @@ pub async fn serve(
     // Runs have published their ends; now clients get `shutdown` and a close frame.
     gw.shutdown.cancel();
     connections.close();
+    // Closed, or the wait would last its whole timeout even with no socket open.
+    gw.sockets.close();
     let _ = tokio::time::timeout(Duration::from_secs(3), gw.sockets.wait()).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), connections.wait()).await;
     gw.sessions.flush();

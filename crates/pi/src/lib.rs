@@ -8,6 +8,8 @@
 pub mod js;
 pub mod llm;
 
+pub use llm::MESSAGE_ROLES;
+
 use std::sync::{Mutex, MutexGuard};
 
 /// `Date.now()`: milliseconds since the Unix epoch (0 before it).

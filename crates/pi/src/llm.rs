@@ -69,6 +69,11 @@ pub enum Converted {
     User(Value),
 }
 
+/// The roles of the messages Pi keeps in a transcript (its `AgentMessage`s): the ones
+/// [`convert_one`] knows. A message with another role never reaches the model.
+pub const MESSAGE_ROLES: [&str; 7] =
+    ["user", "assistant", "toolResult", "bashExecution", "custom", "branchSummary", "compactionSummary"];
+
 /// `convertToLlm` for one message (`None`: dropped).
 pub fn convert_one(msg: &Value) -> Option<Converted> {
     let ts = msg.get("timestamp");

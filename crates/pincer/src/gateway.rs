@@ -25,11 +25,16 @@ pub struct GatewayArgs {
 }
 
 pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
-    let settings =
-        config::load(&Overrides { offline: false, bind: args.bind, state_dir: args.state_dir, config: args.config })
-            .map_err(|e| Failure::usage(e.to_string()))?;
+    let settings = config::load(&Overrides {
+        offline: false,
+        skip_providers: false,
+        bind: args.bind,
+        state_dir: args.state_dir,
+        config: args.config,
+    })
+    .map_err(|e| Failure::usage(e.to_string()))?;
     if args.print_url {
-        println!("{}", pincer_gateway::http::webchat_url(settings.bind, &settings.auth));
+        crate::out::line(&pincer_gateway::http::webchat_url(settings.bind, &settings.auth))?;
         return Ok(0);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -40,10 +45,13 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
     let auth = settings.auth.clone();
     let auth_none = settings.auth == AuthMode::None;
     let model = settings.model.clone();
+    let openai_api = settings.openai_api.is_some();
     let fallback = settings.model_is_fallback;
     let state_dir = settings.state_dir.clone();
     runtime
-        .block_on(pincer_gateway::serve(settings, shutdown_signal(), move |l| {
+        .block_on(async move {
+            let stop = shutdown_signal();
+            pincer_gateway::serve(settings, stop, move |l| {
             tracing::info!("Pincer gateway listening on ws://{} (state {})", l.addr, state_dir.display());
             // The token is a secret: the ready-to-open link goes to a person's terminal, never
             // into a log file or journal (there the link comes from `pincer gateway --print-url`).
@@ -52,6 +60,16 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
             } else {
                 tracing::info!(
                     "WebChat: open {} (for the link with the token, run `pincer gateway --print-url`)",
+                    pincer_gateway::http::webchat_url(l.addr, &AuthMode::None)
+                );
+            }
+            tracing::info!(
+                "metrics: {}metrics (Authorization: Bearer <gateway token>, or ?token=)",
+                pincer_gateway::http::webchat_url(l.addr, &AuthMode::None)
+            );
+            if openai_api {
+                tracing::info!(
+                    "OpenAI-compatible API: {}v1 (Authorization: Bearer <the gateway token or a key of gateway.openai_api.api_keys>)",
                     pincer_gateway::http::webchat_url(l.addr, &AuthMode::None)
                 );
             }
@@ -65,27 +83,35 @@ pub fn run(args: GatewayArgs) -> Result<u8, Failure> {
             } else {
                 tracing::info!("model: {model}");
             }
-        }))
+            })
+            .await
+        })
         .map_err(|e| Failure::failed(e.to_string()))?;
     Ok(0)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called (inside the
+/// runtime), not when it is first polled: a SIGTERM right after startup must stop the gateway
+/// gracefully instead of killing it.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let mut term = signal(SignalKind::terminate()).ok();
+    async move {
+        tokio::select! {
+            _ = received(int.as_mut()) => {},
+            _ = received(term.as_mut()) => {},
         }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    }
+}
+
+/// Resolves when `signal` arrives (never without a handler).
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 
@@ -117,12 +143,12 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
                 row
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| Failure::failed(e.to_string()))?);
+        crate::out::json_pretty(&serde_json::Value::Array(v))?;
     } else if rows.is_empty() {
-        println!("no sessions in {}", dir.display());
+        crate::out::line(&format!("no sessions in {}", dir.display()))?;
     } else {
         use crate::table::{local_time, one_line, Table};
-        let mut t = Table::new(&["KEY", "TITLE", "MESSAGES", "UPDATED", "SESSION"]);
+        let mut t = Table::new(&["KEY", "TITLE", "MESSAGES", "UPDATED", "SESSION"]).flex(1);
         for r in rows {
             let (derived, count) = pincer_gateway::methods::transcript_summary(store.as_ref(), &r.path);
             let label = r.entry.get("label").and_then(serde_json::Value::as_str).map(str::to_owned);
@@ -133,7 +159,7 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
             let updated = local_time(r.entry.get("updatedAt").and_then(serde_json::Value::as_i64));
             t.row(vec![r.key, title, count.to_string(), updated, r.session_id]);
         }
-        print!("{}", t.render());
+        crate::out::write(t.render().as_bytes())?;
     }
     Ok(0)
 }

@@ -1,9 +1,10 @@
 //! The `pincer` binary: parses the command line and hands each command to its module.
 
-// The binary is where output to the terminal belongs.
-#![allow(clippy::print_stdout)]
+// Output to stdout goes through `out` (a closed pipe ends a command quietly), never `println!`.
 
+mod doctor;
 mod gateway;
+mod out;
 mod search;
 mod store;
 mod table;
@@ -33,6 +34,8 @@ enum Command {
     /// Move transcripts between store backends (a JSONL state directory, PostgreSQL).
     #[command(subcommand)]
     Store(store::StoreCmd),
+    /// Check the config, the providers (key, reachable), the hook, the state directory and the store.
+    Doctor(doctor::DoctorArgs),
 }
 
 #[derive(Subcommand)]
@@ -45,7 +48,8 @@ enum SessionsCmd {
     Reindex(search::ReindexArgs),
 }
 
-/// A failure with the exit code it maps to (1: the operation failed, 2: bad usage or input).
+/// A failure with the exit code it maps to (1: the operation failed, 2: bad usage or input; 0
+/// with no message: stdout was closed by its reader, which is not an error).
 #[derive(Debug)]
 pub struct Failure {
     pub code: u8,
@@ -58,6 +62,10 @@ impl Failure {
     }
     pub fn failed(message: impl Into<String>) -> Failure {
         Failure { code: 1, message: message.into() }
+    }
+    /// The reader of stdout went away (`| head`): stop quietly, successfully.
+    pub fn closed_pipe() -> Failure {
+        Failure { code: 0, message: String::new() }
     }
 }
 
@@ -104,19 +112,35 @@ fn main() -> ExitCode {
     with_allocator_env();
     return_large_c_allocations();
     let cli = Cli::parse();
+    let json_logs = match std::env::var("PINCER_LOG_FORMAT").as_deref().map(str::trim) {
+        Err(_) | Ok("" | "text") => false,
+        Ok("json") => true,
+        Ok(other) => {
+            eprintln!("pincer: PINCER_LOG_FORMAT={other:?} is not `text` or `json`");
+            return ExitCode::from(2);
+        }
+    };
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    // stderr, and the bounded ring `logs.tail` reads (pincer_gateway::logs).
+    // stderr (text, or one JSON object a line with the event's fields at the top level), and the
+    // bounded ring `logs.tail` reads (pincer_gateway::logs).
+    let text = (!json_logs).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    });
+    let json =
+        json_logs.then(|| tracing_subscriber::fmt::layer().json().flatten_event(true).with_writer(std::io::stderr));
+    // The gateway logs what it does; a one-off command only its warnings (its output and its
+    // error are what the user reads), unless PINCER_LOG says otherwise.
+    let level = if matches!(cli.command, Command::Gateway(_)) { "info" } else { "warn" };
     tracing_subscriber::registry()
         .with(
             tracing_subscriber::EnvFilter::try_from_env("PINCER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
-        )
+        .with(text)
+        .with(json)
         .with(pincer_gateway::logs::layer())
         .init();
     let result = match cli.command {
@@ -126,11 +150,14 @@ fn main() -> ExitCode {
         Command::Sessions(SessionsCmd::Search(args)) => search::search(args),
         Command::Sessions(SessionsCmd::Reindex(args)) => search::reindex(args),
         Command::Store(cmd) => store::run(cmd),
+        Command::Doctor(args) => doctor::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            eprintln!("pincer: {}", f.message);
+            if !f.message.is_empty() {
+                eprintln!("pincer: {}", f.message);
+            }
             ExitCode::from(f.code)
         }
     }

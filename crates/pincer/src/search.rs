@@ -43,7 +43,7 @@ pub struct ReindexArgs {
 
 fn open(dir: &std::path::Path) -> Result<pincer_search::Index, Failure> {
     if !dir.is_dir() {
-        return Err(Failure::usage(format!("{}: no such state directory", dir.display())));
+        return Err(Failure::usage(format!("no such state directory: {}", dir.display())));
     }
     pincer_search::Index::open(dir).map_err(|e| Failure::failed(e.to_string()))
 }
@@ -68,6 +68,7 @@ pub fn search(args: SearchArgs) -> Result<u8, Failure> {
         Some(config) => {
             let settings = pincer_gateway::config::load(&pincer_gateway::config::Overrides {
                 offline: true,
+                skip_providers: true,
                 bind: None,
                 state_dir: args.state_dir,
                 config: Some(config),
@@ -97,12 +98,12 @@ pub fn search(args: SearchArgs) -> Result<u8, Failure> {
                     "snippet": h["snippet"], "title": h["title"], "role": h["role"], "timestamp": h["timestamp"]})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows).map_err(|e| Failure::failed(e.to_string()))?);
+        crate::out::json_pretty(&Value::Array(rows))?;
     } else if hits.is_empty() {
-        println!("no matches in {}", dir.display());
+        crate::out::line(&format!("no matches in {}", dir.display()))?;
     } else {
         use crate::table::{local_time, one_line, Table};
-        let mut t = Table::new(&["SESSION", "TITLE", "TIME", "ENTRY", "SNIPPET"]);
+        let mut t = Table::new(&["SESSION", "TITLE", "TIME", "ENTRY", "SNIPPET"]).flex(4);
         for h in &hits {
             let s = |k: &str| h[k].as_str().unwrap_or("-").to_owned();
             t.row(vec![
@@ -113,7 +114,7 @@ pub fn search(args: SearchArgs) -> Result<u8, Failure> {
                 one_line(&s("snippet"), 80),
             ]);
         }
-        print!("{}", t.render());
+        crate::out::write(t.render().as_bytes())?;
     }
     Ok(0)
 }
@@ -124,9 +125,9 @@ pub fn reindex(args: ReindexArgs) -> Result<u8, Failure> {
     let mut index = open(&dir)?;
     let done = index.rebuild().map_err(|e| Failure::failed(e.to_string()))?;
     let ms = started.elapsed().as_millis() as u64;
-    println!(
-        "{}",
-        json!({"files": done.files, "messages": done.messages, "ms": ms, "index": pincer_search::db_path(&dir).display().to_string()})
-    );
+    crate::out::line(
+        &json!({"files": done.files, "messages": done.messages, "ms": ms, "index": pincer_search::db_path(&dir).display().to_string()})
+            .to_string(),
+    )?;
     Ok(0)
 }

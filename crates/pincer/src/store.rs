@@ -100,7 +100,7 @@ fn import(from: &Path, url: &str) -> Result<u8, Failure> {
         }
     }
     let report = json!({"transcripts": transcripts, "skipped": skipped, "sessions": sessions, "problems": problems});
-    println!("{report}");
+    crate::out::line(&report.to_string())?;
     Ok(if problems.is_empty() { 0 } else { 1 })
 }
 

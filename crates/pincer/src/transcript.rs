@@ -2,25 +2,47 @@
 //! session file, all through the store library (the same code the gateway uses).
 
 use crate::Failure;
-use clap::Subcommand;
+use clap::{Args, Subcommand};
+use pincer_gateway::config::{Overrides, Settings, StoreSettings};
 use pincer_store::history::{read_history, HistoryOptions, DEFAULT_LIMIT, DEFAULT_MAX_CHARS, MAX_LIMIT};
-use pincer_store::{context_report, LeafArg, NewEntry, Session, Store, StoreError, StoreOptions};
+use pincer_store::{context_report, LeafArg, NewEntry, Session, Store, StoreError, StoreOptions, Transcripts};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The transcript a command works on: FILE, or `--session KEY` of the store the config names
+/// (the JSONL state directory or PostgreSQL).
+#[derive(Args)]
+pub struct Target {
+    /// The transcript file (or --session KEY).
+    #[arg(required_unless_present = "session", conflicts_with = "session")]
+    file: Option<PathBuf>,
+    /// A session key (`main`, `agent:main:trip`; `pincer sessions list` shows them) instead of FILE.
+    #[arg(long)]
+    session: Option<String>,
+    /// Config file naming the store (default <state>/pincer.toml); with --session.
+    #[arg(long, requires = "session")]
+    config: Option<PathBuf>,
+    /// State directory (default $PINCER_STATE_DIR or ~/.pincer); with --session.
+    #[arg(long, requires = "session")]
+    state_dir: Option<PathBuf>,
+}
 
 #[derive(Subcommand)]
 pub enum TranscriptCmd {
-    /// Print {sessionId, leafId, entries, context} as Pi builds it. Never modifies FILE.
+    /// Print {sessionId, leafId, entries, context} as Pi builds it. Never modifies the transcript.
     Context {
-        file: PathBuf,
+        #[command(flatten)]
+        target: Target,
         /// Build the context at this entry id instead of the file's leaf; `null` for before the first entry.
         #[arg(long)]
         leaf: Option<String>,
     },
     /// Append one message entry (lock, FIFO, chained to the leaf, fsync); creates FILE if missing.
     Append {
-        file: PathBuf,
+        #[command(flatten)]
+        target: Target,
         /// The message as JSON, e.g. '{"role":"user","content":"hi","timestamp":0}'.
         #[arg(long)]
         message: String,
@@ -31,18 +53,27 @@ pub enum TranscriptCmd {
         #[arg(long)]
         session_id: Option<String>,
     },
-    /// Check a file. Exit 0 healthy, 1 problems found, 2 unreadable.
+    /// Check a transcript. Exit 0 healthy, 1 problems found, 2 unreadable.
     Verify {
-        file: PathBuf,
+        #[command(flatten)]
+        target: Target,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
     },
     /// Fix what verify reports that can be fixed without guessing (atomically, keeping FILE.bak.<ts>).
-    Repair { file: PathBuf },
+    Repair {
+        #[command(flatten)]
+        target: Target,
+    },
     /// Summarise older turns into a Pi compaction entry (appended; nothing is rewritten).
     Compact {
-        file: PathBuf,
+        /// The transcript file (or --session KEY).
+        #[arg(required_unless_present = "session", conflicts_with = "session")]
+        file: Option<PathBuf>,
+        /// A session key of the configured store instead of FILE.
+        #[arg(long)]
+        session: Option<String>,
         /// The model to summarise with (`provider/model`; default: the configured compaction or agent model).
         #[arg(long)]
         model: Option<String>,
@@ -56,23 +87,12 @@ pub enum TranscriptCmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Export FILE: `html` (one self-contained page with the whole tree and the original JSONL),
-    /// `md` (the active branch, or --leaf, as Markdown) or `jsonl` (the file as it is). Never modifies FILE.
-    ///
-    /// With --session KEY instead of FILE: that session of the configured store (the JSONL state
-    /// directory or PostgreSQL, from --config / --state-dir), as Pi v3 JSONL unless --format says otherwise.
+    /// Export a transcript: `html` (one self-contained page with the whole tree and the original
+    /// JSONL), `md` (the active branch, or --leaf, as Markdown) or `jsonl` (the file as it is).
+    /// Never modifies the transcript.
     Export {
-        #[arg(required_unless_present = "session", conflicts_with = "session")]
-        file: Option<PathBuf>,
-        /// A session key of the configured store (instead of FILE).
-        #[arg(long)]
-        session: Option<String>,
-        /// Config file naming the store (default <state>/pincer.toml); with --session.
-        #[arg(long, requires = "session")]
-        config: Option<PathBuf>,
-        /// State directory (default $PINCER_STATE_DIR or ~/.pincer); with --session.
-        #[arg(long, requires = "session")]
-        state_dir: Option<PathBuf>,
+        #[command(flatten)]
+        target: Target,
         /// html (default for FILE), md or jsonl (default for --session).
         #[arg(long, value_parser = ["html", "md", "markdown", "jsonl"])]
         format: Option<String>,
@@ -91,9 +111,10 @@ pub enum TranscriptCmd {
         #[arg(long, env = "PINCER_STATE_DIR")]
         state_dir: Option<PathBuf>,
     },
-    /// The messages chat.history would return for FILE.
+    /// The messages chat.history would return for a transcript.
     History {
-        file: PathBuf,
+        #[command(flatten)]
+        target: Target,
         #[arg(long, default_value_t = DEFAULT_LIMIT)]
         limit: usize,
         #[arg(long, default_value_t = DEFAULT_MAX_CHARS)]
@@ -107,7 +128,7 @@ pub enum TranscriptCmd {
 /// reply, the text on one line), under a line naming the session.
 fn history_table(session_id: Option<&str>, messages: &[Value]) -> String {
     use crate::table::{local_time, message_summary, one_line, Table};
-    let mut t = Table::new(&["TIME", "ROLE", "MESSAGE"]);
+    let mut t = Table::new(&["TIME", "ROLE", "MESSAGE"]).flex(2);
     for m in messages {
         let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
         let kind = m.pointer("/__openclaw/kind").and_then(Value::as_str);
@@ -126,9 +147,7 @@ fn history_table(session_id: Option<&str>, messages: &[Value]) -> String {
 }
 
 fn print_json(v: &Value) -> Result<(), Failure> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, v).map_err(|e| Failure::failed(format!("writing output: {e}")))?;
-    writeln!(out).map_err(|e| Failure::failed(format!("writing output: {e}")))
+    crate::out::json_pretty(v)
 }
 
 fn store_failure(e: StoreError) -> Failure {
@@ -138,38 +157,138 @@ fn store_failure(e: StoreError) -> Failure {
     }
 }
 
+/// What a command needs of the configuration when it is given `--session`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Needs {
+    /// The store only: providers are not built, so their API keys need not be set.
+    Store,
+    /// Everything, providers included (a command that writes what the redactor must see).
+    All,
+}
+
+/// Where a [`Target`] is.
+struct Located {
+    path: PathBuf,
+    /// How messages name it: the file's path, or `--session KEY`.
+    name: String,
+    /// With --session: the configured store and its settings.
+    configured: Option<(Arc<dyn Transcripts>, Box<Settings>)>,
+    /// The session id the index gives (with --session), for a transcript not created yet.
+    session_id: Option<String>,
+}
+
+impl Located {
+    /// True when the transcript is in PostgreSQL (there is no file to open).
+    fn in_database(&self) -> bool {
+        self.configured.as_ref().is_some_and(|(_, s)| !matches!(s.store, StoreSettings::Jsonl))
+    }
+
+    /// The file, for a command that works on JSONL files only.
+    fn file(&self, command: &str) -> Result<&Path, Failure> {
+        if self.in_database() {
+            return Err(Failure::usage(format!(
+                "`transcript {command}` works on JSONL files, and the configured store is PostgreSQL \
+                 (`pincer transcript export {} --format jsonl` gives the transcript as a file)",
+                self.name
+            )));
+        }
+        Ok(&self.path)
+    }
+
+    /// The whole transcript; an error when there is none.
+    fn read(&self) -> Result<Session, Failure> {
+        let read = match &self.configured {
+            Some((store, _)) if self.in_database() => store.read_session(&self.path),
+            _ => Session::read_mapped(&self.path),
+        };
+        read.map_err(|e| Failure::usage(format!("cannot read {}: {e}", self.name)))?.ok_or_else(|| self.missing())
+    }
+
+    /// The error for a transcript that does not exist.
+    fn missing(&self) -> Failure {
+        match self.configured {
+            None => Failure::usage(format!("no such file: {}", self.name)),
+            Some(_) => Failure::usage(format!("{} has no transcript yet (no message was sent)", self.name)),
+        }
+    }
+}
+
+/// Finds FILE, or the transcript of `--session KEY` in the configured store.
+fn locate(target: Target, needs: Needs) -> Result<Located, Failure> {
+    let Target { file, session, config, state_dir } = target;
+    if let Some(file) = file {
+        return Ok(Located { name: file.display().to_string(), path: file, configured: None, session_id: None });
+    }
+    let Some(key) = session else { return Err(Failure::usage("give FILE or --session KEY")) };
+    let settings = pincer_gateway::config::load(&Overrides {
+        offline: true,
+        skip_providers: needs == Needs::Store,
+        bind: None,
+        state_dir,
+        config,
+    })
+    .map_err(|e| Failure::usage(e.to_string()))?;
+    let store = pincer_gateway::state::open_transcripts(&settings).map_err(|e| Failure::failed(e.to_string()))?;
+    let sessions = pincer_gateway::sessions::Sessions::new(&settings.state_dir, store.clone());
+    let s = sessions
+        .resolve(&key, false)
+        .map_err(|e| Failure::usage(format!("--session {key}: {}", e.message)))?
+        .ok_or_else(|| {
+            Failure::usage(format!(
+                "no session {key:?} in {} (`pincer sessions list --state-dir {}` lists the keys)",
+                settings.state_dir.display(),
+                settings.state_dir.display()
+            ))
+        })?;
+    Ok(Located {
+        path: s.path,
+        name: format!("--session {}", s.key),
+        configured: Some((store, Box::new(settings))),
+        session_id: Some(s.session_id),
+    })
+}
+
+/// Refuses a message whose `role` Pi does not know (the model would never see it).
+fn check_role(msg: &serde_json::Map<String, Value>) -> Result<(), Failure> {
+    match msg.get("role") {
+        Some(Value::String(r)) if pincer_pi::MESSAGE_ROLES.contains(&r.as_str()) => Ok(()),
+        Some(Value::String(r)) => Err(Failure::usage(format!(
+            "unknown role {r:?} in --message; a Pi message's role is one of {}; nothing written",
+            pincer_pi::MESSAGE_ROLES.join(", ")
+        ))),
+        _ => Err(Failure::usage(format!(
+            "--message needs a string `role` ({}); nothing written",
+            pincer_pi::MESSAGE_ROLES.join(", ")
+        ))),
+    }
+}
+
 pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
     match cmd {
-        TranscriptCmd::Context { file, leaf } => {
-            let session = Session::read_mapped(&file)
-                .map_err(|e| Failure::usage(format!("cannot read: {e}")))?
-                .ok_or_else(|| Failure::usage(format!("{}: no such file", file.display())))?;
+        TranscriptCmd::Context { target, leaf } => {
+            let located = locate(target, Needs::Store)?;
+            let session = located.read()?;
             let leaf = leaf.as_deref().map(LeafArg::parse).unwrap_or(LeafArg::Default);
             let report = context_report(&session, &leaf).map_err(|e| Failure::usage(format!("--leaf: {e}")))?;
             for w in &report.warnings {
-                eprintln!("pincer: warning: {}: {w}", file.display());
+                eprintln!("pincer: warning: {}: {w}", located.name);
             }
             // Messages are written as the raw JSON of the file: no re-encoding of large contexts.
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-            report
-                .write_json(&mut out)
-                .and_then(|_| out.flush())
-                .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
+            report.write_json(&mut out).and_then(|_| out.flush()).map_err(|e| crate::out::write_failure(&e))?;
             // The process ends next and its memory with it: the index of a large file (100k+
             // entries, each holding shared key text) is not freed piece by piece first.
             std::mem::forget(report);
             std::mem::forget(session);
             Ok(0)
         }
-        TranscriptCmd::Append { file, message, idempotency_key, session_id } => {
+        TranscriptCmd::Append { target, message, idempotency_key, session_id } => {
             let mut msg: Value = serde_json::from_str(&message)
                 .map_err(|e| Failure::usage(format!("--message is not valid JSON: {e}")))?;
             let Some(obj) = msg.as_object_mut() else {
                 return Err(Failure::usage("--message must be a JSON object (a Pi message with a `role`)"));
             };
-            if !obj.get("role").is_some_and(Value::is_string) {
-                return Err(Failure::usage("--message needs a string `role` (user, assistant, toolResult, …)"));
-            }
+            check_role(obj)?;
             if let Some(k) = idempotency_key {
                 if k.trim().is_empty() {
                     return Err(Failure::usage("--idempotency-key must not be empty"));
@@ -183,81 +302,106 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
                     )));
                 }
             }
-            let store = Store::new(StoreOptions::default());
-            let a = store.append_with(&file, NewEntry::message(msg), session_id.as_deref());
-            store.close();
+            let located = locate(target, Needs::All)?;
+            let session_id = session_id.or(located.session_id.clone());
+            let entry = NewEntry::message(msg);
+            let a = match &located.configured {
+                Some((db, _)) if located.in_database() => db.append_with(&located.path, entry, session_id.as_deref()),
+                configured => {
+                    let redactor = match configured {
+                        Some((_, settings)) => settings.redactor().map_err(Failure::usage)?,
+                        None => StoreOptions::default().redactor,
+                    };
+                    let store = Store::new(StoreOptions { redactor, ..StoreOptions::default() });
+                    let a = store.append_with(&located.path, entry, session_id.as_deref());
+                    store.close();
+                    a
+                }
+            };
             let a = a.map_err(store_failure)?;
             print_json(&json!({"id": a.entry["id"], "parentId": a.entry["parentId"], "appended": a.appended}))?;
             Ok(0)
         }
-        TranscriptCmd::Verify { file, json } => {
-            let report =
-                pincer_store::verify::verify(&file).map_err(|e| Failure::usage(format!("{e} (is the path right?)")))?;
+        TranscriptCmd::Verify { target, json } => {
+            let located = locate(target, Needs::Store)?;
+            let file = located.file("verify")?;
+            if !file.exists() {
+                return Err(located.missing());
+            }
+            let report = pincer_store::verify::verify(file)
+                .map_err(|e| Failure::usage(format!("cannot verify {}: {e}", located.name)))?;
             if json {
                 print_json(&report.to_json())?;
             } else {
-                print!("{}", report.to_text());
+                crate::out::write(report.to_text().as_bytes())?;
             }
             Ok(if report.healthy() { 0 } else { 1 })
         }
-        TranscriptCmd::Repair { file } => {
+        TranscriptCmd::Repair { target } => {
+            let located = locate(target, Needs::Store)?;
+            let file = located.file("repair")?;
             if !file.exists() {
-                return Err(Failure::usage(format!("{}: no such file", file.display())));
+                return Err(located.missing());
             }
             let store = Store::new(StoreOptions::default());
-            let r = store.repair(&file);
+            let r = store.repair(file);
             store.close();
             let r = r.map_err(store_failure)?;
+            let mut text = String::new();
             match &r.backup {
-                None => println!("{}: nothing to repair", file.display()),
+                None => text.push_str(&format!("{}: nothing to repair\n", file.display())),
                 Some(b) => {
                     for p in &r.fixed {
-                        println!("fixed [{}] {}", p.kind(), p.message());
+                        text.push_str(&format!("fixed [{}] {}\n", p.kind(), p.message()));
                     }
-                    println!("{}: repaired; the previous version is kept as {}", file.display(), b.display());
+                    text.push_str(&format!(
+                        "{}: repaired; the previous version is kept as {}\n",
+                        file.display(),
+                        b.display()
+                    ));
                 }
             }
             for p in &r.remaining {
-                println!("still there [{}] {}", p.kind(), p.message());
+                text.push_str(&format!("still there [{}] {}\n", p.kind(), p.message()));
             }
+            crate::out::write(text.as_bytes())?;
             Ok(if r.remaining.is_empty() { 0 } else { 1 })
         }
-        TranscriptCmd::Compact { file, model, instructions, state_dir, config } => {
+        TranscriptCmd::Compact { file, session, model, instructions, state_dir, config } => {
+            let target = Target { file, session, config: config.clone(), state_dir: state_dir.clone() };
+            let located = locate(target, Needs::All)?;
+            let file = located.file("compact")?;
             if !file.exists() {
-                return Err(Failure::usage(format!("{}: no such file", file.display())));
+                return Err(located.missing());
             }
-            compact(&file, model, instructions, state_dir, config)
+            compact(file, model, instructions, state_dir, config)
         }
-        TranscriptCmd::Export { file, session, config, state_dir, format, leaf, output } => match (file, session) {
-            (Some(file), _) => {
-                let session = Session::read_mapped(&file)
-                    .map_err(|e| Failure::usage(format!("cannot read: {e}")))?
-                    .ok_or_else(|| Failure::usage(format!("{}: no such file", file.display())))?;
-                export(session, &file, format.as_deref().unwrap_or("html"), leaf.as_deref(), output)
-            }
-            (None, Some(key)) => {
-                let (session, path) = configured_session(&key, config, state_dir)?;
-                export(session, &path, format.as_deref().unwrap_or("jsonl"), leaf.as_deref(), output)
-            }
-            (None, None) => Err(Failure::usage("give FILE or --session KEY")),
-        },
+        TranscriptCmd::Export { target, format, leaf, output } => {
+            let default_format = if target.file.is_some() { "html" } else { "jsonl" };
+            let located = locate(target, Needs::Store)?;
+            let session = located.read()?;
+            export(session, &located, format.as_deref().unwrap_or(default_format), leaf.as_deref(), output)
+        }
         TranscriptCmd::Import { input, state_dir } => import(&input, state_dir),
-        TranscriptCmd::History { file, limit, max_chars, output } => {
+        TranscriptCmd::History { target, limit, max_chars, output } => {
             if limit == 0 || limit > MAX_LIMIT {
                 return Err(Failure::usage(format!("--limit must be between 1 and {MAX_LIMIT}")));
             }
             if max_chars == 0 {
                 return Err(Failure::usage("--max-chars must be at least 1"));
             }
-            if !file.exists() {
-                return Err(Failure::usage(format!("{}: no such file", file.display())));
+            let located = locate(target, Needs::Store)?;
+            let opts = HistoryOptions { limit, max_chars };
+            let h = match &located.configured {
+                Some((db, _)) if located.in_database() => db.history(&located.path, opts),
+                _ if !located.path.exists() => return Err(located.missing()),
+                _ => read_history(&located.path, opts),
             }
-            let h = read_history(&file, HistoryOptions { limit, max_chars })
-                .map_err(|e| Failure::usage(format!("{}: cannot read: {e}", file.display())))?;
+            .map_err(|e| Failure::usage(format!("cannot read {}: {e}", located.name)))?;
             if output.json() {
                 print_json(&json!({"sessionId": h.session_id, "messages": h.messages}))?;
             } else {
-                print!("{}", history_table(h.session_id.as_deref(), &h.messages));
+                crate::out::write(history_table(h.session_id.as_deref(), &h.messages).as_bytes())?;
             }
             Ok(0)
         }
@@ -271,8 +415,8 @@ fn compact(
     state_dir: Option<PathBuf>,
     config: Option<PathBuf>,
 ) -> Result<u8, Failure> {
-    use pincer_gateway::config::{self, Overrides};
-    let settings = config::load(&Overrides { offline: true, bind: None, state_dir, config })
+    use pincer_gateway::config;
+    let settings = config::load(&Overrides { offline: true, skip_providers: false, bind: None, state_dir, config })
         .map_err(|e| Failure::usage(e.to_string()))?;
     let spec = model.or(settings.compaction.model.clone()).unwrap_or_else(|| settings.model.clone());
     let resolved = settings.providers.resolve(&spec).map_err(|e| Failure::usage(format!("--model: {e}")))?;
@@ -309,35 +453,9 @@ fn compact(
     Ok(0)
 }
 
-/// The session `key` of the store the config names, and its transcript's path (for messages).
-fn configured_session(
-    key: &str,
-    config: Option<PathBuf>,
-    state_dir: Option<PathBuf>,
-) -> Result<(Session, PathBuf), Failure> {
-    let settings = pincer_gateway::config::load(&pincer_gateway::config::Overrides {
-        offline: true,
-        bind: None,
-        state_dir,
-        config,
-    })
-    .map_err(|e| Failure::usage(e.to_string()))?;
-    let store = pincer_gateway::state::open_transcripts(&settings).map_err(|e| Failure::failed(e.to_string()))?;
-    let sessions = pincer_gateway::sessions::Sessions::new(&settings.state_dir, store.clone());
-    let s = sessions
-        .resolve(key, false)
-        .map_err(|e| Failure::usage(e.message))?
-        .ok_or_else(|| Failure::usage(format!("--session {key}: no such session in the configured store")))?;
-    let session = store
-        .read_session(&s.path)
-        .map_err(|e| Failure::failed(format!("cannot read {}: {e}", s.key)))?
-        .ok_or_else(|| Failure::usage(format!("--session {key}: the session has no transcript yet")))?;
-    Ok((session, s.path))
-}
-
 fn export(
     session: Session,
-    file: &Path,
+    located: &Located,
     format: &str,
     leaf: Option<&str>,
     output: Option<PathBuf>,
@@ -346,13 +464,13 @@ fn export(
         .ok_or_else(|| Failure::usage(format!("--format {format:?}: expected html, md or jsonl")))?;
     if session.header.is_none() {
         return Err(Failure::usage(format!(
-            "{}: no valid session header (not a Pi session; `pincer transcript verify` says more)",
-            file.display()
+            "no valid session header in {} (not a Pi session; `pincer transcript verify` says more)",
+            located.name
         )));
     }
     if let Some(id) = leaf.filter(|l| *l != "null") {
         if !session.by_id.contains_key(id) {
-            return Err(Failure::usage(format!("--leaf: unknown entry id {id:?} in {}", file.display())));
+            return Err(Failure::usage(format!("--leaf: unknown entry id {id:?} in {}", located.name)));
         }
     }
     let bytes = match format {
@@ -365,7 +483,7 @@ fn export(
     };
     match output {
         Some(out) => {
-            if same_file(&out, file) {
+            if same_file(&out, &located.path) {
                 return Err(Failure::usage(format!("--output {} is the transcript itself", out.display())));
             }
             pincer_store::files::write_export(&out, &bytes).map_err(|e| match e.kind() {
@@ -375,12 +493,7 @@ fn export(
                 _ => Failure::failed(format!("{}: cannot write: {e}", out.display())),
             })?;
         }
-        None => {
-            let mut out = std::io::stdout().lock();
-            out.write_all(&bytes)
-                .and_then(|_| out.flush())
-                .map_err(|e| Failure::failed(format!("writing output: {e}")))?;
-        }
+        None => crate::out::write(&bytes)?,
     }
     Ok(0)
 }

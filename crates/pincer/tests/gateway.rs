@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests and benches fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;
-use pincer_testkit::gateway::{connect_params, Client, GatewayProcess, TOKEN};
+use pincer_testkit::gateway::{connect_params, Client, GatewayProcess, StartOptions, TOKEN};
 use pincer_testkit::probe::message_text as text;
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -529,7 +529,7 @@ async fn sigterm_stops_runs_persists_partials_and_exits_zero() {
 
 #[test]
 fn healthz_and_the_webchat_page_are_served() {
-    let s = setup();
+    let s = setup_with("[gateway.openai_api]\nenabled = true\n");
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let page = rt.block_on(raw_get(&s.gw.addr, "/", "", None));
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
@@ -541,6 +541,9 @@ fn healthz_and_the_webchat_page_are_served() {
     // ready-to-open link comes from `pincer gateway --print-url`.
     assert!(log.contains(&format!("WebChat: open http://{}/ (", s.gw.addr)), "{log}");
     assert!(log.contains("pincer gateway --print-url"), "{log}");
+    // So are the metrics and the OpenAI endpoint's URLs.
+    assert!(log.contains(&format!("metrics: http://{}/metrics (", s.gw.addr)), "{log}");
+    assert!(log.contains(&format!("OpenAI-compatible API: http://{}/v1 (", s.gw.addr)), "{log}");
     assert!(!log.contains(TOKEN), "the token is not logged: {log}");
     // The page's files come from the binary with their types, and the page carries its CSP.
     let page = rt.block_on(raw_get(&s.gw.addr, "/", "", None)).to_ascii_lowercase();
@@ -635,4 +638,151 @@ async fn metrics_need_the_token_and_move_with_each_turn() {
         .sum();
     assert_eq!(errors, 1.0, "{two}");
     assert!(sample(&two, "pincer_store_append_seconds_count").is_some_and(|n| n > appends), "{two}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_list_every_series_before_any_turn_and_take_the_token_in_the_query() {
+    let s = setup();
+    let query = format!("/metrics?token={TOKEN}");
+    let raw = raw_get(&s.gw.addr, &query, "", None).await;
+    let (head, page) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let wrong = raw_get(&s.gw.addr, "/metrics?token=wrong-token", "", None).await;
+    assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+    // Every series of the table in crates/gateway/src/metrics.rs, before anything happened.
+    for (series, value) in [
+        ("pincer_turns_total{status=\"ok\"}", 0.0),
+        ("pincer_turns_total{status=\"error\"}", 0.0),
+        ("pincer_turns_total{status=\"aborted\"}", 0.0),
+        ("pincer_turn_seconds_count", 0.0),
+        ("pincer_turn_errors_total{kind=\"rate_limit\"}", 0.0),
+        ("pincer_turn_errors_total{kind=\"persistence\"}", 0.0),
+        ("pincer_runs_active", 0.0),
+        ("pincer_turns_queued", 0.0),
+        ("pincer_store_append_seconds_count", 0.0),
+        ("pincer_store_fdatasync_seconds_count", 0.0),
+        ("pincer_request_bodies_total", 0.0),
+        ("pincer_request_body_bytes_total", 0.0),
+        ("pincer_request_body_cpu_microseconds_total", 0.0),
+        ("pincer_model_turns_total{provider=\"fake\",model=\"fake-model\",status=\"ok\"}", 0.0),
+        ("pincer_tokens_total{provider=\"fake\",model=\"fake-model\",direction=\"input\"}", 0.0),
+        ("pincer_tokens_total{provider=\"fake\",model=\"fake-model\",direction=\"output\"}", 0.0),
+    ] {
+        assert_eq!(sample(page, series), Some(value), "{series} in\n{page}");
+    }
+    assert!(sample(page, "pincer_connections_open").is_some_and(|n| n >= 1.0), "{page}");
+
+    // After a turn: its tokens, by provider and model, as the provider reported them.
+    let mut c = Client::connect(&s.gw.addr).await;
+    send(&mut c, "main", "count my tokens", "m-1").await;
+    assert_eq!(c.chat_end("m-1").await["payload"]["state"], "final");
+    let usage = s.fake.usages().pop().expect("usage");
+    let raw = raw_get(&s.gw.addr, &query, "", None).await;
+    let page = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let tokens = |direction: &str| {
+        sample(
+            page,
+            &format!("pincer_tokens_total{{provider=\"fake\",model=\"fake-model\",direction=\"{direction}\"}}"),
+        )
+    };
+    assert_eq!(tokens("input"), usage["prompt_tokens"].as_f64(), "{page}");
+    assert_eq!(tokens("output"), usage["completion_tokens"].as_f64(), "{page}");
+    assert_eq!(
+        sample(page, "pincer_model_turns_total{provider=\"fake\",model=\"fake-model\",status=\"ok\"}"),
+        Some(1.0),
+        "{page}"
+    );
+}
+
+/// The gateway's log lines that say a turn finished.
+fn turn_lines(gw: &GatewayProcess) -> Vec<String> {
+    gw.log.lock().unwrap().iter().filter(|l| l.contains("turn finished")).cloned().collect()
+}
+
+async fn wait_for_turn_lines(gw: &GatewayProcess, n: usize) -> Vec<String> {
+    for _ in 0..100 {
+        let lines = turn_lines(gw);
+        if lines.len() >= n {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    turn_lines(gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_turn_logs_one_info_line_as_text_or_json() {
+    // Text: key=value fields after the message.
+    let s = setup();
+    let mut c = Client::connect(&s.gw.addr).await;
+    send(&mut c, "main", "log me", "log-1").await;
+    assert_eq!(c.chat_end("log-1").await["payload"]["state"], "final");
+    send(&mut c, "main", "and fail [fail]", "log-2").await;
+    assert_eq!(c.chat_end("log-2").await["payload"]["state"], "error");
+    let lines = wait_for_turn_lines(&s.gw, 2).await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let usage = s.fake.usages().pop().expect("usage");
+    let ok = &lines[0];
+    assert!(ok.contains(" INFO "), "{ok}");
+    let want = "turn finished session=agent:main:main run=log-1 model=fake/fake-model status=ok duration_ms=";
+    assert!(ok.contains(want), "{ok}");
+    assert!(
+        ok.ends_with(&format!("tokens_in={} tokens_out={}", usage["prompt_tokens"], usage["completion_tokens"])),
+        "{ok}"
+    );
+    assert!(lines[1].contains("run=log-2 model=fake/fake-model status=error"), "{}", lines[1]);
+
+    // JSON: one object a line, the fields at the top level.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = StartOptions { env: vec![("PINCER_LOG_FORMAT".into(), "json".into())], ..StartOptions::default() };
+    let config = s.fake.gateway_toml();
+    let gw = tokio::task::spawn_blocking({
+        let state = dir.path().join("state");
+        move || GatewayProcess::start_with(BIN, &state, &config, &options)
+    })
+    .await
+    .expect("start");
+    let mut c = Client::connect(&gw.addr).await;
+    send(&mut c, "main", "log me as json", "log-3").await;
+    assert_eq!(c.chat_end("log-3").await["payload"]["state"], "final");
+    let lines = wait_for_turn_lines(&gw, 1).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    for line in gw.log.lock().unwrap().iter() {
+        assert!(serde_json::from_str::<Value>(line).is_ok(), "not JSON: {line}");
+    }
+    let v: Value = serde_json::from_str(&lines[0]).expect("json");
+    assert_eq!(
+        (&v["level"], &v["message"], &v["session"], &v["run"], &v["model"], &v["status"]),
+        (
+            &json!("INFO"),
+            &json!("turn finished"),
+            &json!("agent:main:main"),
+            &json!("log-3"),
+            &json!("fake/fake-model"),
+            &json!("ok")
+        ),
+        "{v}"
+    );
+    let usage = s.fake.usages().pop().expect("usage");
+    assert_eq!((&v["tokens_in"], &v["tokens_out"]), (&usage["prompt_tokens"], &usage["completion_tokens"]), "{v}");
+    assert!(v["duration_ms"].is_u64(), "{v}");
+}
+
+#[test]
+fn sigterm_on_an_idle_gateway_exits_zero_at_once() {
+    let s = setup();
+    let mut gw = s.gw;
+    let started = std::time::Instant::now();
+    let status = gw.terminate();
+    // Printed, not asserted (timings depend on the machine): it was 3 s before the socket tracker was closed.
+    eprintln!("SIGTERM of an idle gateway: exited in {:?}", started.elapsed());
+    assert!(status.success(), "{status:?}");
+    // The log reader gets the last lines after the exit.
+    for _ in 0..100 {
+        if gw.log_text().contains("stopped") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(gw.log_text().contains("stopped"), "{}", gw.log_text());
 }

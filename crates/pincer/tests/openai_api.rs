@@ -8,8 +8,8 @@
 
 use pincer_testkit::fake_openai::FakeOpenAi;
 use pincer_testkit::gateway::{GatewayProcess, TOKEN};
+use pincer_testkit::oracle_context;
 use pincer_testkit::probe::{message_text as text, read_rows, session_index, sessions_dir};
-use pincer_testkit::{oracle_context, repo_root};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -299,32 +299,9 @@ async fn the_endpoint_is_off_unless_enabled() {
     assert!(fake.requests().is_empty());
 }
 
-/// The Python venv's interpreter (scripts/test makes it: target/openai-sdk-venv).
-fn sdk_python() -> PathBuf {
-    let p = std::env::var_os("PINCER_OPENAI_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/openai-sdk-venv/bin/python"));
-    assert!(
-        p.is_file(),
-        "the Python openai SDK is not installed at {}: run scripts/test (it makes the venv from tests/openai-sdk/requirements.txt), or set PINCER_OPENAI_PYTHON",
-        p.display()
-    );
-    p
-}
-
-fn sdk_dir() -> PathBuf {
-    let d = repo_root().join("tests/openai-sdk");
-    assert!(
-        d.join("node_modules/openai/package.json").is_file(),
-        "the npm openai SDK is not installed in {}: run scripts/test (npm ci there)",
-        d.display()
-    );
-    d
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_and_node_sdks_are_clients() {
-    let (python, dir_sdk) = (sdk_python(), sdk_dir());
+    let (python, dir_sdk) = (pincer_testkit::sdk_python(), pincer_testkit::sdk_dir());
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     let fake = FakeOpenAi::start().await;

@@ -3,7 +3,8 @@
 //! one replica what was sent through another, with the answers a JSONL gateway gives;
 //! `sessions.compact {maxLines}` keeps the lines the file store keeps (and the old transcript);
 //! the archive listing reads what reset and delete set aside; the OpenAI endpoint continues a
-//! stateless conversation sent alternately to two replicas as one session.
+//! stateless conversation sent alternately to two replicas as one session; the transcript
+//! commands take `--session KEY` of the database (those that work on files say so).
 #![allow(clippy::disallowed_methods)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
@@ -369,4 +370,50 @@ async fn the_openai_endpoint_continues_a_history_resent_alternately_to_two_repli
     let (text, key) = complete(&a, &json!(kept)).await;
     assert_eq!((text.as_str(), key.as_str()), ("Fake reply: you said \"step 6 of the plan\"", session.as_str()));
     assert_eq!(Session::parse(c.export(&session)).entries.len(), 6, "the 4 kept entries and the new turn");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transcript_commands_take_a_session_key_of_the_database() {
+    let c = cluster(1, "");
+    let mut a = Client::connect(&c.replicas[0].addr).await;
+    turn(&mut a, "main", "remember the blue door", "k1").await;
+    let run = |args: &[&str]| {
+        let out = c.cli(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Read through the store: history, context, export, the same session.
+    let (code, out, err) = run(&["transcript", "history", "--session", "main", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let history: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(history["messages"].as_array().map(Vec::len), Some(2), "{history}");
+    assert!(out.contains("remember the blue door"), "{out}");
+    let (code, out, err) = run(&["transcript", "context", "--session", "main"]);
+    assert_eq!(code, Some(0), "{err}");
+    let context: Value = serde_json::from_str(&out).expect("json");
+    let session = Session::parse(c.export("main"));
+    assert_eq!(context["leafId"].as_str(), session.leaf_id(), "{context}");
+    // Appended through the database, chained to the leaf.
+    let (code, out, err) = run(&[
+        "transcript",
+        "append",
+        "--session",
+        "main",
+        "--message",
+        r#"{"role":"user","content":"a note","timestamp":0}"#,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let appended: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(appended["parentId"].as_str(), session.leaf_id(), "{appended}");
+    assert_eq!(Session::parse(c.export("main")).leaf_id(), appended["id"].as_str());
+    // verify and repair work on files: they say so, and name what works instead.
+    for cmd in ["verify", "repair"] {
+        let (code, _, err) = run(&["transcript", cmd, "--session", "main"]);
+        assert_eq!(code, Some(2), "{cmd}: {err}");
+        assert!(err.starts_with(&format!("pincer: `transcript {cmd}` works on JSONL files")), "{err}");
+        assert!(err.contains("transcript export --session agent:main:main --format jsonl"), "{err}");
+    }
 }

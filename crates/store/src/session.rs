@@ -146,6 +146,8 @@ pub enum Problem {
     OldVersion { version: u64 },
     /// An entry without an `id` (it cannot be a parent).
     MissingId { offset: usize },
+    /// A message whose `role` Pi does not know: the model never sees it (found by `verify` only).
+    UnknownRole { role: String, offset: usize },
 }
 
 /// What a non-blank line that is not an entry turned out to be (for rewriting it).

@@ -25,6 +25,7 @@ impl Problem {
             Problem::Cycle { .. } => "parent-cycle",
             Problem::OldVersion { .. } => "old-version",
             Problem::MissingId { .. } => "missing-id",
+            Problem::UnknownRole { .. } => "unknown-role",
         }
     }
 
@@ -53,7 +54,8 @@ impl Problem {
             | Problem::ExtraHeader { offset }
             | Problem::DuplicateId { offset, .. }
             | Problem::Orphan { offset, .. }
-            | Problem::MissingId { offset } => Some(*offset),
+            | Problem::MissingId { offset }
+            | Problem::UnknownRole { offset, .. } => Some(*offset),
             Problem::Linear { .. } | Problem::Cycle { .. } | Problem::OldVersion { .. } => None,
         }
     }
@@ -74,6 +76,10 @@ impl Problem {
             Problem::Cycle { ids } => format!("parent cycle {}; Pi would hang, Pincer cuts the path where it repeats", ids.join(" -> ")),
             Problem::OldVersion { version } => format!("session format version {version}; migrated to 3 in memory, on disk by `repair` or the first append"),
             Problem::MissingId { .. } => "entry has no id, so nothing can be chained to it".into(),
+            Problem::UnknownRole { role, .. } => format!(
+                "message role {role:?} is not one Pi knows ({}); the model never sees this message",
+                pincer_pi::MESSAGE_ROLES.join(", ")
+            ),
         }
     }
 }
@@ -139,10 +145,27 @@ impl Report {
     }
 }
 
-/// Reads and checks a file (never changes it).
+/// Reads and checks a file (never changes it): what parsing finds, and messages with a role Pi
+/// does not know.
 pub fn verify(path: &Path) -> Result<Report, StoreError> {
     let data = std::fs::read(path).map_err(|source| StoreError::Io { path: path.display().to_string(), source })?;
-    Ok(Report { file: path.to_path_buf(), session: Session::parse(data) })
+    Ok(Report { file: path.to_path_buf(), session: checked(Session::parse(data)) })
+}
+
+/// `session` with its messages of unknown roles added to its problems (parsing does not look
+/// inside messages; only `verify` and `repair` do).
+fn checked(mut session: Session) -> Session {
+    let unknown: Vec<Problem> = (0..session.entries.len())
+        .filter(|&i| session.entries[i].kind == crate::session::Kind::Message)
+        .filter_map(|i| {
+            let message: Value = serde_json::from_str(&session.raw_message(i)?).ok()?;
+            let role = message.get("role")?.as_str()?;
+            (!pincer_pi::MESSAGE_ROLES.contains(&role))
+                .then(|| Problem::UnknownRole { role: role.to_owned(), offset: session.entries[i].offset })
+        })
+        .collect();
+    session.problems.extend(unknown);
+    session
 }
 
 /// What `repair` did.
@@ -175,7 +198,7 @@ pub(crate) fn repair(path: &Path, opts: &StoreOptions, locks: &LockRegistry) -> 
     }
     let content = s.render(true);
     let backup = crate::rewrite::replace_atomically(path, &content)?;
-    let after = Session::parse(content);
+    let after = checked(Session::parse(content));
     Ok(Repaired { fixed, backup: Some(backup), remaining: after.problems })
 }
 
@@ -211,5 +234,30 @@ mod tests {
             "a second repair changed the file: {:?}",
             again.fixed
         );
+    }
+
+    #[test]
+    fn a_message_of_an_unknown_role_is_reported_and_still_there_after_a_repair() {
+        // A message Pi does not know on a last line without its newline (repairable): repair adds
+        // the newline, and the message is still reported, before and after.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("s.jsonl");
+        std::fs::write(
+            &f,
+            "{\"type\":\"session\",\"version\":3,\"id\":\"s1\",\"timestamp\":\"2025-01-01T00:00:00.000Z\",\"cwd\":\"/\"}\n\
+             {\"type\":\"message\",\"id\":\"a1\",\"parentId\":null,\"timestamp\":\"2025-01-01T00:00:01.000Z\",\"message\":{\"role\":\"robot\",\"content\":\"beep\",\"timestamp\":1}}",
+        )
+        .expect("write");
+        let before = verify(&f).expect("verify");
+        assert!(before
+            .session
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::UnknownRole { role, .. } if role == "robot")));
+        let store = Store::new(StoreOptions::default());
+        let r = store.repair(&f).expect("repair");
+        assert!(r.backup.is_some(), "the newline was added");
+        assert_eq!(r.remaining.iter().map(Problem::kind).collect::<Vec<_>>(), ["unknown-role"], "{:?}", r.remaining);
+        assert!(!verify(&f).expect("verify").healthy());
     }
 }

@@ -31,6 +31,32 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The Python interpreter of a venv with the official `openai` package (`PINCER_OPENAI_PYTHON`,
+/// else `target/openai-sdk-venv`, which scripts/test makes from tests/openai-sdk/requirements.txt).
+pub fn sdk_python() -> PathBuf {
+    let p = std::env::var_os("PINCER_OPENAI_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/openai-sdk-venv/bin/python"));
+    assert!(
+        p.is_file(),
+        "the Python openai SDK is not installed at {}: run scripts/test (it makes the venv from tests/openai-sdk/requirements.txt), or set PINCER_OPENAI_PYTHON",
+        p.display()
+    );
+    p
+}
+
+/// `tests/openai-sdk`, where npm's `openai` package is installed (scripts/test runs `npm ci` there);
+/// a script in it imports the package.
+pub fn sdk_dir() -> PathBuf {
+    let d = repo_root().join("tests/openai-sdk");
+    assert!(
+        d.join("node_modules/openai/package.json").is_file(),
+        "the npm openai SDK is not installed in {}: run scripts/test (npm ci there)",
+        d.display()
+    );
+    d
+}
+
 /// `shared/` (beside the repository, or `PINCER_SHARED_DIR`).
 pub fn shared_dir() -> PathBuf {
     std::env::var_os("PINCER_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("../shared"))

@@ -20,7 +20,7 @@ use crate::sse::SseEvent;
 
 /// `max_tokens` when the model config has none (the API requires one).
 pub const DEFAULT_MAX_TOKENS: u64 = 8192;
-const VERSION: &str = "2023-06-01";
+pub(crate) const VERSION: &str = "2023-06-01";
 
 fn image_block(b: &Value) -> Value {
     json!({"type": "image", "source": {"type": "base64", "media_type": str_of(b, "mimeType"), "data": str_of(b, "data")}})

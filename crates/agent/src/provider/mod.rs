@@ -410,7 +410,7 @@ fn secs(d: Duration) -> String {
 }
 
 /// `e` and its sources, joined with `: ` (reqwest's own Display hides the cause).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {
