@@ -236,6 +236,14 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
     on_listening: impl FnOnce(&Listening),
 ) -> Result<(), GatewayError> {
+    // A hook that cannot run would fail every turn: refuse to start instead.
+    if let Some(program) = settings.hook.as_ref().and_then(|h| h.command.first()) {
+        crate::hook::find_program(program).map_err(|e| {
+            GatewayError::Config(format!(
+                "hooks.before_agent_run.command: {e}; a hook that cannot run would fail every turn"
+            ))
+        })?;
+    }
     let bind = settings.bind;
     let listen = |source| GatewayError::Listen { addr: bind, source };
     let listener = bind_listener(bind).map_err(listen)?;

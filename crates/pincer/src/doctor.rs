@@ -105,27 +105,10 @@ fn providers(c: &mut Checks, settings: &Settings, timeout: Duration) -> Result<(
 fn hook(c: &mut Checks, settings: &Settings) {
     let Some(h) = &settings.hook else { return };
     let Some(program) = h.command.first() else { return };
-    let found = if program.contains('/') {
-        Some(PathBuf::from(program))
-    } else {
-        std::env::var_os("PATH")
-            .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join(program)).find(|p| p.is_file()))
-    };
-    match found {
-        Some(path) if executable(&path) => c.ok("hook", format!("{} is executable", path.display())),
-        Some(path) if path.is_file() => c.fail("hook", format!("{} is not executable (chmod +x)", path.display())),
-        _ => c.fail(
-            "hook",
-            format!(
-                "hooks.before_agent_run: no program {program:?}; every turn would be blocked (the hook fails closed)"
-            ),
-        ),
+    match pincer_gateway::hook::find_program(program) {
+        Ok(path) => c.ok("hook", format!("{} is executable", path.display())),
+        Err(e) => c.fail("hook", format!("hooks.before_agent_run: {e}; the gateway refuses to start with it")),
     }
-}
-
-/// Whether this process may execute `path` (and it is a file).
-fn executable(path: &Path) -> bool {
-    rustix::fs::access(path, rustix::fs::Access::EXEC_OK).is_ok() && path.is_file()
 }
 
 fn state_dir(c: &mut Checks, dir: &Path) {

@@ -336,7 +336,7 @@ fn doctor_checks_the_config_providers_hook_state_dir_and_store() {
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("ok    provider fake: openai-completions at http://"), "{text}");
     assert!(text.contains("FAIL  provider down: http://127.0.0.1:9/v1 is unreachable"), "{text}");
-    assert!(text.contains("FAIL  hook: hooks.before_agent_run: no program \"/nonexistent/my-policy\""), "{text}");
+    assert!(text.contains("FAIL  hook: hooks.before_agent_run: /nonexistent/my-policy does not exist"), "{text}");
     assert!(text.contains(&format!("ok    state dir: {state} (writable)")), "{text}");
     assert!(text.contains("ok    store: JSONL files in") && text.contains(": 3 session(s)"), "{text}");
     // All well: a hook that exists and is executable.
