@@ -394,7 +394,7 @@ async fn handshake(
     };
     let fail = |id: Option<String>, e: RpcError| {
         tracing::info!("connect refused: {}", e.message);
-        let frame = protocol::response(id.as_deref().unwrap_or("connect"), Err(e));
+        let frame = protocol::refusal(id.as_deref(), "connect", e);
         Refused::Close(Some(frame), 1008, "connect failed".into())
     };
     if text.len() > limit {
@@ -402,7 +402,7 @@ async fn handshake(
         return Err(fail(None, RpcError::invalid(msg)));
     }
     let req = protocol::parse_request(&text).map_err(|(id, e)| fail(id, e))?;
-    let id = Some(req.id.clone());
+    let id = Some(Value::from(req.id.as_str()).to_string());
     if req.method != "connect" {
         return Err(fail(id, RpcError::invalid("the first request must be connect")));
     }
@@ -532,7 +532,7 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                 let req = match protocol::parse_request(&text) {
                     Ok(req) => req,
                     Err((id, e)) => {
-                        outbox.push(protocol::response(id.as_deref().unwrap_or("unknown"), Err(e)), false);
+                        outbox.push(protocol::refusal(id.as_deref(), "unknown", e), false);
                         continue;
                     }
                 };
