@@ -87,3 +87,100 @@ async fn a_frame_with_a_lone_surrogate_is_answered_with_its_own_id() {
     assert_eq!((res["id"].as_str(), res["ok"].as_bool()), (Some("h2"), Some(true)), "{res}");
     assert!(fake.requests().is_empty(), "no turn ran");
 }
+
+/// Writes session `agent:main:<name>` (id `sid`) with the given entry lines into `state`.
+fn write_session(state: &std::path::Path, name: &str, sid: &str, entries: &[Value]) {
+    let dir = state.join("agents/main/sessions");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut out = json!({"type": "session", "version": 3, "id": sid, "timestamp": "2026-12-01T10:00:00.000Z",
+        "cwd": "/"})
+    .to_string();
+    out.push('\n');
+    for e in entries {
+        out.push_str(&e.to_string());
+        out.push('\n');
+    }
+    std::fs::write(dir.join(format!("{sid}.jsonl")), out).unwrap();
+    let index_path = dir.join("sessions.json");
+    let mut index: Value =
+        std::fs::read(&index_path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| json!({}));
+    index[format!("agent:main:{name}")] =
+        json!({"sessionId": sid, "updatedAt": 1_780_000_000_000_i64, "sessionStartedAt": 1_780_000_000_000_i64});
+    std::fs::write(index_path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
+}
+
+fn message(id: &str, parent: Option<&str>, role: &str, text: &str) -> Value {
+    let message = match role {
+        "user" => json!({"role": "user", "content": text, "timestamp": 1}),
+        _ => json!({"role": "assistant", "content": [{"type": "text", "text": text}], "stopReason": "stop",
+            "timestamp": 1}),
+    };
+    json!({"type": "message", "id": id, "parentId": parent, "timestamp": "2026-12-01T10:00:00.000Z",
+        "message": message})
+}
+
+/// A request with a client's patience: `Err` when no answer came within it.
+async fn timed(c: &mut Client, method: &str, params: Value, patience: Duration) -> (Result<Value, Value>, Duration) {
+    let t = std::time::Instant::now();
+    let r = c.try_request(method, params, patience).await.unwrap_or_else(|e| panic!("{method}: {e}"));
+    (r, t.elapsed())
+}
+
+/// Issue 34, item 8: `sessions.tree` and `sessions.branches.list` over a chain with a tip under
+/// every entry (what rewind + inject + switch build through the API alone) walk each entry once:
+/// 16,000 entries are answered correctly within a client's patience (60 s; today's code needed
+/// 51 s per call in a release build, longer in this one). Timings are printed, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tree_and_branches_of_a_chain_with_a_tip_under_every_entry_are_linear() {
+    const CHAIN: usize = 8000;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (m, s) = (|i: usize| format!("m{i}"), |i: usize| format!("s{i}"));
+    let mut entries = vec![message(&m(0), None, "user", "root question")];
+    for i in 1..CHAIN {
+        // The side tip under m(i-1), then the chain goes on; m(CHAIN-1), last, is the leaf.
+        entries.push(message(&s(i - 1), Some(&m(i - 1)), "user", &format!("side {}", i - 1)));
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        entries.push(message(&m(i), Some(&m(i - 1)), role, &format!("chain {i}")));
+    }
+    write_session(&state, "tree", "0000000a-0000-4000-8000-00000000000a", &entries);
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = GatewayProcess::start(BIN, &state, &fake.gateway_toml());
+    let mut c = Client::connect(&gw.addr).await;
+    let patience = Duration::from_secs(60);
+    let key = json!({"sessionKey": "agent:main:tree"});
+
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let (branches, t) = timed(&mut c, "sessions.branches.list", key.clone(), patience).await;
+        took.push(("sessions.branches.list", t));
+        let branches = branches.unwrap()["branches"].as_array().unwrap().clone();
+        assert_eq!(branches.len(), CHAIN, "every side tip and the active leaf");
+        assert_eq!(branches[0]["leafEntryId"], m(CHAIN - 1));
+        assert_eq!(branches[0]["active"], true);
+        assert_eq!(branches[0]["messageCount"], CHAIN);
+        assert_eq!(branches[0]["headline"], format!("chain {}", CHAIN - 1));
+        // Side tips newest first: s(i) sits under m(i), so its path holds i + 2 messages.
+        for (k, b) in branches[1..].iter().enumerate() {
+            let i = CHAIN - 2 - k;
+            assert_eq!((b["leafEntryId"].as_str(), b["messageCount"].as_u64()), (Some(&*s(i)), Some(i as u64 + 2)));
+            assert_eq!(b["headline"], format!("side {i}"));
+        }
+
+        let (tree, t) = timed(&mut c, "sessions.tree", key.clone(), patience).await;
+        took.push(("sessions.tree", t));
+        let tree = tree.unwrap();
+        let nodes = tree["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), 2 * CHAIN - 1);
+        assert_eq!(tree["leafId"], m(CHAIN - 1));
+        for n in nodes {
+            let id = n["id"].as_str().unwrap();
+            // The newest tip under a chain entry is the leaf (written last); a side tip is its own.
+            let want = if id.starts_with('m') { m(CHAIN - 1) } else { id.to_owned() };
+            assert_eq!(n["tipId"], want.as_str(), "{n}");
+        }
+    }
+    for (method, t) in took {
+        eprintln!("{method} over {} entries: {t:?}", 2 * CHAIN - 1);
+    }
+}
