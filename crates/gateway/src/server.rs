@@ -239,6 +239,9 @@ pub async fn serve(
     let addr = listener.local_addr().map_err(listen)?;
     pincer_store::files::create_state_dir(&settings.state_dir)
         .map_err(|source| GatewayError::StateDir { path: settings.state_dir.clone(), source })?;
+    for stale in pincer_store::files::remove_stale_temps(&settings.state_dir) {
+        tracing::info!("removed {}: a temp file an interrupted write left", stale.display());
+    }
     crate::metrics::install();
     let gw = Arc::new(Gateway::new(settings)?);
     on_listening(&Listening { addr, gateway: gw.clone() });

@@ -184,3 +184,113 @@ async fn tree_and_branches_of_a_chain_with_a_tip_under_every_entry_are_linear() 
         eprintln!("{method} over {} entries: {t:?}", 2 * CHAIN - 1);
     }
 }
+
+/// A pid no process has: a child that already exited.
+fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// Issue 34, item 14: the temp file of a write that was killed (a 170 MB import, a repair) is
+/// removed when the gateway starts, and by `pincer transcript import` and `repair`; only files
+/// named exactly as Pincer names its temp files, of a writer that is gone — never a live writer's
+/// temp file (it holds a lock on it), a symlink, a directory or any other name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn temp_files_of_killed_writes_are_removed_and_nothing_else() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let sid = "0000000b-0000-4000-8000-00000000000b";
+    write_session(&state, "tmp", sid, &[message("u1", None, "user", "hello")]);
+    let sessions = state.join("agents/main/sessions");
+    let (dead, me) = (dead_pid(), std::process::id());
+    let leftovers = [
+        sessions.join(format!("{sid}.jsonl.tmp.{dead}.0a1b2c3d")),
+        sessions.join(format!("sessions.json.tmp.{dead}.ffffffff")),
+        state.join(format!("gateway.token.tmp.{dead}.12345678")),
+    ];
+    for l in &leftovers {
+        std::fs::write(l, vec![b'x'; 1 << 20]).unwrap();
+    }
+    // A live writer's temp (this process holds its lock), also one whose pid is gone here (a
+    // writer in another pid namespace), and one of a live process without the lock yet.
+    let held = [
+        sessions.join(format!("{sid}.jsonl.tmp.{me}.00000001")),
+        sessions.join(format!("x.jsonl.tmp.{dead}.00000002")),
+    ];
+    let locks: Vec<std::fs::File> = held
+        .iter()
+        .map(|p| {
+            let f = std::fs::File::create(p).unwrap();
+            f.lock().unwrap();
+            f
+        })
+        .collect();
+    let fresh = sessions.join(format!("y.jsonl.tmp.{me}.00000003"));
+    std::fs::write(&fresh, "being written").unwrap();
+    // Other names, a symlink and a directory named like a temp file.
+    let kept = [
+        sessions.join(format!("{sid}.jsonl.tmp.{dead}.0A1B2C3D")),
+        sessions.join(format!("{sid}.jsonl.tmp.{dead}.0a1b2c3")),
+        sessions.join(format!("{sid}.jsonl.tmp.x{dead}.0a1b2c3d")),
+        sessions.join(format!(".tmp.{dead}.0a1b2c3d")),
+        sessions.join("notes.tmp"),
+        sessions.join(format!("{sid}.jsonl.bak.2026-01-01T00-00-00.000Z")),
+        state.join(format!("mine.tmp.{dead}.abcdef01.keep")),
+    ];
+    for k in &kept {
+        std::fs::write(k, "keep").unwrap();
+    }
+    let target = dir.path().join("outside");
+    std::fs::write(&target, "outside the state dir").unwrap();
+    let link = sessions.join(format!("link.jsonl.tmp.{dead}.abcdef02"));
+    symlink(&target, &link).unwrap();
+    let subdir = sessions.join(format!("dir.jsonl.tmp.{dead}.abcdef03"));
+    std::fs::create_dir(&subdir).unwrap();
+
+    let fake = FakeOpenAi::start_in_thread();
+    let mut gw = GatewayProcess::start(BIN, &state, &fake.gateway_toml());
+    let mut c = Client::connect(&gw.addr).await;
+    c.request("health", json!({})).await.unwrap();
+    for l in &leftovers {
+        assert!(!l.exists(), "{} is a leftover of a killed write", l.display());
+    }
+    for k in kept.iter().chain(&held).chain([&fresh]) {
+        assert!(k.exists(), "{} must stay", k.display());
+    }
+    assert!(link.symlink_metadata().is_ok() && target.exists() && subdir.is_dir());
+    assert!(gw.log_text().contains(&format!("removed {}", leftovers[0].display())), "the log names what was removed");
+    gw.terminate();
+    drop(locks);
+
+    // The CLI commands that rewrite clean up too: `transcript repair` the temp files of its file,
+    // `transcript import` those of the state directory.
+    let transcript = sessions.join(format!("{sid}.jsonl"));
+    let again = [
+        sessions.join(format!("{sid}.jsonl.tmp.{dead}.0a1b2c3e")),
+        sessions.join(format!("z.jsonl.tmp.{dead}.0a1b2c3f")),
+    ];
+    for a in &again {
+        std::fs::write(a, "x").unwrap();
+    }
+    let out = std::process::Command::new(BIN).args(["transcript", "repair"]).arg(&transcript).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(!again[0].exists() && again[1].exists(), "repair removes its own file's temp files only");
+    let input = dir.path().join("import.jsonl");
+    std::fs::copy(&transcript, &input).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["transcript", "import"])
+        .arg(&input)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(!again[1].exists(), "import cleans the state directory");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a temp file an interrupted write left"), "{out:?}");
+    for k in &kept {
+        assert!(k.exists(), "{} must stay", k.display());
+    }
+}
