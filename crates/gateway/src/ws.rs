@@ -572,6 +572,10 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
             }
             _ = outbox.aborted.cancelled() => break,
             _ = gw.shutdown.cancelled() => {
+                // Requests still being answered (a search the shutdown stopped) queue their answers
+                // first, for a moment.
+                let all = MAX_IN_FLIGHT as u32;
+                let _ = tokio::time::timeout(Duration::from_secs(2), in_flight.acquire_many(all)).await;
                 // Runs have ended by now (their `aborted` events are queued): say goodbye.
                 let s = seq.fetch_add(1, Ordering::AcqRel) + 1;
                 let ev = protocol::event("shutdown", &json!({"reason": "gateway stopping"}), Some(s));
