@@ -24,7 +24,7 @@ mod readers;
 pub mod text;
 
 pub use indexer::Indexer;
-pub use readers::{Reader, Readers};
+pub use readers::{Reader, Readers, MAX_OPEN};
 pub use text::{parse_query, Term};
 
 use rusqlite::{params, Connection, OptionalExtension};

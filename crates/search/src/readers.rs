@@ -1,6 +1,8 @@
 //! The connections searches run on, for a process that searches while it indexes (the gateway):
 //! each running search has a connection of its own ([`Readers::take`] hands out an idle one or
-//! opens one), so a slow query never makes another wait; a few stay open between searches.
+//! opens one), so a slow query never makes another wait; a few stay open between searches. At
+//! most [`MAX_OPEN`] are out at once (each holds a page cache): a search beyond waits for one,
+//! which the time limit frees within seconds, and is refused if none comes.
 //!
 //! A query stops at its deadline ([`crate::QUERY_TIME_LIMIT`]): SQLite's progress handler looks at
 //! it between steps, and a watchdog thread interrupts a connection past its deadline while FTS5
@@ -16,12 +18,23 @@ use std::time::{Duration, Instant};
 
 /// Connections kept open between searches.
 const MAX_IDLE: usize = 4;
+/// Most searches running at once.
+pub const MAX_OPEN: usize = 8;
 /// How often the watchdog looks at the running queries' deadlines.
 const WATCH_EVERY: Duration = Duration::from_millis(50);
 
+/// The idle connections and how many are out.
+#[derive(Default)]
+struct Slots {
+    idle: Vec<Index>,
+    out: usize,
+}
+
 pub(crate) struct Shared {
     state_dir: PathBuf,
-    idle: Mutex<Vec<Index>>,
+    slots: Mutex<Slots>,
+    /// Signalled when a connection comes back.
+    freed: Condvar,
     closed: Arc<AtomicBool>,
     /// Running queries: their deadline and how to interrupt their connection.
     running: Mutex<HashMap<u64, (Instant, rusqlite::InterruptHandle)>>,
@@ -50,12 +63,14 @@ impl std::ops::Deref for Reader<'_> {
 
 impl Drop for Reader<'_> {
     fn drop(&mut self) {
+        let mut slots = pincer_pi::lock(&self.shared.slots);
+        slots.out -= 1;
         if let Some(index) = self.index.take() {
-            let mut idle = pincer_pi::lock(&self.shared.idle);
-            if !self.shared.closed.load(Ordering::Relaxed) && idle.len() < MAX_IDLE {
-                idle.push(index);
+            if !self.shared.closed.load(Ordering::Relaxed) && slots.idle.len() < MAX_IDLE {
+                slots.idle.push(index);
             }
         }
+        self.shared.freed.notify_one();
     }
 }
 
@@ -88,7 +103,8 @@ impl Readers {
     pub fn new(state_dir: &Path) -> Result<Readers> {
         let shared = Arc::new(Shared {
             state_dir: state_dir.to_path_buf(),
-            idle: Mutex::new(Vec::new()),
+            slots: Mutex::new(Slots::default()),
+            freed: Condvar::new(),
             closed: Arc::new(AtomicBool::new(false)),
             running: Mutex::new(HashMap::new()),
             wake: Condvar::new(),
@@ -102,25 +118,43 @@ impl Readers {
         Ok(Readers { shared })
     }
 
-    /// A connection for one search: an idle one, or a new one.
+    /// A connection for one search: an idle one, or a new one; when [`MAX_OPEN`] are out, waits
+    /// up to [`crate::QUERY_TIME_LIMIT`] for one to come back.
     pub fn take(&self) -> Result<Reader<'_>> {
-        if self.shared.closed.load(Ordering::Relaxed) {
-            return Err(SearchError("search stopped: the gateway is shutting down".into()));
-        }
-        let idle = pincer_pi::lock(&self.shared.idle).pop();
-        let index = match idle {
-            Some(i) => i,
-            None => {
-                Index::open_in(&self.shared.state_dir, self.shared.closed.clone(), Some(Arc::downgrade(&self.shared)))?
+        let until = Instant::now() + crate::QUERY_TIME_LIMIT;
+        let mut slots = pincer_pi::lock(&self.shared.slots);
+        loop {
+            if self.shared.closed.load(Ordering::Relaxed) {
+                return Err(SearchError("search stopped: the gateway is shutting down".into()));
             }
-        };
-        Ok(Reader { shared: &self.shared, index: Some(index) })
+            if let Some(index) = slots.idle.pop() {
+                slots.out += 1;
+                return Ok(Reader { shared: &self.shared, index: Some(index) });
+            }
+            if slots.out < MAX_OPEN {
+                slots.out += 1;
+                drop(slots);
+                let weak = Some(Arc::downgrade(&self.shared));
+                // Counted out from here: dropping the reader gives the slot back, opened or not.
+                let mut reader = Reader { shared: &self.shared, index: None };
+                reader.index = Some(Index::open_in(&self.shared.state_dir, self.shared.closed.clone(), weak)?);
+                return Ok(reader);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(SearchError(format!(
+                    "{MAX_OPEN} searches are running (the most at once); try again in a moment"
+                )));
+            }
+            slots = self.shared.freed.wait_timeout(slots, left).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        }
     }
 
     /// Stops every running query (each ends with an error saying so) and refuses new ones.
     pub fn close(&self) {
         self.shared.closed.store(true, Ordering::Relaxed);
-        pincer_pi::lock(&self.shared.idle).clear();
+        pincer_pi::lock(&self.shared.slots).idle.clear();
+        self.shared.freed.notify_all();
         for (_, handle) in pincer_pi::lock(&self.shared.running).values() {
             handle.interrupt();
         }

@@ -100,6 +100,13 @@ fn each_search_has_a_connection_of_its_own_and_a_closed_pool_refuses() {
     assert_eq!(second.search("w6", None, 200).unwrap().len(), 85);
     assert_eq!(first.search("w4", None, 200).unwrap().len(), 86);
     drop((first, second));
+    // At most MAX_OPEN at once: one more waits until one comes back.
+    let held: Vec<_> = (0..pincer_search::MAX_OPEN).map(|_| readers.take().unwrap()).collect();
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| readers.take().map(|r| r.search("w6", None, 200).unwrap().len()));
+        drop(held);
+        assert_eq!(waiting.join().unwrap().unwrap(), 85);
+    });
     readers.close();
     let e = readers.take().err().expect("closed").to_string();
     assert!(e.contains("shutting down"), "{e}");
