@@ -93,7 +93,10 @@ pub fn search(sessions: &Sessions, index: Engine<'_>, p: &SearchParams) -> Resul
         by_file.insert(format!("agents/{}/sessions/{name}", s.agent_id), s);
     }
     let files: Vec<String> = by_file.keys().cloned().collect();
-    let hits = index.hits(query, &files, limit + 1).map_err(RpcError::invalid)?;
+    let hits = index.hits(query, &files, limit + 1).map_err(|e| match e == pincer_search::STOPPED {
+        true => RpcError::unavailable(e),
+        false => RpcError::invalid(e),
+    })?;
     let truncated = hits.len() > limit;
     let mut results = Vec::new();
     for h in hits.into_iter().take(limit) {

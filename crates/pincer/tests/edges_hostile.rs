@@ -414,6 +414,7 @@ async fn a_slow_search_holds_up_no_other_and_sigterm_stops_it() {
     eprintln!("the search running at SIGTERM answered after {:?}: {res}", t.elapsed());
     assert_eq!(res["id"], "s2");
     assert!(res["error"]["message"].as_str().is_some_and(|m| m.contains("shutting down")), "{res}");
+    assert_eq!(res["error"]["code"], "UNAVAILABLE", "{res}");
     let status = gw.wait_exit(Duration::from_secs(60));
     eprintln!("exited {:?} after SIGTERM", t.elapsed());
     assert!(status.is_some_and(|s| s.success()), "the gateway exits after SIGTERM: {status:?}");

@@ -33,6 +33,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+/// The error of a search stopped (or refused) because its [`Readers`] pool was closed.
+pub const STOPPED: &str = "search stopped: the gateway is shutting down";
 /// How long one query may run before it is stopped with an error.
 pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(5);
 /// Most indexed words one `prefix*` may stand for when FTS5 expands it word by word (a prefix of
@@ -383,7 +385,7 @@ impl Index {
             return e;
         }
         if self.guard.closed.load(Ordering::Relaxed) {
-            return SearchError("search stopped: the gateway is shutting down".into());
+            return SearchError(STOPPED.into());
         }
         SearchError(format!(
             "search stopped at its time limit of {} ms; narrow the query (fewer words, more letters before a *)",

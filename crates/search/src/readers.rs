@@ -125,7 +125,7 @@ impl Readers {
         let mut slots = pincer_pi::lock(&self.shared.slots);
         loop {
             if self.shared.closed.load(Ordering::Relaxed) {
-                return Err(SearchError("search stopped: the gateway is shutting down".into()));
+                return Err(SearchError(crate::STOPPED.into()));
             }
             if let Some(index) = slots.idle.pop() {
                 slots.out += 1;
