@@ -10,6 +10,7 @@
 use futures::{SinkExt, StreamExt};
 use pincer_testkit::fake_openai::FakeOpenAi;
 use pincer_testkit::gateway::{connect_params, Client, GatewayProcess, Ws};
+use pincer_testkit::shapes::{heavy_query, message, search_corpus, write_session};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::Message;
@@ -86,37 +87,6 @@ async fn a_frame_with_a_lone_surrogate_is_answered_with_its_own_id() {
     let res: Value = serde_json::from_str(&raw_response(&mut ws).await).unwrap();
     assert_eq!((res["id"].as_str(), res["ok"].as_bool()), (Some("h2"), Some(true)), "{res}");
     assert!(fake.requests().is_empty(), "no turn ran");
-}
-
-/// Writes session `agent:main:<name>` (id `sid`) with the given entry lines into `state`.
-fn write_session(state: &std::path::Path, name: &str, sid: &str, entries: &[Value]) {
-    let dir = state.join("agents/main/sessions");
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut out = json!({"type": "session", "version": 3, "id": sid, "timestamp": "2026-12-01T10:00:00.000Z",
-        "cwd": "/"})
-    .to_string();
-    out.push('\n');
-    for e in entries {
-        out.push_str(&e.to_string());
-        out.push('\n');
-    }
-    std::fs::write(dir.join(format!("{sid}.jsonl")), out).unwrap();
-    let index_path = dir.join("sessions.json");
-    let mut index: Value =
-        std::fs::read(&index_path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_else(|| json!({}));
-    index[format!("agent:main:{name}")] =
-        json!({"sessionId": sid, "updatedAt": 1_780_000_000_000_i64, "sessionStartedAt": 1_780_000_000_000_i64});
-    std::fs::write(index_path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
-}
-
-fn message(id: &str, parent: Option<&str>, role: &str, text: &str) -> Value {
-    let message = match role {
-        "user" => json!({"role": "user", "content": text, "timestamp": 1}),
-        _ => json!({"role": "assistant", "content": [{"type": "text", "text": text}], "stopReason": "stop",
-            "timestamp": 1}),
-    };
-    json!({"type": "message", "id": id, "parentId": parent, "timestamp": "2026-12-01T10:00:00.000Z",
-        "message": message})
 }
 
 /// A request with a client's patience: `Err` when no answer came within it.
@@ -293,31 +263,6 @@ async fn temp_files_of_killed_writes_are_removed_and_nothing_else() {
     for k in &kept {
         assert!(k.exists(), "{} must stay", k.display());
     }
-}
-
-/// The search corpus of the attack: 20,000 words `m0…m19999` (100 per message), and 32 groups of
-/// 500 words `q00x000…q31x499` (each message holds two of every group, each word in 16 messages),
-/// so the 32 prefixes `q00x*…q31x*` are each just within the expansion limit.
-fn search_corpus(state: &std::path::Path) {
-    let mut entries = Vec::new();
-    let mut push = |text: String| {
-        let id = format!("c{}", entries.len());
-        entries.push(message(&id, None, "user", &text));
-    };
-    for i in 0..200 {
-        push((i * 100..(i + 1) * 100).map(|n| format!("m{n}")).collect::<Vec<_>>().join(" "));
-    }
-    for j in 0..4000 {
-        let words: Vec<String> =
-            (0..64).map(|w| format!("q{:02}x{:03}", w % 32, (j * 2 + w / 32) % 500)).collect::<Vec<_>>();
-        push(words.join(" "));
-    }
-    write_session(state, "corpus", "0000000c-0000-4000-8000-00000000000c", &entries);
-}
-
-/// 32 prefixes, each standing for 500 indexed words: as costly as a query may be.
-fn heavy_query() -> String {
-    (0..32).map(|k| format!("q{k:02}x*")).collect::<Vec<_>>().join(" ")
 }
 
 /// A gateway over [`search_corpus`], its index built.
