@@ -364,3 +364,59 @@ async fn a_slow_search_holds_up_no_other_and_sigterm_stops_it() {
     eprintln!("exited {:?} after SIGTERM", t.elapsed());
     assert!(status.is_some_and(|s| s.success()), "the gateway exits after SIGTERM: {status:?}");
 }
+
+/// Issue 34, item 14, as it happened: `pincer transcript import` of a large transcript is killed
+/// (SIGKILL) while it writes; its temp file stays beside the transcripts, and the next gateway
+/// start removes it (before, it stayed for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_import_leaves_a_temp_file_the_next_start_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    write_session(&state, "first", "0000000d-0000-4000-8000-00000000000d", &[message("u1", None, "user", "hi")]);
+    let sessions = state.join("agents/main/sessions");
+    // 160 MB of transcript: its write and fsync take long enough to be caught midway.
+    let input = dir.path().join("big.jsonl");
+    let mut out = json!({"type": "session", "version": 3, "id": "big", "timestamp": "2026-12-01T10:00:00.000Z",
+        "cwd": "/"})
+    .to_string();
+    out.push('\n');
+    let text = "lorem ipsum ".repeat(87_000);
+    let mut parent: Option<String> = None;
+    for i in 0..160 {
+        let id = format!("b{i}");
+        out.push_str(&message(&id, parent.as_deref(), "user", &text).to_string());
+        out.push('\n');
+        parent = Some(id);
+    }
+    std::fs::write(&input, out).unwrap();
+    let mut import = std::process::Command::new(BIN)
+        .args(["transcript", "import"])
+        .arg(&input)
+        .arg("--state-dir")
+        .arg(&state)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let infix = format!(".tmp.{}.", import.id());
+    let temp = pincer_testkit::probe::poll(Duration::from_secs(60), Duration::from_millis(1), || {
+        std::fs::read_dir(&sessions)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains(&infix)))
+    })
+    .expect("the import's temp file appears");
+    import.kill().unwrap();
+    assert!(!import.wait().unwrap().success());
+    let size = std::fs::metadata(&temp).map(|m| m.len()).unwrap_or(0);
+    eprintln!("killed the import; {} left, {} MB", temp.display(), size >> 20);
+    assert!(temp.exists(), "the killed import left its temp file");
+
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = GatewayProcess::start(BIN, &state, &fake.gateway_toml());
+    let mut c = Client::connect(&gw.addr).await;
+    c.request("health", json!({})).await.unwrap();
+    assert!(!temp.exists(), "the next start removes {}", temp.display());
+    let first = c.request("chat.history", json!({"sessionKey": "agent:main:first"})).await.unwrap();
+    assert_eq!(first["messages"].as_array().map(Vec::len), Some(1), "the rest is untouched: {first}");
+}
