@@ -67,8 +67,14 @@ impl std::fmt::Display for SearchError {
 
 impl std::error::Error for SearchError {}
 
+/// What a query SQLite interrupted fails with, before [`Index::search`] says why it was stopped.
+const INTERRUPTED: &str = "search index: interrupted";
+
 impl From<rusqlite::Error> for SearchError {
     fn from(e: rusqlite::Error) -> Self {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted) {
+            return SearchError(INTERRUPTED.into());
+        }
         SearchError(format!("search index: {e}"))
     }
 }
@@ -381,7 +387,7 @@ impl Index {
 
     /// The error a stopped query gives, saying why it was stopped.
     fn explain(&self, e: SearchError) -> SearchError {
-        if !e.0.contains("interrupted") {
+        if e.0 != INTERRUPTED {
             return e;
         }
         if self.guard.closed.load(Ordering::Relaxed) {

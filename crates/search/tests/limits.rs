@@ -29,9 +29,10 @@ fn state_with(dir: &Path, texts: &[String]) {
     std::fs::write(sessions.join("s1.jsonl"), out).unwrap();
 }
 
-/// 600 words `m0…m599`, 600 words `mmmm0…mmmm599`, and `common` in every message.
+/// 600 words `m0…m599`, 600 words `mmmm0…mmmm599`, 600 `interrupted0…599`, and `common` in every
+/// message.
 fn corpus(dir: &Path) -> Index {
-    let texts: Vec<String> = (0..600).map(|i| format!("common m{i} mmmm{i} w{}", i % 7)).collect();
+    let texts: Vec<String> = (0..600).map(|i| format!("common m{i} mmmm{i} interrupted{i} w{}", i % 7)).collect();
     state_with(dir, &texts);
     let mut index = Index::open(dir).unwrap();
     index.sync_all().unwrap();
@@ -50,6 +51,9 @@ fn a_prefix_expands_to_a_bounded_number_of_words() {
     let dir = tempfile::tempdir().unwrap();
     let index = corpus(dir.path());
     const { assert!(MAX_PREFIX_WORDS < 600) };
+    // Whatever the prefix, the error is the limit's (not mistaken for a stopped query).
+    let e = error(&index, "interrupted*");
+    assert!(e.starts_with("interrupted* stands for more than"), "{e}");
     // One letter, four letters: expanded word by word, and more than the limit.
     for q in ["m*", "mmmm*", "common mmmm*", "\"common m\"*"] {
         let e = error(&index, q);
