@@ -235,18 +235,25 @@ pub struct Request {
     pub params: Value,
 }
 
-/// Parses a text frame into a request. On error, the id (if one could be read) for the response.
+/// Parses a text frame into a request. On error, the request's id as its JSON text (when one
+/// could be read), for [`refusal`].
 pub fn parse_request(text: &str) -> Result<Request, (Option<String>, RpcError)> {
     if text.contains('\u{0}') {
         return Err((None, RpcError::invalid("frame must not contain null bytes")));
     }
-    let v: Value =
-        serde_json::from_str(text).map_err(|e| (None, RpcError::invalid(format!("frame is not valid JSON: {e}"))))?;
+    let v: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            return Err(
+                lone_surrogate(text).unwrap_or((None, RpcError::invalid(format!("frame is not valid JSON: {e}"))))
+            )
+        }
+    };
     let Value::Object(obj) = v else {
         return Err((None, RpcError::invalid("frame must be a JSON object")));
     };
     let id = obj.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_owned);
-    let fail = |msg: String| Err((id.clone(), RpcError::invalid(msg)));
+    let fail = |msg: String| Err((id.as_ref().map(|i| Value::from(i.as_str()).to_string()), RpcError::invalid(msg)));
     if obj.get("type").and_then(Value::as_str) != Some("req") {
         return fail("frame type must be \"req\"".into());
     }
@@ -261,6 +268,76 @@ pub fn parse_request(text: &str) -> Result<Request, (Option<String>, RpcError)> 
         return fail(format!("unexpected property '{extra}' in request frame"));
     }
     Ok(Request { id: id_s, method: method.to_owned(), params: obj.get("params").cloned().unwrap_or(Value::Null) })
+}
+
+/// The refusal of a frame that JavaScript's `JSON.parse` accepts but that is not valid Unicode:
+/// a `\uD800`–`\uDFFF` escape without its other half (`JSON.stringify` writes them for a string
+/// holding half a character). The error names the escape; the request's id is read from the frame
+/// with those escapes replaced (same length, so the id's bytes in the frame are found), and is
+/// answered as it was sent (so an id holding one comes back the same). `None` when the frame has
+/// no lone surrogate or is not valid JSON for another reason too.
+fn lone_surrogate(text: &str) -> Option<(Option<String>, RpcError)> {
+    let b = text.as_bytes();
+    let hex4 = |at: usize| -> Option<u32> {
+        let h = std::str::from_utf8(b.get(at..at + 4)?).ok()?;
+        u32::from_str_radix(h, 16).ok()
+    };
+    let (mut lone, mut i, mut in_string) = (Vec::new(), 0, false);
+    while i < b.len() {
+        match (in_string, b[i]) {
+            (false, b'"') | (true, b'"') => {
+                in_string = !in_string;
+                i += 1;
+            }
+            (true, b'\\') if b.get(i + 1) == Some(&b'u') => {
+                let u = hex4(i + 2)?;
+                let paired = (0xD800..0xDC00).contains(&u)
+                    && b.get(i + 6..i + 8) == Some(b"\\u")
+                    && hex4(i + 8).is_some_and(|l| (0xDC00..0xE000).contains(&l));
+                if paired {
+                    i += 12;
+                    continue;
+                }
+                if (0xD800..0xE000).contains(&u) {
+                    lone.push(i);
+                }
+                i += 6;
+            }
+            (true, b'\\') => i += 2,
+            _ => i += 1,
+        }
+    }
+    let first = *lone.first()?;
+    let mut patched = b.to_vec();
+    for &at in &lone {
+        patched[at + 2..at + 6].copy_from_slice(b"fffd");
+    }
+    let patched = String::from_utf8(patched).ok()?;
+    #[derive(serde::Deserialize)]
+    struct Id<'a> {
+        #[serde(borrow)]
+        id: Option<&'a serde_json::value::RawValue>,
+    }
+    let head: Id<'_> = serde_json::from_str(&patched).ok()?;
+    let id = head.id.map(|raw| raw.get()).filter(|r| r.starts_with('"') && *r != "\"\"").map(|r| {
+        let at = r.as_ptr() as usize - patched.as_ptr() as usize;
+        text[at..at + r.len()].to_owned()
+    });
+    let escape = &text[first..first + 6];
+    let msg = format!(
+        "frame is not valid JSON text: the string escape {escape} at byte {first} is a lone surrogate (half of a \
+         UTF-16 character without its other half); strings must be valid Unicode"
+    );
+    Some((id, RpcError::invalid(msg)))
+}
+
+/// The error response to a frame that is no request: `id` is the request's id as its JSON text
+/// ([`parse_request`]'s), `fallback` the id used when it had none.
+pub fn refusal(id: Option<&str>, fallback: &str, e: RpcError) -> String {
+    match id {
+        Some(id) => format!(r#"{{"type":"res","id":{id},"ok":false,"error":{}}}"#, e.to_json()),
+        None => response(fallback, Err(e)),
+    }
 }
 
 /// `{"type":"res",…}` as text.
@@ -436,11 +513,28 @@ mod tests {
         let r = parse_request(r#"{"type":"req","id":"1","method":"health"}"#).expect("valid");
         assert_eq!((r.id.as_str(), r.method.as_str(), r.params), ("1", "health", Value::Null));
         let (id, e) = parse_request(r#"{"type":"req","id":"2","method":"health","x":1}"#).expect_err("extra key");
-        assert_eq!(id.as_deref(), Some("2"));
+        assert_eq!(id.as_deref(), Some(r#""2""#));
         assert_eq!(e.message, "unexpected property 'x' in request frame");
         assert!(parse_request("nope").is_err());
         assert!(parse_request(r#"{"type":"req","id":"","method":"m"}"#).is_err());
         assert!(parse_request("{\"type\":\"req\",\"id\":\"1\",\"method\":\"m\u{0}\"}").is_err());
+        // Lone surrogates (JSON.parse takes them, Rust strings cannot hold them): refused with the
+        // request's own id, as sent; a pair is a character and is fine.
+        let (id, e) =
+            parse_request(r#"{"type":"req","id":"7","method":"m","params":{"t":"a\ud800b"}}"#).expect_err("lone");
+        assert_eq!(id.as_deref(), Some(r#""7""#));
+        assert!(e.message.contains(r"\ud800 at byte 52 is a lone surrogate"), "{}", e.message);
+        let (id, _) = parse_request(r#"{"params":"\\udc00\uDC00","id":"x\udc00\\","type":"req"}"#).expect_err("lone");
+        assert_eq!(id.as_deref(), Some(r#""x\udc00\\""#));
+        assert_eq!(
+            refusal(id.as_deref(), "unknown", RpcError::invalid("bad")),
+            r#"{"type":"res","id":"x\udc00\\","ok":false,"error":{"code":"INVALID_REQUEST","message":"bad"}}"#
+        );
+        let (id, _) =
+            parse_request(r#"{"type":"req","id":"8","method":"m","params":{"t":"\ud800"},}"#).expect_err("bad");
+        assert_eq!(id, None, "still not JSON with the surrogate replaced");
+        let ok = parse_request(r#"{"type":"req","id":"9","method":"m","params":{"t":"\ud83d\ude00 \\ud800"}}"#);
+        assert_eq!(ok.expect("a pair and an escaped backslash").params["t"], "\u{1F600} \\ud800");
         assert_eq!(
             response("9", Err(RpcError::invalid("bad"))),
             r#"{"type":"res","id":"9","ok":false,"error":{"code":"INVALID_REQUEST","message":"bad"}}"#

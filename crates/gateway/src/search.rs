@@ -93,7 +93,10 @@ pub fn search(sessions: &Sessions, index: Engine<'_>, p: &SearchParams) -> Resul
         by_file.insert(format!("agents/{}/sessions/{name}", s.agent_id), s);
     }
     let files: Vec<String> = by_file.keys().cloned().collect();
-    let hits = index.hits(query, &files, limit + 1).map_err(RpcError::invalid)?;
+    let hits = index.hits(query, &files, limit + 1).map_err(|e| match e == pincer_search::STOPPED {
+        true => RpcError::unavailable(e),
+        false => RpcError::invalid(e),
+    })?;
     let truncated = hits.len() > limit;
     let mut results = Vec::new();
     for h in hits.into_iter().take(limit) {
@@ -123,14 +126,10 @@ pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
         // What was appended is searchable at once; while the first sync of a large state dir runs,
         // the answer says `indexing` (OpenClaw's flag) and holds what is indexed so far.
         let indexing = !indexer.flush_within(Some(std::time::Duration::from_secs(2)));
-        let mut reader = crate::state::lock(&gw.search_reader);
-        if reader.is_none() {
-            *reader = Some(
-                pincer_search::Index::open(&gw.settings.state_dir).map_err(|e| RpcError::unavailable(e.to_string()))?,
-            );
-        }
-        let index = reader.as_ref().ok_or_else(|| RpcError::unavailable("search index not open"))?;
-        let mut found = search(&gw.sessions, Engine::Sqlite(index), &p)?;
+        // A connection of its own: a slow search never makes another wait.
+        let readers = gw.search_readers.as_ref().ok_or_else(|| RpcError::unavailable("search index not open"))?;
+        let index = readers.take().map_err(|e| RpcError::unavailable(e.to_string()))?;
+        let mut found = search(&gw.sessions, Engine::Sqlite(&index), &p)?;
         if indexing {
             found["indexing"] = json!(true);
         }

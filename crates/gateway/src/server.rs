@@ -261,6 +261,10 @@ pub async fn serve(
         }
         crate::config::StoreSettings::Postgres { .. } => None,
     };
+    // Only the holder of the state directory cleans it.
+    for stale in pincer_store::files::remove_stale_temps(&settings.state_dir) {
+        tracing::info!("removed {}: a temp file an interrupted write left", stale.display());
+    }
     crate::metrics::install();
     let gw = Arc::new(Gateway::new(settings)?);
     let models = gw.settings.providers.configured();

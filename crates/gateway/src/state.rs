@@ -242,8 +242,9 @@ pub struct Gateway {
     next_conn: AtomicU64,
     /// The search index kept up to date from the store's commits (`None`: it could not be opened).
     pub indexer: Option<Arc<pincer_search::Indexer>>,
-    /// The connection `sessions.search` reads the index with.
-    pub search_reader: Mutex<Option<pincer_search::Index>>,
+    /// The connections `sessions.search` reads the index with, one per running search (`None`
+    /// without the index); closed at shutdown, which stops the searches still running.
+    pub search_readers: Option<pincer_search::Readers>,
     /// The PostgreSQL store when `[store] backend = "postgres"` (also in `store`): replicas.
     pub pg: Option<pincer_pg::PgStore>,
     /// Where this process's latest appends landed, for the events that announce them.
@@ -392,6 +393,13 @@ impl Gateway {
         let conversations = Arc::new(crate::openai::index::ConversationIndex::new(store.clone()));
         let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
         let contexts = ContextCache::with_budget(settings.context_cache_bytes);
+        let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!("search is off: {e}");
+                None
+            }
+        });
         Ok(Gateway {
             sessions: Sessions::new(&settings.state_dir, store.clone()),
             settings,
@@ -410,8 +418,8 @@ impl Gateway {
             dedupe: Mutex::new(DedupeWindow::default()),
             contexts: Mutex::new(contexts),
             next_conn: AtomicU64::new(1),
+            search_readers,
             indexer,
-            search_reader: Mutex::new(None),
             pg,
             positions: Mutex::default(),
             lanes: crate::lanes::Lanes::default(),
@@ -508,6 +516,9 @@ impl Gateway {
     pub fn stop_runs(&self) {
         for r in self.all_runs() {
             r.abort("shutdown");
+        }
+        if let Some(readers) = &self.search_readers {
+            readers.close();
         }
         self.stopping_runs.cancel();
     }

@@ -53,6 +53,38 @@ fn raw_role(raw: &str) -> Option<String> {
     serde_json::from_str::<Value>(raw).ok()?.get("role")?.as_str().map(str::to_owned)
 }
 
+/// The parent a child of leaf control `start` gets: the first id up the chain of `parent`s from
+/// `start` that is not a leaf control (or names no entry). Memoized in `through` for every control
+/// walked, so all children of all controls together walk each control once; a cycle of controls
+/// ends at the control where it closes.
+fn resolve_controls(
+    nodes: &[Node],
+    by_id: &HashMap<String, usize>,
+    through: &mut [Option<Option<String>>],
+    start: usize,
+) -> Option<String> {
+    let mut walked = Vec::new();
+    let mut on_walk = HashSet::new();
+    let mut cur = start;
+    let found = loop {
+        if let Some(done) = &through[cur] {
+            break done.clone();
+        }
+        if !on_walk.insert(cur) {
+            break Some(nodes[cur].id.clone());
+        }
+        walked.push(cur);
+        match nodes[cur].parent.as_ref().and_then(|id| by_id.get(id)).copied() {
+            Some(pi) if nodes[pi].kind == Kind::Leaf => cur = pi,
+            _ => break nodes[cur].parent.clone(),
+        }
+    };
+    for w in walked {
+        through[w] = Some(found.clone());
+    }
+    found
+}
+
 impl Tree {
     fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, RpcError> {
         let parsed = gw.store.read_session(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
@@ -80,20 +112,18 @@ impl Tree {
             by_id.insert(id.to_owned(), nodes.len());
             nodes.push(Node { id: id.to_owned(), parent: raw_parent, kind: e.kind, role, at: i, value });
         }
-        // Children of a leaf control continue from its target.
+        // Children of a leaf control continue from its target: each leaf control's first ancestor
+        // that is not one is found once (a chain of controls is walked once, not once per child).
+        let mut through: Vec<Option<Option<String>>> = vec![None; nodes.len()];
         for i in 0..nodes.len() {
-            let mut p = nodes[i].parent.clone();
-            let mut hops = 0;
-            while let Some(pi) = p.as_ref().and_then(|id| by_id.get(id)).copied() {
-                if nodes[pi].kind != Kind::Leaf || hops > nodes.len() || pi == i {
-                    break;
-                }
-                p = nodes[pi].parent.clone();
-                hops += 1;
+            if nodes[i].kind == Kind::Leaf {
+                continue;
             }
-            if nodes[i].kind != Kind::Leaf {
-                nodes[i].parent = p;
-            }
+            let p = match nodes[i].parent.as_ref().and_then(|id| by_id.get(id)).copied() {
+                Some(pi) if nodes[pi].kind == Kind::Leaf => resolve_controls(&nodes, &by_id, &mut through, pi),
+                _ => continue,
+            };
+            nodes[i].parent = p;
         }
         Ok(Tree { parsed, nodes, by_id, leaf })
     }
@@ -123,6 +153,46 @@ impl Tree {
         }
         out.reverse();
         out
+    }
+
+    /// A value of node `start` computed along its path (as [`Tree::path`] walks it): a node's own
+    /// value when `own` gives one (the walk stops there), else `step(node, its parent's value)`,
+    /// `root` above the first node (or where a cycle closes). Memoized in `memo` (one slot per
+    /// node), so the paths of every tip together cost the tree's size, not the sum of their
+    /// lengths (a chain with a tip under every entry was quadratic).
+    fn up<T: Clone>(
+        &self,
+        start: usize,
+        memo: &mut [Option<T>],
+        own: impl Fn(&Node) -> Option<T>,
+        root: T,
+        step: impl Fn(&Node, &T) -> T,
+    ) -> T {
+        let mut walked: Vec<usize> = Vec::new();
+        let mut on_walk = HashSet::new();
+        let mut cur = Some(start);
+        let mut value = root;
+        while let Some(i) = cur {
+            if let Some(v) = &memo[i] {
+                value = v.clone();
+                break;
+            }
+            if !on_walk.insert(i) {
+                break;
+            }
+            if let Some(v) = own(&self.nodes[i]) {
+                memo[i] = Some(v.clone());
+                value = v;
+                break;
+            }
+            walked.push(i);
+            cur = self.nodes[i].parent.as_deref().and_then(|p| self.by_id.get(p)).copied();
+        }
+        for &i in walked.iter().rev() {
+            value = step(&self.nodes[i], &value);
+            memo[i] = Some(value.clone());
+        }
+        value
     }
 
     /// Entries one can switch to: the active leaf and every entry without children (OpenClaw's
@@ -167,19 +237,6 @@ fn role(n: &Node) -> Option<&str> {
 /// The text of a projected message as one trimmed line (titles, headlines).
 pub fn display_text(message: &Value) -> String {
     pincer_pi::headline(message.get("content"), pincer_pi::HEADLINE_CHARS)
-}
-
-fn headline(tree: &Tree, path: &[&Node]) -> String {
-    for n in path.iter().rev() {
-        if !matches!(role(n), Some("user" | "assistant")) {
-            continue;
-        }
-        let text = display_text(&tree.value(n)["message"]);
-        if !text.is_empty() {
-            return text;
-        }
-    }
-    String::new()
 }
 
 /// `{sessionKey, agentId?}`: the session every tree method works on.
@@ -252,13 +309,27 @@ pub async fn branches_list(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcE
         // OpenClaw answers an unknown session with no branches.
         let Some(s) = find_session(gw, &params)? else { return Ok(json!({"branches": []})) };
         let tree = Tree::load(gw, &s)?;
+        // Per node, memoized along the paths: its path's message count, and the nearest entry on
+        // it (itself first) whose text gives the headline.
+        let mut counts: Vec<Option<usize>> = vec![None; tree.nodes.len()];
+        let mut heads: Vec<Option<Option<usize>>> = vec![None; tree.nodes.len()];
+        let index = |n: &Node| tree.by_id.get(&n.id).copied();
         let branches: Vec<Value> = (tree.tips().into_iter())
             .map(|tip| {
-                let path = tree.path(Some(&tip.id));
+                let at = index(tip).unwrap_or(0);
+                let count =
+                    tree.up(at, &mut counts, |_| None, 0, |n, above| above + usize::from(n.kind == Kind::Message));
+                let has_text = |n: &Node| {
+                    let text = matches!(role(n), Some("user" | "assistant"))
+                        && !display_text(&tree.value(n)["message"]).is_empty();
+                    text.then(|| index(n))
+                };
+                let head = tree.up(at, &mut heads, has_text, None, |_, above| *above);
+                let headline = head.map(|h| display_text(&tree.value(&tree.nodes[h])["message"])).unwrap_or_default();
                 let mut b = json!({
                     "leafEntryId": tip.id,
-                    "headline": headline(&tree, &path),
-                    "messageCount": path.iter().filter(|n| n.kind == Kind::Message).count(),
+                    "headline": headline,
+                    "messageCount": count,
                     "active": tree.leaf.as_deref() == Some(tip.id.as_str()),
                 });
                 if let Some(ts) =
@@ -284,9 +355,15 @@ pub async fn tree(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
         let mut tip_of: HashMap<&str, &str> = HashMap::new();
         let mut tips = tree.tips();
         tips.sort_by_key(|n| std::cmp::Reverse(tree.by_id.get(&n.id).copied().unwrap_or(0)));
+        // An entry already claimed was claimed with all its ancestors: each walk stops there.
         for tip in tips {
-            for n in tree.path(Some(&tip.id)) {
-                tip_of.entry(n.id.as_str()).or_insert(tip.id.as_str());
+            let mut cur = Some(tip);
+            while let Some(n) = cur {
+                if tip_of.contains_key(n.id.as_str()) {
+                    break;
+                }
+                tip_of.insert(n.id.as_str(), tip.id.as_str());
+                cur = n.parent.as_deref().and_then(|p| tree.get(p));
             }
         }
         let nodes: Vec<Value> = (tree.nodes.iter())

@@ -395,7 +395,7 @@ async fn handshake(
     };
     let fail = |id: Option<String>, e: RpcError| {
         tracing::info!("connect refused: {}", e.message);
-        let frame = protocol::response(id.as_deref().unwrap_or("connect"), Err(e));
+        let frame = protocol::refusal(id.as_deref(), "connect", e);
         Refused::Close(Some(frame), 1008, "connect failed".into())
     };
     if text.len() > limit {
@@ -403,7 +403,7 @@ async fn handshake(
         return Err(fail(None, RpcError::invalid(msg)));
     }
     let req = protocol::parse_request(&text).map_err(|(id, e)| fail(id, e))?;
-    let id = Some(req.id.clone());
+    let id = Some(Value::from(req.id.as_str()).to_string());
     if req.method != "connect" {
         return Err(fail(id, RpcError::invalid("the first request must be connect")));
     }
@@ -540,7 +540,7 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                 let req = match protocol::parse_request(&text) {
                     Ok(req) => req,
                     Err((id, e)) => {
-                        outbox.push(protocol::response(id.as_deref().unwrap_or("unknown"), Err(e)), false);
+                        outbox.push(protocol::refusal(id.as_deref(), "unknown", e), false);
                         continue;
                     }
                 };
@@ -580,6 +580,10 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
             }
             _ = outbox.aborted.cancelled() => break,
             _ = gw.shutdown.cancelled() => {
+                // Requests still being answered (a search the shutdown stopped) queue their answers
+                // first, for a moment.
+                let all = MAX_IN_FLIGHT as u32;
+                let _ = tokio::time::timeout(Duration::from_secs(2), in_flight.acquire_many(all)).await;
                 // Runs have ended by now (their `aborted` events are queued): say goodbye.
                 let s = seq.fetch_add(1, Ordering::AcqRel) + 1;
                 let ev = protocol::event("shutdown", &json!({"reason": "gateway stopping"}), Some(s));

@@ -11,8 +11,8 @@
 //! syntax.
 
 use crate::{Inner, PgError, PgStore};
-use pincer_search::text::{line_message, snippet, title_of, tokens};
-use pincer_search::{parse_query, Hit, Term, CANDIDATES};
+use pincer_search::text::{check_query_size, line_message, snippet, title_of, tokens};
+use pincer_search::{parse_query, Hit, Term, CANDIDATES, QUERY_TIME_LIMIT};
 use tokio_postgres::types::ToSql;
 
 /// Most bytes of folded words a message is found by (a `tsvector` holds at most 1 MB).
@@ -88,8 +88,13 @@ impl PgStore {
     /// directory; `None`: every live transcript), ranked by `ts_rank` (divided by the log of the
     /// message's length, as BM25 favours short matches) among the newest
     /// [`CANDIDATES`] matches, as the SQLite index ranks by BM25 among its newest.
+    ///
+    /// Bounded as the SQLite index's: at most [`pincer_search::text::MAX_QUERY_WORDS`] words, and
+    /// the query stops at [`QUERY_TIME_LIMIT`] (`statement_timeout`; each search has a pooled
+    /// connection of its own, so none waits for another).
     pub fn search(&self, query: &str, files: Option<&[String]>, limit: usize) -> Result<Vec<Hit>, PgError> {
         let terms = parse_query(query);
+        check_query_size(&terms).map_err(PgError::Other)?;
         let Some((q, values)) = tsquery(&terms, 2) else {
             return Err(PgError::Other(format!("query {query:?} has no words to search for")));
         };
@@ -139,7 +144,7 @@ type Row = (i64, String, String, String, i64, String, f32);
 
 impl Inner {
     async fn search(&self, q: String, values: Vec<String>, files: Option<Vec<String>>) -> Result<Vec<Row>, PgError> {
-        let c = self.pool.get().await?;
+        let mut c = self.pool.get().await?;
         let filter = match files {
             Some(_) => "t.file = ANY($1)",
             None => "t.file LIKE '%.jsonl' AND $1::text[] IS NULL",
@@ -152,7 +157,19 @@ impl Inner {
         );
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![&files];
         params.extend(values.iter().map(|v| v as &(dyn ToSql + Sync)));
-        let rows = c.query(&sql, &params).await?;
+        let tx = c.transaction().await?;
+        tx.batch_execute(&format!("SET LOCAL statement_timeout = {}", QUERY_TIME_LIMIT.as_millis())).await?;
+        let rows = match tx.query(&sql, &params).await {
+            Ok(rows) => rows,
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) => {
+                return Err(PgError::Other(format!(
+                    "search stopped at its time limit of {} ms; narrow the query (fewer words, more letters before a *)",
+                    QUERY_TIME_LIMIT.as_millis()
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        tx.commit().await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5), r.get(6))).collect())
     }
 

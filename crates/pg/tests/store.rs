@@ -206,6 +206,11 @@ fn search_finds_appends_at_once_and_a_database_made_before_search_is_indexed_on_
     assert_eq!(s.search_title(&name).expect("title").as_deref(), Some("first"));
     // Only live transcripts of the list are searched.
     assert_eq!(s.search("second", Some(&["agents/main/sessions/other.jsonl".to_owned()]), 10).expect("search"), vec![]);
+    // As many words as the SQLite index allows, not one more (issue 34, item 7).
+    let words = |n: usize| vec!["second"; n].join(" ");
+    assert_eq!(found(&s, &words(pincer_search::text::MAX_QUERY_WORDS)).len(), 2);
+    let e = s.search(&words(pincer_search::text::MAX_QUERY_WORDS + 1), None, 10).expect_err("too many").to_string();
+    assert!(e.contains("words; at most"), "{e}");
     drop(s);
 
     // A database written before migration 2: its messages are indexed when a store starts on it.

@@ -343,6 +343,7 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             if !file.exists() {
                 return Err(located.missing());
             }
+            report_removed(pincer_store::files::remove_stale_temps_of(file));
             let store = Store::new(StoreOptions::default());
             let r = store.repair(file);
             store.close();
@@ -507,11 +508,19 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Says on stderr which temp files of killed writes were removed before a rewrite.
+fn report_removed(removed: Vec<PathBuf>) {
+    for p in removed {
+        eprintln!("pincer: removed {}: a temp file an interrupted write left", p.display());
+    }
+}
+
 fn import(input: &Path, state_dir: Option<PathBuf>) -> Result<u8, Failure> {
     let bytes = std::fs::read(input).map_err(|e| Failure::usage(format!("{}: cannot read: {e}", input.display())))?;
     let prepared =
         pincer_export::prepare_import(&bytes).map_err(|e| Failure::usage(format!("{}: {e}", input.display())))?;
     let dir = state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
+    report_removed(pincer_store::files::remove_stale_temps(&dir));
     let store = Store::new(StoreOptions::default());
     let sessions = pincer_gateway::sessions::Sessions::new(&dir, std::sync::Arc::new(store.clone()));
     let r = sessions.import(&prepared);

@@ -12,15 +12,40 @@
 //! Queries ([`fts_query`], from [`text::parse_query`]: the same language as the PostgreSQL store's
 //! search) are words (all must match, diacritics ignored), `"quoted phrases"`, and
 //! `prefix*` on a word or a phrase; nothing a user types can reach FTS5's own syntax.
+//!
+//! What one query may cost is bounded: at most [`text::MAX_QUERY_WORDS`] words, a `prefix*` that
+//! FTS5 expands word by word (not 2 or 3 letters long: those have a prefix index) may stand for at
+//! most [`MAX_PREFIX_WORDS`] indexed words, and a query stops at its time limit
+//! ([`QUERY_TIME_LIMIT`]) or when its [`Readers`] pool is closed. The gateway searches through
+//! [`Readers`], one connection per running search, so no search waits for another.
 
 mod indexer;
+mod readers;
 pub mod text;
 
 pub use indexer::Indexer;
+pub use readers::{Reader, Readers, MAX_OPEN};
 pub use text::{parse_query, Term};
 
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// The error of a search stopped (or refused) because its [`Readers`] pool was closed.
+pub const STOPPED: &str = "search stopped: the gateway is shutting down";
+/// How long one query may run before it is stopped with an error.
+pub const QUERY_TIME_LIMIT: Duration = Duration::from_secs(5);
+/// Most indexed words one `prefix*` may stand for when FTS5 expands it word by word (a prefix of
+/// 1 or of 4 and more letters): each is one more list to merge (8 × `m*` over 20,000 words took
+/// 2.7 s).
+pub const MAX_PREFIX_WORDS: usize = 500;
+/// Prefix lengths (in characters) FTS5 keeps a prefix index for (`prefix = '2 3'` below): such a
+/// prefix is one list, whatever it expands to.
+const INDEXED_PREFIXES: [usize; 2] = [2, 3];
+/// SQLite virtual machine steps between two looks at a query's deadline.
+const PROGRESS_STEPS: i32 = 1000;
 
 /// Files indexed in one transaction by [`Index::sync_all`].
 const SYNC_BATCH: usize = 256;
@@ -42,8 +67,14 @@ impl std::fmt::Display for SearchError {
 
 impl std::error::Error for SearchError {}
 
+/// What a query SQLite interrupted fails with, before [`Index::search`] says why it was stopped.
+const INTERRUPTED: &str = "search index: interrupted";
+
 impl From<rusqlite::Error> for SearchError {
     fn from(e: rusqlite::Error) -> Self {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted) {
+            return SearchError(INTERRUPTED.into());
+        }
         SearchError(format!("search index: {e}"))
     }
 }
@@ -85,10 +116,29 @@ pub struct Hit {
     pub score: f64,
 }
 
+/// When the query running on a connection must stop: its deadline, and the flag of the pool it
+/// belongs to (set when the pool closes). Looked at by SQLite's progress handler every
+/// [`PROGRESS_STEPS`] steps; [`Readers`] also interrupts a connection whose query is past its
+/// deadline while FTS5 works inside one step.
+struct Guard {
+    deadline: Mutex<Option<Instant>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Guard {
+    fn expired(&self) -> bool {
+        self.closed.load(Ordering::Relaxed) || pincer_pi::lock(&self.deadline).is_some_and(|d| Instant::now() >= d)
+    }
+}
+
 /// The index, open for reading and writing.
 pub struct Index {
     conn: Connection,
     state_dir: PathBuf,
+    guard: Arc<Guard>,
+    time_limit: Duration,
+    /// The pool whose watchdog interrupts this connection's queries at their deadline.
+    pool: Option<Weak<readers::Shared>>,
 }
 
 /// What a sync did.
@@ -179,6 +229,12 @@ fn index_file(tx: &Connection, path: &Path, rel: &str) -> Result<usize> {
 impl Index {
     /// Opens (creating it, 0600, if needed) the index of a state directory.
     pub fn open(state_dir: &Path) -> Result<Index> {
+        Index::open_in(state_dir, Arc::new(AtomicBool::new(false)), None)
+    }
+
+    /// [`Index::open`] for a pool whose queries stop when `closed` is set, and whose watchdog
+    /// interrupts them at their deadline.
+    fn open_in(state_dir: &Path, closed: Arc<AtomicBool>, pool: Option<Weak<readers::Shared>>) -> Result<Index> {
         let path = db_path(state_dir);
         pincer_store::files::create_private_file(&path)
             .map_err(|e| SearchError(format!("{}: cannot create the search index: {e}", path.display())))?;
@@ -187,8 +243,18 @@ impl Index {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.execute_batch(SCHEMA)?;
+        // The words of the index, for counting what a prefix expands to (this connection's own).
+        conn.execute_batch("CREATE VIRTUAL TABLE IF NOT EXISTS temp.words USING fts5vocab(main, messages, row);")?;
+        let guard = Arc::new(Guard { deadline: Mutex::new(None), closed });
+        let watched = guard.clone();
+        conn.progress_handler(PROGRESS_STEPS, Some(move || watched.expired()));
         let state_dir = state_dir.canonicalize().unwrap_or_else(|_| state_dir.to_path_buf());
-        Ok(Index { conn, state_dir })
+        Ok(Index { conn, state_dir, guard, time_limit: QUERY_TIME_LIMIT, pool })
+    }
+
+    /// Sets how long a query may run ([`QUERY_TIME_LIMIT`] by default).
+    pub fn set_time_limit(&mut self, limit: Duration) {
+        self.time_limit = limit;
     }
 
     /// The transcripts of the state directory: `agents/<agent>/sessions/*.jsonl`.
@@ -299,10 +365,65 @@ impl Index {
     /// Ranked by BM25 among the newest [`CANDIDATES`] matches: FTS5 walks a term's rows newest
     /// first and stops there, so a word found in half the messages costs no more than a rare one
     /// (for queries with fewer matches, which are what people look for, this is the full ranking).
+    ///
+    /// Refused with an error naming the limit: more than [`text::MAX_QUERY_WORDS`] words, a
+    /// `prefix*` standing for more than [`MAX_PREFIX_WORDS`] indexed words; stopped with an error
+    /// at the time limit or when the pool closes.
     pub fn search(&self, query: &str, files: Option<&[String]>, limit: usize) -> Result<Vec<Hit>> {
-        let Some(q) = fts_query(query) else {
+        let terms = parse_query(query);
+        text::check_query_size(&terms).map_err(SearchError)?;
+        let Some(q) = fts_terms(&terms) else {
             return Err(SearchError(format!("query {query:?} has no words to search for")));
         };
+        let deadline = Instant::now() + self.time_limit;
+        *pincer_pi::lock(&self.guard.deadline) = Some(deadline);
+        let watched =
+            self.pool.as_ref().and_then(Weak::upgrade).map(|p| p.watch(deadline, self.conn.get_interrupt_handle()));
+        let found = self.check_prefixes(&terms).and_then(|()| self.run_query(&q, files, limit));
+        drop(watched);
+        *pincer_pi::lock(&self.guard.deadline) = None;
+        found.map_err(|e| self.explain(e))
+    }
+
+    /// The error a stopped query gives, saying why it was stopped.
+    fn explain(&self, e: SearchError) -> SearchError {
+        if e.0 != INTERRUPTED {
+            return e;
+        }
+        if self.guard.closed.load(Ordering::Relaxed) {
+            return SearchError(STOPPED.into());
+        }
+        SearchError(format!(
+            "search stopped at its time limit of {} ms; narrow the query (fewer words, more letters before a *)",
+            self.time_limit.as_millis()
+        ))
+    }
+
+    /// Refuses a `prefix*` that FTS5 would expand word by word into more than
+    /// [`MAX_PREFIX_WORDS`] indexed words.
+    fn check_prefixes(&self, terms: &[Term]) -> Result<()> {
+        let mut count = self.conn.prepare_cached(
+            "SELECT count(*) FROM (SELECT term FROM temp.words WHERE term >= ?1 AND term <= ?2 LIMIT ?3)",
+        )?;
+        for t in terms {
+            let Some(word) = text::prefix_word(t) else { continue };
+            if INDEXED_PREFIXES.contains(&word.chars().count()) {
+                continue;
+            }
+            let n: i64 =
+                count.query_row(params![word, format!("{word}\u{10FFFF}"), MAX_PREFIX_WORDS + 1], |r| r.get(0))?;
+            if n as usize > MAX_PREFIX_WORDS {
+                return Err(SearchError(format!(
+                    "{}* stands for more than {MAX_PREFIX_WORDS} indexed words (the most one prefix may); type more of the word",
+                    t.text
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The query itself (see [`Index::search`]).
+    fn run_query(&self, q: &str, files: Option<&[String]>, limit: usize) -> Result<Vec<Hit>> {
         let known: Vec<(i64, String)> = {
             let mut st = self.conn.prepare_cached("SELECT id, path FROM files")?;
             let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -377,7 +498,12 @@ fn drop_rows(tx: &Connection, file_id: i64) -> Result<()> {
 /// quoted, so no FTS5 operator or column filter can be typed), `word*` and `"a phrase"*` match
 /// prefixes. `None` when nothing searchable is left.
 pub fn fts_query(input: &str) -> Option<String> {
-    let terms: Vec<String> = parse_query(input)
+    fts_terms(&parse_query(input))
+}
+
+/// [`fts_query`] of parsed terms.
+fn fts_terms(terms: &[Term]) -> Option<String> {
+    let terms: Vec<String> = terms
         .iter()
         .map(|t| {
             let quoted = format!("\"{}\"", t.text.replace('"', "\"\""));

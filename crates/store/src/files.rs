@@ -136,3 +136,24 @@ pub fn read_appended(path: &Path, offset: u64) -> io::Result<Option<AppendedLine
 pub fn write_export(path: &Path, bytes: &[u8]) -> io::Result<()> {
     fsutil::write_private_new(path, bytes)
 }
+
+/// Removes the temp files that writes killed midway (an import, a repair, a compaction's rewrite,
+/// `sessions.json`, the token) left in a state directory: in the directory itself and in each
+/// agent's `sessions/`. Only files named exactly as the store names its temp files, unlocked, of a
+/// writer process that is gone ([`fsutil::remove_stale_temps`]); returns them.
+pub fn remove_stale_temps(state_dir: &Path) -> Vec<PathBuf> {
+    let mut removed = fsutil::remove_stale_temps(state_dir, None);
+    for agent in std::fs::read_dir(state_dir.join("agents")).into_iter().flatten().flatten() {
+        removed.extend(fsutil::remove_stale_temps(&agent.path().join("sessions"), None));
+    }
+    removed
+}
+
+/// [`remove_stale_temps`] for the temp files of one file (`<path>.tmp.*`), beside it: what an
+/// earlier, killed rewrite of it left (`pincer transcript repair` calls it before it rewrites).
+pub fn remove_stale_temps_of(path: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    fsutil::remove_stale_temps(if dir.as_os_str().is_empty() { Path::new(".") } else { dir }, Some(name))
+}

@@ -22,7 +22,7 @@ pub const DEFAULT_LIMIT: usize = 200;
 pub const MAX_LIMIT: usize = 1000;
 /// Default per-text truncation.
 pub const DEFAULT_MAX_CHARS: usize = 8000;
-/// Lines longer than this are not parsed.
+/// Lines longer than this are not decoded (their keys are read; they show as placeholders).
 pub const MAX_LINE_BYTES: usize = 256 * 1024;
 /// A single projected message larger than this is replaced by a placeholder.
 pub const MAX_MESSAGE_BYTES: usize = 128 * 1024;
@@ -157,30 +157,14 @@ fn index_window(buf: &[u8], skip: usize) -> Vec<Rec> {
     for (s, e) in parse::line_ranges(&buf[skip..]) {
         let (s, e) = (s + skip, e + skip);
         let line = &buf[s..e];
-        if line.len() > MAX_LINE_BYTES {
-            // Too large to parse: take the keys from its first 64 KiB.
-            let head = &line[..64 * 1024];
-            let ty = extract(head, "type");
-            recs.push(Rec {
-                id: extract(head, "id").map(Into::into),
-                parent: match extract(head, "parentId") {
-                    Some(p) => Some(Parent::Id(p.into())),
-                    None if memchr::memmem::find(head, b"\"parentId\":null").is_some() => Some(Parent::Root),
-                    None => None,
-                },
-                ty: rec_type(ty.as_deref()),
-                start: s,
-                end: e,
-                oversized: true,
-                target: None,
-            });
-            continue;
-        }
+        // The light parse reads the keys wherever valid JSON puts them (any whitespace, any key
+        // order) without decoding the rest, so a line too large to decode is indexed as well.
         let Some(LineValue::Object(h)) = parse::parse_line(line) else {
             continue;
         };
+        let oversized = line.len() > MAX_LINE_BYTES;
         let ty = rec_type(h.ty.as_deref());
-        let target = if ty == RecType::Leaf {
+        let target = if ty == RecType::Leaf && !oversized {
             serde_json::from_slice::<Value>(line).ok().and_then(|v| match v.get("targetId") {
                 Some(Value::Null) => Some(None),
                 Some(t) => parse::value_key(t).map(Some),
@@ -190,7 +174,7 @@ fn index_window(buf: &[u8], skip: usize) -> Vec<Rec> {
             None
         };
         let (id, parent) = (h.id_key(), h.parent.is_some().then(|| h.parent_key()));
-        recs.push(Rec { id, parent, ty, start: s, end: e, oversized: false, target });
+        recs.push(Rec { id, parent, ty, start: s, end: e, oversized, target });
     }
     recs
 }
@@ -204,14 +188,6 @@ fn rec_type(ty: Option<&str>) -> RecType {
         Some("thinking_level_change") => RecType::ThinkingLevel,
         _ => RecType::Other,
     }
-}
-
-/// `"key":"value"` from raw bytes (for oversized lines).
-fn extract(head: &[u8], key: &str) -> Option<String> {
-    let pat = format!("\"{key}\":\"");
-    let at = memchr::memmem::find(head, pat.as_bytes())? + pat.len();
-    let end = memchr::memchr(b'"', &head[at..])? + at;
-    std::str::from_utf8(&head[at..end]).ok().map(str::to_owned)
 }
 
 /// Indices of the records to show, oldest first, and whether the walk reached the branch's root

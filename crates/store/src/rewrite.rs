@@ -2,7 +2,7 @@
 //! file + fsync + rename + directory fsync, keeping a backup) and cutting a torn last line (saved
 //! beside the file first).
 
-use crate::fsutil::{sync_parent_dir, with_suffix};
+use crate::fsutil::{create_temp, sync_parent_dir, with_suffix};
 use crate::ids::now_iso;
 use crate::StoreError;
 use std::fs::{File, OpenOptions};
@@ -20,12 +20,13 @@ pub fn file_timestamp() -> String {
 }
 
 /// Replaces `path` with `content` atomically and durably; the old file is kept as
-/// `<path>.bak.<timestamp>` (returned).
+/// `<path>.bak.<timestamp>` (returned). Temp files an earlier, killed rewrite of `path` left beside
+/// it are removed first ([`crate::files::remove_stale_temps_of`]).
 pub fn replace_atomically(path: &Path, content: &[u8]) -> Result<PathBuf, StoreError> {
-    let tmp = with_suffix(path, &format!(".tmp.{}.{}", std::process::id(), crate::ids::short_id()));
+    // What an earlier rewrite of this file left when it was killed goes first.
+    crate::files::remove_stale_temps_of(path);
+    let (tmp, mut f) = create_temp(path).map_err(|e| io_err(path, e))?;
     let result = (|| {
-        let mut f =
-            OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(|e| io_err(&tmp, e))?;
         f.write_all(content).map_err(|e| io_err(&tmp, e))?;
         f.sync_all().map_err(|e| io_err(&tmp, e))?;
         let mut backup = with_suffix(path, &format!(".bak.{}", file_timestamp()));
@@ -43,6 +44,7 @@ pub fn replace_atomically(path: &Path, content: &[u8]) -> Result<PathBuf, StoreE
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
+    drop(f);
     result
 }
 

@@ -335,3 +335,44 @@ fn child_disk_full(dir: &Path) {
     store.close();
     assert_eq!(siblings(&t, ".lock"), Vec::<PathBuf>::new());
 }
+
+/// Issue 34, item 12: `chat.history` finds an entry's keys wherever valid JSON puts them, also in a
+/// line too large to decode (over 256 KiB): written by another JSON writer with spaces after the
+/// colons, or with `id` and `parentId` after a large `message`. `verify` calls such a file healthy
+/// and the model sees every message, so history must show them all (as placeholders when too large).
+#[test]
+fn history_finds_the_ids_of_oversized_lines_wherever_valid_json_puts_them() {
+    use pincer_store::history::{read_history, HistoryOptions, MAX_LINE_BYTES};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("spaced.jsonl");
+    let big = "x".repeat(MAX_LINE_BYTES + 1024);
+    let ts = "2026-01-01T00:00:00.000Z";
+    let lines = [
+        format!(r#"{{"type": "session", "version": 3, "id": "s1", "timestamp": "{ts}", "cwd": "/"}}"#),
+        format!(
+            r#"{{"type": "message", "id": "a1", "parentId": null, "timestamp": "{ts}", "message": {{"role": "user", "content": "hello", "timestamp": 1}}}}"#
+        ),
+        // `id` and `parentId` after 300 KiB of message.
+        format!(
+            r#"{{"message": {{"role": "assistant", "content": [{{"type": "text", "text": "{big}"}}], "timestamp": 2}}, "type": "message", "timestamp": "{ts}", "id": "b2", "parentId": "a1"}}"#
+        ),
+        // Spaces after the colons, keys first.
+        format!(
+            r#"{{"type" : "message", "id" :	"c3", "parentId":  "b2", "timestamp": "{ts}", "message": {{"role": "user", "content": "{big}", "timestamp": 3}}}}"#
+        ),
+        format!(
+            r#"{{"type":"message","id":"d4","parentId":"c3","timestamp":"{ts}","message":{{"role":"assistant","content":[{{"type":"text","text":"bye"}}],"timestamp":4}}}}"#
+        ),
+    ];
+    std::fs::write(&path, lines.join("\n") + "\n").expect("write");
+    let report = verify(&path).expect("verify");
+    assert!(report.healthy(), "{}", report.to_text());
+
+    let h = read_history(&path, HistoryOptions::default()).expect("history");
+    let ids: Vec<&str> = h.messages.iter().map(|m| m["__openclaw"]["id"].as_str().unwrap_or("?")).collect();
+    assert_eq!(ids, ["a1", "b2", "c3", "d4"], "{:#}", json!(h.messages));
+    for m in &h.messages[1..3] {
+        assert_eq!(m["__openclaw"]["reason"], "oversized", "{m}");
+    }
+    assert_eq!(h.session_id.as_deref(), Some("s1"));
+}

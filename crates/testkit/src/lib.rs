@@ -5,7 +5,8 @@
 //! with a protocol client ([`gateway`]), probes of a running process and its state dir
 //! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
 //! own CLI in a loopback-only network namespace ([`openclaw`]), a generated state directory
-//! with known search hits ([`corpus`]), and a throwaway PostgreSQL cluster ([`postgres`]).
+//! with known search hits ([`corpus`]), a throwaway PostgreSQL cluster ([`postgres`]), and the
+//! transcript shapes of the hostile-input tests ([`shapes`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -22,6 +23,7 @@ pub mod openclaw;
 pub mod oracle;
 pub mod postgres;
 pub mod probe;
+pub mod shapes;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
