@@ -252,7 +252,7 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             if !file.exists() {
                 return Err(Failure::usage(format!("{}: no such file", file.display())));
             }
-            let h = read_history(&file, HistoryOptions { limit, max_chars })
+            let h = read_history(&file, HistoryOptions { limit, max_chars, before: None })
                 .map_err(|e| Failure::usage(format!("{}: cannot read: {e}", file.display())))?;
             if output.json() {
                 print_json(&json!({"sessionId": h.session_id, "messages": h.messages}))?;
