@@ -1,7 +1,8 @@
 //! The paging the WebChat relies on, over the protocol against the real `pincer gateway` process:
 //! `chat.history {beforeEntryId}` gives the window before an entry with `hasOlder`, down to the
 //! first message; `sessions.list {onlyArchived}` lists the archived sessions alone (the page's
-//! "Archived" section pages through them whatever their age); bad values are refused by name.
+//! "Archived" section pages through them whatever their age); renaming, archiving and restoring
+//! leave a session where it was in the list; bad values are refused by name.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;
@@ -64,6 +65,21 @@ async fn history_windows_and_archived_pages_over_the_protocol() {
     assert_eq!((keys(&l).len(), l["hasMore"].as_bool(), l["totalCount"].as_u64()), (1, Some(false), Some(2)));
     let l = c.request("sessions.list", json!({})).await.expect("list");
     assert!(keys(&l).iter().all(|k| k != "agent:main:a" && k != "agent:main:b"), "{l}");
+    // A rename, an archive and a restore keep the order (updatedAt); a model change is activity.
+    let before = keys(&c.request("sessions.list", json!({"includeArchived": true})).await.expect("list"));
+    let stamp = |l: &Value, k: &str| {
+        l["sessions"].as_array().expect("rows").iter().find(|r| r["key"] == k).expect("row")["updatedAt"].clone()
+    };
+    let l0 = c.request("sessions.list", json!({"includeArchived": true})).await.expect("list");
+    c.request("sessions.patch", json!({"key": "a", "label": "Renamed"})).await.expect("rename");
+    c.request("sessions.patch", json!({"key": "a", "archived": false})).await.expect("restore");
+    c.request("sessions.patch", json!({"key": "long", "archived": true})).await.expect("archive");
+    let l1 = c.request("sessions.list", json!({"includeArchived": true})).await.expect("list");
+    assert_eq!(keys(&l1), before, "the order is kept");
+    assert_eq!(stamp(&l1, "agent:main:a"), stamp(&l0, "agent:main:a"));
+    c.request("sessions.patch", json!({"key": "long", "model": "fake/fake-model"})).await.expect("model");
+    let l2 = c.request("sessions.list", json!({"includeArchived": true})).await.expect("list");
+    assert_eq!(keys(&l2)[0], "agent:main:long", "a model change moves it to the top");
     let e = c.request("sessions.list", json!({"onlyArchived": 1})).await.expect_err("bad");
     assert!(e["message"].as_str().expect("msg").contains("at /onlyArchived"), "{e}");
 }
