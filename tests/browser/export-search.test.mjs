@@ -200,6 +200,7 @@ describe("WebChat search over 1,000 sessions and export", () => {
   test("the export button downloads the session's HTML export", async () => {
     const row = page.locator('[data-testid="session-row"][data-key="agent:main:import:export-fixture"]');
     await row.hover();
+    await row.locator('[data-testid="row-menu"]').click();
     await row.locator('[data-testid="export"]').click();
     const [download] = await Promise.all([page.waitForEvent("download"), row.locator('[data-testid="export-html"]').click()]);
     const saved = await download.path();

@@ -77,7 +77,7 @@ describe("WebChat in a real browser", () => {
   test("sends a message, streams the reply and shows the final", async () => {
     first = await openPage();
     const { page, frames, errors } = first;
-    assert.equal(new URL(page.url()).hash, "", "the token is removed from the address bar");
+    assert.ok(!new URL(page.url()).hash.includes("token"), "the token is removed from the address bar");
     const said = "Hello from the browser";
     await send(page, said);
     await waitForFinal(page, fakeReply(said));

@@ -1452,22 +1452,27 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
         session_key: NonBlank,
         limit: Option<Bounded<1, { MAX_LIMIT as u64 }>>,
         max_chars: Option<Bounded<1, 500_000>>,
+        /// Pincer's paging: the window of messages before this entry on its branch (the WebChat's
+        /// "older messages"); `hasOlder` in the answer says whether any are left before the window.
+        before_entry_id: Option<NonBlank>,
     }
     let p: HistoryParams = crate::protocol::params(Method::ChatHistory, params)?;
     let limit = p.limit.map_or(200, |l| l.0 as usize);
     let max_chars = p.max_chars.map_or(DEFAULT_MAX_CHARS, |m| m.0 as usize);
+    let before = p.before_entry_id.map(|b| b.0);
     let (key, agent) = crate::sessions::canonical_key(&p.session_key)?;
     let session = gw.session(&key, false).await?;
-    let (session_id, messages, thinking) = match &session {
-        None => (Value::Null, vec![], None),
+    let (session_id, messages, thinking, has_older) = match &session {
+        None => (Value::Null, vec![], None, false),
         Some(s) => {
             let _held = gw.reserve_answer(&s.path, crate::budget::Answer::History, "the history").await?;
             let (store, path) = (gw.store.clone(), s.path.clone());
-            let h = tokio::task::spawn_blocking(move || store.history(&path, HistoryOptions { limit, max_chars }))
+            let opts = HistoryOptions { limit, max_chars, before };
+            let h = tokio::task::spawn_blocking(move || store.history(&path, opts))
                 .await
                 .map_err(|e| RpcError::unavailable(format!("history task failed: {e}")))?
                 .map_err(|e| RpcError::unavailable(format!("cannot read the transcript: {e}")))?;
-            (json!(s.session_id), h.messages, h.thinking_level)
+            (json!(s.session_id), h.messages, h.thinking_level, h.has_older)
         }
     };
     let active: Vec<String> = gw.runs_of(&key).iter().map(|r| r.run_id.clone()).collect();
@@ -1489,6 +1494,7 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
         "fastMode": false,
         "verboseLevel": "off",
         "hasMore": false,
+        "hasOlder": has_older,
         "totalMessages": total,
         "defaults": {"modelProvider": provider, "model": model,
             "contextTokens": gw.settings.providers.resolve(&gw.settings.model).ok().and_then(|m| m.model.context_window)},

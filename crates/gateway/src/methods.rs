@@ -249,14 +249,21 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         include_derived_titles: Option<bool>,
         /// Archived sessions (`sessions.patch {archived: true}`) are left out unless asked for.
         include_archived: Option<bool>,
+        /// Only the archived ones (the WebChat's "Archived" section pages through these alone).
+        only_archived: Option<bool>,
     }
     let p: ListParams = crate::protocol::params(Method::SessionsList, params)?;
     let agent = p.agent_id.as_ref();
     let limit = p.limit.map_or(200, |l| l.0.min(MAX_LIST_ROWS)) as usize;
     let offset = p.offset.map_or(0, |o| o.0) as usize;
     let (titles, archived) = (p.include_derived_titles.unwrap_or(false), p.include_archived.unwrap_or(false));
-    let listed: Vec<SessionRef> =
-        gw.sessions.list(agent)?.into_iter().filter(|s| archived || !s.entry.contains_key("archivedAt")).collect();
+    let only = p.only_archived.unwrap_or(false);
+    let listed: Vec<SessionRef> = (gw.sessions.list(agent)?.into_iter())
+        .filter(|s| match s.entry.contains_key("archivedAt") {
+            true => archived || only,
+            false => !only,
+        })
+        .collect();
     let total = listed.len();
     let rows: Vec<Value> = (listed.iter())
         .skip(offset)
@@ -543,7 +550,7 @@ fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     for (file, reason, path, modified) in archive_files(gw, agent).into_iter().take(200) {
         let h = gw
             .store
-            .history(&path, pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200 })
+            .history(&path, pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200, before: None })
             .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
         let count = h.messages.iter().filter(|m| matches!(m["role"].as_str(), Some("user" | "assistant"))).count();
         let title = h.messages.iter().find(|m| m["role"] == "user").map(crate::tree::display_text).unwrap_or_default();

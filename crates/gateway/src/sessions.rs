@@ -465,8 +465,10 @@ impl Sessions {
         }
     }
 
-    /// Updates fields of a session's row (`null` removes a field).
+    /// Updates fields of a session's row (`null` removes a field). `updatedAt` (the lists' order) moves
+    /// only for a change of the session's behaviour: a name, archiving or read marks leave it.
     pub fn patch(&self, raw_key: &str, fields: &Map<String, Value>) -> Result<SessionRef, RpcError> {
+        const QUIET: &[&str] = &["label", "displayName", "archivedAt", "markedUnreadAt", "lastReadAt"];
         let (key, agent) = canonical_key(raw_key)?;
         self.with_index(&agent, true, |idx| {
             let Some(Value::Object(e)) = idx.map.get_mut(&key) else {
@@ -482,7 +484,9 @@ impl Sessions {
                     e.insert(k.clone(), v.clone());
                 }
             }
-            e.insert("updatedAt".into(), json!(now_ms()));
+            if fields.keys().any(|k| !QUIET.contains(&k.as_str())) || !e.contains_key("updatedAt") {
+                e.insert("updatedAt".into(), json!(now_ms()));
+            }
             let e = e.clone();
             self.save(idx)?;
             self.to_ref(&key, &agent, &e)

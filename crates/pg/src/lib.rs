@@ -646,7 +646,7 @@ impl Inner {
     async fn history(&self, file: &str, opts: HistoryOptions) -> Result<History, PgError> {
         let c = self.pool.get().await?;
         let Some((id, header)) = self.transcript_id(&c, file).await? else {
-            return Ok(History { session_id: None, messages: vec![], thinking_level: None });
+            return Ok(History { session_id: None, messages: vec![], thinking_level: None, has_older: false });
         };
         let session_id = serde_json::from_str::<Value>(&header)
             .ok()
@@ -671,7 +671,7 @@ impl Inner {
                 buf.push(b'\n');
             }
             let last = whole || buf.len() as u64 >= MAX_WINDOW;
-            if let Some(h) = history_of_window(session_id.clone(), &buf, last, opts) {
+            if let Some(h) = history_of_window(session_id.clone(), &buf, last, &opts) {
                 return Ok(h);
             }
             rows_wanted = rows_wanted.saturating_mul(4);

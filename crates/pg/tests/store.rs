@@ -96,9 +96,9 @@ fn an_imported_file_reads_back_byte_for_byte_with_the_same_context_and_history()
     let ctx = |s: &Session| context_report(s, &LeafArg::Default).expect("context").to_value();
     assert_eq!(ctx(&from_db), ctx(&from_file));
     for limit in [1, 3, 200] {
-        let o = HistoryOptions { limit, max_chars: 8000 };
+        let o = HistoryOptions { limit, max_chars: 8000, before: None };
         assert_eq!(
-            pg.history(&file, o).expect("history"),
+            pg.history(&file, o.clone()).expect("history"),
             Store::new(StoreOptions::default()).history(&file, o).expect("history")
         );
     }

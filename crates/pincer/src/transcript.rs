@@ -392,7 +392,7 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
                 return Err(Failure::usage("--max-chars must be at least 1"));
             }
             let located = locate(target, Needs::Store)?;
-            let opts = HistoryOptions { limit, max_chars };
+            let opts = HistoryOptions { limit, max_chars, before: None };
             let h = match &located.configured {
                 Some((db, _)) if located.in_database() => db.history(&located.path, opts),
                 _ if !located.path.exists() => return Err(located.missing()),

@@ -34,15 +34,18 @@ pub const MAX_WINDOW: u64 = 64 * 1024 * 1024;
 const OMITTED: &str = "[chat.history omitted: message too large]";
 
 /// Options of a history read.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct HistoryOptions {
     pub limit: usize,
     pub max_chars: usize,
+    /// A window further back: the messages on the branch that leads to this entry, before it (the
+    /// entry itself left out). `None`: the active branch up to its leaf.
+    pub before: Option<String>,
 }
 
 impl Default for HistoryOptions {
     fn default() -> Self {
-        HistoryOptions { limit: DEFAULT_LIMIT, max_chars: DEFAULT_MAX_CHARS }
+        HistoryOptions { limit: DEFAULT_LIMIT, max_chars: DEFAULT_MAX_CHARS, before: None }
     }
 }
 
@@ -52,6 +55,9 @@ pub struct History {
     pub session_id: Option<String>,
     pub messages: Vec<Value>,
     pub thinking_level: Option<Value>,
+    /// Older messages exist on the branch before the first one returned (ask again with `before`
+    /// set to its id).
+    pub has_older: bool,
 }
 
 struct Rec {
@@ -80,7 +86,7 @@ pub fn read_history(path: &Path, opts: HistoryOptions) -> std::io::Result<Histor
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(History { session_id: None, messages: vec![], thinking_level: None })
+            return Ok(History { session_id: None, messages: vec![], thinking_level: None, has_older: false })
         }
         Err(e) => return Err(e),
     };
@@ -93,7 +99,7 @@ pub fn read_history(path: &Path, opts: HistoryOptions) -> std::io::Result<Histor
         file.read_exact_at(&mut buf, start)?;
         let skip = if start > 0 { memchr::memchr(b'\n', &buf).map(|p| p + 1).unwrap_or(buf.len()) } else { 0 };
         let last = start == 0 || window >= MAX_WINDOW;
-        if let Some(h) = history_of_window(session_id.clone(), &buf[skip..], last, opts) {
+        if let Some(h) = history_of_window(session_id.clone(), &buf[skip..], last, &opts) {
             return Ok(h);
         }
         window = window.saturating_mul(4);
@@ -101,19 +107,20 @@ pub fn read_history(path: &Path, opts: HistoryOptions) -> std::io::Result<Histor
 }
 
 /// The history found in a window of a transcript's last lines (`buf`: whole lines). `None` when
-/// the active branch leaves the window before `limit` messages were found and `last` is false: the
-/// caller reads a larger window (×4, up to [`MAX_WINDOW`]) and asks again. The one reading of
-/// `chat.history`, for files ([`read_history`]) and for other store backends alike.
-pub fn history_of_window(session_id: Option<String>, buf: &[u8], last: bool, opts: HistoryOptions) -> Option<History> {
+/// the branch leaves the window before `limit` messages were found (or `opts.before` is not in it)
+/// and `last` is false: the caller reads a larger window (×4, up to [`MAX_WINDOW`]) and asks again.
+/// The one reading of `chat.history`, for files ([`read_history`]) and for other store backends alike.
+pub fn history_of_window(session_id: Option<String>, buf: &[u8], last: bool, opts: &HistoryOptions) -> Option<History> {
     let limit = opts.limit.clamp(1, MAX_LIMIT);
     let recs = index_window(buf, 0);
-    let (picked, complete) = select(&recs, limit);
+    // One more than asked for, to know whether anything older is left.
+    let (picked, complete) = select(&recs, limit + 1, opts.before.as_deref());
     if !(complete || last) {
         return None;
     }
     let thinking_level = picked_thinking(&recs, buf);
-    let messages = project_all(&recs, &picked, buf, limit, opts.max_chars);
-    Some(History { session_id, messages, thinking_level })
+    let (messages, capped) = project_all(&recs, &picked, buf, limit, opts.max_chars);
+    Some(History { session_id, messages, thinking_level, has_older: picked.len() > limit || capped })
 }
 
 /// The first window [`read_history`] reads (backends read their tail in the same steps).
@@ -191,19 +198,39 @@ fn rec_type(ty: Option<&str>) -> RecType {
 }
 
 /// Indices of the records to show, oldest first, and whether the walk reached the branch's root
-/// (or found enough messages) inside the window.
-fn select(recs: &[Rec], limit: usize) -> (Vec<usize>, bool) {
+/// (or found enough messages) inside the window. With `before`, the walk starts at that entry's
+/// parent (the window is incomplete while the entry is not in it).
+fn select(recs: &[Rec], limit: usize, before: Option<&str>) -> (Vec<usize>, bool) {
     let tree_linked = recs.iter().any(|r| r.ty != RecType::Header && r.id.is_some() && r.parent.is_some());
     let shown = |r: &Rec| matches!(r.ty, RecType::Message | RecType::Compaction);
     if !tree_linked {
         // Linear (legacy) file: file order.
-        let all: Vec<usize> = (0..recs.len()).filter(|&i| shown(&recs[i])).collect();
+        let end = match before {
+            None => recs.len(),
+            Some(b) => match recs.iter().position(|r| r.id.as_deref() == Some(b)) {
+                Some(i) => i,
+                None => return (vec![], false),
+            },
+        };
+        let all: Vec<usize> = (0..end).filter(|&i| shown(&recs[i])).collect();
         let complete = all.len() >= limit;
         let from = all.len().saturating_sub(limit);
         return (all[from..].to_vec(), complete);
     }
     let by_id: HashMap<&str, usize> =
         recs.iter().enumerate().filter_map(|(i, r)| r.id.as_deref().map(|id| (id, i))).collect();
+    if let Some(b) = before {
+        let Some(&at) = by_id.get(b) else {
+            return (vec![], false);
+        };
+        return match &recs[at].parent {
+            Some(Parent::Id(p)) => match by_id.get(p.as_ref()) {
+                Some(&i) => walk(recs, &by_id, i, limit),
+                None => (vec![], false),
+            },
+            _ => (vec![], true),
+        };
+    }
     // Leaf: the last tree-linked record, or a leaf control's target.
     let mut leaf = None;
     for (i, r) in recs.iter().enumerate().rev() {
@@ -226,9 +253,16 @@ fn select(recs: &[Rec], limit: usize) -> (Vec<usize>, bool) {
             break;
         }
     }
-    let Some(mut cur) = leaf else {
+    let Some(cur) = leaf else {
         return (vec![], true);
     };
+    walk(recs, &by_id, cur, limit)
+}
+
+/// The `parentId` chain from `cur` up: the shown records, oldest first, and whether it reached the
+/// root (or `limit` shown records) inside the window.
+fn walk(recs: &[Rec], by_id: &HashMap<&str, usize>, mut cur: usize, limit: usize) -> (Vec<usize>, bool) {
+    let shown = |r: &Rec| matches!(r.ty, RecType::Message | RecType::Compaction);
     let mut path = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut count = 0;
@@ -265,7 +299,8 @@ fn picked_thinking(recs: &[Rec], buf: &[u8]) -> Option<Value> {
     v.get("thinkingLevel").cloned()
 }
 
-fn project_all(recs: &[Rec], picked: &[usize], buf: &[u8], limit: usize, max_chars: usize) -> Vec<Value> {
+/// The last `limit` of `picked`, projected, and whether the size cap dropped any.
+fn project_all(recs: &[Rec], picked: &[usize], buf: &[u8], limit: usize, max_chars: usize) -> (Vec<Value>, bool) {
     let from = picked.len().saturating_sub(limit);
     // Each projected message with its length as compact JSON, measured once.
     let mut out: Vec<(Value, usize)> = Vec::with_capacity(picked.len() - from);
@@ -410,15 +445,15 @@ fn is_silent(obj: &Map<String, Value>) -> bool {
 }
 
 /// Drops the oldest messages until the JSON array fits [`MAX_RESPONSE_BYTES`] (each comes with its
-/// length as compact JSON).
-fn cap_total(msgs: Vec<(Value, usize)>) -> Vec<Value> {
+/// length as compact JSON); says whether it dropped any.
+fn cap_total(msgs: Vec<(Value, usize)>) -> (Vec<Value>, bool) {
     let mut total: usize = msgs.iter().map(|(_, n)| n + 1).sum::<usize>() + 2;
     let mut drop = 0;
     while total > MAX_RESPONSE_BYTES && drop < msgs.len() {
         total -= msgs[drop].1 + 1;
         drop += 1;
     }
-    msgs.into_iter().skip(drop).map(|(m, _)| m).collect()
+    (msgs.into_iter().skip(drop).map(|(m, _)| m).collect(), drop > 0)
 }
 
 /// Length of `v` as compact JSON, counted without building the text.

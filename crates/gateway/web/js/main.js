@@ -1,18 +1,26 @@
 // The WebChat's entry point: wires the connection, the sidebar, the message list, the outbox and
 // the composer together, and keeps the page in step with the gateway's events (a run's deltas,
 // persisted messages, branch switches and session changes from other devices), searches across
-// chats (opening a hit on the branch that holds it) and downloads exports.
+// chats (opening a hit on the branch that holds it, however far back), downloads exports, keeps an
+// address per chat (#chat=KEY: bookmarks, Back/Forward, new tabs) and the keyboard shortcuts.
 import { Gateway } from "/webchat/js/rpc.js";
 import { Outbox } from "/webchat/js/outbox.js";
 import { Composer, setLimits } from "/webchat/js/composer.js";
 import { MessageView } from "/webchat/js/messages.js";
-import { Sidebar, titleOf } from "/webchat/js/sessions.js";
+import { Sidebar, titleOf, chatHref } from "/webchat/js/sessions.js";
 import { $, el, store, textOf, uuid } from "/webchat/js/util.js";
 
 const MAIN = "agent:main:main";
+/** Messages per chat.history window (the newest on opening a chat, then each older one). */
+const WINDOW = 200;
+/** The chat named by the address (#chat=KEY), if any. */
+function keyFromUrl() {
+  const m = location.hash.match(/(?:^#|&)chat=([^&]+)/);
+  try { return m ? decodeURIComponent(m[1]) : null; } catch { return null; }
+}
 const state = {
-  sessionKey: store.get("pincer.session", MAIN),
-  subscribed: null, runs: new Set(), limit: 200, info: null, models: null, viewing: null, refreshWanted: false,
+  sessionKey: keyFromUrl() || store.get("pincer.session", MAIN),
+  subscribed: null, runs: new Set(), info: null, models: null, viewing: null, refreshWanted: false, authFailed: false,
 };
 
 // ---- banners, status, theme, drawer -------------------------------------------------------------
@@ -28,9 +36,14 @@ $("error-retry").addEventListener("click", () => { const f = retryFn; showError(
 function showNotice(text) { $("notice").textContent = text || ""; $("notice").hidden = !text; }
 function setStatus(text, ok) { const s = $("status"); s.textContent = text; s.className = ok === undefined ? "" : ok ? "ok" : "bad"; s.title = text; }
 
-/** Runs an action; a failure becomes a dismissible error with Retry. */
+/** Runs an action; a failure becomes a dismissible error with Retry. A lost connection is not an
+ *  error of its own: the status says it, and the page catches up when it is back. */
 async function attempt(what, fn) {
-  try { return await fn(); } catch (e) { showError(`${what}: ${e.message}`, () => attempt(what, fn)); return undefined; }
+  try { return await fn(); } catch (e) {
+    if (e.transport) setStatus("disconnected — reconnecting…", false);
+    else showError(`${what}: ${e.message}`, () => attempt(what, fn));
+    return undefined;
+  }
 }
 
 const THEMES = ["system", "light", "dark"];
@@ -55,7 +68,6 @@ function drawer(open) {
 $("open-drawer").addEventListener("click", () => drawer(true));
 $("close-drawer").addEventListener("click", () => { drawer(false); $("open-drawer").focus(); });
 $("scrim").addEventListener("click", () => drawer(false));
-document.addEventListener("keydown", (e) => { if (e.key === "Escape" && $("app").classList.contains("drawer-open")) { drawer(false); $("open-drawer").focus(); } });
 
 // ---- the pieces ---------------------------------------------------------------------------------
 const gw = new Gateway({
@@ -63,7 +75,10 @@ const gw = new Gateway({
   onClose: () => { setStatus("disconnected — reconnecting…", false); state.subscribed = null; outbox.onChange(); },
   onAuthError: (message, code) => {
     showError(`Connecting failed: ${message}${code.startsWith("AUTH") ? " — check the token." : ""}`);
-    if (code.startsWith("AUTH")) { store.remove("pincer.token"); $("token-banner").hidden = false; setStatus("token needed", false); }
+    if (code.startsWith("AUTH")) {
+      store.remove("pincer.token"); $("token-banner").hidden = false; setStatus("token needed", false);
+      state.authFailed = true; composerEnabled();
+    }
   },
   onEvent: (ev, p, gap) => onEvent(ev, p, gap),
 });
@@ -93,6 +108,7 @@ const composer = new Composer({
 });
 
 const view = new MessageView($("log"), {
+  editDone: () => composer.focus(),
   canChangeTree: () => state.runs.size === 0 && gw.connected,
   edit: (id, text) => attempt("Editing failed", async () => {
     const parent = view.byId?.get(id)?.parentId ?? null;
@@ -130,11 +146,12 @@ const view = new MessageView($("log"), {
     await gw.request("sessions.label", { sessionKey: state.sessionKey, entryId: id, label: label.trim() || null });
     await loadHistory();
   }),
-  loadOlder: () => { state.limit = Math.min(state.limit * 2, 1000); loadHistory(); },
-});
+  loadOlder: (before) => loadOlder(before),
+}, $("jump"));
 
 const sidebar = new Sidebar({
   list: $("session-list"), archivedList: $("archived-list"), archiveFiles: $("archive-files"),
+  fetchPage: (params) => gw.request("sessions.list", { includeDerivedTitles: true, ...params }),
   actions: {
     open: (key) => { drawer(false); selectSession(key); },
     rename: (key, label) => attempt("Renaming failed", async () => { await gw.request("sessions.patch", { key, label: label || null }); await loadSessions(); }),
@@ -152,7 +169,7 @@ const sidebar = new Sidebar({
     viewArchive: (a) => attempt("Opening the archived transcript failed", async () => {
       const r = await gw.request("sessions.archives.get", { file: a.file });
       drawer(false);
-      state.viewing = a.file; sidebar.setCurrent(state.sessionKey, a.file);
+      state.viewing = a; sidebar.setCurrent(state.sessionKey, a.file);
       $("session-title").textContent = `Archived: ${a.title || a.file}`;
       view.setTree(null);
       view.setHistory(r.messages, { readOnly: true });
@@ -161,29 +178,57 @@ const sidebar = new Sidebar({
   },
 });
 
-$("new-session").addEventListener("click", () => attempt("Could not create a chat", async () => {
-  const r = await gw.request("sessions.create", {});
-  drawer(false);
-  await selectSession(r.key);
-  await loadSessions();
-}));
+function newChat() {
+  return attempt("Could not create a chat", async () => {
+    const r = await gw.request("sessions.create", {});
+    drawer(false);
+    await selectSession(r.key);
+    await loadSessions();
+  });
+}
+$("new-session").addEventListener("click", newChat);
 
-$("stop").addEventListener("click", () => {
+function stop() {
   // Only the run that streams: a follow-up waiting in the outbox is not touched.
   const runId = [...state.runs][0];
   attempt("Stop failed", () => gw.request("chat.abort", runId ? { sessionKey: state.sessionKey, runId } : { sessionKey: state.sessionKey }));
-});
+}
+$("stop").addEventListener("click", stop);
+$("readonly-restore").addEventListener("click", () => attempt("Restoring failed", async () => {
+  await gw.request("sessions.patch", { key: state.sessionKey, archived: false });
+  await loadSessions();
+}));
 
 $("model").addEventListener("change", (e) => attempt("Changing the model failed", async () => {
   await gw.request("sessions.patch", { key: state.sessionKey, model: e.target.value });
   await loadSessions();
 }));
 
+/** Why nothing can be written here now (shown above the composer, which is then disabled), or null. */
+function readOnlyReason() {
+  if (state.authFailed) return { text: "Not connected: the gateway refused the token. Enter a valid token above to write." };
+  if (state.viewing) {
+    const v = state.viewing;
+    return { text: v.reason === "deleted"
+      ? "Read-only: the transcript of a deleted chat (kept on disk as an archive)."
+      : "Read-only: an earlier transcript of this chat, set aside by /new or a reset." };
+  }
+  if (sidebar.row(state.sessionKey)?.archivedAt) return { text: "This chat is archived: restore it to write in it.", restore: true };
+  return null;
+}
+
 function composerEnabled() {
+  const ro = readOnlyReason();
+  $("readonly").hidden = !ro;
+  $("readonly-text").textContent = ro?.text || "";
+  $("readonly-restore").hidden = !ro?.restore;
+  $("composer-input").disabled = !!ro;
+  $("composer-input").placeholder = ro ? "Read-only" : "Message";
   $("stop").disabled = state.runs.size === 0;
-  $("send").disabled = !!state.viewing;
-  $("send").textContent = state.runs.size && !state.viewing ? "Queue" : "Send";
+  $("send").disabled = !!ro;
+  $("send").textContent = state.runs.size && !ro ? "Queue" : "Send";
   $("send").title = state.runs.size ? "The reply is still streaming: this message waits in the outbox and goes when it ends" : "";
+  $("log").toggleAttribute("aria-busy", state.runs.size > 0);
 }
 
 function runStarted(runId) { state.runs.add(runId); composerEnabled(); }
@@ -260,9 +305,12 @@ async function openHit(h) {
       await gw.request("sessions.branches.switch", { sessionKey: h.sessionKey, leafEntryId: node.tipId });
     }
     await loadHistory();
-    let target = $("log").querySelector(`[data-entry-id="${CSS.escape(h.entryId)}"]`);
-    if (!target && state.limit < 1000) { state.limit = 1000; await loadHistory(); target = $("log").querySelector(`[data-entry-id="${CSS.escape(h.entryId)}"]`); }
-    if (!target) throw new Error("the message is not in the loaded history");
+    const find = () => $("log").querySelector(`[data-entry-id="${CSS.escape(h.entryId)}"]`);
+    // Older windows (large ones) until the hit is on the page, however far back it is.
+    while (!find() && view.hasOlder && h.sessionKey === state.sessionKey) {
+      if (!(await loadOlder(view.firstId(), 1000))) break;
+    }
+    if (!find()) throw new Error("the message is no longer on this chat's branches");
     state.hitId = h.entryId;
     markHit();
   });
@@ -295,34 +343,63 @@ async function loadHistory() {
   if (state.runs.size) { state.refreshWanted = true; }
   const key = state.sessionKey;
   const [h, t] = await Promise.all([
-    gw.request("chat.history", { sessionKey: key, limit: state.limit }),
+    gw.request("chat.history", { sessionKey: key, limit: WINDOW }),
     gw.request("sessions.tree", { sessionKey: key }).catch(() => null),
-  ]).catch((e) => { showError(`Could not load the history: ${e.message}`, loadHistory); return [null, null]; });
+  ]).catch((e) => { if (!e.transport) showError(`Could not load the history: ${e.message}`, loadHistory); return [null, null]; });
   if (!h || key !== state.sessionKey) return;
   state.refreshWanted = false;
   view.setTree(t);
-  view.setHistory(h.messages, { hasOlder: h.messages.length >= state.limit && state.limit < 1000 });
+  // The older windows already on the page stay when the newest one still starts inside them.
+  const idOf = (m) => m?.__openclaw?.id;
+  const at = idOf(h.messages[0]) ? view.messages.findIndex((m) => idOf(m) === idOf(h.messages[0])) : -1;
+  if (at > 0) view.setHistory(view.messages.slice(0, at).concat(h.messages), { hasOlder: view.hasOlder });
+  else view.setHistory(h.messages, { hasOlder: h.hasOlder === true });
   markHit();
   state.runs = new Set((h.sessionInfo && h.sessionInfo.activeRunIds) || []);
   composerEnabled();
   outbox.flush();
 }
 
+/** The window before entry `before` (of the chat shown), drawn above; false when none came. */
+async function loadOlder(before, limit = WINDOW) {
+  const key = state.sessionKey;
+  const h = await gw.request("chat.history", { sessionKey: key, limit, beforeEntryId: before })
+    .catch((e) => { if (!e.transport) showError(`Could not load older messages: ${e.message}`); return null; });
+  if (!h || key !== state.sessionKey || state.viewing || view.firstId() !== before) return false;
+  view.prepend(h.messages, h.hasOlder === true);
+  return h.messages.length > 0;
+}
+
 let sessionsTimer = null;
 function loadSessionsSoon() { clearTimeout(sessionsTimer); sessionsTimer = setTimeout(loadSessions, 250); }
 
 async function loadSessions() {
-  const [r, a] = await Promise.all([
-    gw.request("sessions.list", { includeArchived: true, includeDerivedTitles: true }),
-    gw.request("sessions.archives.list", {}).catch(() => ({ archives: [] })),
-  ]).catch((e) => { showError(`Could not list the chats: ${e.message}`, loadSessions); return [null, null]; });
-  if (!r) return;
-  sidebar.set(r.sessions, a.archives);
-  sidebar.setCurrent(state.sessionKey, state.viewing);
+  const ok = await sidebar.refresh().then(() => true, (e) => {
+    if (!e.transport) showError(`Could not list the chats: ${e.message}`, loadSessions);
+    return false;
+  });
+  if (!ok) return;
+  const a = await gw.request("sessions.archives.list", {}).catch(() => null);
+  if (a) sidebar.setArchives(a.archives);
+  await currentRow();
+  sidebar.setCurrent(state.sessionKey, state.viewing?.file);
+  showTitle();
+}
+
+/** The open chat's row when no page loaded holds it (an old chat opened by its address or a search hit). */
+async function currentRow() {
+  const key = state.sessionKey;
+  if (sidebar.loaded(key)) { if (sidebar.extra) sidebar.setExtra(null); return; }
+  const d = await gw.request("sessions.describe", { key, includeDerivedTitles: true }).catch(() => null);
+  if (d?.session && key === state.sessionKey) sidebar.setExtra({ ...d.session, key: d.key || key });
+}
+
+function showTitle() {
   const row = sidebar.row(state.sessionKey);
   if (!state.viewing) $("session-title").textContent = row ? titleOf(row) : "New chat";
   document.title = `${row ? titleOf(row) : "Pincer"} · Pincer WebChat`;
   drawModels(row);
+  composerEnabled();
 }
 
 function drawModels(row) {
@@ -336,20 +413,21 @@ function drawModels(row) {
   sel.disabled = specs.length < 2;
 }
 
-async function selectSession(key) {
+/** Shows chat `key`; `push: false` when the address already names it (load, Back/Forward). */
+async function selectSession(key, { push = true } = {}) {
   const prev = state.subscribed;
   state.hitId = null;
   state.viewing = null;
   // One message subscription per socket; unsubscribe first, and only from another key.
   if (prev && prev !== key) { state.subscribed = null; await gw.request("sessions.messages.unsubscribe", { key: prev }).catch(() => {}); }
-  if (key !== state.sessionKey) { state.limit = 200; state.runs.clear(); view.clear("Loading…"); }
+  if (key !== state.sessionKey) { state.runs.clear(); view.clear("Loading…"); }
   state.sessionKey = key; store.set("pincer.session", key);
+  if (location.hash !== chatHref(key)) history[push ? "pushState" : "replaceState"](null, "", chatHref(key));
   composer.setSession(key);
   outbox.onChange();
   sidebar.setCurrent(key);
-  const row = sidebar.row(key);
-  $("session-title").textContent = row ? titleOf(row) : "New chat";
-  drawModels(row);
+  showTitle();
+  if (gw.connected) currentRow().then(showTitle);
   if (state.subscribed !== key && gw.connected) {
     await gw.request("sessions.messages.subscribe", { key }).then(() => { state.subscribed = key; }).catch(() => {});
   }
@@ -357,8 +435,16 @@ async function selectSession(key) {
   composer.focus();
 }
 
+/** Back/Forward (or an edited address): the chat the address names. */
+function followUrl() {
+  const key = keyFromUrl();
+  if (key && (key !== state.sessionKey || state.viewing)) { drawer(false); selectSession(key, { push: false }); }
+}
+window.addEventListener("popstate", followUrl);
+
 async function onConnected(again) {
   showError("");
+  state.authFailed = false;
   $("token-banner").hidden = true;
   setStatus(again ? "reconnected" : "connected", true);
   state.info = await gw.request("pincer.info", {}).catch(() => null);
@@ -369,7 +455,7 @@ async function onConnected(again) {
     : "");
   await gw.request("sessions.subscribe", {}).catch(() => {});
   await loadSessions();
-  await selectSession(state.sessionKey); // also catches up on what was missed while away
+  await selectSession(state.sessionKey, { push: false }); // also catches up on what was missed while away
   outbox.flush();
 }
 
@@ -392,8 +478,9 @@ function onEvent(ev, p, gap) {
     } else if (["final", "aborted", "error"].includes(p.state)) {
       let final = p.message ? { ...p.message } : null;
       if (final && p.state === "error") { final.stopReason = "error"; final.errorMessage = p.errorMessage; }
+      // A failed run is shown once, in the thread where it happened (not also in the banner).
+      if (!final && p.state === "error") final = { role: "assistant", content: [], stopReason: "error", errorMessage: p.errorMessage || "The run failed.", timestamp: Date.now() };
       view.endRun(p.runId, final);
-      if (p.state === "error") showError(p.errorMessage || "The run failed.", null);
       runEnded(p.runId);
     }
     return;
@@ -416,32 +503,65 @@ function onEvent(ev, p, gap) {
 }
 
 // ---- the token ----------------------------------------------------------------------------------
-/** `#token=…` in the address (on load or added later to an open tab) is stored and removed. */
+/** `#token=…` in the address (on load or added later to an open tab) is stored and removed (a
+ *  `chat=` beside it stays). */
 function tokenFromHash() {
   const m = location.hash.match(/(?:^#|&)token=([^&]+)/);
   if (!m) return false;
   store.set("pincer.token", decodeURIComponent(m[1]));
-  history.replaceState(null, "", location.pathname + location.search);
+  const rest = location.hash.slice(1).split("&").filter((p) => p && !p.startsWith("token=")).join("&");
+  history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
   return true;
 }
 function start() {
   const token = store.get("pincer.token");
-  if (!token) { $("token-banner").hidden = false; setStatus("token needed", false); return; }
+  if (!token) { $("token-banner").hidden = false; setStatus("token needed", false); state.authFailed = true; composerEnabled(); return; }
   setStatus("connecting…");
   gw.connect(token);
 }
-window.addEventListener("hashchange", () => { if (tokenFromHash()) start(); });
+window.addEventListener("hashchange", () => { if (tokenFromHash()) start(); else followUrl(); });
 $("token-form").addEventListener("submit", (e) => {
   e.preventDefault();
   const t = $("token-input").value.trim();
   if (!t) return;
   store.set("pincer.token", t); $("token-input").value = "";
+  state.authFailed = false; composerEnabled();
   start();
 });
 // Another tab sent what was queued here: keep the list in step.
 window.addEventListener("storage", (e) => { if (e.key === "pincer.outbox") { outbox.items = store.getJSON("pincer.outbox", []); outbox.onChange(); } });
 
+// ---- keyboard shortcuts (listed in the help overlay, index.html) ---------------------------------
+const typing = (t) => t && (t.tagName === "INPUT" || t.tagName === "TEXTAREA" || t.tagName === "SELECT" || t.isContentEditable);
+function help(open) {
+  const d = $("help");
+  if (open && !d.open) d.showModal(); else if (!open && d.open) d.close();
+}
+$("help-open").addEventListener("click", () => help(true));
+$("help-close").addEventListener("click", () => help(false));
+document.addEventListener("keydown", (e) => {
+  const mod = e.ctrlKey || e.metaKey;
+  if (e.key === "Escape") {
+    if (e.defaultPrevented || $("help").open) return;
+    if ($("app").classList.contains("drawer-open")) { drawer(false); $("open-drawer").focus(); return; }
+    if (state.runs.size && !state.viewing) { e.preventDefault(); stop(); }
+    return;
+  }
+  if (mod && e.shiftKey && (e.key === "o" || e.key === "O")) { e.preventDefault(); newChat(); return; }
+  if (mod && !e.shiftKey && (e.key === "k" || e.key === "K")) {
+    e.preventDefault();
+    if (window.matchMedia("(max-width: 760px)").matches) drawer(true);
+    $("search-input").focus(); $("search-input").select();
+    return;
+  }
+  if ((mod && e.key === "/") || (e.key === "?" && !typing(e.target))) { e.preventDefault(); help(!$("help").open); return; }
+  if (e.key === "ArrowUp" && e.target === $("composer-input") && !e.target.value && !mod && !e.shiftKey && !e.altKey) {
+    if (view.editLast()) e.preventDefault();
+  }
+});
+
 tokenFromHash();
+if (keyFromUrl()) state.sessionKey = keyFromUrl();
 composer.setSession(state.sessionKey);
 outbox.onChange();
 composerEnabled();

@@ -1,6 +1,7 @@
 // Markdown for messages: marked (GFM: tables, fenced code) → DOMPurify (no scripts, handlers,
-// styles, forms or frames survive) → highlight.js on code blocks, each with a copy button; links
-// open in a new tab with rel="noopener noreferrer". Remote images are blocked by the page's CSP.
+// styles, forms or frames survive) → highlight.js on code blocks, each in a box that scrolls sideways
+// under a Copy button that stays in view; links open in a new tab with rel="noopener noreferrer".
+// Remote images are blocked by the page's CSP.
 import { Marked } from "/webchat/vendor/marked.esm.js";
 import DOMPurify from "/webchat/vendor/purify.es.mjs";
 import hljs from "/webchat/vendor/highlight.min.js";
@@ -41,13 +42,16 @@ export function renderMarkdown(target, text) {
       hljs.highlightElement(code);
     } catch { /* left plain */ }
     const pre = code.parentElement;
-    pre.append(el("button", { type: "button", class: "copy", "aria-label": "Copy the code", "data-testid": "copy-code",
-      onclick: (e) => copy(code.textContent, e.currentTarget) }, "Copy"));
+    const box = el("div", { class: "code-block" });
+    pre.replaceWith(box);
+    box.append(el("button", { type: "button", class: "copy", "aria-label": "Copy the code", "data-testid": "copy-code",
+      onclick: (e) => copyText(code.textContent, e.currentTarget, "Copy") }, "Copy"), pre);
   }
   target.replaceChildren(frag);
 }
 
-async function copy(text, button) {
+/** Puts `text` on the clipboard; `button` says "Copied" for a moment, then `label` again. */
+export async function copyText(text, button, label) {
   try {
     await navigator.clipboard.writeText(text);
   } catch {
@@ -57,5 +61,5 @@ async function copy(text, button) {
     ta.remove();
   }
   button.textContent = "Copied";
-  setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  setTimeout(() => { button.textContent = label; }, 1500);
 }

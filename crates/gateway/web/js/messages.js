@@ -1,15 +1,78 @@
-// The message list: the active branch as chat.history gives it, drawn with Markdown, images,
-// timestamps (full date on hover), model and usage; the tree's controls on each message (edit a
-// user message, regenerate a reply, "‹ 2/3 ›" between siblings, a label); compaction dividers whose
-// summary can be opened; "show all" for texts history cut; and the streaming bubble of a run.
-import { renderMarkdown } from "/webchat/js/markdown.js";
+// The message list: the active branch as chat.history gives it, in windows (older ones are loaded
+// as the list scrolls up, or with "Load older messages", down to the first message), drawn with
+// Markdown, images, date separators, timestamps (full date on hover), model and usage, each an
+// article named by its author; the tree's controls on each message (edit a user message, regenerate
+// a reply, "‹ 2/3 ›" between siblings, a label, copy); compaction dividers whose summary can be
+// opened; "show all" for texts history cut; "jump to latest"; and the streaming bubble of a run
+// (aria-busy while it streams).
+import { renderMarkdown, copyText } from "/webchat/js/markdown.js";
 import { el, textOf, toMs, shortTime, fullTime, TRUNCATED } from "/webchat/js/util.js";
 
+/** Messages shown by role, for screen readers. */
+const AUTHOR = { user: "You", assistant: "Assistant", tool: "Tool result" };
+
 export class MessageView {
-  /** actions: edit, regenerate, switchTo, showAll, summary, label, loadOlder, canChangeTree */
-  constructor(log, actions) {
-    this.log = log; this.actions = actions;
+  /** actions: edit, regenerate, switchTo, showAll, summary, label, loadOlder, canChangeTree; jump: the "latest" button */
+  constructor(log, actions, jump) {
+    this.log = log; this.actions = actions; this.jump = jump;
     this.messages = []; this.tree = null; this.streams = new Map(); this.hasOlder = false; this.readOnly = false;
+    this.loadingOlder = false;
+    log.addEventListener("scroll", () => this.onScroll(), { passive: true });
+    jump?.addEventListener("click", () => { this.log.scrollTop = this.log.scrollHeight; this.log.focus({ preventScroll: true }); });
+  }
+
+  /** Near the top: the next older window; away from the bottom: the "latest" button. */
+  onScroll() {
+    const l = this.log;
+    if (this.hasOlder && !this.loadingOlder && l.scrollTop < 400 && l.scrollHeight > l.clientHeight) this.older();
+    if (this.jump) this.jump.hidden = l.scrollHeight - l.scrollTop - l.clientHeight < 300;
+  }
+
+  /** Asks for the window before the first message shown (once at a time). */
+  async older() {
+    if (this.loadingOlder || !this.hasOlder) return;
+    this.loadingOlder = true;
+    try { await this.actions.loadOlder(this.firstId()); } finally { this.loadingOlder = false; }
+  }
+
+  /** The id of the oldest message shown (the `before` of the next window). */
+  firstId() { return this.messages.map((m) => this.idOf(m)).find(Boolean) ?? null; }
+
+  /** An older window arrived: drawn above, with the view kept where it was. */
+  prepend(messages, hasOlder) {
+    const have = new Set(this.messages.map((m) => this.idOf(m)).filter(Boolean));
+    const fresh = messages.filter((m) => !have.has(this.idOf(m)));
+    this.messages = fresh.concat(this.messages);
+    this.hasOlder = hasOlder && fresh.length > 0;
+    const l = this.log;
+    const fromBottom = l.scrollHeight - l.scrollTop;
+    l.querySelector(".older")?.remove();
+    const first = l.firstChild;
+    const nodes = fresh.map((m) => this.renderOne(m));
+    if (this.hasOlder) nodes.unshift(this.olderButton());
+    for (const n of nodes) l.insertBefore(n, first);
+    this.separate();
+    l.scrollTop = l.scrollHeight - fromBottom;
+    this.onScroll();
+  }
+
+  olderButton() {
+    return el("button", { type: "button", class: "older", "data-testid": "load-older", onclick: () => this.older() }, "Load older messages");
+  }
+
+  /** A date line before the first message of each day. */
+  separate() {
+    for (const s of this.log.querySelectorAll(".day-sep")) s.remove();
+    let last = null;
+    for (const n of this.log.querySelectorAll(":scope > [data-ts]")) {
+      const d = new Date(Number(n.dataset.ts));
+      const day = d.toDateString();
+      if (day === last) continue;
+      last = day;
+      const today = new Date().toDateString() === day;
+      n.before(el("div", { class: "day-sep", role: "separator", "data-testid": "day-separator" },
+        el("span", {}, today ? "Today" : d.toLocaleDateString([], { weekday: "long", year: "numeric", month: "long", day: "numeric" }))));
+    }
   }
 
   clear(placeholder) {
@@ -36,12 +99,21 @@ export class MessageView {
 
   draw() {
     const nodes = [];
-    if (this.hasOlder) nodes.push(el("button", { type: "button", class: "older", "data-testid": "load-older", onclick: () => this.actions.loadOlder() }, "Load older messages"));
+    if (this.hasOlder) nodes.push(this.olderButton());
     for (const m of this.messages) nodes.push(this.renderOne(m));
     if (!this.messages.length) nodes.push(el("p", { class: "empty" }, this.readOnly ? "This transcript has no messages." : "No messages yet. Say hello."));
     for (const s of this.streams.values()) if (s.isConnected || s.dataset.run) nodes.push(s);
     this.log.replaceChildren(...nodes);
+    this.separate();
     this.scrollDown(true);
+    this.busy();
+    requestAnimationFrame(() => this.onScroll());
+  }
+
+  /** aria-busy on the log while a reply streams. */
+  busy() {
+    if ([...this.streams.values()].some((s) => s.isConnected)) this.log.setAttribute("aria-busy", "true");
+    else this.log.removeAttribute("aria-busy");
   }
 
   scrollDown(force) {
@@ -67,6 +139,7 @@ export class MessageView {
     this.log.querySelector(".empty")?.remove();
     const firstStream = [...this.streams.values()][0];
     if (firstStream?.isConnected) firstStream.before(node); else this.log.append(node);
+    this.separate();
     this.scrollDown();
   }
 
@@ -76,10 +149,11 @@ export class MessageView {
     if (!text) return;
     let b = this.streams.get(runId);
     if (!b || !b.isConnected) {
-      b = el("div", { class: "msg assistant streaming", "data-testid": "streaming", "data-run": runId }, el("div", { class: "body" }));
+      b = el("div", { class: "msg assistant streaming", "data-testid": "streaming", "data-run": runId, role: "article", "aria-label": "Assistant (replying)", "aria-busy": "true" }, el("div", { class: "body" }));
       this.streams.set(runId, b);
       this.log.querySelector(".empty")?.remove();
       this.log.append(b);
+      this.busy();
     }
     renderMarkdown(b.querySelector(".body"), text);
     this.scrollDown();
@@ -97,6 +171,8 @@ export class MessageView {
     } else {
       b.remove();
     }
+    this.separate();
+    this.busy();
   }
 
   siblings(id) {
@@ -118,7 +194,9 @@ export class MessageView {
     const id = meta.id;
     if (meta.kind === "compaction") return this.renderCompaction(m, id);
     const role = m.role === "toolResult" ? "tool" : m.role === "user" ? "user" : "assistant";
-    const node = el("div", { class: `msg ${role}`, "data-testid": "message", "data-role": role, "data-entry-id": id });
+    const ms = toMs(m.timestamp) ?? meta.recordTimestampMs;
+    const author = role === "assistant" && m.model && m.model !== "gateway-injected" ? `Assistant (${m.model})` : AUTHOR[role];
+    const node = el("div", { class: `msg ${role}`, "data-testid": "message", "data-role": role, "data-entry-id": id, "data-ts": ms || null, role: "article", "aria-label": author });
     const body = el("div", { class: "body" });
     const text = textOf(m);
     if (role === "tool") body.textContent = text || "(tool result)";
@@ -160,6 +238,13 @@ export class MessageView {
     const u = m.usage;
     if (role === "assistant" && u && (u.input || u.output)) bits.append(el("span", { "data-testid": "usage", title: "tokens: input / output" }, `${u.input || 0} in · ${u.output || 0} out`));
     if (text.endsWith(TRUNCATED) && id) bits.append(el("button", { type: "button", "data-testid": "show-all", onclick: () => a.showAll(id) }, "Show all"));
+    if (text && role !== "tool") {
+      bits.append(el("button", { type: "button", class: "act", "data-testid": "copy-message", "aria-label": "Copy this message", onclick: async (e) => {
+        const btn = e.currentTarget;
+        const full = text.endsWith(TRUNCATED) && id ? (await a.fullText(id)) ?? text : text;
+        copyText(full, btn, "Copy");
+      } }, "Copy"));
+    }
     if (id && !this.readOnly) {
       if (role === "user") bits.append(el("button", { type: "button", class: "act", "data-testid": "edit", "aria-label": "Edit this message", disabled: !a.canChangeTree(), onclick: () => this.startEdit(m, id) }, "Edit"));
       // A slash command's answer comes from the gateway, not the model: nothing to regenerate.
@@ -180,12 +265,12 @@ export class MessageView {
     if (!node) return;
     let text = textOf(m);
     if (text.endsWith(TRUNCATED)) text = (await this.actions.fullText(id)) ?? text;
-    const ta = el("textarea", { "aria-label": "Edited message", "data-testid": "edit-input" });
+    const ta = el("textarea", { "aria-label": "Edited message (Enter saves and sends, Escape cancels)", "data-testid": "edit-input" });
     ta.value = text;
-    const cancel = () => this.draw();
+    const cancel = () => { this.draw(); this.actions.editDone?.(); };
     const save = () => { const t = ta.value; if (t.trim()) this.actions.edit(id, t); };
     ta.addEventListener("keydown", (e) => {
-      if (e.key === "Escape") cancel();
+      if (e.key === "Escape") { e.preventDefault(); e.stopPropagation(); cancel(); }
       if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.keyCode !== 229) { e.preventDefault(); save(); }
     });
     node.replaceChildren(el("div", { class: "edit-box" }, ta, el("div", { class: "btns" },
@@ -195,7 +280,8 @@ export class MessageView {
   }
 
   renderCompaction(m, id) {
-    const box = el("div", { class: "divider", "data-testid": "compaction-divider", "data-entry-id": id, role: "separator" });
+    const ms = toMs(m.timestamp);
+    const box = el("div", { class: "divider", "data-testid": "compaction-divider", "data-entry-id": id, "data-ts": ms || null, role: "separator" });
     const btn = el("button", { type: "button", "aria-expanded": "false", "data-testid": "compaction-summary" }, "Show summary");
     btn.addEventListener("click", async () => {
       const open = btn.getAttribute("aria-expanded") === "true";
@@ -215,6 +301,15 @@ export class MessageView {
     this.messages[i] = full;
     const old = this.log.querySelector(`[data-entry-id="${CSS.escape(id)}"]`);
     if (old) old.replaceWith(this.renderOne(full));
+  }
+
+  /** Starts editing the last message of the user on the branch shown (↑ in an empty composer). */
+  editLast() {
+    if (this.readOnly || !this.actions.canChangeTree()) return false;
+    const m = [...this.messages].reverse().find((x) => x.role === "user" && this.idOf(x));
+    if (!m) return false;
+    this.startEdit(m, this.idOf(m));
+    return true;
   }
 }
 

@@ -1,0 +1,85 @@
+//! The paging the WebChat relies on, over the protocol against the real `pincer gateway` process:
+//! `chat.history {beforeEntryId}` gives the window before an entry with `hasOlder`, down to the
+//! first message; `sessions.list {onlyArchived}` lists the archived sessions alone (the page's
+//! "Archived" section pages through them whatever their age); renaming, archiving and restoring
+//! leave a session where it was in the list; bad values are refused by name.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::gateway::{Client, GatewayProcess};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+
+fn texts(h: &Value) -> Vec<String> {
+    (h["messages"].as_array().expect("messages").iter())
+        .map(|m| m["content"][0]["text"].as_str().or(m["content"].as_str()).unwrap_or("?").to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_windows_and_archived_pages_over_the_protocol() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = GatewayProcess::start(BIN, &dir.path().join("state"), &fake.gateway_toml());
+    let mut c = Client::connect(&gw.addr).await;
+
+    c.request("sessions.create", json!({"key": "long"})).await.expect("create");
+    for i in 0..25 {
+        c.request("chat.inject", json!({"sessionKey": "long", "message": format!("row {i}")})).await.expect("inject");
+    }
+    let mut got: Vec<String> = Vec::new();
+    let mut params = json!({"sessionKey": "long", "limit": 10});
+    let mut windows = 0;
+    loop {
+        let h = c.request("chat.history", params.clone()).await.expect("history");
+        windows += 1;
+        let mut t = texts(&h);
+        t.append(&mut got);
+        got = t;
+        if h["hasOlder"] != true {
+            assert_eq!(h["hasOlder"], false, "{h}");
+            break;
+        }
+        params["beforeEntryId"] = h["messages"][0]["__openclaw"]["id"].clone();
+    }
+    assert_eq!(windows, 3);
+    assert_eq!(got, (0..25).map(|i| format!("row {i}")).collect::<Vec<_>>());
+
+    let e = c.request("chat.history", json!({"sessionKey": "long", "beforeEntryId": " "})).await.expect_err("blank");
+    assert!(e["message"].as_str().expect("msg").contains("at /beforeEntryId"), "{e}");
+
+    // Three sessions, the oldest two archived: onlyArchived lists just those, paged by offset.
+    for k in ["a", "b"] {
+        c.request("sessions.create", json!({"key": k})).await.expect("create");
+        c.request("sessions.patch", json!({"key": k, "archived": true})).await.expect("archive");
+    }
+    let keys = |l: &Value| -> Vec<String> {
+        l["sessions"].as_array().expect("rows").iter().map(|r| r["key"].as_str().expect("key").to_owned()).collect()
+    };
+    let l = c.request("sessions.list", json!({"onlyArchived": true})).await.expect("list");
+    let mut archived = keys(&l);
+    archived.sort();
+    assert_eq!(archived, ["agent:main:a", "agent:main:b"]);
+    let l = c.request("sessions.list", json!({"onlyArchived": true, "limit": 1, "offset": 1})).await.expect("list");
+    assert_eq!((keys(&l).len(), l["hasMore"].as_bool(), l["totalCount"].as_u64()), (1, Some(false), Some(2)));
+    let l = c.request("sessions.list", json!({})).await.expect("list");
+    assert!(keys(&l).iter().all(|k| k != "agent:main:a" && k != "agent:main:b"), "{l}");
+    // A rename, an archive and a restore keep the order (updatedAt); a model change is activity.
+    let before = keys(&c.request("sessions.list", json!({"includeArchived": true})).await.expect("list"));
+    let stamp = |l: &Value, k: &str| {
+        l["sessions"].as_array().expect("rows").iter().find(|r| r["key"] == k).expect("row")["updatedAt"].clone()
+    };
+    let l0 = c.request("sessions.list", json!({"includeArchived": true})).await.expect("list");
+    c.request("sessions.patch", json!({"key": "a", "label": "Renamed"})).await.expect("rename");
+    c.request("sessions.patch", json!({"key": "a", "archived": false})).await.expect("restore");
+    c.request("sessions.patch", json!({"key": "long", "archived": true})).await.expect("archive");
+    let l1 = c.request("sessions.list", json!({"includeArchived": true})).await.expect("list");
+    assert_eq!(keys(&l1), before, "the order is kept");
+    assert_eq!(stamp(&l1, "agent:main:a"), stamp(&l0, "agent:main:a"));
+    c.request("sessions.patch", json!({"key": "long", "model": "fake/fake-model"})).await.expect("model");
+    let l2 = c.request("sessions.list", json!({"includeArchived": true})).await.expect("list");
+    assert_eq!(keys(&l2)[0], "agent:main:long", "a model change moves it to the top");
+    let e = c.request("sessions.list", json!({"onlyArchived": 1})).await.expect_err("bad");
+    assert!(e["message"].as_str().expect("msg").contains("at /onlyArchived"), "{e}");
+}
