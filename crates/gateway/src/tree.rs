@@ -291,7 +291,7 @@ fn find_session(gw: &Gateway, p: &SessionParams) -> Result<Option<SessionRef>, R
     if let Some(agent) = &p.agent_id {
         let (_, from_key) = crate::sessions::canonical_key(key)?;
         if from_key != *agent {
-            return Err(RpcError::invalid(format!("agentId {agent:?} does not match sessionKey {key:?}")));
+            return Err(RpcError::invalid(format!("agentId {:?} does not match sessionKey {key:?}", agent.as_str())));
         }
     }
     gw.sessions.resolve(key, false)

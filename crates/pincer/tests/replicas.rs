@@ -66,6 +66,7 @@ impl Cluster {
             .arg(&config)
             .arg("--state-dir")
             .arg(self.dir.path().join("r0"))
+            .env("PINCER_LOG", "info") // the store's line, with its URL redacted
             .output()
             .expect("export");
         assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
