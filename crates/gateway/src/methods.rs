@@ -506,7 +506,8 @@ pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::pat
             title = serde_json::from_slice::<Value>(line)
                 .ok()
                 .map(|v| crate::tree::display_text(&v["message"]))
-                .filter(|t| !t.is_empty());
+                // A slash command names no chat: the first message after it does.
+                .filter(|t| !t.is_empty() && crate::chat::slash_command(t).is_none() && !crate::chat::is_stop(t));
         }
     }
     (title, count)

@@ -2,7 +2,8 @@
 //! `chat.history {beforeEntryId}` gives the window before an entry with `hasOlder`, down to the
 //! first message; `sessions.list {onlyArchived}` lists the archived sessions alone (the page's
 //! "Archived" section pages through them whatever their age); renaming, archiving and restoring
-//! leave a session where it was in the list; bad values are refused by name.
+//! leave a session where it was in the list; a slash command is not a chat's title; bad values
+//! are refused by name.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;
@@ -82,4 +83,20 @@ async fn history_windows_and_archived_pages_over_the_protocol() {
     assert_eq!(keys(&l2)[0], "agent:main:long", "a model change moves it to the top");
     let e = c.request("sessions.list", json!({"onlyArchived": 1})).await.expect_err("bad");
     assert!(e["message"].as_str().expect("msg").contains("at /onlyArchived"), "{e}");
+
+    // A chat begun with /status is titled by its first real message.
+    c.request("sessions.create", json!({"key": "cmd"})).await.expect("create");
+    for (said, run) in [("/status", "s1"), ("What is a pincer?", "s2")] {
+        c.request("chat.send", json!({"sessionKey": "cmd", "message": said, "idempotencyKey": run}))
+            .await
+            .expect("send");
+        assert_eq!(c.chat_end(run).await["payload"]["state"], "final");
+    }
+    let d =
+        c.request("sessions.describe", json!({"key": "cmd", "includeDerivedTitles": true})).await.expect("describe");
+    assert_eq!(d["session"]["derivedTitle"], "What is a pincer?", "{d}");
+    let l = c.request("sessions.list", json!({"includeDerivedTitles": true})).await.expect("list");
+    let row =
+        l["sessions"].as_array().expect("rows").iter().find(|r| r["key"] == "agent:main:cmd").cloned().expect("row");
+    assert_eq!(row["derivedTitle"], "What is a pincer?");
 }

@@ -153,7 +153,8 @@ const sidebar = new Sidebar({
   list: $("session-list"), archivedList: $("archived-list"), archiveFiles: $("archive-files"),
   fetchPage: (params) => gw.request("sessions.list", { includeDerivedTitles: true, ...params }),
   actions: {
-    open: (key) => { drawer(false); selectSession(key); },
+    // A click goes on to the message box; Enter on a row leaves the focus in the list.
+    open: (key, keyboard) => { drawer(false); selectSession(key).then(() => { if (!keyboard) composer.focus(); }); },
     rename: (key, label) => attempt("Renaming failed", async () => { await gw.request("sessions.patch", { key, label: label || null }); await loadSessions(); }),
     exportAs: (key, format) => attempt("Exporting failed", () => download(key, format)),
     archive: (key, on) => attempt(on ? "Archiving failed" : "Restoring failed", async () => {
@@ -416,6 +417,7 @@ function drawModels(row) {
 /** Shows chat `key`; `push: false` when the address already names it (load, Back/Forward). */
 async function selectSession(key, { push = true } = {}) {
   const prev = state.subscribed;
+  const focused = document.activeElement;
   state.hitId = null;
   state.viewing = null;
   // One message subscription per socket; unsubscribe first, and only from another key.
@@ -432,7 +434,8 @@ async function selectSession(key, { push = true } = {}) {
     await gw.request("sessions.messages.subscribe", { key }).then(() => { state.subscribed = key; }).catch(() => {});
   }
   if (gw.connected) await loadHistory();
-  composer.focus();
+  // The message box, unless the focus went somewhere else meanwhile (Ctrl+K, the list's keys).
+  if (document.activeElement === focused || document.activeElement === document.body) composer.focus();
 }
 
 /** Back/Forward (or an edited address): the chat the address names. */

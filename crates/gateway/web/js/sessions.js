@@ -178,7 +178,8 @@ export class Sidebar {
       onclick: (e) => {
         if (e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey || e.altKey) return; // a new tab or window
         e.preventDefault();
-        this.actions.open(r.key);
+        this.actions.open(r.key, e.detail === 0); // detail 0: Enter on the focused row
+
       } },
     el("span", { class: "name", "data-testid": "session-title" }, title),
     el("span", { class: "sub", title: fullTime(r.updatedAt) }, `${r.updatedAt ? relTime(r.updatedAt) : ""}${r.updatedAt ? count : count.replace(/^ · /, "")}`));
