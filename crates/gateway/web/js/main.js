@@ -545,7 +545,7 @@ $("help-close").addEventListener("click", () => help(false));
 document.addEventListener("keydown", (e) => {
   const mod = e.ctrlKey || e.metaKey;
   if (e.key === "Escape") {
-    if (e.defaultPrevented || $("help").open) return;
+    if (e.defaultPrevented || $("help").open || e.target === $("search-input")) return;
     if ($("app").classList.contains("drawer-open")) { drawer(false); $("open-drawer").focus(); return; }
     if (state.runs.size && !state.viewing) { e.preventDefault(); stop(); }
     return;

@@ -79,8 +79,9 @@ export class Sidebar {
     const fresh = r.sessions;
     const keys = new Set(fresh.map((x) => x.key));
     // Rows past the first 1,000 stay as they were (paged in again only when scrolled to).
-    p.rows = fresh.concat(p.rows.slice(limit).filter((x) => !keys.has(x.key)));
-    p.more = !!r.hasMore || p.rows.length > fresh.length;
+    const past = p.rows.slice(limit).filter((x) => !keys.has(x.key));
+    p.rows = fresh.concat(past);
+    if (!past.length) p.more = !!r.hasMore;
   }
 
   /** The next page of `p` (one at a time). */
@@ -109,7 +110,7 @@ export class Sidebar {
     const focused = document.activeElement?.closest?.(".session-row")?.dataset.key;
     const nodes = [];
     const pinned = this.current && !this.viewing && !this.loaded(this.current)
-      ? (this.extra?.key === this.current ? this.extra : { key: this.current, messageCount: 0 }) : null;
+      ? (this.extra?.key === this.current ? this.extra : { key: this.current, label: "…" }) : null;
     if (pinned) nodes.push(this.group("Open chat"), this.rowNode(pinned, !!pinned.archivedAt));
     let last = null;
     for (const r of this.live.rows) {
