@@ -537,6 +537,10 @@ struct ArchivesParams {
     agent_id: Option<NonBlank>,
     /// `sessions.archives.get`: a file name as `sessions.archives.list` gives it.
     file: Option<NonBlank>,
+    /// `sessions.archives.get`: a window of at most this many messages (as `chat.history`'s).
+    limit: Option<Bounded<1, { pincer_store::history::MAX_LIMIT as u64 }>>,
+    /// `sessions.archives.get`: the window before this entry (as `chat.history`'s `beforeEntryId`).
+    before_entry_id: Option<NonBlank>,
 }
 
 fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
@@ -567,6 +571,11 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
         return Err(RpcError::invalid("invalid sessions.archives.get params: missing field `file`"));
     };
     let agent = p.agent_id.map_or_else(|| crate::sessions::DEFAULT_AGENT.to_owned(), |a| a.0);
+    let mut opts =
+        pincer_store::history::HistoryOptions { before: p.before_entry_id.map(|b| b.0), ..Default::default() };
+    if let Some(l) = p.limit {
+        opts.limit = l.0 as usize;
+    }
     let gw2 = gw.clone();
     tokio::task::spawn_blocking(move || {
         if !gw2.sessions.known_agent(&agent) {
@@ -578,9 +587,9 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
         };
         let h = gw2
             .store
-            .history(&path, pincer_store::history::HistoryOptions::default())
+            .history(&path, opts)
             .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
-        Ok(json!({"file": file, "messages": h.messages}))
+        Ok(json!({"file": file, "messages": h.messages, "hasOlder": h.has_older}))
     })
     .await
     .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?

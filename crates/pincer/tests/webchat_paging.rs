@@ -2,8 +2,9 @@
 //! `chat.history {beforeEntryId}` gives the window before an entry with `hasOlder`, down to the
 //! first message; `sessions.list {onlyArchived}` lists the archived sessions alone (the page's
 //! "Archived" section pages through them whatever their age); renaming, archiving and restoring
-//! leave a session where it was in the list; a slash command is not a chat's title; bad values
-//! are refused by name.
+//! leave a session where it was in the list; a slash command is not a chat's title; a deleted
+//! chat's transcript (`sessions.archives.get`) pages back like `chat.history`; bad values are
+//! refused by name.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;
@@ -83,6 +84,28 @@ async fn history_windows_and_archived_pages_over_the_protocol() {
     assert_eq!(keys(&l2)[0], "agent:main:long", "a model change moves it to the top");
     let e = c.request("sessions.list", json!({"onlyArchived": 1})).await.expect_err("bad");
     assert!(e["message"].as_str().expect("msg").contains("at /onlyArchived"), "{e}");
+
+    // The deleted chat's transcript, in windows too.
+    c.request("sessions.delete", json!({"key": "long"})).await.expect("delete");
+    let a = c.request("sessions.archives.list", json!({})).await.expect("archives");
+    let file = (a["archives"].as_array().expect("archives").iter())
+        .find(|r| r["reason"] == "deleted" && r["messageCount"] == 25)
+        .map(|r| r["file"].clone())
+        .expect("the deleted transcript");
+    let mut got: Vec<String> = Vec::new();
+    let mut params = json!({"file": file, "limit": 10});
+    loop {
+        let h = c.request("sessions.archives.get", params.clone()).await.expect("archive window");
+        assert!(h["messages"].as_array().expect("messages").len() <= 10, "a window of the limit: {h}");
+        let mut t = texts(&h);
+        t.append(&mut got);
+        got = t;
+        if h["hasOlder"] != true {
+            break;
+        }
+        params["beforeEntryId"] = h["messages"][0]["__openclaw"]["id"].clone();
+    }
+    assert_eq!(got, (0..25).map(|i| format!("row {i}")).collect::<Vec<_>>());
 
     // A chat begun with /status is titled by its first real message.
     c.request("sessions.create", json!({"key": "cmd"})).await.expect("create");

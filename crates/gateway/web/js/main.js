@@ -173,7 +173,7 @@ const sidebar = new Sidebar({
       state.viewing = a; sidebar.setCurrent(state.sessionKey, a.file);
       $("session-title").textContent = `Archived: ${a.title || a.file}`;
       view.setTree(null);
-      view.setHistory(r.messages, { readOnly: true });
+      view.setHistory(r.messages, { readOnly: true, hasOlder: r.hasOlder === true });
       composerEnabled();
     }),
   },
@@ -363,10 +363,12 @@ async function loadHistory() {
 
 /** The window before entry `before` (of the chat shown), drawn above; false when none came. */
 async function loadOlder(before, limit = WINDOW) {
-  const key = state.sessionKey;
-  const h = await gw.request("chat.history", { sessionKey: key, limit, beforeEntryId: before })
+  const [key, viewing] = [state.sessionKey, state.viewing];
+  const h = await (viewing
+    ? gw.request("sessions.archives.get", { file: viewing.file, limit, beforeEntryId: before })
+    : gw.request("chat.history", { sessionKey: key, limit, beforeEntryId: before }))
     .catch((e) => { if (!e.transport) showError(`Could not load older messages: ${e.message}`); return null; });
-  if (!h || key !== state.sessionKey || state.viewing || view.firstId() !== before) return false;
+  if (!h || key !== state.sessionKey || state.viewing !== viewing || view.firstId() !== before) return false;
   view.prepend(h.messages, h.hasOlder === true);
   return h.messages.length > 0;
 }
