@@ -226,6 +226,17 @@ describe("WebChat: a newcomer's first hour", () => {
     await page.keyboard.press("Escape");
     await waitFor("the editor closed", async () => (await edit.count()) === 0);
 
+    // The chat list is one tab stop; the arrow keys move inside it, → opens a row's menu.
+    const tabbable = await page.$$eval("#session-list a, #session-list button", (els) => els.filter((e) => e.tabIndex >= 0).map((e) => e.closest("li").dataset.key));
+    assert.deepEqual(tabbable, ["agent:main:c246"], "one tab stop: the open chat's row");
+    await page.locator('#session-list [data-key="agent:main:c246"] a.open').focus();
+    await page.keyboard.press("ArrowDown");
+    assert.equal(await page.evaluate(() => document.activeElement.closest("li").dataset.key), "agent:main:c245");
+    await page.keyboard.press("ArrowRight");
+    assert.equal(await page.evaluate(() => document.activeElement.dataset.testid), "rename", "the menu's first item");
+    await page.keyboard.press("Escape");
+    assert.equal(await page.evaluate(() => document.activeElement.closest("li").dataset.key), "agent:main:c245", "back on the row");
+
     await page.locator("#log").focus();
     await page.keyboard.press("?");
     await page.locator('[data-testid="help"]').waitFor();
@@ -259,6 +270,13 @@ describe("WebChat: a newcomer's first hour", () => {
     assert.deepEqual(await around(), [false, "agent:main:c244"], "renaming did not move the chat");
     assert.equal(index(gw)["agent:main:c245"].updatedAt, stamp);
     assert.equal(await r.locator('[data-testid="session-title"]').textContent(), "# **Saved** name", "a label is shown as typed");
+
+    // A derived title is plain text, and a slash command is none.
+    const titles = await page.evaluate(async () => {
+      const { titleOf } = await import("/webchat/js/sessions.js");
+      return [titleOf({ derivedTitle: "## Plan a **trip** to [Lisbon](https://example.com) with `jq`" }), titleOf({ derivedTitle: "/status" })];
+    });
+    assert.deepEqual(titles, ["Plan a trip to Lisbon with jq", "New chat"]);
 
     // Archiving the open chat: the composer says why it is read-only, Restore gives it back.
     await row("c244").locator(".open").click();
