@@ -290,6 +290,25 @@ describe("WebChat: a newcomer's first hour", () => {
     await waitFor("writable again", async () => page.locator('[data-testid="composer"]').isEnabled());
     assert.ok(!("archivedAt" in index(gw)["agent:main:c244"]));
 
+    // A deleted chat: its transcript is read-only under Archived, and comes back as a new chat.
+    const sid = index(gw)["agent:main:c246"].sessionId;
+    await row("c246").locator('[data-testid="row-menu"]').click();
+    await row("c246").locator('[data-testid="delete"]').click();
+    await waitFor("c246 gone from sessions.json", () => !("agent:main:c246" in index(gw)));
+    const file = page.locator(`#archive-files [data-file^="${sid}.jsonl.deleted."] button`);
+    await file.waitFor({ state: "attached" });
+    if (!(await page.locator("#archived").evaluate((d) => d.open))) await page.locator("#archived summary").click();
+    await file.click();
+    await waitFor("its messages", async () => (await page.locator('[data-testid="message"][data-role="user"]').first().textContent()).includes("Tell me a long one"));
+    assert.match(await page.locator('[data-testid="readonly"]').textContent(), /deleted chat/);
+    assert.ok(await page.locator('[data-testid="composer"]').isDisabled(), "a deleted chat's transcript is read-only");
+    await page.locator('[data-testid="readonly-restore"]').click();
+    await waitFor("a new chat with its messages", async () => /^#chat=agent:main:import:/.test(new URL(page.url()).hash)
+      && (await page.locator('[data-testid="message"][data-role="user"]').first().textContent()).includes("Tell me a long one"));
+    assert.ok(await page.locator('[data-testid="composer"]').isEnabled(), "writable");
+    const restored = decodeURIComponent(new URL(page.url()).hash.slice("#chat=".length));
+    assert.ok(index(gw)[restored], "the restored chat is in sessions.json");
+
     // A provider error: shown once, in the thread, not also in the banner.
     await page.locator('[data-testid="composer"]').fill("this one will [fail]");
     await page.keyboard.press("Enter");

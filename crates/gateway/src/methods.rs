@@ -88,6 +88,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::SessionsLabel => crate::tree::label(gw, params).await,
         Method::SessionsArchivesList => blocking(gw, params, archives_list).await,
         Method::SessionsArchivesGet => archives_get(gw, params).await,
+        Method::SessionsArchivesRestore => archives_restore(gw, params).await,
         Method::SessionsSearch => crate::search::rpc(gw, params).await,
         Method::SessionsExport => crate::export::rpc(gw, params).await,
         Method::SessionsList => blocking(gw, params, sessions_list).await,
@@ -562,6 +563,45 @@ fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         );
     }
     Ok(json!({"agentId": agent, "archives": rows}))
+}
+
+/// The largest transcript `sessions.archives.restore` reads into memory (`pincer transcript import`
+/// takes larger ones).
+const MAX_RESTORE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// `sessions.archives.restore {file}` (Pincer): a transcript moved aside by /new, reset or delete
+/// back as a chat of its own: a new session of the default agent, made as `pincer transcript
+/// import` makes one (checked first; nothing is written when it is refused). The archived file
+/// stays where it is.
+async fn archives_restore(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesRestore, params)?;
+    let Some(NonBlank(file)) = p.file else {
+        return Err(RpcError::invalid("invalid sessions.archives.restore params: missing field `file`"));
+    };
+    if p.agent_id.as_deref().is_some_and(|a| a != crate::sessions::DEFAULT_AGENT) {
+        return Err(RpcError::invalid("only the default agent's transcripts can be restored"));
+    }
+    let gw2 = gw.clone();
+    let s = tokio::task::spawn_blocking(move || {
+        // Only a name the listing gives: never a path of the client's choosing.
+        let Some((_, _, path, _)) =
+            archive_files(&gw2, crate::sessions::DEFAULT_AGENT).into_iter().find(|(n, ..)| *n == file)
+        else {
+            return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
+        };
+        let bytes = gw2.store.read_bytes(&path, MAX_RESTORE_BYTES).ok_or_else(|| {
+            RpcError::unavailable(format!(
+                "{file} cannot be read here (over {} MiB?): restore it with `pincer transcript import`",
+                MAX_RESTORE_BYTES >> 20
+            ))
+        })?;
+        let prepared = pincer_export::prepare_import(&bytes).map_err(|e| RpcError::invalid(format!("{file}: {e}")))?;
+        gw2.sessions.import(&prepared)
+    })
+    .await
+    .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))??;
+    changed(gw, &s.key, "create");
+    Ok(json!({"ok": true, "key": s.key, "sessionId": s.session_id}))
 }
 
 /// `sessions.archives.get` (Pincer): the messages of one archived transcript, read-only.

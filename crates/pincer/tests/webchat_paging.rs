@@ -3,8 +3,8 @@
 //! first message; `sessions.list {onlyArchived}` lists the archived sessions alone (the page's
 //! "Archived" section pages through them whatever their age); renaming, archiving and restoring
 //! leave a session where it was in the list; a slash command is not a chat's title; a deleted
-//! chat's transcript (`sessions.archives.get`) pages back like `chat.history`; bad values are
-//! refused by name.
+//! chat's transcript (`sessions.archives.get`) pages back like `chat.history` and comes back as a
+//! chat of its own (`sessions.archives.restore`, a write); bad values are refused by name.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;
@@ -106,6 +106,22 @@ async fn history_windows_and_archived_pages_over_the_protocol() {
         params["beforeEntryId"] = h["messages"][0]["__openclaw"]["id"].clone();
     }
     assert_eq!(got, (0..25).map(|i| format!("row {i}")).collect::<Vec<_>>());
+
+    // Restored: a new chat with every message; the archived file stays listed. A read-only client
+    // cannot, and a name not in the listing is refused by name.
+    let mut params = pincer_testkit::gateway::connect_params(pincer_testkit::gateway::TOKEN);
+    params["scopes"] = json!(["operator.read"]);
+    let mut reader = Client::connect_with(&gw.addr, params).await.expect("read-only client");
+    let e = reader.request("sessions.archives.restore", json!({"file": file})).await.expect_err("read-only");
+    assert!(e["message"].as_str().expect("msg").contains("operator.write"), "{e}");
+    let e = c.request("sessions.archives.restore", json!({"file": "../sessions.json"})).await.expect_err("bad");
+    assert_eq!(e["message"], "archived transcript not found: ../sessions.json");
+    let r = c.request("sessions.archives.restore", json!({"file": file})).await.expect("restore");
+    let key = r["key"].as_str().expect("key").to_owned();
+    let h = c.request("chat.history", json!({"sessionKey": key})).await.expect("history");
+    assert_eq!(texts(&h), (0..25).map(|i| format!("row {i}")).collect::<Vec<_>>());
+    let a = c.request("sessions.archives.list", json!({})).await.expect("archives");
+    assert!(a["archives"].as_array().expect("archives").iter().any(|r| r["file"] == file), "the archive stays");
 
     // A chat begun with /status is titled by its first real message.
     c.request("sessions.create", json!({"key": "cmd"})).await.expect("create");

@@ -196,7 +196,13 @@ function stop() {
 }
 $("stop").addEventListener("click", stop);
 $("readonly-restore").addEventListener("click", () => attempt("Restoring failed", async () => {
-  await gw.request("sessions.patch", { key: state.sessionKey, archived: false });
+  if (state.viewing) {
+    // A transcript set aside by /new, reset or delete: a chat of its own again (sessions.archives.restore).
+    const r = await gw.request("sessions.archives.restore", { file: state.viewing.file });
+    await selectSession(r.key);
+  } else {
+    await gw.request("sessions.patch", { key: state.sessionKey, archived: false });
+  }
   await loadSessions();
 }));
 
@@ -212,7 +218,7 @@ function readOnlyReason() {
     const v = state.viewing;
     return { text: v.reason === "deleted"
       ? "Read-only: the transcript of a deleted chat (kept on disk as an archive)."
-      : "Read-only: an earlier transcript of this chat, set aside by /new or a reset." };
+      : "Read-only: an earlier transcript of this chat, set aside by /new or a reset.", restoreFile: v.file };
   }
   if (sidebar.row(state.sessionKey)?.archivedAt) return { text: "This chat is archived: restore it to write in it.", restore: true };
   return null;
@@ -222,7 +228,8 @@ function composerEnabled() {
   const ro = readOnlyReason();
   $("readonly").hidden = !ro;
   $("readonly-text").textContent = ro?.text || "";
-  $("readonly-restore").hidden = !ro?.restore;
+  $("readonly-restore").hidden = !ro?.restore && !ro?.restoreFile;
+  $("readonly-restore").textContent = ro?.restoreFile ? "Restore as a new chat" : "Restore";
   $("composer-input").disabled = !!ro;
   $("composer-input").placeholder = ro ? "Read-only" : "Message";
   $("stop").disabled = state.runs.size === 0;
