@@ -281,13 +281,21 @@ describe("WebChat: a newcomer's first hour", () => {
     // Archiving the open chat: the composer says why it is read-only, Restore gives it back.
     await row("c244").locator(".open").click();
     await waitFor("chat 244", async () => (await title()) === "Chat 244");
+    // A provider error: shown once, in the thread, not also in the banner.
+    await page.locator('[data-testid="composer"]').fill("this one will [fail]");
+    await page.keyboard.press("Enter");
+    await waitFor("the error in the thread", async () => (await page.locator(".msg.error").count()) === 1);
+    await page.waitForTimeout(300);
+    assert.equal(await page.locator('[data-testid="error"]').isVisible(), false, "no second copy in the banner");
     await row("c244").locator('[data-testid="row-menu"]').click();
     await row("c244").locator('[data-testid="archive"]').click();
     await page.locator('[data-testid="readonly"]').waitFor();
     assert.match(await page.locator('[data-testid="readonly"]').textContent(), /archived/);
     assert.ok(await page.locator('[data-testid="composer"]').isDisabled(), "no typing into an archived chat");
+    await waitFor("no edit buttons", async () => (await page.locator('[data-testid="edit"]').count()) === 0);
     await page.locator('[data-testid="readonly-restore"]').click();
     await waitFor("writable again", async () => page.locator('[data-testid="composer"]').isEnabled());
+    await waitFor("the edit buttons back", async () => (await page.locator('[data-testid="edit"]').count()) === 1);
     assert.ok(!("archivedAt" in index(gw)["agent:main:c244"]));
 
     // A deleted chat: its transcript is read-only under Archived, and comes back as a new chat.
@@ -309,19 +317,12 @@ describe("WebChat: a newcomer's first hour", () => {
     const restored = decodeURIComponent(new URL(page.url()).hash.slice("#chat=".length));
     assert.ok(index(gw)[restored], "the restored chat is in sessions.json");
 
-    // A provider error: shown once, in the thread, not also in the banner.
-    await page.locator('[data-testid="composer"]').fill("this one will [fail]");
-    await page.keyboard.press("Enter");
-    await waitFor("the error in the thread", async () => (await page.locator(".msg.error").count()) === 1);
-    await page.waitForTimeout(300);
-    assert.equal(await page.locator('[data-testid="error"]').isVisible(), false, "no second copy in the banner");
-
     // Copy a message; jump to latest in the long chat.
     await browser.context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: gw.url });
     const user = page.locator('[data-testid="message"][data-role="user"]').last();
     await user.hover();
     await user.locator('[data-testid="copy-message"]').click();
-    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "this one will [fail]");
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "Tell me a long one [slow]");
     assert.equal(await user.getAttribute("aria-label"), "You", "a message names its author");
     await page.evaluate(() => { location.hash = "#chat=agent:main:long"; });
     await waitFor("the long chat", async () => (await title()) === "Long chat");

@@ -360,8 +360,9 @@ async function loadHistory() {
   // The older windows already on the page stay when the newest one still starts inside them.
   const idOf = (m) => m?.__openclaw?.id;
   const at = idOf(h.messages[0]) ? view.messages.findIndex((m) => idOf(m) === idOf(h.messages[0])) : -1;
-  if (at > 0) view.setHistory(view.messages.slice(0, at).concat(h.messages), { hasOlder: view.hasOlder });
-  else view.setHistory(h.messages, { hasOlder: h.hasOlder === true });
+  const readOnly = !!sidebar.row(key)?.archivedAt;
+  if (at > 0) view.setHistory(view.messages.slice(0, at).concat(h.messages), { hasOlder: view.hasOlder, readOnly });
+  else view.setHistory(h.messages, { hasOlder: h.hasOlder === true, readOnly });
   markHit();
   state.runs = new Set((h.sessionInfo && h.sessionInfo.activeRunIds) || []);
   composerEnabled();
@@ -410,6 +411,9 @@ function showTitle() {
   document.title = `${row ? titleOf(row) : "Pincer"} · Pincer WebChat`;
   drawModels(row);
   composerEnabled();
+  // An archived chat's messages lose their edit, regenerate and label buttons (and get them back).
+  const archived = !!row?.archivedAt;
+  if (!state.viewing && view.readOnly !== archived && view.messages.length) { view.readOnly = archived; view.draw(); }
 }
 
 function drawModels(row) {
