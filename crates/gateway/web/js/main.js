@@ -316,7 +316,9 @@ async function openHit(h) {
     const find = () => $("log").querySelector(`[data-entry-id="${CSS.escape(h.entryId)}"]`);
     // Older windows (large ones) until the hit is on the page, however far back it is.
     while (!find() && view.hasOlder && h.sessionKey === state.sessionKey) {
-      if (!(await loadOlder(view.firstId(), 1000))) break;
+      const first = view.firstId();
+      // (A window the scrolling asked for meanwhile counts as progress too.)
+      if (!(await loadOlder(first, 1000)) && view.firstId() === first) break;
     }
     if (!find()) throw new Error("the message is no longer on this chat's branches");
     state.hitId = h.entryId;

@@ -57,7 +57,7 @@ export class Sidebar {
     Object.assign(this, { list, archivedList, archiveFiles, archivedBox, fetchPage, actions });
     this.live = new Pages(false); this.arch = new Pages(true);
     this.archives = []; this.current = null; this.viewing = null; this.extra = null;
-    this.menu = null; this.renaming = null; this.deferred = false; this.focusKey = null;
+    this.menu = null; this.renaming = null; this.deferred = false;
     this.observer = new IntersectionObserver((entries) => {
       for (const e of entries) if (e.isIntersecting) this.more(e.target.dataset.pages === "archived" ? this.arch : this.live);
     }, { root: null, rootMargin: "200px" });
@@ -91,7 +91,11 @@ export class Sidebar {
       const have = new Set(p.rows.map((x) => x.key));
       p.rows.push(...r.sessions.filter((x) => !have.has(x.key)));
       p.more = !!r.hasMore && r.sessions.length > 0;
-    }).catch(() => { /* tried again when the end of the list shows again */ }).finally(() => { p.loading = null; this.draw(); });
+      this.draw();
+    }, () => {
+      // Not drawn again (that would ask again at once): the end of the list asks again when it
+      // scrolls back into view, or the list is reloaded after a reconnect.
+    }).finally(() => { p.loading = null; });
     return p.loading;
   }
 
