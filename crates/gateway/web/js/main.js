@@ -213,6 +213,7 @@ $("model").addEventListener("change", (e) => attempt("Changing the model failed"
 
 /** Why nothing can be written here now (shown above the composer, which is then disabled), or null. */
 function readOnlyReason() {
+  if (state.authFailed === "missing") return { text: "Not connected yet: enter the gateway's token above to start." };
   if (state.authFailed) return { text: "Not connected: the gateway refused the token. Enter a valid token above to write." };
   if (state.viewing) {
     const v = state.viewing;
@@ -533,7 +534,7 @@ function tokenFromHash() {
 }
 function start() {
   const token = store.get("pincer.token");
-  if (!token) { $("token-banner").hidden = false; setStatus("token needed", false); state.authFailed = true; composerEnabled(); return; }
+  if (!token) { $("token-banner").hidden = false; setStatus("token needed", false); state.authFailed = "missing"; composerEnabled(); return; }
   setStatus("connecting…");
   gw.connect(token);
 }
