@@ -237,6 +237,14 @@ describe("WebChat: a newcomer's first hour", () => {
     await page.keyboard.press("Escape");
     assert.equal(await page.evaluate(() => document.activeElement.closest("li").dataset.key), "agent:main:c245", "back on the row");
 
+    // Ctrl+Shift+O: a new chat, at its own address.
+    const before = Object.keys(index(gw)).length;
+    await page.keyboard.press("Control+Shift+O");
+    await waitFor("a new chat's address", () => /^#chat=agent:main:dashboard:/.test(new URL(page.url()).hash));
+    assert.equal(Object.keys(index(gw)).length, before + 1, "one session created");
+    await page.goBack();
+    await waitFor("back on chat 246", async () => (await title()) === "Chat 246");
+
     await page.locator("#log").focus();
     await page.keyboard.press("?");
     await page.locator('[data-testid="help"]').waitFor();
