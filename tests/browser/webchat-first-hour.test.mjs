@@ -116,7 +116,12 @@ describe("WebChat: a newcomer's first hour", () => {
     await a0.locator('[data-testid="row-menu"]').click();
     await a0.locator('[data-testid="restore"]').click();
     await waitFor("a000 restored in sessions.json", () => index(gw)["agent:main:a000"] && !("archivedAt" in index(gw)["agent:main:a000"]));
-    await waitFor("a000 among the live chats", async () => (await page.locator('#session-list [data-key="agent:main:a000"]').count()) === 1);
+    // Restored in its place by date: the oldest of all, at the end of the list.
+    await waitFor("a000 among the live chats", async () => {
+      await nav.evaluate((n) => { n.scrollTop = n.scrollHeight; });
+      return (await page.locator('#session-list [data-key="agent:main:a000"]').count()) === 1;
+    }, 60000);
+    assert.equal(await page.locator('#session-list [data-testid="session-row"]').last().getAttribute("data-key"), "agent:main:a000");
 
     // A reload on the oldest chat's address: its row is shown at once, with its title and count.
     await page.reload();
@@ -221,12 +226,143 @@ describe("WebChat: a newcomer's first hour", () => {
     await page.keyboard.press("Escape");
     await waitFor("the editor closed", async () => (await edit.count()) === 0);
 
+    // The chat list is one tab stop; the arrow keys move inside it, → opens a row's menu.
+    const tabbable = await page.$$eval("#session-list a, #session-list button", (els) => els.filter((e) => e.tabIndex >= 0).map((e) => e.closest("li").dataset.key));
+    assert.deepEqual(tabbable, ["agent:main:c246"], "one tab stop: the open chat's row");
+    await page.locator('#session-list [data-key="agent:main:c246"] a.open').focus();
+    await page.keyboard.press("ArrowDown");
+    assert.equal(await page.evaluate(() => document.activeElement.closest("li").dataset.key), "agent:main:c245");
+    await page.keyboard.press("ArrowRight");
+    assert.equal(await page.evaluate(() => document.activeElement.dataset.testid), "rename", "the menu's first item");
+    await page.keyboard.press("Escape");
+    assert.equal(await page.evaluate(() => document.activeElement.closest("li").dataset.key), "agent:main:c245", "back on the row");
+
+    // Ctrl+Shift+O: a new chat, at its own address.
+    const before = Object.keys(index(gw)).length;
+    await page.keyboard.press("Control+Shift+O");
+    await waitFor("a new chat's address", () => /^#chat=agent:main:dashboard:/.test(new URL(page.url()).hash));
+    assert.equal(Object.keys(index(gw)).length, before + 1, "one session created");
+    await page.goBack();
+    await waitFor("back on chat 246", async () => (await title()) === "Chat 246");
+
     await page.locator("#log").focus();
     await page.keyboard.press("?");
     await page.locator('[data-testid="help"]').waitFor();
     assert.match(await page.locator('[data-testid="help"]').textContent(), /Stop the reply.*New chat.*Search all chats/s);
     await page.keyboard.press("Escape");
     await waitFor("help closed", async () => !(await page.locator('[data-testid="help"]').isVisible()));
+    assert.deepEqual(errors, []);
+  });
+
+  test("rename saves on Enter only and keeps the row's place; an archived chat is read-only until restored; copy, jump to latest; one place for an error", async () => {
+    // The row after c245 (c244, untouched) stays after it; c245 does not go to the top.
+    const around = () => page.$$eval('#session-list [data-testid="session-row"]', (els) => {
+      const keys = els.map((e) => e.dataset.key);
+      const i = keys.indexOf("agent:main:c245");
+      return [i === 0, keys[i + 1]];
+    });
+    const r = row("c245");
+    const stamp = index(gw)["agent:main:c245"].updatedAt;
+    await r.locator('[data-testid="row-menu"]').click();
+    await r.locator('[data-testid="rename"]').click();
+    await page.locator('[data-testid="rename-input"]').fill("Not saved");
+    await page.locator("#log").click(); // leaving the field keeps the old name
+    await waitFor("the old title back", async () => (await r.locator('[data-testid="session-title"]').textContent()) === "Chat 245");
+    assert.equal(index(gw)["agent:main:c245"].label, "Chat 245", "nothing saved on blur");
+    await r.locator('[data-testid="row-menu"]').click();
+    await r.locator('[data-testid="rename"]').click();
+    await page.locator('[data-testid="rename-input"]').fill("# **Saved** name");
+    await page.locator('[data-testid="rename-input"]').press("Enter");
+    await waitFor("the label in sessions.json", () => index(gw)["agent:main:c245"].label === "# **Saved** name");
+    await page.waitForTimeout(600); // the list is listed again after sessions.changed
+    assert.deepEqual(await around(), [false, "agent:main:c244"], "renaming did not move the chat");
+    assert.equal(index(gw)["agent:main:c245"].updatedAt, stamp);
+    assert.equal(await r.locator('[data-testid="session-title"]').textContent(), "# **Saved** name", "a label is shown as typed");
+
+    // A derived title is plain text, and a slash command is none.
+    const titles = await page.evaluate(async () => {
+      const { titleOf } = await import("/webchat/js/sessions.js");
+      return [titleOf({ derivedTitle: "## Plan a **trip** to [Lisbon](https://example.com) with `jq`" }), titleOf({ derivedTitle: "/status" })];
+    });
+    assert.deepEqual(titles, ["Plan a trip to Lisbon with jq", "New chat"]);
+
+    // Archiving the open chat: the composer says why it is read-only, Restore gives it back.
+    await row("c244").locator(".open").click();
+    await waitFor("chat 244", async () => (await title()) === "Chat 244");
+    // A provider error: shown once, in the thread, not also in the banner.
+    await page.locator('[data-testid="composer"]').fill("this one will [fail]");
+    await page.keyboard.press("Enter");
+    await waitFor("the error in the thread", async () => (await page.locator(".msg.error").count()) === 1);
+    await page.waitForTimeout(300);
+    assert.equal(await page.locator('[data-testid="error"]').isVisible(), false, "no second copy in the banner");
+    await row("c244").locator('[data-testid="row-menu"]').click();
+    await row("c244").locator('[data-testid="archive"]').click();
+    await page.locator('[data-testid="readonly"]').waitFor();
+    assert.match(await page.locator('[data-testid="readonly"]').textContent(), /archived/);
+    assert.ok(await page.locator('[data-testid="composer"]').isDisabled(), "no typing into an archived chat");
+    await waitFor("no edit buttons", async () => (await page.locator('[data-testid="edit"]').count()) === 0);
+    await page.locator('[data-testid="readonly-restore"]').click();
+    await waitFor("writable again", async () => page.locator('[data-testid="composer"]').isEnabled());
+    await waitFor("the edit buttons back", async () => (await page.locator('[data-testid="edit"]').count()) === 1);
+    assert.ok(!("archivedAt" in index(gw)["agent:main:c244"]));
+
+    // A deleted chat: its transcript is read-only under Archived, and comes back as a new chat.
+    const sid = index(gw)["agent:main:c246"].sessionId;
+    await row("c246").locator('[data-testid="row-menu"]').click();
+    await row("c246").locator('[data-testid="delete"]').click();
+    await waitFor("c246 gone from sessions.json", () => !("agent:main:c246" in index(gw)));
+    const file = page.locator(`#archive-files [data-file^="${sid}.jsonl.deleted."] button`);
+    await file.waitFor({ state: "attached" });
+    if (!(await page.locator("#archived").evaluate((d) => d.open))) await page.locator("#archived summary").click();
+    await file.click();
+    await waitFor("its messages", async () => (await page.locator('[data-testid="message"][data-role="user"]').first().textContent()).includes("Tell me a long one"));
+    assert.match(await page.locator('[data-testid="readonly"]').textContent(), /deleted chat/);
+    assert.ok(await page.locator('[data-testid="composer"]').isDisabled(), "a deleted chat's transcript is read-only");
+    await page.locator('[data-testid="readonly-restore"]').click();
+    await waitFor("a new chat with its messages", async () => /^#chat=agent:main:import:/.test(new URL(page.url()).hash)
+      && (await page.locator('[data-testid="message"][data-role="user"]').first().textContent()).includes("Tell me a long one"));
+    assert.ok(await page.locator('[data-testid="composer"]').isEnabled(), "writable");
+    const restored = decodeURIComponent(new URL(page.url()).hash.slice("#chat=".length));
+    assert.ok(index(gw)[restored], "the restored chat is in sessions.json");
+
+    // Copy a message; jump to latest in the long chat.
+    await browser.context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: gw.url });
+    const user = page.locator('[data-testid="message"][data-role="user"]').last();
+    await user.hover();
+    await user.locator('[data-testid="copy-message"]').click();
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "Tell me a long one [slow]");
+    assert.equal(await user.getAttribute("aria-label"), "You", "a message names its author");
+    await page.evaluate(() => { location.hash = "#chat=agent:main:long"; });
+    await waitFor("the long chat", async () => (await title()) === "Long chat");
+    await waitFor("its last message", async () => (await page.locator('[data-testid="message"]').last().textContent()).includes("message 2499"));
+    await waitFor("the jump button once scrolled up", async () => {
+      await page.locator("#log").evaluate((l) => { l.scrollTop = l.scrollHeight / 2; });
+      return page.locator('[data-testid="jump-latest"]').isVisible();
+    });
+    await page.locator('[data-testid="jump-latest"]').click();
+    await waitFor("at the bottom", () => page.locator("#log").evaluate((l) => l.scrollHeight - l.scrollTop - l.clientHeight < 4));
+
+    // A brief disconnect: the status says it, no red banner.
+    await gw.kill();
+    await page.locator('[data-testid="status"].bad').waitFor({ timeout: 20000 });
+    await page.waitForTimeout(500);
+    assert.equal(await page.locator('[data-testid="error"]').isVisible(), false, "no error banner while reconnecting");
+    await gw.restart();
+    await page.locator('[data-testid="status"].ok').waitFor({ timeout: 20000 });
+    await page.waitForTimeout(500);
+    assert.equal(await page.locator('[data-testid="error"]').isVisible(), false);
+
+    // A wrong token: the composer is disabled and says why.
+    const other = await launchBrowser();
+    try {
+      const p = await other.context.newPage();
+      await p.goto(`${gw.url}/#token=not-the-token`);
+      await p.locator("#token-banner").waitFor();
+      await waitFor("the composer disabled", async () => p.locator('[data-testid="composer"]').isDisabled());
+      assert.match(await p.locator('[data-testid="readonly"]').textContent(), /token/);
+    } finally {
+      await other.close();
+    }
     assert.deepEqual(errors, []);
   });
 });

@@ -152,7 +152,7 @@ pub(crate) fn is_stop(text: &str) -> bool {
     t == "stop" || SLASH_COMMANDS[0].texts.contains(&t.as_str())
 }
 
-fn slash_command(text: &str) -> Option<&'static str> {
+pub(crate) fn slash_command(text: &str) -> Option<&'static str> {
     let first = text.split_whitespace().next()?.to_lowercase();
     SLASH_COMMANDS.iter().skip(1).find(|c| c.texts.contains(&first.as_str())).map(|c| c.name)
 }

@@ -88,6 +88,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::SessionsLabel => crate::tree::label(gw, params).await,
         Method::SessionsArchivesList => blocking(gw, params, archives_list).await,
         Method::SessionsArchivesGet => archives_get(gw, params).await,
+        Method::SessionsArchivesRestore => archives_restore(gw, params).await,
         Method::SessionsSearch => crate::search::rpc(gw, params).await,
         Method::SessionsExport => crate::export::rpc(gw, params).await,
         Method::SessionsList => blocking(gw, params, sessions_list).await,
@@ -505,7 +506,8 @@ pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::pat
             title = serde_json::from_slice::<Value>(line)
                 .ok()
                 .map(|v| crate::tree::display_text(&v["message"]))
-                .filter(|t| !t.is_empty());
+                // A slash command names no chat: the first message after it does.
+                .filter(|t| !t.is_empty() && crate::chat::slash_command(t).is_none() && !crate::chat::is_stop(t));
         }
     }
     (title, count)
@@ -538,6 +540,10 @@ struct ArchivesParams {
     agent_id: Option<crate::sessions::AgentId>,
     /// `sessions.archives.get`: a file name as `sessions.archives.list` gives it.
     file: Option<NonBlank>,
+    /// `sessions.archives.get`: a window of at most this many messages (as `chat.history`'s).
+    limit: Option<Bounded<1, { pincer_store::history::MAX_LIMIT as u64 }>>,
+    /// `sessions.archives.get`: the window before this entry (as `chat.history`'s `beforeEntryId`).
+    before_entry_id: Option<NonBlank>,
 }
 
 fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
@@ -561,6 +567,45 @@ fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     Ok(json!({"agentId": agent, "archives": rows}))
 }
 
+/// The largest transcript `sessions.archives.restore` reads into memory (`pincer transcript import`
+/// takes larger ones).
+const MAX_RESTORE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// `sessions.archives.restore {file}` (Pincer): a transcript moved aside by /new, reset or delete
+/// back as a chat of its own: a new session of the default agent, made as `pincer transcript
+/// import` makes one (checked first; nothing is written when it is refused). The archived file
+/// stays where it is.
+async fn archives_restore(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+    let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesRestore, params)?;
+    let Some(NonBlank(file)) = p.file else {
+        return Err(RpcError::invalid("invalid sessions.archives.restore params: missing field `file`"));
+    };
+    if p.agent_id.as_ref().is_some_and(|a| *a != crate::sessions::AgentId::main()) {
+        return Err(RpcError::invalid("only the default agent's transcripts can be restored"));
+    }
+    let gw2 = gw.clone();
+    let s = tokio::task::spawn_blocking(move || {
+        // Only a name the listing gives: never a path of the client's choosing.
+        let Some((_, _, path, _)) =
+            archive_files(&gw2, &crate::sessions::AgentId::main()).into_iter().find(|(n, ..)| *n == file)
+        else {
+            return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
+        };
+        let bytes = gw2.store.read_bytes(&path, MAX_RESTORE_BYTES).ok_or_else(|| {
+            RpcError::unavailable(format!(
+                "{file} cannot be read here (over {} MiB?): restore it with `pincer transcript import`",
+                MAX_RESTORE_BYTES >> 20
+            ))
+        })?;
+        let prepared = pincer_export::prepare_import(&bytes).map_err(|e| RpcError::invalid(format!("{file}: {e}")))?;
+        gw2.sessions.import(&prepared)
+    })
+    .await
+    .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))??;
+    changed(gw, &s.key, "create");
+    Ok(json!({"ok": true, "key": s.key, "sessionId": s.session_id}))
+}
+
 /// `sessions.archives.get` (Pincer): the messages of one archived transcript, read-only.
 async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesGet, params)?;
@@ -568,6 +613,11 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
         return Err(RpcError::invalid("invalid sessions.archives.get params: missing field `file`"));
     };
     let agent = p.agent_id.unwrap_or_else(crate::sessions::AgentId::main);
+    let mut opts =
+        pincer_store::history::HistoryOptions { before: p.before_entry_id.map(|b| b.0), ..Default::default() };
+    if let Some(l) = p.limit {
+        opts.limit = l.0 as usize;
+    }
     let gw2 = gw.clone();
     tokio::task::spawn_blocking(move || {
         if !gw2.sessions.known_agent(&agent) {
@@ -579,9 +629,9 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
         };
         let h = gw2
             .store
-            .history(&path, pincer_store::history::HistoryOptions::default())
+            .history(&path, opts)
             .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
-        Ok(json!({"file": file, "messages": h.messages}))
+        Ok(json!({"file": file, "messages": h.messages, "hasOlder": h.has_older}))
     })
     .await
     .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?

@@ -78,6 +78,7 @@ methods! {
     SessionsLabel = "sessions.label",
     SessionsArchivesList = "sessions.archives.list",
     SessionsArchivesGet = "sessions.archives.get",
+    SessionsArchivesRestore = "sessions.archives.restore",
     SessionsSearch = "sessions.search",
     SessionsExport = "sessions.export",
     PincerInfo = "pincer.info",
@@ -165,6 +166,7 @@ impl Method {
                 | Method::SessionsRewind
                 | Method::SessionsFork
                 | Method::SessionsLabel
+                | Method::SessionsArchivesRestore
         )
     }
 }

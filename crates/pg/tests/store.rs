@@ -95,12 +95,23 @@ fn an_imported_file_reads_back_byte_for_byte_with_the_same_context_and_history()
     let from_file = Session::read(&file).expect("read").expect("exists");
     let ctx = |s: &Session| context_report(s, &LeafArg::Default).expect("context").to_value();
     assert_eq!(ctx(&from_db), ctx(&from_file));
+    // Every entry as a window's `before` too (the WebChat's older windows), at each limit.
+    let ids: Vec<Option<String>> = std::iter::once(None)
+        .chain(
+            bytes
+                .split(|b| *b == b'\n')
+                .filter_map(|l| serde_json::from_slice::<Value>(l).ok()?["id"].as_str().map(|s| Some(s.to_owned()))),
+        )
+        .collect();
     for limit in [1, 3, 200] {
-        let o = HistoryOptions { limit, max_chars: 8000, before: None };
-        assert_eq!(
-            pg.history(&file, o.clone()).expect("history"),
-            Store::new(StoreOptions::default()).history(&file, o).expect("history")
-        );
+        for before in &ids {
+            let o = HistoryOptions { limit, max_chars: 8000, before: before.clone() };
+            assert_eq!(
+                pg.history(&file, o.clone()).expect("history"),
+                Store::new(StoreOptions::default()).history(&file, o).expect("history"),
+                "limit {limit}, before {before:?}"
+            );
+        }
     }
     assert_eq!(pg.leaf(&file).expect("leaf"), Store::new(StoreOptions::default()).leaf(&file).expect("leaf"));
     let (hit, _) = pg.find_keyed(&file, "k1:user").expect("find").expect("found");

@@ -153,7 +153,8 @@ const sidebar = new Sidebar({
   list: $("session-list"), archivedList: $("archived-list"), archiveFiles: $("archive-files"),
   fetchPage: (params) => gw.request("sessions.list", { includeDerivedTitles: true, ...params }),
   actions: {
-    open: (key) => { drawer(false); selectSession(key); },
+    // A click goes on to the message box; Enter on a row leaves the focus in the list.
+    open: (key, keyboard) => { drawer(false); selectSession(key).then(() => { if (!keyboard) composer.focus(); }); },
     rename: (key, label) => attempt("Renaming failed", async () => { await gw.request("sessions.patch", { key, label: label || null }); await loadSessions(); }),
     exportAs: (key, format) => attempt("Exporting failed", () => download(key, format)),
     archive: (key, on) => attempt(on ? "Archiving failed" : "Restoring failed", async () => {
@@ -172,7 +173,7 @@ const sidebar = new Sidebar({
       state.viewing = a; sidebar.setCurrent(state.sessionKey, a.file);
       $("session-title").textContent = `Archived: ${a.title || a.file}`;
       view.setTree(null);
-      view.setHistory(r.messages, { readOnly: true });
+      view.setHistory(r.messages, { readOnly: true, hasOlder: r.hasOlder === true });
       composerEnabled();
     }),
   },
@@ -195,7 +196,13 @@ function stop() {
 }
 $("stop").addEventListener("click", stop);
 $("readonly-restore").addEventListener("click", () => attempt("Restoring failed", async () => {
-  await gw.request("sessions.patch", { key: state.sessionKey, archived: false });
+  if (state.viewing) {
+    // A transcript set aside by /new, reset or delete: a chat of its own again (sessions.archives.restore).
+    const r = await gw.request("sessions.archives.restore", { file: state.viewing.file });
+    await selectSession(r.key);
+  } else {
+    await gw.request("sessions.patch", { key: state.sessionKey, archived: false });
+  }
   await loadSessions();
 }));
 
@@ -206,12 +213,13 @@ $("model").addEventListener("change", (e) => attempt("Changing the model failed"
 
 /** Why nothing can be written here now (shown above the composer, which is then disabled), or null. */
 function readOnlyReason() {
+  if (state.authFailed === "missing") return { text: "Not connected yet: enter the gateway's token above to start." };
   if (state.authFailed) return { text: "Not connected: the gateway refused the token. Enter a valid token above to write." };
   if (state.viewing) {
     const v = state.viewing;
     return { text: v.reason === "deleted"
       ? "Read-only: the transcript of a deleted chat (kept on disk as an archive)."
-      : "Read-only: an earlier transcript of this chat, set aside by /new or a reset." };
+      : "Read-only: an earlier transcript of this chat, set aside by /new or a reset.", restoreFile: v.file };
   }
   if (sidebar.row(state.sessionKey)?.archivedAt) return { text: "This chat is archived: restore it to write in it.", restore: true };
   return null;
@@ -221,7 +229,8 @@ function composerEnabled() {
   const ro = readOnlyReason();
   $("readonly").hidden = !ro;
   $("readonly-text").textContent = ro?.text || "";
-  $("readonly-restore").hidden = !ro?.restore;
+  $("readonly-restore").hidden = !ro?.restore && !ro?.restoreFile;
+  $("readonly-restore").textContent = ro?.restoreFile ? "Restore as a new chat" : "Restore";
   $("composer-input").disabled = !!ro;
   $("composer-input").placeholder = ro ? "Read-only" : "Message";
   $("stop").disabled = state.runs.size === 0;
@@ -308,7 +317,9 @@ async function openHit(h) {
     const find = () => $("log").querySelector(`[data-entry-id="${CSS.escape(h.entryId)}"]`);
     // Older windows (large ones) until the hit is on the page, however far back it is.
     while (!find() && view.hasOlder && h.sessionKey === state.sessionKey) {
-      if (!(await loadOlder(view.firstId(), 1000))) break;
+      const first = view.firstId();
+      // (A window the scrolling asked for meanwhile counts as progress too.)
+      if (!(await loadOlder(first, 1000)) && view.firstId() === first) break;
     }
     if (!find()) throw new Error("the message is no longer on this chat's branches");
     state.hitId = h.entryId;
@@ -352,8 +363,9 @@ async function loadHistory() {
   // The older windows already on the page stay when the newest one still starts inside them.
   const idOf = (m) => m?.__openclaw?.id;
   const at = idOf(h.messages[0]) ? view.messages.findIndex((m) => idOf(m) === idOf(h.messages[0])) : -1;
-  if (at > 0) view.setHistory(view.messages.slice(0, at).concat(h.messages), { hasOlder: view.hasOlder });
-  else view.setHistory(h.messages, { hasOlder: h.hasOlder === true });
+  const readOnly = !!sidebar.row(key)?.archivedAt;
+  if (at > 0) view.setHistory(view.messages.slice(0, at).concat(h.messages), { hasOlder: view.hasOlder, readOnly });
+  else view.setHistory(h.messages, { hasOlder: h.hasOlder === true, readOnly });
   markHit();
   state.runs = new Set((h.sessionInfo && h.sessionInfo.activeRunIds) || []);
   composerEnabled();
@@ -362,10 +374,12 @@ async function loadHistory() {
 
 /** The window before entry `before` (of the chat shown), drawn above; false when none came. */
 async function loadOlder(before, limit = WINDOW) {
-  const key = state.sessionKey;
-  const h = await gw.request("chat.history", { sessionKey: key, limit, beforeEntryId: before })
+  const [key, viewing] = [state.sessionKey, state.viewing];
+  const h = await (viewing
+    ? gw.request("sessions.archives.get", { file: viewing.file, limit, beforeEntryId: before })
+    : gw.request("chat.history", { sessionKey: key, limit, beforeEntryId: before }))
     .catch((e) => { if (!e.transport) showError(`Could not load older messages: ${e.message}`); return null; });
-  if (!h || key !== state.sessionKey || state.viewing || view.firstId() !== before) return false;
+  if (!h || key !== state.sessionKey || state.viewing !== viewing || view.firstId() !== before) return false;
   view.prepend(h.messages, h.hasOlder === true);
   return h.messages.length > 0;
 }
@@ -400,6 +414,9 @@ function showTitle() {
   document.title = `${row ? titleOf(row) : "Pincer"} · Pincer WebChat`;
   drawModels(row);
   composerEnabled();
+  // An archived chat's messages lose their edit, regenerate and label buttons (and get them back).
+  const archived = !!row?.archivedAt;
+  if (!state.viewing && view.readOnly !== archived && view.messages.length) { view.readOnly = archived; view.draw(); }
 }
 
 function drawModels(row) {
@@ -416,6 +433,7 @@ function drawModels(row) {
 /** Shows chat `key`; `push: false` when the address already names it (load, Back/Forward). */
 async function selectSession(key, { push = true } = {}) {
   const prev = state.subscribed;
+  const focused = document.activeElement;
   state.hitId = null;
   state.viewing = null;
   // One message subscription per socket; unsubscribe first, and only from another key.
@@ -432,7 +450,8 @@ async function selectSession(key, { push = true } = {}) {
     await gw.request("sessions.messages.subscribe", { key }).then(() => { state.subscribed = key; }).catch(() => {});
   }
   if (gw.connected) await loadHistory();
-  composer.focus();
+  // The message box, unless the focus went somewhere else meanwhile (Ctrl+K, the list's keys).
+  if (document.activeElement === focused || document.activeElement === document.body) composer.focus();
 }
 
 /** Back/Forward (or an edited address): the chat the address names. */
@@ -515,7 +534,7 @@ function tokenFromHash() {
 }
 function start() {
   const token = store.get("pincer.token");
-  if (!token) { $("token-banner").hidden = false; setStatus("token needed", false); state.authFailed = true; composerEnabled(); return; }
+  if (!token) { $("token-banner").hidden = false; setStatus("token needed", false); state.authFailed = "missing"; composerEnabled(); return; }
   setStatus("connecting…");
   gw.connect(token);
 }
@@ -542,7 +561,7 @@ $("help-close").addEventListener("click", () => help(false));
 document.addEventListener("keydown", (e) => {
   const mod = e.ctrlKey || e.metaKey;
   if (e.key === "Escape") {
-    if (e.defaultPrevented || $("help").open) return;
+    if (e.defaultPrevented || $("help").open || e.target === $("search-input")) return;
     if ($("app").classList.contains("drawer-open")) { drawer(false); $("open-drawer").focus(); return; }
     if (state.runs.size && !state.viewing) { e.preventDefault(); stop(); }
     return;

@@ -57,7 +57,7 @@ export class Sidebar {
     Object.assign(this, { list, archivedList, archiveFiles, archivedBox, fetchPage, actions });
     this.live = new Pages(false); this.arch = new Pages(true);
     this.archives = []; this.current = null; this.viewing = null; this.extra = null;
-    this.menu = null; this.renaming = null; this.deferred = false; this.focusKey = null;
+    this.menu = null; this.renaming = null; this.deferred = false;
     this.observer = new IntersectionObserver((entries) => {
       for (const e of entries) if (e.isIntersecting) this.more(e.target.dataset.pages === "archived" ? this.arch : this.live);
     }, { root: null, rootMargin: "200px" });
@@ -79,8 +79,9 @@ export class Sidebar {
     const fresh = r.sessions;
     const keys = new Set(fresh.map((x) => x.key));
     // Rows past the first 1,000 stay as they were (paged in again only when scrolled to).
-    p.rows = fresh.concat(p.rows.slice(limit).filter((x) => !keys.has(x.key)));
-    p.more = !!r.hasMore || p.rows.length > fresh.length;
+    const past = p.rows.slice(limit).filter((x) => !keys.has(x.key));
+    p.rows = fresh.concat(past);
+    if (!past.length) p.more = !!r.hasMore;
   }
 
   /** The next page of `p` (one at a time). */
@@ -90,7 +91,11 @@ export class Sidebar {
       const have = new Set(p.rows.map((x) => x.key));
       p.rows.push(...r.sessions.filter((x) => !have.has(x.key)));
       p.more = !!r.hasMore && r.sessions.length > 0;
-    }).catch(() => { /* tried again when the end of the list shows again */ }).finally(() => { p.loading = null; this.draw(); });
+      this.draw();
+    }, () => {
+      // Not drawn again (that would ask again at once): the end of the list asks again when it
+      // scrolls back into view, or the list is reloaded after a reconnect.
+    }).finally(() => { p.loading = null; });
     return p.loading;
   }
 
@@ -109,7 +114,7 @@ export class Sidebar {
     const focused = document.activeElement?.closest?.(".session-row")?.dataset.key;
     const nodes = [];
     const pinned = this.current && !this.viewing && !this.loaded(this.current)
-      ? (this.extra?.key === this.current ? this.extra : { key: this.current, messageCount: 0 }) : null;
+      ? (this.extra?.key === this.current ? this.extra : { key: this.current, label: "…" }) : null;
     if (pinned) nodes.push(this.group("Open chat"), this.rowNode(pinned, !!pinned.archivedAt));
     let last = null;
     for (const r of this.live.rows) {
@@ -178,7 +183,8 @@ export class Sidebar {
       onclick: (e) => {
         if (e.button !== 0 || e.ctrlKey || e.metaKey || e.shiftKey || e.altKey) return; // a new tab or window
         e.preventDefault();
-        this.actions.open(r.key);
+        this.actions.open(r.key, e.detail === 0); // detail 0: Enter on the focused row
+
       } },
     el("span", { class: "name", "data-testid": "session-title" }, title),
     el("span", { class: "sub", title: fullTime(r.updatedAt) }, `${r.updatedAt ? relTime(r.updatedAt) : ""}${r.updatedAt ? count : count.replace(/^ · /, "")}`));
