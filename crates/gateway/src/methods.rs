@@ -618,15 +618,22 @@ async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErr
     if let Some(l) = p.limit {
         opts.limit = l.0 as usize;
     }
+    let found = gw
+        .blocking(move |gw| {
+            if !gw.sessions.known_agent(&agent) {
+                return Err(RpcError::invalid(format!("unknown agent id {:?}", agent.as_str())));
+            }
+            // Only a name the listing gives: never a path of the client's choosing.
+            let Some((_, _, path, _)) = archive_files(gw, &agent).into_iter().find(|(n, ..)| *n == file) else {
+                return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
+            };
+            Ok((file, path))
+        })
+        .await?;
+    let (file, path) = found;
+    let _held = gw.reserve_answer(&path, crate::budget::Answer::History, "the archived transcript").await?;
     let gw2 = gw.clone();
     tokio::task::spawn_blocking(move || {
-        if !gw2.sessions.known_agent(&agent) {
-            return Err(RpcError::invalid(format!("unknown agent id {:?}", agent.as_str())));
-        }
-        // Only a name the listing gives: never a path of the client's choosing.
-        let Some((_, _, path, _)) = archive_files(&gw2, &agent).into_iter().find(|(n, ..)| *n == file) else {
-            return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
-        };
         let h = gw2
             .store
             .history(&path, opts)
