@@ -645,6 +645,19 @@ impl Gateway {
         self.answers.reserve(answer, bytes, what).await
     }
 
+    /// [`Gateway::reserve_answer`] from a blocking thread (one that runs store work).
+    pub fn reserve_answer_blocking(
+        &self,
+        path: &std::path::Path,
+        answer: crate::budget::Answer,
+        what: &str,
+    ) -> Result<crate::budget::Held, RpcError> {
+        let bytes = self.store.bytes(path).unwrap_or(0);
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| RpcError::unavailable("the answer budget is asked outside the gateway's runtime"))?;
+        handle.block_on(self.answers.reserve(answer, bytes, what))
+    }
+
     /// The size of `path`'s transcript in bytes (0 when it has none).
     pub async fn transcript_bytes(self: &Arc<Self>, path: &std::path::Path) -> u64 {
         let (store, p) = (self.store.clone(), path.to_owned());

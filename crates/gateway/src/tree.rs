@@ -42,6 +42,8 @@ struct Tree {
     nodes: Vec<Node>,
     by_id: HashMap<String, usize>,
     leaf: Option<String>,
+    /// Its room in the answer budget, while the tree is in memory.
+    _held: crate::budget::Held,
 }
 
 /// A message's role from its raw JSON: Pi writes `role` first, so this rarely decodes the message.
@@ -87,6 +89,7 @@ fn resolve_controls(
 
 impl Tree {
     fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, RpcError> {
+        let held = gw.reserve_answer_blocking(&s.path, crate::budget::Answer::History, "the session's tree")?;
         let parsed = gw.store.read_session(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
         let (leaf, parsed) = match parsed {
             Some(p) => (current_leaf(gw, s)?, p),
@@ -125,7 +128,7 @@ impl Tree {
             };
             nodes[i].parent = p;
         }
-        Ok(Tree { parsed, nodes, by_id, leaf })
+        Ok(Tree { parsed, nodes, by_id, leaf, _held: held })
     }
 
     /// The entry as it is on disk (decoded once).
