@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
                 .and_then(|r| r.strip_prefix(':'))
                 .unwrap_or_else(|| panic!("{key:?} is not agent:{agent}:…"));
             assert!(!rest.is_empty(), "empty rest in {key:?}");
-            let a = agent.as_bytes();
+            let a = agent.as_str().as_bytes();
             assert!(!a.is_empty() && a.len() <= 64 && a[0].is_ascii_alphanumeric(), "agent id {agent:?}");
             assert!(
                 a.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'-')),
