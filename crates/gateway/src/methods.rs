@@ -170,6 +170,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             "configFile": gw.settings.state_dir.join("pincer.toml").display().to_string(),
             "tokenSource": gw.settings.token_source, "model": gw.settings.model,
             "modelIsFallback": gw.settings.model_is_fallback,
+            "tools": gw.tools.names(), "workspace": gw.settings.workspace.display().to_string(),
             "limits": {"attachmentBytes": chat::MAX_ATTACHMENT_BYTES, "attachmentsBytes": chat::MAX_ATTACHMENTS_BYTES}})),
         Method::Connect => Err(RpcError::invalid("already connected")),
     }
