@@ -248,3 +248,54 @@ impl Tool for GrepTool {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    async fn run(tool: &dyn Tool, args: Value) -> ToolOutput {
+        tool.call(args).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn find_and_grep_follow_ripgrep_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("src/deep")).unwrap();
+        std::fs::create_dir_all(root.join("target")).unwrap();
+        std::fs::create_dir_all(root.join(".git")).unwrap();
+        std::fs::write(root.join(".gitignore"), "target/\n").unwrap();
+        std::fs::write(root.join("src/a.rs"), "let needle = 1;\n").unwrap();
+        std::fs::write(root.join("src/deep/b.rs"), format!("{}needle\n", "x".repeat(600))).unwrap();
+        std::fs::write(root.join("target/c.rs"), "needle\n").unwrap();
+        std::fs::write(root.join(".git/config"), "needle\n").unwrap();
+        std::fs::write(root.join(".hidden.rs"), "Needle\n").unwrap();
+        let ws = Workspace::new(root);
+        let find = FindTool(ws.clone());
+        let text = |o: ToolOutput| o.content[0]["text"].as_str().unwrap().to_owned();
+        assert_eq!(text(run(&find, json!({"pattern": "*.rs"})).await), ".hidden.rs\nsrc/a.rs\nsrc/deep/b.rs");
+        assert_eq!(text(run(&find, json!({"pattern": "src/*.rs"})).await), "src/a.rs", "a / matches the whole path");
+        assert_eq!(text(run(&find, json!({"pattern": "src/**/*.rs"})).await), "src/a.rs\nsrc/deep/b.rs");
+        let limited = run(&find, json!({"pattern": "*.rs", "limit": 1})).await;
+        assert_eq!(text(limited.clone()), ".hidden.rs\n\n[1 results limit reached]");
+        assert_eq!(limited.details, Some(json!({"resultLimitReached": 1})));
+        assert_eq!(text(run(&find, json!({"pattern": "*.py"})).await), "No files found matching pattern");
+
+        let grep = GrepTool(ws);
+        let out = run(&grep, json!({"pattern": "needle"})).await;
+        let cut = format!("src/deep/b.rs:1: {}... [truncated]", "x".repeat(500));
+        assert_eq!(
+            text(out.clone()),
+            format!("src/a.rs:1: let needle = 1;\n{cut}\n\n[Some lines truncated to 500 chars. Use read tool to see full lines]")
+        );
+        assert_eq!(out.details, Some(json!({"linesTruncated": true})));
+        assert_eq!(
+            text(run(&grep, json!({"pattern": "needle", "ignoreCase": true, "glob": "*.rs", "limit": 1})).await),
+            ".hidden.rs:1: Needle\n\n[1 matches limit reached. Use limit=2 for more, or refine pattern]"
+        );
+        assert_eq!(text(run(&grep, json!({"pattern": "n.edle = 1", "literal": true})).await), "No matches found");
+        assert_eq!(text(run(&grep, json!({"pattern": "needle", "path": "src/a.rs"})).await), "a.rs:1: let needle = 1;");
+        assert!(grep.call(json!({"pattern": "("})).await.is_err(), "an invalid regex is an error result");
+    }
+}
