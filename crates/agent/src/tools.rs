@@ -71,6 +71,11 @@ pub trait Tool: Send + Sync {
     fn description(&self) -> &str;
     /// JSON schema of the arguments object.
     fn parameters(&self) -> Value;
+    /// Mends arguments models commonly get wrong before they are checked against the schema (Pi's
+    /// `prepareArguments`); the transcript keeps them as the model sent them.
+    fn prepare(&self, arguments: Value) -> Value {
+        arguments
+    }
     /// Runs the tool; `Err` becomes an error tool result.
     fn call(&self, arguments: Value) -> ToolFuture<'_>;
 }
@@ -155,6 +160,7 @@ impl ToolRegistry {
             let available = self.tools.keys().cloned().collect();
             return Err(ToolError::NotFound { name: name.to_owned(), available });
         };
+        let arguments = tool.prepare(arguments);
         validate(&tool.parameters(), &arguments)
             .map_err(|reason| ToolError::InvalidArguments { tool: name.to_owned(), reason })?;
         tool.call(arguments).await

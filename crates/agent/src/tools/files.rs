@@ -183,6 +183,9 @@ impl Tool for EditTool {
                     "required": ["oldText", "newText"]}}},
             "required": ["path", "edits"], "additionalProperties": false})
     }
+    fn prepare(&self, arguments: Value) -> Value {
+        prepare_edit_arguments(arguments)
+    }
     fn call(&self, args: Value) -> ToolFuture<'_> {
         Box::pin(async move {
             let path = str_arg(&args, "path").unwrap_or_default();
@@ -215,17 +218,32 @@ impl Tool for EditTool {
     }
 }
 
-/// The `edits` array (also as a JSON string, and the legacy top-level `oldText`/`newText`, as Pi's
-/// `prepareEditArguments` accepts).
-fn parse_edits(args: &Value) -> Result<Vec<(String, String)>, ToolError> {
-    let mut list = match args.get("edits") {
-        Some(Value::String(s)) => serde_json::from_str::<Vec<Value>>(s).unwrap_or_default(),
-        Some(Value::Array(a)) => a.clone(),
-        _ => Vec::new(),
+/// Pi's `prepareEditArguments`: `edits` sent as a JSON string becomes the array, and a legacy
+/// top-level `oldText`/`newText` pair is appended to it.
+fn prepare_edit_arguments(mut args: Value) -> Value {
+    let Some(obj) = args.as_object_mut() else {
+        return args;
     };
-    if let (Some(o), Some(n)) = (str_arg(args, "oldText"), str_arg(args, "newText")) {
-        list.push(json!({"oldText": o, "newText": n}));
+    if let Some(Value::String(s)) = obj.get("edits") {
+        if let Ok(list @ Value::Array(_)) = serde_json::from_str::<Value>(s) {
+            obj.insert("edits".into(), list);
+        }
     }
+    if let (Some(Value::String(_)), Some(Value::String(_))) = (obj.get("oldText"), obj.get("newText")) {
+        let (old, new) = (obj.remove("oldText"), obj.remove("newText"));
+        let mut list = match obj.remove("edits") {
+            Some(Value::Array(a)) => a,
+            _ => Vec::new(),
+        };
+        list.push(json!({"oldText": old, "newText": new}));
+        obj.insert("edits".into(), Value::Array(list));
+    }
+    args
+}
+
+/// The `edits` array as `(oldText, newText)` pairs; at least one.
+fn parse_edits(args: &Value) -> Result<Vec<(String, String)>, ToolError> {
+    let list = args.get("edits").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
     if list.is_empty() {
         return Err(ToolError::failed("Edit tool input is invalid. edits must contain at least one replacement."));
     }
@@ -539,5 +557,63 @@ mod tests {
             "edits[0] and edits[1] overlap in f. Merge them into one edit or target disjoint regions."
         );
         assert_eq!(apply_edits("it\u{2019}s  \nok", &[e("it's\nok", "fine")], "f").unwrap().1, "fine");
+    }
+
+    fn text(o: &ToolOutput) -> &str {
+        o.content[0]["text"].as_str().unwrap()
+    }
+
+    #[tokio::test]
+    async fn read_cuts_at_50_kb_and_names_a_long_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = "y".repeat(99);
+        std::fs::write(dir.path().join("wide.txt"), format!("{line}\n").repeat(1000)).unwrap();
+        std::fs::write(dir.path().join("one.txt"), "z".repeat(60 * 1024)).unwrap();
+        let read = ReadTool(Workspace::new(dir.path()));
+        let out = read.call(json!({"path": "wide.txt"})).await.unwrap();
+        // 512 lines of 100 bytes fit in 51,200 bytes (the last without its newline).
+        assert!(text(&out).ends_with("\n\n[Showing lines 1-512 of 1001 (50.0KB limit). Use offset=513 to continue.]"));
+        let t = &out.details.as_ref().unwrap()["truncation"];
+        assert_eq!(
+            (&t["truncatedBy"], &t["outputLines"], &t["outputBytes"]),
+            (&json!("bytes"), &json!(512), &json!(51199))
+        );
+        let out = read.call(json!({"path": "one.txt"})).await.unwrap();
+        assert_eq!(
+            text(&out),
+            "[Line 1 is 60.0KB, exceeds 50.0KB limit. Use bash: sed -n '1p' one.txt | head -c 51200]"
+        );
+        assert_eq!(out.details.unwrap()["truncation"]["firstLineExceedsLimit"], true);
+        assert_eq!(
+            read.call(json!({"path": "wide.txt", "offset": 2000})).await.unwrap_err().to_string(),
+            "Offset 2000 is beyond end of file (1001 lines total)"
+        );
+    }
+
+    #[tokio::test]
+    async fn edit_takes_pi_argument_variants_and_serialises_writes_to_one_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let markers: String = (0..24).map(|i| format!("m{i}\n")).collect();
+        std::fs::write(dir.path().join("f.txt"), &markers).unwrap();
+        let reg = super::super::ToolRegistry::with_builtins(dir.path());
+        // `edits` as a JSON string, and the legacy top-level pair (Pi's prepareEditArguments).
+        let as_string = json!({"path": "f.txt", "edits": json!([{"oldText": "m0\n", "newText": "x0\n"}]).to_string()});
+        assert_eq!(text(&reg.execute("edit", as_string).await.unwrap()), "Successfully replaced 1 block(s) in f.txt.");
+        let legacy = json!({"path": "f.txt", "oldText": "m1\n", "newText": "x1\n"});
+        assert_eq!(text(&reg.execute("edit", legacy).await.unwrap()), "Successfully replaced 1 block(s) in f.txt.");
+        // Concurrent read-modify-writes of one file: none is lost.
+        let edits = (2..24).map(|i| {
+            reg.execute(
+                "edit",
+                json!({"path": "f.txt", "edits": [{"oldText": format!("m{i}\n"), "newText": format!("x{i}\n")}]}),
+            )
+        });
+        for r in futures::future::join_all(edits).await {
+            r.unwrap();
+        }
+        let want: String = (0..24).map(|i| format!("x{i}\n")).collect();
+        assert_eq!(std::fs::read_to_string(dir.path().join("f.txt")).unwrap(), want);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(leftovers, ["f.txt"], "no temporary file left behind");
     }
 }
