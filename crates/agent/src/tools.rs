@@ -190,6 +190,8 @@ fn builtin(name: &str, ws: &Arc<Workspace>) -> Option<Arc<dyn Tool>> {
 /// `grep`), `coding` (the default) = Pi's file tools (those and `write`, `edit`), `full` = every built-in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolPolicy {
+    /// The profile the list started from.
+    pub profile: String,
     /// The effective tools, in [`BUILTIN_TOOLS`] order.
     pub tools: Vec<String>,
 }
@@ -202,7 +204,8 @@ impl ToolPolicy {
     /// tool name that does not exist is an error naming it (a tool the config names but Pincer
     /// cannot provide must stop the startup, not vanish silently).
     pub fn new(profile: Option<&str>, allow: &[String], deny: &[String]) -> Result<ToolPolicy, String> {
-        let base: &[&str] = match profile.unwrap_or("coding") {
+        let profile = profile.unwrap_or("coding");
+        let base: &[&str] = match profile {
             "minimal" => &["read", "ls", "find", "grep"],
             "coding" => &["read", "write", "edit", "ls", "find", "grep"],
             "full" => BUILTIN_TOOLS,
@@ -218,7 +221,7 @@ impl ToolPolicy {
             .filter(|t| (base.contains(t) || allow.iter().any(|a| a == *t)) && !deny.iter().any(|d| d == *t))
             .map(|t| (*t).to_owned())
             .collect();
-        Ok(ToolPolicy { tools })
+        Ok(ToolPolicy { profile: profile.to_owned(), tools })
     }
 }
 

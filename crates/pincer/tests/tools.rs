@@ -250,6 +250,24 @@ async fn read_returns_images_and_the_policy_shapes_the_tool_list() {
     let mut c = Client::connect(&gw.addr).await;
     let info = c.request("pincer.info", json!({})).await.unwrap();
     assert_eq!(info["tools"], json!(["current_time", "find", "ls", "read"]));
+    // OpenClaw's `tools.effective` inventory shape, for its Control UI and TUI.
+    let effective = c.request("tools.effective", json!({"sessionKey": "main"})).await.unwrap();
+    assert_eq!((&effective["agentId"], &effective["profile"]), (&json!("main"), &json!("minimal")));
+    let group = &effective["groups"][0];
+    assert_eq!(
+        (&group["id"], &group["label"], &group["source"]),
+        (&json!("core"), &json!("Built-in tools"), &json!("core"))
+    );
+    let labels: Vec<&str> = group["tools"].as_array().unwrap().iter().map(|t| t["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["Current Time", "Find", "Ls", "Read"]);
+    assert_eq!(
+        group["tools"][3],
+        json!({"id": "read", "label": "Read", "source": "core",
+            "description": "Read the contents of a file",
+            "rawDescription": "Read the contents of a file. Supports text files and images (jpg, png, gif, webp). Images are sent as attachments. For text files, output is truncated to 2000 lines or 50KB (whichever is hit first). Use offset/limit for large files. When you need the full file, continue with offset until complete."})
+    );
+    let err = c.request("tools.effective", json!({"agentId": "ops"})).await.unwrap_err();
+    assert_eq!(err["message"], "unknown agent id \"ops\"", "{err}");
     c.request("chat.send", json!({"sessionKey": "main", "message": "look", "idempotencyKey": "r1"})).await.unwrap();
     assert_eq!(c.chat_end("r1").await["payload"]["state"], "final");
     let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
