@@ -11,6 +11,9 @@ use super::truncate::{format_size, truncate_head, MAX_BYTES, MAX_LINES};
 use super::workspace::Workspace;
 use super::{Tool, ToolError, ToolFuture, ToolOutput};
 
+/// Largest base64 image `read` returns (Pi's `image-resize` limit: 4.5 MB, below Anthropic's 5 MB).
+pub const MAX_IMAGE_BASE64_BYTES: usize = 4_718_592;
+
 fn str_arg<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
     args.get(key).and_then(Value::as_str)
 }
@@ -68,6 +71,13 @@ impl Tool for ReadTool {
             let real = self.0.resolve_existing(path).await?;
             let bytes = tokio::fs::read(&real).await.map_err(|e| io_error(path, &e))?;
             if let Some(mime) = image_mime(&bytes) {
+                // Pi resizes images to fit; Pincer does not decode them, so one whose base64 would
+                // pass Pi's inline limit is left out with Pi's own note (never written whole).
+                if bytes.len().div_ceil(3) * 4 >= MAX_IMAGE_BASE64_BYTES {
+                    return Ok(ToolOutput::text(format!(
+                        "Read image file [{mime}]\n[Image omitted: could not be resized below the inline image size limit.]"
+                    )));
+                }
                 let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
                 return Ok(ToolOutput {
                     content: vec![
@@ -561,6 +571,26 @@ mod tests {
 
     fn text(o: &ToolOutput) -> &str {
         o.content[0]["text"].as_str().unwrap()
+    }
+
+    #[tokio::test]
+    async fn read_leaves_out_an_image_over_the_inline_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        png.resize(MAX_IMAGE_BASE64_BYTES / 4 * 3 + 3, 0);
+        std::fs::write(dir.path().join("huge.png"), &png).unwrap();
+        png.truncate(MAX_IMAGE_BASE64_BYTES / 4 * 3 - 3);
+        std::fs::write(dir.path().join("big.png"), &png).unwrap();
+        let read = ReadTool(Workspace::new(dir.path()));
+        let huge = read.call(json!({"path": "huge.png"})).await.unwrap();
+        assert_eq!(
+            huge,
+            ToolOutput::text(
+                "Read image file [image/png]\n[Image omitted: could not be resized below the inline image size limit.]"
+            )
+        );
+        let big = read.call(json!({"path": "big.png"})).await.unwrap();
+        assert_eq!(big.content[1]["data"].as_str().unwrap().len(), MAX_IMAGE_BASE64_BYTES - 4);
     }
 
     #[tokio::test]
