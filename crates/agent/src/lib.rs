@@ -9,7 +9,7 @@
 //! - [`message`] — Pi message shapes: [`convert_to_llm`], the streamed assistant draft, usage and cost.
 //! - [`provider`] — one module per wire format (`openai-completions`, `openai-responses`,
 //!   `anthropic-messages`, echo) behind [`ModelStream`]; retries, timeouts and error classification.
-//! - [`tools`] — the tool trait, registry (JSON schema per tool) and the two built-in tools.
+//! - [`tools`] — the tool trait, registry (JSON schema per tool), Pi's file tools over a workspace, the tool policy.
 //! - [`run`] — [`start_run`]: the model/tool loop, streaming [`RunEvent`]s, appending each
 //!   complete message through a [`TranscriptSink`], abort through a `CancellationToken`.
 //! - [`sink`] — [`TranscriptSink`] and the in-memory [`MemorySink`].
@@ -37,4 +37,4 @@ pub use queue::{Cancelled, SessionGuard, SessionQueue};
 pub use run::{start_run, RunEvent, RunRequest, DEFAULT_MAX_REPLY_BYTES};
 pub use sink::{MemorySink, SinkError, SinkFuture, TranscriptSink};
 pub use tokio_util::sync::CancellationToken;
-pub use tools::{CurrentTimeTool, ReadFileTool, Tool, ToolError, ToolOutput, ToolRegistry};
+pub use tools::{CurrentTimeTool, Tool, ToolError, ToolOutput, ToolPolicy, ToolRegistry, Workspace};

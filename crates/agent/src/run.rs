@@ -7,9 +7,9 @@
 //!    accumulates it, so a long reply costs O(chunk) per chunk, not O(text));
 //! 2. when the message is complete, append it through the [`TranscriptSink`] and announce the
 //!    entry as written (`Usage`, then `Persisted`);
-//! 3. if it asked for tools: run them in call order, each announced by `ToolCallStart` and its
-//!    appended `toolResult` entry (`Persisted`), then go back to 1 (at most `max_turns` model
-//!    calls);
+//! 3. if it asked for tools: announce each (`ToolCallStart`, in call order), run them all
+//!    concurrently, and append their `toolResult` entries in call order (Pi's rule), each announced
+//!    once written (`Persisted`); then go back to 1 (at most `max_turns` model calls);
 //! 4. else end with `Final` (the last assistant entry).
 //!
 //! A failed model call appends the assistant message with `stopReason: "error"` and ends with
@@ -26,7 +26,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ResolvedModel;
-use futures::FutureExt;
+use futures::stream::FuturesOrdered;
+use futures::{FutureExt, StreamExt};
 
 use crate::message::{AssistantDraft, StopReason};
 use crate::provider::{ErrorKind, ModelRequest, ModelStream, StreamDelta};
@@ -322,26 +323,34 @@ impl Runner {
                 return ev;
             };
             context.push(shared);
-            for call in calls {
-                if self.req.cancel.is_cancelled() {
-                    return self.aborted(None).await;
-                }
+            // Pi's rule: the calls are announced in order, run concurrently, and their results
+            // chained in the assistant's source order, each written before it is announced.
+            for call in &calls {
                 self.emit(RunEvent::ToolCallStart {
                     id: call.id.clone(),
                     name: call.name.clone(),
                     arguments: call.arguments.clone(),
                 })
                 .await;
-                let outcome = match &call.arguments_error {
-                    Some(e) => {
-                        Err(crate::tools::ToolError::InvalidArguments { tool: call.name.clone(), reason: e.clone() })
+            }
+            let tools = &self.req.tools;
+            let mut running: FuturesOrdered<_> = calls
+                .iter()
+                .map(|call| async move {
+                    match &call.arguments_error {
+                        Some(e) => Err(crate::tools::ToolError::InvalidArguments {
+                            tool: call.name.clone(),
+                            reason: e.clone(),
+                        }),
+                        None => tools.execute(&call.name, call.arguments.clone()).await,
                     }
-                    None => {
-                        match self.unless_cancelled(self.req.tools.execute(&call.name, call.arguments.clone())).await {
-                            Step::Cancelled => return self.aborted(None).await,
-                            Step::Done(o) => o,
-                        }
-                    }
+                })
+                .collect();
+            for call in &calls {
+                let outcome = match self.unless_cancelled(running.next()).await {
+                    Step::Cancelled => return self.aborted(None).await,
+                    Step::Done(Some(o)) => o,
+                    Step::Done(None) => break,
                 };
                 let result = tool_result_message(&call.id, &call.name, outcome);
                 if self.req.cancel.is_cancelled() {

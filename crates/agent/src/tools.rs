@@ -1,13 +1,21 @@
 //! Tools the model may call: the [`Tool`] trait, a [`ToolRegistry`] with a JSON schema per tool
 //! (arguments are checked against the schema's `required` and top-level `type`s before the
-//! call), and two safe built-ins: [`CurrentTimeTool`] and [`ReadFileTool`] (reads a file inside
-//! the agent's workspace, refusing absolute paths, `..` escapes and symlinks that lead outside).
+//! call), the built-ins and the [`ToolPolicy`] choosing among them.
 //!
+//! Built-ins: Pi's file tools `read`, `write`, `edit`, `ls` ([`files`]), `find`, `grep`
+//! ([`search`]), all confined to the agent's [`Workspace`] ([`workspace`]), and `current_time`.
 //! A failing tool is not a failed run: its error becomes a `toolResult` with `isError: true`.
+
+pub mod files;
+pub mod search;
+pub mod truncate;
+pub mod workspace;
+
+pub use workspace::Workspace;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -63,6 +71,11 @@ pub trait Tool: Send + Sync {
     fn description(&self) -> &str;
     /// JSON schema of the arguments object.
     fn parameters(&self) -> Value;
+    /// Mends arguments models commonly get wrong before they are checked against the schema (Pi's
+    /// `prepareArguments`); the transcript keeps them as the model sent them.
+    fn prepare(&self, arguments: Value) -> Value {
+        arguments
+    }
     /// Runs the tool; `Err` becomes an error tool result.
     fn call(&self, arguments: Value) -> ToolFuture<'_>;
 }
@@ -87,12 +100,33 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// The two built-ins, reading files from `workspace`.
+    /// Every built-in tool ([`BUILTIN_TOOLS`]), over the workspace at `workspace`.
     pub fn with_builtins(workspace: impl Into<PathBuf>) -> Self {
+        let ws = Workspace::new(workspace);
         let mut r = Self::new();
-        r.register(Arc::new(CurrentTimeTool));
-        r.register(Arc::new(ReadFileTool::new(workspace)));
+        for name in BUILTIN_TOOLS {
+            if let Some(tool) = builtin(name, &ws) {
+                r.register(tool);
+            }
+        }
         r
+    }
+
+    /// The tools `policy` allows, over `workspace`.
+    pub fn from_policy(policy: &ToolPolicy, workspace: impl Into<PathBuf>) -> Self {
+        let ws = Workspace::new(workspace);
+        let mut r = Self::new();
+        for name in &policy.tools {
+            if let Some(tool) = builtin(name, &ws) {
+                r.register(tool);
+            }
+        }
+        r
+    }
+
+    /// The names of the tools, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
     }
 
     /// Adds (or replaces) a tool.
@@ -126,9 +160,68 @@ impl ToolRegistry {
             let available = self.tools.keys().cloned().collect();
             return Err(ToolError::NotFound { name: name.to_owned(), available });
         };
+        let arguments = tool.prepare(arguments);
         validate(&tool.parameters(), &arguments)
             .map_err(|reason| ToolError::InvalidArguments { tool: name.to_owned(), reason })?;
         tool.call(arguments).await
+    }
+}
+
+/// Every built-in tool's name.
+pub const BUILTIN_TOOLS: &[&str] = &["read", "write", "edit", "ls", "find", "grep", "current_time"];
+
+/// The built-in tool `name` over `ws`.
+fn builtin(name: &str, ws: &Arc<Workspace>) -> Option<Arc<dyn Tool>> {
+    let ws = ws.clone();
+    Some(match name {
+        "read" => Arc::new(files::ReadTool(ws)),
+        "write" => Arc::new(files::WriteTool(ws)),
+        "edit" => Arc::new(files::EditTool(ws)),
+        "ls" => Arc::new(files::LsTool(ws)),
+        "find" => Arc::new(search::FindTool(ws)),
+        "grep" => Arc::new(search::GrepTool(ws)),
+        "current_time" => Arc::new(CurrentTimeTool),
+        _ => return None,
+    })
+}
+
+/// Which built-ins an agent gets: a profile's tools, plus `allow`, minus `deny`
+/// (`[agents.defaults.tools]`). Profiles: `minimal` = the read-only tools (`read`, `ls`, `find`,
+/// `grep`), `coding` (the default) = Pi's file tools (those and `write`, `edit`), `full` = every built-in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolPolicy {
+    /// The profile the list started from.
+    pub profile: String,
+    /// The effective tools, in [`BUILTIN_TOOLS`] order.
+    pub tools: Vec<String>,
+}
+
+impl ToolPolicy {
+    /// The profiles' names.
+    pub const PROFILES: &'static [&'static str] = &["minimal", "coding", "full"];
+
+    /// The tools of `profile` (default `coding`) with `allow` added and `deny` removed. A profile or
+    /// tool name that does not exist is an error naming it (a tool the config names but Pincer
+    /// cannot provide must stop the startup, not vanish silently).
+    pub fn new(profile: Option<&str>, allow: &[String], deny: &[String]) -> Result<ToolPolicy, String> {
+        let profile = profile.unwrap_or("coding");
+        let base: &[&str] = match profile {
+            "minimal" => &["read", "ls", "find", "grep"],
+            "coding" => &["read", "write", "edit", "ls", "find", "grep"],
+            "full" => BUILTIN_TOOLS,
+            other => return Err(format!("unknown tool profile {other:?} (profiles: {})", Self::PROFILES.join(", "))),
+        };
+        for name in allow.iter().chain(deny) {
+            if !BUILTIN_TOOLS.contains(&name.as_str()) {
+                return Err(format!("unknown tool {name:?} (tools: {})", BUILTIN_TOOLS.join(", ")));
+            }
+        }
+        let tools = BUILTIN_TOOLS
+            .iter()
+            .filter(|t| (base.contains(t) || allow.iter().any(|a| a == *t)) && !deny.iter().any(|d| d == *t))
+            .map(|t| (*t).to_owned())
+            .collect();
+        Ok(ToolPolicy { profile: profile.to_owned(), tools })
     }
 }
 
@@ -190,87 +283,6 @@ impl Tool for CurrentTimeTool {
     }
 }
 
-/// `read_file`: a UTF-8 text file inside the workspace directory, at most [`ReadFileTool::MAX_BYTES`].
-#[derive(Debug, Clone)]
-pub struct ReadFileTool {
-    workspace: PathBuf,
-}
-
-impl ReadFileTool {
-    /// Largest file returned whole; longer files are cut with a note.
-    pub const MAX_BYTES: usize = 256 * 1024;
-
-    /// Reads files under `workspace`.
-    pub fn new(workspace: impl Into<PathBuf>) -> Self {
-        Self { workspace: workspace.into() }
-    }
-
-    /// Resolves `path` (relative to the workspace) to a canonical path inside it, or says why not.
-    pub async fn resolve(&self, path: &str) -> Result<PathBuf, ToolError> {
-        let rel = Path::new(path);
-        if path.is_empty() {
-            return Err(ToolError::failed("path is empty"));
-        }
-        if rel.is_absolute() {
-            return Err(ToolError::failed(format!(
-                "{path}: absolute paths are refused; give a path relative to the workspace"
-            )));
-        }
-        let root = tokio::fs::canonicalize(&self.workspace)
-            .await
-            .map_err(|e| ToolError::Failed(format!("workspace {} is not available: {e}", self.workspace.display())))?;
-        // canonicalize resolves `..` and every symlink, so the prefix check sees the real location.
-        let real =
-            tokio::fs::canonicalize(root.join(rel)).await.map_err(|e| ToolError::Failed(format!("{path}: {e}")))?;
-        if !real.starts_with(&root) {
-            return Err(ToolError::failed(format!("{path}: refused, it resolves outside the workspace")));
-        }
-        Ok(real)
-    }
-}
-
-impl Tool for ReadFileTool {
-    fn name(&self) -> &str {
-        "read_file"
-    }
-    fn description(&self) -> &str {
-        "Reads a UTF-8 text file from the agent's workspace directory. The path is relative to the workspace."
-    }
-    fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {"path": {"type": "string", "description": "File path relative to the workspace"}},
-            "required": ["path"],
-            "additionalProperties": false
-        })
-    }
-    fn call(&self, arguments: Value) -> ToolFuture<'_> {
-        Box::pin(async move {
-            let path = arguments.get("path").and_then(Value::as_str).unwrap_or_default().to_owned();
-            let real = self.resolve(&path).await?;
-            let meta = tokio::fs::metadata(&real).await.map_err(|e| ToolError::failed(format!("{path}: {e}")))?;
-            if !meta.is_file() {
-                return Err(ToolError::failed(format!("{path}: not a regular file")));
-            }
-            let bytes = tokio::fs::read(&real).await.map_err(|e| ToolError::failed(format!("{path}: {e}")))?;
-            let total = bytes.len();
-            let (slice, cut) =
-                if total > Self::MAX_BYTES { (&bytes[..Self::MAX_BYTES], true) } else { (&bytes[..], false) };
-            let mut text = match std::str::from_utf8(slice) {
-                Ok(s) => s.to_owned(),
-                Err(e) if cut && e.error_len().is_none() => {
-                    String::from_utf8_lossy(&slice[..e.valid_up_to()]).into_owned()
-                }
-                Err(_) => return Err(ToolError::failed(format!("{path}: not a UTF-8 text file"))),
-            };
-            if cut {
-                text.push_str(&format!("\n\n[File truncated: showing {} of {total} bytes]", Self::MAX_BYTES));
-            }
-            Ok(ToolOutput { content: vec![json!({"type": "text", "text": text})], details: None })
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -290,11 +302,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn read_file_stays_inside_the_workspace() {
+    async fn file_tools_stay_inside_the_workspace() {
         let (ws, outside) = workspace();
         let reg = ToolRegistry::with_builtins(ws.path());
         let read = |p: &str| {
-            let call = reg.execute("read_file", json!({"path": p}));
+            let call = reg.execute("read", json!({"path": p}));
             async move { call.await.map_err(|e| e.to_string()) }
         };
         assert_eq!(read("sub/notes.txt").await, Ok(ToolOutput::text("hello notes")));
@@ -311,29 +323,44 @@ mod tests {
             read(&abs).await,
             Err(format!("{abs}: absolute paths are refused; give a path relative to the workspace"))
         );
-        assert_eq!(read("sub").await, Err("sub: not a regular file".to_owned()));
+        assert_eq!(read("sub").await, Err("sub: Is a directory (os error 21)".to_owned()));
+        let write = |p: &str| {
+            let call = reg.execute("write", json!({"path": p, "content": "x"}));
+            async move { call.await.map_err(|e| e.to_string()) }
+        };
+        assert_eq!(write("escape").await, Err("escape: refused, it resolves outside the workspace".to_owned()));
+        assert_eq!(
+            write("outdir/new.txt").await,
+            Err("outdir/new.txt: refused, it resolves outside the workspace".to_owned())
+        );
+        assert_eq!(write(&dotdot).await, Err(format!("{dotdot}: refused, it resolves outside the workspace")));
+        assert_eq!(write("a/../../b").await, Err("a/../../b: refused, it resolves outside the workspace".to_owned()));
+        assert_eq!(std::fs::read_to_string(outside.path().join("secret.txt")).unwrap(), "top secret");
+        assert!(!outside.path().join("new.txt").exists());
+        assert_eq!(write("new/dir/f.txt").await, Ok(ToolOutput::text("Successfully wrote 1 bytes to new/dir/f.txt")));
+        assert_eq!(std::fs::read_to_string(ws.path().join("new/dir/f.txt")).unwrap(), "x");
         assert_eq!(read("missing").await, Err("missing: No such file or directory (os error 2)".to_owned()));
     }
 
     #[tokio::test]
     async fn registry_validates_arguments_and_names() {
         let reg = ToolRegistry::with_builtins("/nonexistent");
-        let missing = reg.execute("read_file", json!({})).await.unwrap_err();
+        let missing = reg.execute("read", json!({})).await.unwrap_err();
         assert_eq!(
             missing,
-            ToolError::InvalidArguments {
-                tool: "read_file".into(),
-                reason: "missing required property \"path\"".into()
-            }
+            ToolError::InvalidArguments { tool: "read".into(), reason: "missing required property \"path\"".into() }
         );
-        assert_eq!(missing.to_string(), "Invalid arguments for read_file: missing required property \"path\"");
+        assert_eq!(missing.to_string(), "Invalid arguments for read: missing required property \"path\"");
         assert_eq!(
-            reg.execute("read_file", json!({"path": 3})).await.map_err(|e| e.to_string()),
-            Err("Invalid arguments for read_file: property \"path\" must be of type string, got 3".to_owned())
+            reg.execute("read", json!({"path": 3})).await.map_err(|e| e.to_string()),
+            Err("Invalid arguments for read: property \"path\" must be of type string, got 3".to_owned())
         );
         let unknown = reg.execute("rm_rf", json!({})).await.unwrap_err();
         assert!(matches!(&unknown, ToolError::NotFound { name, .. } if name == "rm_rf"), "{unknown:?}");
-        assert_eq!(unknown.to_string(), "Tool rm_rf not found. Available tools: current_time, read_file");
+        assert_eq!(
+            unknown.to_string(),
+            "Tool rm_rf not found. Available tools: current_time, edit, find, grep, ls, read, write"
+        );
         let t = reg.execute("current_time", json!({})).await.unwrap();
         let text = t.content[0]["text"].as_str().unwrap();
         assert_eq!(

@@ -27,8 +27,10 @@ per_format!(
     abort_after_persist_between_turns,
 );
 
-/// Deterministic test tools: `add`, `fail`, `hang` (never returns), `snap` (an image).
-struct TestTool(&'static str);
+/// Deterministic test tools: `add`, `fail`, `hang` (never returns), `snap` (an image), `wait`
+/// (returns once `release` has run: called in that order in one message, they finish only when the
+/// calls run concurrently).
+struct TestTool(&'static str, Arc<tokio::sync::Notify>);
 
 impl Tool for TestTool {
     fn name(&self) -> &str {
@@ -50,6 +52,14 @@ impl Tool for TestTool {
             match self.0 {
                 "add" => Ok(ToolOutput::text(format!("{}", args["a"].as_f64().unwrap() + args["b"].as_f64().unwrap()))),
                 "hang" => std::future::pending().await,
+                "wait" => {
+                    self.1.notified().await;
+                    Ok(ToolOutput::text("released"))
+                }
+                "release" => {
+                    self.1.notify_one();
+                    Ok(ToolOutput::text("released the waiter"))
+                }
                 "snap" => Ok(ToolOutput {
                     content: vec![
                         json!({"type":"text","text":"screenshot"}),
@@ -65,8 +75,9 @@ impl Tool for TestTool {
 
 pub fn test_tools(workspace: &std::path::Path) -> ToolRegistry {
     let mut r = ToolRegistry::with_builtins(workspace);
-    for name in ["add", "fail", "hang", "snap"] {
-        r.register(Arc::new(TestTool(name)));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    for name in ["add", "fail", "hang", "snap", "wait", "release"] {
+        r.register(Arc::new(TestTool(name, gate.clone())));
     }
     r
 }
@@ -86,10 +97,12 @@ async fn tool_loop_persists_in_order(f: Format) {
     let t1 = turn(
         vec![
             text(&["Checking."]),
-            tool_call("call_1", "read_file", &["{\"pa", "th\": \"notes", ".txt\"}"]),
+            tool_call("call_1", "read", &["{\"pa", "th\": \"notes", ".txt\"}"]),
             tool_call("call_2", "add", &["{\"a\": 2,", " \"b\": 3}"]),
             tool_call("call_3", "fail", &["{}"]),
             tool_call("call_4", "nope", &["{}"]),
+            tool_call("call_5", "wait", &["{}"]),
+            tool_call("call_6", "release", &["{}"]),
         ],
         (50, 30, 0),
     );
@@ -104,20 +117,26 @@ async fn tool_loop_persists_in_order(f: Format) {
         sink.clone(),
         CancellationToken::new(),
     ));
-    let events = events_json(&collect(rx).await);
+    // A guard against a deadlock, not a timing assertion: run one after another, `wait` never ends.
+    let events = tokio::time::timeout(std::time::Duration::from_secs(60), collect(rx))
+        .await
+        .expect("`wait` never returned: the calls of one message did not run concurrently");
+    let events = events_json(&events);
 
     let a1 = expected_assistant(f, &t1);
     let a2 = expected_assistant(f, &t2);
     let results = [
-        tool_result("call_1", "read_file", "buy milk", false),
+        tool_result("call_1", "read", "buy milk", false),
         tool_result("call_2", "add", "5", false),
         tool_result("call_3", "fail", "disk on fire", true),
         tool_result(
             "call_4",
             "nope",
-            "Tool nope not found. Available tools: add, current_time, fail, hang, read_file, snap",
+            "Tool nope not found. Available tools: add, current_time, edit, fail, find, grep, hang, ls, read, release, snap, wait, write",
             true,
         ),
+        tool_result("call_5", "wait", "released", false),
+        tool_result("call_6", "release", "released the waiter", false),
     ];
     let mut expected_events = vec![
         json!({"textDelta":"Checking.","text":"Checking."}),
@@ -125,13 +144,18 @@ async fn tool_loop_persists_in_order(f: Format) {
         json!({"persisted": entry(&a1, false)}),
     ];
     let calls = [
-        ("call_1", "read_file", json!({"path":"notes.txt"})),
+        ("call_1", "read", json!({"path":"notes.txt"})),
         ("call_2", "add", json!({"a":2,"b":3})),
         ("call_3", "fail", json!({})),
         ("call_4", "nope", json!({})),
+        ("call_5", "wait", json!({})),
+        ("call_6", "release", json!({})),
     ];
-    for ((id, name, args), r) in calls.iter().zip(&results) {
+    // Every call is announced first; the results, run concurrently, are written in call order.
+    for (id, name, args) in &calls {
         expected_events.push(json!({"toolCallStart":{"id":id,"name":name,"arguments":args}}));
+    }
+    for r in &results {
         expected_events.push(json!({"persisted": entry(r, true)}));
     }
     expected_events.extend([
@@ -249,15 +273,21 @@ async fn abort_during_tool(f: Format) {
         sink.clone(),
         cancel.clone(),
     ));
-    loop {
+    // Both calls are announced before they run; `add` finishes, `hang` never does.
+    let mut started = Vec::new();
+    while started.len() < 2 {
         if let RunEvent::ToolCallStart { id, .. } = next_event(&mut rx).await {
-            assert_eq!(id, "h1");
-            break;
+            started.push(id);
         }
     }
+    assert_eq!(started, ["h1", "h2"]);
     cancel.cancel();
     assert_eq!(collect(rx).await, vec![RunEvent::Aborted { partial_text: String::new(), partial_message: None }]);
-    assert_eq!(chained_messages(&sink.entries()), vec![expected_assistant(f, &t1)], "no tool result after the abort");
+    assert_eq!(
+        chained_messages(&sink.entries()),
+        vec![expected_assistant(f, &t1)],
+        "no tool result after the abort (not even the finished `add`)"
+    );
     assert_eq!(fake.requests().len(), 1);
 }
 

@@ -44,8 +44,8 @@ async fn each_provider_persists_through_the_store_and_pi_reads_it_back() {
             vec![
                 thinking(&["Let me ", "look."], "sig-1"),
                 text(&["Checking."]),
-                tool_call("call_1", "read_file", &["{\"path\": \"notes.txt\"}"]),
-                tool_call("call_2", "read_file", &["{\"path\": \"../etc/passwd\"}"]),
+                tool_call("call_1", "read", &["{\"path\": \"notes.txt\"}"]),
+                tool_call("call_2", "read", &["{\"path\": \"../etc/passwd\"}"]),
             ],
             (50, 30, 0),
         );

@@ -176,14 +176,26 @@ pub struct AgentsSection {
 pub struct AgentDefaults {
     pub model: Option<String>,
     pub system_prompt: Option<String>,
-    /// Where the `read_file` tool may read (default: `<state>/workspace`).
+    /// The directory the file tools work in (default: `<state>/workspace`).
     pub workspace: Option<PathBuf>,
+    /// `[agents.defaults.tools]`: which tools the agent has.
+    pub tools: ToolsConfig,
     /// Most model calls per run (tool loops included).
     pub max_turns: Option<usize>,
     /// Largest reply (text + reasoning of one message) before the stream is cut (default 4 MiB).
     pub max_reply_bytes: Option<usize>,
     /// `[agents.defaults.compaction]`, passed to compaction as it is.
     pub compaction: Option<toml::Value>,
+}
+
+/// `[agents.defaults.tools]`: a profile (`minimal`, `coding` — the default —, `full`), plus `allow`,
+/// minus `deny` ([`pincer_agent::ToolPolicy`]).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    pub profile: Option<String>,
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -230,6 +242,8 @@ pub struct Settings {
     pub model_is_fallback: bool,
     pub system_prompt: Option<String>,
     pub workspace: PathBuf,
+    /// The tools the agent has (`[agents.defaults.tools]`).
+    pub tools: pincer_agent::ToolPolicy,
     pub max_turns: usize,
     pub compaction: pincer_compaction::CompactionSettings,
     pub redact: bool,
@@ -373,8 +387,12 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             return Err("hooks.before_agent_run.command is empty".into());
         }
     }
+    let t = &file.agents.defaults.tools;
+    let tools = pincer_agent::ToolPolicy::new(t.profile.as_deref(), &t.allow, &t.deny)
+        .map_err(|e| format!("{}: [agents.defaults.tools]: {e}", config_path.display()))?;
     Ok(Settings {
         workspace: file.agents.defaults.workspace.clone().unwrap_or_else(|| state_dir.join("workspace")),
+        tools,
         state_dir,
         bind,
         auth,

@@ -170,9 +170,46 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             "configFile": gw.settings.state_dir.join("pincer.toml").display().to_string(),
             "tokenSource": gw.settings.token_source, "model": gw.settings.model,
             "modelIsFallback": gw.settings.model_is_fallback,
+            "tools": gw.tools.names(), "workspace": gw.settings.workspace.display().to_string(),
             "limits": {"attachmentBytes": chat::MAX_ATTACHMENT_BYTES, "attachmentsBytes": chat::MAX_ATTACHMENTS_BYTES}})),
+        Method::ToolsEffective => tools_effective(gw, method, params),
         Method::Connect => Err(RpcError::invalid("already connected")),
     }
+}
+
+/// `tools.effective {agentId?, sessionKey?}`: the agent's tools in OpenClaw's inventory shape (one
+/// group of built-in tools, each with a label and the first sentence of its description), so the
+/// Control UI and the TUI show what the model is offered.
+fn tools_effective(gw: &Arc<Gateway>, method: Method, params: &Value) -> Result<Value, RpcError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct EffectiveParams {
+        agent_id: Option<String>,
+        #[allow(dead_code)] // any session of the one agent has the same tools
+        session_key: Option<String>,
+    }
+    let p: EffectiveParams = crate::protocol::params(method, params)?;
+    if let Some(id) = p.agent_id.filter(|id| id != "main") {
+        return Err(RpcError::invalid(format!("unknown agent id \"{id}\"")));
+    }
+    let mut tools: Vec<Value> = gw
+        .tools
+        .specs()
+        .iter()
+        .map(|t| {
+            let label: Vec<String> = t
+                .name
+                .split('_')
+                .map(|w| w.chars().take(1).flat_map(char::to_uppercase).chain(w.chars().skip(1)).collect())
+                .collect();
+            let summary = t.description.split_once(". ").map_or(t.description.as_str(), |(first, _)| first);
+            json!({"id": t.name, "label": label.join(" "), "description": summary.trim_end_matches('.'),
+                "rawDescription": t.description, "source": "core"})
+        })
+        .collect();
+    tools.sort_by(|a, b| a["label"].as_str().cmp(&b["label"].as_str()));
+    Ok(json!({"agentId": "main", "profile": gw.settings.tools.profile,
+        "groups": [{"id": "core", "label": "Built-in tools", "source": "core", "tools": tools}]}))
 }
 
 /// `sessions.compact {maxLines}`: the transcript keeps its last lines (the whole old file stays

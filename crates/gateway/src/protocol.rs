@@ -82,6 +82,7 @@ methods! {
     SessionsSearch = "sessions.search",
     SessionsExport = "sessions.export",
     PincerInfo = "pincer.info",
+    ToolsEffective = "tools.effective",
     Agent = "agent",
     AgentWait = "agent.wait",
     Status = "status",

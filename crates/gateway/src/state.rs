@@ -391,7 +391,7 @@ impl Gateway {
         crate::logs::set_redactor(redactor.clone());
         let (store, pg, indexer) = open_store(&settings, &redactor)?;
         let conversations = Arc::new(crate::openai::index::ConversationIndex::new(store.clone()));
-        let tools = Arc::new(ToolRegistry::with_builtins(settings.workspace.clone()));
+        let tools = Arc::new(ToolRegistry::from_policy(&settings.tools, settings.workspace.clone()));
         let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {
             Ok(r) => Some(r),

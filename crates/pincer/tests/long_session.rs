@@ -13,6 +13,7 @@ use pincer_testkit::fake_openai::FakeOpenAi;
 use pincer_testkit::gateway::{Client, GatewayProcess};
 use pincer_testkit::oracle_context;
 use pincer_testkit::probe::read_rows;
+use pincer_testkit::wire::openai_messages;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -99,72 +100,6 @@ fn prefill(state: &Path) -> usize {
     let index = json!({KEY: {"sessionId": SESSION_ID, "updatedAt": 1, "sessionStartedAt": 1}});
     std::fs::write(sessions.join("sessions.json"), index.to_string()).expect("index");
     3000
-}
-
-/// Text blocks joined with `\n`.
-fn joined(content: &Value) -> String {
-    match content {
-        Value::String(s) => s.clone(),
-        Value::Array(blocks) => blocks
-            .iter()
-            .filter(|b| b["type"] == "text")
-            .filter_map(|b| b["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
-/// A reference of the OpenAI chat-completions messages for Pi context messages, written from
-/// Pi's rules (convertToLlm and transformMessages) independently of Pincer's mapper.
-fn openai_messages(context: &[Value]) -> Vec<Value> {
-    let mut out = Vec::new();
-    // Tool calls of the last assistant message still waiting for their result.
-    let mut pending: Vec<Value> = Vec::new();
-    for m in context {
-        let role = m["role"].as_str().unwrap_or_default();
-        let failed = role == "assistant" && matches!(m["stopReason"].as_str(), Some("error" | "aborted"));
-        if role != "toolResult" && !failed {
-            for id in pending.drain(..) {
-                out.push(json!({"role": "tool", "tool_call_id": id, "content": "No result provided"}));
-            }
-        }
-        match role {
-            "user" => out.push(json!({"role": "user", "content": joined(&m["content"])})),
-            "compactionSummary" => out.push(json!({"role": "user", "content": format!(
-                "The conversation history before this point was compacted into the following summary:\n\n<summary>\n{}\n</summary>",
-                m["summary"].as_str().unwrap_or_default())})),
-            "branchSummary" => out.push(json!({"role": "user", "content": format!(
-                "The following is a summary of a branch that this conversation came back from:\n\n<summary>\n{}</summary>",
-                m["summary"].as_str().unwrap_or_default())})),
-            "assistant" => {
-                if matches!(m["stopReason"].as_str(), Some("error" | "aborted")) {
-                    continue;
-                }
-                let text = joined(&m["content"]);
-                let calls: Vec<Value> = m["content"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|b| b["type"] == "toolCall")
-                    .map(|b| json!({"id": b["id"], "type": "function",
-                        "function": {"name": b["name"], "arguments": b["arguments"].to_string()}}))
-                    .collect();
-                let mut a = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { json!(text) }});
-                if !calls.is_empty() {
-                    pending = calls.iter().map(|c| c["id"].clone()).collect();
-                    a["tool_calls"] = json!(calls);
-                }
-                out.push(a);
-            }
-            "toolResult" => {
-                pending.retain(|id| *id != m["toolCallId"]);
-                out.push(json!({"role": "tool", "tool_call_id": m["toolCallId"], "content": joined(&m["content"])}));
-            }
-            other => panic!("a context message of role {other:?} in this fixture"),
-        }
-    }
-    out
 }
 
 fn transcript(state: &Path) -> std::path::PathBuf {

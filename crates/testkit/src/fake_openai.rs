@@ -7,7 +7,7 @@
 //! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[ratelimit]` answers 429 (`retry-after: 0`) the first time a message carries it
-//! and streams the reply when it is sent again, `[tool]` asks for the `current_time` tool first. A compaction request (Pi's
+//! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first. A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
 //! provider would. Every request body is recorded (unless started unrecorded).
@@ -277,7 +277,7 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     let has_tool_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
     if said.contains("[tool]") && !has_tool_result {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-            "function": {"name": "current_time", "arguments": "{}"}}]});
+            "function": {"name": "ls", "arguments": "{}"}}]});
         steps.push(Step::Send(chunk(call, Value::Null)));
         steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
     } else if is_summarization(body) {

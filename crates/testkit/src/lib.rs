@@ -6,7 +6,8 @@
 //! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
 //! own CLI in a loopback-only network namespace ([`openclaw`]), a generated state directory
 //! with known search hits ([`corpus`]), a throwaway PostgreSQL cluster ([`postgres`]), and the
-//! transcript shapes of the hostile-input tests ([`shapes`]).
+//! transcript shapes of the hostile-input tests ([`shapes`]), and Pi's context in OpenAI's wire form
+//! ([`wire`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -24,6 +25,7 @@ pub mod oracle;
 pub mod postgres;
 pub mod probe;
 pub mod shapes;
+pub mod wire;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
