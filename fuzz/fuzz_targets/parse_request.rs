@@ -5,14 +5,15 @@
 //! - `Ok` only for a JSON object with `"type":"req"`, non-empty string `id` and `method` equal to
 //!   the returned ones, no keys besides type/id/method/params/traceparent, and `params` as given
 //!   (`null` when absent);
-//! - an error carries `INVALID_REQUEST`, a non-empty message, and an id only when the frame is an
-//!   object with that non-empty string id;
+//! - an error carries `INVALID_REQUEST`, a non-empty message, and an id (as its JSON text, found in
+//!   the frame) only when the frame is an object with that non-empty string id, or a frame whose only
+//!   fault is a lone surrogate escape (then the message names it);
 //! - the response frame built for either outcome is valid JSON echoing the id;
 //! - re-serializing an accepted request and parsing it again gives the same request.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pincer_gateway::protocol::{parse_request, response, RpcError};
+use pincer_gateway::protocol::{parse_request, refusal, response, RpcError};
 use serde_json::{json, Value};
 
 fuzz_target!(|data: &[u8]| {
@@ -44,10 +45,19 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(e.code, "INVALID_REQUEST");
             assert!(!e.message.is_empty());
             if let Some(id) = &id {
-                assert!(!id.is_empty(), "an error with an empty id");
-                let obj = obj.expect("an id is read only from an object");
-                assert_eq!(obj.get("id").and_then(Value::as_str), Some(id.as_str()));
-                check_response(id, Err(e));
+                // The id as its JSON text, exactly as the frame holds it.
+                assert!(text.contains(id.as_str()), "the id {id:?} is not the frame's text");
+                match obj {
+                    Some(obj) => {
+                        let given: Value = serde_json::from_str(id).expect("an id read from JSON is JSON");
+                        assert_eq!(obj.get("id"), Some(&given));
+                        assert!(given.as_str().is_some_and(|s| !s.is_empty()), "an error with an empty id");
+                    }
+                    // A frame only JavaScript parses (a lone surrogate): the refusal names it.
+                    None => assert!(e.message.contains("surrogate"), "{}", e.message),
+                }
+                let frame = refusal(Some(id), "unknown", e);
+                assert!(frame.starts_with(r#"{"type":"res","id":"#) && frame.ends_with('}'), "{frame}");
             } else if let Some(obj) = obj {
                 // No id reported: the frame had no usable id, or it was refused before reading it.
                 let usable = obj.get("id").and_then(Value::as_str).is_some_and(|s| !s.is_empty());
