@@ -1154,6 +1154,10 @@ impl Turn {
                         self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
                     }
                     self.session_message(&entry);
+                    if entry["message"]["role"] == "toolResult" {
+                        // Announced once the row is on disk, carrying what was written (OpenClaw's shape).
+                        self.agent_event("tool", tool_result_data(&entry["message"]));
+                    }
                     if entry["message"]["role"] == "assistant" {
                         // A new assistant message starts from scratch.
                         text.clear();
@@ -1342,6 +1346,22 @@ pub fn with_meta(entry: &Value, run_id: &str) -> Value {
 
 /// `session.message`'s payload for an entry as written, with its durable position as OpenClaw's
 /// `messageSeq` (ascending with the transcript, the same on every replica; not a count).
+/// The `tool` stream's `result` phase for a persisted toolResult message, as OpenClaw 2026.9.6 sends
+/// it: `name`, `toolCallId`, `isError`, and `result` (`{content, details}`) as written.
+fn tool_result_data(msg: &Value) -> Value {
+    let mut result = json!({"content": msg["content"]});
+    if let Some(details) = msg.get("details") {
+        result["details"] = details.clone();
+    }
+    json!({
+        "phase": "result",
+        "name": msg["toolName"],
+        "toolCallId": msg["toolCallId"],
+        "isError": msg["isError"].as_bool().unwrap_or(false),
+        "result": result,
+    })
+}
+
 pub fn session_message_payload<'a>(
     gw: &Gateway,
     session: &'a SessionRef,
