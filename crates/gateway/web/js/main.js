@@ -512,6 +512,10 @@ function onEvent(ev, p, gap) {
     }
     return;
   }
+  if (ev === "agent" && p.stream === "tool" && p.sessionKey === state.sessionKey) {
+    if (!state.viewing) view.toolEvent(p.data);
+    return;
+  }
   if (ev === "agent" && p.stream === "compaction" && p.sessionKey === state.sessionKey) {
     const phase = p.data && p.data.phase;
     showNotice(phase === "start" ? "Compacting older turns…" : phase === "error" ? `Compaction failed: ${p.data.error || ""}` : "");

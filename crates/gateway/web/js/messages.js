@@ -4,7 +4,8 @@
 // article named by its author; the tree's controls on each message (edit a user message, regenerate
 // a reply, "‹ 2/3 ›" between siblings, a label, copy); compaction dividers whose summary can be
 // opened; "show all" for texts history cut; "jump to latest"; and the streaming bubble of a run
-// (aria-busy while it streams).
+// (aria-busy while it streams); a card per tool call (name, arguments, result or error; collapsible),
+// live from the `agent` tool stream and rebuilt from the toolCall blocks and toolResult rows.
 import { renderMarkdown, copyText } from "/webchat/js/markdown.js";
 import { el, textOf, toMs, shortTime, fullTime, TRUNCATED } from "/webchat/js/util.js";
 
@@ -17,6 +18,8 @@ export class MessageView {
     this.log = log; this.actions = actions; this.jump = jump;
     this.messages = []; this.tree = null; this.streams = new Map(); this.hasOlder = false; this.readOnly = false;
     this.loadingOlder = false;
+    /** Tool calls seen on the `agent` stream: toolCallId → {status, result}. */
+    this.toolLive = new Map();
     log.addEventListener("scroll", () => this.onScroll(), { passive: true });
     jump?.addEventListener("click", () => { this.log.scrollTop = this.log.scrollHeight; this.log.focus({ preventScroll: true }); });
   }
@@ -131,6 +134,7 @@ export class MessageView {
     if (id && this.has(id)) return;
     this.messages.push(msg);
     const node = this.renderOne(msg);
+    if (msg.role === "toolResult") this.refreshCard(msg.toolCallId);
     if (msg.role === "assistant") {
       // The streaming bubble of its run becomes this message.
       const first = [...this.streams.entries()][0];
@@ -199,13 +203,17 @@ export class MessageView {
     const node = el("div", { class: `msg ${role}`, "data-testid": "message", "data-role": role, "data-entry-id": id, "data-ts": ms || null, role: "article", "aria-label": author });
     const body = el("div", { class: "body" });
     const text = textOf(m);
-    if (role === "tool") body.textContent = text || "(tool result)";
-    else {
-      const calls = Array.isArray(m.content) ? m.content.filter((b) => b.type === "toolCall") : [];
-      renderMarkdown(body, text + calls.map((c) => `\n\n\`⚙ ${c.name}\``).join(""));
+    const calls = role === "assistant" && Array.isArray(m.content) ? m.content.filter((b) => b.type === "toolCall") : [];
+    if (role === "tool") {
+      body.textContent = text || "(tool result)";
+      // Shown in its call's card when the call is in the list.
+      if (this.callOf(m.toolCallId)) node.hidden = true;
+    } else {
+      renderMarkdown(body, text);
       if (!text && !calls.length && m.stopReason !== "error") body.textContent = "…";
     }
-    node.append(body);
+    if (text || !calls.length) node.append(body);
+    for (const c of calls) node.append(this.toolCard(c));
     const images = Array.isArray(m.content) ? m.content.filter((b) => b.type === "image") : [];
     if (images.length) {
       node.append(el("div", { class: "thumbs" }, images.map((b) => b.data
@@ -216,6 +224,59 @@ export class MessageView {
     if (m.openclawAbort) node.classList.add("aborted");
     node.append(this.renderMeta(m, id, role, text));
     return node;
+  }
+
+  /** The assistant message's toolCall block with this id, if shown. */
+  callOf(callId) {
+    if (!callId) return null;
+    for (const m of this.messages) {
+      if (m.role !== "assistant" || !Array.isArray(m.content)) continue;
+      const c = m.content.find((b) => b.type === "toolCall" && b.id === callId);
+      if (c) return c;
+    }
+    return null;
+  }
+
+  /** A tool call's card: its status from the toolResult row, else from the live events. */
+  toolCard(call) {
+    const row = this.messages.find((x) => x.role === "toolResult" && x.toolCallId === call.id);
+    const live = this.toolLive.get(call.id);
+    const status = row ? (row.isError ? "error" : "ok") : live?.status || "running";
+    const result = row ? textOf(row) : live?.result;
+    const args = call.arguments && typeof call.arguments === "object" ? call.arguments : {};
+    const brief = Object.values(args).filter((v) => typeof v === "string").join(" ").slice(0, 80);
+    const label = { running: "running…", ok: "✓ done", error: "✗ failed" }[status];
+    const card = el("details", { class: `tool-card ${status}`, "data-testid": "tool-call", "data-tool": call.name, "data-status": status, "data-call-id": call.id },
+      el("summary", {}, el("span", { class: "tool-name" }, `⚙ ${call.name}`), el("span", { class: "tool-brief" }, brief), el("span", { class: "tool-status", "data-testid": "tool-status" }, label)),
+      el("div", { class: "tool-part" }, "Arguments"),
+      el("pre", { "data-testid": "tool-args" }, JSON.stringify(args, null, 2)));
+    if (result !== undefined) {
+      card.append(el("div", { class: "tool-part" }, status === "error" ? "Error" : "Result"),
+        el("pre", { "data-testid": "tool-result" }, result || "(empty)"));
+    }
+    if (status === "error") card.open = true;
+    return card;
+  }
+
+  /** Redraws a call's card (kept open or closed as the reader left it). */
+  refreshCard(callId) {
+    const old = this.log.querySelector(`[data-testid="tool-call"][data-call-id="${CSS.escape(callId)}"]`);
+    const call = this.callOf(callId);
+    if (!old || !call) return;
+    const card = this.toolCard(call);
+    if (old.open) card.open = true;
+    old.replaceWith(card);
+  }
+
+  /** An `agent` event of the tool stream (OpenClaw's shape: phase start/update/result). */
+  toolEvent(d) {
+    if (!d || !d.toolCallId) return;
+    if (d.phase === "start") this.toolLive.set(d.toolCallId, { status: "running" });
+    else if (d.phase === "result") {
+      const content = d.result && Array.isArray(d.result.content) ? d.result : null;
+      this.toolLive.set(d.toolCallId, { status: d.isError ? "error" : "ok", result: content ? textOf(content) : undefined });
+    } else return;
+    this.refreshCard(d.toolCallId);
   }
 
   renderMeta(m, id, role, text) {

@@ -1,0 +1,69 @@
+// Tool calls in the WebChat (issue 37, "visible everywhere"): the fake provider asks for the `ls`
+// tool (its `[tool]` marker), the real gateway runs it and writes the toolResult row, and the page
+// shows a card for the call (name, arguments, result; collapsible) that turns to status ok from the
+// `agent` tool stream, and is rebuilt the same from chat.history after a reload. The result shown is
+// the one on disk.
+import { after, before, describe, test } from "node:test";
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import path from "node:path";
+import { REPO, TOKEN, launchBrowser, readTranscript, recordFrames, startFakeProvider, startGateway, textOf, waitFor } from "./harness.mjs";
+
+describe("WebChat: tool call cards", () => {
+  let provider, gw, browser, page, frames;
+  const errors = [];
+
+  before(async () => {
+    provider = await startFakeProvider();
+    gw = await startGateway(provider);
+    browser = await launchBrowser();
+    page = await browser.context.newPage();
+    await page.setViewportSize({ width: 1100, height: 760 });
+    frames = recordFrames(page);
+    page.on("pageerror", (e) => errors.push(e.message));
+    await page.goto(`${gw.url}/#token=${TOKEN}`);
+    await page.locator('[data-testid="status"].ok').waitFor({ timeout: 20000 });
+  });
+  after(async () => {
+    await browser?.close();
+    await gw?.stop();
+    await provider?.close();
+  });
+
+  const card = () => page.locator('[data-testid="tool-call"][data-tool="ls"]');
+
+  /** The card as the page shows it, opened. */
+  async function shown() {
+    const c = card();
+    assert.equal(await c.count(), 1, "one card for the one call");
+    if (!(await c.evaluate((d) => d.open))) await c.locator("summary").click();
+    return {
+      status: await c.getAttribute("data-status"),
+      args: JSON.parse(await c.locator('[data-testid="tool-args"]').innerText()),
+      result: await c.locator('[data-testid="tool-result"]').innerText(),
+    };
+  }
+
+  test("the card follows the run live, and is the same after a reload", async () => {
+    await page.locator('[data-testid="composer"]').fill("list the files [tool]");
+    await page.locator('[data-testid="send"]').click();
+    await waitFor("the tool card with status ok", async () => (await card().getAttribute("data-status").catch(() => null)) === "ok");
+    const onDisk = readTranscript(gw.stateDir).map((r) => r.message).find((m) => m?.role === "toolResult");
+    assert.ok(onDisk, "the toolResult row is on disk");
+    const want = textOf(onDisk) || "(empty)";
+    const live = await shown();
+    assert.deepEqual(live, { status: "ok", args: {}, result: want });
+    const events = frames.map((f) => f.frame).filter((f) => f.event === "agent" && f.payload?.stream === "tool").map((f) => f.payload.data.phase);
+    assert.deepEqual(events, ["start", "result"], "the tool stream the page saw");
+    assert.equal(await page.locator('.msg.tool:not([hidden])').count(), 0, "the result is in the card, not a separate bubble");
+    const shot = path.join(REPO, "target/tool-card.png");
+    await card().screenshot({ path: shot });
+    console.log(`# screenshot: ${shot}`);
+
+    await page.reload();
+    await page.locator('[data-testid="status"].ok').waitFor();
+    await card().waitFor();
+    assert.deepEqual(await shown(), live, "rebuilt from chat.history");
+    assert.deepEqual(errors, []);
+  });
+});
