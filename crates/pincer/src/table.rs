@@ -138,7 +138,10 @@ pub fn message_summary(m: &Value) -> String {
     }
     let text = parts.join(" ");
     match role {
-        "toolResult" => format!("← {}: {text}", m.get("toolName").and_then(Value::as_str).unwrap_or("?")),
+        "toolResult" => {
+            let failed = if m.get("isError").and_then(Value::as_bool) == Some(true) { " failed" } else { "" };
+            format!("← {}{failed}: {text}", m.get("toolName").and_then(Value::as_str).unwrap_or("?"))
+        }
         _ => text,
     }
 }
@@ -177,5 +180,12 @@ mod tests {
         // Narrower than the other columns allow: the column keeps its minimum.
         let tight = t.render_within(Some(10));
         assert_eq!(tight.lines().nth(1).map(|l| l.chars().count()), Some(4 + 2 + MIN_FLEX + 2 + 1), "{tight}");
+    }
+
+    #[test]
+    fn a_failed_tool_result_says_so() {
+        let r = json!({"role": "toolResult", "toolName": "read", "isError": true,
+            "content": [{"type": "text", "text": "missing.txt: not found"}]});
+        assert_eq!(message_summary(&r), "← read failed: missing.txt: not found");
     }
 }
