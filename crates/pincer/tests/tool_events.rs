@@ -70,7 +70,7 @@ async fn tool_calls_are_announced_in_openclaw_shapes_after_their_rows() {
         file = Some(path);
         let p = &ev["payload"];
         assert_eq!((&p["runId"], &p["sessionKey"]), (&json!("r1"), &json!("agent:main:main")), "{ev}");
-        assert!(p["seq"].is_u64() && p["ts"].is_u64(), "{ev}");
+        assert!(p["seq"].is_u64() && p["ts"].is_u64() && p["agentId"].is_string(), "{ev}");
         let d = &p["data"];
         assert_eq!((&d["name"], &d["isError"]), (&json!(name), &json!(error)), "{ev}");
         assert_eq!(d["result"]["content"], row["message"]["content"], "the result as written: {ev}");
