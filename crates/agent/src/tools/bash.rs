@@ -529,3 +529,52 @@ impl<'a> Accumulator<'a> {
         (text, Some(json!({"truncation": t.to_value(), "fullOutputPath": path})))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::disallowed_methods)]
+    use super::*;
+
+    fn tool(ws: &Path, hidden: Vec<PathBuf>, out: &Path) -> BashTool {
+        let config = BashConfig {
+            sandbox: Sandbox::Bwrap(BashConfig::find_bwrap().unwrap()),
+            network: false,
+            default_timeout: DEFAULT_TIMEOUT,
+            hidden,
+            output_dir: out.join("outputs"),
+        };
+        config.probe(ws).unwrap();
+        BashTool { workspace: Workspace::new(ws), config: Arc::new(config) }
+    }
+
+    async fn bash(t: &BashTool, args: Value) -> Result<String, String> {
+        t.call(args).await.map(|o| o.content[0]["text"].as_str().unwrap().to_owned()).map_err(|e| e.to_string())
+    }
+
+    #[tokio::test]
+    async fn secrets_inside_the_workspace_are_masked_and_timeouts_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join(".state")).unwrap();
+        std::fs::write(ws.join(".state/gateway.token"), "s3cret").unwrap();
+        std::fs::write(ws.join("pincer.toml"), "token = \"s3cret\"").unwrap();
+        std::fs::write(ws.join("notes.txt"), "visible").unwrap();
+        let t = tool(&ws, vec![ws.join(".state"), ws.join("pincer.toml")], dir.path());
+        assert_eq!(bash(&t, json!({"command": "cat notes.txt; ls -A .state"})).await, Ok("visible".into()));
+        // A hidden file is bound over by /dev/null, which the sandbox may not open (nodev).
+        let toml = bash(&t, json!({"command": "cat pincer.toml"})).await.unwrap_err();
+        assert!(toml.starts_with("cat: pincer.toml: Permission denied") && !toml.contains("s3cret"), "{toml}");
+        assert_eq!(
+            bash(&t, json!({"command": "cat .state/gateway.token"})).await,
+            Err("cat: .state/gateway.token: No such file or directory\n\n\nCommand exited with code 1".into())
+        );
+        assert_eq!(bash(&t, json!({"command": "true"})).await, Ok("(no output)".into()));
+        assert_eq!(
+            bash(&t, json!({"command": "echo started; sleep 30", "timeout": 0.5})).await,
+            Err("started\n\n\nCommand timed out after 0.5 seconds".into())
+        );
+        // The workspace being the state directory itself is refused.
+        let same = BashConfig { hidden: vec![ws.clone()], ..(*t.config).clone() };
+        assert!(same.probe(&ws).unwrap_err().contains("is the state directory"));
+    }
+}
