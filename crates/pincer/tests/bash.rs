@@ -2,8 +2,9 @@
 //! Pi's last-50-KB result with the whole output in `details.fullOutputPath`; two `sleep 1` calls of
 //! one message run at the same time and are persisted in source order; from `bash`, writing outside
 //! the workspace, reading the gateway token or `pincer.toml` and opening a network connection fail;
-//! `chat.abort` kills the whole process group of a running command. The rows are checked against
-//! the real Pi library's context (the oracle), as `tools.rs` does.
+//! `chat.abort` kills the whole process group of a running command. The results equal what Pi's own
+//! `bash` tool (the oracle's copy, run by Node) returns for the same commands, and the rows are
+//! checked against the real Pi library's context (the oracle), as `tools.rs` does.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // tests fail loudly, print timings
 
@@ -60,6 +61,31 @@ fn check_request_against_pi(file: &Path, fake: &FakeProvider, n: usize) {
     assert_eq!(got, expected, "request {n} against Pi's context at {leaf}");
 }
 
+/// What Pi's own `bash` tool (the oracle's copy, run by Node, unsandboxed) returns for `args`:
+/// `Ok(result)` or `Err(the error's message)`.
+fn pi_bash(args: &Value) -> Result<Value, String> {
+    let bash_js =
+        pincer_testkit::oracle_dir().join("node_modules/@mariozechner/pi-coding-agent/dist/core/tools/bash.js");
+    let cwd = tempfile::tempdir().unwrap();
+    let script = "const [bashJs, cwd, args] = process.argv.slice(1);\n\
+        const { createBashToolDefinition } = await import(bashJs);\n\
+        try { console.log(JSON.stringify({ok: await createBashToolDefinition(cwd).execute('x', JSON.parse(args))})); }\n\
+        catch (e) { console.log(JSON.stringify({err: e.message})); }";
+    let out = std::process::Command::new("node")
+        .args(["--input-type=module", "-e", script])
+        .arg(&bash_js)
+        .arg(cwd.path())
+        .arg(args.to_string())
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("Pi's bash: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    match v.get("err") {
+        Some(e) => Err(e.as_str().unwrap().to_owned()),
+        None => Ok(v["ok"].clone()),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bash_caps_its_output_saves_it_whole_and_runs_calls_concurrently() {
     let dir = tempfile::tempdir().unwrap();
@@ -114,6 +140,15 @@ async fn bash_caps_its_output_saves_it_whole_and_runs_calls_concurrently() {
         format!("{tail}\n\n[Showing lines 51495-52001 of 52001 (50.0KB limit). Full output: {path}]")
     );
     assert!(result_text(b1).len() <= 51200 + 200, "{}", result_text(b1).len());
+    // Exactly what Pi's own tool returns, but for the file's name.
+    let pi = pi_bash(&json!({"command": "seq -f '%0100g' 1 52000"})).unwrap();
+    let pi_path = pi["details"]["fullOutputPath"].as_str().unwrap().to_owned();
+    assert_eq!(std::fs::read_to_string(&pi_path).unwrap(), full);
+    let pi = serde_json::to_string(&pi).unwrap().replace(&pi_path, path);
+    let _ = std::fs::remove_file(&pi_path);
+    let ours = json!({"content": b1["content"], "details": b1["details"]});
+    assert_eq!(serde_json::from_str::<Value>(&pi).unwrap(), ours, "Pi's bash result");
+    std::fs::remove_file(path).unwrap();
 
     // The two sleeps: run together, each result as Pi words it (a non-zero exit is an error).
     assert_eq!((result_text(&results[1]), &results[1]["isError"]), ("first\n", &json!(false)));
@@ -121,6 +156,14 @@ async fn bash_caps_its_output_saves_it_whole_and_runs_calls_concurrently() {
         (result_text(&results[2]), &results[2]["isError"]),
         ("second\n\n\nCommand exited with code 3", &json!(true))
     );
+    for (m, args) in [
+        (&results[1], json!({"command": "sleep 1; echo first"})),
+        (&results[2], json!({"command": "sleep 1; echo second; exit 3"})),
+    ] {
+        let pi = pi_bash(&args).map(|r| r["content"][0]["text"].as_str().unwrap().to_owned());
+        let ours = if m["isError"] == true { Err(result_text(m).to_owned()) } else { Ok(result_text(m).to_owned()) };
+        assert_eq!(ours, pi, "Pi's bash on {args}");
+    }
     let rows = read_rows(&file);
     let ts = |pick: &dyn Fn(&Value) -> bool| {
         rows.iter().find(|r| pick(&r["message"])).unwrap()["message"]["timestamp"].as_i64().unwrap()
@@ -147,10 +190,11 @@ async fn bash_cannot_leave_its_sandbox() {
     let port = fake.base_url().split(':').nth(2).unwrap().split('/').next().unwrap().to_owned();
     let s = state.display();
     let host_tmp = format!("/tmp/pincer-bash-test-{}", std::process::id());
+    let etc_file = format!("/etc/pincer-pwned-{}", std::process::id());
     let t1 = turn(
         vec![
             call("w1", json!({"command": format!("echo pwned > {}/pwned.txt", outside.display())})),
-            call("w2", json!({"command": "echo pwned > /etc/pincer-pwned"})),
+            call("w2", json!({"command": format!("echo pwned > {etc_file}")})),
             call("w3", json!({"command": "mkdir -p sub && echo kept > sub/in.txt && cat sub/in.txt"})),
             call("r1", json!({"command": format!("cat {s}/gateway.token")})),
             call("r2", json!({"command": format!("cat {s}/pincer.toml")})),
@@ -177,7 +221,7 @@ async fn bash_cannot_leave_its_sandbox() {
         println!("{id}: {}", result_text(by_id(id)));
     }
     assert!(!outside.join("pwned.txt").exists());
-    assert!(!Path::new("/etc/pincer-pwned").exists());
+    assert!(!Path::new(&etc_file).exists());
     assert!(result_text(by_id("w2")).contains("Read-only file system"), "{}", by_id("w2"));
     // The workspace (the default, inside the state directory) is writable; nothing else of the state is there.
     assert_eq!((result_text(by_id("w3")), &by_id("w3")["isError"]), ("kept\n", &json!(false)));
