@@ -3,9 +3,11 @@
 //! call), the built-ins and the [`ToolPolicy`] choosing among them.
 //!
 //! Built-ins: Pi's file tools `read`, `write`, `edit`, `ls` ([`files`]), `find`, `grep`
-//! ([`search`]), all confined to the agent's [`Workspace`] ([`workspace`]), and `current_time`.
+//! ([`search`]), all confined to the agent's [`Workspace`] ([`workspace`]), Pi's `bash` in a
+//! sandbox over that workspace ([`bash`]), and `current_time`.
 //! A failing tool is not a failed run: its error becomes a `toolResult` with `isError: true`.
 
+pub mod bash;
 pub mod files;
 pub mod search;
 pub mod truncate;
@@ -100,24 +102,25 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// Every built-in tool ([`BUILTIN_TOOLS`]), over the workspace at `workspace`.
+    /// Every built-in tool ([`BUILTIN_TOOLS`]) but `bash` (which needs its sandbox settings: see
+    /// [`ToolRegistry::from_policy`]), over the workspace at `workspace`.
     pub fn with_builtins(workspace: impl Into<PathBuf>) -> Self {
         let ws = Workspace::new(workspace);
         let mut r = Self::new();
         for name in BUILTIN_TOOLS {
-            if let Some(tool) = builtin(name, &ws) {
+            if let Some(tool) = builtin(name, &ws, None) {
                 r.register(tool);
             }
         }
         r
     }
 
-    /// The tools `policy` allows, over `workspace`.
-    pub fn from_policy(policy: &ToolPolicy, workspace: impl Into<PathBuf>) -> Self {
+    /// The tools `policy` allows, over `workspace`; `bash` with the settings `bash`.
+    pub fn from_policy(policy: &ToolPolicy, workspace: impl Into<PathBuf>, bash: &Arc<bash::BashConfig>) -> Self {
         let ws = Workspace::new(workspace);
         let mut r = Self::new();
         for name in &policy.tools {
-            if let Some(tool) = builtin(name, &ws) {
+            if let Some(tool) = builtin(name, &ws, Some(bash)) {
                 r.register(tool);
             }
         }
@@ -168,12 +171,13 @@ impl ToolRegistry {
 }
 
 /// Every built-in tool's name.
-pub const BUILTIN_TOOLS: &[&str] = &["read", "write", "edit", "ls", "find", "grep", "current_time"];
+pub const BUILTIN_TOOLS: &[&str] = &["read", "write", "edit", "bash", "ls", "find", "grep", "current_time"];
 
-/// The built-in tool `name` over `ws`.
-fn builtin(name: &str, ws: &Arc<Workspace>) -> Option<Arc<dyn Tool>> {
+/// The built-in tool `name` over `ws` (`bash` only given its settings).
+fn builtin(name: &str, ws: &Arc<Workspace>, bash: Option<&Arc<bash::BashConfig>>) -> Option<Arc<dyn Tool>> {
     let ws = ws.clone();
     Some(match name {
+        "bash" => Arc::new(bash::BashTool { workspace: ws, config: bash?.clone() }),
         "read" => Arc::new(files::ReadTool(ws)),
         "write" => Arc::new(files::WriteTool(ws)),
         "edit" => Arc::new(files::EditTool(ws)),
@@ -187,7 +191,7 @@ fn builtin(name: &str, ws: &Arc<Workspace>) -> Option<Arc<dyn Tool>> {
 
 /// Which built-ins an agent gets: a profile's tools, plus `allow`, minus `deny`
 /// (`[agents.defaults.tools]`). Profiles: `minimal` = the read-only tools (`read`, `ls`, `find`,
-/// `grep`), `coding` (the default) = Pi's file tools (those and `write`, `edit`), `full` = every built-in.
+/// `grep`), `coding` (the default) = Pi's coding tools (those and `write`, `edit`, `bash`), `full` = every built-in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolPolicy {
     /// The profile the list started from.
@@ -207,7 +211,7 @@ impl ToolPolicy {
         let profile = profile.unwrap_or("coding");
         let base: &[&str] = match profile {
             "minimal" => &["read", "ls", "find", "grep"],
-            "coding" => &["read", "write", "edit", "ls", "find", "grep"],
+            "coding" => &["read", "write", "edit", "bash", "ls", "find", "grep"],
             "full" => BUILTIN_TOOLS,
             other => return Err(format!("unknown tool profile {other:?} (profiles: {})", Self::PROFILES.join(", "))),
         };

@@ -196,6 +196,20 @@ pub struct ToolsConfig {
     pub profile: Option<String>,
     pub allow: Vec<String>,
     pub deny: Vec<String>,
+    /// `bash`'s sandbox: `"bwrap"` (the default) or `"off"`.
+    pub sandbox: Option<SandboxName>,
+    /// `bash` keeps the network (default false).
+    pub network: Option<bool>,
+    /// Seconds a `bash` call may run when it gives no timeout (default 600).
+    pub timeout: Option<u64>,
+}
+
+/// `[agents.defaults.tools] sandbox`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxName {
+    Bwrap,
+    Off,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -244,6 +258,8 @@ pub struct Settings {
     pub workspace: PathBuf,
     /// The tools the agent has (`[agents.defaults.tools]`).
     pub tools: pincer_agent::ToolPolicy,
+    /// `bash`'s settings (sandbox, network, timeout), checked at startup when `bash` is enabled.
+    pub bash: std::sync::Arc<pincer_agent::tools::bash::BashConfig>,
     pub max_turns: usize,
     pub compaction: pincer_compaction::CompactionSettings,
     pub redact: bool,
@@ -390,7 +406,21 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
     let t = &file.agents.defaults.tools;
     let tools = pincer_agent::ToolPolicy::new(t.profile.as_deref(), &t.allow, &t.deny)
         .map_err(|e| format!("{}: [agents.defaults.tools]: {e}", config_path.display()))?;
+    let bash = std::sync::Arc::new(pincer_agent::tools::bash::BashConfig {
+        sandbox: match t.sandbox {
+            Some(SandboxName::Off) => pincer_agent::tools::bash::Sandbox::Off,
+            // Found (and checked to work) when the gateway starts with `bash` enabled.
+            Some(SandboxName::Bwrap) | None => pincer_agent::tools::bash::Sandbox::Bwrap(PathBuf::from("bwrap")),
+        },
+        network: t.network.unwrap_or(false),
+        default_timeout: t
+            .timeout
+            .map_or(pincer_agent::tools::bash::DEFAULT_TIMEOUT, |s| std::time::Duration::from_secs(s.max(1))),
+        hidden: vec![state_dir.clone(), config_path.clone()],
+        output_dir: std::env::temp_dir().join(format!("pincer-bash-{}", uuid::Uuid::new_v4().simple())),
+    });
     Ok(Settings {
+        bash,
         workspace: file.agents.defaults.workspace.clone().unwrap_or_else(|| state_dir.join("workspace")),
         tools,
         state_dir,

@@ -385,13 +385,39 @@ fn open_store(settings: &Settings, redactor: &Arc<dyn Redactor>) -> Result<Opene
     }
 }
 
+/// `bash`'s settings with bubblewrap found and checked to work over the workspace, when `bash` is
+/// enabled: a sandbox that cannot run stops the startup, unless `sandbox = "off"` (a warning).
+fn bash_settings(settings: &Settings) -> Result<Arc<pincer_agent::tools::bash::BashConfig>, GatewayError> {
+    use pincer_agent::tools::bash::{BashConfig, Sandbox};
+    if !settings.tools.tools.iter().any(|t| t == "bash") {
+        return Ok(settings.bash.clone());
+    }
+    let mut bash = (*settings.bash).clone();
+    if bash.sandbox == Sandbox::Off {
+        tracing::warn!(
+            "[agents.defaults.tools] sandbox = \"off\": bash commands run unconfined, as the gateway's user"
+        );
+        return Ok(Arc::new(bash));
+    }
+    let fail = |e: String| {
+        GatewayError::Config(format!(
+            "the bash tool needs its sandbox: {e} (or deny the tool: [agents.defaults.tools] deny = [\"bash\"], or run it unconfined: sandbox = \"off\")"
+        ))
+    };
+    bash.sandbox = Sandbox::Bwrap(BashConfig::find_bwrap().map_err(fail)?);
+    bash.probe(&settings.workspace).map_err(fail)?;
+    tracing::info!("bash: sandboxed by bubblewrap (network {})", if bash.network { "on" } else { "off" });
+    Ok(Arc::new(bash))
+}
+
 impl Gateway {
     pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
         crate::logs::set_redactor(redactor.clone());
         let (store, pg, indexer) = open_store(&settings, &redactor)?;
         let conversations = Arc::new(crate::openai::index::ConversationIndex::new(store.clone()));
-        let tools = Arc::new(ToolRegistry::from_policy(&settings.tools, settings.workspace.clone()));
+        let bash = bash_settings(&settings)?;
+        let tools = Arc::new(ToolRegistry::from_policy(&settings.tools, settings.workspace.clone(), &bash));
         let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {
             Ok(r) => Some(r),

@@ -145,7 +145,7 @@ async fn file_tools_with_pi_shapes_through_the_gateway() {
     .unwrap();
     let mut c = Client::connect(&gw.addr).await;
     let info = c.request("pincer.info", json!({})).await.unwrap();
-    assert_eq!(info["tools"], json!(["edit", "find", "grep", "ls", "read", "write"]), "the coding profile");
+    assert_eq!(info["tools"], json!(["bash", "edit", "find", "grep", "ls", "read", "write"]), "the coding profile");
     c.request("chat.send", json!({"sessionKey": "main", "message": "tidy up", "idempotencyKey": "r1"})).await.unwrap();
     let end = c.chat_end("r1").await;
     assert_eq!(end["payload"]["state"], "final", "{end}\n{}", gw.log_text());
@@ -224,7 +224,7 @@ async fn file_tools_with_pi_shapes_through_the_gateway() {
     assert_eq!(fake.bodies().len(), 3);
     check_request_against_pi(&file, &fake, 1);
     check_request_against_pi(&file, &fake, 2);
-    assert_eq!(offered(&fake), ["edit", "find", "grep", "ls", "read", "write"]);
+    assert_eq!(offered(&fake), ["bash", "edit", "find", "grep", "ls", "read", "write"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,6 @@
 //! Pi's output caps (`dist/core/tools/truncate.js`): [`truncate_head`] keeps the first 2,000 lines
 //! or 50 KB of a text, whichever comes first, and describes the cut with Pi's `details.truncation`
-//! shape; [`truncate_line`] cuts a `grep` line at 500 characters; [`format_size`] is Pi's size text.
+//! shape; [`truncate_tail`] keeps the last ones (`bash`); [`truncate_line`] cuts a `grep` line at 500 characters; [`format_size`] is Pi's size text.
 
 use serde_json::{json, Value};
 
@@ -22,6 +22,8 @@ pub struct Truncation {
     pub total_bytes: usize,
     pub output_lines: usize,
     pub output_bytes: usize,
+    /// The kept text starts inside a line longer than the cap ([`truncate_tail`] only).
+    pub last_line_partial: bool,
     pub first_line_exceeds_limit: bool,
     pub max_lines: usize,
     pub max_bytes: usize,
@@ -38,7 +40,7 @@ impl Truncation {
             "totalBytes": self.total_bytes,
             "outputLines": self.output_lines,
             "outputBytes": self.output_bytes,
-            "lastLinePartial": false,
+            "lastLinePartial": self.last_line_partial,
             "firstLineExceedsLimit": self.first_line_exceeds_limit,
             "maxLines": self.max_lines,
             "maxBytes": self.max_bytes,
@@ -59,6 +61,7 @@ pub fn truncate_head(content: &str, max_lines: usize, max_bytes: usize) -> Trunc
         total_bytes,
         output_lines: 0,
         output_bytes: 0,
+        last_line_partial: false,
         first_line_exceeds_limit: false,
         max_lines,
         max_bytes,
@@ -95,6 +98,63 @@ pub fn truncate_head(content: &str, max_lines: usize, max_bytes: usize) -> Trunc
     Truncation { output_lines: kept, output_bytes: out.len(), content: out, truncated_by: Some(by), ..base }
 }
 
+/// Keeps whole lines from the end until `max_lines` or `max_bytes` is reached (Pi's `truncateTail`);
+/// when the last line alone is over `max_bytes`, its end is kept (`last_line_partial`).
+pub fn truncate_tail(content: &str, max_lines: usize, max_bytes: usize) -> Truncation {
+    let total_bytes = content.len();
+    let lines: Vec<&str> = content.split('\n').collect();
+    let total_lines = lines.len();
+    let mut t = Truncation {
+        content: content.to_owned(),
+        truncated: false,
+        truncated_by: None,
+        total_lines,
+        total_bytes,
+        output_lines: total_lines,
+        output_bytes: total_bytes,
+        last_line_partial: false,
+        first_line_exceeds_limit: false,
+        max_lines,
+        max_bytes,
+    };
+    if total_lines <= max_lines && total_bytes <= max_bytes {
+        return t;
+    }
+    let mut kept: Vec<&str> = Vec::new();
+    let mut bytes = 0usize;
+    let mut by = "lines";
+    for line in lines.iter().rev() {
+        if kept.len() >= max_lines {
+            break;
+        }
+        let n = line.len() + usize::from(!kept.is_empty());
+        if bytes + n > max_bytes {
+            by = "bytes";
+            if kept.is_empty() {
+                let mut start = line.len() - max_bytes;
+                while !line.is_char_boundary(start) {
+                    start += 1;
+                }
+                kept.push(&line[start..]);
+                t.last_line_partial = true;
+            }
+            break;
+        }
+        kept.push(line);
+        bytes += n;
+    }
+    if kept.len() >= max_lines && bytes <= max_bytes {
+        by = "lines";
+    }
+    kept.reverse();
+    t.content = kept.join("\n");
+    t.truncated = true;
+    t.truncated_by = Some(by);
+    t.output_lines = kept.len();
+    t.output_bytes = t.content.len();
+    t
+}
+
 /// Pi's `formatSize`: `512B`, `50.0KB`, `1.5MB`.
 pub fn format_size(bytes: usize) -> String {
     #[allow(clippy::cast_precision_loss)] // sizes far below 2^52
@@ -129,6 +189,12 @@ mod tests {
         let t = truncate_head("aaaaaaaaaaaa\nb", 10, 5);
         assert!(t.first_line_exceeds_limit && t.content.is_empty());
         assert!(!truncate_head("x", 1, 1).truncated);
+        let t = truncate_tail("a\nb\nc", 2, 100);
+        assert_eq!((t.content.as_str(), t.truncated_by, t.output_lines), ("b\nc", Some("lines"), 2));
+        let t = truncate_tail("aaaa\nbbbb\ncccc", 10, 9);
+        assert_eq!((t.content.as_str(), t.truncated_by), ("bbbb\ncccc", Some("bytes")));
+        let t = truncate_tail("a\nxxxxxxé", 10, 3);
+        assert!(t.last_line_partial && t.content == "xé", "{t:?}");
         assert_eq!(format_size(51200), "50.0KB");
         assert_eq!(truncate_line(&"é".repeat(501)).0, format!("{}... [truncated]", "é".repeat(500)));
     }

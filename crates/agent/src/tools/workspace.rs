@@ -35,7 +35,8 @@ impl Workspace {
         &self.root
     }
 
-    async fn real_root(&self) -> Result<PathBuf, ToolError> {
+    /// The real path of the workspace, created if missing.
+    pub(crate) async fn real_root(&self) -> Result<PathBuf, ToolError> {
         tokio::fs::create_dir_all(&self.root)
             .await
             .and(tokio::fs::canonicalize(&self.root).await)

@@ -1,0 +1,318 @@
+//! Pi's `bash` tool through the real gateway, sandboxed by bubblewrap: a 5 MB output comes back as
+//! Pi's last-50-KB result with the whole output in `details.fullOutputPath`; two `sleep 1` calls of
+//! one message run at the same time and are persisted in source order; from `bash`, writing outside
+//! the workspace, reading the gateway token or `pincer.toml` and opening a network connection fail;
+//! `chat.abort` kills the whole process group of a running command. The results equal what Pi's own
+//! `bash` tool (the oracle's copy, run by Node) returns for the same commands, and the rows are
+//! checked against the real Pi library's context (the oracle), as `tools.rs` does.
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // tests fail loudly, print timings
+
+use pincer_testkit::fake_provider::{script, text, tool_call, turn, FakeProvider, Format, Reply};
+use pincer_testkit::gateway::{Client, GatewayProcess};
+use pincer_testkit::oracle_context;
+use pincer_testkit::probe::read_rows;
+use pincer_testkit::wire::openai_messages;
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+
+/// A config for the fake provider; the workspace is the default `<state>/workspace` unless given.
+fn config(fake: &FakeProvider, workspace: Option<&Path>) -> String {
+    let ws = workspace.map(|w| format!("workspace = \"{}\"\n", w.display())).unwrap_or_default();
+    format!(
+        "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
+         [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = 1000000\n\
+         [agents.defaults]\nmodel = \"fake/gpt-test\"\n{ws}",
+        fake.base_url(),
+    )
+}
+
+fn call(id: &str, args: Value) -> pincer_testkit::fake_provider::Part {
+    tool_call(id, "bash", &[&args.to_string()])
+}
+
+async fn start(state: &Path, cfg: String) -> GatewayProcess {
+    let state = state.to_path_buf();
+    tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &state, &cfg)).await.unwrap()
+}
+
+fn tool_results(file: &Path) -> Vec<Value> {
+    read_rows(file).into_iter().filter(|r| r["message"]["role"] == "toolResult").map(|r| r["message"].clone()).collect()
+}
+
+fn result_text(m: &Value) -> &str {
+    m["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+/// The provider's request `n` equals Pi's context of the file before the assistant answering it.
+fn check_request_against_pi(file: &Path, fake: &FakeProvider, n: usize) {
+    let rows = read_rows(file);
+    let assistants: Vec<usize> =
+        rows.iter().enumerate().filter(|(_, r)| r["message"]["role"] == "assistant").map(|(i, _)| i).collect();
+    let leaf = rows[assistants[n] - 1]["id"].as_str().unwrap().to_owned();
+    let pi = oracle_context(file, Some(&leaf));
+    let expected = openai_messages(pi["context"]["messages"].as_array().expect("Pi's context messages"));
+    let got: Vec<Value> =
+        fake.bodies()[n]["messages"].as_array().unwrap().iter().filter(|m| m["role"] != "system").cloned().collect();
+    assert_eq!(got, expected, "request {n} against Pi's context at {leaf}");
+}
+
+/// What Pi's own `bash` tool (the oracle's copy, run by Node, unsandboxed) returns for `args`:
+/// `Ok(result)` or `Err(the error's message)`.
+fn pi_bash(args: &Value) -> Result<Value, String> {
+    let bash_js =
+        pincer_testkit::oracle_dir().join("node_modules/@mariozechner/pi-coding-agent/dist/core/tools/bash.js");
+    let cwd = tempfile::tempdir().unwrap();
+    let script = "const [bashJs, cwd, args] = process.argv.slice(1);\n\
+        const { createBashToolDefinition } = await import(bashJs);\n\
+        try { console.log(JSON.stringify({ok: await createBashToolDefinition(cwd).execute('x', JSON.parse(args))})); }\n\
+        catch (e) { console.log(JSON.stringify({err: e.message})); }";
+    let out = std::process::Command::new("node")
+        .args(["--input-type=module", "-e", script])
+        .arg(&bash_js)
+        .arg(cwd.path())
+        .arg(args.to_string())
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("Pi's bash: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+    match v.get("err") {
+        Some(e) => Err(e.as_str().unwrap().to_owned()),
+        None => Ok(v["ok"].clone()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_caps_its_output_saves_it_whole_and_runs_calls_concurrently() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    // 52,000 lines of 101 bytes: 5.25 MB.
+    let t1 = turn(vec![call("b1", json!({"command": "seq -f '%0100g' 1 52000"}))], (10, 5, 0));
+    let t2 = turn(
+        vec![
+            text(&["Two at once."]),
+            call("s1", json!({"command": "sleep 1; echo first"})),
+            call("s2", json!({"command": "sleep 1; echo second; exit 3"})),
+        ],
+        (20, 5, 0),
+    );
+    let t3 = turn(vec![text(&["Done."])], (30, 2, 0));
+    for t in [&t1, &t2, &t3] {
+        fake.push(Reply::stream(script(f, t)));
+    }
+    let state = dir.path().join("state");
+    let gw = start(&state, config(&fake, None)).await;
+    let mut c = Client::connect(&gw.addr).await;
+    let info = c.request("pincer.info", json!({})).await.unwrap();
+    assert_eq!(info["tools"], json!(["bash", "edit", "find", "grep", "ls", "read", "write"]), "the coding profile");
+    c.request("chat.send", json!({"sessionKey": "main", "message": "go", "idempotencyKey": "r1"})).await.unwrap();
+    let end = c.chat_end("r1").await;
+    assert_eq!(end["payload"]["state"], "final", "{end}\n{}", gw.log_text());
+
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let results = tool_results(&file);
+    let ids: Vec<&str> = results.iter().map(|m| m["toolCallId"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["b1", "s1", "s2"], "source order");
+
+    // The big output: the last lines within 50 KB, Pi's notice, the whole output in the file.
+    let b1 = &results[0];
+    assert_eq!(b1["isError"], false);
+    let full: String = (1..=52000).map(|i| format!("{i:0100}\n")).collect();
+    let path = b1["details"]["fullOutputPath"].as_str().expect("fullOutputPath");
+    assert_eq!(std::fs::read_to_string(path).unwrap(), full, "the full output file holds all of it");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(path).unwrap().permissions().mode() & 0o777, 0o600);
+    let t = &b1["details"]["truncation"];
+    let kept = t["outputLines"].as_u64().unwrap() as usize;
+    // 507 lines of 101 bytes, the last empty line after the final newline included.
+    assert_eq!(
+        (kept, &t["truncatedBy"], &t["totalLines"], &t["totalBytes"]),
+        (507, &json!("bytes"), &json!(52001), &json!(full.len()))
+    );
+    let tail: String = (52000 - 505..=52000).map(|i| format!("{i:0100}\n")).collect();
+    assert_eq!(
+        result_text(b1),
+        format!("{tail}\n\n[Showing lines 51495-52001 of 52001 (50.0KB limit). Full output: {path}]")
+    );
+    assert!(result_text(b1).len() <= 51200 + 200, "{}", result_text(b1).len());
+    // Exactly what Pi's own tool returns, but for the file's name.
+    let pi = pi_bash(&json!({"command": "seq -f '%0100g' 1 52000"})).unwrap();
+    let pi_path = pi["details"]["fullOutputPath"].as_str().unwrap().to_owned();
+    assert_eq!(std::fs::read_to_string(&pi_path).unwrap(), full);
+    let pi = serde_json::to_string(&pi).unwrap().replace(&pi_path, path);
+    let _ = std::fs::remove_file(&pi_path);
+    let ours = json!({"content": b1["content"], "details": b1["details"]});
+    assert_eq!(serde_json::from_str::<Value>(&pi).unwrap(), ours, "Pi's bash result");
+    std::fs::remove_file(path).unwrap();
+
+    // The two sleeps: run together, each result as Pi words it (a non-zero exit is an error).
+    assert_eq!((result_text(&results[1]), &results[1]["isError"]), ("first\n", &json!(false)));
+    assert_eq!(
+        (result_text(&results[2]), &results[2]["isError"]),
+        ("second\n\n\nCommand exited with code 3", &json!(true))
+    );
+    for (m, args) in [
+        (&results[1], json!({"command": "sleep 1; echo first"})),
+        (&results[2], json!({"command": "sleep 1; echo second; exit 3"})),
+    ] {
+        let pi = pi_bash(&args).map(|r| r["content"][0]["text"].as_str().unwrap().to_owned());
+        let ours = if m["isError"] == true { Err(result_text(m).to_owned()) } else { Ok(result_text(m).to_owned()) };
+        assert_eq!(ours, pi, "Pi's bash on {args}");
+    }
+    let rows = read_rows(&file);
+    let ts = |pick: &dyn Fn(&Value) -> bool| {
+        rows.iter().find(|r| pick(&r["message"])).unwrap()["message"]["timestamp"].as_i64().unwrap()
+    };
+    let asked = ts(&|m| m["role"] == "assistant" && m["content"].to_string().contains("\"s1\""));
+    let answered = ts(&|m| m["toolCallId"] == "s2");
+    println!("two `sleep 1` calls: {} ms from the assistant message to the last result", answered - asked);
+
+    assert_eq!(fake.bodies().len(), 3);
+    check_request_against_pi(&file, &fake, 1);
+    check_request_against_pi(&file, &fake, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_cannot_leave_its_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    let state = dir.path().join("state");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("gateway.token"), "token-from-the-file").unwrap();
+    let port = fake.base_url().split(':').nth(2).unwrap().split('/').next().unwrap().to_owned();
+    let s = state.display();
+    let host_tmp = format!("/tmp/pincer-bash-test-{}", std::process::id());
+    let etc_file = format!("/etc/pincer-pwned-{}", std::process::id());
+    let t1 = turn(
+        vec![
+            call("w1", json!({"command": format!("echo pwned > {}/pwned.txt", outside.display())})),
+            call("w2", json!({"command": format!("echo pwned > {etc_file}")})),
+            call("w3", json!({"command": "mkdir -p sub && echo kept > sub/in.txt && cat sub/in.txt"})),
+            call("r1", json!({"command": format!("cat {s}/gateway.token")})),
+            call("r2", json!({"command": format!("cat {s}/pincer.toml")})),
+            call("r3", json!({"command": "echo \"token=[$PINCER_GATEWAY_TOKEN]\""})),
+            call("n1", json!({"command": format!("echo hi > /dev/tcp/127.0.0.1/{port} && echo CONNECTED")})),
+            call("t1", json!({"command": format!("echo private > {host_tmp} && cat {host_tmp}")})),
+        ],
+        (10, 5, 0),
+    );
+    let t2 = turn(vec![text(&["Done."])], (20, 2, 0));
+    for t in [&t1, &t2] {
+        fake.push(Reply::stream(script(f, t)));
+    }
+    let gw = start(&state, config(&fake, None)).await;
+    let mut c = Client::connect(&gw.addr).await;
+    c.request("chat.send", json!({"sessionKey": "main", "message": "escape", "idempotencyKey": "r1"})).await.unwrap();
+    let end = c.chat_end("r1").await;
+    assert_eq!(end["payload"]["state"], "final", "{end}\n{}", gw.log_text());
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let results = tool_results(&file);
+    let by_id = |id: &str| results.iter().find(|m| m["toolCallId"] == id).unwrap();
+    for id in ["w1", "w2", "r1", "r2", "n1"] {
+        assert_eq!(by_id(id)["isError"], true, "{id}: {}", by_id(id));
+        println!("{id}: {}", result_text(by_id(id)));
+    }
+    assert!(!outside.join("pwned.txt").exists());
+    assert!(!Path::new(&etc_file).exists());
+    assert!(result_text(by_id("w2")).contains("Read-only file system"), "{}", by_id("w2"));
+    // The workspace (the default, inside the state directory) is writable; nothing else of the state is there.
+    assert_eq!((result_text(by_id("w3")), &by_id("w3")["isError"]), ("kept\n", &json!(false)));
+    assert_eq!(std::fs::read_to_string(state.join("workspace/sub/in.txt")).unwrap(), "kept\n");
+    assert!(result_text(by_id("r1")).contains("No such file or directory"), "{}", by_id("r1"));
+    assert!(result_text(by_id("r2")).contains("No such file or directory"), "{}", by_id("r2"));
+    assert_eq!(result_text(by_id("r3")), "token=[]\n", "the gateway's environment is not passed");
+    assert!(!result_text(by_id("n1")).contains("CONNECTED"));
+    // /tmp is private.
+    assert_eq!(result_text(by_id("t1")), "private\n");
+    assert!(!Path::new(&host_tmp).exists());
+    check_request_against_pi(&file, &fake, 1);
+}
+
+/// Processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(marker) {
+                found.push(format!("{}: {cmd}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_kills_the_whole_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    let marker = format!("1000.{}", std::process::id());
+    // A child, a grandchild in a new session, and the shell itself waiting.
+    let cmd = format!("sleep {marker} & (setsid sleep {marker} &); sleep {marker}");
+    fake.push(Reply::stream(script(f, &turn(vec![call("k1", json!({"command": cmd}))], (10, 5, 0)))));
+    let state = dir.path().join("state");
+    let gw = start(&state, config(&fake, None)).await;
+    let mut c = Client::connect(&gw.addr).await;
+    c.request("chat.send", json!({"sessionKey": "main", "message": "sleep", "idempotencyKey": "r1"})).await.unwrap();
+    let started = Instant::now();
+    while processes_with(&marker).iter().filter(|p| p.contains("sleep 1000")).count() < 3 {
+        assert!(started.elapsed() < Duration::from_secs(20), "the sleeps never started: {}", gw.log_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("running: {:#?}", processes_with(&marker));
+    let r = c.request("chat.abort", json!({"sessionKey": "main"})).await.unwrap();
+    assert_eq!(r["aborted"], true, "{r}");
+    let aborted = Instant::now();
+    while !processes_with(&marker).is_empty() {
+        assert!(
+            aborted.elapsed() < Duration::from_secs(30),
+            "still running after abort: {:#?}",
+            processes_with(&marker)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!("every process of the command gone {} ms after chat.abort", aborted.elapsed().as_millis());
+    assert_eq!(c.chat_end("r1").await["payload"]["state"], "aborted");
+}
+
+#[test]
+fn without_bubblewrap_bash_stops_the_startup_unless_the_sandbox_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let run = |tools: &str| {
+        std::fs::write(state.join("pincer.toml"), format!("[agents.defaults.tools]\n{tools}\n")).unwrap();
+        let mut child = std::process::Command::new(BIN)
+            .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
+            .arg(&state)
+            .env("PINCER_GATEWAY_TOKEN", "test-token")
+            .env("PATH", dir.path()) // no bwrap on it
+            .env_remove("PINCER_MODEL")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A gateway that starts keeps running: stop it after a moment and read what it said.
+        std::thread::sleep(Duration::from_millis(1500));
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = run("");
+    assert!(code.is_some_and(|c| c != 0), "refused to start: {code:?} {stderr}");
+    assert!(stderr.contains("the bash tool needs its sandbox: bubblewrap (bwrap) is not installed"), "{stderr}");
+    let (code, stderr) = run("sandbox = \"off\"");
+    assert_eq!(code, None, "started and was killed: {stderr}");
+    assert!(stderr.contains("bash commands run unconfined"), "the warning: {stderr}");
+    let (code, stderr) = run("deny = [\"bash\"]");
+    assert_eq!(code, None, "started without bash: {stderr}");
+}
