@@ -715,10 +715,7 @@ impl Gateway {
         let r = self
             .lanes
             .run(&session.path, move || {
-                let r = match entries.len() {
-                    1 => entries.into_iter().map(|e| store.append_with(&path, e, Some(&sid))).collect(),
-                    _ => store.append_all(&path, entries, Some(&sid)),
-                };
+                let r = store.append_all(&path, entries, Some(&sid));
                 drop(held);
                 if let Ok(all) = &r {
                     for a in all.iter().filter(|a| a.appended) {

@@ -10,9 +10,8 @@
 
 use pincer_testkit::fake_provider::{script, text, tool_call, turn, FakeProvider, Format, Reply};
 use pincer_testkit::gateway::{Client, GatewayProcess};
-use pincer_testkit::oracle_context;
 use pincer_testkit::probe::read_rows;
-use pincer_testkit::wire::openai_messages;
+use pincer_testkit::wire::{check_request_against_pi, result_text, tool_results};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -38,27 +37,6 @@ fn call(id: &str, args: Value) -> pincer_testkit::fake_provider::Part {
 async fn start(state: &Path, cfg: String) -> GatewayProcess {
     let state = state.to_path_buf();
     tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &state, &cfg)).await.unwrap()
-}
-
-fn tool_results(file: &Path) -> Vec<Value> {
-    read_rows(file).into_iter().filter(|r| r["message"]["role"] == "toolResult").map(|r| r["message"].clone()).collect()
-}
-
-fn result_text(m: &Value) -> &str {
-    m["content"][0]["text"].as_str().unwrap_or_default()
-}
-
-/// The provider's request `n` equals Pi's context of the file before the assistant answering it.
-fn check_request_against_pi(file: &Path, fake: &FakeProvider, n: usize) {
-    let rows = read_rows(file);
-    let assistants: Vec<usize> =
-        rows.iter().enumerate().filter(|(_, r)| r["message"]["role"] == "assistant").map(|(i, _)| i).collect();
-    let leaf = rows[assistants[n] - 1]["id"].as_str().unwrap().to_owned();
-    let pi = oracle_context(file, Some(&leaf));
-    let expected = openai_messages(pi["context"]["messages"].as_array().expect("Pi's context messages"));
-    let got: Vec<Value> =
-        fake.bodies()[n]["messages"].as_array().unwrap().iter().filter(|m| m["role"] != "system").cloned().collect();
-    assert_eq!(got, expected, "request {n} against Pi's context at {leaf}");
 }
 
 /// What Pi's own `bash` tool (the oracle's copy, run by Node, unsandboxed) returns for `args`:

@@ -9,9 +9,7 @@
 
 use pincer_testkit::fake_provider::{script, text, tool_call, turn, FakeProvider, Format, Reply};
 use pincer_testkit::gateway::{Client, GatewayProcess};
-use pincer_testkit::oracle_context;
-use pincer_testkit::probe::read_rows;
-use pincer_testkit::wire::openai_messages;
+use pincer_testkit::wire::{check_request_against_pi, result_text, tool_results};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -71,29 +69,6 @@ fn offered(fake: &FakeProvider) -> Vec<String> {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap().to_owned())
         .collect()
-}
-
-fn tool_results(file: &Path) -> Vec<Value> {
-    read_rows(file).into_iter().filter(|r| r["message"]["role"] == "toolResult").map(|r| r["message"].clone()).collect()
-}
-
-/// The text of a result's first block.
-fn result_text(m: &Value) -> &str {
-    m["content"][0]["text"].as_str().unwrap_or_default()
-}
-
-/// The provider's request `n` (without the system prompt) must equal Pi's context of the file at
-/// the row before the assistant message that answered it, in OpenAI's wire form.
-fn check_request_against_pi(file: &Path, fake: &FakeProvider, n: usize) {
-    let rows = read_rows(file);
-    let assistants: Vec<usize> =
-        rows.iter().enumerate().filter(|(_, r)| r["message"]["role"] == "assistant").map(|(i, _)| i).collect();
-    let leaf = rows[assistants[n] - 1]["id"].as_str().unwrap().to_owned();
-    let pi = oracle_context(file, Some(&leaf));
-    let expected = openai_messages(pi["context"]["messages"].as_array().expect("Pi's context messages"));
-    let got: Vec<Value> =
-        fake.bodies()[n]["messages"].as_array().unwrap().iter().filter(|m| m["role"] != "system").cloned().collect();
-    assert_eq!(got, expected, "request {n} against Pi's context at {leaf}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,7 @@
 //! provider received with this form of the real Pi library's context of the file.
 
 use serde_json::{json, Value};
+use std::path::Path;
 
 /// Text blocks joined with `\n`.
 pub fn joined(content: &Value) -> String {
@@ -68,4 +69,37 @@ pub fn openai_messages(context: &[Value]) -> Vec<Value> {
         }
     }
     out
+}
+
+/// The `toolResult` messages of a transcript, in file order.
+pub fn tool_results(file: &Path) -> Vec<Value> {
+    crate::probe::read_rows(file)
+        .into_iter()
+        .filter(|r| r["message"]["role"] == "toolResult")
+        .map(|r| r["message"].clone())
+        .collect()
+}
+
+/// The text of a result's first block.
+pub fn result_text(m: &Value) -> &str {
+    m["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+/// The provider's request `n` (without the system prompt) must equal Pi's context of the file at
+/// the row before the assistant message that answered it, in OpenAI's wire form.
+pub fn check_request_against_pi(file: &Path, fake: &crate::fake_provider::FakeProvider, n: usize) {
+    let rows = crate::probe::read_rows(file);
+    let assistants: Vec<usize> =
+        rows.iter().enumerate().filter(|(_, r)| r["message"]["role"] == "assistant").map(|(i, _)| i).collect();
+    let leaf = rows[assistants[n] - 1]["id"].as_str().unwrap_or_default().to_owned();
+    let pi = crate::oracle_context(file, Some(&leaf));
+    let expected = openai_messages(pi["context"]["messages"].as_array().map_or(&[][..], Vec::as_slice));
+    let got: Vec<Value> = fake.bodies()[n]["messages"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+        .iter()
+        .filter(|m| m["role"] != "system")
+        .cloned()
+        .collect();
+    assert_eq!(got, expected, "request {n} against Pi's context at {leaf}");
 }
