@@ -135,15 +135,7 @@ impl ToolRegistry {
     /// Adds (or replaces) a tool.
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
         self.tools.insert(tool.name().to_owned(), tool);
-        self.specs = self
-            .tools
-            .values()
-            .map(|t| ToolSpec {
-                name: t.name().to_owned(),
-                description: t.description().to_owned(),
-                parameters: t.parameters(),
-            })
-            .collect();
+        self.specs = self.tools.values().map(|t| ToolSpec::new(t.name(), t.description(), t.parameters())).collect();
     }
 
     /// True when there are no tools.

@@ -211,7 +211,11 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
         description: &'a str,
         input_schema: &'a Value,
     }
-    body.tools(&req.tools, |t| Tool { name: &t.name, description: &t.description, input_schema: &t.parameters });
+    body.tools(&req.tools, Api::AnthropicMessages, |t| Tool {
+        name: &t.name,
+        description: &t.description,
+        input_schema: &t.parameters,
+    });
     body.request(model, "/v1/messages", vec![("anthropic-version".to_owned(), VERSION.to_owned())], "x-api-key")
 }
 

@@ -97,7 +97,8 @@ impl Fault {
     }
 }
 
-/// A tool as offered to the model.
+/// A tool as offered to the model. Build it with [`ToolSpec::new`]: its declaration is serialized
+/// once per wire format and then shared by every request that offers it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {
     /// Name.
@@ -106,6 +107,15 @@ pub struct ToolSpec {
     pub description: String,
     /// JSON schema of the arguments object.
     pub parameters: Value,
+    /// The declaration's JSON per wire format, made on first use.
+    spelled: wire::Spelled,
+}
+
+impl ToolSpec {
+    /// A tool declaration.
+    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> ToolSpec {
+        ToolSpec { name: name.into(), description: description.into(), parameters, spelled: wire::Spelled::default() }
+    }
 }
 
 /// One model call's input.

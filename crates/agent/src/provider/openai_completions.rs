@@ -192,7 +192,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
         description: &'a str,
         parameters: &'a Value,
     }
-    body.tools(&req.tools, |t| Tool {
+    body.tools(&req.tools, Api::OpenaiCompletions, |t| Tool {
         r#type: "function",
         function: Function { name: &t.name, description: &t.description, parameters: &t.parameters },
     });

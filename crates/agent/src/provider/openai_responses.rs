@@ -199,7 +199,7 @@ pub(crate) fn request(model: &ResolvedModel, req: &ModelRequest) -> WireRequest 
         parameters: &'a Value,
         strict: bool,
     }
-    body.tools(&req.tools, |t| Tool {
+    body.tools(&req.tools, Api::OpenaiResponses, |t| Tool {
         r#type: "function",
         name: &t.name,
         description: &t.description,

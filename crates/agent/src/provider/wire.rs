@@ -303,6 +303,28 @@ impl Payload {
     }
 }
 
+/// A tool declaration's JSON for each wire format that has offered it (see [`Body::tools`]).
+/// Equal to any other: it is a cache of what the declaration's fields say.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Spelled(std::sync::Arc<[std::sync::OnceLock<Bytes>; 3]>);
+
+impl PartialEq for Spelled {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Spelled {
+    fn get(&self, api: Api, spell: impl FnOnce() -> Bytes) -> &Bytes {
+        let slot = match api {
+            Api::OpenaiCompletions | Api::PincerEcho => 0,
+            Api::OpenaiResponses => 1,
+            Api::AnthropicMessages => 2,
+        };
+        self.0[slot].get_or_init(spell)
+    }
+}
+
 /// A JSON object written field by field, in order.
 pub(crate) struct Body(Rope);
 
@@ -337,15 +359,31 @@ impl Body {
     }
 
     /// `tools`, each spelled as the API wants a function declared; left out when the run has none.
-    /// `spell` borrows from the spec (the schemas are serialized from where they are, not copied).
+    /// A tool's declaration is serialized by `spell` the first time `api` offers it, and its bytes
+    /// are shared by every later request (a schema is not serialized again per model call).
     pub(crate) fn tools<'a, T: Serialize>(
         &mut self,
         tools: &'a [super::ToolSpec],
+        api: Api,
         spell: impl Fn(&'a super::ToolSpec) -> T,
     ) {
-        if !tools.is_empty() {
-            self.field("tools", &tools.iter().map(spell).collect::<Vec<T>>());
+        if tools.is_empty() {
+            return;
         }
+        self.key("tools");
+        self.0.bytes(b"[");
+        for (i, t) in tools.iter().enumerate() {
+            if i > 0 {
+                self.0.bytes(b",");
+            }
+            let bytes = t.spelled.get(api, || {
+                let mut out = Vec::new();
+                put(&mut out, &spell(t));
+                Bytes::from(out)
+            });
+            self.0.share(bytes);
+        }
+        self.0.bytes(b"]");
     }
 
     /// The finished request: `POST {base_url}{path}` with this body, the API's headers, and the
