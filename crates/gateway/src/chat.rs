@@ -965,7 +965,11 @@ impl Turn {
                 return;
             }
         };
-        let mut retried = false;
+        // Pi's overflow rule: one compact-and-retry, allowed again once a reply has come through
+        // since (a tool loop whose results outgrow the window compacts and goes on, each time).
+        // At most MAX_OVERFLOW_COMPACTIONS of them per turn: a model that keeps asking for more than
+        // fits must not compact forever.
+        let (mut may_recover, mut compactions) = (true, 0);
         loop {
             self.chat_event("status", json!({"phase": "starting_model"}));
             let rx = start_run(RunRequest {
@@ -979,10 +983,29 @@ impl Turn {
                 run_id: self.run.run_id.clone(),
                 max_reply_bytes: self.gw.settings.max_reply_bytes,
             });
-            match self.stream(rx, !retried).await {
-                StreamEnd::Overflow { message, entry } => {
-                    // Pi's recovery: compact, rebuild the context, retry the turn once.
-                    retried = true;
+            match self.stream(rx, may_recover).await {
+                StreamEnd::Overflow { message, entry, may_recover: false } => {
+                    let message = format!(
+                        "{message} (the context is still too long after compacting it; the last tool result or \
+                         message alone may not fit the model's context window: use a model with a larger \
+                         window or ask for less)"
+                    );
+                    self.fail(&message, "context_length", entry.as_deref());
+                    return;
+                }
+                StreamEnd::Overflow { message, entry, .. } if compactions == MAX_OVERFLOW_COMPACTIONS => {
+                    let message = format!(
+                        "{message} (the context overflowed again after {compactions} compactions in this turn; \
+                         send another message to go on)"
+                    );
+                    self.fail(&message, "context_length", entry.as_deref());
+                    return;
+                }
+                StreamEnd::Overflow { message, entry, may_recover: true } => {
+                    // Pi's recovery: compact, rebuild the context (the error row is left out of it)
+                    // and go on from where the run stopped.
+                    may_recover = false;
+                    compactions += 1;
                     let reason = pincer_compaction::CompactionReason::Overflow;
                     match crate::compact::run(&self.gw, &self.session, reason, None, self.run.cancel.clone()).await {
                         Ok(_) => match self.gw.context(&self.session).await {
@@ -1103,8 +1126,9 @@ impl Turn {
     }
 
     /// Relays the run's events: throttled deltas, persisted rows, the final, errors, aborts. A
-    /// context-length error is handed back (not announced) when the caller may still recover.
-    async fn stream(&self, mut rx: tokio::sync::mpsc::Receiver<RunEvent>, may_recover: bool) -> StreamEnd {
+    /// context-length error is handed back (not announced), saying whether the caller may still
+    /// recover: `may_recover`, or a complete reply was written in this run since.
+    async fn stream(&self, mut rx: tokio::sync::mpsc::Receiver<RunEvent>, mut may_recover: bool) -> StreamEnd {
         let mut text = String::new();
         let mut thinking = String::new();
         let mut pending = String::new();
@@ -1162,6 +1186,7 @@ impl Turn {
                         // A new assistant message starts from scratch.
                         text.clear();
                         thinking.clear();
+                        may_recover |= entry["message"]["stopReason"] != "error";
                     }
                 }
                 RunEvent::Usage(u) => self.agent_event("usage", u),
@@ -1198,8 +1223,8 @@ impl Turn {
                 }
                 RunEvent::Error { entry, message, kind } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
-                    if may_recover && kind == pincer_agent::ErrorKind::ContextLength {
-                        return StreamEnd::Overflow { message, entry };
+                    if kind == pincer_agent::ErrorKind::ContextLength {
+                        return StreamEnd::Overflow { message, entry, may_recover };
                     }
                     self.fail(&message, kind.as_str(), entry.as_deref());
                     return StreamEnd::Other;
@@ -1269,12 +1294,16 @@ impl Turn {
     }
 }
 
+/// Most compactions for context overflows in one turn.
+const MAX_OVERFLOW_COMPACTIONS: usize = 4;
+
 /// How a streamed run ended.
 enum StreamEnd {
     /// Final sent; the last assistant message's usage.
     Finished { usage: Option<Value> },
-    /// The provider said the context is too long (not announced yet).
-    Overflow { message: String, entry: Option<Arc<Value>> },
+    /// The provider said the context is too long (not announced yet); whether compacting may
+    /// still help.
+    Overflow { message: String, entry: Option<Arc<Value>>, may_recover: bool },
     /// Error or abort, already announced.
     Other,
 }
