@@ -318,7 +318,7 @@ pub async fn start_turn(
 pub fn session_system_prompt(gw: &Gateway, session: &SessionRef) -> Option<String> {
     match session.entry.get(SYSTEM_PROMPT_FIELD) {
         Some(Value::String(p)) => Some(p.clone()),
-        _ => gw.settings.system_prompt.clone(),
+        _ => gw.settings.agents.get(&session.agent_id).system_prompt.clone(),
     }
 }
 
@@ -931,7 +931,7 @@ impl Turn {
     /// The system prompt of this turn's run: the one it sets, else the session's, else the configured one.
     fn system_prompt(&self) -> Option<String> {
         match self.graft.as_ref().and_then(|g| g.system_prompt.as_ref()) {
-            Some(p) => p.clone().or_else(|| self.gw.settings.system_prompt.clone()),
+            Some(p) => p.clone().or_else(|| self.gw.settings.agents.get(&self.session.agent_id).system_prompt.clone()),
             None => session_system_prompt(&self.gw, &self.session),
         }
     }
@@ -976,7 +976,7 @@ impl Turn {
                 model: model.clone(),
                 system_prompt: self.system_prompt(),
                 messages: messages.clone(),
-                tools: self.gw.tools.clone(),
+                tools: self.gw.tools(&self.session.agent_id),
                 sink: Arc::new(StoreSink { gw: self.gw.clone(), session: self.session.clone() }),
                 cancel: self.run.cancel.clone(),
                 max_turns: self.gw.settings.max_turns,
@@ -1107,7 +1107,7 @@ impl Turn {
         if let Some(m) = &self.model {
             return m.clone();
         }
-        self.session.model().unwrap_or_else(|| self.gw.settings.model.clone())
+        self.gw.session_model(&self.session)
     }
 
     fn fail(&self, message: &str, kind: &str, entry: Option<&Value>) {
@@ -1530,7 +1530,10 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     );
     info["hasActiveRun"] = json!(!active.is_empty());
     info["activeRunIds"] = json!(active);
-    let session_model = session.as_ref().and_then(SessionRef::model).unwrap_or_else(|| gw.settings.model.clone());
+    let session_model = match &session {
+        Some(s) => gw.session_model(s),
+        None => gw.settings.agents.get(agent.as_str()).model.clone(),
+    };
     let (provider, model) = session_model.split_once('/').unwrap_or(("pincer", "echo"));
     info["modelProvider"] = json!(provider);
     info["model"] = json!(model);
@@ -1546,7 +1549,7 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
         "hasOlder": has_older,
         "totalMessages": total,
         "defaults": {"modelProvider": provider, "model": model,
-            "contextTokens": gw.settings.providers.resolve(&gw.settings.model).ok().and_then(|m| m.model.context_window)},
+            "contextTokens": gw.settings.providers.resolve(&session_model).ok().and_then(|m| m.model.context_window)},
         "sessionInfo": info,
     }))
 }

@@ -20,7 +20,7 @@ fn event(gw: &Gateway, session: &SessionRef, data: Value) {
 
 /// The model a session's compaction uses.
 fn model_spec(gw: &Gateway, session: &SessionRef) -> String {
-    gw.settings.compaction.model.clone().unwrap_or_else(|| session.model().unwrap_or_else(|| gw.settings.model.clone()))
+    gw.settings.compaction.model.clone().unwrap_or_else(|| gw.session_model(session))
 }
 
 /// Compacts one session now. The caller holds the session's queue slot.

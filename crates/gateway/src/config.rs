@@ -1,6 +1,7 @@
 //! Gateway configuration: `<state>/pincer.toml` (or `--config`), overridden by the environment, turned
 //! into a validated [`Settings`] value. Secrets (the gateway token, API keys) never reach the logs.
 
+use crate::sessions::AgentId;
 use pincer_agent::{Api, ProviderConfig, Providers};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -165,10 +166,26 @@ pub struct ModelsSection {
     pub providers: BTreeMap<String, ProviderConfig>,
 }
 
+/// `[agents]`: the defaults every agent starts from, and agents of their own.
 #[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default)]
 pub struct AgentsSection {
     pub defaults: AgentDefaults,
+    /// `[agents.<id>]`: an agent with its own model, prompt, workspace or tools over the defaults.
+    #[serde(flatten)]
+    pub each: BTreeMap<String, AgentSection>,
+}
+
+/// `[agents.<id>]`: what this agent sets differently from `[agents.defaults]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentSection {
+    pub model: Option<String>,
+    pub system_prompt: Option<String>,
+    /// Default: `<state>/workspace/<id>`.
+    pub workspace: Option<PathBuf>,
+    /// Keys set here replace the same keys of `[agents.defaults.tools]`.
+    pub tools: ToolsConfig,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -176,7 +193,7 @@ pub struct AgentsSection {
 pub struct AgentDefaults {
     pub model: Option<String>,
     pub system_prompt: Option<String>,
-    /// The directory the file tools work in (default: `<state>/workspace`).
+    /// The directory the file tools work in (default: `<state>/workspace/<agent id>`).
     pub workspace: Option<PathBuf>,
     /// `[agents.defaults.tools]`: which tools the agent has.
     pub tools: ToolsConfig,
@@ -190,18 +207,32 @@ pub struct AgentDefaults {
 
 /// `[agents.defaults.tools]`: a profile (`minimal`, `coding` — the default —, `full`), plus `allow`,
 /// minus `deny` ([`pincer_agent::ToolPolicy`]).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ToolsConfig {
     pub profile: Option<String>,
-    pub allow: Vec<String>,
-    pub deny: Vec<String>,
+    pub allow: Option<Vec<String>>,
+    pub deny: Option<Vec<String>>,
     /// `bash`'s sandbox: `"bwrap"` (the default) or `"off"`.
     pub sandbox: Option<SandboxName>,
     /// `bash` keeps the network (default false).
     pub network: Option<bool>,
     /// Seconds a `bash` call may run when it gives no timeout (default 600).
     pub timeout: Option<u64>,
+}
+
+impl ToolsConfig {
+    /// These keys, each falling back to `base`'s when not set here.
+    fn over(&self, base: &ToolsConfig) -> ToolsConfig {
+        ToolsConfig {
+            profile: self.profile.clone().or_else(|| base.profile.clone()),
+            allow: self.allow.clone().or_else(|| base.allow.clone()),
+            deny: self.deny.clone().or_else(|| base.deny.clone()),
+            sandbox: self.sandbox.or(base.sandbox),
+            network: self.network.or(base.network),
+            timeout: self.timeout.or(base.timeout),
+        }
+    }
 }
 
 /// `[agents.defaults.tools] sandbox`.
@@ -254,12 +285,8 @@ pub struct Settings {
     pub providers: Providers,
     pub model: String,
     pub model_is_fallback: bool,
-    pub system_prompt: Option<String>,
-    pub workspace: PathBuf,
-    /// The tools the agent has (`[agents.defaults.tools]`).
-    pub tools: pincer_agent::ToolPolicy,
-    /// `bash`'s settings (sandbox, network, timeout), checked at startup when `bash` is enabled.
-    pub bash: std::sync::Arc<pincer_agent::tools::bash::BashConfig>,
+    /// Each agent's model, prompt, workspace and tools.
+    pub agents: Agents,
     pub max_turns: usize,
     pub compaction: pincer_compaction::CompactionSettings,
     pub redact: bool,
@@ -279,6 +306,64 @@ pub struct Settings {
     pub openai_api: Option<OpenAiApi>,
     /// `[store]`.
     pub store: StoreSettings,
+}
+
+/// One agent's settings: `[agents.defaults]`, with its own `[agents.<id>]` over them.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub id: AgentId,
+    /// `provider/model` of the agent's sessions that choose none.
+    pub model: String,
+    pub system_prompt: Option<String>,
+    /// The directory its file tools and `bash` work in.
+    pub workspace: PathBuf,
+    /// The tools it has.
+    pub tools: pincer_agent::ToolPolicy,
+    /// `bash`'s settings (sandbox, network, timeout), checked at startup when `bash` is enabled.
+    pub bash: std::sync::Arc<pincer_agent::tools::bash::BashConfig>,
+}
+
+/// Every agent's settings: `main` and the configured ones, resolved at startup; an agent known only
+/// from its sessions on disk (imported from OpenClaw) gets the defaults over its own workspace.
+#[derive(Debug, Clone)]
+pub struct Agents {
+    resolved: BTreeMap<AgentId, std::sync::Arc<AgentSettings>>,
+    /// `[agents.defaults]` as `main` has them when it is not configured itself.
+    defaults: std::sync::Arc<AgentSettings>,
+    /// `[agents.defaults] workspace` was set: every unconfigured agent works there.
+    shared_workspace: bool,
+    state_dir: PathBuf,
+}
+
+impl Agents {
+    /// The settings of agent `id` (a session's `agent_id`, checked when its key was read).
+    pub fn get(&self, id: &str) -> std::sync::Arc<AgentSettings> {
+        if let Some(a) = self.resolved.get(id) {
+            return a.clone();
+        }
+        let Ok(id) = AgentId::parse(id) else { return self.defaults.clone() };
+        let mut a = (*self.defaults).clone();
+        a.id = id;
+        if !self.shared_workspace {
+            a.workspace = default_workspace(&self.state_dir, &a.id);
+        }
+        std::sync::Arc::new(a)
+    }
+
+    /// `main` and the configured agents, by id.
+    pub fn configured(&self) -> impl Iterator<Item = &std::sync::Arc<AgentSettings>> {
+        self.resolved.values()
+    }
+
+    /// Whether `id` is `main` or configured.
+    pub fn is_configured(&self, id: &str) -> bool {
+        self.resolved.contains_key(id)
+    }
+}
+
+/// `<state>/workspace/<id>`.
+fn default_workspace(state_dir: &Path, id: &AgentId) -> PathBuf {
+    state_dir.join("workspace").join(id.as_str())
 }
 
 /// The enabled OpenAI-compatible endpoint.
@@ -403,26 +488,62 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             return Err("hooks.before_agent_run.command is empty".into());
         }
     }
-    let t = &file.agents.defaults.tools;
-    let tools = pincer_agent::ToolPolicy::new(t.profile.as_deref(), &t.allow, &t.deny)
-        .map_err(|e| format!("{}: [agents.defaults.tools]: {e}", config_path.display()))?;
-    let bash = std::sync::Arc::new(pincer_agent::tools::bash::BashConfig {
-        sandbox: match t.sandbox {
-            Some(SandboxName::Off) => pincer_agent::tools::bash::Sandbox::Off,
-            // Found (and checked to work) when the gateway starts with `bash` enabled.
-            Some(SandboxName::Bwrap) | None => pincer_agent::tools::bash::Sandbox::Bwrap(PathBuf::from("bwrap")),
-        },
-        network: t.network.unwrap_or(false),
-        default_timeout: t
-            .timeout
-            .map_or(pincer_agent::tools::bash::DEFAULT_TIMEOUT, |s| std::time::Duration::from_secs(s.max(1))),
-        hidden: vec![state_dir.clone(), config_path.clone()],
-        output_dir: std::env::temp_dir().join(format!("pincer-bash-{}", uuid::Uuid::new_v4().simple())),
-    });
+    let bash_output = std::env::temp_dir().join(format!("pincer-bash-{}", uuid::Uuid::new_v4().simple()));
+    let agent = |id: AgentId, own: Option<&AgentSection>| -> Result<AgentSettings, String> {
+        let d = &file.agents.defaults;
+        let section = format!("[agents.{}]", if own.is_some() { id.as_str() } else { "defaults" });
+        let t = own.map_or_else(|| d.tools.clone(), |a| a.tools.over(&d.tools));
+        let none = Vec::new();
+        let tools = pincer_agent::ToolPolicy::new(
+            t.profile.as_deref(),
+            t.allow.as_ref().unwrap_or(&none),
+            t.deny.as_ref().unwrap_or(&none),
+        )
+        .map_err(|e| format!("{}: {}.tools]: {e}", config_path.display(), section.trim_end_matches(']')))?;
+        let model = match own.and_then(|a| a.model.clone()) {
+            Some(m) => {
+                if !o.skip_providers {
+                    providers.resolve(&m).map_err(|e| format!("{section} {e}"))?;
+                }
+                m
+            }
+            None => model.clone(),
+        };
+        let bash = std::sync::Arc::new(pincer_agent::tools::bash::BashConfig {
+            sandbox: match t.sandbox {
+                Some(SandboxName::Off) => pincer_agent::tools::bash::Sandbox::Off,
+                // Found (and checked to work) when the gateway starts with `bash` enabled.
+                Some(SandboxName::Bwrap) | None => pincer_agent::tools::bash::Sandbox::Bwrap(PathBuf::from("bwrap")),
+            },
+            network: t.network.unwrap_or(false),
+            default_timeout: t
+                .timeout
+                .map_or(pincer_agent::tools::bash::DEFAULT_TIMEOUT, |s| std::time::Duration::from_secs(s.max(1))),
+            hidden: vec![state_dir.clone(), config_path.clone()],
+            output_dir: bash_output.join(id.as_str()),
+        });
+        let workspace = own
+            .and_then(|a| a.workspace.clone())
+            .or_else(|| d.workspace.clone())
+            .unwrap_or_else(|| default_workspace(&state_dir, &id));
+        let system_prompt = own.and_then(|a| a.system_prompt.clone()).or_else(|| d.system_prompt.clone());
+        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash })
+    };
+    let defaults = std::sync::Arc::new(agent(AgentId::main(), None)?);
+    let mut resolved = BTreeMap::new();
+    resolved.insert(AgentId::main(), defaults.clone());
+    for (id, own) in &file.agents.each {
+        let id = AgentId::parse(id).map_err(|e| format!("{}: [agents.{id}]: {}", config_path.display(), e.message))?;
+        resolved.insert(id.clone(), std::sync::Arc::new(agent(id, Some(own))?));
+    }
+    let agents = Agents {
+        resolved,
+        defaults,
+        shared_workspace: file.agents.defaults.workspace.is_some(),
+        state_dir: state_dir.clone(),
+    };
     Ok(Settings {
-        bash,
-        workspace: file.agents.defaults.workspace.clone().unwrap_or_else(|| state_dir.join("workspace")),
-        tools,
+        agents,
         state_dir,
         bind,
         auth,
@@ -430,7 +551,6 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         providers,
         model,
         model_is_fallback,
-        system_prompt: file.agents.defaults.system_prompt,
         max_turns: file.agents.defaults.max_turns.unwrap_or(8).max(1),
         compaction,
         redact,

@@ -159,8 +159,18 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             Ok(json!({"subscribed": false, "key": key}))
         }
         // The Control UI gates sending on the agent's `model.primary` ("No AI provider configured").
-        Method::AgentsList => Ok(json!({"defaultId": "main", "mainKey": "main", "scope": "per-sender",
-            "agents": [{"id": "main", "name": "Main", "model": {"primary": gw.settings.model}}]})),
+        Method::AgentsList => {
+            let agents: Vec<Value> = gw
+                .settings
+                .agents
+                .configured()
+                .map(|a| {
+                    let name = if a.id == *"main" { "Main".to_owned() } else { a.id.to_string() };
+                    json!({"id": a.id, "name": name, "model": {"primary": a.model}})
+                })
+                .collect();
+            Ok(json!({"defaultId": "main", "mainKey": "main", "scope": "per-sender", "agents": agents}))
+        }
         Method::AgentIdentityGet => Ok(json!({"agentId": "main", "name": "Pincer", "avatarStatus": "none"})),
         // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
         Method::ModelsList => Ok(json!({"models": crate::status::models(gw), "default": gw.settings.model})),
@@ -170,7 +180,10 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             "configFile": gw.settings.state_dir.join("pincer.toml").display().to_string(),
             "tokenSource": gw.settings.token_source, "model": gw.settings.model,
             "modelIsFallback": gw.settings.model_is_fallback,
-            "tools": gw.tools.names(), "workspace": gw.settings.workspace.display().to_string(),
+            "tools": gw.tools("main").names(),
+            "workspace": gw.settings.agents.get("main").workspace.display().to_string(),
+            "agents": gw.settings.agents.configured().map(|a| json!({"id": a.id, "model": a.model,
+                "workspace": a.workspace.display().to_string(), "tools": a.tools.tools})).collect::<Vec<_>>(),
             "limits": {"attachmentBytes": chat::MAX_ATTACHMENT_BYTES, "attachmentsBytes": chat::MAX_ATTACHMENTS_BYTES}})),
         Method::ToolsEffective => tools_effective(gw, method, params),
         Method::Connect => Err(RpcError::invalid("already connected")),
@@ -184,16 +197,22 @@ fn tools_effective(gw: &Arc<Gateway>, method: Method, params: &Value) -> Result<
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct EffectiveParams {
-        agent_id: Option<String>,
-        #[allow(dead_code)] // any session of the one agent has the same tools
+        agent_id: Option<crate::sessions::AgentId>,
+        /// Its agent's tools, when no `agentId` is given.
         session_key: Option<String>,
     }
     let p: EffectiveParams = crate::protocol::params(method, params)?;
-    if let Some(id) = p.agent_id.filter(|id| id != "main") {
-        return Err(RpcError::invalid(format!("unknown agent id \"{id}\"")));
+    let agent = match (p.agent_id, p.session_key) {
+        (Some(id), _) => id,
+        (None, Some(key)) => crate::sessions::canonical_key(&key)?.1,
+        (None, None) => crate::sessions::AgentId::main(),
+    };
+    if !gw.sessions.known_agent(&agent) {
+        return Err(RpcError::invalid(format!("unknown agent id {:?}", agent.as_str())));
     }
+    let settings = gw.settings.agents.get(agent.as_str());
     let mut tools: Vec<Value> = gw
-        .tools
+        .tools(agent.as_str())
         .specs()
         .iter()
         .map(|t| {
@@ -208,7 +227,7 @@ fn tools_effective(gw: &Arc<Gateway>, method: Method, params: &Value) -> Result<
         })
         .collect();
     tools.sort_by(|a, b| a["label"].as_str().cmp(&b["label"].as_str()));
-    Ok(json!({"agentId": "main", "profile": gw.settings.tools.profile,
+    Ok(json!({"agentId": agent, "profile": settings.tools.profile,
         "groups": [{"id": "core", "label": "Built-in tools", "source": "core", "tools": tools}]}))
 }
 
@@ -449,7 +468,7 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     }
     let s = gw.sessions.patch(key, &fields)?;
     changed(gw, &s.key, "patch");
-    let model = s.model().unwrap_or_else(|| gw.settings.model.clone());
+    let model = gw.session_model(&s);
     let (provider, model_id) = model.split_once('/').unwrap_or(("", model.as_str()));
     Ok(json!({"ok": true, "path": s.path.display().to_string(), "key": s.key, "entry": s.row(),
         "resolved": {"modelProvider": provider, "model": model_id}}))

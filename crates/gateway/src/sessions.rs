@@ -121,7 +121,7 @@ pub fn entry_model(entry: &Map<String, Value>) -> Option<String> {
 
 /// An agent id, checked: `[a-z0-9][a-z0-9_-]{0,63}`. Every path of an agent's files is built from
 /// one ([`Sessions::sessions_dir`]), so no client-given `agentId` can name `..` or an absolute path.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct AgentId(String);
 
@@ -135,6 +135,12 @@ impl TryFrom<String> for AgentId {
 impl From<AgentId> for String {
     fn from(a: AgentId) -> String {
         a.0
+    }
+}
+
+impl std::borrow::Borrow<str> for AgentId {
+    fn borrow(&self) -> &str {
+        &self.0
     }
 }
 
@@ -272,6 +278,8 @@ pub struct Sessions {
     agents: Mutex<HashMap<AgentId, AgentIndex>>,
     /// How many transcripts this process moved aside (resets, deletes); see [`Sessions::moved`].
     moved: AtomicU64,
+    /// Agents the config names.
+    configured: Vec<AgentId>,
 }
 
 fn read_index(store: &dyn Transcripts, path: &Path) -> Result<(Map<String, Value>, Option<IndexStamp>), RpcError> {
@@ -297,12 +305,22 @@ impl Sessions {
             store,
             agents: Mutex::new(HashMap::new()),
             moved: AtomicU64::new(0),
+            configured: Vec::new(),
         }
     }
 
-    /// An agent with sessions here: the default agent, or one whose index exists on disk.
+    /// The same, also serving the agents the config names (`[agents.<id>]`) before they have sessions.
+    pub fn with_agents(mut self, ids: impl IntoIterator<Item = AgentId>) -> Sessions {
+        self.configured = ids.into_iter().collect();
+        self
+    }
+
+    /// An agent with sessions here: the default agent, a configured one, or one whose index exists
+    /// on disk.
     pub fn known_agent(&self, agent: &AgentId) -> bool {
-        agent.0 == DEFAULT_AGENT || self.store.index_stamp(&self.sessions_dir(agent).join("sessions.json")).is_some()
+        agent.0 == DEFAULT_AGENT
+            || self.configured.contains(agent)
+            || self.store.index_stamp(&self.sessions_dir(agent).join("sessions.json")).is_some()
     }
 
     /// `<state>/agents/<agent>/sessions`.

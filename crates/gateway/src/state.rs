@@ -223,7 +223,8 @@ pub struct Gateway {
     pub sessions: Sessions,
     pub hub: Arc<Hub>,
     pub queue: SessionQueue,
-    pub tools: Arc<ToolRegistry>,
+    /// The tools of `main` and of each configured agent ([`Gateway::tools`]).
+    tools: std::collections::BTreeMap<crate::sessions::AgentId, Arc<ToolRegistry>>,
     pub redactor: Arc<dyn Redactor>,
     /// Where stateless clients' histories end in the session trees (the OpenAI endpoint).
     pub conversations: Arc<crate::openai::index::ConversationIndex>,
@@ -385,39 +386,62 @@ fn open_store(settings: &Settings, redactor: &Arc<dyn Redactor>) -> Result<Opene
     }
 }
 
-/// `bash`'s settings with bubblewrap found and checked to work over the workspace, when `bash` is
-/// enabled: a sandbox that cannot run stops the startup, unless `sandbox = "off"` (a warning).
-fn bash_settings(settings: &Settings) -> Result<Arc<pincer_agent::tools::bash::BashConfig>, GatewayError> {
+/// Agent `a`'s tools, with `bash`'s sandbox found and checked to work over its workspace when
+/// `bash` is enabled: a sandbox that cannot run stops the startup, unless `sandbox = "off"` (a
+/// warning).
+fn agent_tools(a: &crate::config::AgentSettings) -> Result<Arc<ToolRegistry>, GatewayError> {
     use pincer_agent::tools::bash::{BashConfig, Sandbox};
-    if !settings.tools.tools.iter().any(|t| t == "bash") {
-        return Ok(settings.bash.clone());
+    let registry =
+        |bash: &Arc<BashConfig>| Ok(Arc::new(ToolRegistry::from_policy(&a.tools, a.workspace.clone(), bash)));
+    if !a.tools.tools.iter().any(|t| t == "bash") {
+        return registry(&a.bash);
     }
-    let mut bash = (*settings.bash).clone();
+    let mut bash = (*a.bash).clone();
     if bash.sandbox == Sandbox::Off {
-        tracing::warn!(
-            "[agents.defaults.tools] sandbox = \"off\": bash commands run unconfined, as the gateway's user"
-        );
-        return Ok(Arc::new(bash));
+        tracing::warn!("agent {}: sandbox = \"off\": bash commands run unconfined, as the gateway's user", a.id);
+        return registry(&Arc::new(bash));
     }
     let fail = |e: String| {
         GatewayError::Config(format!(
-            "the bash tool needs its sandbox: {e} (or deny the tool: [agents.defaults.tools] deny = [\"bash\"], or run it unconfined: sandbox = \"off\")"
+            "agent {}: the bash tool needs its sandbox: {e} (or deny the tool: [agents.defaults.tools] deny = [\"bash\"], or run it unconfined: sandbox = \"off\")",
+            a.id
         ))
     };
     bash.sandbox = Sandbox::Bwrap(BashConfig::find_bwrap().map_err(fail)?);
-    bash.probe(&settings.workspace).map_err(fail)?;
-    tracing::info!("bash: sandboxed by bubblewrap (network {})", if bash.network { "on" } else { "off" });
-    Ok(Arc::new(bash))
+    bash.probe(&a.workspace).map_err(fail)?;
+    tracing::info!(
+        "agent {}: bash sandboxed by bubblewrap (network {})",
+        a.id,
+        if bash.network { "on" } else { "off" }
+    );
+    registry(&Arc::new(bash))
 }
 
 impl Gateway {
+    /// Agent `agent`'s tools; an agent known only from its sessions on disk gets the defaults'
+    /// tools over its own workspace.
+    pub fn tools(&self, agent: &str) -> Arc<ToolRegistry> {
+        self.tools.get(agent).cloned().unwrap_or_else(|| {
+            let a = self.settings.agents.get(agent);
+            Arc::new(ToolRegistry::from_policy(&a.tools, a.workspace.clone(), &a.bash))
+        })
+    }
+
+    /// A session's model: the one it chose, else its agent's.
+    pub fn session_model(&self, s: &SessionRef) -> String {
+        s.model().unwrap_or_else(|| self.settings.agents.get(&s.agent_id).model.clone())
+    }
+
     pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
         crate::logs::set_redactor(redactor.clone());
         let (store, pg, indexer) = open_store(&settings, &redactor)?;
         let conversations = Arc::new(crate::openai::index::ConversationIndex::new(store.clone()));
-        let bash = bash_settings(&settings)?;
-        let tools = Arc::new(ToolRegistry::from_policy(&settings.tools, settings.workspace.clone(), &bash));
+        let tools = settings
+            .agents
+            .configured()
+            .map(|a| Ok((a.id.clone(), agent_tools(a)?)))
+            .collect::<Result<_, GatewayError>>()?;
         let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {
             Ok(r) => Some(r),
@@ -427,7 +451,8 @@ impl Gateway {
             }
         });
         Ok(Gateway {
-            sessions: Sessions::new(&settings.state_dir, store.clone()),
+            sessions: Sessions::new(&settings.state_dir, store.clone())
+                .with_agents(settings.agents.configured().map(|a| a.id.clone())),
             settings,
             store,
             hub: Arc::new(Hub::default()),

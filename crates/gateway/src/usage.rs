@@ -121,7 +121,7 @@ fn scan(bytes: &[u8]) -> Usage {
 
 /// The token fields of a session row: the last turn's usage and the context against the window.
 pub fn row_fields(gw: &Gateway, s: &SessionRef, u: &Usage) -> Value {
-    let model = s.model().unwrap_or_else(|| gw.settings.model.clone());
+    let model = gw.session_model(s);
     let window = gw.settings.providers.resolve(&model).ok().and_then(|m| m.model.context_window);
     let last = u.last.as_ref();
     let n = |k: &str| last.and_then(|l| l.get(k)).and_then(Value::as_u64);

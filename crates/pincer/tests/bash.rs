@@ -203,7 +203,7 @@ async fn bash_cannot_leave_its_sandbox() {
     assert!(result_text(by_id("w2")).contains("Read-only file system"), "{}", by_id("w2"));
     // The workspace (the default, inside the state directory) is writable; nothing else of the state is there.
     assert_eq!((result_text(by_id("w3")), &by_id("w3")["isError"]), ("kept\n", &json!(false)));
-    assert_eq!(std::fs::read_to_string(state.join("workspace/sub/in.txt")).unwrap(), "kept\n");
+    assert_eq!(std::fs::read_to_string(state.join("workspace/main/sub/in.txt")).unwrap(), "kept\n");
     assert!(result_text(by_id("r1")).contains("No such file or directory"), "{}", by_id("r1"));
     assert!(result_text(by_id("r2")).contains("No such file or directory"), "{}", by_id("r2"));
     assert_eq!(result_text(by_id("r3")), "token=[]\n", "the gateway's environment is not passed");

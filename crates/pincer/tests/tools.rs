@@ -280,3 +280,96 @@ fn a_tool_the_config_names_but_pincer_lacks_stops_the_startup() {
         assert!(stderr.contains(want) && stderr.contains("[agents.defaults.tools]"), "{tools}: {stderr}");
     }
 }
+
+/// `[agents.<id>]`: an agent with its own model, system prompt, workspace and tools over
+/// `[agents.defaults]`. Its sessions (`agent:<id>:…`) run with them; its files land in its own
+/// workspace (`<state>/workspace/<id>` by default), which another agent's tools cannot reach; the
+/// clients see each agent's tools (`tools.effective`, `agents.list`, `pincer.info`); a bad agent
+/// section stops the startup, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_configured_agent_has_its_own_model_prompt_workspace_and_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    let cfg = format!(
+        "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
+         [agents.defaults]\nmodel = \"fake/general\"\nsystem_prompt = \"You are general.\"\n\
+         [agents.defaults.tools]\nprofile = \"minimal\"\n\
+         [agents.coder]\nmodel = \"fake/coder-model\"\nsystem_prompt = \"You are coder.\"\n\
+         [agents.coder.tools]\nallow = [\"write\"]\n",
+        fake.base_url()
+    );
+    fake.push(Reply::stream(script(
+        f,
+        &turn(vec![call("w1", "write", json!({"path": "note.txt", "content": "from coder"}))], (5, 5, 0)),
+    )));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["Saved."])], (5, 5, 0)))));
+    fake.push(Reply::stream(script(f, &turn(vec![call("r1", "read", json!({"path": "note.txt"}))], (5, 5, 0)))));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["Not here."])], (5, 5, 0)))));
+    let state = dir.path().join("state");
+    let gw = tokio::task::spawn_blocking({
+        let (state, cfg) = (state.clone(), cfg.clone());
+        move || GatewayProcess::start(BIN, &state, &cfg)
+    })
+    .await
+    .unwrap();
+    let mut c = Client::connect(&gw.addr).await;
+    let agents = c.request("agents.list", json!({})).await.unwrap();
+    assert_eq!(
+        agents["agents"],
+        json!([{"id": "coder", "name": "coder", "model": {"primary": "fake/coder-model"}},
+            {"id": "main", "name": "Main", "model": {"primary": "fake/general"}}])
+    );
+    let coder = c.request("tools.effective", json!({"agentId": "coder"})).await.unwrap();
+    let ids: Vec<&str> =
+        coder["groups"][0]["tools"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!((&coder["agentId"], ids), (&json!("coder"), vec!["find", "grep", "ls", "read", "write"]));
+    let by_session = c.request("tools.effective", json!({"sessionKey": "agent:coder:main"})).await.unwrap();
+    assert_eq!(by_session["agentId"], "coder");
+    let info = c.request("pincer.info", json!({})).await.unwrap();
+    assert_eq!(info["tools"], json!(["find", "grep", "ls", "read"]), "main: the defaults' minimal profile");
+    let ws = |id: &str| state.join("workspace").join(id);
+    assert_eq!(info["workspace"], ws("main").display().to_string());
+    assert_eq!(info["agents"][0]["workspace"], ws("coder").display().to_string());
+
+    c.request("chat.send", json!({"sessionKey": "agent:coder:main", "message": "save it", "idempotencyKey": "c1"}))
+        .await
+        .unwrap();
+    assert_eq!(c.chat_end("c1").await["payload"]["state"], "final");
+    assert_eq!(std::fs::read_to_string(ws("coder").join("note.txt")).unwrap(), "from coder");
+    let first = &fake.bodies()[0];
+    assert_eq!(first["model"], "coder-model");
+    assert_eq!(first["messages"][0], json!({"role": "system", "content": "You are coder."}));
+    assert_eq!(offered(&fake), ["find", "grep", "ls", "read", "write"]);
+
+    c.request("chat.send", json!({"sessionKey": "main", "message": "read it", "idempotencyKey": "m1"})).await.unwrap();
+    assert_eq!(c.chat_end("m1").await["payload"]["state"], "final");
+    let main_call = &fake.bodies()[2];
+    assert_eq!(main_call["model"], "general");
+    assert_eq!(main_call["messages"][0], json!({"role": "system", "content": "You are general."}));
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let read = &tool_results(&file)[0];
+    assert_eq!(read["isError"], true, "main's workspace has no note.txt: {read}");
+    assert!(!ws("main").join("note.txt").exists());
+    let coder_file = pincer_testkit::probe::transcript_path(&state, "agent:coder:main").unwrap();
+    assert!(coder_file.starts_with(state.join("agents/coder/sessions")), "{}", coder_file.display());
+
+    // An agent id that is not one, or a bad tool in an agent's table, stops the startup naming it.
+    drop(c);
+    drop(gw);
+    for (section, want) in [
+        ("[agents.Coder]\nmodel = \"fake/x\"\n", "[agents.Coder]: agentId \"Coder\" is not an agent id"),
+        ("[agents.ops.tools]\nallow = [\"rm\"]\n", "[agents.ops.tools]: unknown tool \"rm\""),
+        ("[agents.ops]\nmodle = \"fake/x\"\n", "unknown field `modle`"),
+    ] {
+        std::fs::write(state.join("pincer.toml"), format!("{cfg}{section}")).unwrap();
+        let out = std::process::Command::new(BIN)
+            .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
+            .arg(&state)
+            .env("PINCER_GATEWAY_TOKEN", "test-token")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(want), "{section}: {stderr}");
+    }
+}

@@ -130,6 +130,10 @@ impl BashConfig {
             "--tmpfs".as_ref(),
             "/tmp".as_ref(),
         ]);
+        // The full outputs, read-only where `details.fullOutputPath` and Pi's note say they are, so a
+        // later command can page through one (bound once the first one was saved).
+        let out = self.output_dir.as_os_str();
+        push(&["--ro-bind-try".as_ref(), out, out]);
         let mask = |a: &mut Vec<OsString>, h: &Path| {
             if h.is_dir() {
                 a.extend(["--tmpfs".into(), h.as_os_str().to_owned()]);
@@ -150,13 +154,15 @@ impl BashConfig {
         Ok(a)
     }
 
-    /// The private directory of full outputs, created 0700 if missing.
+    /// The private directory of full outputs, created 0700 (with its parents) if missing.
     async fn output_dir(&self) -> Result<PathBuf, ToolError> {
         use std::os::unix::fs::DirBuilderExt;
         let dir = self.output_dir.clone();
-        let made = tokio::task::spawn_blocking(move || match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
-            _ => Ok(dir),
+        let made = tokio::task::spawn_blocking(move || {
+            match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+                _ => Ok(dir),
+            }
         })
         .await
         .map_err(|e| ToolError::failed(e.to_string()))?;
@@ -541,7 +547,7 @@ mod tests {
             network: false,
             default_timeout: DEFAULT_TIMEOUT,
             hidden,
-            output_dir: out.join("outputs"),
+            output_dir: out.join("outputs/agent"),
         };
         config.probe(ws).unwrap();
         BashTool { workspace: Workspace::new(ws), config: Arc::new(config) }
@@ -573,6 +579,18 @@ mod tests {
             bash(&t, json!({"command": "echo started; sleep 30", "timeout": 0.5})).await,
             Err("started\n\n\nCommand timed out after 0.5 seconds".into())
         );
+        // A full output can be read back from the sandbox, where Pi's note says it is.
+        let big = bash(&t, json!({"command": "seq 1 3000"})).await.unwrap();
+        let path = big.rsplit_once("Full output: ").unwrap().1.trim_end_matches(']').to_owned();
+        assert!(path.starts_with(&dir.path().join("outputs/agent").display().to_string()), "{path}");
+        assert_eq!(
+            bash(&t, json!({"command": format!("wc -l < {path}; head -n 2 {path}")})).await,
+            Ok("3000\n1\n2\n".into())
+        );
+        assert!(bash(&t, json!({"command": format!("echo x >> {path}")}))
+            .await
+            .unwrap_err()
+            .contains("Read-only file system"));
         // The workspace being the state directory itself is refused.
         let same = BashConfig { hidden: vec![ws.clone()], ..(*t.config).clone() };
         assert!(same.probe(&ws).unwrap_err().contains("is the state directory"));
