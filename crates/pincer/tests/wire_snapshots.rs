@@ -12,6 +12,7 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
+use futures::StreamExt;
 use pincer_testkit::fake_openai::{is_summarization, last_user_text, summary};
 use pincer_testkit::fake_provider::{
     script, split_after_first_text, text, tool_call, turn, FakeProvider, Format, Recorded, Reply, Step,
@@ -21,6 +22,7 @@ use pincer_testkit::redact::Redactor;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
+use tokio_tungstenite::tungstenite::Message;
 
 const BIN: &str = env!("CARGO_BIN_EXE_pincer");
 const F: Format = Format::OpenaiCompletions;
@@ -162,8 +164,14 @@ async fn every_method_answers_as_before() {
     let refused = Client::connect_with(&s.gw.addr, connect_params("wrong-token")).await.err().unwrap();
     let bad_first =
         pincer_testkit::gateway::first_frame_answer(&s.gw.addr, r#"{"type":"req","id":"x","method":"health"}"#).await;
-    let handshake = json!({"hello": c.hello, "refused": refused, "notConnectFirst": bad_first});
-    insta::assert_snapshot!("connect", pretty(&mut r, &handshake));
+    let (mut raw, _) = tokio_tungstenite::connect_async(format!("ws://{}/", s.gw.addr)).await.unwrap();
+    let challenge = match raw.next().await.unwrap().unwrap() {
+        Message::Text(t) => serde_json::from_str::<Value>(&t).unwrap(),
+        other => panic!("not a text frame: {other:?}"),
+    };
+    drop(raw);
+    let handshake = json!({"challenge": challenge, "hello": c.hello, "refused": refused, "notConnectFirst": bad_first});
+    insta::assert_snapshot!("connect", pretty(&mut s.redactor(), &handshake));
     calls.called.insert("connect".into());
     calls.call(&mut c, "connect", connect_params(TOKEN)).await.ok();
 
