@@ -201,6 +201,11 @@ async fn every_method_answers_as_before() {
     calls.call(&mut c, "chat.metadata", json!({"agentId": 7})).await.ok();
     calls.call(&mut c, "no.such.method", json!({})).await.ok();
     calls.call(&mut c, "health", json!([1])).await.ok();
+    // A connection granted read only may not change state.
+    let mut read_only = connect_params(TOKEN);
+    read_only["scopes"] = json!(["operator.read"]);
+    let mut ro = Client::connect_with(&s.gw.addr, read_only).await.unwrap();
+    calls.call(&mut ro, "sessions.patch", json!({"key": "main", "label": "x"})).await.ok();
     calls.snap("rpc_discovery", &mut r);
 
     // The stubs OpenClaw's Control UI asks for.
