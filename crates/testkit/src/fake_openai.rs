@@ -143,7 +143,8 @@ impl FakeOpenAi {
     }
 }
 
-fn last_user_text(body: &Value) -> String {
+/// The text of the last user message of a chat-completions request body.
+pub fn last_user_text(body: &Value) -> String {
     let Some(m) = body["messages"].as_array().and_then(|m| m.iter().rev().find(|m| m["role"] == "user")) else {
         return String::new();
     };
@@ -231,8 +232,36 @@ fn lean_by_scan(body: &[u8]) -> Option<Value> {
     Some(lean_messages(roles.iter().copied().enumerate(), last_user, content))
 }
 
+/// A compaction's summary for the last user message of Pi's summarization request (`said`): every
+/// section Pi's quality guard requires, quoting the conversation and the previous summary, as a
+/// real model keeps what they say.
+pub fn summary(said: &str) -> String {
+    let between = |open: &str, close: &str| {
+        said.split_once(open)
+            .and_then(|(_, rest)| rest.split_once(close))
+            .map(|(x, _)| x.to_owned())
+            .unwrap_or_default()
+    };
+    let conversation = format!(
+        "{}\n{}",
+        between("<previous-summary>", "</previous-summary>"),
+        between("<conversation>", "</conversation>")
+    );
+    if said.contains("## Original Request") && !said.contains("## Goal") {
+        format!(
+            "## Original Request\n{conversation}\n\n## Early Progress\n- started\n\n## Context for Suffix\n- continue"
+        )
+    } else {
+        format!(
+            "## Goal\nSummary of the conversation.\n\n## Constraints & Preferences\n- none\n\n## Progress\n### Done\n- [x] talked\n\n\
+             ### In Progress\n- [ ] more\n\n### Blocked\n- nothing\n\n## Key Decisions\n- **keep going**: asked to\n\n\
+             ## Next Steps\n1. answer the next message\n\n## Critical Context\n{conversation}"
+        )
+    }
+}
+
 /// Whether the request is a compaction's (Pi's summarization system prompt).
-fn is_summarization(body: &Value) -> bool {
+pub fn is_summarization(body: &Value) -> bool {
     body["messages"].as_array().is_some_and(|m| {
         m.iter().any(|m| {
             matches!(m["role"].as_str(), Some("system" | "developer"))
@@ -281,28 +310,7 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
         steps.push(Step::Send(chunk(call, Value::Null)));
         steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
     } else if is_summarization(body) {
-        // A real model keeps what the conversation and the previous summary say; so does the fake.
-        let between = |open: &str, close: &str| {
-            said.split_once(open)
-                .and_then(|(_, rest)| rest.split_once(close))
-                .map(|(x, _)| x.to_owned())
-                .unwrap_or_default()
-        };
-        let conversation = format!(
-            "{}\n{}",
-            between("<previous-summary>", "</previous-summary>"),
-            between("<conversation>", "</conversation>")
-        );
-        let summary = if said.contains("## Original Request") && !said.contains("## Goal") {
-            format!("## Original Request\n{conversation}\n\n## Early Progress\n- started\n\n## Context for Suffix\n- continue")
-        } else {
-            format!(
-                "## Goal\nSummary of the conversation.\n\n## Constraints & Preferences\n- none\n\n## Progress\n### Done\n- [x] talked\n\n\
-                 ### In Progress\n- [ ] more\n\n### Blocked\n- nothing\n\n## Key Decisions\n- **keep going**: asked to\n\n\
-                 ## Next Steps\n1. answer the next message\n\n## Critical Context\n{conversation}"
-            )
-        };
-        steps.push(Step::Send(chunk(json!({"content": summary}), Value::Null)));
+        steps.push(Step::Send(chunk(json!({"content": summary(said)}), Value::Null)));
         steps.push(Step::Send(chunk(json!({}), json!("stop"))));
     } else if said.contains("[huge]") {
         let piece = "x".repeat(64 * 1024);

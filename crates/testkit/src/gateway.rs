@@ -24,6 +24,8 @@ pub struct StartOptions {
     pub env: Vec<(String, String)>,
     /// Write the config here and pass `--config` (instead of `<state>/pincer.toml`).
     pub config_path: Option<PathBuf>,
+    /// The process's working directory (the test's when `None`); new transcripts record it.
+    pub cwd: Option<PathBuf>,
 }
 
 /// A running gateway process; killed on drop.
@@ -60,6 +62,9 @@ impl GatewayProcess {
         cmd.args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"]).arg(state_dir);
         if options.config_path.is_some() {
             cmd.arg("--config").arg(&config_file);
+        }
+        if let Some(dir) = &options.cwd {
+            cmd.current_dir(dir);
         }
         let mut child = cmd
             .env("PINCER_GATEWAY_TOKEN", TOKEN)
@@ -326,6 +331,31 @@ impl Client {
                 return f;
             }
             self.events.push(f);
+        }
+    }
+
+    /// Every event frame in arrival order (buffered ones first) up to and including the first that
+    /// matches `pred`; the buffer is left empty. Panics when none matches within `patience`.
+    pub async fn events_until(&mut self, pred: impl Fn(&Value) -> bool, patience: Duration) -> Vec<Value> {
+        let mut out: Vec<Value> = std::mem::take(&mut self.events);
+        if let Some(i) = out.iter().position(&pred) {
+            self.events = out.split_off(i + 1);
+            return out;
+        }
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let f = tokio::time::timeout_at(deadline, next_frame(&mut self.ws))
+                .await
+                .unwrap_or_else(|_| panic!("event not seen within {patience:?}; so far: {out:#?}"))
+                .expect("frame");
+            if f["type"] != "event" {
+                continue;
+            }
+            let done = pred(&f);
+            out.push(f);
+            if done {
+                return out;
+            }
         }
     }
 

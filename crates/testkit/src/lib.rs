@@ -6,8 +6,8 @@
 //! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
 //! own CLI in a loopback-only network namespace ([`openclaw`]), a generated state directory
 //! with known search hits ([`corpus`]), a throwaway PostgreSQL cluster ([`postgres`]), and the
-//! transcript shapes of the hostile-input tests ([`shapes`]), and Pi's context in OpenAI's wire form
-//! ([`wire`]).
+//! transcript shapes of the hostile-input tests ([`shapes`]), Pi's context in OpenAI's wire form
+//! ([`wire`]), and the redaction of run-to-run values in wire snapshots ([`redact`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -24,6 +24,7 @@ pub mod openclaw;
 pub mod oracle;
 pub mod postgres;
 pub mod probe;
+pub mod redact;
 pub mod shapes;
 pub mod wire;
 
