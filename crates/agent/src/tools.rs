@@ -80,6 +80,12 @@ pub trait Tool: Send + Sync {
     }
     /// Runs the tool; `Err` becomes an error tool result.
     fn call(&self, arguments: Value) -> ToolFuture<'_>;
+    /// True when running a call again changes nothing outside it (it only reads). A call cut by a
+    /// crash is run again when its turn resumes only if its tool says so; any other gets an
+    /// interrupted error result instead ([`ToolRegistry::is_read_only`]).
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 /// The tools of a run, by name.
@@ -136,6 +142,11 @@ impl ToolRegistry {
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
         self.tools.insert(tool.name().to_owned(), tool);
         self.specs = self.tools.values().map(|t| ToolSpec::new(t.name(), t.description(), t.parameters())).collect();
+    }
+
+    /// Whether `name` is a registered tool that only reads ([`Tool::read_only`]).
+    pub fn is_read_only(&self, name: &str) -> bool {
+        self.tools.get(name).is_some_and(|t| t.read_only())
     }
 
     /// True when there are no tools.
@@ -268,6 +279,9 @@ impl Tool for CurrentTimeTool {
     }
     fn parameters(&self) -> Value {
         json!({"type": "object", "properties": {}, "additionalProperties": false})
+    }
+    fn read_only(&self) -> bool {
+        true
     }
     fn call(&self, _arguments: Value) -> ToolFuture<'_> {
         let now = chrono::Utc::now();

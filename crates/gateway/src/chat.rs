@@ -236,6 +236,17 @@ pub async fn start_turn(
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Value, RpcError> {
+    start_turn_in(gw, request, acked, None).await
+}
+
+/// [`start_turn`], in the session's queue slot `slot` when the caller holds it already (a resumed
+/// turn keeps the place the recovery took, so no other turn comes between).
+async fn start_turn_in(
+    gw: &Arc<Gateway>,
+    request: TurnRequest,
+    acked: tokio::sync::oneshot::Receiver<()>,
+    slot: Option<crate::state::TurnSlot>,
+) -> Result<Value, RpcError> {
     let TurnRequest { session, run_id, text: message, images, regenerate, expected_leaf, graft, model, conn_id } =
         request;
     let dedupe_key = format!("chat:{run_id}");
@@ -290,6 +301,7 @@ pub async fn start_turn(
         regenerate,
         graft,
         model,
+        slot: std::sync::Mutex::new(slot),
         ended: Default::default(),
         tokens: Default::default(),
     };
@@ -312,6 +324,34 @@ pub async fn start_turn(
         }
     });
     Ok(json!({"runId": run_id, "status": "started"}))
+}
+
+/// Runs turn `run_id` again for its user row `user`, written before a restart or a replica's death
+/// without its reply ([`crate::turns::recover`]): as if its client had sent the key again, with
+/// no client waiting (the session's watchers see it). A resend of the key meanwhile joins it.
+pub async fn resume(
+    gw: &Arc<Gateway>,
+    session: SessionRef,
+    run_id: &str,
+    user: &Value,
+    slot: crate::state::TurnSlot,
+) -> Result<Value, RpcError> {
+    // The text tells a slash command (which is not run again) from a message.
+    let text = pincer_pi::text_blocks(user["message"].get("content")).join("\n");
+    let request = TurnRequest {
+        session,
+        run_id: run_id.to_owned(),
+        text,
+        images: Vec::new(),
+        regenerate: None,
+        expected_leaf: None,
+        graft: None,
+        model: None,
+        conn_id: 0,
+    };
+    let (acked, ack) = tokio::sync::oneshot::channel();
+    let _ = acked.send(());
+    start_turn_in(gw, request, ack, Some(slot)).await
 }
 
 /// A session's system prompt: the one a client set ([`SYSTEM_PROMPT_FIELD`]), else the configured one.
@@ -366,8 +406,9 @@ async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Resul
     if crate::turns::known_new(gw.store.as_ref(), &session.path, run_id) {
         return Ok(OnDisk::New);
     }
-    let (store, path, id) = (gw.store.clone(), session.path.clone(), run_id.to_owned());
-    tokio::task::spawn_blocking(move || crate::turns::on_disk(&store, &path, &id))
+    let (store, path, id, attempts) =
+        (gw.store.clone(), session.path.clone(), run_id.to_owned(), gw.settings.resume_attempts);
+    tokio::task::spawn_blocking(move || crate::turns::on_disk(&store, &path, &id, attempts))
         .await
         .map_err(|e| RpcError::unavailable(format!("transcript check failed: {e}")))?
         .map_err(|e| RpcError::unavailable(format!("cannot read the transcript to check idempotencyKey: {e}")))
@@ -440,6 +481,9 @@ struct Turn {
     /// `expectedLeafEntryId`: checked again once the turn has its place in the session's queue
     /// (a turn queued before it may have moved the leaf since the check in [`start_turn`]).
     expected_leaf: Option<Option<String>>,
+    /// The session's queue slot, when the turn was handed one (a resumed turn); in a mutex only to
+    /// keep `Turn` `Sync` (it is taken once, by [`Turn::execute`]).
+    slot: std::sync::Mutex<Option<crate::state::TurnSlot>>,
     /// The turn's user entry when it is being resumed after a restart (nothing new is written).
     resume: Option<Value>,
     /// A user row to answer again: the leaf moves there and no user row is written.
@@ -468,6 +512,7 @@ impl Turn {
             regenerate: None,
             graft: None,
             model: None,
+            slot: Default::default(),
             ended: Default::default(),
             tokens: Default::default(),
         }
@@ -604,7 +649,16 @@ impl Turn {
 
     async fn execute(mut self) {
         let queued = crate::metrics::Live::queued();
-        let guard = match self.gw.turn_slot(&self.session.key, &self.run.cancel).await {
+        let handed = self.slot.get_mut().map(Option::take).unwrap_or_default();
+        let slot = match handed {
+            Some(held) => Ok(held),
+            None => {
+                // Turns cut by the last stop are taken up first ([`crate::turns::recover_interrupted`]).
+                self.gw.recovered().await;
+                self.gw.turn_slot(&self.session.key, &self.run.cancel).await
+            }
+        };
+        let guard = match slot {
             Ok(g) => g,
             Err(crate::state::SlotError::Unavailable(e)) => {
                 // The database cannot be asked: nothing was written, nothing runs.
@@ -943,7 +997,7 @@ impl Turn {
                 return;
             }
         } else if self.resume.is_some() {
-            if !self.claim_resume().await {
+            if !self.claim_resume().await || !self.settle_cut_calls().await {
                 return;
             }
         } else if !self.admit_user().await {
@@ -1037,16 +1091,18 @@ impl Turn {
         }
     }
 
-    /// Records that a turn whose user row is on disk from before a restart runs again — once. The
+    /// Records that a turn whose user row is on disk from before a restart runs again (one attempt of
+    /// `resume_attempts`). The
     /// check in [`start_turn`] was made before the turn waited for its queue, and another gateway
     /// process may share the state dir: the turn is read again here, in the queue and under the
     /// transcript's lock, and the marker is written under that lock. A turn answered or resumed
     /// meanwhile does not run (false; it is settled as the transcript has it).
     async fn claim_resume(&self) -> bool {
         let (store, path, id) = (self.gw.store.clone(), self.session.path.clone(), self.run.run_id.clone());
+        let attempts = self.gw.settings.resume_attempts;
         let checked = tokio::task::spawn_blocking(move || {
             let held = store.lock(&path)?;
-            crate::turns::on_disk(&store, &path, &id).map(|state| (held, state))
+            crate::turns::on_disk(&store, &path, &id, attempts).map(|state| (held, state))
         })
         .await;
         let (held, state) = match checked {
@@ -1064,7 +1120,7 @@ impl Turn {
         if !matches!(state, OnDisk::Resume(_)) {
             drop(held);
             tracing::warn!(session = %self.session.key, run = %self.run.run_id, "not resumed: {state:?} by now");
-            let why = "this turn was interrupted by a restart and was resumed once already (or the session moved \
+            let why = "this turn was interrupted by a restart and is out of resume attempts (or the session moved \
                        on); send it again with a new idempotencyKey";
             self.settle(state, why);
             return false;
@@ -1077,6 +1133,73 @@ impl Turn {
             let (kind, message) = persist_failure(&e);
             self.fail(&message, kind, None);
             return false;
+        }
+        true
+    }
+
+    /// A resumed turn cut while its tools ran: the calls of its last assistant message that have no
+    /// result row get one, in the message's order, before the model is asked again. A read-only
+    /// tool ([`pincer_agent::Tool::read_only`]) runs again; any other call gets an `isError` result
+    /// saying it was interrupted and may or may not have taken effect, so a call with effects never
+    /// runs twice and the model decides what to do. False (announced) when that failed.
+    async fn settle_cut_calls(&self) -> bool {
+        let messages = match self.gw.context(&self.session).await {
+            Ok(m) => m,
+            Err(e) => {
+                self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                return false;
+            }
+        };
+        let mut answered = std::collections::HashSet::new();
+        let mut calls = Vec::new();
+        for m in messages.iter().rev() {
+            let v = m.value();
+            match v["role"].as_str() {
+                Some("toolResult") => {
+                    answered.insert(v["toolCallId"].as_str().unwrap_or_default().to_owned());
+                }
+                Some("assistant") if v["stopReason"] == "toolUse" => {
+                    let blocks = v["content"].as_array().into_iter().flatten();
+                    calls = blocks.filter(|b| b["type"] == "toolCall").cloned().collect();
+                    break;
+                }
+                _ => break,
+            }
+        }
+        let tools = self.gw.tools(&self.session.agent_id);
+        for call in calls.iter().filter(|c| !answered.contains(c["id"].as_str().unwrap_or_default())) {
+            let (id, name) = (call["id"].as_str().unwrap_or_default(), call["name"].as_str().unwrap_or_default());
+            let outcome = if tools.is_read_only(name) {
+                self.agent_event(
+                    "tool",
+                    json!({"phase": "start", "toolCallId": id, "name": name, "args": call["arguments"]}),
+                );
+                tokio::select! {
+                    biased;
+                    () = self.run.cancel.cancelled() => {
+                        self.aborted("").await;
+                        return false;
+                    }
+                    r = tools.execute(name, call["arguments"].clone()) => r,
+                }
+            } else {
+                Err(pincer_agent::ToolError::failed(
+                    "This tool call was interrupted: the gateway stopped while it ran, so it may or may not have \
+                     taken effect. It was not run again; check its effect before repeating it.",
+                ))
+            };
+            let result = pincer_agent::run::tool_result_message(id, name, outcome);
+            match self.gw.append(&self.session, NewEntry::message(result)).await {
+                Ok(a) => {
+                    self.session_message(&a.entry);
+                    self.agent_event("tool", tool_result_data(&a.entry["message"]));
+                }
+                Err(e) => {
+                    let (kind, message) = persist_failure(&e);
+                    self.fail(&message, kind, None);
+                    return false;
+                }
+            }
         }
         true
     }

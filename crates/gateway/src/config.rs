@@ -199,6 +199,9 @@ pub struct AgentDefaults {
     pub tools: ToolsConfig,
     /// Most model calls per run (tool loops included).
     pub max_turns: Option<usize>,
+    /// How many times the gateway runs a turn again by itself after a crash or restart cut it
+    /// (default 3; 0: never, the turn is marked interrupted).
+    pub resume_attempts: Option<usize>,
     /// Largest reply (text + reasoning of one message) before the stream is cut (default 4 MiB).
     pub max_reply_bytes: Option<usize>,
     /// `[agents.defaults.compaction]`, passed to compaction as it is.
@@ -288,6 +291,8 @@ pub struct Settings {
     /// Each agent's model, prompt, workspace and tools.
     pub agents: Agents,
     pub max_turns: usize,
+    /// `[agents.defaults] resume_attempts`.
+    pub resume_attempts: usize,
     pub compaction: pincer_compaction::CompactionSettings,
     pub redact: bool,
     pub redact_patterns: Vec<String>,
@@ -307,6 +312,9 @@ pub struct Settings {
     /// `[store]`.
     pub store: StoreSettings,
 }
+
+/// Default of [`Settings::resume_attempts`].
+pub const DEFAULT_RESUME_ATTEMPTS: usize = 3;
 
 /// One agent's settings: `[agents.defaults]`, with its own `[agents.<id>]` over them.
 #[derive(Debug, Clone)]
@@ -552,6 +560,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         model,
         model_is_fallback,
         max_turns: file.agents.defaults.max_turns.unwrap_or(8).max(1),
+        resume_attempts: file.agents.defaults.resume_attempts.unwrap_or(DEFAULT_RESUME_ATTEMPTS),
         compaction,
         redact,
         redact_patterns: file.logging.redact_patterns,

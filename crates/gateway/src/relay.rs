@@ -138,39 +138,28 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
     });
 }
 
-/// A run whose replica died: its turn is marked interrupted if it is still unanswered at the
-/// leaf (a resend of its key then resumes it once, on any replica), and the run is forgotten.
-/// False when that could not be done now (the store failed): it is tried again.
+/// A run whose replica died: its turn, if still unanswered at the leaf, is taken up here
+/// ([`crate::turns::recover`]: resumed while it has attempts left, else marked interrupted), and
+/// the dead replica's run is forgotten. False when that could not be done now (the store
+/// failed): it is tried again.
 async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) -> bool {
     let session = match gw.session(key, false).await {
         Ok(s) => s,
         Err(_) => return false,
     };
     if let Some(s) = session {
-        let cancel = gw.stopping();
-        let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return false };
-        let (store, path) = (gw.store.clone(), s.path.clone());
-        let found = match slot.moved(gw, &s).await {
-            // Reset or deleted meanwhile: the turn went aside with its transcript, unmarked.
-            true => Ok(Ok(None)),
-            false => tokio::task::spawn_blocking(move || crate::turns::unanswered_at_leaf(store.as_ref(), &path)).await,
-        };
-        match found {
-            Ok(Ok(Some(open))) if open == run_id => {
-                let reason = "the replica running this turn stopped before its reply was written";
-                match gw.append(&s, crate::turns::marker(crate::turns::INTERRUPTED, run_id, reason)).await {
-                    Ok(a) => {
-                        tracing::warn!(session = %s.key, run = %run_id, "marked a dead replica's turn interrupted");
-                        publish_interrupted(gw, &s, run_id, reason, a.pos);
-                    }
-                    Err(e) => {
-                        tracing::warn!(session = %s.key, "cannot mark a dead replica's turn interrupted: {e}");
-                        return false;
-                    }
+        match crate::turns::unanswered(gw, &s).await {
+            Ok(Some((open, slot))) if open == run_id => {
+                let why = "the replica running this turn stopped before its reply was written";
+                match crate::turns::recover(gw, &s, run_id, slot, why).await {
+                    // The run is this replica's now (it recorded itself as the run's replica).
+                    Ok(crate::turns::Recovered::Resumed) => return true,
+                    Ok(_) => {}
+                    Err(()) => return false,
                 }
             }
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) | Err(_) => return false,
+            Ok(_) => {}
+            Err(()) => return false,
         }
     }
     match &gw.pg {

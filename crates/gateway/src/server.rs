@@ -272,7 +272,7 @@ pub async fn serve(
         models.iter().map(String::as_str).chain([gw.settings.model.as_str()]).filter(|m| !m.contains('<')),
     );
     on_listening(&Listening { addr, gateway: gw.clone() });
-    crate::turns::mark_interrupted(&gw);
+    crate::turns::recover_interrupted(&gw);
     crate::relay::start(&gw);
     let app = crate::http::router(gw.clone());
     // Activity timestamps of the session index reach disk every few seconds (and at shutdown).

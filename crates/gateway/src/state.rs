@@ -225,6 +225,9 @@ pub struct Gateway {
     pub queue: SessionQueue,
     /// The tools of `main` and of each configured agent ([`Gateway::tools`]).
     tools: std::collections::BTreeMap<crate::sessions::AgentId, Arc<ToolRegistry>>,
+    /// Held (written) by the startup recovery while it takes up the turns the last stop cut, so
+    /// that no new turn of a session comes before its resumed one ([`Gateway::recovered`]).
+    pub recovering: Arc<tokio::sync::RwLock<()>>,
     pub redactor: Arc<dyn Redactor>,
     /// Where stateless clients' histories end in the session trees (the OpenAI endpoint).
     pub conversations: Arc<crate::openai::index::ConversationIndex>,
@@ -420,6 +423,11 @@ fn agent_tools(a: &crate::config::AgentSettings) -> Result<Arc<ToolRegistry>, Ga
 impl Gateway {
     /// Agent `agent`'s tools; an agent known only from its sessions on disk gets the defaults'
     /// tools over its own workspace.
+    /// Waits until the turns cut by the last stop have been taken up ([`Gateway::recovering`]).
+    pub async fn recovered(&self) {
+        drop(self.recovering.read().await);
+    }
+
     pub fn tools(&self, agent: &str) -> Arc<ToolRegistry> {
         self.tools.get(agent).cloned().unwrap_or_else(|| {
             let a = self.settings.agents.get(agent);
@@ -463,6 +471,7 @@ impl Gateway {
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             stopping_runs: CancellationToken::new(),
+            recovering: Arc::default(),
             tasks: TaskTracker::new(),
             sockets: TaskTracker::new(),
             runs: Mutex::new(HashMap::new()),

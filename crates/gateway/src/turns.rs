@@ -4,15 +4,18 @@
 //! abort partials, panics) are keyed `K:assistant`. From the file alone:
 //!
 //! - a reply on disk → the turn is done (the client can fetch it);
-//! - the user row (and maybe tool steps) with no reply, still at the leaf, never resumed → the run
-//!   is resumed once for that same row, recorded by a `pincer.turn-resumed` custom entry;
+//! - the user row (and maybe tool steps) with no reply, still at the leaf, resumed fewer than the
+//!   allowed attempts (`resume_attempts`, 3 by default) → the run is resumed for that same row,
+//!   each attempt recorded by a chained `pincer.turn-resumed` custom entry;
 //! - otherwise it stays interrupted.
 //!
-//! At startup every session whose leaf is such an unanswered turn gets a chained
-//! `pincer.turn-interrupted` custom entry (not part of the LLM context), so the dangling turn is
-//! visible as such in the file.
+//! The gateway resumes such turns by itself ([`recover`]): at startup, every session whose leaf is
+//! an unanswered turn; with replicas, a dead replica's turns on a survivor. A turn out of attempts
+//! gets a chained `pincer.turn-interrupted` custom entry (not part of the LLM context) and a `chat`
+//! error, and the session goes on with its next message.
 
-use crate::state::Gateway;
+use crate::sessions::SessionRef;
+use crate::state::{Gateway, TurnSlot};
 use pincer_store::{NewEntry, StoreError, Transcripts};
 use serde_json::{json, Map, Value};
 use std::path::Path;
@@ -35,9 +38,9 @@ pub enum OnDisk {
     New,
     /// The reply is on disk: `ok`, `aborted`, `error` or `blocked`.
     Done(&'static str),
-    /// Written without a reply, at the leaf, never resumed: run it again for this user entry.
+    /// Written without a reply, at the leaf, with attempts left: run it again for this user entry.
     Resume(Value),
-    /// Written without a reply, and the session moved on or it was resumed once already.
+    /// Written without a reply, and the session moved on or it was out of attempts.
     Interrupted,
 }
 
@@ -94,8 +97,9 @@ pub fn known_new(store: &dyn Transcripts, path: &Path, run_id: &str) -> bool {
     store.known_unkeyed(path, &[&reply_key(run_id), &user_key(run_id)])
 }
 
-/// Reads the state of turn `run_id` from the transcript.
-pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<OnDisk, StoreError> {
+/// Reads the state of turn `run_id` from the transcript; `attempts`: how many times a turn may be
+/// resumed.
+pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usize) -> Result<OnDisk, StoreError> {
     if let Some((e, _)) = store.find_keyed(path, &reply_key(run_id))? {
         return Ok(OnDisk::Done(message(&e).and_then(reply_status).unwrap_or("ok")));
     }
@@ -105,7 +109,7 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<OnD
         return Ok(OnDisk::Done("blocked"));
     }
     let mut turn: Vec<String> = vec![user_id.to_owned()];
-    let mut resumed = false;
+    let mut resumed = 0;
     for e in store.entries_from(path, offset, TURN_WINDOW)?.iter().skip(1) {
         let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
         if !turn.iter().any(|t| t == parent) {
@@ -119,13 +123,13 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<OnD
                 return Ok(OnDisk::Done(status));
             }
         }
-        resumed |= custom_of(e, RESUMED) == Some(run_id);
+        resumed += usize::from(custom_of(e, RESUMED) == Some(run_id));
         if let Some(id) = e.get("id").and_then(Value::as_str) {
             turn.push(id.to_owned());
         }
     }
     let at_leaf = store.leaf(path)?.is_some_and(|l| turn.last() == Some(&l));
-    Ok(if at_leaf && !resumed { OnDisk::Resume(user) } else { OnDisk::Interrupted })
+    Ok(if at_leaf && resumed < attempts { OnDisk::Resume(user) } else { OnDisk::Interrupted })
 }
 
 /// The assistant messages of a finished turn `run_id`, in order (its tool steps, then the reply);
@@ -201,30 +205,27 @@ pub fn marker(custom_type: &str, run_id: &str, reason: &str) -> NewEntry {
     NewEntry::of("custom", payload)
 }
 
-/// In the background after startup: marks every session whose leaf is an unanswered turn. Each
-/// session is checked in its queue, so a turn resumed meanwhile is never marked mid-run.
-pub fn mark_interrupted(gw: &Arc<Gateway>) {
+/// In the background after startup: recovers every session whose leaf is an unanswered turn
+/// ([`recover`]). Each session is looked at in its queue, so a turn resumed meanwhile is left alone.
+pub fn recover_interrupted(gw: &Arc<Gateway>) {
     let gw = gw.clone();
+    // Taken now, before the first connection is served; new turns wait for it to end.
+    let recovering = gw.recovering.clone().try_write_owned();
     tokio::spawn(async move {
+        let _recovering = recovering;
         let list = {
             let gw = gw.clone();
             tokio::task::spawn_blocking(move || gw.sessions.list(None)).await
         };
         let Ok(Ok(sessions)) = list else { return };
-        let (looked, mut marked) = (sessions.len(), 0);
+        let looked = sessions.len();
+        let (mut resumed, mut gave_up) = (0, 0);
         for s in sessions {
-            let cancel = gw.stopping();
-            let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return };
-            if slot.moved(&gw, &s).await {
-                continue; // reset or deleted meanwhile: the turn went aside with its transcript
-            }
-            let (store, path) = (gw.store.clone(), s.path.clone());
-            let found = tokio::task::spawn_blocking(move || unanswered_at_leaf(&store, &path)).await;
-            let Ok(Ok(Some(run_id))) = found else { continue };
+            let Ok(Some((run_id, slot))) = unanswered(&gw, &s).await else { continue };
             if let (Some(pg), Some(me)) = (&gw.pg, gw.replica_id()) {
                 // A run another replica recorded is that replica's, live or not: if it died, a
-                // survivor takes the run over (and tells its clients); this scan is for turns of
-                // this replica's own previous life, and of runs no replica recorded.
+                // survivor takes the run over; this scan is for turns of this replica's own
+                // previous life, and of runs no replica recorded.
                 match pg.run_replica(run_id.clone()).await {
                     Ok(Some(owner)) if owner != me => continue,
                     Ok(_) => {}
@@ -234,19 +235,95 @@ pub fn mark_interrupted(gw: &Arc<Gateway>) {
                     }
                 }
             }
-            let reason = "the gateway stopped before this turn's reply was written";
-            match gw.append(&s, marker(INTERRUPTED, &run_id, reason)).await {
-                Ok(a) => {
-                    marked += 1;
-                    tracing::warn!(session = %s.key, run = %run_id, "marked a turn interrupted by a restart");
-                    // Clients may be here already (or, with replicas, watching on another one).
-                    crate::relay::publish_interrupted(&gw, &s, &run_id, reason, a.pos);
-                }
-                Err(e) => tracing::warn!(session = %s.key, "cannot mark an interrupted turn: {e}"),
+            match recover(&gw, &s, &run_id, slot, "the gateway stopped before this turn's reply was written").await {
+                Ok(Recovered::Resumed) => resumed += 1,
+                Ok(Recovered::GaveUp) => gave_up += 1,
+                Ok(Recovered::Nothing) | Err(()) => {}
             }
         }
-        tracing::info!("startup check done: {looked} session(s), {marked} turn(s) marked interrupted");
+        tracing::info!(
+            "startup check done: {looked} session(s), {resumed} interrupted turn(s) resumed, {gave_up} out of attempts"
+        );
     });
+}
+
+/// The run id of the unanswered turn at session `s`'s leaf, read in its queue, with the queue slot
+/// still held (for [`recover`]); `None` when there is none, or when the session was reset or deleted
+/// meanwhile; `Err` when it could not be read now.
+pub async fn unanswered(gw: &Arc<Gateway>, s: &SessionRef) -> Result<Option<(String, TurnSlot)>, ()> {
+    let cancel = gw.stopping();
+    let slot = gw.turn_slot(&s.key, &cancel).await.map_err(drop)?;
+    if slot.moved(gw, s).await {
+        return Ok(None); // the turn went aside with its transcript
+    }
+    let (store, path) = (gw.store.clone(), s.path.clone());
+    match tokio::task::spawn_blocking(move || unanswered_at_leaf(store.as_ref(), &path)).await {
+        Ok(Ok(found)) => Ok(found.map(|run_id| (run_id, slot))),
+        _ => Err(()),
+    }
+}
+
+/// What [`recover`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovered {
+    /// The turn runs again (or was already running again).
+    Resumed,
+    /// Out of attempts: marked interrupted and announced.
+    GaveUp,
+    /// Answered or moved past meanwhile.
+    Nothing,
+}
+
+/// Takes up turn `run_id` of session `s`, unanswered at its leaf, interrupted because `why`, in the
+/// session's queue `slot` (from [`unanswered`]): runs it again from where the transcript stands
+/// ([`crate::chat::resume`], keeping the slot) while it has attempts left, else marks it
+/// interrupted (a chained marker, then a `chat` error). `Err`: the store could not be asked; try
+/// again later.
+pub async fn recover(
+    gw: &Arc<Gateway>,
+    s: &SessionRef,
+    run_id: &str,
+    slot: TurnSlot,
+    why: &str,
+) -> Result<Recovered, ()> {
+    let attempts = gw.settings.resume_attempts;
+    let (store, path, id) = (gw.store.clone(), s.path.clone(), run_id.to_owned());
+    let state = match tokio::task::spawn_blocking(move || on_disk(store.as_ref(), &path, &id, attempts)).await {
+        Ok(Ok(state)) => state,
+        Ok(Err(e)) => {
+            tracing::warn!(session = %s.key, run = %run_id, "cannot read an interrupted turn: {e}");
+            return Err(());
+        }
+        Err(_) => return Err(()),
+    };
+    match state {
+        OnDisk::Resume(user) => match crate::chat::resume(gw, s.clone(), run_id, &user, slot).await {
+            Ok(_) => {
+                tracing::warn!(session = %s.key, run = %run_id, "resuming a turn interrupted before its reply: {why}");
+                Ok(Recovered::Resumed)
+            }
+            Err(e) => {
+                tracing::warn!(session = %s.key, run = %run_id, "cannot resume an interrupted turn: {}", e.message);
+                Err(())
+            }
+        },
+        OnDisk::Interrupted => {
+            let reason = format!("{why}; it could not be completed after {attempts} attempt(s): send it again");
+            match gw.append(s, marker(INTERRUPTED, run_id, &reason)).await {
+                Ok(a) => {
+                    tracing::warn!(session = %s.key, run = %run_id, "an interrupted turn is out of attempts");
+                    // Clients may be here already (or, with replicas, watching on another one).
+                    crate::relay::publish_interrupted(gw, s, run_id, &reason, a.pos);
+                    Ok(Recovered::GaveUp)
+                }
+                Err(e) => {
+                    tracing::warn!(session = %s.key, "cannot mark an interrupted turn: {e}");
+                    Err(())
+                }
+            }
+        }
+        OnDisk::New | OnDisk::Done(_) => Ok(Recovered::Nothing),
+    }
 }
 
 #[cfg(test)]
@@ -271,26 +348,28 @@ mod tests {
         let path = dir.path().join("s.jsonl");
         let store = Store::new(StoreOptions::default());
         let add = |e: NewEntry| store.append(&path, e).expect("append");
-        assert_eq!(on_disk(&store, &path, "k1").expect("read"), OnDisk::New);
+        assert_eq!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::New);
         add(msg("user", Some("k1:user"), None));
-        assert!(matches!(on_disk(&store, &path, "k1").expect("read"), OnDisk::Resume(_)));
+        assert!(matches!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Resume(_)));
         assert_eq!(unanswered_at_leaf(&store, &path).expect("read").as_deref(), Some("k1"));
         // A tool step is not a reply: still unanswered, still at the leaf.
         add(msg("assistant", None, Some("toolUse")));
         add(msg("toolResult", None, None));
-        assert!(matches!(on_disk(&store, &path, "k1").expect("read"), OnDisk::Resume(_)));
+        assert!(matches!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Resume(_)));
         add(marker(INTERRUPTED, "k1", "test"));
         assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None, "marked once");
         add(marker(RESUMED, "k1", "test"));
-        assert_eq!(on_disk(&store, &path, "k1").expect("read"), OnDisk::Interrupted, "resumed once already");
+        assert!(matches!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Resume(_)), "one attempt left");
+        add(marker(RESUMED, "k1", "test"));
+        assert_eq!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Interrupted, "out of attempts");
         add(msg("assistant", None, Some("stop")));
-        assert_eq!(on_disk(&store, &path, "k1").expect("read"), OnDisk::Done("ok"));
+        assert_eq!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Done("ok"));
         assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None);
         // A turn the session moved past stays interrupted; an abort partial answers it.
         add(msg("user", Some("k2:user"), None));
         add(msg("user", Some("k3:user"), None));
-        assert_eq!(on_disk(&store, &path, "k2").expect("read"), OnDisk::Interrupted);
+        assert_eq!(on_disk(&store, &path, "k2", 2).expect("read"), OnDisk::Interrupted);
         add(msg("assistant", Some("k3:assistant"), Some("stop")));
-        assert_eq!(on_disk(&store, &path, "k3").expect("read"), OnDisk::Done("ok"));
+        assert_eq!(on_disk(&store, &path, "k3", 2).expect("read"), OnDisk::Done("ok"));
     }
 }

@@ -294,3 +294,140 @@ fn without_bubblewrap_bash_stops_the_startup_unless_the_sandbox_is_off() {
     let (code, stderr) = run("deny = [\"bash\"]");
     assert_eq!(code, None, "started without bash: {stderr}");
 }
+
+/// A turn cut by SIGKILL while its tools run is taken up by the restarted gateway itself (no
+/// resend): the `bash` call that was running is never run again — it gets an `isError` result
+/// saying it was interrupted — while the read-only `read` cut with it runs again; the model then
+/// answers. A turn that keeps being cut is given up after `resume_attempts`, with a chained
+/// `pincer.turn-interrupted` marker, and the session takes the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_cut_mid_tool_resumes_by_itself_and_runs_no_effect_twice() {
+    use pincer_testkit::fake_provider::{Recorded, Step};
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("a.txt"), "contents of a").unwrap();
+    let f = Format::OpenaiCompletions;
+    let model = move |r: &Recorded, _n: usize| -> Option<Reply> {
+        let messages = r.body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or_default();
+        let first_user = messages.iter().rev().find(|m| m["role"] == "user").map(|m| m["content"].to_string());
+        let asked = |s: &str| first_user.as_deref().is_some_and(|u| u.contains(s));
+        let reply = if asked("stall please") {
+            // A reply that never ends: each attempt is cut by the next SIGKILL.
+            let events = script(f, &turn(vec![text(&["thinking about it"])], (5, 5, 0)));
+            let upto = events.iter().position(|e| e.contains("thinking about it")).map_or(0, |i| i + 1);
+            let mut steps: Vec<Step> = events.into_iter().take(upto).map(Step::Send).collect();
+            steps.push(Step::Stall);
+            return Some(Reply::Stream(steps, pincer_testkit::fake_provider::Framing::Chunked));
+        } else if asked("run the tools") && last["role"] == "user" {
+            turn(
+                vec![
+                    call("b1", json!({"command": "echo ran >> calls.log; sleep 30"})),
+                    tool_call("r1", "read", &[&json!({"path": "a.txt"}).to_string()]),
+                ],
+                (5, 5, 0),
+            )
+        } else if asked("run the tools") {
+            turn(vec![text(&["Both calls are settled."])], (5, 5, 0))
+        } else {
+            turn(vec![text(&["hi"])], (5, 5, 0))
+        };
+        Some(Reply::stream(script(f, &reply)))
+    };
+    let fake = FakeProvider::start_with(f, Default::default(), Box::new(model)).await;
+    let state = dir.path().join("state");
+    let cfg = format!("{}resume_attempts = 1\n", config(&fake, Some(&ws)));
+    let mut gw = start(&state, cfg).await;
+    let mut c = Client::connect(&gw.addr).await;
+    c.request("chat.send", json!({"sessionKey": "main", "message": "run the tools", "idempotencyKey": "t1"}))
+        .await
+        .unwrap();
+    let log = ws.join("calls.log");
+    pincer_testkit::probe::poll_async(Duration::from_secs(20), Duration::from_millis(20), || {
+        let ran = std::fs::read_to_string(&log).is_ok_and(|s| s == "ran\n");
+        async move { ran.then_some(()) }
+    })
+    .await
+    .expect("bash started");
+    drop(c);
+    tokio::task::block_in_place(|| gw.restart()); // SIGKILL mid-call, then a new process
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let rows = pincer_testkit::probe::poll_async(Duration::from_secs(20), Duration::from_millis(50), || {
+        let rows = read_rows(&file);
+        let done = rows.iter().any(|r| r["message"]["stopReason"] == "stop");
+        async move { done.then_some(rows) }
+    })
+    .await
+    .unwrap_or_else(|| panic!("no reply after the restart:\n{}", gw.log_text()));
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "ran\n", "the cut bash call never ran again");
+    let results = tool_results(&file);
+    let ids: Vec<&str> = results.iter().map(|m| m["toolCallId"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["b1", "r1"], "one result per call, in the message's order");
+    assert_eq!(results[0]["isError"], true);
+    assert!(result_text(&results[0]).contains("interrupted"), "{}", results[0]);
+    assert_eq!((result_text(&results[1]), &results[1]["isError"]), ("contents of a", &json!(false)), "read ran again");
+    let resumed: Vec<&Value> = rows.iter().filter(|r| r["customType"] == "pincer.turn-resumed").collect();
+    assert_eq!(resumed.len(), 1);
+    let roles: Vec<String> = rows
+        .iter()
+        .filter_map(|r| match r["type"].as_str() {
+            Some("message") => r["message"]["role"].as_str().map(str::to_owned),
+            Some("custom") => r["customType"].as_str().map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "pincer.turn-resumed", "toolResult", "toolResult", "assistant"],
+        "chained as the turn happened"
+    );
+    check_request_against_pi(&file, &fake, 1);
+
+    // A turn cut again on its one allowed resume is given up; the session goes on.
+    let mut c = Client::connect(&gw.addr).await;
+    c.request("chat.send", json!({"sessionKey": "main", "message": "stall please", "idempotencyKey": "t2"}))
+        .await
+        .unwrap();
+    c.event(|f| f["event"] == "chat" && f["payload"]["runId"] == "t2" && f["payload"]["state"] == "delta").await;
+    drop(c);
+    tokio::task::block_in_place(|| gw.restart()); // cut; the restarted gateway resumes it (attempt 1 of 1)
+    let attempt = || read_rows(&file).iter().filter(|r| r["customType"] == "pincer.turn-resumed").count();
+    pincer_testkit::probe::poll_async(Duration::from_secs(20), Duration::from_millis(50), || {
+        let n = attempt();
+        async move { (n == 2).then_some(()) }
+    })
+    .await
+    .expect("t2 resumed once");
+    let stalls = || fake.bodies().iter().filter(|b| b.to_string().contains("stall please")).count();
+    pincer_testkit::probe::poll_async(Duration::from_secs(20), Duration::from_millis(20), || {
+        let n = stalls();
+        async move { (n == 2).then_some(()) }
+    })
+    .await
+    .expect("the resumed attempt reached the model");
+    tokio::task::block_in_place(|| gw.restart()); // cut again: out of attempts
+    let marked = pincer_testkit::probe::poll_async(Duration::from_secs(20), Duration::from_millis(50), || {
+        let rows = read_rows(&file);
+        let m = rows.iter().find(|r| r["customType"] == "pincer.turn-interrupted").cloned();
+        async move { m }
+    })
+    .await
+    .unwrap_or_else(|| panic!("t2 never given up:\n{}", gw.log_text()));
+    assert_eq!(marked["data"]["runId"], "t2");
+    assert!(
+        marked["data"]["reason"].as_str().unwrap().contains("could not be completed after 1 attempt(s)"),
+        "{marked}"
+    );
+    assert_eq!(attempt(), 2, "no third attempt");
+    let mut c = Client::connect(&gw.addr).await;
+    let again = c
+        .request("chat.send", json!({"sessionKey": "main", "message": "stall please", "idempotencyKey": "t2"}))
+        .await
+        .unwrap();
+    assert_eq!(again["status"], "interrupted", "{again}");
+    c.request("chat.send", json!({"sessionKey": "main", "message": "hello again", "idempotencyKey": "t3"}))
+        .await
+        .unwrap();
+    assert_eq!(c.chat_end("t3").await["payload"]["state"], "final", "the session takes the next message");
+}

@@ -52,6 +52,9 @@ fn some_details(details: Map<String, Value>) -> Option<Value> {
 pub struct ReadTool(pub Arc<Workspace>);
 
 impl Tool for ReadTool {
+    fn read_only(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "read"
     }
@@ -455,6 +458,9 @@ pub fn diff_string(old: &str, new: &str) -> (String, Option<usize>) {
 pub struct LsTool(pub Arc<Workspace>);
 
 impl Tool for LsTool {
+    fn read_only(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "ls"
     }

@@ -58,6 +58,9 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 pub struct FindTool(pub Arc<Workspace>);
 
 impl Tool for FindTool {
+    fn read_only(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "find"
     }
@@ -130,6 +133,9 @@ struct Hit {
 }
 
 impl Tool for GrepTool {
+    fn read_only(&self) -> bool {
+        true
+    }
     fn name(&self) -> &str {
         "grep"
     }
