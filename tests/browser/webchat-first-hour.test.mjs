@@ -130,7 +130,8 @@ describe("WebChat: a newcomer's first hour", () => {
     const pinned = row("c000");
     await pinned.waitFor();
     assert.match(await pinned.textContent(), /Chat 000.*1 message/, "the open chat's row, not \"New chat · 0 messages\"");
-    assert.equal(await page.locator('[data-testid="message"]').count(), 1);
+    // The title shows before the history is drawn: wait for it (a loaded machine draws it later).
+    await waitFor("the open chat's one message", async () => (await page.locator('[data-testid="message"]').count()) === 1);
     assert.deepEqual(errors, []);
   });
 
