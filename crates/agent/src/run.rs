@@ -9,7 +9,9 @@
 //!    entry as written (`Usage`, then `Persisted`);
 //! 3. if it asked for tools: announce each (`ToolCallStart`, in call order), run them all
 //!    concurrently, and append their `toolResult` entries in call order (Pi's rule), each announced
-//!    once written (`Persisted`); then go back to 1 (at most `max_turns` model calls);
+//!    once written (`Persisted`); then go back to 1 (at most `max_turns` model calls). While a
+//!    tool runs, its partial results are announced (`ToolCallUpdate`, at most one per call every
+//!    [`UPDATE_INTERVAL`], the newest kept when the reader is slow); they are never appended;
 //! 4. else end with `Final` (the last assistant entry).
 //!
 //! A failed model call appends the assistant message with `stopReason: "error"` and ends with
@@ -85,6 +87,16 @@ pub enum RunEvent {
         /// Arguments.
         arguments: Value,
     },
+    /// A running tool's partial result (live only: never in the transcript). Always after its
+    /// `ToolCallStart` and before its toolResult's `Persisted`; each replaces the previous one.
+    ToolCallUpdate {
+        /// Call id.
+        id: String,
+        /// Tool name.
+        name: String,
+        /// Pi's partial tool result, `{content, details?}`.
+        partial: Value,
+    },
     /// An assistant or toolResult message was appended; the entry as written.
     Persisted {
         /// `{type:"message",id,parentId,timestamp,message}`, shared with the events after it.
@@ -119,6 +131,10 @@ pub enum RunEvent {
 
 /// Capacity of the event channel; a slow reader slows the run rather than growing memory.
 pub const EVENT_BUFFER: usize = 256;
+
+/// Least time between two `ToolCallUpdate`s of one call (OpenClaw's live tool update interval,
+/// `LIVE_EXEC_UPDATE_MIN_INTERVAL_MS`); partials reported in between are coalesced into the newest.
+pub const UPDATE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Starts the run on the tokio runtime and returns its events. The run goes on if the
 /// receiver is dropped; cancel the token to stop it. A panic inside the run does not leave the
@@ -182,6 +198,7 @@ fn end_name(ev: &RunEvent) -> &'static str {
         RunEvent::TextDelta { .. }
         | RunEvent::ThinkingDelta { .. }
         | RunEvent::ToolCallStart { .. }
+        | RunEvent::ToolCallUpdate { .. }
         | RunEvent::Persisted { .. }
         | RunEvent::Usage(_)
         | RunEvent::Retrying(_) => "other",
@@ -250,6 +267,26 @@ impl Runner {
         let ev = RunEvent::Error { entry: Some(entry), message, kind };
         self.emit(ev.clone()).await;
         ev
+    }
+
+    /// Announces a running call's partials (the newest, at most every [`UPDATE_INTERVAL`]) until
+    /// the call ends; waiting on a slow reader holds up the announcements, never the tool.
+    async fn forward_updates(
+        &self,
+        mut rx: tokio::sync::watch::Receiver<Option<crate::tools::ToolOutput>>,
+        id: &str,
+        name: &str,
+    ) -> std::convert::Infallible {
+        loop {
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            let partial = rx.borrow_and_update().as_ref().map(crate::tools::ToolOutput::to_value);
+            if let Some(partial) = partial {
+                self.emit(RunEvent::ToolCallUpdate { id: id.to_owned(), name: name.to_owned(), partial }).await;
+                tokio::time::sleep(UPDATE_INTERVAL).await;
+            }
+        }
     }
 
     async fn go(self) -> RunEvent {
@@ -334,16 +371,21 @@ impl Runner {
                 .await;
             }
             let tools = &self.req.tools;
+            let this = &self;
             let mut running: FuturesOrdered<_> = calls
                 .iter()
                 .map(|call| async move {
-                    match &call.arguments_error {
-                        Some(e) => Err(crate::tools::ToolError::InvalidArguments {
-                            tool: call.name.clone(),
-                            reason: e.clone(),
-                        }),
-                        None => tools.execute(&call.name, call.arguments.clone()).await,
-                    }
+                    let Some(e) = &call.arguments_error else {
+                        let (updates, rx) = crate::tools::ToolUpdates::channel();
+                        let tool = tools.execute_with_updates(&call.name, call.arguments.clone(), updates);
+                        // The forwarder ends with the tool: a partial not yet sent is superseded by the result.
+                        return tokio::select! {
+                            biased;
+                            out = tool => out,
+                            never = this.forward_updates(rx, &call.id, &call.name) => match never {},
+                        };
+                    };
+                    Err(crate::tools::ToolError::InvalidArguments { tool: call.name.clone(), reason: e.clone() })
                 })
                 .collect();
             for call in &calls {

@@ -6,6 +6,8 @@
 //! ([`search`]), all confined to the agent's [`Workspace`] ([`workspace`]), Pi's `bash` in a
 //! sandbox over that workspace ([`bash`]), and `current_time`.
 //! A failing tool is not a failed run: its error becomes a `toolResult` with `isError: true`.
+//! A tool may report partial results while it runs ([`ToolUpdates`], Pi's `onUpdate`): they are
+//! live only, never written to the transcript.
 
 pub mod bash;
 pub mod files;
@@ -62,6 +64,48 @@ impl ToolError {
     }
 }
 
+impl ToolOutput {
+    /// Pi's tool result object: `{content, details?}`.
+    pub fn to_value(&self) -> Value {
+        let mut v = json!({"content": self.content});
+        if let Some(d) = &self.details {
+            v["details"] = d.clone();
+        }
+        v
+    }
+}
+
+/// Where a running tool reports its partial result (Pi's `onUpdate`). Reporting never waits and
+/// never queues: a newer partial replaces one not yet taken, so a slow reader costs one partial of
+/// memory at most. [`ToolUpdates::none`] (the default) discards them.
+#[derive(Clone, Default)]
+pub struct ToolUpdates(Option<Arc<tokio::sync::watch::Sender<Option<ToolOutput>>>>);
+
+impl ToolUpdates {
+    /// Updates nobody reads.
+    pub fn none() -> ToolUpdates {
+        ToolUpdates(None)
+    }
+
+    /// Updates read from the returned receiver (the latest partial, `None` before the first).
+    pub fn channel() -> (ToolUpdates, tokio::sync::watch::Receiver<Option<ToolOutput>>) {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        (ToolUpdates(Some(Arc::new(tx))), rx)
+    }
+
+    /// Whether someone reads the updates (a tool may skip building partials otherwise).
+    pub fn wanted(&self) -> bool {
+        self.0.as_ref().is_some_and(|tx| !tx.is_closed())
+    }
+
+    /// Reports the partial result so far, replacing any not yet taken.
+    pub fn report(&self, partial: ToolOutput) {
+        if let Some(tx) = &self.0 {
+            tx.send_replace(Some(partial));
+        }
+    }
+}
+
 /// Future returned by [`Tool::call`].
 pub type ToolFuture<'a> = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send + 'a>>;
 
@@ -85,6 +129,12 @@ pub trait Tool: Send + Sync {
     /// interrupted error result instead ([`ToolRegistry::is_read_only`]).
     fn read_only(&self) -> bool {
         false
+    }
+    /// Runs the tool, reporting partial results to `updates` as it goes. The default reports
+    /// none and is [`Tool::call`]; a tool with output worth watching (`bash`) overrides it.
+    fn call_with_updates(&self, arguments: Value, updates: ToolUpdates) -> ToolFuture<'_> {
+        drop(updates);
+        self.call(arguments)
     }
 }
 
@@ -162,6 +212,16 @@ impl ToolRegistry {
     /// Validates the arguments and runs the tool. Every failure is an `Err` with a message for
     /// the model (unknown tool, invalid arguments, the tool's own error).
     pub async fn execute(&self, name: &str, arguments: Value) -> Result<ToolOutput, ToolError> {
+        self.execute_with_updates(name, arguments, ToolUpdates::none()).await
+    }
+
+    /// [`ToolRegistry::execute`], the tool reporting its partial results to `updates`.
+    pub async fn execute_with_updates(
+        &self,
+        name: &str,
+        arguments: Value,
+        updates: ToolUpdates,
+    ) -> Result<ToolOutput, ToolError> {
         let Some(tool) = self.tools.get(name) else {
             let available = self.tools.keys().cloned().collect();
             return Err(ToolError::NotFound { name: name.to_owned(), available });
@@ -169,7 +229,7 @@ impl ToolRegistry {
         let arguments = tool.prepare(arguments);
         validate(&tool.parameters(), &arguments)
             .map_err(|reason| ToolError::InvalidArguments { tool: name.to_owned(), reason })?;
-        tool.call(arguments).await
+        tool.call_with_updates(arguments, updates).await
     }
 }
 

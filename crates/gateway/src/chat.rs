@@ -1286,6 +1286,11 @@ impl Turn {
                         json!({"phase": "start", "toolCallId": id, "name": name, "args": arguments}),
                     );
                 }
+                // A running tool's output so far (OpenClaw's shape); live only, like OpenClaw's.
+                RunEvent::ToolCallUpdate { id, name, partial } => self.agent_event(
+                    "tool",
+                    json!({"phase": "update", "name": name, "toolCallId": id, "partialResult": partial}),
+                ),
                 RunEvent::Persisted { entry } => {
                     if let Some(usage) =
                         entry["message"].get("usage").filter(|_| entry["message"]["role"] == "assistant")
@@ -1496,8 +1501,6 @@ pub fn with_meta(entry: &Value, run_id: &str) -> Value {
     serde_json::to_value(WithMeta::run(entry, run_id)).unwrap_or(Value::Null)
 }
 
-/// `session.message`'s payload for an entry as written, with its durable position as OpenClaw's
-/// `messageSeq` (ascending with the transcript, the same on every replica; not a count).
 /// The `tool` stream's `result` phase for a persisted toolResult message, as OpenClaw 2026.9.6 sends
 /// it: `name`, `toolCallId`, `isError`, and `result` (`{content, details}`) as written.
 fn tool_result_data(msg: &Value) -> Value {
@@ -1514,6 +1517,8 @@ fn tool_result_data(msg: &Value) -> Value {
     })
 }
 
+/// `session.message`'s payload for an entry as written, with its durable position as OpenClaw's
+/// `messageSeq` (ascending with the transcript, the same on every replica; not a count).
 pub fn session_message_payload<'a>(
     gw: &Gateway,
     session: &'a SessionRef,

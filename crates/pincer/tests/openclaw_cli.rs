@@ -1,9 +1,10 @@
 //! OpenClaw 2026.9.6's own CLI against the real `pincer gateway`, on a loopback-only network
 //! namespace (see `pincer_testkit::openclaw`): `openclaw agent -m hi --json` prints the fake
 //! provider's reply and the turn is on disk, chained; `openclaw gateway call status`, `openclaw
-//! logs` (Pincer's log ring) and `openclaw sessions archive KEY` succeed.
+//! logs` (Pincer's log ring) and `openclaw sessions archive KEY` succeed; `openclaw tui` streams a
+//! reply, aborts one, and shows a running `bash` call's card with its output growing, then its result.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // tests fail loudly, print the pane
 
 use pincer_testkit::fake_openai::{FakeOpenAi, Pacing};
 use pincer_testkit::gateway::{GatewayProcess, TOKEN};
@@ -175,6 +176,41 @@ fn openclaw_tui_streams_a_reply_aborts_and_shows_no_error() {
         assert!(!lower.contains(bad), "the TUI shows {bad:?}:\n{screen}");
     }
     assert_eq!(token_gauge(&screen), tokens, "{screen}");
+}
+
+#[test]
+fn openclaw_tui_shows_bash_output_while_it_runs_then_the_result() {
+    if !openclaw::in_loopback_namespace("openclaw_tui_shows_bash_output_while_it_runs_then_the_result") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread_paced(Pacing { first: Duration::from_millis(150), ..Pacing::default() });
+    let gw = start(&dir, &fake);
+    let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
+    tui.wait_for("gateway connected");
+    // OpenClaw's TUI shows tool output at verbose `full`, a setting of the session (patched through
+    // the gateway, once the session exists: Pincer's `sessions.patch` refuses an unknown one).
+    tui.send(&["hello", "Enter"]);
+    tui.wait_until("the first reply, idle", |s| s.contains("Fake reply: you said \"hello\"") && s.contains("| idle"));
+    tui.send(&["/verbose full"]);
+    tui.send(&["Enter"]);
+    tui.wait_for("| verbose full |"); // the status line
+
+    // The fake asks for `bash` printing line-1 … line-5, 0.4 s apart (its `[bash]` marker).
+    tui.send(&["count for me [bash]", "Enter"]);
+    let running = tui.wait_until("the bash card running with its first output", |s| {
+        s.contains("(running)") && s.contains("line-1") && !s.contains("line-5")
+    });
+    println!("the pane while bash runs:\n{running}");
+    let done = tui.wait_for("Fake reply: you said \"count for me [bash]\"");
+    println!("the pane after the reply:\n{done}");
+    assert!(!done.contains("(running)"), "the card still runs:\n{done}");
+    let card: Vec<&str> = done.lines().filter(|l| l.trim_start().starts_with("line-")).map(str::trim).collect();
+    assert_eq!(card, ["line-1", "line-2", "line-3", "line-4", "line-5"], "{done}");
+    let lower = done.to_lowercase();
+    for bad in ["error", "failed", "unknown method", "disconnected"] {
+        assert!(!lower.contains(bad), "the TUI shows {bad:?}:\n{done}");
+    }
 }
 
 /// The line of `screen` that holds the fake's first reply.

@@ -7,7 +7,8 @@
 //! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[ratelimit]` answers 429 (`retry-after: 0`) the first time a message carries it
-//! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first. A compaction request (Pi's
+//! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first, `[bash]` for
+//! `bash` running [`BASH_LINES`] (five lines over two seconds) first. A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
 //! provider would. Every request body is recorded (unless started unrecorded).
@@ -16,6 +17,9 @@ use crate::fake_provider::{FakeProvider, Format, Framing, Options, Recorded, Rep
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The command `[bash]` asks `bash` to run: prints `line-1` … `line-5`, 0.4 s apart.
+pub const BASH_LINES: &str = "for i in 1 2 3 4 5; do echo line-$i; sleep 0.4; done";
 
 /// How fast replies stream: the pause before the first piece (a model's time to first token), after
 /// each piece of an ordinary reply, and after each of the 40 pieces of a `[slow]` one.
@@ -304,9 +308,16 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     }
     steps.push(Step::Send(chunk(json!({"role": "assistant", "content": ""}), Value::Null)));
     let has_tool_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-    if said.contains("[tool]") && !has_tool_result {
+    let tool = if said.contains("[tool]") {
+        Some(("ls", json!({})))
+    } else if said.contains("[bash]") {
+        Some(("bash", json!({"command": BASH_LINES})))
+    } else {
+        None
+    };
+    if let Some((name, args)) = tool.filter(|_| !has_tool_result) {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-            "function": {"name": "ls", "arguments": "{}"}}]});
+            "function": {"name": name, "arguments": args.to_string()}}]});
         steps.push(Step::Send(chunk(call, Value::Null)));
         steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
     } else if is_summarization(body) {

@@ -63,6 +63,11 @@ pub fn in_loopback_namespace(name: &str) -> bool {
         .expect("run the test in the namespace");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.contains("1 passed"), "{name} in {ns}:\n{stdout}\n{stderr}");
+    // What the inner run printed (e.g. a TUI's pane), in the outer test's output.
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{stdout}");
+    }
     false
 }
 

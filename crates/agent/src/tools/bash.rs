@@ -4,7 +4,9 @@
 //!
 //! stdout and stderr are read together; the last 2,000 lines / 50 KB are kept with Pi's notice and
 //! `details.truncation`, the whole output goes to `pi-bash-<hex>.log` (0600) in a private directory
-//! of the gateway, named in `details.fullOutputPath`. The command runs in its own process group
+//! of the gateway, named in `details.fullOutputPath`. While it runs, the output so far is reported
+//! as Pi reports it ([`ToolUpdates`]): an empty partial at the start, then the same tail (without
+//! the notice) at most every [`UPDATE_THROTTLE`]. The command runs in its own process group
 //! (and, sandboxed, its own PID namespace): on timeout, and when the call's future is dropped
 //! (the run was aborted), the whole group is killed.
 //!
@@ -23,7 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::truncate::{format_size, truncate_tail, MAX_BYTES, MAX_LINES};
 use super::workspace::Workspace;
-use super::{Tool, ToolError, ToolFuture, ToolOutput};
+use super::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
 
 /// How `bash` commands are confined.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +55,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Pi's grace for the pipes after the shell exited (`EXIT_STDIO_GRACE_MS`).
 const EXIT_STDIO_GRACE: Duration = Duration::from_millis(100);
+
+/// Least time between two partial results of one call (Pi's `BASH_UPDATE_THROTTLE_MS`).
+pub const UPDATE_THROTTLE: Duration = Duration::from_millis(100);
 
 /// The system directories bound read-only into the sandbox (symlinks are recreated as symlinks).
 const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"];
@@ -210,6 +215,9 @@ impl Tool for BashTool {
             "required": ["command"]})
     }
     fn call(&self, args: Value) -> ToolFuture<'_> {
+        self.call_with_updates(args, ToolUpdates::none())
+    }
+    fn call_with_updates(&self, args: Value, updates: ToolUpdates) -> ToolFuture<'_> {
         Box::pin(async move {
             let command = args.get("command").and_then(Value::as_str).unwrap_or_default().to_owned();
             // Pi: a positive timeout in seconds; none (or not positive) falls back to the configured default.
@@ -219,7 +227,7 @@ impl Tool for BashTool {
                 None => (self.config.default_timeout, self.config.default_timeout.as_secs().to_string()),
             };
             let ws = self.workspace.real_root().await?;
-            run(&self.config, &ws, &command, limit, &shown).await
+            run(&self.config, &ws, &command, limit, &shown, &updates).await
         })
     }
 }
@@ -268,6 +276,7 @@ async fn run(
     command: &str,
     limit: Duration,
     shown: &str,
+    updates: &ToolUpdates,
 ) -> Result<ToolOutput, ToolError> {
     let mut cmd = match &config.sandbox {
         Sandbox::Bwrap(bwrap) => {
@@ -294,6 +303,7 @@ async fn run(
     let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
     let mut group = Group { child, pgid };
     let mut acc = Accumulator::new(config);
+    let mut partials = Partials::new(updates);
     let (mut buf_out, mut buf_err) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
     let deadline = tokio::time::Instant::now() + limit;
     let mut status: Option<std::process::ExitStatus> = None;
@@ -303,13 +313,20 @@ async fn run(
         let far = tokio::time::Instant::now() + Duration::from_secs(86_400);
         tokio::select! {
             n = read_some(&mut out, &mut buf_out), if out.is_some() => match n {
-                Some(n) => acc.append(&buf_out[..n]).await?,
+                Some(n) => {
+                    acc.append(&buf_out[..n]).await?;
+                    partials.output(&acc);
+                }
                 None => out = None,
             },
             n = read_some(&mut err, &mut buf_err), if err.is_some() => match n {
-                Some(n) => acc.append(&buf_err[..n]).await?,
+                Some(n) => {
+                    acc.append(&buf_err[..n]).await?;
+                    partials.output(&acc);
+                }
                 None => err = None,
             },
+            () = tokio::time::sleep_until(partials.due.unwrap_or(far)), if partials.due.is_some() => partials.send(&acc),
             s = group.child.wait(), if status.is_none() => {
                 status = Some(s.map_err(|e| ToolError::failed(format!("bash: {e}")))?);
                 group.pgid = None; // reaped: its group id may be reused, never kill it now
@@ -323,6 +340,9 @@ async fn run(
         }
     }
     acc.finish().await?;
+    if partials.due.is_some() {
+        partials.send(&acc);
+    }
     let (text, details) = acc.format("(no output)");
     if timed_out {
         let (text, _) = acc.format("");
@@ -332,6 +352,41 @@ async fn run(
         return Err(ToolError::failed(append_status(&text, &format!("Command exited with code {code}"))));
     }
     Ok(ToolOutput { content: vec![json!({"type": "text", "text": text})], details })
+}
+
+/// Pi's throttle of partial results: the first output at once, then at most one partial every
+/// [`UPDATE_THROTTLE`], the last output never left unreported.
+struct Partials<'a> {
+    updates: &'a ToolUpdates,
+    last: Option<tokio::time::Instant>,
+    /// When the next partial goes out, if output came since the last.
+    due: Option<tokio::time::Instant>,
+}
+
+impl<'a> Partials<'a> {
+    fn new(updates: &'a ToolUpdates) -> Self {
+        // Pi announces the run with an empty partial.
+        updates.report(ToolOutput { content: Vec::new(), details: None });
+        Partials { updates, last: None, due: None }
+    }
+
+    /// New output came: report it now, or when the throttle allows.
+    fn output(&mut self, acc: &Accumulator<'_>) {
+        if !self.updates.wanted() || self.due.is_some() {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        match self.last.map(|l| l + UPDATE_THROTTLE).filter(|at| *at > now) {
+            Some(at) => self.due = Some(at),
+            None => self.send(acc),
+        }
+    }
+
+    fn send(&mut self, acc: &Accumulator<'_>) {
+        self.due = None;
+        self.last = Some(tokio::time::Instant::now());
+        self.updates.report(acc.partial());
+    }
 }
 
 /// Pi's `appendStatus`.
@@ -493,15 +548,14 @@ impl<'a> Accumulator<'a> {
         Ok(())
     }
 
-    /// Pi's `formatOutput` of the final snapshot: the text (or `empty`) with the truncation notice,
-    /// and `{truncation, fullOutputPath}` when truncated.
-    fn format(&self, empty: &str) -> (String, Option<Value>) {
-        let snapshot = if self.tail_starts_at_line_boundary {
+    /// Pi's `snapshot`: the tail of the output kept (2,000 lines / 50 KB), with the totals.
+    fn snapshot(&self) -> super::truncate::Truncation {
+        let text = if self.tail_starts_at_line_boundary {
             &self.tail[..]
         } else {
             self.tail.split_once('\n').map_or(&self.tail[..], |(_, rest)| rest)
         };
-        let mut t = truncate_tail(snapshot, MAX_LINES, MAX_BYTES);
+        let mut t = truncate_tail(text, MAX_LINES, MAX_BYTES);
         let truncated = self.total_lines > MAX_LINES || self.total_decoded > MAX_BYTES;
         t.truncated_by = if truncated {
             t.truncated_by.or(Some(if self.total_decoded > MAX_BYTES { "bytes" } else { "lines" }))
@@ -511,11 +565,38 @@ impl<'a> Accumulator<'a> {
         t.truncated = truncated;
         t.total_lines = self.total_lines;
         t.total_bytes = self.total_decoded;
+        t
+    }
+
+    /// The full output's file, once there is one.
+    fn path(&self) -> Option<String> {
+        self.file.as_ref().map(|(p, _)| p.display().to_string())
+    }
+
+    /// Pi's partial result: the snapshot's text (no notice), `details.truncation` when truncated
+    /// and `details.fullOutputPath` once the full output has a file.
+    fn partial(&self) -> ToolOutput {
+        let t = self.snapshot();
+        let mut details = serde_json::Map::new();
+        if t.truncated {
+            details.insert("truncation".into(), t.to_value());
+        }
+        if let Some(path) = self.path() {
+            details.insert("fullOutputPath".into(), path.into());
+        }
+        ToolOutput { content: vec![json!({"type": "text", "text": t.content})], details: Some(Value::Object(details)) }
+    }
+
+    /// Pi's `formatOutput` of the final snapshot: the text (or `empty`) with the truncation notice,
+    /// and `{truncation, fullOutputPath}` when truncated.
+    fn format(&self, empty: &str) -> (String, Option<Value>) {
+        let t = self.snapshot();
+        let truncated = t.truncated;
         let mut text = if t.content.is_empty() { empty.to_owned() } else { t.content.clone() };
         if !truncated {
             return (text, None);
         }
-        let path = self.file.as_ref().map(|(p, _)| p.display().to_string()).unwrap_or_default();
+        let path = self.path().unwrap_or_default();
         let end = t.total_lines;
         let start = end - t.output_lines + 1;
         if t.last_line_partial {

@@ -160,6 +160,7 @@ pub fn events_json(events: &[RunEvent]) -> Vec<Value> {
                 json!({"persisted": normalize(entry)})
             }
             RunEvent::ToolCallStart { id, name, arguments } => json!({"toolCallStart": {"id": id, "name": name, "arguments": arguments}}),
+            RunEvent::ToolCallUpdate { id, name, partial } => json!({"toolCallUpdate": {"id": id, "name": name, "partial": partial}}),
             RunEvent::Persisted { entry } => json!({"persisted": normalize(entry)}),
             RunEvent::Usage(u) => json!({"usage": u}),
             RunEvent::Retrying(r) => {

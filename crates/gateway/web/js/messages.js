@@ -5,7 +5,8 @@
 // a reply, "‹ 2/3 ›" between siblings, a label, copy); compaction dividers whose summary can be
 // opened; "show all" for texts history cut; "jump to latest"; and the streaming bubble of a run
 // (aria-busy while it streams); a card per tool call (name, arguments, result or error; collapsible),
-// live from the `agent` tool stream and rebuilt from the toolCall blocks and toolResult rows.
+// live from the `agent` tool stream (a running call's output so far, from its `update` events, until
+// the result replaces it) and rebuilt from the toolCall blocks and toolResult rows.
 import { renderMarkdown, copyText } from "/webchat/js/markdown.js";
 import { el, textOf, toMs, shortTime, fullTime, TRUNCATED } from "/webchat/js/util.js";
 
@@ -18,7 +19,7 @@ export class MessageView {
     this.log = log; this.actions = actions; this.jump = jump;
     this.messages = []; this.tree = null; this.streams = new Map(); this.hasOlder = false; this.readOnly = false;
     this.loadingOlder = false;
-    /** Tool calls seen on the `agent` stream: toolCallId → {status, result}. */
+    /** Tool calls seen on the `agent` stream: toolCallId → {status, result, output}. */
     this.toolLive = new Map();
     log.addEventListener("scroll", () => this.onScroll(), { passive: true });
     jump?.addEventListener("click", () => { this.log.scrollTop = this.log.scrollHeight; this.log.focus({ preventScroll: true }); });
@@ -254,6 +255,15 @@ export class MessageView {
       card.append(el("div", { class: "tool-part" }, status === "error" ? "Error" : "Result"),
         el("pre", { "data-testid": "tool-result" }, result || "(empty)"));
     }
+    const output = status === "running" ? live?.output : undefined;
+    if (output) {
+      // The tail of the output so far, scrolled to its end; opened at the first output so that it
+      // is seen as it grows (then left as the reader sets it).
+      const pre = el("pre", { class: "tool-output", "data-testid": "tool-output" }, output);
+      card.append(el("div", { class: "tool-part" }, "Output so far"), pre);
+      if (!live.opened) card.open = live.opened = true;
+      requestAnimationFrame(() => { pre.scrollTop = pre.scrollHeight; });
+    }
     if (status === "error") card.open = true;
     return card;
   }
@@ -272,7 +282,21 @@ export class MessageView {
   toolEvent(d) {
     if (!d || !d.toolCallId) return;
     if (d.phase === "start") this.toolLive.set(d.toolCallId, { status: "running" });
-    else if (d.phase === "result") {
+    else if (d.phase === "update") {
+      const live = this.toolLive.get(d.toolCallId);
+      if (live && live.status !== "running") return; // a late update never undoes the result
+      const p = d.partialResult && Array.isArray(d.partialResult.content) ? d.partialResult : null;
+      const output = p ? textOf(p).replace(/\n$/, "") : live?.output;
+      this.toolLive.set(d.toolCallId, { ...live, status: "running", output });
+      // A card already showing output takes the new text in place (no flicker, scroll kept at the end).
+      const pre = this.log.querySelector(`[data-testid="tool-call"][data-call-id="${CSS.escape(d.toolCallId)}"] [data-testid="tool-output"]`);
+      if (pre && output) {
+        const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+        pre.textContent = output;
+        if (atEnd) pre.scrollTop = pre.scrollHeight;
+        return;
+      }
+    } else if (d.phase === "result") {
       const content = d.result && Array.isArray(d.result.content) ? d.result : null;
       this.toolLive.set(d.toolCallId, { status: d.isError ? "error" : "ok", result: content ? textOf(content) : undefined });
     } else return;
