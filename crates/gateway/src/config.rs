@@ -362,11 +362,6 @@ impl Agents {
     pub fn configured(&self) -> impl Iterator<Item = &std::sync::Arc<AgentSettings>> {
         self.resolved.values()
     }
-
-    /// Whether `id` is `main` or configured.
-    pub fn is_configured(&self, id: &str) -> bool {
-        self.resolved.contains_key(id)
-    }
 }
 
 /// `<state>/workspace/<id>`.
