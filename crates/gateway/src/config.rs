@@ -202,6 +202,12 @@ pub struct ToolsConfig {
     pub network: Option<bool>,
     /// Seconds a `bash` call may run when it gives no timeout (default 600).
     pub timeout: Option<u64>,
+    /// `web_fetch` may fetch loopback, private and link-local addresses (default false).
+    pub web_fetch_private_network: Option<bool>,
+    /// Most bytes of a response body `web_fetch` reads (default 2 MiB).
+    pub web_fetch_max_bytes: Option<usize>,
+    /// Seconds a `web_fetch` call may take, redirects and body included (default 30).
+    pub web_fetch_timeout: Option<u64>,
 }
 
 /// `[agents.defaults.tools] sandbox`.
@@ -260,6 +266,8 @@ pub struct Settings {
     pub tools: pincer_agent::ToolPolicy,
     /// `bash`'s settings (sandbox, network, timeout), checked at startup when `bash` is enabled.
     pub bash: std::sync::Arc<pincer_agent::tools::bash::BashConfig>,
+    /// `web_fetch`'s settings (the private network, the caps).
+    pub web_fetch: std::sync::Arc<pincer_agent::tools::web_fetch::WebFetchConfig>,
     pub max_turns: usize,
     pub compaction: pincer_compaction::CompactionSettings,
     pub redact: bool,
@@ -419,8 +427,16 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         hidden: vec![state_dir.clone(), config_path.clone()],
         output_dir: std::env::temp_dir().join(format!("pincer-bash-{}", uuid::Uuid::new_v4().simple())),
     });
+    let web_fetch = std::sync::Arc::new(pincer_agent::tools::web_fetch::WebFetchConfig {
+        allow_private_network: t.web_fetch_private_network.unwrap_or(false),
+        max_bytes: t.web_fetch_max_bytes.unwrap_or(pincer_agent::tools::web_fetch::DEFAULT_MAX_BYTES).max(1),
+        timeout: t
+            .web_fetch_timeout
+            .map_or(pincer_agent::tools::web_fetch::DEFAULT_TIMEOUT, |s| std::time::Duration::from_secs(s.max(1))),
+    });
     Ok(Settings {
         bash,
+        web_fetch,
         workspace: file.agents.defaults.workspace.clone().unwrap_or_else(|| state_dir.join("workspace")),
         tools,
         state_dir,

@@ -417,7 +417,12 @@ impl Gateway {
         let (store, pg, indexer) = open_store(&settings, &redactor)?;
         let conversations = Arc::new(crate::openai::index::ConversationIndex::new(store.clone()));
         let bash = bash_settings(&settings)?;
-        let tools = Arc::new(ToolRegistry::from_policy(&settings.tools, settings.workspace.clone(), &bash));
+        let tools = Arc::new(ToolRegistry::from_policy(
+            &settings.tools,
+            settings.workspace.clone(),
+            &bash,
+            &settings.web_fetch,
+        ));
         let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {
             Ok(r) => Some(r),
