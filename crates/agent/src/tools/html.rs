@@ -3,7 +3,9 @@
 //! `#` lines, links as `[text](url)` (made absolute), list items as `- ` / `1. `, `<pre>` as fenced
 //! code, table rows as `a | b` lines — with scripts, styles, navigation, forms and hidden elements
 //! dropped. Only `<main>` is read when the page has one. In text mode the same walk writes no
-//! markdown marks (links are their text, headings plain lines).
+//! markdown marks (links are their text, headings plain lines). A hostile page nesting thousands of
+//! elements (minutes of parsing: html5ever's scope checks are linear in the nesting) is read with
+//! its tags stripped instead, and the walk keeps only the text below depth 200 (it recurses).
 
 use scraper::{ElementRef, Html, Node};
 
@@ -57,8 +59,23 @@ const MAX_DEPTH: usize = 200;
 /// Elements set off by a blank line.
 const PARAGRAPHS: &[&str] = &["p", "blockquote", "ul", "ol", "pre", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "table"];
 
+/// Deepest nesting (estimated by [`nesting`]) parsed as HTML: html5ever's scope checks walk the
+/// stack of open elements, so a page nesting 200,000 elements takes minutes to parse. Past it the
+/// page's tags are stripped instead.
+const MAX_NESTING: usize = 5_000;
+
+/// Elements that never nest (void) or are closed by their next sibling (`<p>`, `<li>`, …).
+const FLAT: &[&str] = &[
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr", "p",
+    "li", "dt", "dd", "td", "th", "tr", "option", "optgroup", "tbody", "thead", "tfoot", "colgroup", "caption", "rb",
+    "rt", "rp", "!doctype",
+];
+
 /// `html` as text; `base` makes relative links absolute; `markdown` false writes plain text.
 pub fn readable(html: &str, base: Option<&reqwest::Url>, markdown: bool) -> Readable {
+    if nesting(html) > MAX_NESTING {
+        return Readable { title: None, text: strip_tags(html) };
+    }
     let doc = Html::parse_document(html);
     let root = doc.root_element();
     let title = descendants(root)
@@ -69,6 +86,44 @@ pub fn readable(html: &str, base: Option<&reqwest::Url>, markdown: bool) -> Read
     let mut w = Writer::new(markdown, base);
     w.element(start);
     Readable { title, text: w.finish() }
+}
+
+/// The most start tags open at once, counting neither [`FLAT`] elements nor self-closed ones.
+fn nesting(html: &str) -> usize {
+    let (mut open, mut most) = (0usize, 0usize);
+    let mut rest = html;
+    while let Some(i) = rest.find('<') {
+        rest = &rest[i + 1..];
+        let end = rest.find('>').unwrap_or(rest.len());
+        let tag = &rest[..end];
+        if let Some(name) = tag.strip_prefix('/') {
+            let name = name.split(|c: char| c.is_whitespace()).next().unwrap_or_default();
+            if !FLAT.iter().any(|f| f.eq_ignore_ascii_case(name)) {
+                open = open.saturating_sub(1);
+            }
+        } else if tag.starts_with(|c: char| c.is_ascii_alphabetic()) && !tag.ends_with('/') {
+            let name = tag.split(|c: char| c.is_whitespace() || c == '/').next().unwrap_or_default();
+            if !FLAT.iter().any(|f| f.eq_ignore_ascii_case(name)) {
+                open += 1;
+                most = most.max(open);
+            }
+        }
+        rest = &rest[end..];
+    }
+    most
+}
+
+/// The text between the tags, whitespace collapsed (for a page too deep to parse).
+fn strip_tags(html: &str) -> String {
+    let mut text = String::with_capacity(html.len() / 2);
+    let mut rest = html;
+    while let Some(i) = rest.find('<') {
+        text.push_str(&rest[..i]);
+        text.push(' ');
+        rest = rest[i..].find('>').map_or("", |j| &rest[i + j + 1..]);
+    }
+    text.push_str(rest);
+    collapse(&text)
 }
 
 /// `el`'s descendant elements, depth first.
@@ -388,9 +443,26 @@ mod tests {
 
     #[test]
     fn deep_nesting_keeps_the_text_without_overflowing_the_stack() {
-        let depth = 3_000;
+        let depth = 2_400;
         let page = format!("{}<p>deep <b>text</b></p>{}", "<div><span>".repeat(depth), "</span></div>".repeat(depth));
         let r = readable(&page, None, true);
         assert_eq!(r.text, "deep text");
+    }
+
+    #[test]
+    fn a_page_too_deep_to_parse_is_read_with_its_tags_stripped() {
+        let depth = 200_000;
+        let page =
+            format!("<title>t</title>{}<p>deep <b>text</b></p>{}", "<div>".repeat(depth), "</div>".repeat(depth));
+        let started = std::time::Instant::now();
+        let r = readable(&page, None, true);
+        eprintln!("{} nested divs read in {:?}", depth, started.elapsed());
+        assert_eq!(r, Readable { title: None, text: "t deep text".to_owned() });
+        // Unclosed paragraphs and list items do not nest.
+        let flat = format!("<ul>{}</ul>", "<li><p>item<br>".repeat(MAX_NESTING + 1));
+        assert!(nesting(&flat) < 5, "{}", nesting(&flat));
+        // Parsed as HTML, not stripped.
+        let text = readable(&flat, None, true).text;
+        assert!(text.starts_with("- item\n\n- item\n\n- item"), "{}", &text[..40]);
     }
 }
