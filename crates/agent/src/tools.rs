@@ -4,15 +4,18 @@
 //!
 //! Built-ins: Pi's file tools `read`, `write`, `edit`, `ls` ([`files`]), `find`, `grep`
 //! ([`search`]), all confined to the agent's [`Workspace`] ([`workspace`]), Pi's `bash` in a
-//! sandbox over that workspace ([`bash`]), and `current_time`.
+//! sandbox over that workspace ([`bash`]), `web_fetch` ([`web_fetch`]: an HTTP GET made readable,
+//! the private network refused) and `current_time`.
 //! A failing tool is not a failed run: its error becomes a `toolResult` with `isError: true`.
 //! A tool may report partial results while it runs ([`ToolUpdates`], Pi's `onUpdate`): they are
 //! live only, never written to the transcript.
 
 pub mod bash;
 pub mod files;
+mod html;
 pub mod search;
 pub mod truncate;
+pub mod web_fetch;
 pub mod workspace;
 
 pub use workspace::Workspace;
@@ -158,25 +161,30 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// Every built-in tool ([`BUILTIN_TOOLS`]) but `bash` (which needs its sandbox settings: see
-    /// [`ToolRegistry::from_policy`]), over the workspace at `workspace`.
+    /// Every built-in tool ([`BUILTIN_TOOLS`]) but `bash` and `web_fetch` (which need their settings:
+    /// see [`ToolRegistry::from_policy`]), over the workspace at `workspace`.
     pub fn with_builtins(workspace: impl Into<PathBuf>) -> Self {
         let ws = Workspace::new(workspace);
         let mut r = Self::new();
         for name in BUILTIN_TOOLS {
-            if let Some(tool) = builtin(name, &ws, None) {
+            if let Some(tool) = builtin(name, &ws, None, None) {
                 r.register(tool);
             }
         }
         r
     }
 
-    /// The tools `policy` allows, over `workspace`; `bash` with the settings `bash`.
-    pub fn from_policy(policy: &ToolPolicy, workspace: impl Into<PathBuf>, bash: &Arc<bash::BashConfig>) -> Self {
+    /// The tools `policy` allows, over `workspace`; `bash` and `web_fetch` with their settings.
+    pub fn from_policy(
+        policy: &ToolPolicy,
+        workspace: impl Into<PathBuf>,
+        bash: &Arc<bash::BashConfig>,
+        web_fetch: &Arc<web_fetch::WebFetchConfig>,
+    ) -> Self {
         let ws = Workspace::new(workspace);
         let mut r = Self::new();
         for name in &policy.tools {
-            if let Some(tool) = builtin(name, &ws, Some(bash)) {
+            if let Some(tool) = builtin(name, &ws, Some(bash), Some(web_fetch)) {
                 r.register(tool);
             }
         }
@@ -234,13 +242,20 @@ impl ToolRegistry {
 }
 
 /// Every built-in tool's name.
-pub const BUILTIN_TOOLS: &[&str] = &["read", "write", "edit", "bash", "ls", "find", "grep", "current_time"];
+pub const BUILTIN_TOOLS: &[&str] =
+    &["read", "write", "edit", "bash", "ls", "find", "grep", "web_fetch", "current_time"];
 
-/// The built-in tool `name` over `ws` (`bash` only given its settings).
-fn builtin(name: &str, ws: &Arc<Workspace>, bash: Option<&Arc<bash::BashConfig>>) -> Option<Arc<dyn Tool>> {
+/// The built-in tool `name` over `ws` (`bash` and `web_fetch` only given their settings).
+fn builtin(
+    name: &str,
+    ws: &Arc<Workspace>,
+    bash: Option<&Arc<bash::BashConfig>>,
+    web: Option<&Arc<web_fetch::WebFetchConfig>>,
+) -> Option<Arc<dyn Tool>> {
     let ws = ws.clone();
     Some(match name {
         "bash" => Arc::new(bash::BashTool { workspace: ws, config: bash?.clone() }),
+        "web_fetch" => Arc::new(web_fetch::WebFetchTool::new(web?.clone())),
         "read" => Arc::new(files::ReadTool(ws)),
         "write" => Arc::new(files::WriteTool(ws)),
         "edit" => Arc::new(files::EditTool(ws)),
@@ -254,7 +269,8 @@ fn builtin(name: &str, ws: &Arc<Workspace>, bash: Option<&Arc<bash::BashConfig>>
 
 /// Which built-ins an agent gets: a profile's tools, plus `allow`, minus `deny`
 /// (`[agents.defaults.tools]`). Profiles: `minimal` = the read-only tools (`read`, `ls`, `find`,
-/// `grep`), `coding` (the default) = Pi's coding tools (those and `write`, `edit`, `bash`), `full` = every built-in.
+/// `grep`), `coding` (the default) = Pi's coding tools (those and `write`, `edit`, `bash`), `full` =
+/// every built-in (Pi's seven, `web_fetch` and `current_time`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolPolicy {
     /// The profile the list started from.
@@ -410,6 +426,35 @@ mod tests {
         assert_eq!(write("new/dir/f.txt").await, Ok(ToolOutput::text("Successfully wrote 1 bytes to new/dir/f.txt")));
         assert_eq!(std::fs::read_to_string(ws.path().join("new/dir/f.txt")).unwrap(), "x");
         assert_eq!(read("missing").await, Err("missing: No such file or directory (os error 2)".to_owned()));
+    }
+
+    #[test]
+    fn web_fetch_is_in_the_full_profile_only_or_when_allowed() {
+        let tools = |profile: Option<&str>, allow: &[&str]| {
+            let allow: Vec<String> = allow.iter().map(|s| (*s).to_owned()).collect();
+            ToolPolicy::new(profile, &allow, &[]).unwrap().tools
+        };
+        assert_eq!(
+            tools(Some("full"), &[]),
+            ["read", "write", "edit", "bash", "ls", "find", "grep", "web_fetch", "current_time"]
+        );
+        assert_eq!(tools(None, &[]), ["read", "write", "edit", "bash", "ls", "find", "grep"]);
+        assert_eq!(
+            tools(Some("coding"), &["web_fetch"]),
+            ["read", "write", "edit", "bash", "ls", "find", "grep", "web_fetch"]
+        );
+        assert_eq!(tools(Some("minimal"), &["web_fetch"]), ["read", "ls", "find", "grep", "web_fetch"]);
+        // The registry built from the policy offers it, with its settings.
+        let policy = ToolPolicy::new(Some("minimal"), &["web_fetch".to_owned()], &[]).unwrap();
+        let bash = Arc::new(bash::BashConfig {
+            sandbox: bash::Sandbox::Off,
+            network: false,
+            default_timeout: bash::DEFAULT_TIMEOUT,
+            hidden: Vec::new(),
+            output_dir: PathBuf::from("/nonexistent"),
+        });
+        let reg = ToolRegistry::from_policy(&policy, "/nonexistent", &bash, &Arc::default());
+        assert_eq!(reg.names(), ["find", "grep", "ls", "read", "web_fetch"]);
     }
 
     #[tokio::test]

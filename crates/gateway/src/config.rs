@@ -222,6 +222,12 @@ pub struct ToolsConfig {
     pub network: Option<bool>,
     /// Seconds a `bash` call may run when it gives no timeout (default 600).
     pub timeout: Option<u64>,
+    /// `web_fetch` may fetch loopback, private and link-local addresses (default false).
+    pub web_fetch_private_network: Option<bool>,
+    /// Most bytes of a response body `web_fetch` reads (default 2 MiB).
+    pub web_fetch_max_bytes: Option<usize>,
+    /// Seconds a `web_fetch` call may take, redirects and body included (default 30).
+    pub web_fetch_timeout: Option<u64>,
 }
 
 impl ToolsConfig {
@@ -234,6 +240,9 @@ impl ToolsConfig {
             sandbox: self.sandbox.or(base.sandbox),
             network: self.network.or(base.network),
             timeout: self.timeout.or(base.timeout),
+            web_fetch_private_network: self.web_fetch_private_network.or(base.web_fetch_private_network),
+            web_fetch_max_bytes: self.web_fetch_max_bytes.or(base.web_fetch_max_bytes),
+            web_fetch_timeout: self.web_fetch_timeout.or(base.web_fetch_timeout),
         }
     }
 }
@@ -329,6 +338,8 @@ pub struct AgentSettings {
     pub tools: pincer_agent::ToolPolicy,
     /// `bash`'s settings (sandbox, network, timeout), checked at startup when `bash` is enabled.
     pub bash: std::sync::Arc<pincer_agent::tools::bash::BashConfig>,
+    /// `web_fetch`'s settings (the private network, the caps).
+    pub web_fetch: std::sync::Arc<pincer_agent::tools::web_fetch::WebFetchConfig>,
 }
 
 /// Every agent's settings: `main` and the configured ones, resolved at startup; an agent known only
@@ -530,7 +541,14 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             .or_else(|| d.workspace.clone())
             .unwrap_or_else(|| default_workspace(&state_dir, &id));
         let system_prompt = own.and_then(|a| a.system_prompt.clone()).or_else(|| d.system_prompt.clone());
-        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash })
+        let web_fetch = std::sync::Arc::new(pincer_agent::tools::web_fetch::WebFetchConfig {
+            allow_private_network: t.web_fetch_private_network.unwrap_or(false),
+            max_bytes: t.web_fetch_max_bytes.unwrap_or(pincer_agent::tools::web_fetch::DEFAULT_MAX_BYTES).max(1),
+            timeout: t
+                .web_fetch_timeout
+                .map_or(pincer_agent::tools::web_fetch::DEFAULT_TIMEOUT, |s| std::time::Duration::from_secs(s.max(1))),
+        });
+        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash, web_fetch })
     };
     let defaults = std::sync::Arc::new(agent(AgentId::main(), None)?);
     let mut resolved = BTreeMap::new();

@@ -394,8 +394,9 @@ fn open_store(settings: &Settings, redactor: &Arc<dyn Redactor>) -> Result<Opene
 /// warning).
 fn agent_tools(a: &crate::config::AgentSettings) -> Result<Arc<ToolRegistry>, GatewayError> {
     use pincer_agent::tools::bash::{BashConfig, Sandbox};
-    let registry =
-        |bash: &Arc<BashConfig>| Ok(Arc::new(ToolRegistry::from_policy(&a.tools, a.workspace.clone(), bash)));
+    let registry = |bash: &Arc<BashConfig>| {
+        Ok(Arc::new(ToolRegistry::from_policy(&a.tools, a.workspace.clone(), bash, &a.web_fetch)))
+    };
     if !a.tools.tools.iter().any(|t| t == "bash") {
         return registry(&a.bash);
     }
@@ -431,7 +432,7 @@ impl Gateway {
     pub fn tools(&self, agent: &str) -> Arc<ToolRegistry> {
         self.tools.get(agent).cloned().unwrap_or_else(|| {
             let a = self.settings.agents.get(agent);
-            Arc::new(ToolRegistry::from_policy(&a.tools, a.workspace.clone(), &a.bash))
+            Arc::new(ToolRegistry::from_policy(&a.tools, a.workspace.clone(), &a.bash, &a.web_fetch))
         })
     }
 

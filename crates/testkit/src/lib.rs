@@ -4,10 +4,11 @@
 //! marker-driven OpenAI preset for the gateway, [`fake_openai`]), the gateway as a real process
 //! with a protocol client ([`gateway`]), probes of a running process and its state dir
 //! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
-//! own CLI in a loopback-only network namespace ([`openclaw`]), a generated state directory
+//! own CLI in a loopback-only network namespace ([`openclaw`], through [`netns`]), a generated state directory
 //! with known search hits ([`corpus`]), a throwaway PostgreSQL cluster ([`postgres`]), and the
 //! transcript shapes of the hostile-input tests ([`shapes`]), Pi's context in OpenAI's wire form
-//! ([`wire`]), and the redaction of run-to-run values in wire snapshots ([`redact`]).
+//! ([`wire`]), the redaction of run-to-run values in wire snapshots ([`redact`]), and a web server for
+//! `web_fetch` ([`web`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -20,12 +21,14 @@ pub mod corpus;
 pub mod fake_openai;
 pub mod fake_provider;
 pub mod gateway;
+pub mod netns;
 pub mod openclaw;
 pub mod oracle;
 pub mod postgres;
 pub mod probe;
 pub mod redact;
 pub mod shapes;
+pub mod web;
 pub mod wire;
 
 use serde_json::Value;

@@ -6,9 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// Set in the copy of a test that runs inside the namespace.
-const INSIDE: &str = "PINCER_TEST_IN_NETNS";
-
 /// The installed CLI: (node, openclaw.mjs). Panics naming the fix when it is missing (never skips).
 pub fn cli() -> (PathBuf, PathBuf) {
     let dir = crate::repo_root().join("tests/openclaw-cli");
@@ -28,7 +25,7 @@ pub fn cli() -> (PathBuf, PathBuf) {
 /// loopback up, and asserts it passed there. Returns true in that inner run (go on with the test),
 /// false in the outer one (done).
 pub fn in_loopback_namespace(name: &str) -> bool {
-    if std::env::var_os(INSIDE).is_some() {
+    if crate::netns::inside() {
         return true;
     }
     cli();
@@ -36,39 +33,7 @@ pub fn in_loopback_namespace(name: &str) -> bool {
     // (the suite's other timing-sensitive tests suffer when four run at once).
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    // One namespace per test, also when several tests of one binary run at once.
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let ns = format!("pincer-oc-{}-{n}", std::process::id());
-    let ip = |args: &[&str]| {
-        let out = Command::new("ip").args(args).output().expect("run ip (iproute2; the test runs as root)");
-        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    ip(&["netns", "add", &ns]);
-    struct Gone(String);
-    impl Drop for Gone {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "delete", &self.0]).status();
-        }
-    }
-    let _gone = Gone(ns.clone());
-    ip(&["netns", "exec", &ns, "ip", "link", "set", "lo", "up"]);
-    let exe = std::env::current_exe().expect("test binary");
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns])
-        .arg(exe)
-        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
-        .env(INSIDE, "1")
-        .output()
-        .expect("run the test in the namespace");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.contains("1 passed"), "{name} in {ns}:\n{stdout}\n{stderr}");
-    // What the inner run printed (e.g. a TUI's pane), in the outer test's output.
-    #[allow(clippy::print_stdout)]
-    {
-        println!("{stdout}");
-    }
-    false
+    crate::netns::run_inside(name, &[])
 }
 
 /// Runs `openclaw <args>` against the gateway at `addr` with `token`, with its home and state in `home`.

@@ -196,6 +196,14 @@ pub(crate) fn http_client(
     connect_timeout: Duration,
     ca_file: Option<&std::path::Path>,
 ) -> Result<reqwest::Client, String> {
+    http_client_builder(connect_timeout, ca_file)?.build().map_err(|e| error_chain(&e))
+}
+
+/// [`http_client`]'s settings, for a client that adds its own (`web_fetch`'s guarded resolver).
+pub(crate) fn http_client_builder(
+    connect_timeout: Duration,
+    ca_file: Option<&std::path::Path>,
+) -> Result<reqwest::ClientBuilder, String> {
     install_crypto_provider();
     let mut builder =
         reqwest::Client::builder().connect_timeout(connect_timeout).pool_idle_timeout(Duration::from_secs(30));
@@ -208,7 +216,7 @@ pub(crate) fn http_client(
         }
         builder = builder.tls_certs_merge(certs);
     }
-    builder.build().map_err(|e| error_chain(&e))
+    Ok(builder)
 }
 
 /// How `api` lists a request's messages (the echo model's requests are spelled as OpenAI's).
