@@ -129,23 +129,19 @@ fn read_agent(db: &Path, redactor: &dyn Redactor) -> Result<Vec<Result<Session, 
 /// The transcript of session `id` as a Pi v3 file.
 fn transcript(c: &Connection, id: &str, redactor: &dyn Redactor) -> Result<Vec<u8>, String> {
     let mut q = c
-        .prepare(
-            "SELECT seq, event_json, event_zstd IS NOT NULL FROM transcript_events WHERE session_id = ?1 ORDER BY seq",
-        )
+        .prepare("SELECT seq, event_json FROM transcript_events WHERE session_id = ?1 ORDER BY seq")
         .map_err(|e| e.to_string())?;
-    let rows: Vec<(i64, Option<String>, bool)> = q
-        .query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .and_then(|rows| rows.collect())
-        .map_err(|e| e.to_string())?;
+    let rows: Vec<(i64, Option<String>)> =
+        q.query_map([id], |r| Ok((r.get(0)?, r.get(1)?))).and_then(|rows| rows.collect()).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for (i, (seq, event, compressed)) in rows.into_iter().enumerate() {
+    for (i, (seq, event)) in rows.into_iter().enumerate() {
+        // OpenClaw's schema: an event without `event_json` is stored zstd-compressed.
         let Some(text) = event else {
             return Err(format!(
                 "event {seq} is zstd-compressed (event_zstd), which this import does not read; nothing of this \
                  session was written"
             ));
         };
-        debug_assert!(!compressed);
         let Ok(Value::Object(mut entry)) = serde_json::from_str::<Value>(&text) else {
             return Err(format!("event {seq} is not a JSON object"));
         };

@@ -28,6 +28,18 @@ fn said(messages: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// The messages of a history without their `__openclaw` blocks (each side's own bookkeeping: ids,
+/// sequence numbers, positions in its store): every other field, as stored, must be the same.
+fn stored(messages: &Value) -> Vec<Value> {
+    (messages.as_array().expect("messages").iter())
+        .map(|m| {
+            let mut m = m.clone();
+            m.as_object_mut().expect("message").remove("__openclaw");
+            m
+        })
+        .collect()
+}
+
 /// `pincer store import --from-openclaw <from> --state-dir <to> [--to <url>]`: its exit code and
 /// JSON report.
 fn import(from: &Path, to: &Path, url: Option<&str>) -> (Option<i32>, Value) {
@@ -146,6 +158,7 @@ fn sessions_openclaw_2026_9_wrote_to_sqlite_import_with_their_branches() {
         });
         for ((key, theirs), ours) in theirs.iter().zip(&ours) {
             assert_eq!(said(&ours["messages"]), said(&theirs["messages"]), "{key} in {}", to.display());
+            assert_eq!(stored(&ours["messages"]), stored(&theirs["messages"]), "{key} in {}", to.display());
         }
         let row = (list["sessions"].as_array().expect("sessions").iter())
             .find(|s| s["key"] == main)
