@@ -4,6 +4,7 @@
 
 mod doctor;
 mod gateway;
+mod openclaw;
 mod out;
 mod search;
 mod store;

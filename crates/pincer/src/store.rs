@@ -16,23 +16,63 @@ use std::sync::Arc;
 
 #[derive(Subcommand)]
 pub enum StoreCmd {
-    /// Copy a JSONL state directory's transcripts and session indexes into PostgreSQL.
+    /// Copy a JSONL state directory's transcripts and session indexes into PostgreSQL, or bring
+    /// OpenClaw 2026.9's SQLite sessions into Pincer's store (`--from-openclaw`).
     Import(ImportArgs),
 }
 
 #[derive(Args)]
+#[command(group = clap::ArgGroup::new("source").required(true).args(["from", "from_openclaw"]))]
 pub struct ImportArgs {
-    /// The state directory to read (it is not modified).
+    /// The Pincer (JSONL) state directory to read (it is not modified).
     #[arg(long)]
-    from: PathBuf,
-    /// The database: postgres://user:password@host:port/db (or PINCER_DATABASE_URL).
+    from: Option<PathBuf>,
+    /// An OpenClaw 2026.9 state directory (sessions in agents/<agent>/agent/openclaw-agent.sqlite,
+    /// opened read-only): its sessions are added to Pincer's store.
+    #[arg(long, value_name = "STATE_DIR")]
+    from_openclaw: Option<PathBuf>,
+    /// The database: postgres://user:password@host:port/db (or PINCER_DATABASE_URL). Required with
+    /// --from; with --from-openclaw, without it the JSONL state directory is written.
     #[arg(long, env = "PINCER_DATABASE_URL", hide_env_values = true)]
-    to: String,
+    to: Option<String>,
+    /// With --from-openclaw: Pincer's state directory (default: ~/.pincer).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
 }
 
 pub fn run(cmd: StoreCmd) -> Result<u8, Failure> {
     match cmd {
-        StoreCmd::Import(args) => import(&args.from, &args.to),
+        StoreCmd::Import(args) => match (&args.from, &args.from_openclaw, &args.to) {
+            (Some(from), _, Some(to)) => import(from, to),
+            (Some(_), _, None) => Err(Failure::usage("--from needs --to postgres://… (or PINCER_DATABASE_URL)")),
+            (None, Some(from), to) => import_openclaw(from, to.as_deref(), args.state_dir),
+            (None, None, _) => Err(Failure::usage("--from or --from-openclaw is required")),
+        },
+    }
+}
+
+/// `--from-openclaw`: into the JSONL state directory, or PostgreSQL when `to` names one.
+fn import_openclaw(from: &Path, to: Option<&str>, state_dir: Option<PathBuf>) -> Result<u8, Failure> {
+    let state_dir = state_dir.unwrap_or_else(pincer_gateway::config::default_state_dir);
+    let redactor = pincer_store::StoreOptions::default().redactor;
+    match to {
+        None => {
+            let store = pincer_store::Store::new(pincer_store::StoreOptions::default());
+            let done = crate::openclaw::import(from, &store, &state_dir, redactor.as_ref());
+            store.close();
+            done
+        }
+        Some(url) => {
+            let store = PgStore::connect(PgOptions {
+                url: url.to_owned(),
+                pool_size: 4,
+                state_dir: state_dir.clone(),
+                redactor: Arc::new(pincer_store::redact::NoRedaction),
+                cwd: String::new(),
+            })
+            .map_err(|e| Failure::failed(format!("--to {}: {e}", redact_url(url))))?;
+            crate::openclaw::import(from, &store, &state_dir, redactor.as_ref())
+        }
     }
 }
 

@@ -218,18 +218,6 @@ fn screen_line(screen: &str) -> String {
     screen.lines().find(|l| l.starts_with("Fake reply")).map(|l| l.trim_end().to_owned()).unwrap_or_default()
 }
 
-/// OpenClaw 2026.5.28's config for the fake provider (its `models.providers` shape), with a window
-/// large enough that its own run does not compact.
-fn openclaw_2026_5_28_config(fake: &FakeOpenAi) -> Value {
-    serde_json::json!({
-        "models": {"mode": "replace", "providers": {"fake": {"baseUrl": fake.base_url(), "apiKey": "test-key",
-            "api": "openai-completions", "models": [{"id": "fake-model", "name": "Fake", "contextWindow": 1_000_000,
-            "maxTokens": 4096, "input": ["text"], "reasoning": false,
-            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}},
-        "agents": {"defaults": {"model": {"primary": "fake/fake-model"}}}
-    })
-}
-
 #[test]
 fn a_state_dir_written_by_openclaw_2026_5_28_continues_on_pincer() {
     if !openclaw::in_loopback_namespace("a_state_dir_written_by_openclaw_2026_5_28_continues_on_pincer") {
@@ -240,7 +228,8 @@ fn a_state_dir_written_by_openclaw_2026_5_28_continues_on_pincer() {
     let home = dir.path().join("home");
     let state = home.join(".openclaw");
     std::fs::create_dir_all(&state).expect("state");
-    std::fs::write(state.join("openclaw.json"), openclaw_2026_5_28_config(&fake).to_string()).expect("config");
+    std::fs::write(state.join("openclaw.json"), openclaw::fake_model_config(&fake.base_url()).to_string())
+        .expect("config");
 
     // OpenClaw 2026.5.28's own embedded run writes the session: its transcript and its index entry.
     let out =

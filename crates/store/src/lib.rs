@@ -43,7 +43,7 @@ pub mod verify;
 
 pub use backend::{Held, IndexStamp, Transcripts};
 pub use lock::{LockError, LockGuard, LockOptions};
-pub use store::{valid_session_id, Appended, NewEntry, ParentChoice, Store, StoreOptions};
+pub use store::{redact_entry, valid_session_id, Appended, NewEntry, ParentChoice, Store, StoreOptions};
 
 pub use context::{build_context, Context};
 pub use session::{Kind, Leaf, Problem, Session};

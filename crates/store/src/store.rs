@@ -178,15 +178,23 @@ fn render_parts(
     obj.insert("id".into(), Value::String(id.clone()));
     obj.insert("parentId".into(), parent.map(Value::String).unwrap_or(Value::Null));
     obj.insert("timestamp".into(), Value::String(now_iso()));
-    for (k, mut v) in payload {
-        if matches!(k.as_str(), "message" | "summary" | "content") {
-            redactor.redact_value(&mut v);
-        }
+    for (k, v) in payload {
         obj.insert(k, v);
     }
+    redact_entry(&mut obj, redactor);
     let value = Value::Object(obj);
     let line = serde_json::to_vec(&value).map_err(|e| StoreError::Internal(e.to_string()))?;
     Ok(Rendered { value, line, id, leaf })
+}
+
+/// Redacts what the store redacts in an entry before it reaches disk: its `message`, `summary`
+/// and `content` (an entry written by the store, or one brought in from elsewhere).
+pub fn redact_entry(entry: &mut Map<String, Value>, redactor: &dyn Redactor) {
+    for (k, v) in entry.iter_mut() {
+        if matches!(k.as_str(), "message" | "summary" | "content") {
+            redactor.redact_value(v);
+        }
+    }
 }
 
 /// An entry rendered by [`NewEntry::render`].

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 /// The installed CLI: (node, openclaw.mjs). Panics naming the fix when it is missing (never skips).
 pub fn cli() -> (PathBuf, PathBuf) {
@@ -56,8 +57,21 @@ pub fn run_2026_5_28(home: &Path, args: &[&str]) -> Output {
     command(&node, &entry, home).args(args).output().expect("run openclaw 2026.5.28")
 }
 
+/// OpenClaw's config (`openclaw.json`, its `models.providers` shape, read alike by 2026.5.28 and
+/// 2026.9.6) for the fake provider at `base_url` as `fake/fake-model`, with a window large enough
+/// that its own runs do not compact.
+pub fn fake_model_config(base_url: &str) -> serde_json::Value {
+    serde_json::json!({
+        "models": {"mode": "replace", "providers": {"fake": {"baseUrl": base_url, "apiKey": "test-key",
+            "api": "openai-completions", "models": [{"id": "fake-model", "name": "Fake", "contextWindow": 1_000_000,
+            "maxTokens": 4096, "input": ["text"], "reasoning": false,
+            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}},
+        "agents": {"defaults": {"model": {"primary": "fake/fake-model"}}}
+    })
+}
+
 /// `node <entry>` with a clean environment: `HOME` and the OpenClaw state under `home`.
-fn command(node: &Path, entry: &Path, home: &Path) -> Command {
+pub fn command(node: &Path, entry: &Path, home: &Path) -> Command {
     std::fs::create_dir_all(home).expect("openclaw home");
     let mut c = Command::new(node);
     c.arg(entry)
@@ -67,6 +81,79 @@ fn command(node: &Path, entry: &Path, home: &Path) -> Command {
         .env("OPENCLAW_STATE_DIR", home.join(".openclaw"))
         .env("NO_COLOR", "1");
     c
+}
+
+/// OpenClaw 2026.9.6's own gateway (`openclaw gateway run`) on its state in `home`, on loopback
+/// (inside the test's namespace), token `TOKEN`; stopped (and waited for) when dropped.
+pub struct OwnGateway {
+    child: std::process::Child,
+    pub addr: String,
+}
+
+impl OwnGateway {
+    pub const TOKEN: &'static str = "openclaw-own-token";
+
+    /// Starts it on `port` and waits (up to 180 s) until `gateway call status` answers.
+    pub fn start(home: &Path, port: u16) -> OwnGateway {
+        let (node, entry) = cli();
+        let log = std::fs::File::create(home.join("openclaw-gateway.log")).expect("gateway log");
+        let child = command(&node, &entry, home)
+            .args(["gateway", "run", "--port", &port.to_string(), "--bind", "loopback", "--auth", "token"])
+            .args(["--token", Self::TOKEN, "--allow-unconfigured"])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("run openclaw gateway");
+        let gw = OwnGateway { child, addr: format!("127.0.0.1:{port}") };
+        let up = crate::probe::poll(Duration::from_secs(180), Duration::from_millis(500), || {
+            run(home, &gw.addr, Self::TOKEN, &["gateway", "call", "status", "--json"]).status.success().then_some(())
+        });
+        assert!(up.is_some(), "OpenClaw's gateway never answered; its log:\n{}", gw.log(home));
+        gw
+    }
+
+    /// What it printed so far.
+    pub fn log(&self, home: &Path) -> String {
+        std::fs::read_to_string(home.join("openclaw-gateway.log")).unwrap_or_default()
+    }
+
+    /// `openclaw <args>` against it; panics with the output unless it succeeds.
+    pub fn run_ok(&self, home: &Path, args: &[&str]) -> String {
+        let out = run(home, &self.addr, Self::TOKEN, args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "openclaw {args:?} exited {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// `openclaw gateway call <method> --params <params> --json`, its JSON answer.
+    pub fn call(&self, home: &Path, method: &str, params: serde_json::Value) -> serde_json::Value {
+        let out = self.run_ok(home, &["gateway", "call", method, "--params", &params.to_string(), "--json"]);
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{method}: not JSON ({e}):\n{out}"))
+    }
+
+    /// Stops it (SIGTERM, then waits for it to exit, so that its databases are closed).
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        crate::probe::signal(self.child.id(), libc::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OwnGateway {
+    fn drop(&mut self) {
+        self.halt();
+    }
 }
 
 /// `openclaw tui` in a detached tmux session of its own (a private tmux server), driven by
