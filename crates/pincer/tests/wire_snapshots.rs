@@ -433,7 +433,10 @@ async fn the_events_of_each_kind_of_turn_arrive_as_before() {
     c.request("chat.send", json!({"sessionKey": "agent:main:fail", "message": "fail", "idempotencyKey": "e1"}))
         .await
         .unwrap();
-    let evs = heard(&mut w, chat_end("e1"), "e1").await;
+    // A failed run's lifecycle `end` follows its `chat` error (and may follow `agent.wait`'s answer).
+    let lifecycle_end =
+        |f: &Value| f["event"] == "agent" && f["payload"]["runId"] == "e1" && f["payload"]["data"]["phase"] == "end";
+    let evs = heard(&mut w, lifecycle_end, "e1").await;
     insta::assert_snapshot!("events_provider_error", pretty(&mut s.redactor(), &stream(evs)));
 
     // Session changes: patch, inject, trim, reset, delete, each with what it announces.
