@@ -377,7 +377,10 @@ impl Runner {
                 .map(|call| async move {
                     let Some(e) = &call.arguments_error else {
                         let (updates, rx) = crate::tools::ToolUpdates::channel();
-                        let tool = tools.execute_with_updates(&call.name, call.arguments.clone(), updates);
+                        let tool = crate::tools::CALL_ID.scope(
+                            Arc::from(call.id.as_str()),
+                            tools.execute_with_updates(&call.name, call.arguments.clone(), updates),
+                        );
                         // The forwarder ends with the tool: a partial not yet sent is superseded by the result.
                         return tokio::select! {
                             biased;

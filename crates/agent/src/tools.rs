@@ -109,6 +109,18 @@ impl ToolUpdates {
     }
 }
 
+tokio::task_local! {
+    /// The id of the tool call being run (set by the run loop around each call): a key that stays
+    /// the same for the call across a crash and its resume, which a tool with effects outside the
+    /// workspace can dedupe on. `bash` hands it to the command as `PINCER_TOOL_CALL_ID`.
+    pub static CALL_ID: Arc<str>;
+}
+
+/// The id of the call being run, when the run loop set one ([`CALL_ID`]).
+pub fn current_call_id() -> Option<Arc<str>> {
+    CALL_ID.try_with(Arc::clone).ok()
+}
+
 /// Future returned by [`Tool::call`].
 pub type ToolFuture<'a> = Pin<Box<dyn Future<Output = Result<ToolOutput, ToolError>> + Send + 'a>>;
 

@@ -431,3 +431,148 @@ async fn a_turn_cut_mid_tool_resumes_by_itself_and_runs_no_effect_twice() {
         .unwrap();
     assert_eq!(c.chat_end("t3").await["payload"]["state"], "final", "the session takes the next message");
 }
+
+/// A storm of SIGKILLs while turns run a `bash` command with an effect: the command appends the
+/// call's stable key (`PINCER_TOOL_CALL_ID`) to a file of the workspace. No client ever sends a
+/// message twice. Afterwards no call id is in that file twice, every call has exactly one result
+/// row, a call that completed is in the file once, and a call cut by a kill carries the
+/// interrupted error result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_storm_runs_no_tool_call_twice() {
+    use pincer_testkit::fake_provider::Recorded;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    const SESSIONS: usize = 2;
+    const KILLS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let f = Format::OpenaiCompletions;
+    let model = move |r: &Recorded, _n: usize| -> Option<Reply> {
+        let messages = r.body["messages"].as_array().cloned().unwrap_or_default();
+        let last = messages.last().cloned().unwrap_or_default();
+        let reply = if last["role"] == "user" {
+            // The call id follows from the message, so a model call made again asks for the same one.
+            let id = format!("call-{}", last["content"].as_str().unwrap_or("?").replace(' ', "-"));
+            let cmd = json!({"command": "echo $PINCER_TOOL_CALL_ID >> calls.log; sleep 0.4"});
+            turn(vec![call(&id, cmd)], (5, 5, 0))
+        } else {
+            turn(vec![text(&["done"])], (5, 5, 0))
+        };
+        Some(Reply::stream(script(f, &reply)))
+    };
+    let fake = FakeProvider::start_with(f, Default::default(), Box::new(model)).await;
+    let state = dir.path().join("state");
+    let cfg = format!("{}resume_attempts = 50\n", config(&fake, Some(&ws)));
+    let gw = start(&state, cfg).await;
+    let addr = Arc::new(Mutex::new(gw.addr.clone()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..SESSIONS)
+        .map(|i| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut sent = 0usize;
+                let mut c: Option<Client> = None;
+                while !stop.load(Ordering::Acquire) {
+                    let Some(cl) = c.as_mut() else {
+                        let a = addr.lock().unwrap().clone();
+                        match Client::try_connect(&a, Duration::from_secs(5)).await {
+                            Ok(cl) => c = Some(cl),
+                            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                        }
+                        continue;
+                    };
+                    let run = format!("s{i}-t{sent}");
+                    let params = json!({"sessionKey": format!("storm{i}"), "message": format!("s{i} t{sent}"),
+                        "idempotencyKey": run});
+                    sent += 1; // sent once, whatever happens to it
+                    let ended = match cl.try_request("chat.send", params, Duration::from_secs(10)).await {
+                        Ok(Ok(_)) => cl.try_chat_end(&run, Duration::from_secs(20)).await.is_ok(),
+                        _ => false,
+                    };
+                    if !ended {
+                        c = None;
+                    }
+                }
+                sent
+            })
+        })
+        .collect();
+    let killer = {
+        let (addr, stop) = (addr.clone(), stop.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut gw = gw;
+            let mut seed = std::process::id() as u64 | 1;
+            for _ in 0..KILLS {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                std::thread::sleep(Duration::from_millis(300 + seed % 900));
+                gw.restart();
+                *addr.lock().unwrap() = gw.addr.clone();
+            }
+            stop.store(true, Ordering::Release);
+            gw
+        })
+    };
+    let mut gw = killer.await.unwrap();
+    let mut sent = 0;
+    for c in clients {
+        sent += c.await.unwrap();
+    }
+    // The gateway answers by itself what the last kill cut.
+    let files: Vec<std::path::PathBuf> = (0..SESSIONS)
+        .filter_map(|i| pincer_testkit::probe::transcript_path(&state, &format!("agent:main:storm{i}")))
+        .collect();
+    let settled = pincer_testkit::probe::poll_async(Duration::from_secs(120), Duration::from_millis(100), || {
+        let open = files.iter().any(|file| {
+            let rows = read_rows(file);
+            let users = rows.iter().filter(|r| r["message"]["role"] == "user").count();
+            let done = rows.iter().filter(|r| r["message"]["stopReason"] == "stop").count();
+            users != done
+        });
+        async move { (!open).then_some(()) }
+    })
+    .await;
+    assert!(settled.is_some(), "a turn never answered:\n{}", gw.log_text());
+    assert!(tokio::task::block_in_place(|| gw.terminate()).success());
+    let log = std::fs::read_to_string(ws.join("calls.log")).unwrap_or_default();
+    let logged: Vec<&str> = log.lines().collect();
+    let mut seen = std::collections::HashSet::new();
+    for id in &logged {
+        assert!(seen.insert(*id), "call {id} ran twice:\n{log}");
+    }
+    let (mut calls, mut cut) = (0, 0);
+    for file in &files {
+        let rows = read_rows(file);
+        let results = tool_results(file);
+        let asked: Vec<String> = rows
+            .iter()
+            .filter(|r| r["message"]["role"] == "assistant")
+            .flat_map(|r| r["message"]["content"].as_array().cloned().unwrap_or_default())
+            .filter(|b| b["type"] == "toolCall")
+            .map(|b| b["id"].as_str().unwrap().to_owned())
+            .collect();
+        for id in &asked {
+            let mine: Vec<&Value> = results.iter().filter(|m| m["toolCallId"] == id.as_str()).collect();
+            assert_eq!(mine.len(), 1, "{id}: one result row");
+            calls += 1;
+            if mine[0]["isError"] == true {
+                cut += 1;
+                assert!(result_text(mine[0]).contains("interrupted"), "{}", mine[0]);
+            } else {
+                assert!(logged.contains(&id.as_str()), "{id} completed, so it ran (once)");
+            }
+        }
+        // Every row chains to the one before it: nothing was dropped or doubled.
+        let chained: Vec<&Value> = rows.iter().skip_while(|r| r["type"] != "message").collect();
+        for pair in chained.windows(2) {
+            assert_eq!(pair[1]["parentId"], pair[0]["id"], "chained: {}", pair[1]);
+        }
+    }
+    println!(
+        "{KILLS} kills, {sent} messages sent once each: {calls} tool calls, {} runs logged, {cut} cut and reported interrupted",
+        logged.len()
+    );
+    assert!(calls >= SESSIONS * 3, "the storm ran only {calls} calls");
+}

@@ -238,6 +238,9 @@ fn environment(config: &BashConfig, ws: &Path) -> Vec<(OsString, OsString)> {
         .iter()
         .filter_map(|k| std::env::var_os(k).map(|v| ((*k).into(), v)))
         .collect();
+    if let Some(id) = super::current_call_id() {
+        env.push(("PINCER_TOOL_CALL_ID".into(), (*id).into()));
+    }
     match config.sandbox {
         Sandbox::Bwrap(_) => {
             env.push(("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()));
