@@ -7,7 +7,9 @@
 //! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[ratelimit]` answers 429 (`retry-after: 0`) the first time a message carries it
-//! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first. A compaction request (Pi's
+//! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first, `[call:a,b]`
+//! asks for the tools `a` and `b` (arguments `{"query": "<tool name>"}`; a client's tools) in one
+//! message, streamed as OpenAI streams calls (id and name first, then the arguments in pieces). A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
 //! provider would. Every request body is recorded (unless started unrecorded).
@@ -99,6 +101,11 @@ impl FakeOpenAi {
 
     pub fn base_url(&self) -> String {
         self.server.base_url()
+    }
+
+    /// The server underneath (for [`crate::wire::check_request_against_pi`]).
+    pub fn provider(&self) -> &FakeProvider {
+        &self.server
     }
 
     /// The request bodies received so far.
@@ -304,7 +311,19 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     }
     steps.push(Step::Send(chunk(json!({"role": "assistant", "content": ""}), Value::Null)));
     let has_tool_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-    if said.contains("[tool]") && !has_tool_result {
+    let asked = said.split_once("[call:").and_then(|(_, rest)| rest.split_once(']')).map(|(names, _)| names);
+    if let Some(names) = asked.filter(|_| !has_tool_result) {
+        for (i, name) in names.split(',').map(str::trim).enumerate() {
+            let args = json!({"query": name}).to_string();
+            let (head, tail) = args.split_at(args.len() / 2);
+            let open = json!({"tool_calls": [{"index": i, "id": format!("call_{name}"), "type": "function",
+                "function": {"name": name, "arguments": head}}]});
+            steps.push(Step::Send(chunk(open, Value::Null)));
+            let more = json!({"tool_calls": [{"index": i, "function": {"arguments": tail}}]});
+            steps.push(Step::Send(chunk(more, Value::Null)));
+        }
+        steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
+    } else if said.contains("[tool]") && !has_tool_result {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
             "function": {"name": "ls", "arguments": "{}"}}]});
         steps.push(Step::Send(chunk(call, Value::Null)));

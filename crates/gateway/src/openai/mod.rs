@@ -11,6 +11,10 @@
 //! events to every watcher of the session, the reply persisted before the final chunk, and the
 //! idempotency key (from `x-request-id`, or the body's hash within [`BODY_RETRY_WINDOW_MS`]) durable
 //! in the transcript.
+//!
+//! Client tools (`tools`) are offered to the model beside the agent's; a call of one ends the run
+//! with the assistant row written, and goes back as `tool_calls`; the request that brings the
+//! results (`tool` messages at the end) appends them and the run goes on ([`Graft::continues`]).
 
 pub mod index;
 pub mod wire;
@@ -196,6 +200,8 @@ struct Ask {
     by_request_id: bool,
     /// Who asks: the sessions it may match, name and continue.
     principal: Principal,
+    /// The tools the client runs itself (`tools`).
+    client_tools: Vec<pincer_agent::ToolSpec>,
 }
 
 /// Most messages one request may carry: a history the tree lacks is written in one commit, and
@@ -244,17 +250,20 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
         Some(n) if n.as_u64() == Some(1) => {}
         Some(_) => return Err(ApiError::bad("n must be 1: one session turn gives one reply")),
     }
-    if req.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::bad(
-            "tools (functions run by the client) are not supported: the agent runs its own tools in the gateway",
-        ));
-    }
+    let client_tools = wire::client_tools(&req).map_err(ApiError::bad)?;
     let model_name = match req.get("model") {
         None | Some(Value::Null) => "pincer".to_string(),
         Some(Value::String(m)) => m.clone(),
         Some(_) => return Err(ApiError::bad("model must be a string")),
     };
     let (agent, model) = resolve_model(gw, &model_name)?;
+    let own = gw.tools(&agent);
+    if let Some(t) = client_tools.iter().find(|t| own.names().contains(&t.name)) {
+        return Err(ApiError::bad(format!(
+            "tools: {:?} is the name of one of the agent's own tools (run in the gateway); name the client's tool otherwise",
+            t.name
+        )));
+    }
     let messages = req.get("messages").ok_or_else(|| ApiError::bad("messages is required"))?;
     let conversation = wire::conversation(messages, gw.redactor.as_ref()).map_err(ApiError::bad)?;
     let explicit_key = ["x-pincer-session-key", "x-openclaw-session-key"]
@@ -276,6 +285,7 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
         key_prefix,
         by_request_id,
         principal,
+        client_tools,
     })
 }
 
@@ -427,7 +437,15 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
         };
         let mut prelude: Vec<Value> = conv.history[depth..].to_vec();
         prelude.extend(conv.extra_users.iter().cloned());
-        let graft = Graft { at, leaf_seen, system_prompt: system_change(&session), prelude };
+        prelude.extend(conv.tool_results.iter().cloned());
+        let graft = Graft {
+            at,
+            leaf_seen,
+            system_prompt: system_change(&session),
+            prelude,
+            continues: !conv.tool_results.is_empty(),
+            client_tools: ask.client_tools.clone(),
+        };
         return Ok(Placement { session, run_id: run_id.clone(), graft });
     }
     Err(ApiError::new(500, "api_error", None, "the sessions changed while the request was matched; send it again"))
@@ -436,7 +454,12 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
 /// What a run's `chat` events say, as the endpoint relays them.
 enum Step {
     Text(String),
-    Done { finish: &'static str, usage: Value },
+    /// The end: why, usage, and the calls of client tools handed back (OpenAI's `tool_calls`).
+    Done {
+        finish: &'static str,
+        usage: Value,
+        calls: Vec<Value>,
+    },
     Failed(ApiError),
 }
 
@@ -556,7 +579,7 @@ impl Relay {
                                 if !rest.is_empty() {
                                     self.queue.push_back(Step::Text(rest));
                                 }
-                                self.queue.push_back(Step::Done { finish: f.finish, usage: f.usage });
+                                self.queue.push_back(Step::Done { finish: f.finish, usage: f.usage, calls: f.calls });
                             }
                             Err(e) => self.queue.push_back(Step::Failed(e)),
                         }
@@ -578,8 +601,8 @@ impl Relay {
         let msg = end.get("message").cloned().unwrap_or(Value::Null);
         self.piece(&wire::assistant_text(&msg));
         let usage = end.get("usage").filter(|u| u.is_object()).or_else(|| msg.get("usage"));
-        let finish = wire::finish_reason(msg.get("stopReason").and_then(Value::as_str));
-        self.queue.push_back(Step::Done { finish, usage: wire::usage(usage) });
+        let finish = wire::finish_reason(&msg);
+        self.queue.push_back(Step::Done { finish, usage: wire::usage(usage), calls: wire::client_calls(&msg) });
     }
 }
 
@@ -588,6 +611,7 @@ struct Finished {
     text: String,
     finish: &'static str,
     usage: Value,
+    calls: Vec<Value>,
 }
 
 async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Result<Finished, ApiError> {
@@ -608,8 +632,9 @@ async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Resu
     }
     Ok(Finished {
         text: replies.iter().map(wire::assistant_text).collect(),
-        finish: wire::finish_reason(last.get("stopReason").and_then(Value::as_str)),
+        finish: wire::finish_reason(&last),
         usage: wire::usage(last.get("usage")),
+        calls: wire::client_calls(&last),
     })
 }
 
@@ -656,7 +681,7 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
             "started" | "in_flight" => reply.relay(relay).await,
             "ok" | "aborted" | "blocked" => {
                 let f = finished(gw, &reply.session, &reply.run_id).await?;
-                Ok(reply.whole(f.text, f.finish, f.usage))
+                Ok(reply.whole(f.text, f.finish, f.usage, f.calls))
             }
             // A retry of a turn that failed or was cut off runs anew (as a sibling of it).
             _ if allow_retry => {
@@ -694,22 +719,38 @@ impl Reply {
     }
 
     /// A non-streamed answer, or the whole answer as a stream when one was asked for.
-    fn whole(&self, text: String, finish: &'static str, usage: Value) -> Response {
+    fn whole(&self, text: String, finish: &'static str, usage: Value, calls: Vec<Value>) -> Response {
         if self.ask.stream {
             let mut steps = Vec::new();
             if !text.is_empty() {
                 steps.push(Some(Step::Text(text)));
             }
-            steps.push(Some(Step::Done { finish, usage }));
+            steps.push(Some(Step::Done { finish, usage, calls }));
             return self.sse(Box::pin(futures::stream::iter(steps)));
+        }
+        let mut message = json!({"role": "assistant", "content": text, "refusal": null});
+        if !calls.is_empty() {
+            // OpenAI's shape: no `index` in a whole message's calls, and no content when there was none.
+            let calls: Vec<Value> = calls
+                .into_iter()
+                .map(|mut c| {
+                    if let Some(o) = c.as_object_mut() {
+                        o.remove("index");
+                    }
+                    c
+                })
+                .collect();
+            if text.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = Value::Array(calls);
         }
         let body = json!({
             "id": self.id(),
             "object": "chat.completion",
             "created": created(),
             "model": self.ask.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
-                "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
             "usage": usage,
         });
         self.with_session(Json(body).into_response())
@@ -721,7 +762,7 @@ impl Reply {
             while let Some(step) = relay.next().await {
                 match step {
                     Step::Text(t) => text.push_str(&t),
-                    Step::Done { finish, usage } => return Ok(self.whole(text, finish, usage)),
+                    Step::Done { finish, usage, calls } => return Ok(self.whole(text, finish, usage, calls)),
                     Step::Failed(e) => return Err(e),
                 }
             }
@@ -768,11 +809,21 @@ impl Reply {
                         json!([{"index": 0, "delta": {"content": t}, "logprobs": null, "finish_reason": null}]),
                         None,
                     )],
-                    Step::Done { finish, usage } => {
-                        let mut v = vec![m2.chunk(
+                    Step::Done { finish, usage, calls } => {
+                        // Each call whole in one delta (OpenAI splits the arguments; clients join them).
+                        let mut v: Vec<Bytes> = calls
+                            .into_iter()
+                            .map(|c| {
+                                m2.chunk(
+                                    json!([{"index": 0, "delta": {"tool_calls": [c]}, "logprobs": null, "finish_reason": null}]),
+                                    None,
+                                )
+                            })
+                            .collect();
+                        v.push(m2.chunk(
                             json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}]),
                             None,
-                        )];
+                        ));
                         if m2.ask.include_usage {
                             v.push(m2.chunk(json!([]), Some(usage)));
                         }

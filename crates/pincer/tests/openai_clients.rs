@@ -1,0 +1,302 @@
+//! The OpenAI-compatible endpoint as real clients use it, replayed against the real `pincer gateway`
+//! process and the fake provider: request bodies and headers shaped exactly as Open WebUI 0.12.x
+//! sends them (its native function calling offers its built-in tools with every chat turn; its
+//! background tasks send its `### Task:` prompt templates; with `ENABLE_FORWARD_USER_INFO_HEADERS`
+//! it forwards the chat id as `X-OpenWebUI-Chat-Id`), client-side tools (LangChain's `bind_tools`,
+//! the Agents SDK), regenerates and retries, and sessions written by another process.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::gateway::{GatewayProcess, TOKEN};
+use pincer_testkit::oracle_context;
+use pincer_testkit::probe::{message_text as text, read_rows, session_index, sessions_dir};
+use pincer_testkit::wire::check_request_against_pi;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+
+async fn start(state: &Path, fake: &FakeOpenAi) -> GatewayProcess {
+    let (state, config) =
+        (state.to_path_buf(), format!("{}[gateway.openai_api]\nenabled = true\n", fake.gateway_toml()));
+    tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &state, &config)).await.expect("start")
+}
+
+fn reply(said: &str) -> String {
+    format!("Fake reply: you said \"{said}\"")
+}
+
+/// `POST /v1/chat/completions`: status, body (JSON, or the SSE text), and the session header.
+async fn post(addr: &str, body: &Value, headers: &[(&str, &str)]) -> (u16, String, Option<String>) {
+    pincer_agent::install_crypto_provider();
+    let mut req = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    let session = resp.headers().get("x-pincer-session-key").map(|v| v.to_str().expect("ascii").to_owned());
+    (status, resp.text().await.expect("body"), session)
+}
+
+/// A streamed answer put together as an OpenAI client does: (text, tool calls, finish reason).
+fn assemble(sse: &str) -> (String, Vec<Value>, String) {
+    let data: Vec<&str> = sse.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{sse}");
+    let (mut content, mut calls, mut finish) = (String::new(), Vec::<Value>::new(), String::new());
+    for d in &data[..data.len() - 1] {
+        let c: Value = serde_json::from_str(d).expect("chunk");
+        assert_eq!(c["object"], "chat.completion.chunk", "{c}");
+        let choice = &c["choices"][0];
+        content.push_str(choice["delta"]["content"].as_str().unwrap_or_default());
+        for call in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let i = call["index"].as_u64().expect("index") as usize;
+            if calls.len() <= i {
+                calls.push(json!({"id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}));
+            }
+            let args = format!(
+                "{}{}",
+                calls[i]["function"]["arguments"].as_str().unwrap_or_default(),
+                call["function"]["arguments"].as_str().unwrap_or_default()
+            );
+            calls[i]["function"]["arguments"] = json!(args);
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = f.to_owned();
+        }
+    }
+    (content, calls, finish)
+}
+
+fn transcript(state: &Path, key: &str) -> PathBuf {
+    let index = session_index(state, "main");
+    sessions_dir(state, "main").join(format!("{}.jsonl", index[key]["sessionId"].as_str().expect("session id")))
+}
+
+fn messages(rows: &[Value]) -> Vec<&Value> {
+    rows.iter().filter(|e| e["type"] == "message").collect()
+}
+
+/// Every message row is the child of the one before it.
+fn assert_chained(rows: &[&Value]) {
+    for pair in rows.windows(2) {
+        assert_eq!(pair[1]["parentId"], pair[0]["id"], "chained: {}", pair[1]);
+    }
+}
+
+/// A representative subset of the built-in tools Open WebUI 0.12.4 offers with every chat turn in
+/// native function calling (`open_webui/tools/builtin.py`, specs as `utils/tools.py` makes them from
+/// the signatures and docstrings), as it sends them: `{"type": "function", "function": spec}`.
+fn open_webui_tools() -> Value {
+    let int = |d: &str| json!({"type": "integer", "description": d});
+    json!([
+        {"type": "function", "function": {"name": "get_current_timestamp",
+            "description": "Get the current Unix timestamp in seconds.",
+            "parameters": {"type": "object", "properties": {}}}},
+        {"type": "function", "function": {"name": "calculate_timestamp",
+            "description": "Get the current Unix timestamp, optionally adjusted by days, weeks, months, or years.\nUse this to calculate timestamps for date filtering in search functions.\nExamples: \"last week\" = weeks_ago=1, \"3 days ago\" = days_ago=3, \"a year ago\" = years_ago=1",
+            "parameters": {"type": "object", "properties": {
+                "days_ago": int("Number of days to subtract from current time (default: 0)"),
+                "weeks_ago": int("Number of weeks to subtract from current time (default: 0)"),
+                "months_ago": int("Number of months to subtract from current time (default: 0)"),
+                "years_ago": int("Number of years to subtract from current time (default: 0)")}}}},
+        {"type": "function", "function": {"name": "search_web",
+            "description": "Search the public web for information. Best for current events, external references,\nor topics not covered in internal documents.",
+            "parameters": {"type": "object", "properties": {
+                "query": {"type": "string", "description": "The search query to look up"},
+                "count": int("Number of results to return (default: admin-configured value)")},
+                "required": ["query"]}}},
+        {"type": "function", "function": {"name": "fetch_url",
+            "description": "Fetch and extract the main text content from a web page URL.",
+            "parameters": {"type": "object", "properties": {
+                "url": {"type": "string", "description": "The URL to fetch content from"}}, "required": ["url"]}}},
+        {"type": "function", "function": {"name": "search_notes",
+            "description": "Search the user's saved notes by title and content.",
+            "parameters": {"type": "object", "properties": {
+                "query": {"type": "string", "description": "The search query to find matching notes"},
+                "count": int("Maximum number of results to return (default: 5)"),
+                "start_timestamp": int("Only include notes updated after this Unix timestamp (seconds)"),
+                "end_timestamp": int("Only include notes updated before this Unix timestamp (seconds)")},
+                "required": ["query"]}}},
+        {"type": "function", "function": {"name": "search_chats",
+            "description": "Search the user's previous chat conversations by title and message content,\nexcluding the current chat.",
+            "parameters": {"type": "object", "properties": {
+                "query": {"type": "string", "description": "Exact phrase or descriptive keyword query to find matching previous chats"},
+                "count": int("Maximum number of results to return (default: 5)")},
+                "required": ["query"]}}},
+    ])
+}
+
+/// An Open WebUI chat request: its system prompt, the messages, streaming with usage, its tools.
+fn open_webui_chat(messages: &[Value]) -> Value {
+    let mut all = vec![json!({"role": "system", "content": "You are a helpful assistant."})];
+    all.extend(messages.iter().cloned());
+    json!({"model": "pincer", "messages": all, "stream": true, "stream_options": {"include_usage": true},
+        "tools": open_webui_tools()})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_tools_go_to_the_model_and_their_calls_come_back_to_the_client() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&state, &fake).await;
+
+    // Open WebUI's turn with its built-in tools: the model asks for one of them.
+    let ask = "what is new in Rust? [call:search_web]";
+    let user = json!({"role": "user", "content": ask});
+    let (status, body, session) = post(&gw.addr, &open_webui_chat(std::slice::from_ref(&user)), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let key = session.expect("the session is named");
+    let (content, calls, finish) = assemble(&body);
+    assert_eq!((content.as_str(), finish.as_str()), ("", "tool_calls"), "{body}");
+    assert_eq!(calls.len(), 1, "{body}");
+    assert_eq!(calls[0]["function"]["name"], "search_web");
+    let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().expect("args")).expect("json");
+    assert_eq!(args, json!({"query": "search_web"}));
+    // The model was offered the client's tools beside the agent's own.
+    let offered: Vec<String> = fake.requests()[0]["tools"]
+        .as_array()
+        .expect("tools offered")
+        .iter()
+        .map(|t| t["function"]["name"].as_str().expect("name").to_owned())
+        .collect();
+    for name in ["search_web", "fetch_url", "get_current_timestamp", "ls", "read"] {
+        assert!(offered.iter().any(|o| o == name), "{name} offered: {offered:?}");
+    }
+    // The assistant row is on disk before the answer, its call not run.
+    let file = transcript(&state, &key);
+    let rows = read_rows(&file);
+    let msgs = messages(&rows);
+    assert_eq!(msgs.len(), 2, "{rows:?}");
+    assert_eq!(msgs[1]["message"]["stopReason"], "toolUse");
+    assert_chained(&msgs);
+
+    // The client runs the tool and sends its result: one toolResult row, and the turn goes on.
+    let assistant = json!({"role": "assistant", "content": "", "tool_calls": calls});
+    let result = json!({"role": "tool", "tool_call_id": calls[0]["id"], "content": "Rust 1.95 is out."});
+    let (status, body, session) =
+        post(&gw.addr, &open_webui_chat(&[user.clone(), assistant.clone(), result.clone()]), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(session.as_deref(), Some(key.as_str()), "the same session");
+    let (content, calls2, finish) = assemble(&body);
+    assert_eq!((content, calls2.len(), finish.as_str()), (reply(ask), 0, "stop"));
+    let rows = read_rows(&file);
+    let msgs = messages(&rows);
+    let roles: Vec<&str> = msgs.iter().map(|m| m["message"]["role"].as_str().expect("role")).collect();
+    assert_eq!(roles, ["user", "assistant", "toolResult", "assistant"], "{rows:?}");
+    assert_eq!(text(&msgs[2]["message"]), "Rust 1.95 is out.");
+    assert_eq!(msgs[2]["message"]["toolCallId"], calls[0]["id"]);
+    assert_eq!(msgs[2]["message"]["toolName"], "search_web");
+    assert_chained(&msgs);
+    assert!(rows.iter().all(|e| e["type"] != "leaf"), "no leaf moves: {rows:?}");
+    // What the provider got is Pi's context of the file, each time.
+    check_request_against_pi(&file, fake.provider(), 0);
+    check_request_against_pi(&file, fake.provider(), 1);
+    let pi = oracle_context(&file, None);
+    assert_eq!(pi["context"]["messages"].as_array().expect("context").len(), 4);
+
+    // The next user turn (non-streamed) carries the whole history: it continues the same branch.
+    let done = json!({"role": "assistant", "content": reply(ask)});
+    let next = json!({"role": "user", "content": "thanks"});
+    let mut body = open_webui_chat(&[user, assistant, result, done, next]);
+    body["stream"] = json!(false);
+    let (status, answer, session) = post(&gw.addr, &body, &[]).await;
+    assert_eq!((status, session.as_deref()), (200, Some(key.as_str())), "{answer}");
+    let msgs_now = read_rows(&file);
+    assert_eq!(messages(&msgs_now).len(), 6, "two rows more, nothing written twice: {msgs_now:?}");
+    assert_chained(&messages(&msgs_now));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_tools_run_in_the_gateway_beside_client_tools() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&state, &fake).await;
+    // One message calls the agent's `ls` and the client's `fetch_url`: `ls` runs here, `fetch_url`
+    // is handed back (non-streamed this time, as LangChain's invoke asks).
+    let ask = "look around [call:ls,fetch_url]";
+    let user = json!({"role": "user", "content": ask});
+    let mut body = open_webui_chat(std::slice::from_ref(&user));
+    body["stream"] = json!(false);
+    let (status, answer, session) = post(&gw.addr, &body, &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    let r: Value = serde_json::from_str(&answer).expect("json");
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let calls = choice["message"]["tool_calls"].as_array().expect("tool_calls").clone();
+    assert_eq!(calls.len(), 1, "only the client's call: {answer}");
+    assert_eq!(
+        (calls[0]["function"]["name"].as_str(), calls[0]["type"].as_str()),
+        (Some("fetch_url"), Some("function"))
+    );
+    let file = transcript(&state, &session.clone().expect("session"));
+    let rows = read_rows(&file);
+    let roles: Vec<&str> = messages(&rows).iter().map(|m| m["message"]["role"].as_str().expect("role")).collect();
+    assert_eq!(roles, ["user", "assistant", "toolResult"], "the agent's ls ran: {rows:?}");
+    assert_eq!(messages(&rows)[2]["message"]["toolName"], "ls");
+
+    let assistant = json!({"role": "assistant", "content": null, "tool_calls": calls});
+    let result = json!({"role": "tool", "tool_call_id": calls[0]["id"], "content": "<html>page</html>"});
+    let mut body = open_webui_chat(&[user, assistant, result]);
+    body["stream"] = json!(false);
+    let (status, answer, session2) = post(&gw.addr, &body, &[]).await;
+    assert_eq!((status, &session2), (200, &session), "{answer}");
+    let r: Value = serde_json::from_str(&answer).expect("json");
+    assert_eq!(r["choices"][0]["message"]["content"], reply(ask));
+    let rows = read_rows(&file);
+    let msgs = messages(&rows);
+    let roles: Vec<&str> = msgs.iter().map(|m| m["message"]["role"].as_str().expect("role")).collect();
+    assert_eq!(roles, ["user", "assistant", "toolResult", "toolResult", "assistant"], "{rows:?}");
+    assert_chained(&msgs);
+    check_request_against_pi(&file, fake.provider(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_client_tools_are_refused_naming_what_is_wrong() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&state, &fake).await;
+    let user = json!([{"role": "user", "content": "x"}]);
+    let tool = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}});
+    let bad = [
+        (json!({"messages": user, "tools": [tool("ls")]}), "\"ls\" is the name of one of the agent's own tools"),
+        (json!({"messages": user, "tools": [tool("a"), tool("a")]}), "two tools are named \"a\""),
+        (
+            json!({"messages": user, "tools": [{"type": "function", "function": {"name": ""}}]}),
+            "tools[0].function.name",
+        ),
+        (json!({"messages": user, "tools": [tool("a")], "tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c", "content": "r"}]}),
+            "must follow an assistant message with tool_calls",
+        ),
+    ];
+    for (req, want) in bad {
+        let (status, body, _) = post(&gw.addr, &req, &[]).await;
+        assert_eq!(status, 400, "{req} → {body}");
+        let e: Value = serde_json::from_str(&body).expect("json");
+        assert!(e["error"]["message"].as_str().expect("message").contains(want), "{want}: {body}");
+    }
+    assert!(fake.requests().is_empty(), "the model was never called");
+    assert!(!sessions_dir(&state, "main").exists() || messages_on_disk(&state) == 0, "nothing written");
+}
+
+fn messages_on_disk(state: &Path) -> usize {
+    let dir = sessions_dir(state, "main");
+    std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "jsonl"))
+                .map(|e| messages(&read_rows(&e.path())).len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
