@@ -300,3 +300,84 @@ fn messages_on_disk(state: &Path) -> usize {
         })
         .unwrap_or(0)
 }
+
+/// Sends an Open WebUI chat turn (streamed, with its tools); (reply text, session key).
+async fn owui_turn(addr: &str, messages: &[Value], headers: &[(&str, &str)]) -> (String, String) {
+    let (status, body, session) = post(addr, &open_webui_chat(messages), headers).await;
+    assert_eq!(status, 200, "{body}");
+    let (content, _, finish) = assemble(&body);
+    assert_eq!(finish, "stop", "{body}");
+    (content, session.expect("the session is named"))
+}
+
+fn user(said: &str) -> Value {
+    json!({"role": "user", "content": said})
+}
+
+fn assistant(said: &str) -> Value {
+    json!({"role": "assistant", "content": said})
+}
+
+/// The message rows of a file whose text is `said`.
+fn rows_saying<'a>(rows: &'a [Value], role: &str, said: &str) -> Vec<&'a Value> {
+    messages(rows).into_iter().filter(|e| e["message"]["role"] == role && text(&e["message"]) == said).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_identical_body_is_a_regenerate_and_only_an_explicit_key_dedupes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&state, &fake).await;
+    let (first, key) = owui_turn(&gw.addr, &[user("hello")], &[]).await;
+    let second = [user("hello"), assistant(&first), user("tell me more")];
+    let (_, key2) = owui_turn(&gw.addr, &second, &[]).await;
+    assert_eq!(key2, key);
+
+    // Open WebUI's regenerate: the identical body again, at once. The model is asked again and the
+    // reply is a sibling under the same user row.
+    let calls = fake.requests().len();
+    let (again, key3) = owui_turn(&gw.addr, &second, &[]).await;
+    assert_eq!((key3.as_str(), again.as_str()), (key.as_str(), reply("tell me more").as_str()));
+    assert_eq!(fake.requests().len(), calls + 1, "the model was asked again");
+    let file = transcript(&state, &key);
+    let rows = read_rows(&file);
+    let asked = rows_saying(&rows, "user", "tell me more");
+    assert_eq!(asked.len(), 1, "no second user row: {rows:?}");
+    let replies: Vec<&Value> = messages(&rows).into_iter().filter(|e| e["parentId"] == asked[0]["id"]).collect();
+    assert_eq!(replies.len(), 2, "two sibling replies under it: {rows:?}");
+    // Pi reads the new reply as the active branch, and the model was sent Pi's context for it.
+    let pi = oracle_context(&file, None);
+    assert_eq!(pi["leafId"], replies[1]["id"]);
+    assert_eq!(pi["context"]["messages"].as_array().expect("context").len(), 4);
+    let sent: Vec<Value> = fake.requests()[calls]["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] != "system")
+        .map(|m| json!([m["role"], m["content"]]))
+        .collect();
+    assert_eq!(sent, [json!(["user", "hello"]), json!(["assistant", first]), json!(["user", "tell me more"])]);
+
+    // The next turn continues from the regenerated reply.
+    let third = [user("hello"), assistant(&first), user("tell me more"), assistant(&again), user("and then?")];
+    let (_, key4) = owui_turn(&gw.addr, &third, &[]).await;
+    assert_eq!(key4, key);
+    let rows = read_rows(&file);
+    let then = rows_saying(&rows, "user", "and then?");
+    assert_eq!(then[0]["parentId"], replies[1]["id"]);
+
+    // A retry carrying an explicit key (Idempotency-Key, as the official SDKs' retries may; or
+    // x-request-id) is answered from the transcript: once.
+    let ask = [user("count the retries")];
+    for (header, value) in [("Idempotency-Key", "retry-7"), ("x-request-id", "retry-8")] {
+        let id = [(header, value)];
+        let calls = fake.requests().len();
+        let (a, ka) = owui_turn(&gw.addr, &ask, &id).await;
+        let (b, kb) = owui_turn(&gw.addr, &ask, &id).await;
+        assert_eq!((a, ka.as_str()), (b, kb.as_str()), "{header}: the same answer, the same session");
+        assert_eq!(fake.requests().len(), calls + 1, "{header}: the model was asked once");
+        let rows = read_rows(&transcript(&state, &ka));
+        assert_eq!(rows_saying(&rows, "user", "count the retries").len(), 1, "{header}: {rows:?}");
+    }
+}

@@ -9,8 +9,10 @@
 //! in the WebChat does), or nowhere (a new session). The turn itself runs through `chat.send`'s
 //! pipeline ([`crate::chat::start_turn`]): user row persisted before the model is called, live
 //! events to every watcher of the session, the reply persisted before the final chunk, and the
-//! idempotency key (from `x-request-id`, or the body's hash within [`BODY_RETRY_WINDOW_MS`]) durable
-//! in the transcript.
+//! idempotency key (from `Idempotency-Key` or `x-request-id`, with the body's hash) durable in the
+//! transcript. Only such a key makes a request a retry: an identical body without one is a new
+//! request, and when the whole request ends at a user row that already has a reply it is a
+//! regenerate (a sibling reply under that row, no second user row).
 //!
 //! Client tools (`tools`) are offered to the model beside the agent's; a call of one ends the run
 //! with the assistant row written, and goes back as `tool_calls`; the request that brings the
@@ -39,9 +41,9 @@ use wire::{ApiError, Conversation, Hash, ROOT};
 
 /// Largest request body (room for 20 MB of images as base64).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-/// An identical body (without `x-request-id`) within this long is a retry of the same turn.
-pub const BODY_RETRY_WINDOW_MS: u64 = 10 * 60 * 1000;
-/// Longest `x-request-id` taken as an idempotency key.
+/// The headers whose value makes a request's idempotency key, the first present wins.
+pub const KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-request-id"];
+/// Longest `Idempotency-Key` / `x-request-id` taken as an idempotency key.
 const MAX_REQUEST_ID: usize = 200;
 
 /// The endpoint's routes (they answer 404 in OpenAI's shape while it is off).
@@ -166,14 +168,15 @@ fn resolve_model(gw: &Gateway, name: &str) -> Result<(String, Option<String>), A
     Err(unknown_model(name))
 }
 
-/// The request's idempotency key prefix: `x-request-id` and the body, hashed.
+/// The request's idempotency key prefix: the key header ([`KEY_HEADERS`]) and the body, hashed;
+/// and whether there was such a header (only then is the request looked up as a retry).
 fn request_key(headers: &HeaderMap, body: &[u8]) -> Result<(String, bool), ApiError> {
-    let id = match headers.get("x-request-id") {
+    let id = match KEY_HEADERS.iter().find_map(|h| headers.get(*h).map(|v| (*h, v))) {
         None => None,
-        Some(v) => {
-            let v = v.to_str().map_err(|_| ApiError::bad("x-request-id must be ASCII"))?.trim();
+        Some((name, v)) => {
+            let v = v.to_str().map_err(|_| ApiError::bad(format!("{name} must be ASCII")))?.trim();
             if v.len() > MAX_REQUEST_ID || v.is_empty() {
-                return Err(ApiError::bad(format!("x-request-id must be 1 to {MAX_REQUEST_ID} characters")));
+                return Err(ApiError::bad(format!("{name} must be 1 to {MAX_REQUEST_ID} characters")));
             }
             Some(v.to_owned())
         }
@@ -294,6 +297,8 @@ struct Placement {
     session: SessionRef,
     run_id: String,
     graft: Graft,
+    /// A regenerate: the user row answered again (no new user row).
+    regenerate: Option<String>,
 }
 
 fn chains(c: &Conversation) -> (Vec<Hash>, Hash) {
@@ -388,14 +393,24 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
         (current != conv.system).then(|| conv.system.clone())
     };
     // A retry: the whole request already ended in a user row of this key.
-    if allow_retry {
+    if allow_retry && ask.by_request_id {
         if let Some(t) = idx.keyed_turn(full, &ask.key_prefix, &mut reaches) {
-            let fresh = ask.by_request_id || now.saturating_sub(t.timestamp) < BODY_RETRY_WINDOW_MS;
-            let same = explicit.as_ref().is_none_or(|s| s.path == t.path);
-            if fresh && same {
+            if explicit.as_ref().is_none_or(|s| s.path == t.path) {
                 if let Some(s) = gw.sessions.resolve(&t.key, false).map_err(internal)?.filter(|s| s.path == t.path) {
-                    return Ok(Placement { session: s, run_id: t.run_id, graft: Graft::default() });
+                    return Ok(Placement { session: s, run_id: t.run_id, graft: Graft::default(), regenerate: None });
                 }
+            }
+        }
+    }
+    // A regenerate: the whole request ends at a user row that has a reply. Without a session named,
+    // only the last turn of a session's active branch (another conversation's leaf never moves),
+    // and not a lone first message (two conversations may well open alike).
+    let has_reply = conv.history.iter().any(|h| h.get("role").and_then(Value::as_str) == Some("assistant"));
+    if let Some(u) = idx.answered_user(full, explicit.as_ref().map(|s| s.path.as_path()), &mut reaches) {
+        if explicit.is_some() || (u.latest && has_reply) {
+            if let Some(s) = gw.sessions.resolve(&u.key, false).map_err(internal)?.filter(|s| s.path == u.path) {
+                let graft = Graft { client_tools: ask.client_tools.clone(), ..Graft::default() };
+                return Ok(Placement { session: s, run_id, graft, regenerate: Some(u.entry) });
             }
         }
     }
@@ -412,6 +427,9 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
             {
                 None
             }
+            // Nor does it move a session's leaf: it joins only where it continues the active
+            // branch (its history ends at the leaf); an edit or an older branch is a new session.
+            (Some(m), None) if m.leaf.is_none() => None,
             (m, _) => m,
         };
         let (session, at, leaf_seen, depth) = match (found, &explicit) {
@@ -446,7 +464,7 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
             continues: !conv.tool_results.is_empty(),
             client_tools: ask.client_tools.clone(),
         };
-        return Ok(Placement { session, run_id: run_id.clone(), graft });
+        return Ok(Placement { session, run_id: run_id.clone(), graft, regenerate: None });
     }
     Err(ApiError::new(500, "api_error", None, "the sessions changed while the request was matched; send it again"))
 }
@@ -653,7 +671,7 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
     loop {
         let a = ask.clone();
         let placed = gw.blocking(move |gw| Ok(place(gw, &a, allow_retry))).await.map_err(internal)??;
-        let Placement { session, run_id, graft } = placed;
+        let Placement { session, run_id, graft, regenerate } = placed;
         let relay = Relay::open(gw, &session, &run_id);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let _ = tx.send(());
@@ -662,7 +680,7 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
             run_id: run_id.clone(),
             text: ask.conversation.text.clone(),
             images: ask.conversation.images.clone(),
-            regenerate: None,
+            regenerate,
             expected_leaf: None,
             graft: Some(graft),
             model: ask.model.clone(),

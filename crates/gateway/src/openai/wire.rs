@@ -392,9 +392,11 @@ pub fn client_tools(req: &Value) -> Result<Vec<pincer_agent::ToolSpec>, Bad> {
         None | Some(Value::Null) => {}
         Some(Value::String(c)) if c == "auto" => {}
         Some(Value::String(c)) if c == "none" => return Ok(vec![]),
-        Some(other) => return Err(format!(
+        Some(other) => {
+            return Err(format!(
             "tool_choice {other} is not supported: send \"auto\" or \"none\" (the model is not forced to call a tool)"
-        )),
+        ))
+        }
     }
     let mut out: Vec<pincer_agent::ToolSpec> = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
