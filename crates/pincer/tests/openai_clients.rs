@@ -381,3 +381,76 @@ async fn a_resent_identical_body_is_a_regenerate_and_only_an_explicit_key_dedupe
         assert_eq!(rows_saying(&rows, "user", "count the retries").len(), 1, "{header}: {rows:?}");
     }
 }
+
+/// The headers Open WebUI sends with `ENABLE_FORWARD_USER_INFO_HEADERS=true` (`utils/headers.py`):
+/// the user's, and the chat id.
+fn forwarded(chat: &str) -> [(&str, &str); 5] {
+    [
+        ("X-OpenWebUI-User-Name", "Ada Lovelace"),
+        ("X-OpenWebUI-User-Id", "7d1c0a52-3b8e-4c1e-9a57-2f4d7c1e9b10"),
+        ("X-OpenWebUI-User-Email", "ada@example.com"),
+        ("X-OpenWebUI-User-Role", "admin"),
+        ("X-OpenWebUI-Chat-Id", chat),
+    ]
+}
+
+fn leaf_moves(rows: &[Value]) -> usize {
+    rows.iter().filter(|e| e["type"] == "leaf").count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_open_webui_chat_is_one_session_and_a_new_conversation_never_moves_another_leaf() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&state, &fake).await;
+    let chat_a = "3f0d2b9e-8c4a-4d7b-9e1f-5a6c7d8e9f00";
+    let a = forwarded(chat_a);
+    let (r1, key) = owui_turn(&gw.addr, &[user("plan a trip")], &a).await;
+    assert_eq!(key, format!("agent:main:openwebui:{chat_a}"));
+    // A regenerate of the very first message: a sibling, in the chat's session.
+    let (_, k) = owui_turn(&gw.addr, &[user("plan a trip")], &a).await;
+    assert_eq!(k, key);
+    let file = transcript(&state, &key);
+    let rows = read_rows(&file);
+    assert_eq!(rows_saying(&rows, "user", "plan a trip").len(), 1, "{rows:?}");
+    assert_eq!(rows_saying(&rows, "assistant", &r1).len(), 2, "two sibling replies: {rows:?}");
+    let (_, k) = owui_turn(&gw.addr, &[user("plan a trip"), assistant(&r1), user("to Lisbon")], &a).await;
+    assert_eq!(k, key);
+    // An edit of the second message: a branch in the same session.
+    let (_, k) = owui_turn(&gw.addr, &[user("plan a trip"), assistant(&r1), user("to Porto")], &a).await;
+    assert_eq!(k, key);
+    let rows = read_rows(&file);
+    let (lisbon, porto) = (rows_saying(&rows, "user", "to Lisbon"), rows_saying(&rows, "user", "to Porto"));
+    assert_eq!((lisbon.len(), porto.len()), (1, 1), "{rows:?}");
+    assert_eq!(lisbon[0]["parentId"], porto[0]["parentId"], "siblings");
+    assert_eq!(oracle_context(&file, None)["context"]["messages"].as_array().expect("ctx").len(), 4);
+
+    // Another chat opening alike (its own chat id): its own session, chat A untouched.
+    let before = read_rows(&file);
+    let chat_b = "temporary:9a8b7c6d-0000-4e1f-8a2b-3c4d5e6f7a8b";
+    let (_, kb) = owui_turn(&gw.addr, &[user("plan a trip")], &forwarded(chat_b)).await;
+    let (_, kb2) =
+        owui_turn(&gw.addr, &[user("plan a trip"), assistant(&r1), user("to Lisbon")], &forwarded(chat_b)).await;
+    assert_eq!((kb.as_str(), kb2.as_str()), (format!("agent:main:openwebui:{chat_b}").as_str(), kb.as_str()));
+    assert_eq!(read_rows(&file), before, "chat A's file is as it was");
+
+    // Without any id: a conversation whose first exchange equals chat A's, with another second
+    // message, is a new session; chat A's leaf does not move.
+    let (_, kn) = owui_turn(&gw.addr, &[user("plan a trip"), assistant(&r1), user("to Faro")], &[]).await;
+    assert!(kn != key && kn != kb, "a new session: {kn}");
+    assert_eq!(read_rows(&file), before, "chat A's file is as it was");
+    let other = read_rows(&transcript(&state, &kn));
+    assert_eq!(leaf_moves(&other), 0);
+    let said: Vec<String> = messages(&other).iter().map(|e| text(&e["message"])).collect();
+    assert_eq!(said, ["plan a trip".to_string(), r1.clone(), "to Faro".into(), reply("to Faro")]);
+    assert_chained(&messages(&other));
+    // It continues itself when resent (its active branch).
+    let (_, kn2) = owui_turn(
+        &gw.addr,
+        &[user("plan a trip"), assistant(&r1), user("to Faro"), assistant(&reply("to Faro")), user("by train")],
+        &[],
+    )
+    .await;
+    assert_eq!(kn2, kn);
+}

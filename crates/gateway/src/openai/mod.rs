@@ -3,8 +3,8 @@
 //! `Authorization: Bearer <gateway token or a configured API key>`.
 //!
 //! A stateless client resends its whole conversation each time; the endpoint maps it onto one
-//! session's tree. An explicit `x-openclaw-session-key` / `x-pincer-session-key` names the session;
-//! otherwise the [`index`] finds where the history ends: on a session's active branch (the new turn
+//! session's tree. An explicit `x-openclaw-session-key` / `x-pincer-session-key` names the session
+//! (or Open WebUI's forwarded chat id, [`OPEN_WEBUI_CHAT_HEADER`]); otherwise the [`index`] finds where the history ends: on a session's active branch (the new turn
 //! is appended there), inside some branch (the turn branches from the last common entry, as an edit
 //! in the WebChat does), or nowhere (a new session). The turn itself runs through `chat.send`'s
 //! pipeline ([`crate::chat::start_turn`]): user row persisted before the model is called, live
@@ -41,6 +41,11 @@ use wire::{ApiError, Conversation, Hash, ROOT};
 
 /// Largest request body (room for 20 MB of images as base64).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// The header Open WebUI forwards its chat id in (`FORWARD_SESSION_INFO_HEADER_CHAT_ID`, sent with
+/// `ENABLE_FORWARD_USER_INFO_HEADERS=true`): without a session key header, the session is
+/// `agent:<agent>:openwebui:<chat id>`.
+pub const OPEN_WEBUI_CHAT_HEADER: &str = "x-openwebui-chat-id";
+
 /// The headers whose value makes a request's idempotency key, the first present wins.
 pub const KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-request-id"];
 /// Longest `Idempotency-Key` / `x-request-id` taken as an idempotency key.
@@ -269,13 +274,16 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
     }
     let messages = req.get("messages").ok_or_else(|| ApiError::bad("messages is required"))?;
     let conversation = wire::conversation(messages, gw.redactor.as_ref()).map_err(ApiError::bad)?;
-    let explicit_key = ["x-pincer-session-key", "x-openclaw-session-key"]
-        .iter()
-        .find_map(|h| headers.get(*h))
-        .map(|v| v.to_str().map(|s| s.trim().to_owned()))
-        .transpose()
-        .map_err(|_| ApiError::bad("the session key header must be ASCII"))?
-        .filter(|k| !k.is_empty());
+    let header = |name: &str| -> Result<Option<String>, ApiError> {
+        let v = headers.get(name).map(|v| v.to_str().map(|s| s.trim().to_owned()));
+        let v = v.transpose().map_err(|_| ApiError::bad(format!("the {name} header must be ASCII")))?;
+        Ok(v.filter(|k| !k.is_empty()))
+    };
+    let explicit_key = match (header("x-pincer-session-key")?, header("x-openclaw-session-key")?) {
+        (Some(k), _) | (None, Some(k)) => Some(k),
+        // Open WebUI's chat, when it forwards it: each of its chats is one session.
+        (None, None) => header(OPEN_WEBUI_CHAT_HEADER)?.map(|chat| format!("agent:{agent}:openwebui:{chat}")),
+    };
     let (key_prefix, by_request_id) = request_key(headers, body)?;
     Ok(Ask {
         stream,
@@ -365,7 +373,7 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
             let s = gw
                 .sessions
                 .resolve_for(k, true, principal)
-                .map_err(|e| ApiError::bad(format!("session key header: {}", e.message)))?
+                .map_err(|e| ApiError::bad(format!("the session named by the request's headers: {}", e.message)))?
                 .filter(|s| principal.reaches(s.owner()))
                 .ok_or_else(|| {
                     ApiError::new(404, "invalid_request_error", None, format!("no session {k} for this API key"))
