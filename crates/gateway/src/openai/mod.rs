@@ -18,6 +18,7 @@
 //! with the assistant row written, and goes back as `tool_calls`; the request that brings the
 //! results (`tool` messages at the end) appends them and the run goes on ([`Graft::continues`]).
 
+pub mod background;
 pub mod index;
 pub mod wire;
 
@@ -210,6 +211,8 @@ struct Ask {
     principal: Principal,
     /// The tools the client runs itself (`tools`).
     client_tools: Vec<pincer_agent::ToolSpec>,
+    /// A background request ([`background`]): answered, not kept.
+    background: bool,
 }
 
 /// Most messages one request may carry: a history the tree lacks is written in one commit, and
@@ -274,6 +277,7 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
     }
     let messages = req.get("messages").ok_or_else(|| ApiError::bad("messages is required"))?;
     let conversation = wire::conversation(messages, gw.redactor.as_ref()).map_err(ApiError::bad)?;
+    let background = background::is_background(headers, &conversation)?;
     let header = |name: &str| -> Result<Option<String>, ApiError> {
         let v = headers.get(name).map(|v| v.to_str().map(|s| s.trim().to_owned()));
         let v = v.transpose().map_err(|_| ApiError::bad(format!("the {name} header must be ASCII")))?;
@@ -297,6 +301,7 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
         by_request_id,
         principal,
         client_tools,
+        background,
     })
 }
 
@@ -675,6 +680,9 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
     let principal = authorize(gw, headers)?;
     let ask = Arc::new(parse(gw, headers, &body, principal)?);
     drop(body);
+    if ask.background {
+        return background_reply(gw, ask).await;
+    }
     let mut allow_retry = true;
     loop {
         let a = ask.clone();
@@ -702,11 +710,11 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
             _ => internal(e),
         })?;
         let status = started.get("status").and_then(Value::as_str).unwrap_or("");
-        let reply = Reply { gw: gw.clone(), session, run_id, ask: ask.clone() };
+        let reply = Reply { gw: gw.clone(), session_key: Some(session.key.clone()), run_id, ask: ask.clone() };
         return match status {
             "started" | "in_flight" => reply.relay(relay).await,
             "ok" | "aborted" | "blocked" => {
-                let f = finished(gw, &reply.session, &reply.run_id).await?;
+                let f = finished(gw, &session, &reply.run_id).await?;
                 Ok(reply.whole(f.text, f.finish, f.usage, f.calls))
             }
             // A retry of a turn that failed or was cut off runs anew (as a sibling of it).
@@ -719,10 +727,97 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
     }
 }
 
+/// Answers a background request ([`background`]) with one model call outside any session: no
+/// transcript, no session, no events to watchers; counted in the turn metrics like a turn.
+async fn background_reply(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, ApiError> {
+    use futures::StreamExt;
+    let spec = ask.model.clone().unwrap_or_else(|| gw.settings.agents.get(&ask.agent).model.clone());
+    let model = gw.settings.providers.resolve(&spec).map_err(|e| ApiError::bad(e.to_string()))?;
+    let conv = &ask.conversation;
+    let mut messages: Vec<Value> =
+        conv.history.iter().chain(&conv.extra_users).chain(&conv.tool_results).cloned().collect();
+    if conv.tool_results.is_empty() {
+        let mut last = wire::user_message(&conv.text, &conv.images);
+        last["timestamp"] = json!(pincer_pi::now_ms());
+        messages.push(last);
+    }
+    let run_id = format!("{}bg-{}", index::KEY_PREFIX, uuid::Uuid::new_v4());
+    let rx = pincer_agent::start_run(pincer_agent::RunRequest {
+        model,
+        system_prompt: conv.system.clone(),
+        messages: messages.into_iter().map(pincer_agent::ContextMessage::shared).collect(),
+        tools: Arc::new(pincer_agent::ToolRegistry::new()),
+        client_tools: ask.client_tools.as_slice().into(),
+        sink: Arc::new(pincer_agent::MemorySink::new()),
+        cancel: pincer_agent::CancellationToken::new(),
+        max_turns: 1,
+        run_id: run_id.clone(),
+        max_reply_bytes: gw.settings.max_reply_bytes,
+    });
+    let started = std::time::Instant::now();
+    let steps = futures::stream::unfold(Some(rx), move |rx| {
+        let spec = spec.clone();
+        async move {
+            let mut rx = rx?;
+            loop {
+                let (step, status, msg) = match rx.recv().await? {
+                    pincer_agent::RunEvent::TextDelta { delta } => return Some((Some(Step::Text(delta)), Some(rx))),
+                    pincer_agent::RunEvent::Final { entry } => {
+                        let msg = entry["message"].clone();
+                        let step = Step::Done {
+                            finish: wire::finish_reason(&msg),
+                            usage: wire::usage(msg.get("usage")),
+                            calls: wire::client_calls(&msg),
+                        };
+                        (step, "ok", msg)
+                    }
+                    pincer_agent::RunEvent::Error { entry, message, kind } => {
+                        crate::metrics::turn_error(kind.as_str());
+                        let msg = entry.map(|e| e["message"].clone()).unwrap_or(Value::Null);
+                        (Step::Failed(ApiError::from_run(&message, kind.as_str())), "error", msg)
+                    }
+                    pincer_agent::RunEvent::Aborted { .. } => (
+                        Step::Failed(ApiError::new(500, "api_error", None, "the request was cut")),
+                        "aborted",
+                        Value::Null,
+                    ),
+                    _ => continue,
+                };
+                let n = |k: &str| msg.pointer(&format!("/usage/{k}")).and_then(Value::as_u64).unwrap_or(0);
+                crate::metrics::turn_finished(status);
+                crate::metrics::model_turn(&spec, status, n("input") + n("cacheRead") + n("cacheWrite"), n("output"));
+                crate::metrics::turn_seconds(started.elapsed());
+                return Some((Some(step), None));
+            }
+        }
+    });
+    let mut steps = steps.boxed();
+    let reply = Reply { gw: gw.clone(), session_key: None, run_id, ask: ask.clone() };
+    if !ask.stream {
+        let mut text = String::new();
+        while let Some(step) = steps.next().await {
+            match step {
+                Some(Step::Text(t)) => text.push_str(&t),
+                Some(Step::Done { finish, usage, calls }) => return Ok(reply.whole(text, finish, usage, calls)),
+                Some(Step::Failed(e)) => return Err(e),
+                None => {}
+            }
+        }
+        return Err(ApiError::new(500, "api_error", None, "the model call ended without a result"));
+    }
+    // As a turn's relay: the status line waits for the first event.
+    let first = steps.next().await.flatten();
+    if let Some(Step::Failed(e)) = first {
+        return Err(e);
+    }
+    Ok(reply.sse(futures::stream::once(async move { first }).chain(steps).boxed()))
+}
+
 /// Writes the answer of one turn.
 struct Reply {
     gw: Arc<Gateway>,
-    session: SessionRef,
+    /// The session it went to (none for a background request).
+    session_key: Option<String>,
     run_id: String,
     ask: Arc<Ask>,
 }
@@ -737,7 +832,7 @@ impl Reply {
     }
 
     fn with_session(&self, mut r: Response) -> Response {
-        if let Ok(v) = HeaderValue::from_str(&self.session.key) {
+        if let Some(Ok(v)) = self.session_key.as_deref().map(HeaderValue::from_str) {
             r.headers_mut().insert("x-pincer-session-key", v.clone());
             r.headers_mut().insert("x-openclaw-session-key", v);
         }
@@ -822,7 +917,7 @@ impl Reply {
         use futures::StreamExt;
         let me = Arc::new(Reply {
             gw: self.gw.clone(),
-            session: self.session.clone(),
+            session_key: self.session_key.clone(),
             run_id: self.run_id.clone(),
             ask: self.ask.clone(),
         });
