@@ -81,10 +81,17 @@ fn messages(rows: &[Value]) -> Vec<&Value> {
     rows.iter().filter(|e| e["type"] == "message").collect()
 }
 
-/// Every message row is the child of the one before it.
-fn assert_chained(rows: &[&Value]) {
-    for pair in rows.windows(2) {
-        assert_eq!(pair[1]["parentId"], pair[0]["id"], "chained: {}", pair[1]);
+/// The message rows of a file are chained: each the child of the one before it (a session's
+/// system prompt change, an entry of its own, may come between).
+fn assert_chained(rows: &[Value]) {
+    let by_id = |id: &Value| rows.iter().find(|e| e["id"] == *id);
+    let between = |e: &&Value| e["type"] == "custom" && e["customType"] == "pincer.system-prompt";
+    for pair in messages(rows).windows(2) {
+        let mut parent = &pair[1]["parentId"];
+        while let Some(p) = by_id(parent).filter(|_| *parent != pair[0]["id"]).filter(between) {
+            parent = &p["parentId"];
+        }
+        assert_eq!(*parent, pair[0]["id"], "chained: {}", pair[1]);
     }
 }
 
@@ -174,7 +181,7 @@ async fn client_tools_go_to_the_model_and_their_calls_come_back_to_the_client() 
     let msgs = messages(&rows);
     assert_eq!(msgs.len(), 2, "{rows:?}");
     assert_eq!(msgs[1]["message"]["stopReason"], "toolUse");
-    assert_chained(&msgs);
+    assert_chained(&rows);
 
     // The client runs the tool and sends its result: one toolResult row, and the turn goes on.
     let assistant = json!({"role": "assistant", "content": "", "tool_calls": calls});
@@ -192,7 +199,7 @@ async fn client_tools_go_to_the_model_and_their_calls_come_back_to_the_client() 
     assert_eq!(text(&msgs[2]["message"]), "Rust 1.95 is out.");
     assert_eq!(msgs[2]["message"]["toolCallId"], calls[0]["id"]);
     assert_eq!(msgs[2]["message"]["toolName"], "search_web");
-    assert_chained(&msgs);
+    assert_chained(&rows);
     assert!(rows.iter().all(|e| e["type"] != "leaf"), "no leaf moves: {rows:?}");
     // What the provider got is Pi's context of the file, each time.
     check_request_against_pi(&file, fake.provider(), 0);
@@ -209,7 +216,7 @@ async fn client_tools_go_to_the_model_and_their_calls_come_back_to_the_client() 
     assert_eq!((status, session.as_deref()), (200, Some(key.as_str())), "{answer}");
     let msgs_now = read_rows(&file);
     assert_eq!(messages(&msgs_now).len(), 6, "two rows more, nothing written twice: {msgs_now:?}");
-    assert_chained(&messages(&msgs_now));
+    assert_chained(&msgs_now);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,7 +261,7 @@ async fn agent_tools_run_in_the_gateway_beside_client_tools() {
     let msgs = messages(&rows);
     let roles: Vec<&str> = msgs.iter().map(|m| m["message"]["role"].as_str().expect("role")).collect();
     assert_eq!(roles, ["user", "assistant", "toolResult", "toolResult", "assistant"], "{rows:?}");
-    assert_chained(&msgs);
+    assert_chained(&rows);
     check_request_against_pi(&file, fake.provider(), 1);
 }
 
@@ -444,7 +451,7 @@ async fn each_open_webui_chat_is_one_session_and_a_new_conversation_never_moves_
     assert_eq!(leaf_moves(&other), 0);
     let said: Vec<String> = messages(&other).iter().map(|e| text(&e["message"])).collect();
     assert_eq!(said, ["plan a trip".to_string(), r1.clone(), "to Faro".into(), reply("to Faro")]);
-    assert_chained(&messages(&other));
+    assert_chained(&other);
     // It continues itself when resent (its active branch).
     let (_, kn2) = owui_turn(
         &gw.addr,
@@ -596,4 +603,84 @@ async fn background_requests_are_answered_and_counted_but_never_kept() {
     let (status, _, session) = post(&gw.addr, &body, &[("x-pincer-ephemeral", "0")]).await;
     assert_eq!(status, 200);
     assert!(session.is_some_and(|s| s != key), "kept as a session of its own");
+}
+
+/// Runs the `pincer` CLI (another process beside the gateway); its stdout.
+fn cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(BIN).args(args).output().expect("run pincer");
+    assert!(out.status.success(), "pincer {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn pi_reply(said: &str) -> Value {
+    json!({"role": "assistant", "content": [{"type": "text", "text": said}], "api": "openai-completions",
+        "provider": "elsewhere", "model": "m", "usage": {"input": 1, "output": 1, "cacheRead": 0, "cacheWrite": 0,
+        "totalTokens": 2, "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0, "total": 0}},
+        "stopReason": "stop", "timestamp": 1})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_written_by_another_process_are_matched_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&state, &fake).await;
+    owui_turn(&gw.addr, &[user("warm up")], &[]).await; // the endpoint's index is built
+
+    // `pincer transcript import` while the gateway runs.
+    let outside = dir.path().join("elsewhere.jsonl");
+    let store = pincer_store::Store::new(pincer_store::StoreOptions::default());
+    let said = [user("imported question"), pi_reply("imported answer")];
+    for m in &said {
+        let mut m = m.clone();
+        m["timestamp"] = json!(1);
+        store.append(&outside, pincer_store::NewEntry::message(m)).expect("append");
+    }
+    let out =
+        cli(&["transcript", "import", outside.to_str().expect("path"), "--state-dir", state.to_str().expect("path")]);
+    let imported: Value = serde_json::from_str(out.trim()).expect("json");
+    let key = imported["sessionKey"].as_str().expect("key").to_owned();
+    let history = [user("imported question"), assistant("imported answer"), user("go on")];
+    let (_, k) = owui_turn(&gw.addr, &history, &[]).await;
+    assert_eq!(k, key, "the imported session continues: no duplicate");
+    let file = transcript(&state, &key);
+    let rows = read_rows(&file);
+    let msgs = messages(&rows);
+    assert_eq!(
+        msgs.iter().map(|m| text(&m["message"])).collect::<Vec<_>>(),
+        ["imported question".to_string(), "imported answer".into(), "go on".into(), reply("go on"),]
+    );
+    assert_chained(&rows);
+
+    // Another process appends to it (`pincer transcript append`): the grown history matches.
+    for m in [user("added by the CLI"), pi_reply("answered elsewhere")] {
+        let mut m = m;
+        m["timestamp"] = json!(2);
+        cli(&["transcript", "append", file.to_str().expect("path"), "--message", &m.to_string()]);
+    }
+    let mut longer = history.to_vec();
+    longer.extend([
+        assistant(&reply("go on")),
+        user("added by the CLI"),
+        assistant("answered elsewhere"),
+        user("more"),
+    ]);
+    let (_, k) = owui_turn(&gw.addr, &longer, &[]).await;
+    assert_eq!(k, key, "the session grown behind the gateway continues");
+    let rows = read_rows(&file);
+    let msgs = messages(&rows);
+    assert_eq!(msgs.len(), 8, "{rows:?}");
+    assert_chained(&rows);
+
+    // An edited sessions.json (the session under another key): followed at once.
+    let index_file = sessions_dir(&state, "main").join("sessions.json");
+    let mut index: Value = serde_json::from_slice(&std::fs::read(&index_file).expect("index")).expect("json");
+    let entry = index.as_object_mut().expect("object").remove(&key).expect("the imported entry");
+    index["agent:main:renamed-by-hand"] = entry;
+    #[allow(clippy::disallowed_methods)] // a person editing the file by hand, not the store
+    std::fs::write(&index_file, serde_json::to_vec_pretty(&index).expect("json")).expect("write");
+    longer.extend([assistant(&reply("more")), user("after the rename")]);
+    let (_, k) = owui_turn(&gw.addr, &longer, &[]).await;
+    assert_eq!(k, "agent:main:renamed-by-hand");
+    assert_eq!(messages(&read_rows(&file)).len(), 10);
 }

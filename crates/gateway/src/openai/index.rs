@@ -12,7 +12,11 @@
 //! after the position the index has read are read. Sessions other replicas wrote to are learnt
 //! from the database before each match (the transcripts changed since the last look, one indexed
 //! query: [`ConversationIndex::touched`]) and caught up, or indexed when new here, so a match
-//! costs what the request and the appends since cost, never a scan of every session.
+//! costs what the request and the appends since cost, never a scan of every session. On files,
+//! sessions another process adds, removes or re-keys are followed when an agent's `sessions.json`
+//! changed ([`ConversationIndex::follow`], one stat per agent per request), and a history that
+//! matches nowhere in full looks at every transcript's end once ([`ConversationIndex::catch_up_all`]):
+//! another process may have grown one behind the index.
 
 use super::wire::{chain, message_hash, Hash, ROOT};
 use crate::state::lock;
@@ -133,6 +137,9 @@ pub struct ConversationIndex {
     /// When the store was last asked what changed (the store's clock; see
     /// [`ConversationIndex::sync_mark`]).
     synced: Mutex<Option<i64>>,
+    /// The session indexes' stamps when the session list was last followed
+    /// ([`ConversationIndex::index_changed`]).
+    stamps: Mutex<Option<Vec<Option<pincer_store::IndexStamp>>>>,
 }
 
 impl Default for ConversationIndex {
@@ -330,7 +337,12 @@ fn keyed(message: &Value) -> Option<(Arc<str>, u64)> {
 impl ConversationIndex {
     /// An index reading transcripts from `store`.
     pub fn new(store: Arc<dyn Transcripts>) -> ConversationIndex {
-        ConversationIndex { inner: Mutex::new(Inner::default()), store, synced: Mutex::new(None) }
+        ConversationIndex {
+            inner: Mutex::new(Inner::default()),
+            store,
+            synced: Mutex::new(None),
+            stamps: Mutex::new(None),
+        }
     }
 
     /// When the caller last asked the store what changed (`None`: never), for a store shared by
@@ -369,6 +381,50 @@ impl ConversationIndex {
             }
         }
         unknown
+    }
+
+    /// Records the session indexes' stamps now, and whether they differ from the last ones recorded
+    /// (then the session list should be followed again: [`ConversationIndex::follow`]).
+    pub fn index_changed(&self, now: Vec<Option<pincer_store::IndexStamp>>) -> bool {
+        let mut last = lock(&self.stamps);
+        let changed = last.as_ref() != Some(&now);
+        *last = Some(now);
+        changed
+    }
+
+    /// Follows the session list as it is now (key, transcript): sessions it names that the index
+    /// lacks, or knows under another key, are indexed; indexed ones it no longer names are dropped.
+    /// Sessions already indexed are not read again. Blocking.
+    pub fn follow(&self, sessions: impl IntoIterator<Item = (String, PathBuf)>) {
+        let mut inner = lock(&self.inner);
+        if !inner.built {
+            return;
+        }
+        let mut listed: HashSet<PathBuf> = HashSet::new();
+        for (key, path) in sessions {
+            if inner.sessions.get(path.as_path()).is_none_or(|t| t.key != key) {
+                inner.index_file(self.store.as_ref(), &key, &path);
+            }
+            listed.insert(path);
+        }
+        let gone: Vec<PathBuf> =
+            inner.sessions.keys().filter(|p| !listed.contains(&***p)).map(|p| p.to_path_buf()).collect();
+        for p in gone {
+            inner.forget(&p);
+        }
+    }
+
+    /// Catches up every indexed session whose transcript grew or shrank behind the index (one
+    /// `stat` each): for a history that matched nowhere in full, which another process may have
+    /// written. Blocking.
+    pub fn catch_up_all(&self) {
+        let mut inner = lock(&self.inner);
+        let store = self.store.as_ref();
+        let stale: Vec<PathBuf> =
+            inner.sessions.iter().filter(|(p, t)| Some(t.len) != store.end(p)).map(|(p, _)| p.to_path_buf()).collect();
+        for p in stale {
+            inner.catch_up(store, &p);
+        }
     }
 
     /// Whether the index has been built (until then appends are not followed: the build reads them).

@@ -356,9 +356,15 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
     if let Some(pg) = &gw.pg {
         sync_replicas(gw, pg)?;
     }
+    // Sessions another process added, removed or re-keyed (a CLI import, another gateway on the
+    // same state dir, an edited sessions.json): one stat per agent tells, and only then is the
+    // session list read again. The stamps are taken first: a change after them is seen next time.
+    let changed = idx.index_changed(gw.sessions.index_stamps());
     if !idx.is_built() {
         let all = gw.sessions.list(None).map_err(internal)?;
         idx.build(all.into_iter().map(|s| (s.key, s.path)));
+    } else if changed {
+        idx.follow(gw.sessions.list(None).map_err(internal)?.into_iter().map(|s| (s.key, s.path)));
     }
     // What other replicas appended since the last request; sessions they began are looked up in
     // the session index once each.
@@ -427,8 +433,16 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
             }
         }
     }
-    for _ in 0..3 {
+    let mut scanned = false;
+    for _ in 0..4 {
         let found = idx.deepest(&history, explicit.as_ref().map(|s| s.path.as_path()), &mut reaches);
+        // A history that matches nowhere in full may be in a transcript another process grew
+        // behind the index: every transcript's end is looked at once, then it is matched again.
+        if !scanned && found.as_ref().map_or(0, |m| m.depth) < history.len() {
+            scanned = true;
+            idx.catch_up_all();
+            continue;
+        }
         let found = match (found, &explicit) {
             // Without a session key, a shared first message is not enough to join someone's
             // conversation: the common part must hold a reply, or be the whole history.
