@@ -334,7 +334,7 @@ async fn the_official_python_and_node_sdks_are_clients() {
         let replies = report["replies"].as_array().expect("replies");
         let usages = fake.usages()[before..].to_vec();
         assert_eq!(replies.len(), 4);
-        assert_eq!(usages.len(), 4, "one model call per turn");
+        assert_eq!(usages.len(), 4 + 2, "one model call per turn, and the client tool round trip's two");
         for (r, u) in replies.iter().zip(&usages) {
             assert_eq!(core_usage(&r["usage"]), usage_of(u), "{prefix}: the SDK saw the fake's usage");
         }
@@ -352,6 +352,48 @@ async fn the_official_python_and_node_sdks_are_clients() {
             expected.insert(expected.len() - 1, ("user", said));
         }
         assert_one_chain(&transcript(&state, &sessions[0]), &expected);
+        // The client tool round trip: one session, the call's assistant row, the client's result under
+        // it, the reply; what the model was sent is Pi's context of the file each time.
+        let asked = format!("{prefix} tools [call:lookup]");
+        let tooled: Vec<String> = api_sessions(&state)
+            .into_iter()
+            .filter(|k| read_rows(&transcript(&state, k)).iter().any(|e| text(&e["message"]) == asked))
+            .collect();
+        assert_eq!(tooled.len(), 1, "{prefix}: one session for the tool conversation");
+        let file = transcript(&state, &tooled[0]);
+        let rows = read_rows(&file);
+        let msgs = messages(&rows);
+        let got: Vec<(&str, String)> =
+            msgs.iter().map(|e| (e["message"]["role"].as_str().expect("role"), text(&e["message"]))).collect();
+        let result = format!("{prefix} looked up");
+        assert_eq!(
+            got,
+            [
+                ("user", asked.clone()),
+                ("assistant", String::new()),
+                ("toolResult", result),
+                ("assistant", reply(&asked))
+            ]
+        );
+        assert_eq!(msgs[2]["message"]["toolCallId"], report["tool_call"]);
+        for pair in msgs.windows(2) {
+            assert_eq!(pair[1]["parentId"], pair[0]["id"], "chained: {}", pair[1]);
+        }
+        let bodies = fake.requests();
+        for (body, nth) in [(&bodies[bodies.len() - 2], 0), (&bodies[bodies.len() - 1], 1)] {
+            let assistants: Vec<usize> =
+                rows.iter().enumerate().filter(|(_, r)| r["message"]["role"] == "assistant").map(|(i, _)| i).collect();
+            let pi = oracle_context(&file, rows[assistants[nth] - 1]["id"].as_str());
+            let want = pincer_testkit::wire::openai_messages(pi["context"]["messages"].as_array().expect("context"));
+            let sent: Vec<Value> = body["messages"]
+                .as_array()
+                .expect("messages")
+                .iter()
+                .filter(|m| m["role"] != "system")
+                .cloned()
+                .collect();
+            assert_eq!(sent, want, "{prefix}: request {nth} of the tool conversation = Pi's context");
+        }
     }
-    assert_eq!(api_sessions(&state).len(), 2, "one session per SDK conversation");
+    assert_eq!(api_sessions(&state).len(), 4, "one session per SDK conversation");
 }
