@@ -207,6 +207,19 @@ async fn client_tools_go_to_the_model_and_their_calls_come_back_to_the_client() 
     let pi = oracle_context(&file, None);
     assert_eq!(pi["context"]["messages"].as_array().expect("context").len(), 4);
 
+    // The same results again (a retry without a key, or a regenerate of the reply after them): the
+    // run goes on from the result already written, as a sibling reply; nothing is written twice.
+    let (status, body, session) =
+        post(&gw.addr, &open_webui_chat(&[user.clone(), assistant.clone(), result.clone()]), &[]).await;
+    assert_eq!((status, session.as_deref()), (200, Some(key.as_str())), "{body}");
+    assert_eq!(assemble(&body).0, reply(ask));
+    let rows = read_rows(&file);
+    let msgs = messages(&rows);
+    let roles: Vec<&str> = msgs.iter().map(|m| m["message"]["role"].as_str().expect("role")).collect();
+    assert_eq!(roles, ["user", "assistant", "toolResult", "assistant", "assistant"], "{rows:?}");
+    assert_eq!(msgs[4]["parentId"], msgs[2]["id"], "a sibling of the first reply");
+    assert_eq!(oracle_context(&file, None)["leafId"], msgs[4]["id"]);
+
     // The next user turn (non-streamed) carries the whole history: it continues the same branch.
     let done = json!({"role": "assistant", "content": reply(ask)});
     let next = json!({"role": "user", "content": "thanks"});
@@ -215,8 +228,9 @@ async fn client_tools_go_to_the_model_and_their_calls_come_back_to_the_client() 
     let (status, answer, session) = post(&gw.addr, &body, &[]).await;
     assert_eq!((status, session.as_deref()), (200, Some(key.as_str())), "{answer}");
     let msgs_now = read_rows(&file);
-    assert_eq!(messages(&msgs_now).len(), 6, "two rows more, nothing written twice: {msgs_now:?}");
-    assert_chained(&msgs_now);
+    assert_eq!(messages(&msgs_now).len(), 7, "two rows more, nothing written twice: {msgs_now:?}");
+    let last = messages(&msgs_now);
+    assert_eq!(last[5]["parentId"], last[4]["id"], "after the reply the client saw last");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -421,6 +421,29 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
             }
         }
     }
+    // Tool results the session already holds (a resend of the same results, as a retry or a
+    // regenerate of the reply after them): the run goes on from the last of them, as a sibling of
+    // the reply it had (a tool call's id names one conversation, so no session key is needed).
+    if !conv.tool_results.is_empty() {
+        let mut whole = history.clone();
+        for h in conv.tool_results.iter().filter_map(wire::message_hash) {
+            whole.push(wire::chain(whole.last().copied().unwrap_or(ROOT), h));
+        }
+        let within = explicit.as_ref().map(|s| s.path.as_path());
+        if let Some(m) = idx.deepest(&whole, within, &mut reaches).filter(|m| m.depth == whole.len()) {
+            if let Some(s) = gw.sessions.resolve(&m.key, false).map_err(internal)?.filter(|s| s.path == m.path) {
+                let graft = Graft {
+                    at: Some(Some(m.entry)),
+                    leaf_seen: m.leaf,
+                    system_prompt: system_change(&s),
+                    prelude: vec![],
+                    continues: true,
+                    client_tools: ask.client_tools.clone(),
+                };
+                return Ok(Placement { session: s, run_id, graft, regenerate: None });
+            }
+        }
+    }
     // A regenerate: the whole request ends at a user row that has a reply. Without a session named,
     // only the last turn of a session's active branch (another conversation's leaf never moves),
     // and not a lone first message (two conversations may well open alike).
