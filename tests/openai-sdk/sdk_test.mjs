@@ -47,4 +47,20 @@ assert.equal(text, `Fake reply: you said "${prefix} streamed"`);
 assert.equal(finish, "stop");
 assert.ok(usage, "a usage chunk");
 replies.push({ text, usage });
-console.log(JSON.stringify({ replies }));
+
+// Client tools (function calling): the model's call comes back (whole this time); the client runs it and
+// sends the result; the turn goes on.
+const tools = [{ type: "function", function: { name: "lookup", description: "Look a word up.",
+  parameters: { type: "object", properties: { query: { type: "string" } }, required: ["query"] } } }];
+const convo = [{ role: "user", content: `${prefix} tools [call:lookup]` }];
+const asked = await client.chat.completions.create({ model: "pincer", messages: convo, tools });
+assert.equal(asked.choices[0].finish_reason, "tool_calls");
+const [call] = asked.choices[0].message.tool_calls;
+assert.equal(call.function.name, "lookup");
+assert.deepEqual(JSON.parse(call.function.arguments), { query: "lookup" });
+convo.push(asked.choices[0].message);
+convo.push({ role: "tool", tool_call_id: call.id, content: `${prefix} looked up` });
+const done = await client.chat.completions.create({ model: "pincer", messages: convo, tools });
+assert.equal(done.choices[0].finish_reason, "stop");
+assert.equal(done.choices[0].message.content, `Fake reply: you said "${prefix} tools [call:lookup]"`);
+console.log(JSON.stringify({ replies, tool_call: call.id }));

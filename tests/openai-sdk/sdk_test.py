@@ -50,5 +50,27 @@ text = "".join(pieces)
 assert text == f'Fake reply: you said "{prefix} streamed"', text
 assert finish == "stop" and usage is not None, (finish, usage)
 replies.append({"text": text, "usage": usage})
-print(json.dumps({"replies": replies}))
+
+# Client tools (function calling, as LangChain's bind_tools and the Agents SDK use it): the model's call
+# comes back streamed; the client runs it and sends the result; the turn goes on.
+tools = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+          "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+convo = [{"role": "user", "content": f"{prefix} tools [call:lookup]"}]
+calls, finish = {}, None
+for chunk in client.chat.completions.create(model="pincer", messages=convo, tools=tools, stream=True):
+    for d in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+        c = calls.setdefault(d.index, {"id": d.id, "name": d.function.name, "arguments": ""})
+        c["arguments"] += d.function.arguments or ""
+    if chunk.choices:
+        finish = chunk.choices[0].finish_reason or finish
+assert finish == "tool_calls" and len(calls) == 1, (finish, calls)
+call = calls[0]
+assert call["name"] == "lookup" and json.loads(call["arguments"]) == {"query": "lookup"}, call
+convo.append({"role": "assistant", "content": None, "tool_calls": [
+    {"id": call["id"], "type": "function", "function": {"name": "lookup", "arguments": call["arguments"]}}]})
+convo.append({"role": "tool", "tool_call_id": call["id"], "content": f"{prefix} looked up"})
+r = client.chat.completions.create(model="pincer", messages=convo, tools=tools)
+assert r.choices[0].finish_reason == "stop", r
+assert r.choices[0].message.content == f'Fake reply: you said "{prefix} tools [call:lookup]"', r
+print(json.dumps({"replies": replies, "tool_call": call["id"]}))
 sys.stdout.flush()

@@ -34,7 +34,7 @@ pub use provider::{
     install_crypto_provider, ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec,
 };
 pub use queue::{Cancelled, SessionGuard, SessionQueue};
-pub use run::{start_run, RunEvent, RunRequest, DEFAULT_MAX_REPLY_BYTES};
+pub use run::{start_run, RunEvent, RunRequest, CLIENT_CALLS_FIELD, DEFAULT_MAX_REPLY_BYTES};
 pub use sink::{MemorySink, SinkError, SinkFuture, TranscriptSink};
 pub use tokio_util::sync::CancellationToken;
 pub use tools::{CurrentTimeTool, Tool, ToolError, ToolOutput, ToolPolicy, ToolRegistry, Workspace};

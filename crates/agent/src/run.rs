@@ -12,7 +12,8 @@
 //!    once written (`Persisted`); then go back to 1 (at most `max_turns` model calls). While a
 //!    tool runs, its partial results are announced (`ToolCallUpdate`, at most one per call every
 //!    [`UPDATE_INTERVAL`], the newest kept when the reader is slow); they are never appended;
-//! 4. else end with `Final` (the last assistant entry).
+//! 4. else end with `Final` (the last assistant entry); also after 2–3 when the message called a
+//!    client tool ([`RunRequest::client_tools`]): those calls are handed back, not run.
 //!
 //! A failed model call appends the assistant message with `stopReason: "error"` and ends with
 //! `Error`. So does a reply whose text and thinking grow past `max_reply_bytes`: the run stops
@@ -48,6 +49,9 @@ pub struct RunRequest {
     pub messages: crate::context::Messages,
     /// Tools offered to the model.
     pub tools: Arc<ToolRegistry>,
+    /// Tools a client runs itself (the OpenAI endpoint's `tools`), offered beside `tools`: a
+    /// message calling any of them ends the run (see [`CLIENT_CALLS_FIELD`]). Empty for most runs.
+    pub client_tools: Arc<[crate::provider::ToolSpec]>,
     /// Where assistant and toolResult messages are appended.
     pub sink: Arc<dyn TranscriptSink>,
     /// Aborts the run.
@@ -60,6 +64,12 @@ pub struct RunRequest {
     /// ([`DEFAULT_MAX_REPLY_BYTES`] unless configured).
     pub max_reply_bytes: usize,
 }
+
+/// Field of an assistant message that called client tools ([`RunRequest::client_tools`]): the ids
+/// of those calls, handed back to the client instead of run. When one message calls both kinds, the
+/// agent's calls run first (their results written in source order), then the run ends with
+/// `Final` on that message; the client's results come with its next request.
+pub const CLIENT_CALLS_FIELD: &str = "clientToolCalls";
 
 /// Default of [`RunRequest::max_reply_bytes`]: 4 MiB.
 pub const DEFAULT_MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
@@ -291,7 +301,10 @@ impl Runner {
 
     async fn go(self) -> RunEvent {
         let mut context = self.req.messages.clone();
-        let specs = self.req.tools.specs();
+        let specs: Arc<[crate::provider::ToolSpec]> = match self.req.client_tools.is_empty() {
+            true => self.req.tools.specs(),
+            false => self.req.tools.specs().iter().chain(self.req.client_tools.iter()).cloned().collect(),
+        };
         let max_turns = self.req.max_turns.max(1);
         for turn in 1..=max_turns {
             let request = ModelRequest {
@@ -344,9 +357,16 @@ impl Runner {
             }
             let draft = stream.into_draft();
             let stop = draft.stop_reason.unwrap_or(StopReason::Stop);
-            let message = draft.to_message(&self.req.model, stop, None);
+            let mut message = draft.to_message(&self.req.model, stop, None);
             self.emit(RunEvent::Usage(message.get("usage").cloned().unwrap_or(Value::Null))).await;
-            let calls = draft.tool_calls();
+            let mut calls = draft.tool_calls();
+            let is_client = |name: &str| self.req.client_tools.iter().any(|t| t.name == name);
+            let handed_back: Vec<Value> =
+                calls.iter().filter(|c| is_client(&c.name)).map(|c| Value::from(c.id.as_str())).collect();
+            if !handed_back.is_empty() {
+                message[CLIENT_CALLS_FIELD] = Value::Array(handed_back.clone());
+                calls.retain(|c| !is_client(&c.name));
+            }
             // The next model call's context, needed only when the loop goes on.
             let goes_on = stop == StopReason::ToolUse && !calls.is_empty();
             let shared = goes_on.then(|| crate::context::ContextMessage::shared(&message));
@@ -354,7 +374,7 @@ impl Runner {
                 Ok(e) => e,
                 Err(ev) => return ev,
             };
-            let Some(shared) = shared else {
+            let Some(shared) = shared.filter(|_| !calls.is_empty()) else {
                 let ev = RunEvent::Final { entry };
                 self.emit(ev.clone()).await;
                 return ev;
@@ -406,6 +426,12 @@ impl Runner {
                     return ev;
                 }
                 context.push(shared);
+            }
+            if !handed_back.is_empty() {
+                // The client runs the rest: the run ends on the message that called them.
+                let ev = RunEvent::Final { entry };
+                self.emit(ev.clone()).await;
+                return ev;
             }
             if turn == max_turns {
                 let message = format!(

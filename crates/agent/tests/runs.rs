@@ -25,6 +25,7 @@ per_format!(
     abort_during_tool,
     abort_during_retry_wait,
     abort_after_persist_between_turns,
+    client_tool_calls_end_the_run,
 );
 
 /// Deterministic test tools: `add`, `fail`, `hang` (never returns), `snap` (an image), `wait`
@@ -204,6 +205,35 @@ async fn turn_limit_ends_with_error(f: Format) {
         &json!({"error":{"entry":entry(&limit_msg, true),"message":message,"kind":"unknown"}})
     );
     assert_eq!(fake.requests().len(), 1);
+}
+
+/// A call of a client tool (offered beside the registry's) ends the run on the message that made it:
+/// the agent's calls of the same message run and are written, the client's are not run.
+async fn client_tool_calls_end_the_run(f: Format) {
+    let fake = FakeProvider::start(f).await;
+    let t1 = turn(
+        vec![tool_call("c1", "add", &["{\"a\":1,\"b\":2}"]), tool_call("c2", "lookup", &["{\"q\":\"x\"}"])],
+        (5, 5, 0),
+    );
+    fake.push(Reply::stream(script(f, &t1)));
+    let sink = Arc::new(MemorySink::new());
+    let mut req = run_request(
+        fake.model(),
+        vec![user("look it up")],
+        test_tools(std::path::Path::new(".")),
+        sink.clone(),
+        CancellationToken::new(),
+    );
+    let schema = json!({"type": "object", "properties": {"q": {"type": "string"}}});
+    req.client_tools = Arc::new([pincer_agent::ToolSpec::new("lookup", "Looks a word up.", schema)]);
+    let events = collect(start_run(req)).await;
+    let mut asked = expected_assistant(f, &t1);
+    asked[pincer_agent::CLIENT_CALLS_FIELD] = json!(["c2"]);
+    assert_eq!(chained_messages(&sink.entries()), vec![asked.clone(), tool_result("c1", "add", "3", false)]);
+    assert_eq!(events_json(&events).last().unwrap(), &json!({"final": entry(&asked, false)}));
+    assert_eq!(fake.requests().len(), 1, "the run ended: the client runs lookup");
+    let offered = fake.bodies()[0].to_string();
+    assert!(offered.contains("lookup") && offered.contains("Looks a word up."), "{offered}");
 }
 
 async fn abort_before_first_byte(f: Format) {

@@ -60,6 +60,7 @@ async fn each_provider_persists_through_the_store_and_pi_reads_it_back() {
             system_prompt: Some("be brief".into()),
             messages: vec![pincer_agent::ContextMessage::shared(first.entry["message"].clone())].into(),
             tools: Arc::new(ToolRegistry::with_builtins(ws.path())),
+            client_tools: Arc::new([]),
             sink: Arc::new(FileSink { store: store.clone(), path: file.clone() }),
             cancel: CancellationToken::new(),
             max_turns: 4,

@@ -222,6 +222,12 @@ pub struct Graft {
     pub system_prompt: Option<Option<String>>,
     /// Pi messages the client sent that the tree lacks, written (chained) before the user row.
     pub prelude: Vec<Value>,
+    /// The request ends with the results of client tools (the last of `prelude`): no user row, the
+    /// run goes on from them.
+    pub continues: bool,
+    /// Tools the client runs itself, offered to the model beside the agent's
+    /// ([`pincer_agent::RunRequest::client_tools`]).
+    pub client_tools: Vec<pincer_agent::ToolSpec>,
 }
 
 /// `customType` of the entry recording a session's new system prompt (`data.systemPrompt`, `null`
@@ -876,6 +882,10 @@ impl Turn {
 
     /// The hook, then the user row. False when the turn ends here (blocked, or not written).
     async fn admit_user(&self) -> bool {
+        if self.graft.as_ref().is_some_and(|g| g.continues) {
+            // Tool results the client ran: the turn it asked for goes on (no new user message).
+            return self.apply_graft().await;
+        }
         // The before_agent_run hook decides before anything is written or shown.
         if let Some(h) = &self.gw.settings.hook {
             match hook::decide(h, &self.session.key, &self.text).await {
@@ -1031,6 +1041,7 @@ impl Turn {
                 system_prompt: self.system_prompt(),
                 messages: messages.clone(),
                 tools: self.gw.tools(&self.session.agent_id),
+                client_tools: self.graft.as_ref().map_or_else(|| Arc::from([]), |g| g.client_tools.as_slice().into()),
                 sink: Arc::new(StoreSink { gw: self.gw.clone(), session: self.session.clone() }),
                 cancel: self.run.cancel.clone(),
                 max_turns: self.gw.settings.max_turns,

@@ -632,6 +632,21 @@ impl Sessions {
     }
 
     /// Sessions of one agent (or all agents found on disk), most recent first.
+    /// The stamp of every agent's `sessions.json` (one `stat` each): when it changed, someone (this
+    /// gateway or another process) wrote the index.
+    pub fn index_stamps(&self) -> Vec<Option<pincer_store::IndexStamp>> {
+        let mut agents: Vec<String> = self.store.agents(&self.state_dir);
+        if !agents.iter().any(|a| a == DEFAULT_AGENT) {
+            agents.push(DEFAULT_AGENT.into());
+        }
+        agents.sort();
+        agents
+            .into_iter()
+            .filter_map(|a| AgentId::parse(&a).ok())
+            .map(|a| self.store.index_stamp(&self.sessions_dir(&a).join("sessions.json")))
+            .collect()
+    }
+
     pub fn list(&self, agent: Option<&AgentId>) -> Result<Vec<SessionRef>, RpcError> {
         let agents: Vec<AgentId> = match agent {
             Some(a) => vec![a.clone()],

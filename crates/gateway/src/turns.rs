@@ -83,6 +83,9 @@ fn reply_status(m: &Map<String, Value>) -> Option<&'static str> {
     if m.contains_key("openclawAbort") {
         return Some("aborted");
     }
+    if m.contains_key(pincer_agent::run::CLIENT_CALLS_FIELD) {
+        return Some("ok"); // the turn handed its client's tool calls back: it is answered
+    }
     match m.get("stopReason").and_then(Value::as_str) {
         Some("toolUse") => None,
         Some("error") => Some("error"),

@@ -1,6 +1,6 @@
 //! The OpenAI-compatible endpoint against the real `pincer gateway` process and the fake provider:
 //! stateless resends of a growing history land in one session, each turn once and chained, read
-//! identically by the real Pi library; an edited earlier message becomes a branch whose Pi context is
+//! identically by the real Pi library; an edited earlier message (in a named session) becomes a branch whose Pi context is
 //! what the provider received; streaming in OpenAI's chunk format with the fake's usage; errors in
 //! OpenAI's shape; retries deduped across a restart; and the official SDKs (Python `openai` in the
 //! venv scripts/test makes, npm `openai` in tests/openai-sdk) as clients.
@@ -45,7 +45,11 @@ async fn post(addr: &str, token: &str, body: &Value, headers: &[(&str, &str)]) -
 }
 
 async fn complete(addr: &str, messages: &Value) -> (Value, String) {
-    let (status, body, session) = post(addr, TOKEN, &json!({"model": "pincer", "messages": messages}), &[]).await;
+    complete_in(addr, messages, &[]).await
+}
+
+async fn complete_in(addr: &str, messages: &Value, headers: &[(&str, &str)]) -> (Value, String) {
+    let (status, body, session) = post(addr, TOKEN, &json!({"model": "pincer", "messages": messages}), headers).await;
     assert_eq!(status, 200, "{body}");
     (serde_json::from_str(&body).expect("json"), session.expect("the session is named"))
 }
@@ -135,14 +139,17 @@ async fn resent_histories_make_one_session_and_an_edit_branches_from_the_first_r
         .iter()
         .all(|r| r["messages"][0] == json!({"role": "system", "content": "Answer like a pirate."})));
 
-    // The same history with its second user message edited: a branch from the first reply.
+    // The same history with its second user message edited, in the session the client names: a
+    // branch from the first reply. (Without a name the edit would be a new session: a history
+    // joins a session it names nobody's only where it continues the active branch.)
+    let named = [("x-pincer-session-key", key.as_str())];
     let edited = vec![
         history[0].clone(),
         history[1].clone(),
         history[2].clone(),
         json!({"role": "user", "content": "resend turn 2, edited"}),
     ];
-    let (r, session) = complete(&gw.addr, &json!(edited)).await;
+    let (r, session) = complete_in(&gw.addr, &json!(edited), &named).await;
     assert_eq!(session, key, "the edit stays in the session");
     assert_eq!(r["choices"][0]["message"]["content"], reply("resend turn 2, edited"));
     let rows = read_rows(&file);
@@ -171,7 +178,7 @@ async fn resent_histories_make_one_session_and_an_edit_branches_from_the_first_r
     let before = fake.requests().len();
     let mut old = history.clone();
     old.push(json!({"role": "user", "content": "back on the first branch"}));
-    let (_, session) = complete(&gw.addr, &json!(old)).await;
+    let (_, session) = complete_in(&gw.addr, &json!(old), &named).await;
     assert_eq!(session, key);
     let sent = fake.requests()[before]["messages"].as_array().expect("messages").len();
     assert_eq!(sent, 1 + 6 + 1, "the model saw the whole first branch");
@@ -327,7 +334,7 @@ async fn the_official_python_and_node_sdks_are_clients() {
         let replies = report["replies"].as_array().expect("replies");
         let usages = fake.usages()[before..].to_vec();
         assert_eq!(replies.len(), 4);
-        assert_eq!(usages.len(), 4, "one model call per turn");
+        assert_eq!(usages.len(), 4 + 2, "one model call per turn, and the client tool round trip's two");
         for (r, u) in replies.iter().zip(&usages) {
             assert_eq!(core_usage(&r["usage"]), usage_of(u), "{prefix}: the SDK saw the fake's usage");
         }
@@ -345,6 +352,48 @@ async fn the_official_python_and_node_sdks_are_clients() {
             expected.insert(expected.len() - 1, ("user", said));
         }
         assert_one_chain(&transcript(&state, &sessions[0]), &expected);
+        // The client tool round trip: one session, the call's assistant row, the client's result under
+        // it, the reply; what the model was sent is Pi's context of the file each time.
+        let asked = format!("{prefix} tools [call:lookup]");
+        let tooled: Vec<String> = api_sessions(&state)
+            .into_iter()
+            .filter(|k| read_rows(&transcript(&state, k)).iter().any(|e| text(&e["message"]) == asked))
+            .collect();
+        assert_eq!(tooled.len(), 1, "{prefix}: one session for the tool conversation");
+        let file = transcript(&state, &tooled[0]);
+        let rows = read_rows(&file);
+        let msgs = messages(&rows);
+        let got: Vec<(&str, String)> =
+            msgs.iter().map(|e| (e["message"]["role"].as_str().expect("role"), text(&e["message"]))).collect();
+        let result = format!("{prefix} looked up");
+        assert_eq!(
+            got,
+            [
+                ("user", asked.clone()),
+                ("assistant", String::new()),
+                ("toolResult", result),
+                ("assistant", reply(&asked))
+            ]
+        );
+        assert_eq!(msgs[2]["message"]["toolCallId"], report["tool_call"]);
+        for pair in msgs.windows(2) {
+            assert_eq!(pair[1]["parentId"], pair[0]["id"], "chained: {}", pair[1]);
+        }
+        let bodies = fake.requests();
+        for (body, nth) in [(&bodies[bodies.len() - 2], 0), (&bodies[bodies.len() - 1], 1)] {
+            let assistants: Vec<usize> =
+                rows.iter().enumerate().filter(|(_, r)| r["message"]["role"] == "assistant").map(|(i, _)| i).collect();
+            let pi = oracle_context(&file, rows[assistants[nth] - 1]["id"].as_str());
+            let want = pincer_testkit::wire::openai_messages(pi["context"]["messages"].as_array().expect("context"));
+            let sent: Vec<Value> = body["messages"]
+                .as_array()
+                .expect("messages")
+                .iter()
+                .filter(|m| m["role"] != "system")
+                .cloned()
+                .collect();
+            assert_eq!(sent, want, "{prefix}: request {nth} of the tool conversation = Pi's context");
+        }
     }
-    assert_eq!(api_sessions(&state).len(), 2, "one session per SDK conversation");
+    assert_eq!(api_sessions(&state).len(), 4, "one session per SDK conversation");
 }

@@ -8,7 +8,9 @@
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[ratelimit]` answers 429 (`retry-after: 0`) the first time a message carries it
 //! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first, `[bash]` for
-//! `bash` running [`BASH_LINES`] (five lines over two seconds) first. A compaction request (Pi's
+//! `bash` running [`BASH_LINES`] (five lines over two seconds) first, `[call:a,b]` asks for the tools
+//! `a` and `b` (arguments `{"query": "<tool name>"}`; a client's tools) in one message, streamed as
+//! OpenAI streams calls (id and name first, then the arguments in pieces). A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
 //! provider would. Every request body is recorded (unless started unrecorded).
@@ -103,6 +105,11 @@ impl FakeOpenAi {
 
     pub fn base_url(&self) -> String {
         self.server.base_url()
+    }
+
+    /// The server underneath (for [`crate::wire::check_request_against_pi`]).
+    pub fn provider(&self) -> &FakeProvider {
+        &self.server
     }
 
     /// The request bodies received so far.
@@ -315,7 +322,19 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     } else {
         None
     };
-    if let Some((name, args)) = tool.filter(|_| !has_tool_result) {
+    let asked = said.split_once("[call:").and_then(|(_, rest)| rest.split_once(']')).map(|(names, _)| names);
+    if let Some(names) = asked.filter(|_| !has_tool_result) {
+        for (i, name) in names.split(',').map(str::trim).enumerate() {
+            let args = json!({"query": name}).to_string();
+            let (head, tail) = args.split_at(args.len() / 2);
+            let open = json!({"tool_calls": [{"index": i, "id": format!("call_{name}"), "type": "function",
+                "function": {"name": name, "arguments": head}}]});
+            steps.push(Step::Send(chunk(open, Value::Null)));
+            let more = json!({"tool_calls": [{"index": i, "function": {"arguments": tail}}]});
+            steps.push(Step::Send(chunk(more, Value::Null)));
+        }
+        steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
+    } else if let Some((name, args)) = tool.filter(|_| !has_tool_result) {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
             "function": {"name": name, "arguments": args.to_string()}}]});
         steps.push(Step::Send(chunk(call, Value::Null)));

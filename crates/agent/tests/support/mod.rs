@@ -236,6 +236,7 @@ pub fn run_request(
         system_prompt: Some("You are a test assistant.".into()),
         messages: messages.into_iter().map(pincer_agent::ContextMessage::shared).collect(),
         tools: Arc::new(tools),
+        client_tools: Arc::new([]),
         sink,
         cancel,
         max_turns: 8,

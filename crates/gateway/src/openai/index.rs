@@ -12,14 +12,18 @@
 //! after the position the index has read are read. Sessions other replicas wrote to are learnt
 //! from the database before each match (the transcripts changed since the last look, one indexed
 //! query: [`ConversationIndex::touched`]) and caught up, or indexed when new here, so a match
-//! costs what the request and the appends since cost, never a scan of every session.
+//! costs what the request and the appends since cost, never a scan of every session. On files,
+//! sessions another process adds, removes or re-keys are followed when an agent's `sessions.json`
+//! changed ([`ConversationIndex::follow`], one stat per agent per request), and a history that
+//! matches nowhere in full looks at every transcript's end once ([`ConversationIndex::catch_up_all`]):
+//! another process may have grown one behind the index.
 
 use super::wire::{chain, message_hash, Hash, ROOT};
 use crate::state::lock;
 use pincer_store::session::Kind;
 use pincer_store::Transcripts;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +41,12 @@ struct Tracked {
     chains: HashMap<Arc<str>, (Hash, bool)>,
     /// User rows written by the OpenAI endpoint: entry id → (run id, timestamp in ms).
     keys: HashMap<Arc<str>, (Arc<str>, u64)>,
+    /// Every entry's parent (to tell whether an entry is on the active branch).
+    parents: HashMap<Arc<str>, Arc<str>>,
+    /// User rows.
+    users: HashSet<Arc<str>>,
+    /// Entries a message is the child of (a user row in it has a reply).
+    answered: HashSet<Arc<str>>,
     leaf: Option<Arc<str>>,
     /// The store's position the index has read up to ([`Transcripts::end`]; `u64::MAX`: re-read it).
     len: u64,
@@ -44,6 +54,36 @@ struct Tracked {
     rewrites: u64,
     /// When it was last changed (the index's own clock).
     touched: u64,
+}
+
+impl Tracked {
+    /// Notes what the index needs of a message entry `id` (a user row; the parent it answers).
+    fn note_message(&mut self, id: &Arc<str>, message: Option<&Value>) {
+        let Some(m) = message else { return };
+        if m.get("role").and_then(Value::as_str) == Some("user") {
+            self.users.insert(id.clone());
+        }
+        if let Some(parent) = self.parents.get(id) {
+            self.answered.insert(parent.clone());
+        }
+    }
+
+    /// Whether `id` is the user row the active branch's last turn answers: an ancestor of the leaf
+    /// with no user row between them (and not the leaf itself: it has a reply).
+    fn answered_by_leaf(&self, id: &str) -> bool {
+        let Some(mut at) = self.leaf.clone() else { return false };
+        for _ in 0..=self.parents.len() {
+            let Some(parent) = self.parents.get(&at).cloned() else { return false };
+            if &*parent == id {
+                return true;
+            }
+            if self.users.contains(&parent) {
+                return false;
+            }
+            at = parent;
+        }
+        false
+    }
 }
 
 #[derive(Default)]
@@ -71,6 +111,16 @@ pub struct Match {
     pub leaf: Option<String>,
 }
 
+/// A user row that already has a reply, which a request ends at (a regenerate).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AnsweredUser {
+    pub key: String,
+    pub path: PathBuf,
+    pub entry: String,
+    /// It is the turn the session's leaf answers (the last turn of the active branch).
+    pub latest: bool,
+}
+
 /// A turn of the OpenAI endpoint found in a transcript.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeyedTurn {
@@ -87,6 +137,9 @@ pub struct ConversationIndex {
     /// When the store was last asked what changed (the store's clock; see
     /// [`ConversationIndex::sync_mark`]).
     synced: Mutex<Option<i64>>,
+    /// The session indexes' stamps when the session list was last followed
+    /// ([`ConversationIndex::index_changed`]).
+    stamps: Mutex<Option<Vec<Option<pincer_store::IndexStamp>>>>,
 }
 
 impl Default for ConversationIndex {
@@ -139,6 +192,9 @@ impl Inner {
             key: key.to_owned(),
             chains: HashMap::with_capacity(n),
             keys: HashMap::new(),
+            parents: HashMap::with_capacity(n),
+            users: HashSet::new(),
+            answered: HashSet::new(),
             leaf: s.leaf_id().map(Arc::from),
             len,
             rewrites,
@@ -173,9 +229,14 @@ impl Inner {
             if listed {
                 self.by_hash.entry(c).or_default().push((p.clone(), id.clone()));
             }
-            if let Some(k) = message_of(i, &mut messages).as_ref().and_then(keyed) {
+            let message = message_of(i, &mut messages);
+            if let Some(k) = message.as_ref().and_then(keyed) {
                 t.keys.insert(id.clone(), k);
             }
+            if let Some(parent) = s.parent_index(i).and_then(|p| s.entries[p].id.as_deref()) {
+                t.parents.insert(id.clone(), Arc::from(parent));
+            }
+            t.note_message(&id, message.as_ref());
             t.chains.insert(id, (c, listed));
         }
         t.touched = self.tick();
@@ -222,6 +283,9 @@ impl Inner {
                     key: key.to_owned(),
                     chains: HashMap::new(),
                     keys: HashMap::new(),
+                    parents: HashMap::new(),
+                    users: HashSet::new(),
+                    answered: HashSet::new(),
                     leaf: None,
                     len: 0,
                     rewrites: 0,
@@ -247,6 +311,10 @@ impl Inner {
         if let Some(k) = message.and_then(keyed) {
             t.keys.insert(id.clone(), k);
         }
+        if let Some(parent) = parent {
+            t.parents.insert(id.clone(), Arc::from(parent));
+        }
+        t.note_message(&id, message);
         t.chains.insert(id.clone(), (c, h.is_some()));
         t.leaf = Some(id.clone());
         t.touched = now;
@@ -269,7 +337,12 @@ fn keyed(message: &Value) -> Option<(Arc<str>, u64)> {
 impl ConversationIndex {
     /// An index reading transcripts from `store`.
     pub fn new(store: Arc<dyn Transcripts>) -> ConversationIndex {
-        ConversationIndex { inner: Mutex::new(Inner::default()), store, synced: Mutex::new(None) }
+        ConversationIndex {
+            inner: Mutex::new(Inner::default()),
+            store,
+            synced: Mutex::new(None),
+            stamps: Mutex::new(None),
+        }
     }
 
     /// When the caller last asked the store what changed (`None`: never), for a store shared by
@@ -308,6 +381,50 @@ impl ConversationIndex {
             }
         }
         unknown
+    }
+
+    /// Records the session indexes' stamps now, and whether they differ from the last ones recorded
+    /// (then the session list should be followed again: [`ConversationIndex::follow`]).
+    pub fn index_changed(&self, now: Vec<Option<pincer_store::IndexStamp>>) -> bool {
+        let mut last = lock(&self.stamps);
+        let changed = last.as_ref() != Some(&now);
+        *last = Some(now);
+        changed
+    }
+
+    /// Follows the session list as it is now (key, transcript): sessions it names that the index
+    /// lacks, or knows under another key, are indexed; indexed ones it no longer names are dropped.
+    /// Sessions already indexed are not read again. Blocking.
+    pub fn follow(&self, sessions: impl IntoIterator<Item = (String, PathBuf)>) {
+        let mut inner = lock(&self.inner);
+        if !inner.built {
+            return;
+        }
+        let mut listed: HashSet<PathBuf> = HashSet::new();
+        for (key, path) in sessions {
+            if inner.sessions.get(path.as_path()).is_none_or(|t| t.key != key) {
+                inner.index_file(self.store.as_ref(), &key, &path);
+            }
+            listed.insert(path);
+        }
+        let gone: Vec<PathBuf> =
+            inner.sessions.keys().filter(|p| !listed.contains(&***p)).map(|p| p.to_path_buf()).collect();
+        for p in gone {
+            inner.forget(&p);
+        }
+    }
+
+    /// Catches up every indexed session whose transcript grew or shrank behind the index (one
+    /// `stat` each): for a history that matched nowhere in full, which another process may have
+    /// written. Blocking.
+    pub fn catch_up_all(&self) {
+        let mut inner = lock(&self.inner);
+        let store = self.store.as_ref();
+        let stale: Vec<PathBuf> =
+            inner.sessions.iter().filter(|(p, t)| Some(t.len) != store.end(p)).map(|(p, _)| p.to_path_buf()).collect();
+        for p in stale {
+            inner.catch_up(store, &p);
+        }
     }
 
     /// Whether the index has been built (until then appends are not followed: the build reads them).
@@ -440,6 +557,48 @@ impl ConversationIndex {
                 })
             })
             .max_by_key(|k| k.timestamp)
+    }
+
+    /// A user row already answered whose chain is `full` (the whole request): the request is a
+    /// regenerate of it. In `within` only when given, in sessions `reaches` allows; one whose
+    /// active branch's last turn it is wins, then the most recently changed. Candidates that grew
+    /// behind the index are caught up first. Blocking.
+    pub fn answered_user(
+        &self,
+        full: Hash,
+        within: Option<&Path>,
+        reaches: &mut dyn FnMut(&str) -> bool,
+    ) -> Option<AnsweredUser> {
+        let mut inner = lock(&self.inner);
+        let spots = |inner: &Inner, reaches: &mut dyn FnMut(&str) -> bool| -> Vec<Spot> {
+            let listed = inner.by_hash.get(&full).map(Vec::as_slice).unwrap_or_default();
+            listed
+                .iter()
+                .filter(|(p, _)| within.is_none_or(|w| w == &**p))
+                .filter(|(p, _)| inner.sessions.get(&**p).is_some_and(|t| reaches(&t.key)))
+                .cloned()
+                .collect()
+        };
+        let store = self.store.as_ref();
+        let stale: Vec<Arc<Path>> = spots(&inner, reaches)
+            .iter()
+            .filter(|(p, _)| inner.sessions.get(&**p).is_some_and(|t| Some(t.len) != store.end(p)))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in stale {
+            inner.catch_up(store, &p);
+        }
+        spots(&inner, reaches)
+            .into_iter()
+            .filter_map(|(p, id)| {
+                let t = inner.sessions.get(&*p)?;
+                (t.users.contains(&id) && t.answered.contains(&id)).then(|| (t.answered_by_leaf(&id), t.touched, p, id))
+            })
+            .max_by_key(|(latest, touched, ..)| (*latest, *touched))
+            .and_then(|(latest, _, p, id)| {
+                let t = inner.sessions.get(&*p)?;
+                Some(AnsweredUser { key: t.key.clone(), path: p.to_path_buf(), entry: id.to_string(), latest })
+            })
     }
 
     /// Sessions and entries indexed (for the benchmark's report).

@@ -3,15 +3,22 @@
 //! `Authorization: Bearer <gateway token or a configured API key>`.
 //!
 //! A stateless client resends its whole conversation each time; the endpoint maps it onto one
-//! session's tree. An explicit `x-openclaw-session-key` / `x-pincer-session-key` names the session;
-//! otherwise the [`index`] finds where the history ends: on a session's active branch (the new turn
+//! session's tree. An explicit `x-openclaw-session-key` / `x-pincer-session-key` names the session
+//! (or Open WebUI's forwarded chat id, [`OPEN_WEBUI_CHAT_HEADER`]); otherwise the [`index`] finds where the history ends: on a session's active branch (the new turn
 //! is appended there), inside some branch (the turn branches from the last common entry, as an edit
 //! in the WebChat does), or nowhere (a new session). The turn itself runs through `chat.send`'s
 //! pipeline ([`crate::chat::start_turn`]): user row persisted before the model is called, live
 //! events to every watcher of the session, the reply persisted before the final chunk, and the
-//! idempotency key (from `x-request-id`, or the body's hash within [`BODY_RETRY_WINDOW_MS`]) durable
-//! in the transcript.
+//! idempotency key (from `Idempotency-Key` or `x-request-id`, with the body's hash) durable in the
+//! transcript. Only such a key makes a request a retry: an identical body without one is a new
+//! request, and when the whole request ends at a user row that already has a reply it is a
+//! regenerate (a sibling reply under that row, no second user row).
+//!
+//! Client tools (`tools`) are offered to the model beside the agent's; a call of one ends the run
+//! with the assistant row written, and goes back as `tool_calls`; the request that brings the
+//! results (`tool` messages at the end) appends them and the run goes on ([`Graft::continues`]).
 
+pub mod background;
 pub mod index;
 pub mod wire;
 
@@ -35,9 +42,14 @@ use wire::{ApiError, Conversation, Hash, ROOT};
 
 /// Largest request body (room for 20 MB of images as base64).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-/// An identical body (without `x-request-id`) within this long is a retry of the same turn.
-pub const BODY_RETRY_WINDOW_MS: u64 = 10 * 60 * 1000;
-/// Longest `x-request-id` taken as an idempotency key.
+/// The header Open WebUI forwards its chat id in (`FORWARD_SESSION_INFO_HEADER_CHAT_ID`, sent with
+/// `ENABLE_FORWARD_USER_INFO_HEADERS=true`): without a session key header, the session is
+/// `agent:<agent>:openwebui:<chat id>`.
+pub const OPEN_WEBUI_CHAT_HEADER: &str = "x-openwebui-chat-id";
+
+/// The headers whose value makes a request's idempotency key, the first present wins.
+pub const KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-request-id"];
+/// Longest `Idempotency-Key` / `x-request-id` taken as an idempotency key.
 const MAX_REQUEST_ID: usize = 200;
 
 /// The endpoint's routes (they answer 404 in OpenAI's shape while it is off).
@@ -162,14 +174,15 @@ fn resolve_model(gw: &Gateway, name: &str) -> Result<(String, Option<String>), A
     Err(unknown_model(name))
 }
 
-/// The request's idempotency key prefix: `x-request-id` and the body, hashed.
+/// The request's idempotency key prefix: the key header ([`KEY_HEADERS`]) and the body, hashed;
+/// and whether there was such a header (only then is the request looked up as a retry).
 fn request_key(headers: &HeaderMap, body: &[u8]) -> Result<(String, bool), ApiError> {
-    let id = match headers.get("x-request-id") {
+    let id = match KEY_HEADERS.iter().find_map(|h| headers.get(*h).map(|v| (*h, v))) {
         None => None,
-        Some(v) => {
-            let v = v.to_str().map_err(|_| ApiError::bad("x-request-id must be ASCII"))?.trim();
+        Some((name, v)) => {
+            let v = v.to_str().map_err(|_| ApiError::bad(format!("{name} must be ASCII")))?.trim();
             if v.len() > MAX_REQUEST_ID || v.is_empty() {
-                return Err(ApiError::bad(format!("x-request-id must be 1 to {MAX_REQUEST_ID} characters")));
+                return Err(ApiError::bad(format!("{name} must be 1 to {MAX_REQUEST_ID} characters")));
             }
             Some(v.to_owned())
         }
@@ -196,6 +209,10 @@ struct Ask {
     by_request_id: bool,
     /// Who asks: the sessions it may match, name and continue.
     principal: Principal,
+    /// The tools the client runs itself (`tools`).
+    client_tools: Vec<pincer_agent::ToolSpec>,
+    /// A background request ([`background`]): answered, not kept.
+    background: bool,
 }
 
 /// Most messages one request may carry: a history the tree lacks is written in one commit, and
@@ -244,26 +261,33 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
         Some(n) if n.as_u64() == Some(1) => {}
         Some(_) => return Err(ApiError::bad("n must be 1: one session turn gives one reply")),
     }
-    if req.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::bad(
-            "tools (functions run by the client) are not supported: the agent runs its own tools in the gateway",
-        ));
-    }
+    let client_tools = wire::client_tools(&req).map_err(ApiError::bad)?;
     let model_name = match req.get("model") {
         None | Some(Value::Null) => "pincer".to_string(),
         Some(Value::String(m)) => m.clone(),
         Some(_) => return Err(ApiError::bad("model must be a string")),
     };
     let (agent, model) = resolve_model(gw, &model_name)?;
+    let own = gw.tools(&agent);
+    if let Some(t) = client_tools.iter().find(|t| own.names().contains(&t.name)) {
+        return Err(ApiError::bad(format!(
+            "tools: {:?} is the name of one of the agent's own tools (run in the gateway); name the client's tool otherwise",
+            t.name
+        )));
+    }
     let messages = req.get("messages").ok_or_else(|| ApiError::bad("messages is required"))?;
     let conversation = wire::conversation(messages, gw.redactor.as_ref()).map_err(ApiError::bad)?;
-    let explicit_key = ["x-pincer-session-key", "x-openclaw-session-key"]
-        .iter()
-        .find_map(|h| headers.get(*h))
-        .map(|v| v.to_str().map(|s| s.trim().to_owned()))
-        .transpose()
-        .map_err(|_| ApiError::bad("the session key header must be ASCII"))?
-        .filter(|k| !k.is_empty());
+    let background = background::is_background(headers, &conversation)?;
+    let header = |name: &str| -> Result<Option<String>, ApiError> {
+        let v = headers.get(name).map(|v| v.to_str().map(|s| s.trim().to_owned()));
+        let v = v.transpose().map_err(|_| ApiError::bad(format!("the {name} header must be ASCII")))?;
+        Ok(v.filter(|k| !k.is_empty()))
+    };
+    let explicit_key = match (header("x-pincer-session-key")?, header("x-openclaw-session-key")?) {
+        (Some(k), _) | (None, Some(k)) => Some(k),
+        // Open WebUI's chat, when it forwards it: each of its chats is one session.
+        (None, None) => header(OPEN_WEBUI_CHAT_HEADER)?.map(|chat| format!("agent:{agent}:openwebui:{chat}")),
+    };
     let (key_prefix, by_request_id) = request_key(headers, body)?;
     Ok(Ask {
         stream,
@@ -276,6 +300,8 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
         key_prefix,
         by_request_id,
         principal,
+        client_tools,
+        background,
     })
 }
 
@@ -284,6 +310,8 @@ struct Placement {
     session: SessionRef,
     run_id: String,
     graft: Graft,
+    /// A regenerate: the user row answered again (no new user row).
+    regenerate: Option<String>,
 }
 
 fn chains(c: &Conversation) -> (Vec<Hash>, Hash) {
@@ -328,9 +356,15 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
     if let Some(pg) = &gw.pg {
         sync_replicas(gw, pg)?;
     }
+    // Sessions another process added, removed or re-keyed (a CLI import, another gateway on the
+    // same state dir, an edited sessions.json): one stat per agent tells, and only then is the
+    // session list read again. The stamps are taken first: a change after them is seen next time.
+    let changed = idx.index_changed(gw.sessions.index_stamps());
     if !idx.is_built() {
         let all = gw.sessions.list(None).map_err(internal)?;
         idx.build(all.into_iter().map(|s| (s.key, s.path)));
+    } else if changed {
+        idx.follow(gw.sessions.list(None).map_err(internal)?.into_iter().map(|s| (s.key, s.path)));
     }
     // What other replicas appended since the last request; sessions they began are looked up in
     // the session index once each.
@@ -350,7 +384,7 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
             let s = gw
                 .sessions
                 .resolve_for(k, true, principal)
-                .map_err(|e| ApiError::bad(format!("session key header: {}", e.message)))?
+                .map_err(|e| ApiError::bad(format!("the session named by the request's headers: {}", e.message)))?
                 .filter(|s| principal.reaches(s.owner()))
                 .ok_or_else(|| {
                     ApiError::new(404, "invalid_request_error", None, format!("no session {k} for this API key"))
@@ -378,19 +412,60 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
         (current != conv.system).then(|| conv.system.clone())
     };
     // A retry: the whole request already ended in a user row of this key.
-    if allow_retry {
+    if allow_retry && ask.by_request_id {
         if let Some(t) = idx.keyed_turn(full, &ask.key_prefix, &mut reaches) {
-            let fresh = ask.by_request_id || now.saturating_sub(t.timestamp) < BODY_RETRY_WINDOW_MS;
-            let same = explicit.as_ref().is_none_or(|s| s.path == t.path);
-            if fresh && same {
+            if explicit.as_ref().is_none_or(|s| s.path == t.path) {
                 if let Some(s) = gw.sessions.resolve(&t.key, false).map_err(internal)?.filter(|s| s.path == t.path) {
-                    return Ok(Placement { session: s, run_id: t.run_id, graft: Graft::default() });
+                    return Ok(Placement { session: s, run_id: t.run_id, graft: Graft::default(), regenerate: None });
                 }
             }
         }
     }
-    for _ in 0..3 {
+    // Tool results the session already holds (a resend of the same results, as a retry or a
+    // regenerate of the reply after them): the run goes on from the last of them, as a sibling of
+    // the reply it had (a tool call's id names one conversation, so no session key is needed).
+    if !conv.tool_results.is_empty() {
+        let mut whole = history.clone();
+        for h in conv.tool_results.iter().filter_map(wire::message_hash) {
+            whole.push(wire::chain(whole.last().copied().unwrap_or(ROOT), h));
+        }
+        let within = explicit.as_ref().map(|s| s.path.as_path());
+        if let Some(m) = idx.deepest(&whole, within, &mut reaches).filter(|m| m.depth == whole.len()) {
+            if let Some(s) = gw.sessions.resolve(&m.key, false).map_err(internal)?.filter(|s| s.path == m.path) {
+                let graft = Graft {
+                    at: Some(Some(m.entry)),
+                    leaf_seen: m.leaf,
+                    system_prompt: system_change(&s),
+                    prelude: vec![],
+                    continues: true,
+                    client_tools: ask.client_tools.clone(),
+                };
+                return Ok(Placement { session: s, run_id, graft, regenerate: None });
+            }
+        }
+    }
+    // A regenerate: the whole request ends at a user row that has a reply. Without a session named,
+    // only the last turn of a session's active branch (another conversation's leaf never moves),
+    // and not a lone first message (two conversations may well open alike).
+    let has_reply = conv.history.iter().any(|h| h.get("role").and_then(Value::as_str) == Some("assistant"));
+    if let Some(u) = idx.answered_user(full, explicit.as_ref().map(|s| s.path.as_path()), &mut reaches) {
+        if explicit.is_some() || (u.latest && has_reply) {
+            if let Some(s) = gw.sessions.resolve(&u.key, false).map_err(internal)?.filter(|s| s.path == u.path) {
+                let graft = Graft { client_tools: ask.client_tools.clone(), ..Graft::default() };
+                return Ok(Placement { session: s, run_id, graft, regenerate: Some(u.entry) });
+            }
+        }
+    }
+    let mut scanned = false;
+    for _ in 0..4 {
         let found = idx.deepest(&history, explicit.as_ref().map(|s| s.path.as_path()), &mut reaches);
+        // A history that matches nowhere in full may be in a transcript another process grew
+        // behind the index: every transcript's end is looked at once, then it is matched again.
+        if !scanned && found.as_ref().map_or(0, |m| m.depth) < history.len() {
+            scanned = true;
+            idx.catch_up_all();
+            continue;
+        }
         let found = match (found, &explicit) {
             // Without a session key, a shared first message is not enough to join someone's
             // conversation: the common part must hold a reply, or be the whole history.
@@ -402,6 +477,9 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
             {
                 None
             }
+            // Nor does it move a session's leaf: it joins only where it continues the active
+            // branch (its history ends at the leaf); an edit or an older branch is a new session.
+            (Some(m), None) if m.leaf.is_none() => None,
             (m, _) => m,
         };
         let (session, at, leaf_seen, depth) = match (found, &explicit) {
@@ -427,8 +505,16 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
         };
         let mut prelude: Vec<Value> = conv.history[depth..].to_vec();
         prelude.extend(conv.extra_users.iter().cloned());
-        let graft = Graft { at, leaf_seen, system_prompt: system_change(&session), prelude };
-        return Ok(Placement { session, run_id: run_id.clone(), graft });
+        prelude.extend(conv.tool_results.iter().cloned());
+        let graft = Graft {
+            at,
+            leaf_seen,
+            system_prompt: system_change(&session),
+            prelude,
+            continues: !conv.tool_results.is_empty(),
+            client_tools: ask.client_tools.clone(),
+        };
+        return Ok(Placement { session, run_id: run_id.clone(), graft, regenerate: None });
     }
     Err(ApiError::new(500, "api_error", None, "the sessions changed while the request was matched; send it again"))
 }
@@ -436,7 +522,12 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
 /// What a run's `chat` events say, as the endpoint relays them.
 enum Step {
     Text(String),
-    Done { finish: &'static str, usage: Value },
+    /// The end: why, usage, and the calls of client tools handed back (OpenAI's `tool_calls`).
+    Done {
+        finish: &'static str,
+        usage: Value,
+        calls: Vec<Value>,
+    },
     Failed(ApiError),
 }
 
@@ -556,7 +647,7 @@ impl Relay {
                                 if !rest.is_empty() {
                                     self.queue.push_back(Step::Text(rest));
                                 }
-                                self.queue.push_back(Step::Done { finish: f.finish, usage: f.usage });
+                                self.queue.push_back(Step::Done { finish: f.finish, usage: f.usage, calls: f.calls });
                             }
                             Err(e) => self.queue.push_back(Step::Failed(e)),
                         }
@@ -578,8 +669,8 @@ impl Relay {
         let msg = end.get("message").cloned().unwrap_or(Value::Null);
         self.piece(&wire::assistant_text(&msg));
         let usage = end.get("usage").filter(|u| u.is_object()).or_else(|| msg.get("usage"));
-        let finish = wire::finish_reason(msg.get("stopReason").and_then(Value::as_str));
-        self.queue.push_back(Step::Done { finish, usage: wire::usage(usage) });
+        let finish = wire::finish_reason(&msg);
+        self.queue.push_back(Step::Done { finish, usage: wire::usage(usage), calls: wire::client_calls(&msg) });
     }
 }
 
@@ -588,6 +679,7 @@ struct Finished {
     text: String,
     finish: &'static str,
     usage: Value,
+    calls: Vec<Value>,
 }
 
 async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Result<Finished, ApiError> {
@@ -608,8 +700,9 @@ async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Resu
     }
     Ok(Finished {
         text: replies.iter().map(wire::assistant_text).collect(),
-        finish: wire::finish_reason(last.get("stopReason").and_then(Value::as_str)),
+        finish: wire::finish_reason(&last),
         usage: wire::usage(last.get("usage")),
+        calls: wire::client_calls(&last),
     })
 }
 
@@ -624,11 +717,14 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
     let principal = authorize(gw, headers)?;
     let ask = Arc::new(parse(gw, headers, &body, principal)?);
     drop(body);
+    if ask.background {
+        return background_reply(gw, ask).await;
+    }
     let mut allow_retry = true;
     loop {
         let a = ask.clone();
         let placed = gw.blocking(move |gw| Ok(place(gw, &a, allow_retry))).await.map_err(internal)??;
-        let Placement { session, run_id, graft } = placed;
+        let Placement { session, run_id, graft, regenerate } = placed;
         let relay = Relay::open(gw, &session, &run_id);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let _ = tx.send(());
@@ -637,7 +733,7 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
             run_id: run_id.clone(),
             text: ask.conversation.text.clone(),
             images: ask.conversation.images.clone(),
-            regenerate: None,
+            regenerate,
             expected_leaf: None,
             graft: Some(graft),
             model: ask.model.clone(),
@@ -651,12 +747,12 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
             _ => internal(e),
         })?;
         let status = started.get("status").and_then(Value::as_str).unwrap_or("");
-        let reply = Reply { gw: gw.clone(), session, run_id, ask: ask.clone() };
+        let reply = Reply { gw: gw.clone(), session_key: Some(session.key.clone()), run_id, ask: ask.clone() };
         return match status {
             "started" | "in_flight" => reply.relay(relay).await,
             "ok" | "aborted" | "blocked" => {
-                let f = finished(gw, &reply.session, &reply.run_id).await?;
-                Ok(reply.whole(f.text, f.finish, f.usage))
+                let f = finished(gw, &session, &reply.run_id).await?;
+                Ok(reply.whole(f.text, f.finish, f.usage, f.calls))
             }
             // A retry of a turn that failed or was cut off runs anew (as a sibling of it).
             _ if allow_retry => {
@@ -668,10 +764,97 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
     }
 }
 
+/// Answers a background request ([`background`]) with one model call outside any session: no
+/// transcript, no session, no events to watchers; counted in the turn metrics like a turn.
+async fn background_reply(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, ApiError> {
+    use futures::StreamExt;
+    let spec = ask.model.clone().unwrap_or_else(|| gw.settings.agents.get(&ask.agent).model.clone());
+    let model = gw.settings.providers.resolve(&spec).map_err(|e| ApiError::bad(e.to_string()))?;
+    let conv = &ask.conversation;
+    let mut messages: Vec<Value> =
+        conv.history.iter().chain(&conv.extra_users).chain(&conv.tool_results).cloned().collect();
+    if conv.tool_results.is_empty() {
+        let mut last = wire::user_message(&conv.text, &conv.images);
+        last["timestamp"] = json!(pincer_pi::now_ms());
+        messages.push(last);
+    }
+    let run_id = format!("{}bg-{}", index::KEY_PREFIX, uuid::Uuid::new_v4());
+    let rx = pincer_agent::start_run(pincer_agent::RunRequest {
+        model,
+        system_prompt: conv.system.clone(),
+        messages: messages.into_iter().map(pincer_agent::ContextMessage::shared).collect(),
+        tools: Arc::new(pincer_agent::ToolRegistry::new()),
+        client_tools: ask.client_tools.as_slice().into(),
+        sink: Arc::new(pincer_agent::MemorySink::new()),
+        cancel: pincer_agent::CancellationToken::new(),
+        max_turns: 1,
+        run_id: run_id.clone(),
+        max_reply_bytes: gw.settings.max_reply_bytes,
+    });
+    let started = std::time::Instant::now();
+    let steps = futures::stream::unfold(Some(rx), move |rx| {
+        let spec = spec.clone();
+        async move {
+            let mut rx = rx?;
+            loop {
+                let (step, status, msg) = match rx.recv().await? {
+                    pincer_agent::RunEvent::TextDelta { delta } => return Some((Some(Step::Text(delta)), Some(rx))),
+                    pincer_agent::RunEvent::Final { entry } => {
+                        let msg = entry["message"].clone();
+                        let step = Step::Done {
+                            finish: wire::finish_reason(&msg),
+                            usage: wire::usage(msg.get("usage")),
+                            calls: wire::client_calls(&msg),
+                        };
+                        (step, "ok", msg)
+                    }
+                    pincer_agent::RunEvent::Error { entry, message, kind } => {
+                        crate::metrics::turn_error(kind.as_str());
+                        let msg = entry.map(|e| e["message"].clone()).unwrap_or(Value::Null);
+                        (Step::Failed(ApiError::from_run(&message, kind.as_str())), "error", msg)
+                    }
+                    pincer_agent::RunEvent::Aborted { .. } => (
+                        Step::Failed(ApiError::new(500, "api_error", None, "the request was cut")),
+                        "aborted",
+                        Value::Null,
+                    ),
+                    _ => continue,
+                };
+                let n = |k: &str| msg.pointer(&format!("/usage/{k}")).and_then(Value::as_u64).unwrap_or(0);
+                crate::metrics::turn_finished(status);
+                crate::metrics::model_turn(&spec, status, n("input") + n("cacheRead") + n("cacheWrite"), n("output"));
+                crate::metrics::turn_seconds(started.elapsed());
+                return Some((Some(step), None));
+            }
+        }
+    });
+    let mut steps = steps.boxed();
+    let reply = Reply { gw: gw.clone(), session_key: None, run_id, ask: ask.clone() };
+    if !ask.stream {
+        let mut text = String::new();
+        while let Some(step) = steps.next().await {
+            match step {
+                Some(Step::Text(t)) => text.push_str(&t),
+                Some(Step::Done { finish, usage, calls }) => return Ok(reply.whole(text, finish, usage, calls)),
+                Some(Step::Failed(e)) => return Err(e),
+                None => {}
+            }
+        }
+        return Err(ApiError::new(500, "api_error", None, "the model call ended without a result"));
+    }
+    // As a turn's relay: the status line waits for the first event.
+    let first = steps.next().await.flatten();
+    if let Some(Step::Failed(e)) = first {
+        return Err(e);
+    }
+    Ok(reply.sse(futures::stream::once(async move { first }).chain(steps).boxed()))
+}
+
 /// Writes the answer of one turn.
 struct Reply {
     gw: Arc<Gateway>,
-    session: SessionRef,
+    /// The session it went to (none for a background request).
+    session_key: Option<String>,
     run_id: String,
     ask: Arc<Ask>,
 }
@@ -686,7 +869,7 @@ impl Reply {
     }
 
     fn with_session(&self, mut r: Response) -> Response {
-        if let Ok(v) = HeaderValue::from_str(&self.session.key) {
+        if let Some(Ok(v)) = self.session_key.as_deref().map(HeaderValue::from_str) {
             r.headers_mut().insert("x-pincer-session-key", v.clone());
             r.headers_mut().insert("x-openclaw-session-key", v);
         }
@@ -694,22 +877,38 @@ impl Reply {
     }
 
     /// A non-streamed answer, or the whole answer as a stream when one was asked for.
-    fn whole(&self, text: String, finish: &'static str, usage: Value) -> Response {
+    fn whole(&self, text: String, finish: &'static str, usage: Value, calls: Vec<Value>) -> Response {
         if self.ask.stream {
             let mut steps = Vec::new();
             if !text.is_empty() {
                 steps.push(Some(Step::Text(text)));
             }
-            steps.push(Some(Step::Done { finish, usage }));
+            steps.push(Some(Step::Done { finish, usage, calls }));
             return self.sse(Box::pin(futures::stream::iter(steps)));
+        }
+        let mut message = json!({"role": "assistant", "content": text, "refusal": null});
+        if !calls.is_empty() {
+            // OpenAI's shape: no `index` in a whole message's calls, and no content when there was none.
+            let calls: Vec<Value> = calls
+                .into_iter()
+                .map(|mut c| {
+                    if let Some(o) = c.as_object_mut() {
+                        o.remove("index");
+                    }
+                    c
+                })
+                .collect();
+            if text.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = Value::Array(calls);
         }
         let body = json!({
             "id": self.id(),
             "object": "chat.completion",
             "created": created(),
             "model": self.ask.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
-                "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
             "usage": usage,
         });
         self.with_session(Json(body).into_response())
@@ -721,7 +920,7 @@ impl Reply {
             while let Some(step) = relay.next().await {
                 match step {
                     Step::Text(t) => text.push_str(&t),
-                    Step::Done { finish, usage } => return Ok(self.whole(text, finish, usage)),
+                    Step::Done { finish, usage, calls } => return Ok(self.whole(text, finish, usage, calls)),
                     Step::Failed(e) => return Err(e),
                 }
             }
@@ -755,7 +954,7 @@ impl Reply {
         use futures::StreamExt;
         let me = Arc::new(Reply {
             gw: self.gw.clone(),
-            session: self.session.clone(),
+            session_key: self.session_key.clone(),
             run_id: self.run_id.clone(),
             ask: self.ask.clone(),
         });
@@ -768,11 +967,21 @@ impl Reply {
                         json!([{"index": 0, "delta": {"content": t}, "logprobs": null, "finish_reason": null}]),
                         None,
                     )],
-                    Step::Done { finish, usage } => {
-                        let mut v = vec![m2.chunk(
+                    Step::Done { finish, usage, calls } => {
+                        // Each call whole in one delta (OpenAI splits the arguments; clients join them).
+                        let mut v: Vec<Bytes> = calls
+                            .into_iter()
+                            .map(|c| {
+                                m2.chunk(
+                                    json!([{"index": 0, "delta": {"tool_calls": [c]}, "logprobs": null, "finish_reason": null}]),
+                                    None,
+                                )
+                            })
+                            .collect();
+                        v.push(m2.chunk(
                             json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}]),
                             None,
-                        )];
+                        ));
                         if m2.ask.include_usage {
                             v.push(m2.chunk(json!([]), Some(usage)));
                         }

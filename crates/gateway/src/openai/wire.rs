@@ -19,6 +19,8 @@ pub const ROOT: Hash = 0;
 /// they are told apart from the gateway's own tool steps (which a client never sees).
 pub const CLIENT_FIELD: &str = "openaiClient";
 
+pub use pincer_agent::CLIENT_CALLS_FIELD;
+
 /// The chain hash of a history `prev` followed by a message whose hash is `message`.
 pub fn chain(prev: Hash, message: Hash) -> Hash {
     let mut h = Sha256::new();
@@ -78,13 +80,16 @@ pub fn message_hash(m: &Value) -> Option<Hash> {
         }
         "assistant" => {
             let stop = m.get("stopReason").and_then(Value::as_str);
-            if !client && (stop == Some("toolUse") || stop == Some("error")) {
+            // A message that called client tools is what the client got back: its text and those calls.
+            let handed_back = m.get(CLIENT_CALLS_FIELD).and_then(Value::as_array);
+            if !client && handed_back.is_none() && (stop == Some("toolUse") || stop == Some("error")) {
                 return None;
             }
+            let shown = |b: &Value| handed_back.is_none_or(|ids| ids.iter().any(|id| Some(id) == b.get("id")));
             field(&mut h, b"role", b"assistant");
             field(&mut h, b"text", assistant_text(m).trim().as_bytes());
             for b in m.get("content").and_then(Value::as_array).into_iter().flatten() {
-                if b.get("type").and_then(Value::as_str) == Some("toolCall") {
+                if b.get("type").and_then(Value::as_str) == Some("toolCall") && shown(b) {
                     field(&mut h, b"call", b.get("id").and_then(Value::as_str).unwrap_or("").as_bytes());
                     field(&mut h, b"name", b.get("name").and_then(Value::as_str).unwrap_or("").as_bytes());
                     let args = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
@@ -117,12 +122,18 @@ pub struct Conversation {
     /// The last user message: its text and Pi image blocks (the turn's own row).
     pub text: String,
     pub images: Vec<Value>,
+    /// The results of client tools the request ends with (then there is no new user message:
+    /// `extra_users` and `text` are empty and the turn goes on from these).
+    pub tool_results: Vec<Value>,
 }
 
 impl Conversation {
     /// The content hashes of `history` followed by the trailing user messages.
     pub fn hashes(&self) -> (Vec<Option<Hash>>, Vec<Option<Hash>>) {
         let history = self.history.iter().map(message_hash).collect();
+        if !self.tool_results.is_empty() {
+            return (history, self.tool_results.iter().map(message_hash).collect());
+        }
         let mut trailing: Vec<Option<Hash>> = self.extra_users.iter().map(message_hash).collect();
         trailing.push(message_hash(&user_message(&self.text, &self.images)));
         (history, trailing)
@@ -300,18 +311,31 @@ pub fn conversation(messages: &Value, redactor: &dyn Redactor) -> Result<Convers
             other => return Err(format!("{at}.role {other:?} is not system, developer, user, assistant or tool")),
         }
     }
+    let system = (!system.is_empty()).then(|| system.join("\n\n"));
+    let results = converted.iter().rev().take_while(|(_, m, _)| m["role"] == "toolResult").count();
+    if results > 0 {
+        let tool_results: Vec<Value> =
+            converted.split_off(converted.len() - results).into_iter().map(|c| c.1).collect();
+        let asked = converted.last().is_some_and(|(_, m, _)| m["role"] == "assistant" && m["stopReason"] == "toolUse");
+        if !asked {
+            return Err("the tool messages at the end must follow an assistant message with tool_calls".into());
+        }
+        let history = converted.into_iter().map(|(_, m, _)| m).collect();
+        return Ok(Conversation { system, history, tool_results, ..Conversation::default() });
+    }
     let trailing = converted.iter().rev().take_while(|(user, _, _)| *user).count();
     if trailing == 0 {
-        return Err("the last message must be a user message (the gateway runs the agent's own tools; client tools are not supported)".into());
+        return Err("the last message must be a user message, or the tool messages answering the last assistant message's tool_calls".into());
     }
     let mut users: Vec<(bool, Value, Vec<Value>)> = converted.split_off(converted.len() - trailing);
     let Some((_, last, images)) = users.pop() else { return Err("messages must end with a user message".into()) };
     Ok(Conversation {
-        system: (!system.is_empty()).then(|| system.join("\n\n")),
+        system,
         history: converted.into_iter().map(|(_, m, _)| m).collect(),
         extra_users: users.into_iter().map(|(_, m, _)| m).collect(),
         text: text_blocks(last.get("content"), "\n"),
         images,
+        tool_results: vec![],
     })
 }
 
@@ -328,12 +352,77 @@ pub fn usage(u: Option<&Value>) -> Value {
         "prompt_tokens_details": {"cached_tokens": n("cacheRead")}})
 }
 
-/// OpenAI's `finish_reason` for a Pi `stopReason`.
-pub fn finish_reason(stop: Option<&str>) -> &'static str {
-    match stop {
+/// OpenAI's `finish_reason` for a Pi assistant message (`tool_calls` when it called client tools).
+pub fn finish_reason(message: &Value) -> &'static str {
+    if message.get(CLIENT_CALLS_FIELD).and_then(Value::as_array).is_some_and(|c| !c.is_empty()) {
+        return "tool_calls";
+    }
+    match message.get("stopReason").and_then(Value::as_str) {
         Some("length") => "length",
         _ => "stop",
     }
+}
+
+/// The calls of client tools a Pi assistant message made, as OpenAI's `tool_calls` (with `index`).
+pub fn client_calls(message: &Value) -> Vec<Value> {
+    let Some(ids) = message.get(CLIENT_CALLS_FIELD).and_then(Value::as_array) else { return vec![] };
+    let blocks = message.get("content").and_then(Value::as_array).into_iter().flatten();
+    blocks
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("toolCall"))
+        .filter(|b| b.get("id").is_some_and(|id| ids.contains(id)))
+        .enumerate()
+        .map(|(i, b)| {
+            let args = b.get("arguments").cloned().unwrap_or_else(|| json!({}));
+            json!({"index": i, "id": b["id"], "type": "function",
+                "function": {"name": b["name"], "arguments": args.to_string()}})
+        })
+        .collect()
+}
+
+/// The client's tools of a request (`tools`, `tool_choice`) as specs offered to the model.
+/// `tool_choice` `"auto"` (or absent) offers them, `"none"` does not; forcing a call is refused:
+/// the agent's providers are not told to force one.
+pub fn client_tools(req: &Value) -> Result<Vec<pincer_agent::ToolSpec>, Bad> {
+    let list = match req.get("tools") {
+        None | Some(Value::Null) => return Ok(vec![]),
+        Some(Value::Array(l)) => l,
+        Some(_) => return Err("tools must be an array".into()),
+    };
+    match req.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(c)) if c == "auto" => {}
+        Some(Value::String(c)) if c == "none" => return Ok(vec![]),
+        Some(other) => {
+            return Err(format!(
+            "tool_choice {other} is not supported: send \"auto\" or \"none\" (the model is not forced to call a tool)"
+        ))
+        }
+    }
+    let mut out: Vec<pincer_agent::ToolSpec> = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(format!("{at}.type must be \"function\""));
+        }
+        let f = t.get("function").filter(|f| f.is_object()).ok_or(format!("{at}.function must be an object"))?;
+        let name = f.get("name").and_then(Value::as_str).filter(|n| !n.trim().is_empty());
+        let name = name.ok_or(format!("{at}.function.name must be a non-empty string"))?;
+        if out.iter().any(|s| s.name == name) {
+            return Err(format!("{at}: two tools are named {name:?}"));
+        }
+        let description = match f.get("description") {
+            None | Some(Value::Null) => "",
+            Some(Value::String(d)) => d.as_str(),
+            Some(_) => return Err(format!("{at}.function.description must be a string")),
+        };
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => return Err(format!("{at}.function.parameters must be a JSON schema object")),
+        };
+        out.push(pincer_agent::ToolSpec::new(name, description, parameters));
+    }
+    Ok(out)
 }
 
 /// An error in OpenAI's shape: HTTP status and `{"error": {"message", "type", "param", "code"}}`.
