@@ -123,9 +123,33 @@ impl Calls {
 }
 
 /// Events as one snapshot value, in arrival order. `tick` is a 30 s timer of the connection, not
-/// part of any scenario: one that falls inside a slow scenario is left out.
+/// part of any scenario: one that falls inside a slow scenario is left out. A running tool's
+/// `update` events depend on how fast the command runs (none, or one and more): they are left out
+/// too, and the sequence numbers after them (the connection's, and the run's in the payload) are
+/// counted as if they had not been sent; their shape is checked by `tool_events.rs`.
 fn stream(evs: Vec<Value>) -> Value {
-    Value::Array(evs.into_iter().filter(|f| f["event"] != "tick").collect())
+    let is_update = |f: &Value| {
+        f["event"] == "agent" && f["payload"]["stream"] == "tool" && f["payload"]["data"]["phase"] == "update"
+    };
+    let (mut dropped, mut dropped_by_run) = (0u64, std::collections::HashMap::<String, u64>::new());
+    let mut out = Vec::new();
+    for mut f in evs.into_iter().filter(|f| f["event"] != "tick") {
+        let run = f["payload"]["runId"].as_str().unwrap_or_default().to_owned();
+        if is_update(&f) {
+            dropped += 1;
+            *dropped_by_run.entry(run).or_default() += 1;
+            continue;
+        }
+        if let Some(n) = f["seq"].as_u64() {
+            f["seq"] = (n - dropped).into();
+        }
+        let by_run = dropped_by_run.get(&run).copied().unwrap_or(0);
+        if let (Some(n), true) = (f["payload"]["seq"].as_u64(), f["event"] == "agent") {
+            f["payload"]["seq"] = (n - by_run).into();
+        }
+        out.push(f);
+    }
+    Value::Array(out)
 }
 
 fn chat_end(run: &'static str) -> impl Fn(&Value) -> bool {
