@@ -222,6 +222,11 @@ pub struct ToolsConfig {
     pub network: Option<bool>,
     /// Seconds a `bash` call may run when it gives no timeout (default 600).
     pub timeout: Option<u64>,
+    /// `allow`, `ask` or `deny` for every tool, or a table of them per tool (default: `ask` for
+    /// `bash`, `write` and `edit`, `allow` for the others; [`crate::approvals`]).
+    pub approval: Option<crate::approvals::ApprovalConfig>,
+    /// Seconds an approval request waits before the call is denied (default 1800).
+    pub approval_timeout: Option<u64>,
 }
 
 impl ToolsConfig {
@@ -234,6 +239,8 @@ impl ToolsConfig {
             sandbox: self.sandbox.or(base.sandbox),
             network: self.network.or(base.network),
             timeout: self.timeout.or(base.timeout),
+            approval: self.approval.clone().or_else(|| base.approval.clone()),
+            approval_timeout: self.approval_timeout.or(base.approval_timeout),
         }
     }
 }
@@ -329,6 +336,8 @@ pub struct AgentSettings {
     pub tools: pincer_agent::ToolPolicy,
     /// `bash`'s settings (sandbox, network, timeout), checked at startup when `bash` is enabled.
     pub bash: std::sync::Arc<pincer_agent::tools::bash::BashConfig>,
+    /// Which of its tool calls wait for a human's approval.
+    pub approvals: crate::approvals::AgentApprovals,
 }
 
 /// Every agent's settings: `main` and the configured ones, resolved at startup; an agent known only
@@ -508,6 +517,8 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             t.deny.as_ref().unwrap_or(&none),
         )
         .map_err(|e| format!("{}: {}.tools]: {e}", config_path.display(), section.trim_end_matches(']')))?;
+        let approvals = crate::approvals::AgentApprovals::new(t.approval.as_ref(), t.approval_timeout)
+            .map_err(|e| format!("{}: {}.tools]: {e}", config_path.display(), section.trim_end_matches(']')))?;
         let model = match own.and_then(|a| a.model.clone()) {
             Some(m) => {
                 if !o.skip_providers {
@@ -535,7 +546,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             .or_else(|| d.workspace.clone())
             .unwrap_or_else(|| default_workspace(&state_dir, &id));
         let system_prompt = own.and_then(|a| a.system_prompt.clone()).or_else(|| d.system_prompt.clone());
-        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash })
+        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash, approvals })
     };
     let defaults = std::sync::Arc::new(agent(AgentId::main(), None)?);
     let mut resolved = BTreeMap::new();
