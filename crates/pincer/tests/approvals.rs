@@ -273,3 +273,56 @@ async fn deny_expiry_chat_approve_abort_allow_always_and_the_deny_policy() {
     assert_eq!(c.chat_end("p2").await["payload"]["state"], "final");
     assert_eq!(runs(&s.ws), 1);
 }
+
+/// On PostgreSQL: the request is made on replica A, A is SIGKILLed, a survivor B takes the turn
+/// over with the request still waiting (same id), a client of B allows it, and the command runs
+/// exactly once (in the workspace the replicas share) before the turn ends `final`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_dead_replicas_waiting_call_is_allowed_on_a_survivor_and_runs_once() {
+    use pincer_testkit::postgres::Postgres;
+    let pg = Postgres::shared();
+    let url = pg.database("approvals");
+    let fake = pincer_testkit::fake_openai::FakeOpenAi::start_in_thread();
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let config = format!(
+        "{}workspace = \"{}\"\n[store]\nbackend = \"postgres\"\nurl = \"{url}\"\n",
+        fake.gateway_toml(),
+        ws.display()
+    );
+    let (bin, d, cfg) = (BIN.to_owned(), dir.path().to_owned(), config.clone());
+    let mut replicas =
+        tokio::task::spawn_blocking(move || pincer_testkit::postgres::start_replicas(&bin, &d, &cfg, 2)).await.unwrap();
+    let count = |ws: &Path| std::fs::read_to_string(ws.join("approved.log")).map(|s| s.lines().count()).unwrap_or(0);
+    let mut a = Client::connect(&replicas[0].addr).await;
+    send(&mut a, "run it [bash]", "pg-1").await;
+    let ev = a.event(|f| f["event"] == "exec.approval.requested").await;
+    let id = ev["payload"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(ev["payload"]["request"]["command"], "echo approved >> approved.log");
+    let on_disk = "SELECT count(*) FROM entries WHERE type = 'custom' AND line LIKE '%pincer.approval-request%'";
+    assert_eq!(pg.psql(&url, on_disk), "1", "the request is in the database before it is announced");
+    let mut b = Client::connect(&replicas[1].addr).await;
+    b.request("chat.history", json!({"sessionKey": "main"})).await.unwrap();
+    replicas[0].kill9();
+    let b_addr = replicas[1].addr.clone();
+    let listed = pincer_testkit::probe::poll_async(Duration::from_secs(30), Duration::from_millis(100), || {
+        let addr = b_addr.clone();
+        async move {
+            let mut c = Client::connect(&addr).await;
+            let l = c.request("exec.approval.list", json!({})).await.unwrap();
+            (l.as_array().is_some_and(|a| !a.is_empty())).then_some(l)
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("the survivor did not take the wait up:\n{}", replicas[1].log_text()));
+    assert_eq!(listed[0]["id"], id.as_str(), "the same request, under its id");
+    assert_eq!(count(&ws), 0, "nothing ran while it waits");
+    b.request("exec.approval.resolve", json!({"id": id, "decision": "allow-once"})).await.unwrap();
+    let fin = b.chat_end("pg-1").await;
+    assert_eq!(fin["payload"]["state"], "final", "{fin}");
+    assert_eq!(count(&ws), 1, "the command ran exactly once");
+    let decided = "SELECT count(*) FROM entries WHERE type = 'custom' AND line LIKE '%pincer.approval-decision%' \
+                   AND line LIKE '%allow-once%'";
+    assert_eq!(pg.psql(&url, decided), "1");
+}
