@@ -17,6 +17,12 @@
 //! A gateway killed while a call waits leaves the request on disk without a decision: the turn is
 //! resumed at startup ([`crate::turns::recover`]), the request is registered again under its id
 //! and expiry ([`resume_call`]), and the call runs once, when it is allowed.
+//!
+//! With replicas (PostgreSQL), `exec.approval.list` also lists the requests waiting on the others
+//! (read from the database), and an answer for one of them is written as an [`ANSWER`] entry: the
+//! replica the call waits on (or the survivor that took its turn over) sees it, records it as the
+//! decision and runs the call. Only the replica that runs a call writes its decision, so a call
+//! whose decision is on disk from before a crash may have run, and is never run again.
 
 use crate::hub::Audience;
 use crate::protocol::RpcError;
@@ -36,12 +42,18 @@ use std::time::Duration;
 pub const REQUEST: &str = "pincer.approval-request";
 /// `customType` of the entry recording its decision (`data`: `id`, `decision`, `reason`, …).
 pub const DECISION: &str = "pincer.approval-decision";
+/// `customType` of an answer given on another replica than the one the call waits on (PostgreSQL):
+/// the first answer in the transcript wins, and the waiting replica records it as the decision
+/// before the call runs (so only the replica that runs the call writes the decision).
+pub const ANSWER: &str = "pincer.approval-answer";
 /// How long a request waits by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// The tools asked about unless the config says otherwise.
 pub const ASKED_BY_DEFAULT: &[&str] = &["bash", "write", "edit"];
 /// The decisions a human may give.
 pub const DECISIONS: &[&str] = &["allow-once", "allow-always", "deny"];
+/// How often a request waiting on a replica looks for a decision written by another one.
+const REMOTE_POLL: Duration = Duration::from_millis(500);
 /// How many decided approvals are remembered to answer a late `resolve` with "already decided".
 const REMEMBERED: usize = 4096;
 
@@ -224,15 +236,17 @@ impl Approvals {
             .any(|a| a.agent_id == agent && a.tool == tool && a.command == command && a.cwd == cwd)
     }
 
-    /// Adds `p`'s command to the allow-always list and writes the file (atomically).
-    fn allow_always(&self, p: &Pending, agent: &str) -> std::io::Result<()> {
-        let req = &p.record["request"];
+    /// Adds the command of `record` (a request as listed) to the allow-always list and writes the
+    /// file (atomically).
+    fn allow_always(&self, record: &Value) -> std::io::Result<()> {
+        let req = &record["request"];
+        let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
         let entry = Allowed {
-            agent_id: agent.to_owned(),
-            tool: p.tool.clone(),
-            command: req["command"].as_str().unwrap_or_default().to_owned(),
-            cwd: req["cwd"].as_str().unwrap_or_default().to_owned(),
-            approval_id: p.id.clone(),
+            agent_id: s(&req["agentId"]),
+            tool: s(&req["toolName"]),
+            command: s(&req["command"]),
+            cwd: s(&req["cwd"]),
+            approval_id: s(&record["id"]),
             created_at_ms: pincer_pi::now_ms(),
         };
         let mut allowed = lock(&self.allowed);
@@ -286,16 +300,172 @@ async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Resul
     if let Some(earlier) = slot.clone() {
         return Ok(Err(earlier));
     }
+    // With replicas: a decision on disk stands; an answer given elsewhere first wins over `d`.
+    let (d, won) = match on_disk_for(gw, &p.session, &p.id).await {
+        Some((earlier, true)) => {
+            *slot = Some(earlier.clone());
+            drop(slot);
+            settled(gw, p, &earlier);
+            return Ok(Err(earlier));
+        }
+        Some((answer, false)) => (answer, false),
+        None => (d, true),
+    };
     if d.decision == "allow-always" {
         gw.approvals
-            .allow_always(p, &p.session.agent_id)
+            .allow_always(&p.record)
             .map_err(|e| RpcError::unavailable(format!("cannot write the allow-always list: {e}")))?;
     }
+    let request = json!({"id": p.id, "runId": p.run_id, "toolCallId": p.tool_call_id});
+    if let Err(e) = gw.append(&p.session, decision_entry(&request, &d)).await {
+        let (_, message) = crate::chat::persist_failure(&e);
+        return Err(RpcError::unavailable(format!("the decision was not recorded: {message}")));
+    }
+    *slot = Some(d.clone());
+    drop(slot);
+    settled(gw, p, &d);
+    Ok(if won { Ok(d) } else { Err(d) })
+}
+
+/// After `p` was decided `d` (its entry written): no longer waiting, remembered, its waiter
+/// woken, `exec.approval.resolved` announced.
+fn settled(gw: &Gateway, p: &Pending, d: &Decided) {
+    lock(&gw.approvals.pending).remove(&p.id);
+    remember(gw, &p.id, d);
+    p.tx.send_replace(Some(d.clone()));
+    announce_resolved(gw, &p.id, &p.record["request"], d);
+}
+
+fn remember(gw: &Gateway, id: &str, d: &Decided) {
+    let mut decided = lock(&gw.approvals.decided);
+    decided.push_back((id.to_owned(), d.clone()));
+    while decided.len() > REMEMBERED {
+        decided.pop_front();
+    }
+}
+
+fn announce_resolved(gw: &Gateway, id: &str, request: &Value, d: &Decided) {
+    let event = json!({"id": id, "decision": d.decision, "resolvedBy": d.by, "ts": d.ts, "request": request,
+        "reason": d.reason});
+    gw.hub.publish("exec.approval.resolved", None, event, false, Audience::All);
+}
+
+/// The decision entry fields of `data` as a [`Decided`].
+fn decided_of(data: &Value) -> Decided {
+    let s = |k: &str, or: &str| data[k].as_str().unwrap_or(or).to_owned();
+    Decided {
+        decision: s("decision", "deny"),
+        reason: s("reason", "operator"),
+        by: s("resolvedBy", "operator"),
+        ts: data["ts"].as_u64().unwrap_or(0),
+    }
+}
+
+/// With replicas (PostgreSQL): the decision (`true`) or else the first answer (`false`) on disk
+/// for request `id` of `session`.
+async fn on_disk_for(gw: &Arc<Gateway>, session: &SessionRef, id: &str) -> Option<(Decided, bool)> {
+    gw.pg.as_ref()?;
+    let (store, path) = (gw.store.clone(), session.path.clone());
+    let tail = tokio::task::spawn_blocking(move || store.tail_entries(&path, 1024 * 1024)).await.ok()?.ok()?;
+    let of =
+        |kind: &str| tail.iter().find(|e| e["type"] == "custom" && e["customType"] == kind && e["data"]["id"] == id);
+    of(DECISION).map(|e| (decided_of(&e["data"]), true)).or_else(|| of(ANSWER).map(|e| (decided_of(&e["data"]), false)))
+}
+
+/// With replicas (PostgreSQL): every request in the database, with its decision or first answer
+/// if it has one, in the transcripts' order.
+async fn in_database(gw: &Gateway) -> Vec<(Value, Option<Value>)> {
+    let Some(pg) = &gw.pg else { return vec![] };
+    let rows = match pg.custom_rows(vec![REQUEST.to_owned(), DECISION.to_owned(), ANSWER.to_owned()]).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!("cannot read other replicas' approvals: {e}");
+            return vec![];
+        }
+    };
+    let mut out: Vec<(Value, Option<Value>)> = Vec::new();
+    for (_, e) in rows {
+        match e["customType"].as_str() {
+            Some(REQUEST) => out.push((e["data"].clone(), None)),
+            Some(DECISION | ANSWER) => {
+                if let Some((_, d)) = out.iter_mut().find(|(r, d)| d.is_none() && r["id"] == e["data"]["id"]) {
+                    *d = Some(e["data"].clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A request as listed, from its entry's data.
+fn record_of(data: &Value) -> Value {
+    let mut record = Map::new();
+    for k in ["id", "request", "createdAtMs", "expiresAtMs"] {
+        record.insert(k.into(), data[k].clone());
+    }
+    Value::Object(record)
+}
+
+/// `exec.approval.list`: the requests waiting here and, with replicas, on the others, oldest first.
+pub async fn list(gw: &Gateway) -> Vec<Value> {
+    let mut all = gw.approvals.list();
+    let now = pincer_pi::now_ms();
+    for (data, decided) in in_database(gw).await {
+        let expired = data["expiresAtMs"].as_u64().is_none_or(|e| e <= now);
+        if decided.is_none() && !expired && !all.iter().any(|r| r["id"] == data["id"]) {
+            let mut r = record_of(&data);
+            r["approvalKind"] = json!("exec");
+            all.push(r);
+        }
+    }
+    all.sort_by(|a, b| {
+        let at = |r: &Value| r["createdAtMs"].as_u64().unwrap_or(0);
+        at(a).cmp(&at(b)).then_with(|| a["id"].as_str().cmp(&b["id"].as_str()))
+    });
+    all
+}
+
+/// With replicas: answers request `id`, which waits on another replica (or on none, its replica
+/// dead and its turn not taken over yet), with an answer entry; the first answer in the transcript
+/// wins. `None`: no such request in the database.
+async fn resolve_remote(gw: &Arc<Gateway>, id: &str, d: Decided) -> Option<Result<Result<Decided, Decided>, RpcError>> {
+    let (data, decided) = in_database(gw).await.into_iter().find(|(r, _)| r["id"] == id)?;
+    if let Some(earlier) = decided {
+        return Some(Ok(Err(decided_of(&earlier))));
+    }
+    if data["expiresAtMs"].as_u64().is_none_or(|e| e <= pincer_pi::now_ms()) {
+        return None;
+    }
+    let key = data["request"]["sessionKey"].as_str().unwrap_or_default().to_owned();
+    let session = match gw.session(&key, false).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut entry = decision_entry(&data, &d);
+    entry.payload.insert("customType".into(), json!(ANSWER));
+    if let Err(e) = gw.append(&session, entry).await {
+        let (_, message) = crate::chat::persist_failure(&e);
+        return Some(Err(RpcError::unavailable(format!("the answer was not recorded: {message}"))));
+    }
+    match on_disk_for(gw, &session, id).await {
+        Some((first, _)) if first != d => Some(Ok(Err(first))),
+        _ => {
+            remember(gw, id, &d);
+            announce_resolved(gw, id, &data["request"], &d);
+            Some(Ok(Ok(d)))
+        }
+    }
+}
+
+/// The decision entry of request `data` (its entry's data).
+fn decision_entry(request: &Value, d: &Decided) -> NewEntry {
     let mut data = Map::new();
     for (k, v) in [
-        ("id", json!(p.id)),
-        ("runId", json!(p.run_id)),
-        ("toolCallId", json!(p.tool_call_id)),
+        ("id", request["id"].clone()),
+        ("runId", request["runId"].clone()),
+        ("toolCallId", request["toolCallId"].clone()),
         ("decision", json!(d.decision)),
         ("reason", json!(d.reason)),
         ("resolvedBy", json!(d.by)),
@@ -306,25 +476,7 @@ async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Resul
     let mut payload = Map::new();
     payload.insert("customType".into(), json!(DECISION));
     payload.insert("data".into(), Value::Object(data));
-    if let Err(e) = gw.append(&p.session, NewEntry::of("custom", payload)).await {
-        let (_, message) = crate::chat::persist_failure(&e);
-        return Err(RpcError::unavailable(format!("the decision was not recorded: {message}")));
-    }
-    *slot = Some(d.clone());
-    drop(slot);
-    lock(&gw.approvals.pending).remove(&p.id);
-    {
-        let mut decided = lock(&gw.approvals.decided);
-        decided.push_back((p.id.clone(), d.clone()));
-        while decided.len() > REMEMBERED {
-            decided.pop_front();
-        }
-    }
-    p.tx.send_replace(Some(d.clone()));
-    let event = json!({"id": p.id, "decision": d.decision, "resolvedBy": d.by, "ts": d.ts,
-        "request": p.record["request"], "reason": d.reason});
-    gw.hub.publish("exec.approval.resolved", None, event, false, Audience::All);
-    Ok(Ok(d))
+    NewEntry::of("custom", payload)
 }
 
 /// `exec.approval.resolve` / `approval.resolve` / `/approve`: decides `id` as `decision` for
@@ -337,21 +489,28 @@ pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> R
         RpcError::invalid(format!("approval already resolved: {id} was already decided ({} by {})", d.decision, d.by))
             .with_details(json!({"reason": "APPROVAL_ALREADY_RESOLVED", "decision": d.decision}))
     };
-    let Some(p) = gw.approvals.get(id) else {
-        return Err(match gw.approvals.remembered(id) {
-            Some(d) => already(d),
-            None => RpcError::invalid(format!("unknown or expired approval id: {id}"))
-                .with_details(json!({"reason": "APPROVAL_NOT_FOUND"})),
-        });
-    };
     let d = Decided {
         decision: decision.to_owned(),
         reason: "operator".into(),
         by: by.to_owned(),
         ts: pincer_pi::now_ms(),
     };
-    match decide(gw, &p, d).await? {
-        Ok(d) => Ok(json!({"ok": true, "id": p.id, "decision": d.decision})),
+    let outcome = match gw.approvals.get(id) {
+        Some(p) => decide(gw, &p, d).await?,
+        None => match gw.approvals.remembered(id) {
+            Some(earlier) => Err(earlier),
+            // With replicas, the request may wait on another one.
+            None => match resolve_remote(gw, id.trim(), d).await {
+                Some(outcome) => outcome?,
+                None => {
+                    return Err(RpcError::invalid(format!("unknown or expired approval id: {id}"))
+                        .with_details(json!({"reason": "APPROVAL_NOT_FOUND"})))
+                }
+            },
+        },
+    };
+    match outcome {
+        Ok(d) => Ok(json!({"ok": true, "id": id.trim(), "decision": d.decision})),
         Err(earlier) => Err(already(earlier)),
     }
 }
@@ -579,6 +738,7 @@ async fn wait(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>, rec
     let decided = tokio::select! {
         r = rx.wait_for(Option::is_some) => r.ok().and_then(|d| d.clone()),
         () = tokio::time::sleep(left) => None,
+        d = decided_elsewhere(gw, &p) => Some(d),
     };
     let d = match decided {
         Some(d) => d,
@@ -604,6 +764,23 @@ async fn wait(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>, rec
         "toolCallId": req["toolCallId"], "approvalId": id, "decision": d.decision, "reason": d.reason});
     crate::chat::publish_agent_event(gw, session, run, "approval", resolved);
     d
+}
+
+/// With replicas: an answer another replica wrote for `p` (looked for now and every
+/// [`REMOTE_POLL`]), recorded here as the decision; without replicas, never.
+async fn decided_elsewhere(gw: &Arc<Gateway>, p: &Arc<Pending>) -> Decided {
+    if gw.pg.is_none() {
+        return std::future::pending().await;
+    }
+    loop {
+        if let Some((d, _)) = on_disk_for(gw, &p.session, &p.id).await {
+            match decide(gw, p, d).await {
+                Ok(Ok(d) | Err(d)) => return d,
+                Err(e) => tracing::warn!(approval = %p.id, "the answer was not recorded: {}", e.message),
+            }
+        }
+        tokio::time::sleep(REMOTE_POLL).await;
+    }
 }
 
 /// What the transcript says about the approvals of the calls `ids`: toolCallId → (the request

@@ -81,7 +81,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         | Method::NodeList => {
             crate::stubs::answer(method).ok_or_else(|| RpcError::invalid(format!("unknown method: {}", method.name())))
         }
-        Method::ExecApprovalList => Ok(Value::Array(gw.approvals.list())),
+        Method::ExecApprovalList => Ok(Value::Array(crate::approvals::list(gw).await)),
         Method::ExecApprovalGet | Method::ExecApprovalResolve | Method::ApprovalResolve => {
             #[derive(Deserialize)]
             #[serde(rename_all = "camelCase")]

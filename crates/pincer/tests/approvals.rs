@@ -274,9 +274,11 @@ async fn deny_expiry_chat_approve_abort_allow_always_and_the_deny_policy() {
     assert_eq!(runs(&s.ws), 1);
 }
 
-/// On PostgreSQL: the request is made on replica A, A is SIGKILLed, a survivor B takes the turn
-/// over with the request still waiting (same id), a client of B allows it, and the command runs
-/// exactly once (in the workspace the replicas share) before the turn ends `final`.
+/// On PostgreSQL: a request waiting on replica A is listed and allowed by a client of replica B
+/// (A sees the decision and runs the call; a later answer on A is refused); then a request is
+/// made on A, A is SIGKILLed, the survivor B takes the turn over with the request still waiting
+/// (same id), a client of B allows it. Each command runs exactly once (in the workspace the
+/// replicas share) and each turn ends `final`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_a_dead_replicas_waiting_call_is_allowed_on_a_survivor_and_runs_once() {
     use pincer_testkit::postgres::Postgres;
@@ -296,13 +298,26 @@ async fn on_postgres_a_dead_replicas_waiting_call_is_allowed_on_a_survivor_and_r
         tokio::task::spawn_blocking(move || pincer_testkit::postgres::start_replicas(&bin, &d, &cfg, 2)).await.unwrap();
     let count = |ws: &Path| std::fs::read_to_string(ws.join("approved.log")).map(|s| s.lines().count()).unwrap_or(0);
     let mut a = Client::connect(&replicas[0].addr).await;
+    let mut b = Client::connect(&replicas[1].addr).await;
+    send(&mut a, "first [bash]", "pg-0").await;
+    let ev = a.event(|f| f["event"] == "exec.approval.requested").await;
+    let id = ev["payload"]["id"].as_str().unwrap().to_owned();
+    let listed = b.request("exec.approval.list", json!({})).await.unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!((&listed[0]["id"], &listed[0]["expiresAtMs"]), (&json!(id), &ev["payload"]["expiresAtMs"]));
+    b.request("exec.approval.resolve", json!({"id": id, "decision": "allow-once"})).await.unwrap();
+    assert_eq!(a.chat_end("pg-0").await["payload"]["state"], "final");
+    assert_eq!(count(&ws), 1, "ran once, on A");
+    let late = a.request("exec.approval.resolve", json!({"id": id, "decision": "deny"})).await.unwrap_err();
+    assert!(late["message"].as_str().unwrap().contains("already decided (allow-once"), "{late}");
+    assert_eq!(b.request("exec.approval.list", json!({})).await.unwrap(), json!([]));
+
     send(&mut a, "run it [bash]", "pg-1").await;
     let ev = a.event(|f| f["event"] == "exec.approval.requested").await;
     let id = ev["payload"]["id"].as_str().unwrap().to_owned();
     assert_eq!(ev["payload"]["request"]["command"], "echo approved >> approved.log");
     let on_disk = "SELECT count(*) FROM entries WHERE type = 'custom' AND line LIKE '%pincer.approval-request%'";
-    assert_eq!(pg.psql(&url, on_disk), "1", "the request is in the database before it is announced");
-    let mut b = Client::connect(&replicas[1].addr).await;
+    assert_eq!(pg.psql(&url, on_disk), "2", "the request is in the database before it is announced");
     b.request("chat.history", json!({"sessionKey": "main"})).await.unwrap();
     replicas[0].kill9();
     let b_addr = replicas[1].addr.clone();
@@ -317,12 +332,12 @@ async fn on_postgres_a_dead_replicas_waiting_call_is_allowed_on_a_survivor_and_r
     .await
     .unwrap_or_else(|| panic!("the survivor did not take the wait up:\n{}", replicas[1].log_text()));
     assert_eq!(listed[0]["id"], id.as_str(), "the same request, under its id");
-    assert_eq!(count(&ws), 0, "nothing ran while it waits");
+    assert_eq!(count(&ws), 1, "nothing ran while it waits");
     b.request("exec.approval.resolve", json!({"id": id, "decision": "allow-once"})).await.unwrap();
     let fin = b.chat_end("pg-1").await;
     assert_eq!(fin["payload"]["state"], "final", "{fin}");
-    assert_eq!(count(&ws), 1, "the command ran exactly once");
+    assert_eq!(count(&ws), 2, "the command ran exactly once");
     let decided = "SELECT count(*) FROM entries WHERE type = 'custom' AND line LIKE '%pincer.approval-decision%' \
                    AND line LIKE '%allow-once%'";
-    assert_eq!(pg.psql(&url, decided), "1");
+    assert_eq!(pg.psql(&url, decided), "2");
 }
