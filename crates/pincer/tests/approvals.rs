@@ -39,6 +39,7 @@ struct Setup {
     state: PathBuf,
     ws: PathBuf,
     gw: GatewayProcess,
+    cfg: String,
     _fake: FakeProvider,
 }
 
@@ -56,9 +57,9 @@ async fn setup(extra: &str) -> Setup {
         ws.display()
     );
     let state = dir.path().join("state");
-    let st = state.clone();
-    let gw = tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &st, &cfg)).await.unwrap();
-    Setup { _dir: dir, state, ws, gw, _fake: fake }
+    let (st, c) = (state.clone(), cfg.clone());
+    let gw = tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &st, &c)).await.unwrap();
+    Setup { _dir: dir, state, ws, gw, cfg, _fake: fake }
 }
 
 fn runs(ws: &Path) -> usize {
@@ -175,6 +176,39 @@ async fn a_waiting_call_survives_a_sigkill_and_runs_once_when_allowed_from_anoth
     let d = customs(&file, "pincer.approval-decision");
     assert_eq!((&d[0]["data"]["decision"], &d[0]["data"]["reason"]), (&json!("allow-once"), &json!("operator")));
     assert_eq!(other.request("exec.approval.list", json!({})).await.unwrap(), json!([]));
+}
+
+/// A graceful stop (SIGTERM) does not deny a waiting call: it is still waiting, under its id, when
+/// the gateway is started again, and runs once when allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_leaves_the_call_waiting() {
+    let mut s = setup("").await;
+    let mut c = Client::connect(&s.gw.addr).await;
+    send(&mut c, "run it", "g1").await;
+    let id = requested(&mut c).await["id"].as_str().unwrap().to_owned();
+    drop(c);
+    let status = tokio::task::block_in_place(|| s.gw.terminate());
+    assert!(status.success(), "{status:?}");
+    let file = pincer_testkit::probe::transcript_path(&s.state, "agent:main:main").unwrap();
+    assert!(customs(&file, "pincer.approval-decision").is_empty(), "the stop decided nothing");
+    let (st, cfg) = (s.state.clone(), s.cfg.clone());
+    s.gw = tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &st, &cfg)).await.unwrap();
+    let addr = s.gw.addr.clone();
+    let listed = pincer_testkit::probe::poll_async(Duration::from_secs(20), Duration::from_millis(50), || {
+        let addr = addr.clone();
+        async move {
+            let mut c = Client::connect(&addr).await;
+            let l = c.request("exec.approval.list", json!({})).await.unwrap();
+            (l.as_array().is_some_and(|a| !a.is_empty())).then_some(l)
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("not waiting after the restart:\n{}", s.gw.log_text()));
+    assert_eq!(listed[0]["id"], id.as_str());
+    let mut c = Client::connect(&s.gw.addr).await;
+    c.request("exec.approval.resolve", json!({"id": id, "decision": "allow-once"})).await.unwrap();
+    wait_rows(&file, &s.gw, "no final after the approval", finished).await;
+    assert_eq!(runs(&s.ws), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
