@@ -261,15 +261,13 @@ impl Approvals {
         Ok(())
     }
 
-    /// The requests waiting, oldest first, as `exec.approval.list` answers.
-    pub fn list(&self) -> Vec<Value> {
+    /// The requests waiting here, as [`list`] lists them (unordered).
+    fn local(&self) -> Vec<Value> {
         let now = pincer_pi::now_ms();
-        let mut all: Vec<Arc<Pending>> = lock(&self.pending).values().filter(|p| p.expires_at > now).cloned().collect();
-        all.sort_by(|a, b| {
-            let at = |p: &Pending| p.record["createdAtMs"].as_u64().unwrap_or(0);
-            at(a).cmp(&at(b)).then_with(|| a.id.cmp(&b.id))
-        });
-        all.iter()
+        let pending = lock(&self.pending);
+        pending
+            .values()
+            .filter(|p| p.expires_at > now)
             .map(|p| {
                 let mut r = p.record.clone();
                 r["approvalKind"] = json!("exec");
@@ -409,7 +407,7 @@ fn record_of(data: &Value) -> Value {
 
 /// `exec.approval.list`: the requests waiting here and, with replicas, on the others, oldest first.
 pub async fn list(gw: &Gateway) -> Vec<Value> {
-    let mut all = gw.approvals.list();
+    let mut all = gw.approvals.local();
     let now = pincer_pi::now_ms();
     for (data, decided) in in_database(gw).await {
         let expired = data["expiresAtMs"].as_u64().is_none_or(|e| e <= now);
