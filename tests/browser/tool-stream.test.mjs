@@ -15,7 +15,7 @@ describe("WebChat: a running tool's output", () => {
 
   before(async () => {
     provider = await startFakeProvider();
-    gw = await startGateway(provider);
+    gw = await startGateway(provider, '[agents.defaults.tools]\napproval = "allow"');
     browser = await launchBrowser();
     page = await browser.context.newPage();
     await page.setViewportSize({ width: 1100, height: 760 });

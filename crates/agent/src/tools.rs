@@ -214,6 +214,13 @@ impl ToolRegistry {
         self.specs = self.tools.values().map(|t| ToolSpec::new(t.name(), t.description(), t.parameters())).collect();
     }
 
+    /// These tools, each replaced by what `wrap` makes of it (same names; the specs are shared, not
+    /// built again): how a caller puts its own checks around the calls of one run.
+    pub fn wrapped(&self, wrap: impl Fn(&Arc<dyn Tool>) -> Arc<dyn Tool>) -> ToolRegistry {
+        let tools = self.tools.iter().map(|(name, tool)| (name.clone(), wrap(tool))).collect();
+        ToolRegistry { tools, specs: self.specs.clone() }
+    }
+
     /// Whether `name` is a registered tool that only reads ([`Tool::read_only`]).
     pub fn is_read_only(&self, name: &str) -> bool {
         self.tools.get(name).is_some_and(|t| t.read_only())

@@ -37,6 +37,7 @@ static FILES: &[(&str, &[u8], &str)] = web! {
     "js/messages.js" => JS,
     "js/composer.js" => JS,
     "js/util.js" => JS,
+    "js/approvals.js" => JS,
     "vendor/marked.esm.js" => JS,
     "vendor/purify.es.mjs" => JS,
     "vendor/highlight.min.js" => JS,

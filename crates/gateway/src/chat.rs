@@ -152,6 +152,13 @@ pub(crate) fn is_stop(text: &str) -> bool {
     t == "stop" || SLASH_COMMANDS[0].texts.contains(&t.as_str())
 }
 
+/// The arguments of an `/approve …` message.
+pub(crate) fn approve_command(text: &str) -> Option<&str> {
+    let t = text.trim();
+    let rest = t.get(..8).filter(|p| p.eq_ignore_ascii_case("/approve")).map(|_| &t[8..])?;
+    (rest.is_empty() || rest.starts_with(char::is_whitespace)).then_some(rest)
+}
+
 pub(crate) fn slash_command(text: &str) -> Option<&'static str> {
     let first = text.split_whitespace().next()?.to_lowercase();
     SLASH_COMMANDS.iter().skip(1).find(|c| c.texts.contains(&first.as_str())).map(|c| c.name)
@@ -173,6 +180,20 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
     if images.is_empty() && regenerate.is_none() && is_stop(&message) {
         let ids = abort_session(gw, &session.key, None, "stop-command");
         return Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}));
+    }
+    if images.is_empty() && regenerate.is_none() {
+        if let Some(args) = approve_command(&message) {
+            // Answered here, not queued: the session's queue is held by the turn that waits.
+            if !ctx.can_approve {
+                return Err(RpcError::invalid("missing scope: operator.approvals (/approve answers approvals)"));
+            }
+            let mut words = args.split_whitespace();
+            let (Some(id), Some(decision), None) = (words.next(), words.next(), words.next()) else {
+                return Err(RpcError::invalid("usage: /approve <id> allow-once|allow-always|deny"));
+            };
+            let resolved = crate::approvals::resolve(gw, id, decision, &ctx.client_id).await?;
+            return Ok(json!({"ok": true, "runId": run_id, "status": "ok", "approval": resolved}));
+        }
     }
     let request = TurnRequest {
         session,
@@ -574,48 +595,7 @@ impl Turn {
     }
 
     fn agent_event(&self, stream: &str, data: Value) {
-        use crate::hub::Audience;
-        let key = Some(self.session.key.as_str());
-        if stream == "lifecycle" && self.gw.hub.wants("sessions.changed", key, Audience::SessionsWatchers) {
-            // Session lists follow runs starting and ending.
-            let p = json!({"sessionKey": self.session.key, "phase": data["phase"], "runId": self.run.run_id, "ts": now_ms()});
-            self.gw.hub.publish(
-                "sessions.changed",
-                Some(&self.session.key),
-                p,
-                true,
-                crate::hub::Audience::SessionsWatchers,
-            );
-        }
-        let seq = self.run.next_agent_seq();
-        if !self.gw.hub.wants("agent", key, Audience::All) {
-            return;
-        }
-        #[derive(serde::Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Payload<'a> {
-            run_id: &'a str,
-            seq: u64,
-            session_key: &'a str,
-            agent_id: &'a str,
-            session_id: &'a str,
-            stream: &'a str,
-            ts: u64,
-            data: &'a Value,
-        }
-        let p = Payload {
-            run_id: &self.run.run_id,
-            seq,
-            session_key: &self.session.key,
-            agent_id: &self.session.agent_id,
-            session_id: &self.session.session_id,
-            stream,
-            ts: now_ms(),
-            data: &data,
-        };
-        if let Some(json) = crate::hub::to_json(&p) {
-            self.gw.hub.publish_json("agent", &self.session.key, json, true, Audience::All, None);
-        }
+        publish_agent_event(&self.gw, &self.session, &self.run, stream, data);
     }
 
     /// The lifecycle `end`, once: before the final (as OpenClaw orders them), else when the turn is over.
@@ -1040,7 +1020,7 @@ impl Turn {
                 model: model.clone(),
                 system_prompt: self.system_prompt(),
                 messages: messages.clone(),
-                tools: self.gw.tools(&self.session.agent_id),
+                tools: Arc::new(crate::approvals::gated(&self.gw, &self.session, &self.run)),
                 client_tools: self.graft.as_ref().map_or_else(|| Arc::from([]), |g| g.client_tools.as_slice().into()),
                 sink: Arc::new(StoreSink { gw: self.gw.clone(), session: self.session.clone() }),
                 cancel: self.run.cancel.clone(),
@@ -1178,9 +1158,49 @@ impl Turn {
             }
         }
         let tools = self.gw.tools(&self.session.agent_id);
-        for call in calls.iter().filter(|c| !answered.contains(c["id"].as_str().unwrap_or_default())) {
+        let cut: Vec<&Value> =
+            calls.iter().filter(|c| !answered.contains(c["id"].as_str().unwrap_or_default())).collect();
+        // A call that was waiting for its approval (its request on disk, no decision) never ran:
+        // it waits again and runs once allowed.
+        let ids: std::collections::HashSet<String> =
+            cut.iter().filter_map(|c| c["id"].as_str()).map(str::to_owned).collect();
+        let (store, path) = (self.gw.store.clone(), self.session.path.clone());
+        let asked = if ids.is_empty() {
+            Default::default()
+        } else {
+            match tokio::task::spawn_blocking(move || crate::approvals::on_disk(&*store, &path, &ids)).await {
+                Ok(Ok(asked)) => asked,
+                Ok(Err(e)) => {
+                    let (kind, message) = persist_failure(&e);
+                    self.fail(&message, kind, None);
+                    return false;
+                }
+                Err(e) => {
+                    self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                    return false;
+                }
+            }
+        };
+        for call in cut {
             let (id, name) = (call["id"].as_str().unwrap_or_default(), call["name"].as_str().unwrap_or_default());
-            let outcome = if tools.is_read_only(name) {
+            let approval = asked.get(id);
+            let denied = approval.and_then(|(_, d)| d.as_ref()).and_then(crate::approvals::denied_on_disk);
+            let outcome = if let Some(denied) = denied {
+                Err(denied)
+            } else if let Some((request, None)) = approval {
+                self.agent_event(
+                    "tool",
+                    json!({"phase": "start", "toolCallId": id, "name": name, "args": call["arguments"]}),
+                );
+                tokio::select! {
+                    biased;
+                    () = self.run.cancel.cancelled() => {
+                        self.aborted("").await;
+                        return false;
+                    }
+                    r = crate::approvals::resume_call(&self.gw, &self.session, &self.run, request, &tools, call) => r,
+                }
+            } else if tools.is_read_only(name) {
                 self.agent_event(
                     "tool",
                     json!({"phase": "start", "toolCallId": id, "name": name, "args": call["arguments"]}),
@@ -1410,6 +1430,23 @@ impl Turn {
     /// Persists the partial (once, keyed `<runId>:assistant`) and announces the abort.
     async fn aborted(&self, partial: &str) {
         let origin = self.run.origin();
+        // Calls waiting for approval are denied (recorded), each with its denied result; at a
+        // shutdown they stay waiting on disk, for the restarted gateway to take up.
+        let waits = if origin == "shutdown" {
+            vec![]
+        } else {
+            crate::approvals::abort_run(&self.gw, &self.run.run_id, origin).await
+        };
+        for (id, name, denied) in waits {
+            let result = pincer_agent::run::tool_result_message(&id, &name, Err(denied));
+            match self.gw.append(&self.session, NewEntry::message(result)).await {
+                Ok(a) => {
+                    self.session_message(&a.entry);
+                    self.agent_event("tool", tool_result_data(&a.entry["message"]));
+                }
+                Err(e) => tracing::warn!(session = %self.session.key, "the denied result was not written: {e}"),
+            }
+        }
         let mut extra = json!({"stopReason": origin});
         if !partial.trim().is_empty() {
             let key = crate::turns::reply_key(&self.run.run_id);
@@ -1445,6 +1482,47 @@ enum StreamEnd {
     Overflow { message: String, entry: Option<Arc<Value>>, may_recover: bool },
     /// Error or abort, already announced.
     Other,
+}
+
+/// An `agent` event of run `run` in `session` on `stream` (a `lifecycle` one also tells session
+/// lists, as `sessions.changed`).
+pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, stream: &str, data: Value) {
+    use crate::hub::Audience;
+    let key = Some(session.key.as_str());
+    if stream == "lifecycle" && gw.hub.wants("sessions.changed", key, Audience::SessionsWatchers) {
+        // Session lists follow runs starting and ending.
+        let p = json!({"sessionKey": session.key, "phase": data["phase"], "runId": run.run_id, "ts": now_ms()});
+        gw.hub.publish("sessions.changed", Some(&session.key), p, true, crate::hub::Audience::SessionsWatchers);
+    }
+    let seq = run.next_agent_seq();
+    if !gw.hub.wants("agent", key, Audience::All) {
+        return;
+    }
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Payload<'a> {
+        run_id: &'a str,
+        seq: u64,
+        session_key: &'a str,
+        agent_id: &'a str,
+        session_id: &'a str,
+        stream: &'a str,
+        ts: u64,
+        data: &'a Value,
+    }
+    let p = Payload {
+        run_id: &run.run_id,
+        seq,
+        session_key: &session.key,
+        agent_id: &session.agent_id,
+        session_id: &session.session_id,
+        stream,
+        ts: now_ms(),
+        data: &data,
+    };
+    if let Some(json) = crate::hub::to_json(&p) {
+        gw.hub.publish_json("agent", &session.key, json, true, Audience::All, None);
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -228,6 +228,11 @@ pub struct ToolsConfig {
     pub web_fetch_max_bytes: Option<usize>,
     /// Seconds a `web_fetch` call may take, redirects and body included (default 30).
     pub web_fetch_timeout: Option<u64>,
+    /// `allow`, `ask` or `deny` for every tool, or a table of them per tool (default: `ask` for
+    /// `bash`, `write` and `edit`, `allow` for the others; [`crate::approvals`]).
+    pub approval: Option<crate::approvals::ApprovalConfig>,
+    /// Seconds an approval request waits before the call is denied (default 1800).
+    pub approval_timeout: Option<u64>,
 }
 
 impl ToolsConfig {
@@ -243,6 +248,8 @@ impl ToolsConfig {
             web_fetch_private_network: self.web_fetch_private_network.or(base.web_fetch_private_network),
             web_fetch_max_bytes: self.web_fetch_max_bytes.or(base.web_fetch_max_bytes),
             web_fetch_timeout: self.web_fetch_timeout.or(base.web_fetch_timeout),
+            approval: self.approval.clone().or_else(|| base.approval.clone()),
+            approval_timeout: self.approval_timeout.or(base.approval_timeout),
         }
     }
 }
@@ -340,6 +347,8 @@ pub struct AgentSettings {
     pub bash: std::sync::Arc<pincer_agent::tools::bash::BashConfig>,
     /// `web_fetch`'s settings (the private network, the caps).
     pub web_fetch: std::sync::Arc<pincer_agent::tools::web_fetch::WebFetchConfig>,
+    /// Which of its tool calls wait for a human's approval.
+    pub approvals: crate::approvals::AgentApprovals,
 }
 
 /// Every agent's settings: `main` and the configured ones, resolved at startup; an agent known only
@@ -514,6 +523,8 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             t.deny.as_ref().unwrap_or(&none),
         )
         .map_err(|e| format!("{}: {}.tools]: {e}", config_path.display(), section.trim_end_matches(']')))?;
+        let approvals = crate::approvals::AgentApprovals::new(t.approval.as_ref(), t.approval_timeout)
+            .map_err(|e| format!("{}: {}.tools]: {e}", config_path.display(), section.trim_end_matches(']')))?;
         let model = match own.and_then(|a| a.model.clone()) {
             Some(m) => {
                 if !o.skip_providers {
@@ -548,7 +559,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
                 .web_fetch_timeout
                 .map_or(pincer_agent::tools::web_fetch::DEFAULT_TIMEOUT, |s| std::time::Duration::from_secs(s.max(1))),
         });
-        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash, web_fetch })
+        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash, web_fetch, approvals })
     };
     let defaults = std::sync::Arc::new(agent(AgentId::main(), None)?);
     let mut resolved = BTreeMap::new();

@@ -24,6 +24,7 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
 pub mod agent;
+pub mod approvals;
 pub mod assets;
 pub mod budget;
 pub mod catchup;
@@ -137,13 +138,24 @@ pub struct Ctx {
     pub subs: Arc<Subs>,
     /// The connection was granted `operator.write` (true unless it asked for less).
     pub can_write: bool,
+    /// The connection may answer approvals (`operator.approvals` or `operator.admin`, or it asked
+    /// for no scopes).
+    pub can_approve: bool,
     acks: Mutex<Vec<oneshot::Sender<()>>>,
     interim: Option<Interim>,
 }
 
 impl Ctx {
     pub fn new(conn_id: u64, client_id: String, subs: Arc<Subs>) -> Ctx {
-        Ctx { conn_id, client_id, subs, can_write: true, acks: Mutex::new(Vec::new()), interim: None }
+        Ctx {
+            conn_id,
+            client_id,
+            subs,
+            can_write: true,
+            can_approve: true,
+            acks: Mutex::new(Vec::new()),
+            interim: None,
+        }
     }
 
     /// A transport that can answer a request more than once (the WebSocket) says how.

@@ -27,6 +27,12 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             method.name()
         )));
     }
+    if method.approves() && !ctx.can_approve {
+        return Err(RpcError::invalid(format!(
+            "missing scope: operator.approvals ({} is about approvals; this connection was not granted them)",
+            method.name()
+        )));
+    }
     // A connection that works with a session hears that session's `chat` and `agent` events.
     if method.joins_session() {
         let raw = params.get("sessionKey").or_else(|| params.get("key")).and_then(Value::as_str);
@@ -66,7 +72,6 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         | Method::ProgressCardGet
         | Method::LastHeartbeat
         | Method::DiagnosticsLanes
-        | Method::ExecApprovalList
         | Method::PluginApprovalList
         | Method::OpenclawApprovalList
         | Method::SessionsObserverVisibility
@@ -75,6 +80,31 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         | Method::DevicePairList
         | Method::NodeList => {
             crate::stubs::answer(method).ok_or_else(|| RpcError::invalid(format!("unknown method: {}", method.name())))
+        }
+        Method::ExecApprovalList => Ok(Value::Array(crate::approvals::list(gw).await)),
+        Method::ExecApprovalGet | Method::ExecApprovalResolve | Method::ApprovalResolve => {
+            #[derive(Deserialize)]
+            #[serde(rename_all = "camelCase")]
+            struct ApprovalParams {
+                id: NonBlank,
+                decision: Option<String>,
+                /// `approval.resolve`: the approval's kind (Pincer's are `exec`).
+                kind: Option<String>,
+            }
+            let p: ApprovalParams = crate::protocol::params(method, params)?;
+            if p.kind.as_deref().is_some_and(|k| k != "exec") {
+                return Err(RpcError::invalid(format!(
+                    "unknown or expired approval id: {} (kind {:?})",
+                    p.id.0,
+                    p.kind.unwrap_or_default()
+                ))
+                .with_details(json!({"reason": "APPROVAL_NOT_FOUND"})));
+            }
+            match (method, p.decision) {
+                (Method::ExecApprovalGet, _) => crate::approvals::get(gw, &p.id.0),
+                (_, Some(decision)) => crate::approvals::resolve(gw, &p.id.0, &decision, &ctx.client_id).await,
+                (_, None) => Err(RpcError::invalid("decision is required (allow-once, allow-always or deny)")),
+            }
         }
         Method::ChatHistory | Method::ChatStartup => chat::history(gw, params).await,
         Method::ChatAbort => chat::abort(gw, params).await,

@@ -113,6 +113,9 @@ methods! {
     LastHeartbeat = "last-heartbeat",
     DiagnosticsLanes = "diagnostics.lanes",
     ExecApprovalList = "exec.approval.list",
+    ExecApprovalGet = "exec.approval.get",
+    ExecApprovalResolve = "exec.approval.resolve",
+    ApprovalResolve = "approval.resolve",
     PluginApprovalList = "plugin.approval.list",
     OpenclawApprovalList = "openclaw.approval.list",
     SessionsObserverVisibility = "sessions.observer.visibility",
@@ -148,6 +151,14 @@ impl Method {
 }
 
 impl Method {
+    /// Methods about approvals: they need `operator.approvals` (or `operator.admin`).
+    pub fn approves(self) -> bool {
+        matches!(
+            self,
+            Method::ExecApprovalList | Method::ExecApprovalGet | Method::ExecApprovalResolve | Method::ApprovalResolve
+        )
+    }
+
     /// Methods that change something (a transcript, the session index, a run): they need
     /// `operator.write`, so a client that asked for `[operator.read]` alone cannot call them.
     pub fn writes(self) -> bool {

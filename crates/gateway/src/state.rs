@@ -262,6 +262,8 @@ pub struct Gateway {
     pub logins: crate::guard::Logins,
     /// Memory that answers built whole may hold at once ([`crate::budget`]).
     pub answers: crate::budget::Budget,
+    /// Tool calls waiting for a human, and the allow-always list ([`crate::approvals`]).
+    pub approvals: crate::approvals::Approvals,
 }
 
 /// How long a [`Gateway::relay_from`] hint waits for the relay to start watching its session.
@@ -451,6 +453,7 @@ impl Gateway {
             .configured()
             .map(|a| Ok((a.id.clone(), agent_tools(a)?)))
             .collect::<Result<_, GatewayError>>()?;
+        let approvals = crate::approvals::Approvals::load(&settings.state_dir).map_err(GatewayError::Config)?;
         let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {
             Ok(r) => Some(r),
@@ -487,6 +490,7 @@ impl Gateway {
             relay_from: Mutex::default(),
             logins: crate::guard::Logins::default(),
             answers: crate::budget::Budget::default(),
+            approvals,
         })
     }
 

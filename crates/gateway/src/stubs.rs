@@ -1,6 +1,6 @@
 //! Well-formed empty answers, in OpenClaw 2026.9.6's result shapes, for features Pincer does not
 //! have (cron, channels, skills, plugins, tasks, artifacts, questions, progress cards, heartbeats,
-//! diagnostics lanes, approvals, the session companion, talk, paired devices and nodes): the Control UI and the CLI then show "none" instead of an error. Each is a
+//! diagnostics lanes, plugin approvals, the session companion, talk, paired devices and nodes): the Control UI and the CLI then show "none" instead of an error. Each is a
 //! `Method` (so `hello-ok` lists it) because it really answers.
 
 use crate::protocol::Method;
@@ -31,8 +31,9 @@ pub fn answer(method: Method) -> Option<Value> {
         Method::ProgressCardGet => json!({"card": null}),
         Method::LastHeartbeat => Value::Null,
         Method::DiagnosticsLanes => json!({"ts": now, "lanes": []}),
-        // Approvals: the UI reads plain arrays (Pincer's tools never wait for an approval).
-        Method::ExecApprovalList | Method::PluginApprovalList | Method::OpenclawApprovalList => json!([]),
+        // Approvals of plugins and system agents: the UI reads plain arrays (Pincer has neither;
+        // exec approvals are real: `crate::approvals`).
+        Method::PluginApprovalList | Method::OpenclawApprovalList => json!([]),
         Method::SessionsObserverVisibility => json!({"ok": true}),
         Method::SessionsCompanionState => json!({"exchanges": []}),
         Method::TalkCatalog => {

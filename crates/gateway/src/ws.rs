@@ -231,11 +231,13 @@ struct ConnSubscriber {
     subs: Arc<Subs>,
     seq: Arc<AtomicU64>,
     conn_id: u64,
+    /// Hears `exec.approval.*` (granted `operator.approvals`).
+    can_approve: bool,
 }
 
 impl crate::hub::Subscriber for ConnSubscriber {
-    fn wants(&self, _name: &'static str, session_key: Option<&str>, audience: Audience) -> bool {
-        wanted(session_key, audience, &self.subs)
+    fn wants(&self, name: &'static str, session_key: Option<&str>, audience: Audience) -> bool {
+        (self.can_approve || !name.starts_with("exec.approval.")) && wanted(session_key, audience, &self.subs)
     }
 
     fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
@@ -460,6 +462,8 @@ struct Hello {
     client_id: String,
     /// Granted `operator.write`.
     can_write: bool,
+    /// May answer approvals, and hears `exec.approval.*` ([`crate::Ctx::can_approve`]).
+    can_approve: bool,
 }
 
 /// The challenge, the `connect` frame and its checks, and `hello-ok`.
@@ -493,17 +497,21 @@ async fn greet(
     let client_id = req.params.get("client").and_then(|c| c.get("id")).and_then(Value::as_str).unwrap_or("").to_owned();
     outbox.push(protocol::response(&req.id, Ok(hello(gw, protocol_version, conn_id, &req.params))), false);
     tracing::debug!(conn = conn_id, client = %client_id, "connected");
-    let can_write = protocol::granted_scopes(&req.params).contains(&"operator.write");
-    Ok(Hello { conn_id, client_id, can_write })
+    let granted = protocol::granted_scopes(&req.params);
+    let can_write = granted.contains(&"operator.write");
+    let asked_none = req.params.get("scopes").and_then(Value::as_array).is_none_or(Vec::is_empty);
+    let can_approve = asked_none || granted.contains(&"operator.approvals") || granted.contains(&"operator.admin");
+    Ok(Hello { conn_id, client_id, can_write, can_approve })
 }
 
 /// The connected loop: requests (at most [`MAX_IN_FLIGHT`] at once), events through the hub,
 /// ticks, and the goodbye at shutdown.
 async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox: &Arc<Outbox>, who: Hello) -> Close {
-    let Hello { conn_id, client_id, can_write } = who;
+    let Hello { conn_id, client_id, can_write, can_approve } = who;
     let subs = Arc::new(Subs::default());
     let seq = Arc::new(AtomicU64::new(0));
-    let subscriber = Arc::new(ConnSubscriber { outbox: outbox.clone(), subs: subs.clone(), seq: seq.clone(), conn_id });
+    let subscriber =
+        Arc::new(ConnSubscriber { outbox: outbox.clone(), subs: subs.clone(), seq: seq.clone(), conn_id, can_approve });
     let weak = Arc::downgrade(&subscriber);
     let _ = subs.flush.set(Box::new(move |key: &str| {
         if let Some(s) = weak.upgrade() {
@@ -556,6 +564,7 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                         });
                     let mut ctx = Ctx::new(conn_id, client_id, subs).with_interim(interim);
                     ctx.can_write = can_write;
+                    ctx.can_approve = can_approve;
                     // Held until the answer is queued, so one connection builds one large answer at a time.
                     let serial = match protocol::Method::parse(&req.method) {
                         Some(protocol::Method::ChatHistory | protocol::Method::ChatStartup) => Some(heavy.lock().await),

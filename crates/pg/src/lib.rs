@@ -346,6 +346,30 @@ impl PgStore {
         .await
     }
 
+    /// The `custom` rows whose line contains one of `needles` (e.g. a `customType`), of every
+    /// transcript, each transcript's in order: `(file, entry)`.
+    pub async fn custom_rows(&self, needles: Vec<String>) -> Result<Vec<(String, Value)>, PgError> {
+        self.run(move |inner| async move {
+            let c = inner.pool.get().await?;
+            let patterns: Vec<String> = needles.iter().map(|n| format!("%{n}%")).collect();
+            let rows = c
+                .query(
+                    "SELECT t.file, e.line FROM entries e JOIN transcripts t ON t.id = e.transcript \
+                     WHERE e.type = 'custom' AND e.line LIKE ANY($1) ORDER BY t.file, e.seq",
+                    &[&patterns],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    let line = serde_json::from_str::<Value>(r.get::<_, &str>(1)).ok()?;
+                    Some((r.get::<_, String>(0), line))
+                })
+                .collect())
+        })
+        .await
+    }
+
     /// The last seq of each named transcript that exists.
     pub async fn last_seqs(&self, files: Vec<String>) -> Result<HashMap<String, i64>, PgError> {
         self.run(move |inner| async move {

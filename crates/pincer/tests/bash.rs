@@ -25,7 +25,7 @@ fn config(fake: &FakeProvider, workspace: Option<&Path>) -> String {
     format!(
         "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
          [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = 1000000\n\
-         [agents.defaults]\nmodel = \"fake/gpt-test\"\n{ws}",
+         [agents.defaults]\nmodel = \"fake/gpt-test\"\ntools.approval = \"allow\"\n{ws}",
         fake.base_url(),
     )
 }

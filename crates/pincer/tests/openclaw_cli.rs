@@ -185,7 +185,12 @@ fn openclaw_tui_shows_bash_output_while_it_runs_then_the_result() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let fake = FakeOpenAi::start_in_thread_paced(Pacing { first: Duration::from_millis(150), ..Pacing::default() });
-    let gw = start(&dir, &fake);
+    // bash runs without asking (approvals have their own tests).
+    let gw = GatewayProcess::start(
+        BIN,
+        &dir.path().join("state"),
+        &format!("{}tools.approval = \"allow\"\n", fake.gateway_toml()),
+    );
     let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
     tui.wait_for("gateway connected");
     // OpenClaw's TUI shows tool output at verbose `full`, a setting of the session (patched through

@@ -47,7 +47,7 @@ async fn tool_calls_are_announced_in_openclaw_shapes_after_their_rows() {
     let cfg = format!(
         "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
          [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = 1000000\n\
-         [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\n",
+         [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\ntools.approval = \"allow\"\n",
         fake.base_url(),
         ws.display()
     );

@@ -111,7 +111,7 @@ async fn file_tools_with_pi_shapes_through_the_gateway() {
         fake.push(Reply::stream(script(f, t)));
     }
     let state = dir.path().join("state");
-    let cfg = config(&fake, &ws, "");
+    let cfg = config(&fake, &ws, "[agents.defaults.tools]\napproval = \"allow\"\n");
     let gw = tokio::task::spawn_blocking({
         let state = state.clone();
         move || GatewayProcess::start(BIN, &state, &cfg)
@@ -296,7 +296,7 @@ async fn each_configured_agent_has_its_own_model_prompt_workspace_and_tools() {
          [agents.defaults]\nmodel = \"fake/general\"\nsystem_prompt = \"You are general.\"\n\
          [agents.defaults.tools]\nprofile = \"minimal\"\n\
          [agents.coder]\nmodel = \"fake/coder-model\"\nsystem_prompt = \"You are coder.\"\n\
-         [agents.coder.tools]\nallow = [\"write\"]\n",
+         [agents.coder.tools]\nallow = [\"write\"]\napproval = \"allow\"\n",
         fake.base_url()
     );
     fake.push(Reply::stream(script(

@@ -59,7 +59,7 @@ impl Setup {
             "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
              [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = {window}\n\
              [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\n\
-             [agents.defaults.tools]\nsandbox = \"off\"\n[gateway.openai_api]\nenabled = true\n{extra}",
+             [agents.defaults.tools]\nsandbox = \"off\"\napproval = \"allow\"\n[gateway.openai_api]\nenabled = true\n{extra}",
             fake.base_url(),
             ws.display()
         );
@@ -259,6 +259,17 @@ async fn every_method_answers_as_before() {
         calls.call(&mut c, m, json!({})).await.unwrap();
     }
     calls.snap("rpc_stubs", &mut r);
+
+    // Approvals (none waiting here): unknown ids, a bad decision, a connection without the scope.
+    calls.call(&mut c, "exec.approval.get", json!({"id": "nope"})).await.unwrap_err();
+    calls.call(&mut c, "exec.approval.resolve", json!({"id": "nope", "decision": "allow-once"})).await.unwrap_err();
+    calls.call(&mut c, "exec.approval.resolve", json!({"id": "nope", "decision": "maybe"})).await.unwrap_err();
+    calls
+        .call(&mut c, "approval.resolve", json!({"id": "nope", "kind": "exec", "decision": "deny"}))
+        .await
+        .unwrap_err();
+    calls.call(&mut ro, "exec.approval.list", json!({})).await.unwrap_err();
+    calls.snap("rpc_approvals", &mut r);
 
     // chat.*: an empty session, a turn, its history whole and paged, inject, abort, message.get.
     calls.call(&mut c, "chat.history", json!({"sessionKey": "main"})).await.unwrap();

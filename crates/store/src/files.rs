@@ -63,6 +63,11 @@ pub fn write_session_index(path: &Path, bytes: &[u8]) -> io::Result<()> {
     fsutil::write_private_atomically(path, bytes)
 }
 
+/// Replaces the allow-always list of approvals (`approvals.json`) with `bytes`: 0600, atomically.
+pub fn write_approvals(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    fsutil::write_private_atomically(path, bytes)
+}
+
 /// Writes the gateway token file (0600, atomically), the token on one line.
 pub fn write_token_file(path: &Path, token: &str) -> io::Result<()> {
     fsutil::write_private_atomically(path, format!("{token}\n").as_bytes())

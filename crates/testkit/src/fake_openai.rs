@@ -8,9 +8,10 @@
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[ratelimit]` answers 429 (`retry-after: 0`) the first time a message carries it
 //! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first, `[bash]` for
-//! `bash` running [`BASH_LINES`] (five lines over two seconds) first, `[call:a,b]` asks for the tools
-//! `a` and `b` (arguments `{"query": "<tool name>"}`; a client's tools) in one message, streamed as
-//! OpenAI streams calls (id and name first, then the arguments in pieces). A compaction request (Pi's
+//! `bash` running [`BASH_LINES`] (five lines over two seconds) first, `[approve]` for `bash` running
+//! `echo approved >> approved.log` (once per user message), `[call:a,b]` asks for the tools `a` and
+//! `b` (arguments `{"query": "<tool name>"}`; a client's tools) in one message, streamed as OpenAI
+//! streams calls (id and name first, then the arguments in pieces). A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
 //! provider would. Every request body is recorded (unless started unrecorded).
@@ -302,6 +303,12 @@ fn usage_for(req: &Recorded, said: &str) -> Option<Value> {
         .then(|| json!({"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7}))
 }
 
+/// Whether the request has a tool result after its last user message (the call was made).
+fn answered_since_user(body: &Value) -> bool {
+    let messages = body["messages"].as_array().map_or(&[][..], Vec::as_slice);
+    messages.iter().rev().take_while(|m| m["role"] != "user").any(|m| m["role"] == "tool")
+}
+
 /// The reply to one request, chosen by the markers of its last user message.
 fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     let body = &req.body;
@@ -337,6 +344,12 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     } else if let Some((name, args)) = tool.filter(|_| !has_tool_result) {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
             "function": {"name": name, "arguments": args.to_string()}}]});
+        steps.push(Step::Send(chunk(call, Value::Null)));
+        steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
+    } else if said.contains("[approve]") && !answered_since_user(body) {
+        let args = json!({"command": "echo approved >> approved.log"}).to_string();
+        let call = json!({"tool_calls": [{"index": 0, "id": "call_b", "type": "function",
+            "function": {"name": "bash", "arguments": args}}]});
         steps.push(Step::Send(chunk(call, Value::Null)));
         steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
     } else if is_summarization(body) {

@@ -8,6 +8,7 @@ import { Outbox } from "/webchat/js/outbox.js";
 import { Composer, setLimits } from "/webchat/js/composer.js";
 import { MessageView } from "/webchat/js/messages.js";
 import { Sidebar, titleOf, chatHref } from "/webchat/js/sessions.js";
+import { Approvals } from "/webchat/js/approvals.js";
 import { $, el, store, textOf, uuid } from "/webchat/js/util.js";
 
 const MAIN = "agent:main:main";
@@ -95,6 +96,11 @@ const outbox = new Outbox({
   },
   onChange: () => { outbox.render($("outbox"), state.sessionKey); },
   onError: (item, e) => showError(`A message could not be sent: ${e.message}`, () => outbox.retry(item.key)),
+});
+
+const approvals = new Approvals($("approvals"), {
+  resolve: (id, decision) => gw.request("exec.approval.resolve", { id, decision }),
+  onError: (text) => showError(text),
 });
 
 const composer = new Composer({
@@ -442,6 +448,7 @@ async function selectSession(key, { push = true } = {}) {
   state.sessionKey = key; store.set("pincer.session", key);
   if (location.hash !== chatHref(key)) history[push ? "pushState" : "replaceState"](null, "", chatHref(key));
   composer.setSession(key);
+  approvals.setSession(key);
   outbox.onChange();
   sidebar.setCurrent(key);
   showTitle();
@@ -473,6 +480,8 @@ async function onConnected(again) {
     ? `No model provider is configured: replies come from Pincer's offline echo model. Configure one in ${state.info.configFile} ([models.providers.*]) or set OPENAI_API_KEY / ANTHROPIC_API_KEY and restart the gateway.`
     : "");
   await gw.request("sessions.subscribe", {}).catch(() => {});
+  // The approvals waiting (announced while away, or before a restart of the gateway).
+  approvals.set(await gw.request("exec.approval.list", {}).catch(() => []));
   await loadSessions();
   await selectSession(state.sessionKey, { push: false }); // also catches up on what was missed while away
   outbox.flush();
@@ -522,6 +531,8 @@ function onEvent(ev, p, gap) {
     if (phase === "end") loadHistory();
     return;
   }
+  if (ev === "exec.approval.requested") { approvals.add(p); return; }
+  if (ev === "exec.approval.resolved") { approvals.remove(p.id); return; }
   if (ev === "shutdown") setStatus("gateway stopping", false);
 }
 
@@ -586,6 +597,7 @@ document.addEventListener("keydown", (e) => {
 tokenFromHash();
 if (keyFromUrl()) state.sessionKey = keyFromUrl();
 composer.setSession(state.sessionKey);
+approvals.setSession(state.sessionKey);
 outbox.onChange();
 composerEnabled();
 start();

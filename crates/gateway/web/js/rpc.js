@@ -41,7 +41,7 @@ export class Gateway {
       ws.send(JSON.stringify({ type: "req", id: "connect", method: "connect", params: {
         minProtocol: 3, maxProtocol: 4,
         client: { id: "webchat-ui", version: "pincer", platform: navigator.platform || "web", mode: "webchat" },
-        role: "operator", scopes: ["operator.read", "operator.write"], auth: { token: this.token } } }));
+        role: "operator", scopes: ["operator.read", "operator.write", "operator.approvals"], auth: { token: this.token } } }));
       return;
     }
     if (f.type === "res" && f.id === "connect") {
