@@ -144,7 +144,7 @@ async fn running_bash_streams_bounded_updates_that_are_never_persisted() {
     let cfg = format!(
         "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
          [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = 1000000\n\
-         [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\n",
+         [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\ntools.approval = \"allow\"\n",
         fake.base_url(),
         ws.display()
     );
