@@ -5,23 +5,16 @@
 // sends exec.approval.resolve: the command runs once and the run ends `final`.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { REPO, TOKEN, launchBrowser, readTranscript, recordFrames, startFakeProvider, startGateway, waitFor } from "./harness.mjs";
+import { REPO, TOKEN, launchBrowser, readTranscript, recordFrames, startFakeProvider, startGateway, waitFor, controlUiDir } from "./harness.mjs";
 
-const HERE = path.join(REPO, "tests/browser");
-const PIN = JSON.parse(fs.readFileSync(path.join(HERE, "package.json"), "utf8")).pincerControlUi.package;
-const UI_DIR = process.env.PINCER_CONTROL_UI_DIR ||
-  path.join(REPO, "target/control-ui", PIN.replace("@", "-").replace("/", "-"));
+const UI_DIR = controlUiDir();
 const SLOW = 45000; // the UI needs several seconds to settle
 
 describe("OpenClaw Control UI: exec approvals against Pincer", () => {
   let provider, gw, browser, page, frames;
   before(async () => {
-    if (!fs.existsSync(path.join(UI_DIR, "index.html"))) {
-      execFileSync(process.execPath, [path.join(HERE, "fetch-control-ui.mjs"), UI_DIR], { stdio: "inherit" });
-    }
     provider = await startFakeProvider();
     gw = await startGateway(provider, `[gateway]\ncontrol_ui_dir = ${JSON.stringify(UI_DIR)}\n`);
     browser = await launchBrowser();

@@ -4,26 +4,16 @@
 // Asserts on the WebSocket frames, on the DOM, and on the transcript JSONL on disk.
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
-import fs from "node:fs";
-import path from "node:path";
 import {
   REPO, TOKEN, checkChain, exactlyOnce, fakeReply, launchBrowser, readTranscript, recordFrames, startFakeProvider,
-  startGateway, textOf, waitFor,
-} from "./harness.mjs";
+  startGateway, textOf, waitFor, controlUiDir } from "./harness.mjs";
 
-const HERE = path.join(REPO, "tests/browser");
-const PIN = JSON.parse(fs.readFileSync(path.join(HERE, "package.json"), "utf8")).pincerControlUi.package;
-const UI_DIR = process.env.PINCER_CONTROL_UI_DIR ||
-  path.join(REPO, "target/control-ui", PIN.replace("@", "-").replace("/", "-"));
+const UI_DIR = controlUiDir();
 const SCREENSHOT = process.env.PINCER_CONTROL_UI_SCREENSHOT || "/tmp/pincer-control-ui.png";
 const SLOW = 45000; // the UI needs several seconds to settle (failed optional calls, polling)
 
 /** The fake provider, a gateway serving the Control UI, and a browser page recording its frames. */
 async function openControlUi() {
-  if (!fs.existsSync(path.join(UI_DIR, "index.html"))) {
-    execFileSync(process.execPath, [path.join(HERE, "fetch-control-ui.mjs"), UI_DIR], { stdio: "inherit" });
-  }
   const provider = await startFakeProvider();
   const gw = await startGateway(provider, `[gateway]\ncontrol_ui_dir = ${JSON.stringify(UI_DIR)}\n`);
   const browser = await launchBrowser();

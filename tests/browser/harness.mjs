@@ -1,7 +1,7 @@
 // Shared setup of the browser tests: the Rust tests' fake OpenAI-compatible provider (a process),
 // the real `pincer gateway` process on port 0 with a temp state dir, Debian's Chromium driven by
 // playwright-core, and readers for the transcript JSONL that the gateway wrote to disk.
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
 import { once } from "node:events";
 import fs from "node:fs";
 import os from "node:os";
@@ -56,6 +56,22 @@ export async function startFakeProvider() {
       if (child.exitCode === null) await once(child, "exit");
     },
   };
+}
+
+/**
+ * The pinned OpenClaw Control UI's static files (`PINCER_CONTROL_UI_DIR`, else
+ * `target/control-ui/<package>`), fetched by `fetch-control-ui.mjs` when missing. A gateway serves
+ * them with `[gateway] control_ui_dir` set to this directory.
+ */
+export function controlUiDir() {
+  const here = path.join(REPO, "tests/browser");
+  const pin = JSON.parse(fs.readFileSync(path.join(here, "package.json"), "utf8")).pincerControlUi.package;
+  const dir = process.env.PINCER_CONTROL_UI_DIR ||
+    path.join(REPO, "target/control-ui", pin.replace("@", "-").replace("/", "-"));
+  if (!fs.existsSync(path.join(dir, "index.html"))) {
+    execFileSync(process.execPath, [path.join(here, "fetch-control-ui.mjs"), dir], { stdio: "inherit" });
+  }
+  return dir;
 }
 
 /**
