@@ -318,17 +318,7 @@ async fn h05_a_hook_that_fails_never_erases_the_message() {
     // A configured hook program that does not exist: the gateway refuses to start, saying so.
     let missing =
         format!("{}[hooks.before_agent_run]\ncommand = [\"/usr/local/bin/my-policy-absent\"]\n", fake.gateway_toml());
-    let state3 = dir.path().join("state3");
-    std::fs::create_dir_all(&state3).unwrap();
-    std::fs::write(state3.join("pincer.toml"), missing).unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
-        .arg(&state3)
-        .env("PINCER_GATEWAY_TOKEN", TOKEN)
-        .output()
-        .expect("run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "started with a missing hook program: {stderr}");
+    let stderr = pincer_testkit::gateway::refused_startup(BIN, &dir.path().join("state3"), &missing);
     assert!(stderr.contains("/usr/local/bin/my-policy-absent") && stderr.contains("does not exist"), "{stderr}");
 }
 

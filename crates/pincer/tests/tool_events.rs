@@ -16,6 +16,17 @@ use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pincer");
 
+/// The fake provider's config over workspace `ws`; tools run without asking (approvals have their own tests).
+fn config(fake: &FakeProvider, ws: &std::path::Path) -> String {
+    format!(
+        "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
+         [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = 1000000\n\
+         [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\ntools.approval = \"allow\"\n",
+        fake.base_url(),
+        ws.display()
+    )
+}
+
 fn is_tool(f: &Value, phase: &str, id: &str) -> bool {
     f["event"] == "agent"
         && f["payload"]["stream"] == "tool"
@@ -44,13 +55,7 @@ async fn tool_calls_are_announced_in_openclaw_shapes_after_their_rows() {
         fake.push(Reply::stream(script(f, t)));
     }
     let state = dir.path().join("state");
-    let cfg = format!(
-        "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
-         [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = 1000000\n\
-         [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\ntools.approval = \"allow\"\n",
-        fake.base_url(),
-        ws.display()
-    );
+    let cfg = config(&fake, &ws);
     let gw = tokio::task::spawn_blocking({
         let state = state.clone();
         move || GatewayProcess::start(BIN, &state, &cfg)
@@ -141,13 +146,7 @@ async fn running_bash_streams_bounded_updates_that_are_never_persisted() {
         fake.push(Reply::stream(script(f, t)));
     }
     let state = dir.path().join("state");
-    let cfg = format!(
-        "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
-         [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = 1000000\n\
-         [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\ntools.approval = \"allow\"\n",
-        fake.base_url(),
-        ws.display()
-    );
+    let cfg = config(&fake, &ws);
     let gw = tokio::task::spawn_blocking({
         let state = state.clone();
         move || GatewayProcess::start(BIN, &state, &cfg)

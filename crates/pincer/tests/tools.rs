@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_provider::{script, text, tool_call, turn, FakeProvider, Format, Reply};
-use pincer_testkit::gateway::{Client, GatewayProcess};
+use pincer_testkit::gateway::{refused_startup, Client, GatewayProcess};
 use pincer_testkit::wire::{check_request_against_pi, result_text, tool_results};
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -260,23 +260,12 @@ async fn read_returns_images_and_the_policy_shapes_the_tool_list() {
 fn a_tool_the_config_names_but_pincer_lacks_stops_the_startup() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let cfg = state.join("pincer.toml");
     for (tools, want) in [
         ("allow = [\"bash_it\"]", "unknown tool \"bash_it\""),
         ("deny = [\"rm\"]", "unknown tool \"rm\""),
         ("profile = \"everything\"", "unknown tool profile \"everything\""),
     ] {
-        std::fs::write(&cfg, format!("[agents.defaults.tools]\n{tools}\n")).unwrap();
-        let out = std::process::Command::new(BIN)
-            .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
-            .arg(&state)
-            .env("PINCER_GATEWAY_TOKEN", "test-token")
-            .env_remove("PINCER_MODEL")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{tools}: started anyway");
+        let stderr = refused_startup(BIN, &state, &format!("[agents.defaults.tools]\n{tools}\n"));
         assert!(stderr.contains(want) && stderr.contains("[agents.defaults.tools]"), "{tools}: {stderr}");
     }
 }
@@ -362,14 +351,7 @@ async fn each_configured_agent_has_its_own_model_prompt_workspace_and_tools() {
         ("[agents.ops.tools]\nallow = [\"rm\"]\n", "[agents.ops.tools]: unknown tool \"rm\""),
         ("[agents.ops]\nmodle = \"fake/x\"\n", "unknown field `modle`"),
     ] {
-        std::fs::write(state.join("pincer.toml"), format!("{cfg}{section}")).unwrap();
-        let out = std::process::Command::new(BIN)
-            .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
-            .arg(&state)
-            .env("PINCER_GATEWAY_TOKEN", "test-token")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && stderr.contains(want), "{section}: {stderr}");
+        let stderr = refused_startup(BIN, &state, &format!("{cfg}{section}"));
+        assert!(stderr.contains(want), "{section}: {stderr}");
     }
 }

@@ -126,18 +126,7 @@ async fn by_default_a_loopback_fetch_is_an_error_result_and_never_sent() {
 fn a_misspelt_web_fetch_setting_stops_the_startup() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let cfg = state.join("pincer.toml");
-    #[allow(clippy::disallowed_methods)] // the test writes its fixture config directly
-    std::fs::write(&cfg, "[agents.defaults.tools]\nweb_fetch_private = true\n").unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
-        .arg(&state)
-        .env("PINCER_GATEWAY_TOKEN", "test-token")
-        .env_remove("PINCER_MODEL")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let stderr =
+        pincer_testkit::gateway::refused_startup(BIN, &state, "[agents.defaults.tools]\nweb_fetch_private = true\n");
     assert!(stderr.contains("unknown field `web_fetch_private`"), "{stderr}");
 }

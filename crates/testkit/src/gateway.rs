@@ -28,6 +28,40 @@ pub struct StartOptions {
     pub cwd: Option<PathBuf>,
 }
 
+/// Writes `config` to `<state>/pincer.toml` and runs `bin gateway --bind 127.0.0.1:0` on it, which
+/// must refuse to start: its stderr. A gateway that starts anyway (it is still running after 30 s)
+/// is killed and the test fails.
+pub fn refused_startup(bin: &str, state_dir: &Path, config: &str) -> String {
+    std::fs::create_dir_all(state_dir).expect("state dir");
+    std::fs::write(state_dir.join("pincer.toml"), config).expect("config");
+    let mut child = Command::new(bin)
+        .args(["gateway", "--bind", "127.0.0.1:0", "--state-dir"])
+        .arg(state_dir)
+        .env("PINCER_GATEWAY_TOKEN", TOKEN)
+        .env_remove("PINCER_MODEL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the gateway");
+    let status =
+        crate::probe::poll(Duration::from_secs(30), Duration::from_millis(20), || child.try_wait().ok().flatten());
+    let mut stderr = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        if status.is_some() {
+            let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
+        }
+    }
+    match status {
+        Some(s) => assert!(!s.success(), "the gateway exited {s} instead of refusing to start: {stderr}"),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the gateway started with this config:\n{config}");
+        }
+    }
+    stderr
+}
+
 /// A running gateway process; killed on drop.
 pub struct GatewayProcess {
     pub child: Child,
