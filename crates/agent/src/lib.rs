@@ -10,6 +10,7 @@
 //! - [`provider`] — one module per wire format (`openai-completions`, `openai-responses`,
 //!   `anthropic-messages`, echo) behind [`ModelStream`]; retries, timeouts and error classification.
 //! - [`tools`] — the tool trait, registry (JSON schema per tool), Pi's file tools over a workspace, the tool policy.
+//! - [`mcp`] — the MCP client: servers' tools as agent tools (`mcp__<server>__<tool>`).
 //! - [`run`] — [`start_run`]: the model/tool loop, streaming [`RunEvent`]s, appending each
 //!   complete message through a [`TranscriptSink`], abort through a `CancellationToken`.
 //! - [`sink`] — [`TranscriptSink`] and the in-memory [`MemorySink`].
@@ -18,6 +19,7 @@
 
 pub mod config;
 pub mod context;
+pub mod mcp;
 pub mod message;
 pub mod provider;
 pub mod queue;

@@ -145,6 +145,13 @@ pub trait Tool: Send + Sync {
     fn read_only(&self) -> bool {
         false
     }
+    /// True when a call may change or destroy something outside the run (an MCP tool the server
+    /// does not say is read-only or harmless): the approval policy asks before it runs unless the
+    /// config says otherwise (`crates/gateway/src/approvals.rs`). The built-ins asked about by
+    /// default are listed there by name.
+    fn destructive(&self) -> bool {
+        false
+    }
     /// Runs the tool, reporting partial results to `updates` as it goes. The default reports
     /// none and is [`Tool::call`]; a tool with output worth watching (`bash`) overrides it.
     fn call_with_updates(&self, arguments: Value, updates: ToolUpdates) -> ToolFuture<'_> {
@@ -212,6 +219,16 @@ impl ToolRegistry {
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
         self.tools.insert(tool.name().to_owned(), tool);
         self.specs = self.tools.values().map(|t| ToolSpec::new(t.name(), t.description(), t.parameters())).collect();
+    }
+
+    /// These tools and `extra` (replacing any of the same name), the specs built once.
+    pub fn with_tools(&self, extra: impl IntoIterator<Item = Arc<dyn Tool>>) -> ToolRegistry {
+        let mut tools = self.tools.clone();
+        for tool in extra {
+            tools.insert(tool.name().to_owned(), tool);
+        }
+        let specs = tools.values().map(|t| ToolSpec::new(t.name(), t.description(), t.parameters())).collect();
+        ToolRegistry { tools, specs }
     }
 
     /// These tools, each replaced by what `wrap` makes of it (same names; the specs are shared, not

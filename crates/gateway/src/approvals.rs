@@ -104,9 +104,10 @@ impl AgentApprovals {
             Some(ApprovalConfig::All(p)) => a.all = Some(*p),
             Some(ApprovalConfig::Each(each)) => {
                 for name in each.keys() {
-                    if !pincer_agent::tools::BUILTIN_TOOLS.contains(&name.as_str()) {
+                    let mcp = name.starts_with(pincer_agent::mcp::PREFIX);
+                    if !mcp && !pincer_agent::tools::BUILTIN_TOOLS.contains(&name.as_str()) {
                         return Err(format!(
-                            "approval: unknown tool {name:?} (tools: {})",
+                            "approval: unknown tool {name:?} (tools: {}, or an MCP tool mcp__<server>__<tool>)",
                             pincer_agent::tools::BUILTIN_TOOLS.join(", ")
                         ));
                     }
@@ -121,12 +122,13 @@ impl AgentApprovals {
         Ok(a)
     }
 
-    /// The policy of tool `name`.
-    pub fn policy(&self, name: &str) -> Policy {
+    /// The policy of tool `name`; `destructive` is the tool's own hint (`Tool::destructive`: an
+    /// MCP tool its server does not say is read-only or harmless), asked about by default too.
+    pub fn policy(&self, name: &str, destructive: bool) -> Policy {
         if let Some(p) = self.each.get(name).copied().or(self.all) {
             return p;
         }
-        if ASKED_BY_DEFAULT.contains(&name) {
+        if destructive || ASKED_BY_DEFAULT.contains(&name) {
             Policy::Ask
         } else {
             Policy::Allow
@@ -581,7 +583,7 @@ pub fn gated(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>) -> p
     let approvals = &gw.settings.agents.get(&session.agent_id).approvals;
     let turn =
         Arc::new(TurnGates { gw: gw.clone(), session: session.clone(), run: run.clone(), claimed: Mutex::default() });
-    tools.wrapped(|tool| match approvals.policy(tool.name()) {
+    tools.wrapped(|tool| match approvals.policy(tool.name(), tool.destructive()) {
         Policy::Allow => tool.clone(),
         policy => Arc::new(Gate { inner: tool.clone(), policy, turn: turn.clone() }),
     })
@@ -602,6 +604,9 @@ impl Tool for Gate {
     }
     fn read_only(&self) -> bool {
         self.inner.read_only()
+    }
+    fn destructive(&self) -> bool {
+        self.inner.destructive()
     }
     fn call(&self, arguments: Value) -> ToolFuture<'_> {
         Box::pin(async move {
@@ -857,14 +862,14 @@ mod tests {
     #[test]
     fn the_default_asks_for_bash_write_and_edit_only() {
         let a = AgentApprovals::default();
-        assert_eq!(a.policy("bash"), Policy::Ask);
-        assert_eq!(a.policy("write"), Policy::Ask);
-        assert_eq!(a.policy("read"), Policy::Allow);
+        assert_eq!(a.policy("bash", false), Policy::Ask);
+        assert_eq!(a.policy("write", false), Policy::Ask);
+        assert_eq!(a.policy("read", false), Policy::Allow);
         let each = ApprovalConfig::Each([("bash".to_owned(), Policy::Allow)].into());
         let a = AgentApprovals::new(Some(&each), None).unwrap();
-        assert_eq!((a.policy("bash"), a.policy("edit")), (Policy::Allow, Policy::Ask));
+        assert_eq!((a.policy("bash", false), a.policy("edit", false)), (Policy::Allow, Policy::Ask));
         let a = AgentApprovals::new(Some(&ApprovalConfig::All(Policy::Deny)), Some(5)).unwrap();
-        assert_eq!((a.policy("read"), a.timeout), (Policy::Deny, Duration::from_secs(5)));
+        assert_eq!((a.policy("read", false), a.timeout), (Policy::Deny, Duration::from_secs(5)));
         let bad = ApprovalConfig::Each([("bsh".to_owned(), Policy::Allow)].into());
         assert!(AgentApprovals::new(Some(&bad), None).unwrap_err().contains("\"bsh\""));
     }

@@ -18,6 +18,117 @@ pub struct FileConfig {
     pub logging: LoggingSection,
     pub hooks: HooksSection,
     pub store: StoreSection,
+    /// `[mcp.servers.<name>]`: MCP servers whose tools every agent gets.
+    pub mcp: McpSection,
+}
+
+/// `[mcp]` (and `[agents.<id>.mcp]`): MCP servers by name.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpSection {
+    pub servers: BTreeMap<String, McpServerSection>,
+}
+
+/// `[mcp.servers.<name>]`: a stdio server (`command`) or a streamable HTTP one (`url`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpServerSection {
+    /// The program of a stdio server (found on `PATH`).
+    pub command: Option<String>,
+    pub args: Vec<String>,
+    /// Variables of its environment, which otherwise holds only `PATH` and `HOME`.
+    pub env: BTreeMap<String, String>,
+    /// Variables copied from the gateway's environment into the server's.
+    pub env_pass: Vec<String>,
+    /// Its working directory (default: the gateway's).
+    pub cwd: Option<PathBuf>,
+    /// The endpoint of a streamable HTTP server.
+    pub url: Option<String>,
+    /// Headers sent with every request to `url`.
+    pub headers: BTreeMap<String, String>,
+    /// A variable holding the token sent as `Authorization: Bearer <token>`.
+    pub bearer_token_env: Option<String>,
+    /// `false` leaves the server out (per agent: this agent does not get it).
+    pub enabled: Option<bool>,
+    /// Seconds a tool call may take (default 60).
+    pub timeout_secs: Option<u64>,
+    pub tools: McpToolsFilter,
+}
+
+/// `[mcp.servers.<name>.tools]`: which of the server's tools the agents get.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpToolsFilter {
+    /// Only these (the server's names for them).
+    pub include: Option<Vec<String>>,
+    /// Never these.
+    pub exclude: Vec<String>,
+}
+
+/// Validates `[mcp.servers.<name>]` (`section` names it in errors) into a server of id `id`.
+fn mcp_server(
+    name: &str,
+    id: &str,
+    s: &McpServerSection,
+    section: &str,
+) -> Result<pincer_agent::mcp::ServerSpec, String> {
+    use pincer_agent::mcp::{ServerSpec, Transport};
+    if !pincer_agent::mcp::valid_server_name(name) {
+        return Err(format!(
+            "{section}: the name {name:?} must be letters, digits, - and _ (no \"__\"): it is part of the tools' names mcp__<server>__<tool>"
+        ));
+    }
+    let transport = match (&s.command, &s.url) {
+        (Some(command), None) => {
+            if command.trim().is_empty() {
+                return Err(format!("{section}: command is empty"));
+            }
+            if !s.headers.is_empty() || s.bearer_token_env.is_some() {
+                return Err(format!("{section}: headers and bearer_token_env are for url servers, not command ones"));
+            }
+            let mut env = s.env.clone();
+            for k in &s.env_pass {
+                let v = std::env::var(k).map_err(|_| format!("{section}: env_pass names {k}, which is not set"))?;
+                env.insert(k.clone(), v);
+            }
+            Transport::Stdio { command: command.clone(), args: s.args.clone(), env, cwd: s.cwd.clone() }
+        }
+        (None, Some(url)) => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!("{section}: url {url:?} is not an http:// or https:// URL"));
+            }
+            if !s.args.is_empty() || !s.env.is_empty() || !s.env_pass.is_empty() || s.cwd.is_some() {
+                return Err(format!("{section}: args, env, env_pass and cwd are for command servers, not url ones"));
+            }
+            let bearer_token = match &s.bearer_token_env {
+                Some(var) => {
+                    Some(env(var).ok_or_else(|| format!("{section}: bearer_token_env names {var}, which is not set"))?)
+                }
+                None => None,
+            };
+            Transport::Http { url: url.clone(), headers: s.headers.clone(), bearer_token }
+        }
+        (Some(_), Some(_)) => {
+            return Err(format!("{section}: set command (a stdio server) or url (an HTTP one), not both"))
+        }
+        (None, None) => return Err(format!("{section}: set command (a stdio server) or url (a streamable HTTP one)")),
+    };
+    Ok(ServerSpec {
+        name: name.to_owned(),
+        id: id.to_owned(),
+        transport,
+        timeout: s
+            .timeout_secs
+            .map_or(pincer_agent::mcp::DEFAULT_TIMEOUT, |t| std::time::Duration::from_secs(t.max(1))),
+        include: s.tools.include.clone(),
+        exclude: s.tools.exclude.clone(),
+    })
+}
+
+/// Whether a header or variable of this name holds a secret (redacted by value).
+fn secret_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    ["auth", "key", "token", "secret", "password", "cookie"].iter().any(|w| n.contains(w))
 }
 
 /// `[store]`: where transcripts and session indexes live.
@@ -186,6 +297,9 @@ pub struct AgentSection {
     pub workspace: Option<PathBuf>,
     /// Keys set here replace the same keys of `[agents.defaults.tools]`.
     pub tools: ToolsConfig,
+    /// `[agents.<id>.mcp.servers.<name>]`: servers of this agent only; one named like a server of
+    /// `[mcp.servers]` replaces it for this agent (`enabled = false` alone: the agent goes without it).
+    pub mcp: McpSection,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -327,6 +441,8 @@ pub struct Settings {
     pub openai_api: Option<OpenAiApi>,
     /// `[store]`.
     pub store: StoreSettings,
+    /// Every MCP server to run: `[mcp.servers]` and the agents' own.
+    pub mcp_servers: Vec<pincer_agent::mcp::ServerSpec>,
 }
 
 /// Default of [`Settings::resume_attempts`].
@@ -349,6 +465,8 @@ pub struct AgentSettings {
     pub web_fetch: std::sync::Arc<pincer_agent::tools::web_fetch::WebFetchConfig>,
     /// Which of its tool calls wait for a human's approval.
     pub approvals: crate::approvals::AgentApprovals,
+    /// The MCP servers whose tools it gets (ids of [`Settings::mcp_servers`]).
+    pub mcp_servers: Vec<String>,
 }
 
 /// Every agent's settings: `main` and the configured ones, resolved at startup; an agent known only
@@ -438,6 +556,17 @@ impl Settings {
             out.extend(api.api_keys.iter().cloned());
         }
         out.extend(self.store.password());
+        for server in &self.mcp_servers {
+            match &server.transport {
+                pincer_agent::mcp::Transport::Http { headers, bearer_token, .. } => {
+                    out.extend(bearer_token.iter().cloned());
+                    out.extend(headers.iter().filter(|(k, _)| secret_name(k)).map(|(_, v)| v.clone()));
+                }
+                pincer_agent::mcp::Transport::Stdio { env, .. } => {
+                    out.extend(env.iter().filter(|(k, _)| secret_name(k)).map(|(_, v)| v.clone()));
+                }
+            }
+        }
         out.extend(
             std::env::vars_os()
                 .filter(|(k, _)| k.to_str().is_some_and(|k| k.ends_with("_API_KEY") || k.ends_with("_TOKEN")))
@@ -511,6 +640,34 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             return Err("hooks.before_agent_run.command is empty".into());
         }
     }
+    let mut mcp_servers = Vec::new();
+    let mut global_mcp = Vec::new();
+    for (name, sec) in &file.mcp.servers {
+        let spec = mcp_server(name, name, sec, &format!("{}: [mcp.servers.{name}]", config_path.display()))?;
+        if sec.enabled != Some(false) {
+            global_mcp.push(spec.id.clone());
+            mcp_servers.push(spec);
+        }
+    }
+    let mut agent_mcp = BTreeMap::new();
+    for (id, own) in &file.agents.each {
+        let mut ids = global_mcp.clone();
+        for (name, sec) in &own.mcp.servers {
+            ids.retain(|g| g != name);
+            let only_disables = sec.enabled == Some(false) && sec.command.is_none() && sec.url.is_none();
+            if only_disables {
+                continue;
+            }
+            let sid = format!("{id}/{name}");
+            let spec =
+                mcp_server(name, &sid, sec, &format!("{}: [agents.{id}.mcp.servers.{name}]", config_path.display()))?;
+            if sec.enabled != Some(false) {
+                ids.push(sid);
+                mcp_servers.push(spec);
+            }
+        }
+        agent_mcp.insert(id.clone(), ids);
+    }
     let bash_output = std::env::temp_dir().join(format!("pincer-bash-{}", uuid::Uuid::new_v4().simple()));
     let agent = |id: AgentId, own: Option<&AgentSection>| -> Result<AgentSettings, String> {
         let d = &file.agents.defaults;
@@ -559,7 +716,8 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
                 .web_fetch_timeout
                 .map_or(pincer_agent::tools::web_fetch::DEFAULT_TIMEOUT, |s| std::time::Duration::from_secs(s.max(1))),
         });
-        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash, web_fetch, approvals })
+        let mcp_servers = agent_mcp.get(id.as_str()).cloned().unwrap_or_else(|| global_mcp.clone());
+        Ok(AgentSettings { id, model, system_prompt, workspace, tools, bash, web_fetch, approvals, mcp_servers })
     };
     let defaults = std::sync::Arc::new(agent(AgentId::main(), None)?);
     let mut resolved = BTreeMap::new();
@@ -605,6 +763,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             .max(1024),
         openai_api,
         store,
+        mcp_servers,
     })
 }
 

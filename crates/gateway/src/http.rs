@@ -29,6 +29,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
+        .route("/api/mcp", get(mcp))
         .route("/api/sessions/{key}/events", get(session_events))
         .route("/api/sessions/{key}/export", get(session_export))
         .merge(crate::openai::routes())
@@ -154,6 +155,19 @@ async fn metrics(
         return unauthorized();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], crate::metrics::render()).into_response()
+}
+
+/// `GET /api/mcp`: the MCP servers' states and each agent's MCP tools ([`Gateway::mcp_status`];
+/// `pincer mcp list` reads it), behind the gateway token.
+async fn mcp(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if !authorized(&gw, &headers, &query) {
+        return unauthorized();
+    }
+    Json(gw.mcp_status()).into_response()
 }
 
 fn unauthorized() -> Response {

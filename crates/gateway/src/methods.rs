@@ -241,9 +241,9 @@ fn tools_effective(gw: &Arc<Gateway>, method: Method, params: &Value) -> Result<
         return Err(RpcError::invalid(format!("unknown agent id {:?}", agent.as_str())));
     }
     let settings = gw.settings.agents.get(agent.as_str());
-    let mut tools: Vec<Value> = gw
-        .tools(agent.as_str())
-        .specs()
+    let specs = gw.tools(agent.as_str()).specs();
+    let (mcp, core): (Vec<_>, Vec<_>) = specs.iter().partition(|t| t.name.starts_with(pincer_agent::mcp::PREFIX));
+    let mut tools: Vec<Value> = core
         .iter()
         .map(|t| {
             let label: Vec<String> = t
@@ -257,8 +257,15 @@ fn tools_effective(gw: &Arc<Gateway>, method: Method, params: &Value) -> Result<
         })
         .collect();
     tools.sort_by(|a, b| a["label"].as_str().cmp(&b["label"].as_str()));
-    Ok(json!({"agentId": agent, "profile": settings.tools.profile,
-        "groups": [{"id": "core", "label": "Built-in tools", "source": "core", "tools": tools}]}))
+    let mut groups = vec![json!({"id": "core", "label": "Built-in tools", "source": "core", "tools": tools})];
+    if !mcp.is_empty() {
+        let tools: Vec<Value> = mcp
+            .iter()
+            .map(|t| json!({"id": t.name, "label": t.name, "description": t.description, "rawDescription": t.description, "source": "mcp"}))
+            .collect();
+        groups.push(json!({"id": "mcp", "label": "MCP servers' tools", "source": "mcp", "tools": tools}));
+    }
+    Ok(json!({"agentId": agent, "profile": settings.tools.profile, "groups": groups}))
 }
 
 /// `sessions.compact {maxLines}`: the transcript keeps its last lines (the whole old file stays

@@ -272,6 +272,9 @@ pub async fn serve(
         models.iter().map(String::as_str).chain([gw.settings.model.as_str()]).filter(|m| !m.contains('<')),
     );
     on_listening(&Listening { addr, gateway: gw.clone() });
+    // MCP servers start with the gateway; turns (the resumed ones first) wait for their first
+    // attempt, so a turn sees the tools of every server that could start.
+    gw.mcp.start();
     crate::turns::recover_interrupted(&gw);
     crate::relay::start(&gw);
     let app = crate::http::router(gw.clone());
@@ -355,6 +358,8 @@ pub async fn serve(
     gw.sockets.close();
     let _ = tokio::time::timeout(Duration::from_secs(3), gw.sockets.wait()).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), connections.wait()).await;
+    // MCP servers after the runs: a run's last call may still have needed one.
+    let _ = tokio::time::timeout(Duration::from_secs(10), gw.mcp.shutdown()).await;
     gw.sessions.flush();
     gw.store.close();
     tracing::info!("stopped");

@@ -225,6 +225,10 @@ pub struct Gateway {
     pub queue: SessionQueue,
     /// The tools of `main` and of each configured agent ([`Gateway::tools`]).
     tools: std::collections::BTreeMap<crate::sessions::AgentId, Arc<ToolRegistry>>,
+    /// The MCP servers (started by [`crate::serve`], stopped with it).
+    pub mcp: Arc<pincer_agent::mcp::Manager>,
+    /// Per agent: its built-ins with its MCP servers' tools, as of [`pincer_agent::mcp::Manager::version`].
+    mcp_tools: Mutex<HashMap<String, (u64, Arc<ToolRegistry>)>>,
     /// Held (written) by the startup recovery while it takes up the turns the last stop cut, so
     /// that no new turn of a session comes before its resumed one ([`Gateway::recovered`]).
     pub recovering: Arc<tokio::sync::RwLock<()>>,
@@ -432,10 +436,44 @@ impl Gateway {
     }
 
     pub fn tools(&self, agent: &str) -> Arc<ToolRegistry> {
-        self.tools.get(agent).cloned().unwrap_or_else(|| {
-            let a = self.settings.agents.get(agent);
-            Arc::new(ToolRegistry::from_policy(&a.tools, a.workspace.clone(), &a.bash, &a.web_fetch))
-        })
+        let builtins = || {
+            self.tools.get(agent).cloned().unwrap_or_else(|| {
+                let a = self.settings.agents.get(agent);
+                Arc::new(ToolRegistry::from_policy(&a.tools, a.workspace.clone(), &a.bash, &a.web_fetch))
+            })
+        };
+        let a = self.settings.agents.get(agent);
+        if a.mcp_servers.is_empty() {
+            return builtins();
+        }
+        // The MCP servers' tools as they are now (a failed server's are left out), rebuilt only
+        // when some server's state or tools changed.
+        let version = self.mcp.version();
+        if let Some((v, tools)) = lock(&self.mcp_tools).get(agent) {
+            if *v == version {
+                return tools.clone();
+            }
+        }
+        let tools = Arc::new(builtins().with_tools(self.mcp.tools(&a.mcp_servers)));
+        lock(&self.mcp_tools).insert(agent.to_owned(), (version, tools.clone()));
+        tools
+    }
+
+    /// The MCP servers and each agent's tools from them: `{servers: [...], agents: {id: [names]}}`
+    /// (`status`, `GET /api/mcp`, `pincer mcp list`).
+    pub fn mcp_status(&self) -> Value {
+        let servers: Vec<Value> = self.mcp.servers().map(|s| s.status()).collect();
+        let mut agents = serde_json::Map::new();
+        for a in self.settings.agents.configured() {
+            let tools: Vec<String> = self
+                .tools(a.id.as_str())
+                .names()
+                .into_iter()
+                .filter(|n| n.starts_with(pincer_agent::mcp::PREFIX))
+                .collect();
+            agents.insert(a.id.to_string(), json!({"servers": a.mcp_servers, "tools": tools}));
+        }
+        json!({"servers": servers, "agents": agents})
     }
 
     /// A session's model: the one it chose, else its agent's.
@@ -454,6 +492,7 @@ impl Gateway {
             .map(|a| Ok((a.id.clone(), agent_tools(a)?)))
             .collect::<Result<_, GatewayError>>()?;
         let approvals = crate::approvals::Approvals::load(&settings.state_dir).map_err(GatewayError::Config)?;
+        let mcp = Arc::new(pincer_agent::mcp::Manager::new(settings.mcp_servers.clone()));
         let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {
             Ok(r) => Some(r),
@@ -470,6 +509,8 @@ impl Gateway {
             hub: Arc::new(Hub::default()),
             queue: SessionQueue::new(),
             tools,
+            mcp,
+            mcp_tools: Mutex::default(),
             redactor,
             conversations,
             started: Instant::now(),

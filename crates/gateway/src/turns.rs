@@ -216,6 +216,7 @@ pub fn recover_interrupted(gw: &Arc<Gateway>) {
     let recovering = gw.recovering.clone().try_write_owned();
     tokio::spawn(async move {
         let _recovering = recovering;
+        gw.mcp.started().await;
         let list = {
             let gw = gw.clone();
             tokio::task::spawn_blocking(move || gw.sessions.list(None)).await

@@ -65,6 +65,18 @@ pub fn sdk_dir() -> PathBuf {
     d
 }
 
+/// `tests/mcp/node_modules/@modelcontextprotocol`: the MCP reference servers (scripts/test runs
+/// `npm ci` in tests/mcp from its lock).
+pub fn mcp_servers_dir() -> PathBuf {
+    let d = repo_root().join("tests/mcp/node_modules/@modelcontextprotocol");
+    assert!(
+        d.join("server-everything/dist/index.js").is_file() && d.join("server-filesystem/dist/index.js").is_file(),
+        "the MCP reference servers are not installed in {}: run scripts/test (npm ci in tests/mcp)",
+        d.display()
+    );
+    d
+}
+
 /// `shared/` (beside the repository, or `PINCER_SHARED_DIR`).
 pub fn shared_dir() -> PathBuf {
     std::env::var_os("PINCER_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("../shared"))

@@ -25,8 +25,20 @@ pub fn openai_messages(context: &[Value]) -> Vec<Value> {
     let mut out = Vec::new();
     // Tool calls of the last assistant message still waiting for their result.
     let mut pending: Vec<Value> = Vec::new();
+    // Images of the tool results just sent: Pi sends them after the results, as a user message.
+    let mut images: Vec<Value> = Vec::new();
+    let flush = |out: &mut Vec<Value>, images: &mut Vec<Value>| {
+        if !images.is_empty() {
+            let mut content = vec![json!({"type": "text", "text": "Attached image(s) from tool result:"})];
+            content.append(images);
+            out.push(json!({"role": "user", "content": content}));
+        }
+    };
     for m in context {
         let role = m["role"].as_str().unwrap_or_default();
+        if role != "toolResult" {
+            flush(&mut out, &mut images);
+        }
         let failed = role == "assistant" && matches!(m["stopReason"].as_str(), Some("error" | "aborted"));
         if role != "toolResult" && !failed {
             for id in pending.drain(..) {
@@ -63,11 +75,27 @@ pub fn openai_messages(context: &[Value]) -> Vec<Value> {
             }
             "toolResult" => {
                 pending.retain(|id| *id != m["toolCallId"]);
-                out.push(json!({"role": "tool", "tool_call_id": m["toolCallId"], "content": joined(&m["content"])}));
+                let blocks = m["content"].as_array().map_or(&[][..], Vec::as_slice);
+                let pictures: Vec<Value> = blocks
+                    .iter()
+                    .filter(|b| b["type"] == "image")
+                    .map(|b| {
+                        let url = format!("data:{};base64,{}", b["mimeType"].as_str().unwrap_or_default(), b["data"].as_str().unwrap_or_default());
+                        json!({"type": "image_url", "image_url": {"url": url}})
+                    })
+                    .collect();
+                let text = match joined(&m["content"]) {
+                    t if !t.is_empty() => t,
+                    _ if !pictures.is_empty() => "(see attached image)".to_owned(),
+                    _ => "(no output)".to_owned(),
+                };
+                images.extend(pictures);
+                out.push(json!({"role": "tool", "tool_call_id": m["toolCallId"], "content": text}));
             }
             other => panic!("a context message of role {other:?} in this fixture"),
         }
     }
+    flush(&mut out, &mut images);
     out
 }
 

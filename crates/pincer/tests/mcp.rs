@@ -1,0 +1,197 @@
+//! MCP servers' tools through the real gateway, with the reference servers (npm
+//! `@modelcontextprotocol/server-everything` and `server-filesystem`, pinned in tests/mcp and
+//! installed by scripts/test): a scripted fake model calls `mcp__everything__echo`,
+//! `mcp__everything__get-sum`, `mcp__everything__get-tiny-image` (an image) and the filesystem
+//! server's `read_file`; each result is on disk in Pi's `toolResult` shape and the provider's next
+//! request is exactly the real Pi library's context of the file. server-everything is reached over
+//! stdio and over streamable HTTP.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+#![allow(clippy::disallowed_methods)] // the workspace file the filesystem server reads
+
+use pincer_testkit::fake_provider::{script, text, tool_call, turn, FakeProvider, Format, Reply};
+use pincer_testkit::gateway::{Client, GatewayProcess};
+use pincer_testkit::wire::{check_request_against_pi, result_text, tool_results};
+use pretty_assertions::assert_eq;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+
+fn server_js(name: &str) -> PathBuf {
+    pincer_testkit::mcp_servers_dir().join(name).join("dist/index.js")
+}
+
+fn config(fake: &FakeProvider, workspace: &Path, rest: &str) -> String {
+    format!(
+        "[models.providers.fake]\napi = \"openai-completions\"\nbase_url = \"{}\"\napi_key = \"test-key\"\n\
+         [[models.providers.fake.models]]\nid = \"gpt-test\"\ncontext_window = 1000000\n\
+         [agents.defaults]\nmodel = \"fake/gpt-test\"\nworkspace = \"{}\"\n[agents.defaults.tools]\nprofile = \"minimal\"\n{rest}",
+        fake.base_url(),
+        workspace.display()
+    )
+}
+
+fn stdio_servers(ws: &Path) -> String {
+    format!(
+        "[mcp.servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\n\
+         [mcp.servers.fs]\ncommand = \"node\"\nargs = [\"{}\", \"{}\"]\n",
+        server_js("server-everything").display(),
+        server_js("server-filesystem").display(),
+        ws.display()
+    )
+}
+
+async fn start(state: &Path, cfg: String) -> GatewayProcess {
+    let state = state.to_path_buf();
+    tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &state, &cfg)).await.unwrap()
+}
+
+/// Sends `message` on `main` and waits for the run's end, which must be `final`.
+async fn send(c: &mut Client, gw: &GatewayProcess, message: &str, key: &str) {
+    c.request("chat.send", json!({"sessionKey": "main", "message": message, "idempotencyKey": key})).await.unwrap();
+    let end = c.chat_end(key).await;
+    assert_eq!(end["payload"]["state"], "final", "{end}\n{}", gw.log_text());
+}
+
+fn offered(body: &Value) -> Vec<String> {
+    body["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap().to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_servers_tools_reach_the_model_and_their_results_the_next_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("notes.txt"), "hello from the filesystem server\nsecond line\n").unwrap();
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    let echo = json!({"message": "hi there"}).to_string();
+    let sum = json!({"a": 2, "b": 3}).to_string();
+    let read = json!({"path": ws.join("notes.txt")}).to_string();
+    fake.push(Reply::stream(script(
+        f,
+        &turn(
+            vec![
+                tool_call("c1", "mcp__everything__echo", &[&echo]),
+                tool_call("c2", "mcp__everything__get-sum", &[&sum]),
+            ],
+            (20, 10, 0),
+        ),
+    )));
+    fake.push(Reply::stream(script(
+        f,
+        &turn(vec![tool_call("c3", "mcp__everything__get-tiny-image", &["{}"])], (30, 5, 0)),
+    )));
+    fake.push(Reply::stream(script(f, &turn(vec![tool_call("c4", "mcp__fs__read_file", &[&read])], (40, 5, 0)))));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["All done."])], (50, 3, 0)))));
+    let state = dir.path().join("state");
+    let gw = start(&state, config(&fake, &ws, &stdio_servers(&ws))).await;
+    let mut c = Client::connect(&gw.addr).await;
+    send(&mut c, &gw, "use the MCP tools", "r1").await;
+
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let results = tool_results(&file);
+    assert_eq!(results.len(), 4, "{results:?}");
+    let by_id = |id: &str| results.iter().find(|r| r["toolCallId"] == id).unwrap().clone();
+    let r = by_id("c1");
+    assert_eq!((r["toolName"].as_str(), r["isError"].as_bool()), (Some("mcp__everything__echo"), Some(false)));
+    assert_eq!(r["content"], json!([{"type": "text", "text": "Echo: hi there"}]));
+    assert_eq!(result_text(&by_id("c2")), "The sum of 2 and 3 is 5.");
+    let image = by_id("c3");
+    let blocks = image["content"].as_array().unwrap();
+    assert_eq!(blocks.iter().map(|b| b["type"].as_str().unwrap()).collect::<Vec<_>>(), ["text", "image", "text"]);
+    assert_eq!(blocks[1]["mimeType"], "image/png");
+    assert!(blocks[1]["data"].as_str().unwrap().starts_with("iVBOR"), "a PNG in base64: {}", blocks[1]);
+    assert_eq!(result_text(&by_id("c4")), "hello from the filesystem server\nsecond line\n");
+
+    // Each request after a result is the real Pi library's context of the file (images included).
+    assert_eq!(fake.bodies().len(), 4);
+    for n in 1..4 {
+        check_request_against_pi(&file, &fake, n);
+    }
+    // The tools were offered under their namespaced names, with the servers' schemas as they are.
+    let bodies = fake.bodies();
+    let names = offered(&bodies[0]);
+    for want in
+        ["mcp__everything__echo", "mcp__everything__get-sum", "mcp__everything__get-tiny-image", "mcp__fs__read_file"]
+    {
+        assert!(names.iter().any(|n| n == want), "{want} offered: {names:?}");
+    }
+    let echo_spec =
+        bodies[0]["tools"].as_array().unwrap().iter().find(|t| t["function"]["name"] == "mcp__everything__echo");
+    let params = &echo_spec.unwrap()["function"]["parameters"];
+    assert_eq!(
+        (&params["properties"]["message"]["description"], &params["required"]),
+        (&json!("Message to echo"), &json!(["message"]))
+    );
+
+    // The status shows both servers ready, and main's tools from them.
+    let status = c.request("status", json!({})).await.unwrap();
+    let servers = status["mcp"]["servers"].as_array().unwrap();
+    assert_eq!(
+        servers.iter().map(|s| (s["id"].as_str().unwrap(), s["state"].as_str().unwrap())).collect::<Vec<_>>(),
+        [("everything", "ready"), ("fs", "ready")]
+    );
+    let main_tools = status["mcp"]["agents"]["main"]["tools"].as_array().unwrap();
+    assert!(main_tools.contains(&json!("mcp__fs__read_file")), "{status}");
+}
+
+/// A free port on loopback (bound, then released for the server to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// server-everything in its streamable HTTP mode on `port`, once it listens.
+fn http_everything(port: u16) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new("node")
+        .arg(server_js("server-everything"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if line.contains("listening on port") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    child
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_everything_over_streamable_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let port = free_port();
+    let mut server = http_everything(port);
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    let echo = json!({"message": "over http"}).to_string();
+    fake.push(Reply::stream(script(f, &turn(vec![tool_call("h1", "mcp__everything__echo", &[&echo])], (20, 10, 0)))));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["Echoed."])], (30, 3, 0)))));
+    let state = dir.path().join("state");
+    let mcp = format!("[mcp.servers.everything]\nurl = \"http://127.0.0.1:{port}/mcp\"\n");
+    let gw = start(&state, config(&fake, &ws, &mcp)).await;
+    let mut c = Client::connect(&gw.addr).await;
+    send(&mut c, &gw, "echo over http", "h").await;
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let results = tool_results(&file);
+    assert_eq!(results.len(), 1);
+    assert_eq!(
+        (results[0]["content"].clone(), results[0]["isError"].clone()),
+        (json!([{"type": "text", "text": "Echo: over http"}]), json!(false))
+    );
+    check_request_against_pi(&file, &fake, 1);
+    let status = c.request("status", json!({})).await.unwrap();
+    assert_eq!(status["mcp"]["servers"][0]["transport"], "http");
+    drop(gw);
+    let _ = server.kill();
+    let _ = server.wait();
+}
