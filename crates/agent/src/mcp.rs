@@ -236,13 +236,16 @@ impl Server {
     }
 
     /// `{id, name, transport, target, state, reason?, protocol?, restarts, tools: [{name, tool,
-    /// readOnly, destructive}], leftOut: [{tool, reason}]}`.
+    /// readOnly, idempotent, destructive}], leftOut: [{tool, reason}]}`.
     pub fn status(&self) -> Value {
         let live = lock(&self.live);
         let tools: Vec<Value> = live
             .tools
             .iter()
-            .map(|t| json!({"name": t.name, "tool": t.tool, "readOnly": t.read_only, "destructive": t.destructive}))
+            .map(|t| {
+                json!({"name": t.name, "tool": t.tool, "readOnly": t.read_only, "idempotent": t.idempotent,
+                    "destructive": t.destructive})
+            })
             .collect();
         let left_out: Vec<Value> = live.left_out.iter().map(|(t, why)| json!({"tool": t, "reason": why})).collect();
         let mut v = json!({
@@ -347,7 +350,10 @@ pub struct McpTool {
     tool: String,
     description: String,
     schema: Value,
+    /// `readOnlyHint`.
     read_only: bool,
+    /// `idempotentHint`.
+    idempotent: bool,
     destructive: bool,
     server: std::sync::Weak<Server>,
 }
@@ -364,7 +370,7 @@ impl Tool for McpTool {
     }
     /// `readOnlyHint` or `idempotentHint`: running the call again after a crash changes nothing more.
     fn read_only(&self) -> bool {
-        self.read_only
+        self.read_only || self.idempotent
     }
     /// Unless the server says it is read-only or not destructive (the spec's default).
     fn destructive(&self) -> bool {
@@ -522,7 +528,8 @@ async fn list_tools(
             tool,
             description,
             schema: Value::Object((*t.input_schema).clone()),
-            read_only: read_only_hint || idempotent,
+            read_only: read_only_hint,
+            idempotent,
             destructive: !read_only_hint && destructive_hint != Some(false),
             server: Arc::downgrade(server),
         }));
@@ -649,9 +656,7 @@ async fn connect(server: &Arc<Server>, handler: Handler, stop: &CancellationToke
             else {
                 return Err("the process's pipes were not made".to_owned());
             };
-            if let Some(stderr) = stderr {
-                tokio::spawn(copy_stderr(server.clone(), stderr));
-            }
+            let copier = stderr.map(|e| tokio::spawn(copy_stderr(server.clone(), e)));
             let started = tokio::time::timeout(
                 CONNECT_TIMEOUT,
                 rmcp::service::serve_client_with_lifecycle_and_ct(handler, (stdout, stdin), lifecycle(), ct),
@@ -663,6 +668,10 @@ async fn connect(server: &Arc<Server>, handler: Handler, stop: &CancellationToke
                     // An exit is the better reason (with what the process said last).
                     let exited = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
                     kill_group(&child, rustix::process::Signal::KILL);
+                    if let Some(copier) = copier {
+                        // Its last words, read to the end of its stderr.
+                        let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
+                    }
                     let tail = lock(&server.live).stderr_tail.last().cloned();
                     Err(match (exited, tail) {
                         (Ok(Ok(s)), Some(line)) => format!("the process exited ({s}): {line}"),

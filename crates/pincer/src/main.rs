@@ -4,6 +4,7 @@
 
 mod doctor;
 mod gateway;
+mod mcp;
 mod openclaw;
 mod out;
 mod search;
@@ -35,6 +36,9 @@ enum Command {
     /// Move transcripts between store backends (a JSONL state directory, PostgreSQL).
     #[command(subcommand)]
     Store(store::StoreCmd),
+    /// The MCP servers: their state and the tools each agent gets from them.
+    #[command(subcommand)]
+    Mcp(mcp::McpCmd),
     /// Check the config, the providers (key, reachable), the hook, the state directory and the store.
     Doctor(doctor::DoctorArgs),
 }
@@ -152,6 +156,7 @@ fn main() -> ExitCode {
         Command::Sessions(SessionsCmd::Reindex(args)) => search::reindex(args),
         Command::Store(cmd) => store::run(cmd),
         Command::Doctor(args) => doctor::run(args),
+        Command::Mcp(cmd) => mcp::run(cmd),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -195,3 +195,68 @@ async fn server_everything_over_streamable_http() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// `pincer mcp …` with the test gateway's token.
+fn pincer_mcp(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(BIN)
+        .arg("mcp")
+        .args(args)
+        .env("PINCER_GATEWAY_TOKEN", pincer_testkit::gateway::TOKEN)
+        .env("PINCER_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_cannot_start_is_shown_with_its_reason_and_turns_go_on_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    fake.push(Reply::stream(script(Format::OpenaiCompletions, &turn(vec![text(&["Hello."])], (20, 3, 0)))));
+    let broken = "[mcp.servers.broken]\ncommand = \"node\"\n\
+                  args = [\"-e\", \"console.error('BROKEN_API_KEY is not set'); process.exit(3)\"]\n";
+    let mcp = format!("{}{broken}", stdio_servers(&ws));
+    let state = dir.path().join("state");
+    let gw = start(&state, config(&fake, &ws, &mcp)).await;
+    let mut c = Client::connect(&gw.addr).await;
+    send(&mut c, &gw, "hi", "t1").await;
+    // The turn ran with the other servers' tools and without the broken one's.
+    let names = offered(&fake.bodies()[0]);
+    assert!(names.iter().any(|n| n == "mcp__everything__echo"), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("mcp__broken")), "{names:?}");
+    let why = "the process exited (exit status: 3): BROKEN_API_KEY is not set";
+    // The log says why, and so do the status and `pincer mcp list` (asking the running gateway).
+    assert!(gw.log_text().contains(&format!("MCP server broken: {why}")), "{}", gw.log_text());
+    let status = c.request("status", json!({})).await.unwrap();
+    let b = status["mcp"]["servers"].as_array().unwrap().iter().find(|s| s["id"] == "broken").unwrap().clone();
+    assert_eq!(b["state"], "failed");
+    assert!(b["reason"].as_str().unwrap().starts_with(why), "{b}");
+    let state_arg = state.display().to_string();
+    let out = pincer_mcp(&["list", "--state-dir", &state_arg, "--bind", &gw.addr, "--table"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("broken      stdio      failed: {why}")), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("everything") && l.contains("ready with 13 tools")), "{stdout}");
+    assert!(stdout.contains("agent main: mcp__everything__echo,"), "{stdout}");
+    let json_out = pincer_mcp(&["list", "--state-dir", &state_arg, "--bind", &gw.addr, "--json"]);
+    let listed: Value = serde_json::from_slice(&json_out.stdout).unwrap();
+    assert_eq!(listed["servers"], status["mcp"]["servers"]);
+    // `probe` starts the server by itself and says the same; a ready one lists its tools.
+    let out = pincer_mcp(&["probe", "broken", "--state-dir", &state_arg, "--table"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(why), "{}", String::from_utf8_lossy(&out.stdout));
+    let out = pincer_mcp(&["probe", "fs", "--state-dir", &state_arg, "--table"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("mcp__fs__read_file") && stdout.contains("mcp__fs__write_file"), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("mcp__fs__write_file")
+            && l.ends_with("idempotent, re-run on resume, may be destructive (approval: ask)")),
+        "{stdout}"
+    );
+    let out = pincer_mcp(&["probe", "nope", "--state-dir", &state_arg]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("no MCP server \"nope\" in the config (servers: broken, everything, fs)"));
+}
