@@ -260,3 +260,106 @@ async fn a_server_that_cannot_start_is_shown_with_its_reason_and_turns_go_on_wit
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("no MCP server \"nope\" in the config (servers: broken, everything, fs)"));
 }
+
+/// The lines the tap (tests/mcp/tap.mjs) saw the client send, once `pred` holds for them.
+async fn tapped(log: &Path, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    for _ in 0..600 {
+        let lines: Vec<Value> = std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        if pred(&lines) {
+            return lines;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the tap never saw what was expected: {}", std::fs::read_to_string(log).unwrap_or_default());
+}
+
+fn long_calls(lines: &[Value]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter(|l| l["method"] == "tools/call" && l["params"]["name"] == "trigger-long-running-operation")
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_call_fails_the_call_and_comes_back_and_an_abort_cancels_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let tap_log = dir.path().join("tap.log");
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    let long = json!({"duration": 120, "steps": 120}).to_string();
+    let echo = json!({"message": "after the restart"}).to_string();
+    fake.push(Reply::stream(script(
+        f,
+        &turn(vec![tool_call("k1", "mcp__everything__trigger-long-running-operation", &[&long])], (20, 5, 0)),
+    )));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["The server died."])], (30, 3, 0)))));
+    fake.push(Reply::stream(script(f, &turn(vec![tool_call("e1", "mcp__everything__echo", &[&echo])], (40, 5, 0)))));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["Back."])], (50, 3, 0)))));
+    fake.push(Reply::stream(script(
+        f,
+        &turn(vec![tool_call("k2", "mcp__everything__trigger-long-running-operation", &[&long])], (60, 5, 0)),
+    )));
+    let mcp = format!(
+        "[mcp.servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"{}\", \"node\", \"{}\", \"stdio\"]\n",
+        pincer_testkit::repo_root().join("tests/mcp/tap.mjs").display(),
+        tap_log.display(),
+        server_js("server-everything").display()
+    );
+    let state = dir.path().join("state");
+    let gw = start(&state, config(&fake, &ws, &mcp)).await;
+    let mut c = Client::connect(&gw.addr).await;
+
+    // The server is killed while the call runs: an error result naming it, and the turn ends final.
+    c.request("chat.send", json!({"sessionKey": "main", "message": "run it", "idempotencyKey": "r1"})).await.unwrap();
+    let lines = tapped(&tap_log, |l| !long_calls(l).is_empty()).await;
+    let pid = lines[0]["serverPid"].as_u64().unwrap().to_string();
+    assert!(std::process::Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    let end = c.chat_end("r1").await;
+    assert_eq!(end["payload"]["state"], "final", "{end}\n{}", gw.log_text());
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let k1 = tool_results(&file).into_iter().find(|r| r["toolCallId"] == "k1").unwrap();
+    assert_eq!(k1["isError"], true, "{k1}");
+    let text1 = result_text(&k1);
+    assert!(
+        text1.starts_with("MCP server everything stopped during the call to trigger-long-running-operation (the process exited (signal: 9 (SIGKILL))"),
+        "{text1}"
+    );
+    check_request_against_pi(&file, &fake, 1);
+
+    // It is started again, and the next call works.
+    for _ in 0..600 {
+        let status = c.request("status", json!({})).await.unwrap();
+        let s = &status["mcp"]["servers"][0];
+        if s["state"] == "ready" && s["restarts"].as_u64() >= Some(1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    send(&mut c, &gw, "again", "r2").await;
+    let e1 = tool_results(&file).into_iter().find(|r| r["toolCallId"] == "e1").unwrap();
+    assert_eq!((result_text(&e1), &e1["isError"]), ("Echo: after the restart", &json!(false)));
+    check_request_against_pi(&file, &fake, 3);
+
+    // An abort during a long call sends the server `notifications/cancelled` for that request.
+    c.request("chat.send", json!({"sessionKey": "main", "message": "once more", "idempotencyKey": "r3"}))
+        .await
+        .unwrap();
+    let before = long_calls(&tapped(&tap_log, |_| true).await).len();
+    let lines = tapped(&tap_log, |l| long_calls(l).len() > before).await;
+    let id = long_calls(&lines).last().unwrap()["id"].clone();
+    c.request("chat.abort", json!({"sessionKey": "main", "runId": "r3"})).await.unwrap();
+    let end = c.chat_end("r3").await;
+    assert_eq!(end["payload"]["state"], "aborted", "{end}");
+    let lines = tapped(&tap_log, |l| {
+        l.iter().any(|m| m["method"] == "notifications/cancelled" && m["params"]["requestId"] == id)
+    })
+    .await;
+    assert!(lines.iter().any(|m| m["method"] == "notifications/cancelled"));
+}
