@@ -200,6 +200,11 @@ impl Server {
         &self.spec
     }
 
+    /// Changes whenever its state or tools change.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
     /// Its state now.
     pub fn state(&self) -> ServerState {
         lock(&self.live).state.clone()

@@ -873,4 +873,19 @@ mod tests {
         let bad = ApprovalConfig::Each([("bsh".to_owned(), Policy::Allow)].into());
         assert!(AgentApprovals::new(Some(&bad), None).unwrap_err().contains("\"bsh\""));
     }
+
+    #[test]
+    fn an_mcp_tool_that_may_be_destructive_is_asked_about_unless_the_config_names_it() {
+        let a = AgentApprovals::default();
+        assert_eq!(a.policy("mcp__fs__write_file", true), Policy::Ask);
+        assert_eq!(a.policy("mcp__fs__read_file", false), Policy::Allow);
+        let each = ApprovalConfig::Each([("mcp__fs__write_file".to_owned(), Policy::Allow)].into());
+        let a = AgentApprovals::new(Some(&each), None).unwrap();
+        assert_eq!(
+            (a.policy("mcp__fs__write_file", true), a.policy("mcp__fs__edit_file", true)),
+            (Policy::Allow, Policy::Ask)
+        );
+        let a = AgentApprovals::new(Some(&ApprovalConfig::All(Policy::Allow)), None).unwrap();
+        assert_eq!(a.policy("mcp__fs__write_file", true), Policy::Allow);
+    }
 }

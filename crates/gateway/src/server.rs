@@ -275,6 +275,7 @@ pub async fn serve(
     // MCP servers start with the gateway; turns (the resumed ones first) wait for their first
     // attempt, so a turn sees the tools of every server that could start.
     gw.mcp.start();
+    announce_mcp(&gw);
     crate::turns::recover_interrupted(&gw);
     crate::relay::start(&gw);
     let app = crate::http::router(gw.clone());
@@ -364,6 +365,31 @@ pub async fn serve(
     gw.store.close();
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Publishes `mcp.server` (the server's status, as `status` has it) to every client whenever an MCP
+/// server's state, reason or number of tools changes: a client can show a server that failed.
+fn announce_mcp(gw: &Arc<Gateway>) {
+    for server in gw.mcp.servers() {
+        let (gw, server) = (gw.clone(), server.clone());
+        let mut changes = server.watch();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { break },
+                    () = gw.shutdown.cancelled() => break,
+                }
+                let status = server.status();
+                let now =
+                    (status["state"].clone(), status["reason"].clone(), status["tools"].as_array().map_or(0, Vec::len));
+                if last.as_ref() != Some(&now) {
+                    last = Some(now);
+                    gw.hub.publish("mcp.server", None, status, false, crate::hub::Audience::All);
+                }
+            }
+        });
+    }
 }
 
 #[cfg(test)]

@@ -207,6 +207,38 @@ fn pincer_mcp(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+#[test]
+fn a_bad_server_section_stops_the_startup_naming_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    for (config, want) in [
+        (
+            "[mcp.servers.a__b]\ncommand = \"node\"\n",
+            "[mcp.servers.a__b]: the name \"a__b\" must be letters, digits, - and _ (no \"__\")",
+        ),
+        (
+            "[mcp.servers.x]\ncommand = \"node\"\nurl = \"http://127.0.0.1:9/mcp\"\n",
+            "[mcp.servers.x]: set command (a stdio server) or url (an HTTP one), not both",
+        ),
+        (
+            "[mcp.servers.x]\nurl = \"http://127.0.0.1:9/mcp\"\nbearer_token_env = \"PINCER_TEST_NO_SUCH_VAR\"\n",
+            "[mcp.servers.x]: bearer_token_env names PINCER_TEST_NO_SUCH_VAR, which is not set",
+        ),
+        (
+            "[mcp.servers.x]\nurl = \"ftp://h/mcp\"\n",
+            "[mcp.servers.x]: url \"ftp://h/mcp\" is not an http:// or https:// URL",
+        ),
+        (
+            "[agents.w.mcp.servers.y]\nargs = [\"a\"]\n",
+            "[agents.w.mcp.servers.y]: set command (a stdio server) or url (a streamable HTTP one)",
+        ),
+        ("[mcp.servers.x]\ncomand = \"node\"\n", "unknown field `comand`"),
+    ] {
+        let stderr = pincer_testkit::gateway::refused_startup(BIN, &state, config);
+        assert!(stderr.contains(want), "{config}: {stderr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_cannot_start_is_shown_with_its_reason_and_turns_go_on_without_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -316,7 +348,9 @@ async fn a_server_killed_mid_call_fails_the_call_and_comes_back_and_an_abort_can
     let gw = start(&state, config(&fake, &ws, &mcp)).await;
     let mut c = Client::connect(&gw.addr).await;
 
-    // The server is killed while the call runs: an error result naming it, and the turn ends final.
+    // The server is killed while the call runs: an error result naming it, and the turn ends final;
+    // clients are told it failed (`mcp.server`).
+    let mut watcher = Client::connect(&gw.addr).await;
     c.request("chat.send", json!({"sessionKey": "main", "message": "run it", "idempotencyKey": "r1"})).await.unwrap();
     let lines = tapped(&tap_log, |l| !long_calls(l).is_empty()).await;
     let pid = lines[0]["serverPid"].as_u64().unwrap().to_string();
@@ -332,6 +366,9 @@ async fn a_server_killed_mid_call_fails_the_call_and_comes_back_and_an_abort_can
         "{text1}"
     );
     check_request_against_pi(&file, &fake, 1);
+    let failed = watcher.event(|e| e["event"] == "mcp.server" && e["payload"]["state"] == "failed").await;
+    assert_eq!(failed["payload"]["id"], "everything");
+    assert!(failed["payload"]["reason"].as_str().unwrap().contains("signal: 9"), "{failed}");
 
     // It is started again, and the next call works.
     for _ in 0..600 {
