@@ -553,7 +553,11 @@ struct Handler {
 
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(ClientCapabilities::default(), Implementation::new("pincer", env!("CARGO_PKG_VERSION")))
+        let mut info =
+            ClientConfig::new(ClientCapabilities::default(), Implementation::new("pincer", env!("CARGO_PKG_VERSION")));
+        // The revision `initialize` asks for (the stateless one is negotiated by `server/discover`).
+        info.protocol_version = ProtocolVersion::V_2025_11_25;
+        info
     }
 
     fn on_tool_list_changed(
@@ -629,17 +633,53 @@ fn server_env(env: &BTreeMap<String, String>) -> Vec<(String, String)> {
     out
 }
 
-/// Protocol revisions offered: the stateless 2026-07-28 where the server speaks it, else the
-/// `initialize` handshake with 2025-11-25.
-fn lifecycle() -> ClientLifecycleMode {
+/// Protocol revisions offered: the stateless 2026-07-28 (`server/discover`) where the server speaks
+/// it, else the `initialize` handshake with 2025-11-25; only the latter once a server answered the
+/// discovery with something that is not a discovery result (`legacy`).
+fn lifecycle(legacy: bool) -> ClientLifecycleMode {
+    if legacy {
+        return ClientLifecycleMode::Initialize;
+    }
     ClientLifecycleMode::Auto {
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
         legacy_version: Some(ProtocolVersion::V_2025_11_25),
     }
 }
 
+/// Why a connection was not made, and whether the `initialize` handshake alone may do better (the
+/// server misunderstood the discovery: a wrong result, an error).
+struct ConnectError {
+    reason: String,
+    try_legacy: bool,
+}
+
+impl From<String> for ConnectError {
+    fn from(reason: String) -> Self {
+        ConnectError { reason, try_legacy: false }
+    }
+}
+
+/// Whether a handshake failure is the server's answer rather than the transport's.
+fn misunderstood(e: &rmcp::service::ClientInitializeError) -> bool {
+    use rmcp::service::ClientInitializeError as E;
+    matches!(
+        e,
+        E::ExpectedInitResponse(_)
+            | E::ExpectedInitResult(_)
+            | E::UncorrelatedErrorResponse { .. }
+            | E::JsonRpcError(_)
+            | E::NoCompatibleProtocolVersion { .. }
+            | E::LegacyFallbackFailed { .. }
+    )
+}
+
 /// Starts (stdio) or reaches (HTTP) the server and makes the MCP handshake.
-async fn connect(server: &Arc<Server>, handler: Handler, stop: &CancellationToken) -> Result<Connection, String> {
+async fn connect(
+    server: &Arc<Server>,
+    handler: Handler,
+    stop: &CancellationToken,
+    legacy: bool,
+) -> Result<Connection, ConnectError> {
     let spec = &server.spec;
     let ct = stop.child_token();
     match &spec.transport {
@@ -659,12 +699,12 @@ async fn connect(server: &Arc<Server>, handler: Handler, stop: &CancellationToke
             let mut child = cmd.spawn().map_err(|e| format!("cannot start {command}: {e}"))?;
             let (Some(stdin), Some(stdout), stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
             else {
-                return Err("the process's pipes were not made".to_owned());
+                return Err("the process's pipes were not made".to_owned().into());
             };
             let copier = stderr.map(|e| tokio::spawn(copy_stderr(server.clone(), e)));
             let started = tokio::time::timeout(
                 CONNECT_TIMEOUT,
-                rmcp::service::serve_client_with_lifecycle_and_ct(handler, (stdout, stdin), lifecycle(), ct),
+                rmcp::service::serve_client_with_lifecycle_and_ct(handler, (stdout, stdin), lifecycle(legacy), ct),
             )
             .await;
             match started {
@@ -678,15 +718,19 @@ async fn connect(server: &Arc<Server>, handler: Handler, stop: &CancellationToke
                         let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
                     }
                     let tail = lock(&server.live).stderr_tail.last().cloned();
-                    Err(match (exited, tail) {
-                        (Ok(Ok(s)), Some(line)) => format!("the process exited ({s}): {line}"),
-                        (Ok(Ok(s)), None) => format!("the process exited ({s}) during the MCP handshake"),
+                    let try_legacy = !legacy && misunderstood(&e);
+                    let reason = match (exited, tail) {
+                        (Ok(Ok(s)), Some(line)) if !try_legacy => format!("the process exited ({s}): {line}"),
+                        (Ok(Ok(s)), None) if !try_legacy => {
+                            format!("the process exited ({s}) during the MCP handshake")
+                        }
                         _ => format!("the MCP handshake failed: {e}"),
-                    })
+                    };
+                    Err(ConnectError { reason, try_legacy })
                 }
                 Err(_) => {
                     kill_group(&child, rustix::process::Signal::KILL);
-                    Err(format!("no MCP handshake within {} s", CONNECT_TIMEOUT.as_secs()))
+                    Err(format!("no MCP handshake within {} s", CONNECT_TIMEOUT.as_secs()).into())
                 }
             }
         }
@@ -709,11 +753,14 @@ async fn connect(server: &Arc<Server>, handler: Handler, stop: &CancellationToke
             let transport = rmcp::transport::StreamableHttpClientTransport::with_client(client, config);
             let service = tokio::time::timeout(
                 CONNECT_TIMEOUT,
-                rmcp::service::serve_client_with_lifecycle_and_ct(handler, transport, lifecycle(), ct),
+                rmcp::service::serve_client_with_lifecycle_and_ct(handler, transport, lifecycle(legacy), ct),
             )
             .await
             .map_err(|_| format!("no MCP handshake with {url} within {} s", CONNECT_TIMEOUT.as_secs()))?
-            .map_err(|e| format!("the MCP handshake with {url} failed: {e}"))?;
+            .map_err(|e| ConnectError {
+                reason: format!("the MCP handshake with {url} failed: {e}"),
+                try_legacy: !legacy && misunderstood(&e),
+            })?;
             Ok(Connection { service, child: None })
         }
     }
@@ -738,14 +785,20 @@ async fn copy_stderr(server: Arc<Server>, stderr: tokio::process::ChildStderr) {
 async fn supervise(server: Arc<Server>, stop: CancellationToken, first: tokio::sync::oneshot::Sender<()>) {
     let mut first = Some(first);
     let mut backoff = FIRST_BACKOFF;
+    let mut legacy = false;
     let id = server.spec.id.clone();
     loop {
         server.set_state(ServerState::Starting);
         let refresh = Arc::new(tokio::sync::Notify::new());
         let handler = Handler { refresh: refresh.clone() };
         let started = Instant::now();
-        let failure = match connect(&server, handler, &stop).await {
-            Err(reason) => reason,
+        let failure = match connect(&server, handler, &stop, legacy).await {
+            Err(ConnectError { reason, try_legacy: true }) => {
+                tracing::info!(server = %id, "MCP server {id}: {reason}; trying the initialize handshake alone");
+                legacy = true;
+                continue;
+            }
+            Err(ConnectError { reason, .. }) => reason,
             Ok(mut conn) => {
                 let peer = conn.service.peer().clone();
                 match list_tools(&server, &peer).await {

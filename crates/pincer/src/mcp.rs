@@ -16,6 +16,34 @@ pub enum McpCmd {
     List(ListArgs),
     /// Start one server here (its config name, or `<agent>/<name>`), list its tools and stop it.
     Probe(ProbeArgs),
+    /// Start one server here, call one of its tools (the server's name for it) and print the result
+    /// as the model would get it (Pi's toolResult content and details).
+    Call(CallArgs),
+}
+
+/// Which server: one of the config, or a streamable HTTP endpoint given here.
+#[derive(Args)]
+pub struct Target {
+    /// The server: its name in `[mcp.servers]`, or `<agent>/<name>` for an agent's own.
+    #[arg(required_unless_present = "url")]
+    name: Option<String>,
+    /// A streamable HTTP server's endpoint instead of a configured server (named `url`).
+    #[arg(long, conflicts_with = "name")]
+    url: Option<String>,
+}
+
+#[derive(Args)]
+pub struct CallArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The tool, as the server names it.
+    #[arg(long)]
+    tool: String,
+    /// Its arguments, a JSON object (default `{}`).
+    #[arg(long, default_value = "{}")]
+    arguments: String,
+    #[command(flatten)]
+    place: Where,
 }
 
 #[derive(Args)]
@@ -41,8 +69,8 @@ pub struct ListArgs {
 
 #[derive(Args)]
 pub struct ProbeArgs {
-    /// The server: its name in `[mcp.servers]`, or `<agent>/<name>` for an agent's own.
-    name: String,
+    #[command(flatten)]
+    target: Target,
     #[command(flatten)]
     place: Where,
     #[command(flatten)]
@@ -58,6 +86,7 @@ pub fn run(cmd: McpCmd) -> Result<u8, Failure> {
     match cmd {
         McpCmd::List(args) => runtime.block_on(list(args)),
         McpCmd::Probe(args) => runtime.block_on(probe(args)),
+        McpCmd::Call(args) => runtime.block_on(call(args)),
     }
 }
 
@@ -176,16 +205,69 @@ fn state_line(s: &Value) -> String {
     }
 }
 
-async fn probe(args: ProbeArgs) -> Result<u8, Failure> {
-    let s = settings(&args.place, None)?;
-    let Some(spec) = s.mcp_servers.iter().find(|sp| sp.id == args.name).cloned() else {
+/// The server `target` names: from the config, or an HTTP endpoint named `url`.
+fn target_spec(target: &Target, place: &Where) -> Result<pincer_agent::mcp::ServerSpec, Failure> {
+    if let Some(url) = &target.url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(Failure::usage(format!("--url {url:?} is not an http:// or https:// URL")));
+        }
+        return Ok(pincer_agent::mcp::ServerSpec {
+            name: "url".into(),
+            id: "url".into(),
+            transport: pincer_agent::mcp::Transport::Http {
+                url: url.clone(),
+                headers: Default::default(),
+                bearer_token: None,
+            },
+            timeout: pincer_agent::mcp::DEFAULT_TIMEOUT,
+            include: None,
+            exclude: Vec::new(),
+        });
+    }
+    let name = target.name.clone().unwrap_or_default();
+    let s = settings(place, None)?;
+    s.mcp_servers.iter().find(|sp| sp.id == name).cloned().ok_or_else(|| {
         let known: Vec<&str> = s.mcp_servers.iter().map(|sp| sp.id.as_str()).collect();
-        return Err(Failure::usage(format!(
-            "no MCP server {:?} in the config (servers: {})",
-            args.name,
+        Failure::usage(format!(
+            "no MCP server {name:?} in the config (servers: {})",
             if known.is_empty() { "none".to_owned() } else { known.join(", ") }
-        )));
+        ))
+    })
+}
+
+async fn call(args: CallArgs) -> Result<u8, Failure> {
+    let spec = target_spec(&args.target, &args.place)?;
+    let arguments: Value = serde_json::from_str(&args.arguments)
+        .ok()
+        .filter(Value::is_object)
+        .ok_or_else(|| Failure::usage(format!("--arguments {:?} is not a JSON object", args.arguments)))?;
+    let name = format!("{}{}__{}", pincer_agent::mcp::PREFIX, spec.name, args.tool);
+    let manager = pincer_agent::mcp::Manager::new([spec]);
+    manager.start();
+    manager.started().await;
+    let server = manager.servers().next().cloned();
+    let tool = server.as_ref().and_then(|s| s.tools().into_iter().find(|t| t.name() == name));
+    let result = match tool {
+        Some(tool) => Some(tool.call(arguments).await),
+        None => None,
     };
+    let summary = server.as_ref().map(|s| s.summary()).unwrap_or_default();
+    manager.shutdown().await;
+    match result {
+        None => Err(Failure::failed(format!("{name}: no such tool on the server ({summary})"))),
+        Some(Ok(out)) => {
+            crate::out::json_pretty(&out.to_value())?;
+            Ok(0)
+        }
+        Some(Err(e)) => {
+            crate::out::json_pretty(&json!({"content": [{"type": "text", "text": e.to_string()}], "isError": true}))?;
+            Ok(1)
+        }
+    }
+}
+
+async fn probe(args: ProbeArgs) -> Result<u8, Failure> {
+    let spec = target_spec(&args.target, &args.place)?;
     let status = start_here(vec![spec]).await.pop().unwrap_or_default();
     let failed = status["state"] != "ready";
     if args.output.json() {

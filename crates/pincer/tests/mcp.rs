@@ -400,3 +400,29 @@ async fn a_server_killed_mid_call_fails_the_call_and_comes_back_and_an_abort_can
     .await;
     assert!(lines.iter().any(|m| m["method"] == "notifications/cancelled"));
 }
+
+/// The official conformance suite (npm `@modelcontextprotocol/conformance`, pinned in tests/mcp) drives
+/// Pincer's client (`pincer mcp`, through tests/mcp/conformance-client.sh) in its client scenarios
+/// that need no OAuth: the handshake, a tool call, and an SSE stream closed mid-call that the client
+/// must resume as the server's `retry` asks.
+#[test]
+fn the_conformance_suites_client_scenarios_pass() {
+    // The suite needs Node 22 or later: the Node 24 scripts/test installs for OpenClaw's CLI.
+    let node = pincer_testkit::repo_root().join("tests/openclaw-cli/node/node_modules/.bin/node");
+    assert!(node.is_file(), "Node 24 is not installed at {}: run scripts/test", node.display());
+    let suite = pincer_testkit::mcp_servers_dir().join("conformance/dist/index.js");
+    let harness = pincer_testkit::repo_root().join("tests/mcp/conformance-client.sh");
+    let dir = tempfile::tempdir().unwrap();
+    for scenario in ["initialize", "tools_call", "sse-retry"] {
+        let out = std::process::Command::new(&node)
+            .arg(&suite)
+            .args(["client", "--command", &format!("sh {}", harness.display()), "--scenario", scenario])
+            .env("PINCER_BIN", BIN)
+            .env("PINCER_LOG", "warn")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(said.contains("OVERALL: PASSED") && said.contains(" 0 failed, 0 warnings"), "{scenario}:\n{said}");
+    }
+}

@@ -65,12 +65,15 @@ pub fn sdk_dir() -> PathBuf {
     d
 }
 
-/// `tests/mcp/node_modules/@modelcontextprotocol`: the MCP reference servers (scripts/test runs
+/// `tests/mcp/node_modules/@modelcontextprotocol`: the MCP reference servers and the conformance
+/// suite (scripts/test runs
 /// `npm ci` in tests/mcp from its lock).
 pub fn mcp_servers_dir() -> PathBuf {
     let d = repo_root().join("tests/mcp/node_modules/@modelcontextprotocol");
     assert!(
-        d.join("server-everything/dist/index.js").is_file() && d.join("server-filesystem/dist/index.js").is_file(),
+        ["server-everything", "server-filesystem", "conformance"]
+            .iter()
+            .all(|p| d.join(p).join("dist/index.js").is_file()),
         "the MCP reference servers are not installed in {}: run scripts/test (npm ci in tests/mcp)",
         d.display()
     );
