@@ -134,6 +134,10 @@ async fn the_reference_servers_tools_reach_the_model_and_their_results_the_next_
     );
     let main_tools = status["mcp"]["agents"]["main"]["tools"].as_array().unwrap();
     assert!(main_tools.contains(&json!("mcp__fs__read_file")), "{status}");
+    // tools.effective lists them in a group of their own.
+    let effective = c.request("tools.effective", json!({"sessionKey": "main"})).await.unwrap();
+    let group = effective["groups"].as_array().unwrap().iter().find(|g| g["id"] == "mcp").unwrap().clone();
+    assert!(group["tools"].as_array().unwrap().iter().any(|t| t["id"] == "mcp__everything__echo"), "{group}");
 }
 
 /// A free port on loopback (bound, then released for the server to take).
@@ -141,8 +145,18 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A child process killed when the test ends, failed or not.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// server-everything in its streamable HTTP mode on `port`, once it listens.
-fn http_everything(port: u16) -> std::process::Child {
+fn http_everything(port: u16) -> Killed {
     use std::io::BufRead;
     let mut child = std::process::Command::new("node")
         .arg(server_js("server-everything"))
@@ -161,7 +175,7 @@ fn http_everything(port: u16) -> std::process::Child {
         }
     }
     std::thread::spawn(move || lines.for_each(drop));
-    child
+    Killed(child)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,7 +184,7 @@ async fn server_everything_over_streamable_http() {
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let port = free_port();
-    let mut server = http_everything(port);
+    let server = http_everything(port);
     let fake = FakeProvider::start(Format::OpenaiCompletions).await;
     let f = Format::OpenaiCompletions;
     let echo = json!({"message": "over http"}).to_string();
@@ -192,8 +206,7 @@ async fn server_everything_over_streamable_http() {
     let status = c.request("status", json!({})).await.unwrap();
     assert_eq!(status["mcp"]["servers"][0]["transport"], "http");
     drop(gw);
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
 }
 
 /// `pincer mcp …` with the test gateway's token.
@@ -425,4 +438,55 @@ fn the_conformance_suites_client_scenarios_pass() {
         let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(said.contains("OVERALL: PASSED") && said.contains(" 0 failed, 0 warnings"), "{scenario}:\n{said}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_mcp_call_cut_by_a_crash_runs_again_when_the_turn_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let tap_log = dir.path().join("tap.log");
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    // readOnlyHint: true in server-everything: the resumed turn may run it again.
+    let long = json!({"duration": 2, "steps": 2}).to_string();
+    fake.push(Reply::stream(script(
+        f,
+        &turn(vec![tool_call("k1", "mcp__everything__trigger-long-running-operation", &[&long])], (20, 5, 0)),
+    )));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["Finished."])], (30, 3, 0)))));
+    let mcp = format!(
+        "[mcp.servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"{}\", \"node\", \"{}\", \"stdio\"]\n",
+        pincer_testkit::repo_root().join("tests/mcp/tap.mjs").display(),
+        tap_log.display(),
+        server_js("server-everything").display()
+    );
+    let state = dir.path().join("state");
+    let mut gw = start(&state, config(&fake, &ws, &mcp)).await;
+    let mut c = Client::connect(&gw.addr).await;
+    c.request("chat.send", json!({"sessionKey": "main", "message": "run it", "idempotencyKey": "r1"})).await.unwrap();
+    tapped(&tap_log, |l| !long_calls(l).is_empty()).await;
+    drop(c);
+    let gw = tokio::task::spawn_blocking(move || {
+        gw.restart();
+        gw
+    })
+    .await
+    .unwrap();
+    // The resumed turn calls the tool again (a second tools/call reaches the new server), and its
+    // result is the one on disk.
+    tapped(&tap_log, |l| long_calls(l).len() == 2).await;
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    for _ in 0..600 {
+        if pincer_testkit::probe::read_rows(&file).iter().any(|r| r["message"]["stopReason"] == "stop") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let results = tool_results(&file);
+    assert_eq!(results.len(), 1, "{results:?}\n{}", gw.log_text());
+    assert_eq!(
+        (result_text(&results[0]), &results[0]["isError"]),
+        ("Long running operation completed. Duration: 2 seconds, Steps: 2.", &json!(false))
+    );
 }
