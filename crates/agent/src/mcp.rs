@@ -11,8 +11,9 @@
 //! and connects again after a backoff (1 s doubling to 60 s; back to 1 s after a minute of life).
 //!
 //! Each listed tool becomes an [`McpTool`] named `mcp__<server>__<tool>` with the server's input
-//! schema as it is. A call is `tools/call` under the server's timeout; dropping it (an abort of the
-//! turn) or its timeout sends `notifications/cancelled`. `isError` results, protocol errors and a
+//! schema as it is. A call is `tools/call` under the server's timeout, counted from the call's last
+//! progress notification; dropping it (an abort of the turn) or its timeout sends
+//! `notifications/cancelled`. `isError` results, protocol errors and a
 //! connection lost during the call are tool errors naming the server and the failure. Results map
 //! onto Pi's `toolResult` blocks ([`to_output`]), under the built-in tools' output caps.
 //! Annotations feed the tool's hints: `readOnlyHint` or `idempotentHint` make a call safe to run
@@ -29,8 +30,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
-use rmcp::service::{ClientLifecycleMode, MaybeSendFuture, NotificationContext, Peer, RoleClient};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam, ClientCapabilities,
+    ClientConfig, ClientNotification, ClientRequest, Implementation, ProtocolVersion, ServerResult,
+};
+use rmcp::service::{ClientLifecycleMode, MaybeSendFuture, NotificationContext, Peer, PeerRequestOptions, RoleClient};
 use rmcp::{ClientHandler, ServiceError};
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
@@ -308,27 +312,47 @@ impl Server {
             params = params.with_arguments(args);
         }
         let timeout = self.spec.timeout;
-        // Dropping `call_tool` before its answer (this future dropped by an abort, or the timeout)
-        // sends `notifications/cancelled` for the request.
-        match tokio::time::timeout(timeout, peer.call_tool(params)).await {
-            Err(_) => Err(ToolError::failed(format!(
-                "MCP server {name}: {tool} did not answer within {} s (timeout_secs); the call was cancelled.",
+        // The timeout counts from the last progress notification of the call; when it runs out,
+        // rmcp sends `notifications/cancelled`, and so does the guard when this future is dropped
+        // before the answer (an abort of the turn).
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let options = PeerRequestOptions::with_timeout(timeout).reset_timeout_on_progress();
+        let answer = match peer.send_request_with_option(request, options).await {
+            Ok(handle) => {
+                let mut guard = CancelOnDrop { peer: peer.clone(), id: Some(handle.id.clone()) };
+                let answer = handle.await_response().await;
+                guard.id = None;
+                answer
+            }
+            Err(e) => Err(e),
+        };
+        let answer = match answer {
+            Ok(ServerResult::CallToolResult(result)) => Ok(result),
+            Ok(other) => Err(ServiceError::McpError(rmcp::ErrorData::internal_error(
+                format!("the server answered tools/call with {other:?}"),
+                None,
+            ))),
+            Err(e) => Err(e),
+        };
+        match answer {
+            Err(ServiceError::Timeout { .. }) => Err(ToolError::failed(format!(
+                "MCP server {name}: {tool} did not answer within {} s of its last progress (timeout_secs); the call was cancelled.",
                 timeout.as_secs()
             ))),
-            Ok(Ok(result)) => {
+            Ok(result) => {
                 let value = serde_json::to_value(&result).map_err(|e| ToolError::failed(e.to_string()))?;
                 to_output(&value)
             }
-            Ok(Err(ServiceError::McpError(e))) => {
+            Err(ServiceError::McpError(e)) => {
                 Err(ToolError::failed(format!("MCP server {name}: {tool} failed: {} (error {})", e.message, e.code.0)))
             }
-            Ok(Err(e @ (ServiceError::TransportClosed | ServiceError::TransportSend(_)))) => {
+            Err(e @ (ServiceError::TransportClosed | ServiceError::TransportSend(_))) => {
                 let why = self.ended(connection).await.unwrap_or_else(|| e.to_string());
                 Err(ToolError::failed(format!(
                     "MCP server {name} stopped during the call to {tool} ({why}); the call's outcome is unknown. The server is being restarted."
                 )))
             }
-            Ok(Err(e)) => Err(ToolError::failed(format!("MCP server {name}: {tool} failed: {e}"))),
+            Err(e) => Err(ToolError::failed(format!("MCP server {name}: {tool} failed: {e}"))),
         }
     }
 
@@ -344,6 +368,25 @@ impl Server {
             ServerState::Failed(reason) => Some(reason.clone()),
             _ => None,
         }
+    }
+}
+
+/// Sends `notifications/cancelled` for request `id` when dropped with it still set (the call's
+/// future dropped before its answer).
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<rmcp::model::RequestId>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let (Some(id), Ok(runtime)) = (self.id.take(), tokio::runtime::Handle::try_current()) else { return };
+        let peer = self.peer.clone();
+        runtime.spawn(async move {
+            let params = CancelledNotificationParam::new(Some(id), Some("the turn was aborted".to_owned()));
+            let note = ClientNotification::CancelledNotification(CancelledNotification::new(params));
+            let _ = peer.send_notification(note).await;
+        });
     }
 }
 

@@ -490,3 +490,44 @@ async fn a_read_only_mcp_call_cut_by_a_crash_runs_again_when_the_turn_resumes() 
         ("Long running operation completed. Duration: 2 seconds, Steps: 2.", &json!(false))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notifications_extend_a_calls_timeout_and_silence_ends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    let op = "mcp__everything__trigger-long-running-operation";
+    // 4 s in all with a progress notification every 0.25 s: longer than the 2 s timeout, never silent.
+    let chatty = json!({"duration": 4, "steps": 16}).to_string();
+    // One step of 30 s: no progress before the timeout.
+    let silent = json!({"duration": 30, "steps": 1}).to_string();
+    fake.push(Reply::stream(script(f, &turn(vec![tool_call("p1", op, &[&chatty])], (20, 5, 0)))));
+    fake.push(Reply::stream(script(f, &turn(vec![tool_call("p2", op, &[&silent])], (30, 5, 0)))));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["Done."])], (40, 3, 0)))));
+    let mcp = format!(
+        "[mcp.servers.everything]\ncommand = \"node\"\nargs = [\"{}\", \"stdio\"]\ntimeout_secs = 2\n",
+        server_js("server-everything").display()
+    );
+    let state = dir.path().join("state");
+    let gw = start(&state, config(&fake, &ws, &mcp)).await;
+    let mut c = Client::connect(&gw.addr).await;
+    send(&mut c, &gw, "run both", "p").await;
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let results = tool_results(&file);
+    let by_id = |id: &str| results.iter().find(|r| r["toolCallId"] == id).unwrap().clone();
+    let p1 = by_id("p1");
+    assert_eq!(
+        (result_text(&p1), &p1["isError"]),
+        ("Long running operation completed. Duration: 4 seconds, Steps: 16.", &json!(false))
+    );
+    let p2 = by_id("p2");
+    assert_eq!(p2["isError"], true);
+    assert_eq!(
+        result_text(&p2),
+        "MCP server everything: trigger-long-running-operation did not answer within 2 s of its last progress \
+         (timeout_secs); the call was cancelled."
+    );
+    check_request_against_pi(&file, &fake, 2);
+}
