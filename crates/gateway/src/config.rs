@@ -947,6 +947,8 @@ mod tests {
     const OPENAI_ENV_KEY: &str = "oa-env-key-98765432";
     const KEY_ENV_VALUE: &str = "envd-secret-value-777";
     const OTHER_TOKEN: &str = "svc-token-xyz-12345";
+    const MCP_BEARER: &str = "mcp-bearer-value-5150";
+    const MCP_HEADER: &str = "hdr-secret-value-4242";
 
     /// Loads real settings in a child process (its environment set by the parent, so no test
     /// mutates this process's environment), appends a message quoting every secret through a
@@ -971,6 +973,11 @@ base_url = "http://127.0.0.1:9"
 api_key_env = "PINCER_TEST_ENVD_SECRET"
 [[models.providers.envd.models]]
 id = "m"
+
+[mcp.servers.docs]
+url = "http://127.0.0.1:9/mcp"
+bearer_token_env = "PINCER_TEST_MCP_BEARER"
+headers = {{ X-Api-Secret = "{MCP_HEADER}", X-Team = "support" }}
 "#
             ),
         )
@@ -982,6 +989,7 @@ id = "m"
             .env("OPENAI_API_KEY", OPENAI_ENV_KEY)
             .env("PINCER_TEST_ENVD_SECRET", KEY_ENV_VALUE)
             .env("SOME_SERVICE_TOKEN", OTHER_TOKEN)
+            .env("PINCER_TEST_MCP_BEARER", MCP_BEARER)
             .output()
             .unwrap();
         assert!(
@@ -1001,7 +1009,7 @@ id = "m"
             Overrides { state_dir: Some(dir.clone()), config: Some(dir.join("pincer.toml")), ..Overrides::default() };
         let settings = load(&o).unwrap();
         assert_eq!(settings.auth, AuthMode::Token(GATEWAY_TOKEN.into()));
-        let secrets = [GATEWAY_TOKEN, CONFIG_KEY, OPENAI_ENV_KEY, KEY_ENV_VALUE, OTHER_TOKEN];
+        let secrets = [GATEWAY_TOKEN, CONFIG_KEY, OPENAI_ENV_KEY, KEY_ENV_VALUE, OTHER_TOKEN, MCP_BEARER, MCP_HEADER];
         let text = secrets.join(" | ");
         let store = Store::new(StoreOptions { redactor: settings.redactor().unwrap(), ..StoreOptions::default() });
         let file = dir.join("sessions/s.jsonl");
@@ -1010,7 +1018,7 @@ id = "m"
         store.close();
         let on_disk = std::fs::read_to_string(&file).unwrap();
         let line: serde_json::Value = serde_json::from_str(on_disk.lines().nth(1).unwrap()).unwrap();
-        let expected = "gw-…[REDACTED] | lo…[REDACTED] | oa…[REDACTED] | en…[REDACTED] | sv…[REDACTED]";
+        let expected = "gw-…[REDACTED] | lo…[REDACTED] | oa…[REDACTED] | en…[REDACTED] | sv…[REDACTED] | mc…[REDACTED] | hd…[REDACTED]";
         assert_eq!(line["message"]["content"][0]["text"], expected);
         for s in secrets {
             assert!(!on_disk.contains(s), "{s} reached the transcript");
