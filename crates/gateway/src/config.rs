@@ -942,6 +942,32 @@ mod tests {
         assert!(err.contains("context_cache_mb"), "{err}");
     }
 
+    #[test]
+    fn mcp_servers_are_every_agents_unless_an_agent_replaces_or_drops_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[mcp.servers.docs]\nurl = \"http://127.0.0.1:9/mcp\"\n\
+                    [mcp.servers.everything]\ncommand = \"node\"\nargs = [\"e.js\"]\n\
+                    [mcp.servers.off]\ncommand = \"node\"\nenabled = false\n\
+                    [agents.writer.mcp.servers.docs]\nenabled = false\n\
+                    [agents.writer.mcp.servers.everything]\ncommand = \"node\"\nargs = [\"mine.js\"]\ntimeout_secs = 5\n\
+                    [agents.plain]\nmodel = \"pincer/echo\"\n";
+        std::fs::write(dir.path().join("pincer.toml"), text).unwrap();
+        let o = Overrides {
+            state_dir: Some(dir.path().to_path_buf()),
+            config: Some(dir.path().join("pincer.toml")),
+            ..Overrides::default()
+        };
+        let s = load(&o).unwrap();
+        let ids: Vec<&str> = s.mcp_servers.iter().map(|sp| sp.id.as_str()).collect();
+        assert_eq!(ids, ["docs", "everything", "writer/everything"]);
+        assert_eq!(s.agents.get("main").mcp_servers, ["docs", "everything"]);
+        assert_eq!(s.agents.get("plain").mcp_servers, ["docs", "everything"]);
+        assert_eq!(s.agents.get("writer").mcp_servers, ["writer/everything"]);
+        assert_eq!(s.agents.get("unconfigured").mcp_servers, ["docs", "everything"]);
+        let mine = &s.mcp_servers[2];
+        assert_eq!((mine.name.as_str(), mine.timeout), ("everything", std::time::Duration::from_secs(5)));
+    }
+
     const GATEWAY_TOKEN: &str = "gw-token-3f9a1c77b2e04d55";
     const CONFIG_KEY: &str = "local-config-key-0001";
     const OPENAI_ENV_KEY: &str = "oa-env-key-98765432";
