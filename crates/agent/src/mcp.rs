@@ -137,7 +137,7 @@ pub enum ServerState {
     Starting,
     /// Connected, its tools listed.
     Ready,
-    /// Not connected: why, and when it is tried again.
+    /// Not connected, and why (tried again after a backoff, staying `Failed` until it is ready).
     Failed(String),
     /// Stopped with the gateway.
     Stopped,
@@ -229,13 +229,7 @@ impl Server {
     }
 
     fn set_state(&self, state: ServerState) {
-        match &state {
-            ServerState::Failed(reason) => {
-                tracing::warn!(server = %self.spec.id, "MCP server {}: {reason}; its tools are left out", self.spec.id)
-            }
-            ServerState::Ready => {}
-            _ => tracing::debug!(server = %self.spec.id, "MCP server {}: {}", self.spec.id, state.name()),
-        }
+        tracing::debug!(server = %self.spec.id, "MCP server {}: {}", self.spec.id, state.name());
         self.update(|l| {
             l.state = state;
             if l.state != ServerState::Ready {
@@ -831,7 +825,10 @@ async fn supervise(server: Arc<Server>, stop: CancellationToken, first: tokio::s
     let mut legacy = false;
     let id = server.spec.id.clone();
     loop {
-        server.set_state(ServerState::Starting);
+        // A failed server stays `failed` (with its reason) while it is tried again.
+        if !matches!(server.state(), ServerState::Failed(_)) {
+            server.set_state(ServerState::Starting);
+        }
         let refresh = Arc::new(tokio::sync::Notify::new());
         let handler = Handler { refresh: refresh.clone() };
         let started = Instant::now();
@@ -870,6 +867,7 @@ async fn supervise(server: Arc<Server>, stop: CancellationToken, first: tokio::s
                         }
                         let reason = loop {
                             tokio::select! {
+                                biased;
                                 () = stop.cancelled() => {
                                     conn.stop().await;
                                     server.set_state(ServerState::Stopped);
@@ -880,6 +878,7 @@ async fn supervise(server: Arc<Server>, stop: CancellationToken, first: tokio::s
                                         tracing::info!(server = %id, "MCP server {id}: tool list changed, now {} tools", tools.len());
                                         server.update(|l| { l.tools = tools; l.left_out = left_out; });
                                     }
+                                    Err(_) if stop.is_cancelled() => {}
                                     Err(e) => tracing::warn!(server = %id, "MCP server {id}: {e}; keeping its previous tools"),
                                 },
                                 why = conn.ended() => break why,
@@ -898,7 +897,12 @@ async fn supervise(server: Arc<Server>, stop: CancellationToken, first: tokio::s
             server.set_state(ServerState::Stopped);
             return;
         }
-        server.set_state(ServerState::Failed(format!("{failure}; starting again in {} s", backoff.as_secs())));
+        tracing::warn!(
+            server = %id,
+            "MCP server {id}: {failure}; its tools are left out; starting it again in {} s",
+            backoff.as_secs()
+        );
+        server.set_state(ServerState::Failed(failure));
         if let Some(tx) = first.take() {
             let _ = tx.send(());
         }

@@ -286,7 +286,10 @@ async fn a_server_that_cannot_start_is_shown_with_its_reason_and_turns_go_on_wit
     assert!(stdout.contains("agent main: mcp__everything__echo,"), "{stdout}");
     let json_out = pincer_mcp(&["list", "--state-dir", &state_arg, "--bind", &gw.addr, "--json"]);
     let listed: Value = serde_json::from_slice(&json_out.stdout).unwrap();
-    assert_eq!(listed["servers"], status["mcp"]["servers"]);
+    let states = |servers: &Value| -> Vec<(Value, Value, Value)> {
+        servers.as_array().unwrap().iter().map(|s| (s["id"].clone(), s["state"].clone(), s["reason"].clone())).collect()
+    };
+    assert_eq!(states(&listed["servers"]), states(&status["mcp"]["servers"]));
     // `probe` starts the server by itself and says the same; a ready one lists its tools.
     let out = pincer_mcp(&["probe", "broken", "--state-dir", &state_arg, "--table"]);
     assert_eq!(out.status.code(), Some(1));
