@@ -310,13 +310,31 @@ async fn start_turn_in(
             return Err(e);
         }
     }
-    let Some(run) = gw.register_run_bounded(&run_id, &session.key, conn_id, MAX_QUEUED_PER_SESSION) else {
+    let Some((run, ahead)) = gw.register_run_bounded(&run_id, &session.key, conn_id, MAX_QUEUED_PER_SESSION) else {
         gw.dedupe_forget(&dedupe_key);
         return Err(RpcError::unavailable(format!(
             "session busy: {MAX_QUEUED_PER_SESSION} turns are already running or waiting in {}; send again when one has finished",
             session.key
         )));
     };
+    // A message acknowledged while another turn of its session runs is on disk before its ack
+    // (its user row is written only when its turn comes): a crash meanwhile does not lose it, the
+    // next start runs it ([`crate::turns::recover_interrupted`]). A turn tied to the tree as it is
+    // now (a regenerate, a leaf guard, a stateless client's history) is not kept: its client
+    // sends it again.
+    let queued = ahead > 0
+        && slot.is_none()
+        && resume.is_none()
+        && regenerate.is_none()
+        && expected_leaf.is_none()
+        && graft.is_none();
+    if queued {
+        if let Err(e) = gw.append(&session, crate::turns::queued_marker(&run_id, &message, &images)).await {
+            gw.finish_run(&run_id);
+            gw.dedupe_forget(&dedupe_key);
+            return Err(RpcError::unavailable(format!("cannot queue the message: {}", persist_failure(&e).1)));
+        }
+    }
     let turn = Turn {
         gw: gw.clone(),
         session,
@@ -328,6 +346,7 @@ async fn start_turn_in(
         regenerate,
         graft,
         model,
+        queued,
         slot: std::sync::Mutex::new(slot),
         ended: Default::default(),
         tokens: Default::default(),
@@ -365,11 +384,37 @@ pub async fn resume(
 ) -> Result<Value, RpcError> {
     // The text tells a slash command (which is not run again) from a message.
     let text = pincer_pi::text_blocks(user["message"].get("content")).join("\n");
+    start_held(gw, session, run_id, text, Vec::new(), slot).await
+}
+
+/// Runs turn `run_id`, acknowledged while another turn ran and never started before a restart,
+/// from its record `queued` ([`crate::turns::queued_unstarted`]), in the session's queue `slot`.
+pub async fn run_queued(
+    gw: &Arc<Gateway>,
+    session: SessionRef,
+    run_id: &str,
+    queued: &Value,
+    slot: crate::state::TurnSlot,
+) -> Result<Value, RpcError> {
+    let text = queued["text"].as_str().unwrap_or_default().to_owned();
+    let images = queued["images"].as_array().cloned().unwrap_or_default();
+    start_held(gw, session, run_id, text, images, slot).await
+}
+
+/// A turn the gateway takes up by itself (no client waits for its ack), in a queue slot it holds.
+async fn start_held(
+    gw: &Arc<Gateway>,
+    session: SessionRef,
+    run_id: &str,
+    text: String,
+    images: Vec<Value>,
+    slot: crate::state::TurnSlot,
+) -> Result<Value, RpcError> {
     let request = TurnRequest {
         session,
         run_id: run_id.to_owned(),
         text,
-        images: Vec::new(),
+        images,
         regenerate: None,
         expected_leaf: None,
         graft: None,
@@ -519,6 +564,9 @@ struct Turn {
     graft: Option<Graft>,
     /// The model of this turn instead of the session's.
     model: Option<String>,
+    /// Its record was written when it was acknowledged behind another turn
+    /// ([`crate::turns::QUEUED`]): ending without running says so ([`Turn::drop_queued`]).
+    queued: bool,
     /// The lifecycle `end` went out (it comes before the final, once).
     ended: std::sync::atomic::AtomicBool,
     /// Tokens in and out of the replies written so far (their `usage`).
@@ -539,6 +587,7 @@ impl Turn {
             regenerate: None,
             graft: None,
             model: None,
+            queued: false,
             slot: Default::default(),
             ended: Default::default(),
             tokens: Default::default(),
@@ -652,7 +701,8 @@ impl Turn {
                 return;
             }
             Err(crate::state::SlotError::Cancelled) => {
-                // Aborted while waiting: nothing was written.
+                // Aborted while waiting: no row was written.
+                self.drop_queued("aborted while it waited").await;
                 self.chat_event("aborted", json!({"stopReason": self.run.origin()}));
                 self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
                 return;
@@ -714,6 +764,19 @@ impl Turn {
         }
         self.session = now;
         true
+    }
+
+    /// A queued turn ([`Turn::queued`]) ends without its user row: recorded, so that no restart
+    /// runs it ([`crate::turns::DROPPED`]). Best effort: a restart meanwhile runs it after all.
+    async fn drop_queued(&self, why: &str) {
+        if !self.queued {
+            return;
+        }
+        if let Err(e) =
+            self.gw.append(&self.session, crate::turns::marker(crate::turns::DROPPED, &self.run.run_id, why)).await
+        {
+            tracing::warn!(session = %self.session.key, run = %self.run.run_id, "cannot record a dropped queued turn: {e}");
+        }
     }
 
     fn user_content(&self, text: &str) -> Value {

@@ -504,16 +504,18 @@ impl Gateway {
 
     // ---- runs ----
 
-    /// Registers a run unless its session already has `max` runs active or waiting.
+    /// Registers a run unless its session already has `max` runs active or waiting; with the
+    /// number of the session's runs registered before it (the ones it will wait for).
     pub fn register_run_bounded(
         &self,
         run_id: &str,
         session_key: &str,
         owner_conn: u64,
         max: usize,
-    ) -> Option<Arc<RunHandle>> {
+    ) -> Option<(Arc<RunHandle>, usize)> {
         let mut runs = lock(&self.runs);
-        if runs.values().filter(|r| r.session_key == session_key).count() >= max {
+        let ahead = runs.values().filter(|r| r.session_key == session_key).count();
+        if ahead >= max {
             return None;
         }
         let h = self.new_run(run_id, session_key, owner_conn);
@@ -527,7 +529,7 @@ impl Gateway {
                 }
             });
         }
-        Some(h)
+        Some((h, ahead))
     }
 
     /// This replica's id (the PostgreSQL store only).
