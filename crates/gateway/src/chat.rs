@@ -279,7 +279,7 @@ async fn start_turn_in(
     let dedupe_key = format!("chat:{run_id}");
     match gw.dedupe_begin(&dedupe_key) {
         Some(Dedupe::InFlight) => return Ok(json!({"runId": run_id, "status": "in_flight"})),
-        Some(Dedupe::Done(r)) => return r,
+        Some(Dedupe::Done(r, _)) => return r,
         None => {}
     }
     // The transcript remembers every key that reached it, across restarts and crashes.
@@ -677,7 +677,7 @@ impl Turn {
             tokens_out,
             "turn finished"
         );
-        self.gw.dedupe_finish(&format!("chat:{}", self.run.run_id), result);
+        self.gw.dedupe_finish_run(&format!("chat:{}", self.run.run_id), result, Some(self.run.started_at));
         self.gw.finish_run(&self.run.run_id);
         self.gw.sessions.touch(&self.session);
     }

@@ -213,7 +213,8 @@ impl DedupeWindow {
 #[derive(Clone)]
 pub enum Dedupe {
     InFlight,
-    Done(Result<Value, RpcError>),
+    /// The answer, and when its run started (ms since the epoch) if one ran here.
+    Done(Result<Value, RpcError>, Option<u64>),
 }
 
 pub struct Gateway {
@@ -657,14 +658,24 @@ impl Gateway {
 
     /// The result recorded for an idempotency key, if its run has finished.
     pub fn dedupe_result(&self, key: &str) -> Option<Result<Value, RpcError>> {
+        self.dedupe_done(key).map(|(r, _)| r)
+    }
+
+    /// The answer of a finished key, with when its run started (if one ran here).
+    pub fn dedupe_done(&self, key: &str) -> Option<(Result<Value, RpcError>, Option<u64>)> {
         match lock(&self.dedupe).keys.get(key) {
-            Some((_, Dedupe::Done(r))) => Some(r.clone()),
+            Some((_, Dedupe::Done(r, started))) => Some((r.clone(), *started)),
             _ => None,
         }
     }
 
     pub fn dedupe_finish(&self, key: &str, result: Result<Value, RpcError>) {
-        lock(&self.dedupe).set(key, Instant::now(), Dedupe::Done(result));
+        self.dedupe_finish_run(key, result, None);
+    }
+
+    /// [`Gateway::dedupe_finish`] for a run that started at `started_at`.
+    pub fn dedupe_finish_run(&self, key: &str, result: Result<Value, RpcError>, started_at: Option<u64>) {
+        lock(&self.dedupe).set(key, Instant::now(), Dedupe::Done(result, started_at));
     }
 
     // ---- store work, off the async threads ----

@@ -92,6 +92,9 @@ async fn agent_is_accepted_then_answered_with_the_reply_written_and_chained() {
     assert_eq!(rows[3]["parentId"], rows[2]["id"]);
     let waited = c.request("agent.wait", json!({"runId": "agent-run-2", "timeoutMs": 1000})).await.expect("wait");
     assert_eq!(waited["status"], "ok", "{waited}");
+    // Asked after the run ended, it still says when the run started (as while it ran).
+    let (started, ended) = (waited["startedAt"].as_u64(), waited["endedAt"].as_u64());
+    assert!(started.is_some_and(|s| ended.is_some_and(|e| s <= e)), "{waited}");
 
     // Bad input: named, and nothing written.
     let err = c.request("agent", json!({"message": " ", "idempotencyKey": "x"})).await.expect_err("blank");
