@@ -284,6 +284,11 @@ impl Approvals {
         lock(&self.decided).iter().rev().find(|(i, _)| i == id.trim()).map(|(_, d)| d.clone())
     }
 
+    /// True when a run of session `key` waits here for a decision.
+    pub fn waiting_in(&self, key: &str) -> bool {
+        lock(&self.pending).values().any(|p| p.session.key == key)
+    }
+
     /// The requests of run `run_id` waiting now.
     fn of_run(&self, run_id: &str) -> Vec<Arc<Pending>> {
         lock(&self.pending).values().filter(|p| p.run_id == run_id).cloned().collect()
@@ -332,6 +337,7 @@ fn settled(gw: &Gateway, p: &Pending, d: &Decided) {
     remember(gw, &p.id, d);
     p.tx.send_replace(Some(d.clone()));
     announce_resolved(gw, &p.id, &p.record["request"], d);
+    crate::methods::changed(gw, &p.session.key, "approval");
 }
 
 fn remember(gw: &Gateway, id: &str, d: &Decided) {
@@ -727,6 +733,8 @@ async fn wait(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>, rec
     });
     lock(&gw.approvals.pending).insert(id.clone(), p.clone());
     gw.hub.publish("exec.approval.requested", None, record.clone(), false, Audience::All);
+    // Its row says `waiting` now (and again `running` once decided: [`settled`]).
+    crate::methods::changed(gw, &session.key, "approval");
     let requested = json!({"phase": "requested", "kind": "exec", "status": "pending",
         "title": "Command approval requested", "toolCallId": req["toolCallId"], "approvalId": id,
         "command": req["command"], "cwd": req["cwd"], "name": req["toolName"], "host": "gateway",
