@@ -655,6 +655,10 @@ impl Turn {
     }
 
     fn session_message(&self, entry: &Value) {
+        // What streamed is in the row now: the next message streams from nothing.
+        if let Ok(mut streamed) = self.run.streamed.lock() {
+            streamed.clear();
+        }
         publish_session_message(&self.gw, &self.session, entry, None);
     }
 
@@ -1486,6 +1490,9 @@ impl Turn {
         let content = if thinking.is_empty() { &blocks[1..] } else { &blocks[..] };
         let delta = Delta { delta_text: pending, message: Message { role: "assistant", content, timestamp: now_ms() } };
         self.chat_event_with("delta", &delta, None);
+        if let Ok(mut streamed) = self.run.streamed.lock() {
+            text.clone_into(&mut streamed);
+        }
         pending.clear();
         *last_sent = Some(Instant::now());
     }
@@ -1804,7 +1811,16 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
             (json!(s.session_id), h.messages, h.thinking_level, h.has_older)
         }
     };
-    let active: Vec<String> = gw.runs_of(&key).iter().map(|r| r.run_id.clone()).collect();
+    let mut runs = gw.runs_of(&key);
+    runs.sort_by_key(|r| r.started_at);
+    let active: Vec<String> = runs.iter().map(|r| r.run_id.clone()).collect();
+    // The run that streams now (the session's oldest: the others wait behind it), as OpenClaw's
+    // `inFlightRun` gives it: a client that reloads the history in the middle of a run (OpenClaw's
+    // Control UI does, at every run's start) keeps it as running, with its text so far.
+    let in_flight = runs.first().map(|r| {
+        let text = r.streamed.lock().map(|t| t.clone()).unwrap_or_default();
+        json!({"runId": r.run_id, "text": text, "startedAt": r.started_at})
+    });
     let mut info = session.as_ref().map(|s| s.row()).unwrap_or_else(
         || json!({"key": key, "agentId": agent, "kind": "direct", "isMain": key == crate::sessions::MAIN_KEY}),
     );
@@ -1818,7 +1834,7 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     info["modelProvider"] = json!(provider);
     info["model"] = json!(model);
     let total = messages.len();
-    Ok(json!({
+    let mut answer = json!({
         "sessionKey": key,
         "sessionId": session_id,
         "messages": messages,
@@ -1831,7 +1847,11 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
         "defaults": {"modelProvider": provider, "model": model,
             "contextTokens": gw.settings.providers.resolve(&session_model).ok().and_then(|m| m.model.context_window)},
         "sessionInfo": info,
-    }))
+    });
+    if let Some(run) = in_flight {
+        answer["inFlightRun"] = run;
+    }
+    Ok(answer)
 }
 
 #[cfg(test)]

@@ -505,8 +505,9 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 }
 
 /// A session's row as `sessions.list` and `sessions.describe` give it: the index entry, its run
-/// status (`running` while a turn runs or waits for its turn, `waiting` while it waits for an
-/// approval — also `waitingForApproval` — else `done` after a reply, `idle` before any) and
+/// status (`running` while a turn runs or waits, else `done` after a reply, `idle` before any;
+/// `waitingForApproval` while a run waits for a human — OpenClaw's clients take any other status
+/// than `running` for a session without a run, and would hide its Stop) and
 /// its token counts from the transcript's tail (last turn's usage, context tokens vs the model's window).
 pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     let mut row = s.row();
@@ -514,7 +515,6 @@ pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     let running = !gw.runs_of(&s.key).is_empty();
     let waiting = running && gw.approvals.waiting_in(&s.key);
     row["status"] = json!(match (running, usage.assistant_messages) {
-        (true, _) if waiting => "waiting",
         (true, _) => "running",
         (false, 0) => "idle",
         (false, _) => "done",

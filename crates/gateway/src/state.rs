@@ -145,6 +145,9 @@ pub struct RunHandle {
     pub done: CancellationToken,
     /// When the run was registered (ms since the epoch).
     pub started_at: u64,
+    /// The text of the message the run streams now, as its last `chat` delta carried it (empty
+    /// before the first and after each persisted row): `chat.history`'s `inFlightRun`.
+    pub streamed: Mutex<String>,
 }
 
 impl RunHandle {
@@ -552,6 +555,7 @@ impl Gateway {
             agent_seq: AtomicU64::new(0),
             done: CancellationToken::new(),
             started_at: pincer_pi::now_ms(),
+            streamed: Mutex::default(),
         })
     }
 

@@ -122,7 +122,7 @@ async fn a_waiting_call_survives_a_sigkill_and_runs_once_when_allowed_from_anoth
     let row = main_row(&mut c).await;
     assert_eq!(
         (&row["status"], &row["waitingForApproval"], &row["hasActiveRun"]),
-        (&json!("waiting"), &json!(true), &json!(true)),
+        (&json!("running"), &json!(true), &json!(true)),
         "{row}"
     );
     drop(c);
@@ -144,7 +144,7 @@ async fn a_waiting_call_survives_a_sigkill_and_runs_once_when_allowed_from_anoth
     assert_eq!(listed[0]["expiresAtMs"], p["expiresAtMs"], "and its expiry");
     assert_eq!(listed[0]["request"]["command"], "echo ran >> calls.log");
     assert_eq!(runs(&s.ws), 0);
-    assert_eq!(main_row(&mut other).await["status"], "waiting", "still waiting after the restart");
+    assert_eq!(main_row(&mut other).await["waitingForApproval"], true, "still waiting after the restart");
     let got = other.request("exec.approval.get", json!({"id": id})).await.unwrap();
     assert_eq!(got["commandText"], "echo ran >> calls.log");
 
