@@ -1560,8 +1560,25 @@ pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, 
     use crate::hub::Audience;
     let key = Some(session.key.as_str());
     if stream == "lifecycle" && gw.hub.wants("sessions.changed", key, Audience::SessionsWatchers) {
-        // Session lists follow runs starting and ending.
-        let p = json!({"sessionKey": session.key, "phase": data["phase"], "runId": run.run_id, "ts": now_ms()});
+        // Session lists follow runs starting and ending. As OpenClaw's gateway does, the event
+        // carries the row's run state (and the row): its Control UI shows Stop from it at once,
+        // instead of after its next look at the list.
+        let runs: Vec<String> = (gw.runs_of(&session.key).into_iter())
+            .filter(|r| data["phase"] == "start" || r.run_id != run.run_id)
+            .map(|r| r.run_id.clone())
+            .collect();
+        let status = match (runs.is_empty(), data["phase"].as_str()) {
+            (false, _) => "running",
+            (true, Some("error")) => "failed",
+            (true, _) => "done",
+        };
+        let mut row = session.row();
+        row["status"] = json!(status);
+        row["hasActiveRun"] = json!(!runs.is_empty());
+        row["activeRunIds"] = json!(runs);
+        let p = json!({"sessionKey": session.key, "agentId": session.agent_id, "phase": data["phase"],
+            "runId": run.run_id, "ts": now_ms(), "sessionId": session.session_id, "status": status,
+            "hasActiveRun": !runs.is_empty(), "activeRunIds": runs, "session": row});
         gw.hub.publish("sessions.changed", Some(&session.key), p, true, crate::hub::Audience::SessionsWatchers);
     }
     let seq = run.next_agent_seq();
