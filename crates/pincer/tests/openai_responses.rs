@@ -4,7 +4,8 @@
 //! the rows chained on disk and read back by the real Pi library; retrieval by id scoped to the API
 //! key and surviving a restart; bad input and unknown ids refused with nothing written; and the
 //! Codex CLI (npm `@openai/codex`, installed by scripts/test in tests/codex) completing a task with
-//! its shell tool run client-side.
+//! its shell tool run client-side, in a network namespace where only loopback is up.
+#![allow(clippy::disallowed_methods)] // the test writes Codex's config file directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;
@@ -248,4 +249,86 @@ async fn responses_are_scoped_to_their_key_kept_across_restarts_and_bad_input_wr
     assert_eq!(r2["previous_response_id"], json!(id));
     let (keys, _) = on_disk();
     assert_eq!(keys, before.0, "the same session");
+}
+
+/// Codex's config for Pincer as a custom model provider speaking the Responses API (the README's
+/// snippet): its key from an environment variable, and `x-pincer-ephemeral: 0` because Codex sends
+/// `store: false` with every request (it resends the whole conversation itself).
+fn codex_config(addr: &str) -> String {
+    format!(
+        r#"model = "pincer"
+model_provider = "pincer"
+
+[model_providers.pincer]
+name = "Pincer"
+base_url = "http://{addr}/v1"
+env_key = "PINCER_API_KEY"
+wire_api = "responses"
+http_headers = {{ "x-pincer-ephemeral" = "0" }}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_codex_cli_completes_a_task_with_its_shell_tool_run_client_side() {
+    let codex = pincer_testkit::codex_bin();
+    // Codex runs without any network but loopback (no login, no update check, no model list).
+    let name = "the_codex_cli_completes_a_task_with_its_shell_tool_run_client_side";
+    if !tokio::task::block_in_place(|| pincer_testkit::netns::run_inside(name, &[])) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let (home, work) = (dir.path().join("codex-home"), dir.path().join("work"));
+    std::fs::create_dir_all(&home).expect("codex home");
+    std::fs::create_dir_all(&work).expect("work dir");
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&state, config(&fake, "")).await;
+    std::fs::write(home.join("config.toml"), codex_config(&gw.addr)).expect("codex config");
+
+    let task = "Write codex.txt here [exec]";
+    let out = tokio::process::Command::new(&codex)
+        .args(["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", task])
+        .current_dir(&work)
+        .env("CODEX_HOME", &home)
+        .env("PINCER_API_KEY", TOKEN)
+        .env_remove("OPENAI_API_KEY")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run codex");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "codex exec: {stdout}\n{stderr}\n{}", gw.log_text());
+    // Codex ran the command the model asked for, in its working directory, and printed the answer.
+    assert_eq!(std::fs::read_to_string(work.join("codex.txt")).expect("codex.txt written"), "made by codex");
+    assert!(stdout.contains(&reply(task)), "the final answer: {stdout}\n{stderr}");
+
+    // The session holds the task, the shell call, its output under it and the answer, chained.
+    let sessions = sessions_saying(&state, task);
+    assert_eq!(sessions.len(), 1, "one session: {:?}", session_keys(&state));
+    let file = transcript(&state, &sessions[0]);
+    let rows = read_rows(&file);
+    let msgs = messages(&rows);
+    let roles: Vec<&str> = msgs.iter().map(|e| e["message"]["role"].as_str().expect("role")).collect();
+    assert_eq!(roles, ["user", "user", "assistant", "toolResult", "assistant"], "{rows:?}");
+    let call = &msgs[2]["message"];
+    assert_eq!(call["clientToolCalls"], json!(["call_exec"]), "{call}");
+    let block = call["content"].as_array().expect("blocks").iter().find(|b| b["type"] == "toolCall").expect("call");
+    assert_eq!(
+        (&block["name"], &block["arguments"]["cmd"]),
+        (&json!("exec_command"), &json!(pincer_testkit::fake_openai::EXEC_COMMAND))
+    );
+    let result = &msgs[3]["message"];
+    assert_eq!(result["toolCallId"], "call_exec");
+    assert!(text(result).contains("wrote codex.txt"), "the command's output: {result}");
+    assert_eq!(text(&msgs[4]["message"]), reply(task));
+    for pair in msgs.windows(2) {
+        assert_eq!(parent_message(&rows, pair[1]).expect("parent")["id"], pair[0]["id"], "chained: {}", pair[1]);
+    }
+    // The real Pi library reads the same conversation.
+    let pi = pi_said(&file, None);
+    assert_eq!(pi.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(), roles);
+    // Codex's own tools were offered to the model as the client's.
+    let offered = fake.requests()[0]["tools"].to_string();
+    assert!(offered.contains("\"exec_command\""), "{offered}");
 }

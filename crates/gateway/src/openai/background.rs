@@ -72,6 +72,9 @@ mod tests {
         let mut off = HeaderMap::new();
         off.insert(EPHEMERAL_HEADER, "0".parse().expect("value"));
         assert!(!is_background(&off, &conv(json!([{"role": "user", "content": title}])), false).expect("ok"));
+        // A Responses request with `store: false` keeps nothing, unless the header says otherwise.
+        assert!(is_background(&none, &conv(json!([{"role": "user", "content": "x"}])), true).expect("ok"));
+        assert!(!is_background(&off, &conv(json!([{"role": "user", "content": "x"}])), true).expect("ok"));
         let mut bad = HeaderMap::new();
         bad.insert(EPHEMERAL_HEADER, "maybe".parse().expect("value"));
         assert!(is_background(&bad, &conv(json!([{"role": "user", "content": "x"}])), false).is_err());

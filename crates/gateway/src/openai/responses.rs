@@ -348,9 +348,11 @@ fn messages(req: &Value, previous: Option<&Previous>) -> Result<(Vec<Value>, Vec
             // Reasoning the client kept (Codex sends its items back): Pincer's models' reasoning
             // stays in the transcript, so there is nothing to take from them.
             "reasoning" => {}
-            other => return Err(ApiError::bad(format!(
+            other => {
+                return Err(ApiError::bad(format!(
                 "{at}.type {other:?} is not supported (message, function_call, function_call_output and reasoning are)"
-            ))),
+            )))
+            }
         }
     }
     Ok((out, origins))
