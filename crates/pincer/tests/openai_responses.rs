@@ -251,22 +251,13 @@ async fn responses_are_scoped_to_their_key_kept_across_restarts_and_bad_input_wr
     assert_eq!(keys, before.0, "the same session");
 }
 
-/// Codex's config for Pincer as a custom model provider speaking the Responses API (the README's
-/// snippet): its key from an environment variable, and `x-pincer-ephemeral: 0` because Codex sends
-/// `store: false` with every request (it resends the whole conversation itself).
+/// Codex's config for Pincer as a custom model provider speaking the Responses API: the README's
+/// ```` ```toml codex ```` block as it is, but for the gateway's address (so the README cannot drift).
 fn codex_config(addr: &str) -> String {
-    format!(
-        r#"model = "pincer"
-model_provider = "pincer"
-
-[model_providers.pincer]
-name = "Pincer"
-base_url = "http://{addr}/v1"
-env_key = "PINCER_API_KEY"
-wire_api = "responses"
-http_headers = {{ "x-pincer-ephemeral" = "0" }}
-"#
-    )
+    let readme = std::fs::read_to_string(pincer_testkit::repo_root().join("README.md")).expect("README");
+    let block = readme.split("```toml codex\n").nth(1).and_then(|b| b.split("```").next()).expect("the Codex block");
+    assert!(block.contains("wire_api = \"responses\"") && block.contains("127.0.0.1:18789"), "{block}");
+    block.replace("127.0.0.1:18789", addr)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
