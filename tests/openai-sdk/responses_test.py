@@ -62,6 +62,7 @@ assert len(calls) == 1 and calls[0].name == "lookup" and json.loads(calls[0].arg
 t2 = client.responses.create(model="pincer", previous_response_id=t1.id, tools=tools, input=[
     {"type": "function_call_output", "call_id": calls[0].call_id, "output": f"{prefix} looked up"}])
 assert t2.output_text == reply(f"{prefix} tools [call:lookup]"), t2
+assert client.responses.retrieve(t2.id).output_text == t2.output_text  # a turn with no user row, found again
 
 # Errors: an unknown previous response, bad input; an unstored response cannot be retrieved.
 try:

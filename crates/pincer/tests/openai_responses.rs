@@ -247,8 +247,29 @@ async fn responses_are_scoped_to_their_key_kept_across_restarts_and_bad_input_wr
     let (status, r2) = call(&gw.addr, key_a, &body, None).await;
     assert_eq!(status, 200, "{r2}");
     assert_eq!(r2["previous_response_id"], json!(id));
-    let (keys, _) = on_disk();
+    let (keys, rows) = on_disk();
     assert_eq!(keys, before.0, "the same session");
+
+    // A retry (the same Idempotency-Key and body) is the same response, its turn written once.
+    let keyed = json!({"model": "pincer", "input": "keyed", "previous_response_id": r2["id"]});
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        pincer_agent::install_crypto_provider();
+        let resp = reqwest::Client::new()
+            .post(format!("http://{}/v1/responses", gw.addr))
+            .header("authorization", format!("Bearer {key_a}"))
+            .header("idempotency-key", "retry-me-1")
+            .json(&keyed)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(resp.status().as_u16(), 200);
+        let r: Value = resp.json().await.expect("json");
+        assert_eq!(r["output"][0]["content"][0]["text"], reply("keyed"), "{r}");
+        ids.push(r["id"].clone());
+    }
+    assert_eq!(ids[0], ids[1], "the same response");
+    assert_eq!(on_disk().1, rows + 2, "one user row and one reply");
 }
 
 /// Codex's config for Pincer as a custom model provider speaking the Responses API: the README's

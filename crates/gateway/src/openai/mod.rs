@@ -378,7 +378,7 @@ fn internal(e: crate::protocol::RpcError) -> ApiError {
 /// row's is.
 fn placement(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
     let mut placed = match ask.responses.as_ref().and_then(|r| r.previous.as_ref()) {
-        Some(prev) => place_after(ask, prev),
+        Some(prev) => place_after(ask, prev, allow_retry),
         None => place(gw, ask, allow_retry)?,
     };
     let results = ask.conversation.tool_results.len();
@@ -391,8 +391,10 @@ fn placement(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, Ap
 }
 
 /// A turn that goes on from an earlier response (its assistant row): the request's messages are
-/// written under it, in a branch if the session has gone on since.
-fn place_after(ask: &Ask, prev: &responses::Previous) -> Placement {
+/// written under it, in a branch if the session has gone on since. With an explicit key, its run
+/// id is the key's (a retry is the same turn, answered from the transcript by [`start_turn`]),
+/// unless that turn failed (`allow_retry` false: it runs anew).
+fn place_after(ask: &Ask, prev: &responses::Previous, allow_retry: bool) -> Placement {
     let conv = &ask.conversation;
     let mut prelude: Vec<Value> = conv.history.clone();
     prelude.extend(conv.extra_users.iter().cloned());
@@ -405,7 +407,10 @@ fn place_after(ask: &Ask, prev: &responses::Previous) -> Placement {
         continues: !conv.tool_results.is_empty(),
         client_tools: ask.client_tools.clone(),
     };
-    let run_id = format!("{}-{}", ask.key_prefix, pincer_pi::now_ms());
+    let run_id = match ask.by_request_id && allow_retry {
+        true => format!("{}-0", ask.key_prefix),
+        false => format!("{}-{}", ask.key_prefix, pincer_pi::now_ms()),
+    };
     Placement { session: prev.session.clone(), run_id, graft, regenerate: None }
 }
 
