@@ -8,9 +8,16 @@ import json
 import os
 
 import openai
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 base, token, prefix = os.environ["PINCER_OPENAI_BASE_URL"], os.environ["PINCER_TOKEN"], os.environ["PINCER_PREFIX"]
 client = openai.OpenAI(base_url=base, api_key=token, max_retries=0)
+
+
+def strict(kind, obj):
+    """Validates what the server sent (the SDK builds its objects without checking) against the SDK's types."""
+    TypeAdapter(kind).validate_python(obj.to_dict())
 
 
 def reply(said):
@@ -25,10 +32,13 @@ assert r1.output[0].type == "message" and r1.output[0].role == "assistant", r1.o
 assert r1.usage.input_tokens > 0 and r1.usage.output_tokens == 7, r1.usage
 assert r1.usage.total_tokens == r1.usage.input_tokens + 7, r1.usage
 assert r1.metadata == {"k": "v"} and r1.instructions == "Be brief.", r1
+strict(Response, r1)
 
 # Streamed, continuing r1.
 events = list(client.responses.create(model="pincer", input=f"{prefix} two", previous_response_id=r1.id, stream=True))
 kinds = [e.type for e in events]
+for e in events:
+    strict(ResponseStreamEvent, e)
 assert [e.sequence_number for e in events] == list(range(len(events))), kinds
 assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                      "response.content_part.added"], kinds
@@ -52,12 +62,22 @@ assert r4.output_text == reply(f"{prefix} branch"), r4
 # Retrieval by id.
 got = client.responses.retrieve(r2.id)
 assert got.id == r2.id and got.output_text == r2.output_text and got.status == "completed", got
+strict(Response, got)
 
 # A client function tool: the call comes back, its output goes on from it.
 tools = [{"type": "function", "name": "lookup", "description": "Look a word up.",
           "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}]
-t1 = client.responses.create(model="pincer", input=f"{prefix} tools [call:lookup]", tools=tools)
+tool_events = list(client.responses.create(model="pincer", input=f"{prefix} tools [call:lookup]", tools=tools,
+                                           stream=True))
+for e in tool_events:
+    strict(ResponseStreamEvent, e)
+assert [e.type for e in tool_events] == [
+    "response.created", "response.in_progress", "response.output_item.added",
+    "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done",
+    "response.completed"], tool_events
+t1 = tool_events[-1].response
 calls = [o for o in t1.output if o.type == "function_call"]
+strict(Response, t1)
 assert len(calls) == 1 and calls[0].name == "lookup" and json.loads(calls[0].arguments) == {"query": "lookup"}, t1.output
 t2 = client.responses.create(model="pincer", previous_response_id=t1.id, tools=tools, input=[
     {"type": "function_call_output", "call_id": calls[0].call_id, "output": f"{prefix} looked up"}])
