@@ -1,6 +1,7 @@
 //! The OpenAI-compatible endpoint (`[gateway.openai_api] enabled = true`): `POST
-//! /v1/chat/completions` (streamed in OpenAI's chunk format, or whole) and `GET /v1/models`, behind
-//! `Authorization: Bearer <gateway token or a configured API key>`.
+//! /v1/chat/completions` (streamed in OpenAI's chunk format, or whole), the Responses API
+//! ([`responses`]) and `GET /v1/models`, behind `Authorization: Bearer <gateway token or a
+//! configured API key>`.
 //!
 //! A stateless client resends its whole conversation each time; the endpoint maps it onto one
 //! session's tree. An explicit `x-openclaw-session-key` / `x-pincer-session-key` names the session
