@@ -151,6 +151,29 @@ async fn the_official_sdks_chain_branch_and_retrieve_responses() {
         assert_eq!(pi_said(&file, None), whole(&["one", "branch"]), "{prefix}: the active branch");
         assert_eq!(pi_said(&file, r3["id"].as_str()), whole(&["one", "two", "three"]), "{prefix}: the older branch");
         assert_eq!(oracle_context(&file, None)["leafId"], r4["id"]);
+        // What the model was sent for each turn is Pi's context of the file at that turn's user row:
+        // the branch's request holds "one" and its reply, not the other branch.
+        for t in ["one", "two", "three", "branch"] {
+            let user = row_saying(&rows, "user", &said(t));
+            let pi = oracle_context(&file, user["id"].as_str());
+            let want = pincer_testkit::wire::openai_messages(pi["context"]["messages"].as_array().expect("context"));
+            let bodies = fake.requests();
+            let sent = bodies
+                .iter()
+                .find(|b| pincer_testkit::fake_openai::last_user_text(b) == said(t))
+                .expect("the turn's model call");
+            // `instructions` is that response's system prompt only, as at OpenAI.
+            let brief = sent["messages"][0]["role"] == "system" && text(&sent["messages"][0]) == "Be brief.";
+            assert_eq!(brief, t == "one", "{prefix}: the system prompt of {t:?}: {sent}");
+            let sent: Vec<Value> = sent["messages"]
+                .as_array()
+                .expect("messages")
+                .iter()
+                .filter(|m| m["role"] != "system")
+                .cloned()
+                .collect();
+            assert_eq!(sent, want, "{prefix}: the model call of {t:?} = Pi's context");
+        }
 
         // The tool conversation: the call's row, the client's output under it, the reply.
         let asked = said("tools [call:lookup]");
