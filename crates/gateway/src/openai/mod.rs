@@ -247,12 +247,17 @@ fn check_message_count(body: &[u8]) -> Result<(), ApiError> {
 
 fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -> Result<Ask, ApiError> {
     check_message_count(body)?;
+    parse_request(gw, headers, &json_object(body)?, body, principal, None)
+}
+
+/// A request body: a JSON object.
+fn json_object(body: &[u8]) -> Result<Value, ApiError> {
     let req: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the request body is not JSON: {e}")))?;
     if !req.is_object() {
         return Err(ApiError::bad("the request body must be a JSON object"));
     }
-    parse_request(gw, headers, &req, body, principal, None)
+    Ok(req)
 }
 
 /// A Chat Completions request (or a Responses request put in its shape, with what it adds in
@@ -973,15 +978,7 @@ impl Reply {
         let mut message = json!({"role": "assistant", "content": text, "refusal": null});
         if !calls.is_empty() {
             // OpenAI's shape: no `index` in a whole message's calls, and no content when there was none.
-            let calls: Vec<Value> = calls
-                .into_iter()
-                .map(|mut c| {
-                    if let Some(o) = c.as_object_mut() {
-                        o.remove("index");
-                    }
-                    c
-                })
-                .collect();
+            let calls = wire::without_index(calls);
             if text.is_empty() {
                 message["content"] = Value::Null;
             }

@@ -112,11 +112,7 @@ pub async fn create(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: By
 
 async fn respond(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     let principal = authorize(gw, headers)?;
-    let req: Value =
-        serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("the request body is not JSON: {e}")))?;
-    if !req.is_object() {
-        return Err(ApiError::bad("the request body must be a JSON object"));
-    }
+    let req = super::json_object(&body)?;
     let store = match req.get("store") {
         None | Some(Value::Null) => true,
         Some(Value::Bool(b)) => *b,
@@ -274,15 +270,7 @@ fn messages(req: &Value, previous: Option<&Previous>) -> Result<(Vec<Value>, Vec
         Some(_) => return Err(ApiError::bad("input must be a string or an array of items")),
     };
     if let Some(p) = previous {
-        let calls: Vec<Value> = wire::client_calls(&p.message)
-            .into_iter()
-            .map(|mut c| {
-                if let Some(o) = c.as_object_mut() {
-                    o.remove("index");
-                }
-                c
-            })
-            .collect();
+        let calls = wire::without_index(wire::client_calls(&p.message));
         let first = input[0].get("type").and_then(Value::as_str);
         if !calls.is_empty() && first != Some("function_call_output") {
             return Err(ApiError::bad(format!(
