@@ -146,35 +146,57 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
     Ok(if at_leaf && resumed < attempts { OnDisk::Resume(user) } else { OnDisk::Interrupted })
 }
 
+/// The idempotency key of the first client tool result a stateless client's turn writes when it
+/// goes on after its tools ran (no user row): the row its reply is found from, like [`user_key`].
+pub fn results_key(run_id: &str) -> String {
+    format!("{run_id}:results")
+}
+
 /// The assistant messages of a finished turn `run_id`, in order (its tool steps, then the reply);
 /// empty when the transcript has no reply for it.
 pub fn replies(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<Vec<Value>, StoreError> {
+    Ok(reply_entries(store, path, run_id)?.iter().filter_map(message).map(|m| Value::Object(m.clone())).collect())
+}
+
+/// [`replies`] as the entries that hold them (with their ids): the gateway-written reply of
+/// `run_id`, or the assistant rows chained below its user row ([`user_key`]) or its first client
+/// tool result ([`results_key`]) up to the one that ends the turn.
+pub fn reply_entries(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<Vec<Value>, StoreError> {
     if let Some((e, _)) = store.find_keyed(path, &reply_key(run_id))? {
-        return Ok(message(&e).map(|m| vec![Value::Object(m.clone())]).unwrap_or_default());
+        return Ok(message(&e).is_some().then_some(e).into_iter().collect());
     }
-    let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok(vec![]) };
-    let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(vec![]) };
-    let mut turn: Vec<String> = vec![user_id.to_owned()];
+    let anchor = match store.find_keyed(path, &user_key(run_id))? {
+        Some(a) => a,
+        None => match store.find_keyed(path, &results_key(run_id))? {
+            Some(a) => a,
+            None => return Ok(vec![]),
+        },
+    };
+    let (first, offset) = anchor;
+    let Some(first_id) = first.get("id").and_then(Value::as_str) else { return Ok(vec![]) };
+    let mut turn: Vec<String> = vec![first_id.to_owned()];
     let mut out = Vec::new();
-    for e in store.entries_from(path, offset, TURN_WINDOW)?.iter().skip(1) {
+    for e in store.entries_from(path, offset, TURN_WINDOW)?.into_iter().skip(1) {
         let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
         if !turn.iter().any(|t| t == parent) {
             continue;
         }
-        if let Some(m) = message(e) {
+        let id = e.get("id").and_then(Value::as_str).map(str::to_owned);
+        if let Some(m) = message(&e) {
             match m.get("role").and_then(Value::as_str) {
                 Some("user") => break,
                 Some("assistant") => {
-                    out.push(Value::Object(m.clone()));
-                    if reply_status(m).is_some() {
+                    let done = reply_status(m).is_some();
+                    out.push(e);
+                    if done {
                         return Ok(out);
                     }
                 }
                 _ => {}
             }
         }
-        if let Some(id) = e.get("id").and_then(Value::as_str) {
-            turn.push(id.to_owned());
+        if let Some(id) = id {
+            turn.push(id);
         }
     }
     Ok(vec![])

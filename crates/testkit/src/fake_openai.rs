@@ -11,7 +11,8 @@
 //! `bash` running [`BASH_LINES`] (five lines over two seconds) first, `[approve]` for `bash` running
 //! `echo approved >> approved.log` (once per user message), `[call:a,b]` asks for the tools `a` and
 //! `b` (arguments `{"query": "<tool name>"}`; a client's tools) in one message, streamed as OpenAI
-//! streams calls (id and name first, then the arguments in pieces). A compaction request (Pi's
+//! streams calls (id and name first, then the arguments in pieces), `[exec]` for the Codex CLI's shell
+//! tool `exec_command` running [`EXEC_COMMAND`] (once per user message). A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
 //! provider would. Every request body is recorded (unless started unrecorded).
@@ -23,6 +24,9 @@ use std::time::Duration;
 
 /// The command `[bash]` asks `bash` to run: prints `line-1` … `line-5`, 0.4 s apart.
 pub const BASH_LINES: &str = "for i in 1 2 3 4 5; do echo line-$i; sleep 0.4; done";
+
+/// The command `[exec]` asks the Codex CLI's `exec_command` tool to run: writes `codex.txt`.
+pub const EXEC_COMMAND: &str = "printf 'made by codex' > codex.txt && echo wrote codex.txt";
 
 /// How fast replies stream: the pause before the first piece (a model's time to first token), after
 /// each piece of an ordinary reply, and after each of the 40 pieces of a `[slow]` one.
@@ -344,6 +348,12 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     } else if let Some((name, args)) = tool.filter(|_| !has_tool_result) {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
             "function": {"name": name, "arguments": args.to_string()}}]});
+        steps.push(Step::Send(chunk(call, Value::Null)));
+        steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
+    } else if said.contains("[exec]") && !answered_since_user(body) {
+        let args = json!({"cmd": EXEC_COMMAND}).to_string();
+        let call = json!({"tool_calls": [{"index": 0, "id": "call_exec", "type": "function",
+            "function": {"name": "exec_command", "arguments": args}}]});
         steps.push(Step::Send(chunk(call, Value::Null)));
         steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
     } else if said.contains("[approve]") && !answered_since_user(body) {

@@ -65,6 +65,13 @@ pub fn sdk_dir() -> PathBuf {
     d
 }
 
+/// The Codex CLI (npm `@openai/codex`, pinned in tests/codex; scripts/test runs `npm ci` there).
+pub fn codex_bin() -> PathBuf {
+    let p = repo_root().join("tests/codex/node_modules/.bin/codex");
+    assert!(p.is_file(), "the Codex CLI is not installed at {}: run scripts/test (npm ci in tests/codex)", p.display());
+    p
+}
+
 /// `shared/` (beside the repository, or `PINCER_SHARED_DIR`).
 pub fn shared_dir() -> PathBuf {
     std::env::var_os("PINCER_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("../shared"))
