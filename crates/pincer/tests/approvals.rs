@@ -358,13 +358,23 @@ async fn on_postgres_a_dead_replicas_waiting_call_is_allowed_on_a_survivor_and_r
     let count = |ws: &Path| std::fs::read_to_string(ws.join("approved.log")).map(|s| s.lines().count()).unwrap_or(0);
     let mut a = Client::connect(&replicas[0].addr).await;
     let mut b = Client::connect(&replicas[1].addr).await;
+    // B's client has the session open: it sees the wait on A live, and its end.
+    send(&mut a, "hello", "pg-h").await;
+    a.chat_end("pg-h").await;
+    b.request("sessions.messages.subscribe", json!({"key": "agent:main:main"})).await.unwrap();
     send(&mut a, "first [approve]", "pg-0").await;
     let ev = a.event(|f| f["event"] == "exec.approval.requested").await;
     let id = ev["payload"]["id"].as_str().unwrap().to_owned();
+    let on_b = b.event(|f| f["event"] == "exec.approval.requested").await;
+    for k in ["id", "request", "createdAtMs", "expiresAtMs"] {
+        assert_eq!(on_b["payload"][k], ev["payload"][k], "{k}: the same request on B as on A");
+    }
     let listed = b.request("exec.approval.list", json!({})).await.unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
     assert_eq!((&listed[0]["id"], &listed[0]["expiresAtMs"]), (&json!(id), &ev["payload"]["expiresAtMs"]));
     b.request("exec.approval.resolve", json!({"id": id, "decision": "allow-once"})).await.unwrap();
+    let resolved = b.event(|f| f["event"] == "exec.approval.resolved").await;
+    assert_eq!((&resolved["payload"]["id"], &resolved["payload"]["decision"]), (&json!(id), &json!("allow-once")));
     assert_eq!(a.chat_end("pg-0").await["payload"]["state"], "final");
     assert_eq!(count(&ws), 1, "ran once, on A");
     let late = a.request("exec.approval.resolve", json!({"id": id, "decision": "deny"})).await.unwrap_err();
