@@ -36,8 +36,14 @@ fn recorded() -> Vec<Value> {
     requests
 }
 
+async fn start(state: &Path, fake: &FakeOpenAi) -> GatewayProcess {
+    let config = format!("{}[gateway.openai_api]\nenabled = true\napi_keys = [\"{API_KEY}\"]\n", fake.gateway_toml());
+    let state = state.to_path_buf();
+    tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &state, &config)).await.expect("start")
+}
+
 /// Sends one recorded request with its recorded headers; (status, body, session key header).
-async fn replay(addr: &str, r: &Value) -> (u16, String, Option<String>) {
+async fn replay(addr: &str, r: &Value, forwarded: bool) -> (u16, String, Option<String>) {
     pincer_agent::install_crypto_provider();
     let url = format!("http://{addr}{}", r["path"].as_str().expect("path"));
     let client = reqwest::Client::new();
@@ -46,7 +52,8 @@ async fn replay(addr: &str, r: &Value) -> (u16, String, Option<String>) {
         "POST" => client.post(url).body(serde_json::to_vec(&r["body"]).expect("body")),
         m => panic!("unexpected method {m}"),
     };
-    for h in r["headers"].as_array().expect("headers") {
+    let headers = r["headers"].as_array().expect("headers").iter();
+    for h in headers.filter(|h| forwarded || !h[0].as_str().expect("name").starts_with("X-OpenWebUI-")) {
         req = req.header(h[0].as_str().expect("name"), h[1].as_str().expect("value"));
     }
     let resp = req.send().await.expect("request");
@@ -92,7 +99,7 @@ fn transcript(state: &Path, key: &str) -> Vec<Value> {
 }
 
 fn last_user(body: &Value) -> String {
-    let mut users = body["messages"].as_array().expect("messages").iter().filter(|m| m["role"] == "user");
+    let mut users = body["messages"].as_array().into_iter().flatten().filter(|m| m["role"] == "user");
     users.next_back().map(|m| m["content"].as_str().unwrap_or_default().to_owned()).unwrap_or_default()
 }
 
@@ -101,9 +108,7 @@ async fn open_webui_recorded_requests_make_one_session_per_chat_with_siblings_br
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     let fake = FakeOpenAi::start().await;
-    let config = format!("{}[gateway.openai_api]\nenabled = true\napi_keys = [\"{API_KEY}\"]\n", fake.gateway_toml());
-    let st = state.clone();
-    let gw = tokio::task::spawn_blocking(move || GatewayProcess::start(BIN, &st, &config)).await.expect("start");
+    let gw = start(&state, &fake).await;
 
     let requests = recorded();
     let client_tools: Vec<String> = requests
@@ -116,7 +121,7 @@ async fn open_webui_recorded_requests_make_one_session_per_chat_with_siblings_br
     assert_eq!(client_tools.len(), 36, "Open WebUI 0.12.4's built-in tools");
     let mut posts = 0;
     for r in &requests {
-        let (status, body, session) = replay(&gw.addr, r).await;
+        let (status, body, session) = replay(&gw.addr, r, true).await;
         let what = format!("#{} {} ({})", r["seq"], r["step"], r["path"]);
         assert_eq!(status, 200, "{what}: {body}");
         // The same session as in the recording: the chat's for chat turns, none for tasks.
@@ -241,5 +246,51 @@ async fn open_webui_recorded_requests_make_one_session_per_chat_with_siblings_br
     for word in ["categorizing", "concise", "Predict"] {
         let r = ws.request("sessions.search", json!({"query": word})).await.expect("search");
         assert_eq!(found(&r), 0, "{word}: {r}");
+    }
+}
+
+/// Open WebUI's default, `ENABLE_FORWARD_USER_INFO_HEADERS` off: the same requests without its
+/// `X-OpenWebUI-*` headers (it sends nothing else differently). The tasks are still recognised and
+/// never kept; the chats are matched by their history, as the README says: the regenerate of chat
+/// 1's lone first message starts a session of its own (two conversations may open alike), so chat
+/// 1 lands in two sessions, and chat 2 in a third. Never a duplicated user row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_forwarded_headers_tasks_are_never_kept_and_chats_follow_the_history_rules() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&state, &fake).await;
+    let mut turns = Vec::new();
+    for r in &recorded() {
+        let (status, body, session) = replay(&gw.addr, r, false).await;
+        let what = format!("#{} {}", r["seq"], r["step"]);
+        assert_eq!(status, 200, "{what}: {body}");
+        let task = last_user(&r["body"]).starts_with("### Task:");
+        assert_eq!(session.is_some(), r["body"]["tools"].is_array(), "{what}: a session for turns only");
+        assert!(!task || r["body"]["tools"].is_null(), "{what}");
+        turns.extend(session.map(|s| (r["seq"].as_u64().expect("seq"), s)));
+    }
+    let of = |seq: u64| turns.iter().find(|(s, _)| *s == seq).map(|(_, k)| k.clone()).expect("a turn");
+    assert_ne!(of(6), of(3), "the regenerate of a lone first message: a session of its own");
+    assert_eq!(of(11), of(10), "the tool results continue the call's session");
+    assert!([of(3), of(6)].contains(&of(10)) && [of(3), of(6)].contains(&of(13)), "{turns:?}");
+    assert!(![of(3), of(6)].contains(&of(17)), "chat 2 is its own");
+    let mut keys: Vec<String> = session_index(&state, "main").as_object().expect("index").keys().cloned().collect();
+    keys.sort();
+    let mut expected = vec![of(3), of(6), of(17)];
+    expected.sort();
+    assert_eq!(keys, expected, "no session for a task");
+    for key in &keys {
+        let rows = transcript(&state, key);
+        assert!(messages(&rows).iter().all(|e| !text(&e["message"]).contains("### Task:")), "{key}: {rows:?}");
+        let users: Vec<(String, String)> = messages(&rows)
+            .iter()
+            .filter(|e| e["message"]["role"] == "user")
+            .map(|e| (e["parentId"].to_string(), text(&e["message"])))
+            .collect();
+        let mut unique = users.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), users.len(), "{key}: no user row twice: {rows:?}");
     }
 }
