@@ -10,8 +10,9 @@
 //! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first, `[bash]` for
 //! `bash` running [`BASH_LINES`] (five lines over two seconds) first, `[approve]` for `bash` running
 //! `echo approved >> approved.log` (once per user message), `[call:a,b]` asks for the tools `a` and
-//! `b` (arguments `{"query": "<tool name>"}`; a client's tools) in one message, streamed as OpenAI
-//! streams calls (id and name first, then the arguments in pieces), `[exec]` for the Codex CLI's shell
+//! `b` (arguments `{"query": "<tool name>"}`; a client's tools; only when the request offers tools,
+//! as a real model) in one message, streamed as OpenAI streams calls (id and name first, then the
+//! arguments in pieces), `[exec]` for the Codex CLI's shell
 //! tool `exec_command` running [`EXEC_COMMAND`] (once per user message). A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
@@ -334,7 +335,10 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
         None
     };
     let asked = said.split_once("[call:").and_then(|(_, rest)| rest.split_once(']')).map(|(names, _)| names);
-    if let Some(names) = asked.filter(|_| !has_tool_result) {
+    // As a real model, it calls only when the request offers tools (a background request, such as
+    // Open WebUI's follow-up prompt quoting a `[call:…]` message, offers none).
+    let offers_tools = body["tools"].as_array().is_some_and(|t| !t.is_empty());
+    if let Some(names) = asked.filter(|_| !has_tool_result && offers_tools) {
         for (i, name) in names.split(',').map(str::trim).enumerate() {
             let args = json!({"query": name}).to_string();
             let (head, tail) = args.split_at(args.len() / 2);
