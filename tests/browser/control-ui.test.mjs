@@ -117,6 +117,13 @@ describe("OpenClaw Control UI against Pincer", () => {
     assert.ok(userRow.frame.payload.activeRunIds.includes(runId));
     const stop = page.locator('button[aria-label="Stop generating"]');
     await stop.waitFor({ state: "visible", timeout: SLOW });
+    // Stop comes with the run's start, from the run state the `sessions.changed` start event
+    // carries (as OpenClaw's gateway sends it), not after the UI's next look at the session list
+    // (that took ~5 s: a dozen of the fake's words, 0.4 s apart).
+    const words = chatEvents(runId).filter((e) => e.state === "delta").length;
+    assert.ok(words <= 8, `Stop showed only after ${words} words of the reply had streamed`);
+    const started = frames.find((f) => f.dir === "in" && f.frame.event === "sessions.changed" && f.frame.payload.runId === runId && f.frame.payload.phase === "start");
+    assert.equal(started?.frame.payload.hasActiveRun, true, JSON.stringify(started?.frame));
     const ended = () => chatEvents(runId).filter((e) => ["final", "aborted", "error"].includes(e.state));
     assert.equal(ended().length, 0, `Stop is shown while the reply streams: ${JSON.stringify(ended()).slice(0, 600)}`);
     // OpenClaw's startup phases came before the reply, and the UI took them without complaint.

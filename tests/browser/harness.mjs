@@ -76,9 +76,10 @@ export function controlUiDir() {
 
 /**
  * Starts `pincer gateway --bind 127.0.0.1:0` with a fresh state dir whose pincer.toml points at the
- * fake provider (plus `extraToml`), and waits for `listening on ws://127.0.0.1:PORT` on stderr.
+ * fake provider (plus `extraToml`, and `agentDefaults` lines in its `[agents.defaults]`), and waits for
+ * `listening on ws://127.0.0.1:PORT` on stderr.
  */
-export async function startGateway(provider, extraToml = "", { extraModels = [] } = {}) {
+export async function startGateway(provider, extraToml = "", { extraModels = [], agentDefaults = [] } = {}) {
   assert.ok(fs.existsSync(PINCER_BIN), `no pincer binary at ${PINCER_BIN}: run cargo build -p pincer or set PINCER_BIN`);
   const root = fs.mkdtempSync(path.join(os.tmpdir(), "pincer-browser-"));
   const stateDir = path.join(root, "state");
@@ -95,6 +96,7 @@ export async function startGateway(provider, extraToml = "", { extraModels = [] 
     ...extraModels.flatMap((id) => ["[[models.providers.fake.models]]", `id = "${id}"`, "context_window = 32000"]),
     "[agents.defaults]",
     'model = "fake/fake-model"',
+    ...agentDefaults,
     "",
   ].join("\n");
   fs.writeFileSync(path.join(stateDir, "pincer.toml"), toml);

@@ -48,6 +48,9 @@ describe("WebChat: tool call cards", () => {
     await page.locator('[data-testid="composer"]').fill("list the files [tool]");
     await page.locator('[data-testid="send"]').click();
     await waitFor("the tool card with status ok", async () => (await card().getAttribute("data-status").catch(() => null)) === "ok");
+    // The run's end redraws the list (the branch navigator is read again): wait for it, so that the
+    // card looked at below is the one that stays.
+    await waitFor("the run's end", async () => (await page.locator('[data-testid="stop"]').isDisabled()) && (await page.locator("#log[aria-busy]").count()) === 0);
     const onDisk = readTranscript(gw.stateDir).map((r) => r.message).find((m) => m?.role === "toolResult");
     assert.ok(onDisk, "the toolResult row is on disk");
     const want = textOf(onDisk) || "(empty)";
@@ -57,7 +60,8 @@ describe("WebChat: tool call cards", () => {
     assert.deepEqual(events, ["start", "result"], "the tool stream the page saw");
     assert.equal(await page.locator('.msg.tool:not([hidden])').count(), 0, "the result is in the card, not a separate bubble");
     const shot = path.join(REPO, "target/tool-card.png");
-    await card().screenshot({ path: shot });
+    // (Again if a redraw replaced the card while it was taken.)
+    await waitFor("the card's screenshot", async () => { await card().screenshot({ path: shot, timeout: 3000 }); return true; });
     console.log(`# screenshot: ${shot}`);
 
     await page.reload();

@@ -180,17 +180,16 @@ const DEFAULT_WAIT_MS: u64 = 30_000;
 pub async fn wait(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     let p: WaitParams = crate::protocol::params(Method::AgentWait, params)?;
     let run_id = p.run_id.0;
-    let started_at = match gw.run(&run_id) {
-        Some(run) => {
-            let limit = Duration::from_millis(p.timeout_ms.unwrap_or(DEFAULT_WAIT_MS).min(MAX_WAIT_MS));
-            if tokio::time::timeout(limit, run.done.cancelled()).await.is_err() {
-                return Ok(json!({"runId": run_id, "status": "timeout"}));
-            }
-            Some(run.started_at)
+    if let Some(run) = gw.run(&run_id) {
+        let limit = Duration::from_millis(p.timeout_ms.unwrap_or(DEFAULT_WAIT_MS).min(MAX_WAIT_MS));
+        if tokio::time::timeout(limit, run.done.cancelled()).await.is_err() {
+            return Ok(json!({"runId": run_id, "status": "timeout"}));
         }
-        None => None,
-    };
-    match gw.dedupe_result(&format!("chat:{run_id}")) {
+    }
+    // The same answer whether the run ended before this was asked or while it waited.
+    let done = gw.dedupe_done(&format!("chat:{run_id}"));
+    let started_at = done.as_ref().and_then(|(_, at)| *at);
+    match done.map(|(r, _)| r) {
         Some(Ok(v)) => {
             let status = match v.get("status").and_then(Value::as_str) {
                 Some("aborted" | "interrupted") => "timeout",

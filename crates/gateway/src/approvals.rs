@@ -46,6 +46,8 @@ pub const DECISION: &str = "pincer.approval-decision";
 /// the first answer in the transcript wins, and the waiting replica records it as the decision
 /// before the call runs (so only the replica that runs the call writes the decision).
 pub const ANSWER: &str = "pincer.approval-answer";
+/// The length of a request's short code (its id's first characters), as OpenClaw shows it.
+pub const SLUG_CHARS: usize = 8;
 /// How long a request waits by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// The tools asked about unless the config says otherwise.
@@ -278,12 +280,34 @@ impl Approvals {
             .collect()
     }
 
+    /// The request waiting here under `id`, or under the one id `id` starts (OpenClaw's short
+    /// code, the first [`SLUG_CHARS`] characters, as the pending message gives it).
     fn get(&self, id: &str) -> Option<Arc<Pending>> {
-        lock(&self.pending).get(id.trim()).cloned()
+        let id = id.trim();
+        let pending = lock(&self.pending);
+        if let Some(p) = pending.get(id) {
+            return Some(p.clone());
+        }
+        if id.len() < SLUG_CHARS {
+            return None;
+        }
+        let mut hits = pending.values().filter(|p| p.id.starts_with(id));
+        match (hits.next(), hits.next()) {
+            (Some(p), None) => Some(p.clone()),
+            _ => None,
+        }
     }
 
     fn remembered(&self, id: &str) -> Option<Decided> {
-        lock(&self.decided).iter().rev().find(|(i, _)| i == id.trim()).map(|(_, d)| d.clone())
+        let id = id.trim();
+        let slug = id.len() >= SLUG_CHARS;
+        let decided = lock(&self.decided);
+        decided.iter().rev().find(|(i, _)| i == id || (slug && i.starts_with(id))).map(|(_, d)| d.clone())
+    }
+
+    /// True when a run of session `key` waits here for a decision.
+    pub fn waiting_in(&self, key: &str) -> bool {
+        lock(&self.pending).values().any(|p| p.session.key == key)
     }
 
     /// The requests of run `run_id` waiting now.
@@ -334,6 +358,7 @@ fn settled(gw: &Gateway, p: &Pending, d: &Decided) {
     remember(gw, &p.id, d);
     p.tx.send_replace(Some(d.clone()));
     announce_resolved(gw, &p.id, &p.record["request"], d);
+    crate::methods::changed(gw, &p.session.key, "approval");
 }
 
 fn remember(gw: &Gateway, id: &str, d: &Decided) {
@@ -495,9 +520,13 @@ pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> R
         by: by.to_owned(),
         ts: pincer_pi::now_ms(),
     };
-    let outcome = match gw.approvals.get(id) {
-        Some(p) => decide(gw, &p, d).await?,
-        None => match gw.approvals.remembered(id) {
+    let mut id = id.trim().to_owned();
+    let outcome = match gw.approvals.get(&id) {
+        Some(p) => {
+            id.clone_from(&p.id); // a short code names its request's full id from here on
+            decide(gw, &p, d).await?
+        }
+        None => match gw.approvals.remembered(&id) {
             Some(earlier) => Err(earlier),
             // With replicas, the request may wait on another one.
             None => match resolve_remote(gw, id.trim(), d).await {
@@ -510,7 +539,7 @@ pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> R
         },
     };
     match outcome {
-        Ok(d) => Ok(json!({"ok": true, "id": id.trim(), "decision": d.decision})),
+        Ok(d) => Ok(json!({"ok": true, "id": id, "decision": d.decision})),
         Err(earlier) => Err(already(earlier)),
     }
 }
@@ -732,11 +761,18 @@ async fn wait(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>, rec
     });
     lock(&gw.approvals.pending).insert(id.clone(), p.clone());
     gw.hub.publish("exec.approval.requested", None, record.clone(), false, Audience::All);
+    // Its row says `waiting` now (and again `running` once decided: [`settled`]).
+    crate::methods::changed(gw, &session.key, "approval");
     let requested = json!({"phase": "requested", "kind": "exec", "status": "pending",
         "title": "Command approval requested", "toolCallId": req["toolCallId"], "approvalId": id,
         "command": req["command"], "cwd": req["cwd"], "name": req["toolName"], "host": "gateway",
         "expiresAtMs": expires_at});
     crate::chat::publish_agent_event(gw, session, run, "approval", requested);
+    // The call's card says what it waits for and how to answer, in OpenClaw's words: a client
+    // without an approval view (OpenClaw's TUI) shows it as the running tool's output.
+    let update = json!({"phase": "update", "name": req["toolName"], "toolCallId": req["toolCallId"],
+        "partialResult": {"content": [{"type": "text", "text": pending_text(&id, req)}]}});
+    crate::chat::publish_agent_event(gw, session, run, "tool", update);
     let left = Duration::from_millis(expires_at.saturating_sub(pincer_pi::now_ms()));
     let decided = tokio::select! {
         r = rx.wait_for(Option::is_some) => r.ok().and_then(|d| d.clone()),
@@ -767,6 +803,18 @@ async fn wait(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>, rec
         "toolCallId": req["toolCallId"], "approvalId": id, "decision": d.decision, "reason": d.reason});
     crate::chat::publish_agent_event(gw, session, run, "approval", resolved);
     d
+}
+
+/// OpenClaw's approval-pending message for request `id` (`req`: its `request`).
+fn pending_text(id: &str, req: &Value) -> String {
+    let slug: String = id.chars().take(SLUG_CHARS).collect();
+    let cwd = req["cwd"].as_str().unwrap_or("(default)");
+    let command = req["command"].as_str().unwrap_or_default();
+    format!(
+        "Approval required (id {slug}, full {id}).\nHost: gateway\nCWD: {cwd}\nCommand:\n```sh\n{command}\n```\n\
+         Reply with: /approve {slug} {}",
+        DECISIONS.join("|")
+    )
 }
 
 /// With replicas: an answer another replica wrote for `p` (looked for now and every

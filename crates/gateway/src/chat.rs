@@ -279,7 +279,7 @@ async fn start_turn_in(
     let dedupe_key = format!("chat:{run_id}");
     match gw.dedupe_begin(&dedupe_key) {
         Some(Dedupe::InFlight) => return Ok(json!({"runId": run_id, "status": "in_flight"})),
-        Some(Dedupe::Done(r)) => return r,
+        Some(Dedupe::Done(r, _)) => return r,
         None => {}
     }
     // The transcript remembers every key that reached it, across restarts and crashes.
@@ -310,13 +310,31 @@ async fn start_turn_in(
             return Err(e);
         }
     }
-    let Some(run) = gw.register_run_bounded(&run_id, &session.key, conn_id, MAX_QUEUED_PER_SESSION) else {
+    let Some((run, ahead)) = gw.register_run_bounded(&run_id, &session.key, conn_id, MAX_QUEUED_PER_SESSION) else {
         gw.dedupe_forget(&dedupe_key);
         return Err(RpcError::unavailable(format!(
             "session busy: {MAX_QUEUED_PER_SESSION} turns are already running or waiting in {}; send again when one has finished",
             session.key
         )));
     };
+    // A message acknowledged while another turn of its session runs is on disk before its ack
+    // (its user row is written only when its turn comes): a crash meanwhile does not lose it, the
+    // next start runs it ([`crate::turns::recover_interrupted`]). A turn tied to the tree as it is
+    // now (a regenerate, a leaf guard, a stateless client's history) is not kept: its client
+    // sends it again.
+    let queued = ahead > 0
+        && slot.is_none()
+        && resume.is_none()
+        && regenerate.is_none()
+        && expected_leaf.is_none()
+        && graft.is_none();
+    if queued {
+        if let Err(e) = gw.append(&session, crate::turns::queued_marker(&run_id, &message, &images)).await {
+            gw.finish_run(&run_id);
+            gw.dedupe_forget(&dedupe_key);
+            return Err(RpcError::unavailable(format!("cannot queue the message: {}", persist_failure(&e).1)));
+        }
+    }
     let turn = Turn {
         gw: gw.clone(),
         session,
@@ -328,6 +346,7 @@ async fn start_turn_in(
         regenerate,
         graft,
         model,
+        queued,
         slot: std::sync::Mutex::new(slot),
         ended: Default::default(),
         tokens: Default::default(),
@@ -365,11 +384,37 @@ pub async fn resume(
 ) -> Result<Value, RpcError> {
     // The text tells a slash command (which is not run again) from a message.
     let text = pincer_pi::text_blocks(user["message"].get("content")).join("\n");
+    start_held(gw, session, run_id, text, Vec::new(), slot).await
+}
+
+/// Runs turn `run_id`, acknowledged while another turn ran and never started before a restart,
+/// from its record `queued` ([`crate::turns::queued_unstarted`]), in the session's queue `slot`.
+pub async fn run_queued(
+    gw: &Arc<Gateway>,
+    session: SessionRef,
+    run_id: &str,
+    queued: &Value,
+    slot: crate::state::TurnSlot,
+) -> Result<Value, RpcError> {
+    let text = queued["text"].as_str().unwrap_or_default().to_owned();
+    let images = queued["images"].as_array().cloned().unwrap_or_default();
+    start_held(gw, session, run_id, text, images, slot).await
+}
+
+/// A turn the gateway takes up by itself (no client waits for its ack), in a queue slot it holds.
+async fn start_held(
+    gw: &Arc<Gateway>,
+    session: SessionRef,
+    run_id: &str,
+    text: String,
+    images: Vec<Value>,
+    slot: crate::state::TurnSlot,
+) -> Result<Value, RpcError> {
     let request = TurnRequest {
         session,
         run_id: run_id.to_owned(),
         text,
-        images: Vec::new(),
+        images,
         regenerate: None,
         expected_leaf: None,
         graft: None,
@@ -519,6 +564,9 @@ struct Turn {
     graft: Option<Graft>,
     /// The model of this turn instead of the session's.
     model: Option<String>,
+    /// Its record was written when it was acknowledged behind another turn
+    /// ([`crate::turns::QUEUED`]): ending without running says so ([`Turn::drop_queued`]).
+    queued: bool,
     /// The lifecycle `end` went out (it comes before the final, once).
     ended: std::sync::atomic::AtomicBool,
     /// Tokens in and out of the replies written so far (their `usage`).
@@ -539,6 +587,7 @@ impl Turn {
             regenerate: None,
             graft: None,
             model: None,
+            queued: false,
             slot: Default::default(),
             ended: Default::default(),
             tokens: Default::default(),
@@ -606,6 +655,10 @@ impl Turn {
     }
 
     fn session_message(&self, entry: &Value) {
+        // What streamed is in the row now: the next message streams from nothing.
+        if let Ok(mut streamed) = self.run.streamed.lock() {
+            streamed.clear();
+        }
         publish_session_message(&self.gw, &self.session, entry, None);
     }
 
@@ -628,7 +681,7 @@ impl Turn {
             tokens_out,
             "turn finished"
         );
-        self.gw.dedupe_finish(&format!("chat:{}", self.run.run_id), result);
+        self.gw.dedupe_finish_run(&format!("chat:{}", self.run.run_id), result, Some(self.run.started_at));
         self.gw.finish_run(&self.run.run_id);
         self.gw.sessions.touch(&self.session);
     }
@@ -652,7 +705,8 @@ impl Turn {
                 return;
             }
             Err(crate::state::SlotError::Cancelled) => {
-                // Aborted while waiting: nothing was written.
+                // Aborted while waiting: no row was written.
+                self.drop_queued("aborted while it waited").await;
                 self.chat_event("aborted", json!({"stopReason": self.run.origin()}));
                 self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
                 return;
@@ -714,6 +768,19 @@ impl Turn {
         }
         self.session = now;
         true
+    }
+
+    /// A queued turn ([`Turn::queued`]) ends without its user row: recorded, so that no restart
+    /// runs it ([`crate::turns::DROPPED`]). Best effort: a restart meanwhile runs it after all.
+    async fn drop_queued(&self, why: &str) {
+        if !self.queued {
+            return;
+        }
+        if let Err(e) =
+            self.gw.append(&self.session, crate::turns::marker(crate::turns::DROPPED, &self.run.run_id, why)).await
+        {
+            tracing::warn!(session = %self.session.key, run = %self.run.run_id, "cannot record a dropped queued turn: {e}");
+        }
     }
 
     fn user_content(&self, text: &str) -> Value {
@@ -1423,6 +1490,9 @@ impl Turn {
         let content = if thinking.is_empty() { &blocks[1..] } else { &blocks[..] };
         let delta = Delta { delta_text: pending, message: Message { role: "assistant", content, timestamp: now_ms() } };
         self.chat_event_with("delta", &delta, None);
+        if let Ok(mut streamed) = self.run.streamed.lock() {
+            text.clone_into(&mut streamed);
+        }
         pending.clear();
         *last_sent = Some(Instant::now());
     }
@@ -1490,8 +1560,25 @@ pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, 
     use crate::hub::Audience;
     let key = Some(session.key.as_str());
     if stream == "lifecycle" && gw.hub.wants("sessions.changed", key, Audience::SessionsWatchers) {
-        // Session lists follow runs starting and ending.
-        let p = json!({"sessionKey": session.key, "phase": data["phase"], "runId": run.run_id, "ts": now_ms()});
+        // Session lists follow runs starting and ending. As OpenClaw's gateway does, the event
+        // carries the row's run state (and the row): its Control UI shows Stop from it at once,
+        // instead of after its next look at the list.
+        let runs: Vec<String> = (gw.runs_of(&session.key).into_iter())
+            .filter(|r| data["phase"] == "start" || r.run_id != run.run_id)
+            .map(|r| r.run_id.clone())
+            .collect();
+        let status = match (runs.is_empty(), data["phase"].as_str()) {
+            (false, _) => "running",
+            (true, Some("error")) => "failed",
+            (true, _) => "done",
+        };
+        let mut row = session.row();
+        row["status"] = json!(status);
+        row["hasActiveRun"] = json!(!runs.is_empty());
+        row["activeRunIds"] = json!(runs);
+        let p = json!({"sessionKey": session.key, "agentId": session.agent_id, "phase": data["phase"],
+            "runId": run.run_id, "ts": now_ms(), "sessionId": session.session_id, "status": status,
+            "hasActiveRun": !runs.is_empty(), "activeRunIds": runs, "session": row});
         gw.hub.publish("sessions.changed", Some(&session.key), p, true, crate::hub::Audience::SessionsWatchers);
     }
     let seq = run.next_agent_seq();
@@ -1741,7 +1828,16 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
             (json!(s.session_id), h.messages, h.thinking_level, h.has_older)
         }
     };
-    let active: Vec<String> = gw.runs_of(&key).iter().map(|r| r.run_id.clone()).collect();
+    let mut runs = gw.runs_of(&key);
+    runs.sort_by_key(|r| r.started_at);
+    let active: Vec<String> = runs.iter().map(|r| r.run_id.clone()).collect();
+    // The run that streams now (the session's oldest: the others wait behind it), as OpenClaw's
+    // `inFlightRun` gives it: a client that reloads the history in the middle of a run (OpenClaw's
+    // Control UI does, at every run's start) keeps it as running, with its text so far.
+    let in_flight = runs.first().map(|r| {
+        let text = r.streamed.lock().map(|t| t.clone()).unwrap_or_default();
+        json!({"runId": r.run_id, "text": text, "startedAt": r.started_at})
+    });
     let mut info = session.as_ref().map(|s| s.row()).unwrap_or_else(
         || json!({"key": key, "agentId": agent, "kind": "direct", "isMain": key == crate::sessions::MAIN_KEY}),
     );
@@ -1755,7 +1851,7 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     info["modelProvider"] = json!(provider);
     info["model"] = json!(model);
     let total = messages.len();
-    Ok(json!({
+    let mut answer = json!({
         "sessionKey": key,
         "sessionId": session_id,
         "messages": messages,
@@ -1768,7 +1864,11 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
         "defaults": {"modelProvider": provider, "model": model,
             "contextTokens": gw.settings.providers.resolve(&session_model).ok().and_then(|m| m.model.context_window)},
         "sessionInfo": info,
-    }))
+    });
+    if let Some(run) = in_flight {
+        answer["inFlightRun"] = run;
+    }
+    Ok(answer)
 }
 
 #[cfg(test)]

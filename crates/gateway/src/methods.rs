@@ -320,7 +320,7 @@ fn existing(gw: &Gateway, key: &str) -> Result<SessionRef, RpcError> {
     gw.sessions.resolve(key, false)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))
 }
 
-fn changed(gw: &Gateway, key: &str, reason: &str) {
+pub(crate) fn changed(gw: &Gateway, key: &str, reason: &str) {
     gw.hub.publish(
         "sessions.changed",
         Some(key),
@@ -512,18 +512,22 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 }
 
 /// A session's row as `sessions.list` and `sessions.describe` give it: the index entry, its run
-/// status (`running` while a turn runs or waits, else `done` after a reply, `idle` before any) and
+/// status (`running` while a turn runs or waits, else `done` after a reply, `idle` before any;
+/// `waitingForApproval` while a run waits for a human — OpenClaw's clients take any other status
+/// than `running` for a session without a run, and would hide its Stop) and
 /// its token counts from the transcript's tail (last turn's usage, context tokens vs the model's window).
 pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     let mut row = s.row();
     let usage = crate::usage::of_tail(gw.store.as_ref(), &s.path);
     let running = !gw.runs_of(&s.key).is_empty();
+    let waiting = running && gw.approvals.waiting_in(&s.key);
     row["status"] = json!(match (running, usage.assistant_messages) {
         (true, _) => "running",
         (false, 0) => "idle",
         (false, _) => "done",
     });
     row["hasActiveRun"] = json!(running);
+    row["waitingForApproval"] = json!(waiting);
     row["archived"] = json!(s.entry.get("archivedAt").is_some_and(|a| !a.is_null()));
     // Unread: marked so, or a reply came after the session was last read (OpenClaw's rule, with
     // `lastReadAt` alone as the baseline: a session nobody has read yet is not flagged).

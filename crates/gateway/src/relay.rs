@@ -249,6 +249,31 @@ fn announce(gw: &Gateway, w: &mut Watched, pos: u64, entry: &Value) {
     }
 }
 
+/// OpenClaw's `exec.approval.requested` / `exec.approval.resolved` for an approval request or
+/// decision row ([`crate::approvals::REQUEST`], [`crate::approvals::DECISION`]), as the replica
+/// whose call waits announced them: clients of the other replicas see the wait live too.
+fn approval_event(session: &SessionRef, pos: u64, entry: &Value) -> Option<EntryEvent> {
+    let data = &entry["data"];
+    let (name, payload) = match entry["customType"].as_str()? {
+        crate::approvals::REQUEST => {
+            let fields = ["id", "request", "createdAtMs", "expiresAtMs"];
+            (
+                "exec.approval.requested",
+                Value::Object(fields.iter().map(|k| (k.to_string(), data[*k].clone())).collect()),
+            )
+        }
+        crate::approvals::DECISION => {
+            let fields = ["id", "decision", "resolvedBy", "ts", "reason"];
+            (
+                "exec.approval.resolved",
+                Value::Object(fields.iter().map(|k| (k.to_string(), data[*k].clone())).collect()),
+            )
+        }
+        _ => return None,
+    };
+    Some(EntryEvent { name, payload, audience: Audience::All, id: EventId::chat(&session.session_id, pos) })
+}
+
 /// The run a user row starts (its `<run>:user` key without the suffix).
 pub fn user_run(entry: &Value) -> Option<&str> {
     let msg = entry.get("message").filter(|m| m["role"] == "user")?;
@@ -267,7 +292,8 @@ pub struct EntryEvent {
 /// (and as a catch-up replays it, [`crate::catchup`]): `session.message` for each message, a
 /// `chat` final for each reply that ends a run (under the run of its own `<run>:assistant` key,
 /// `inject-<id>` for a `chat.inject` row, else the last user row's, `run`; `aborted` for an
-/// aborted reply's partial, `error` for a failed run's row), the `chat` error of an interrupted marker.
+/// aborted reply's partial, `error` for a failed run's row), the `chat` error of an interrupted marker,
+/// the `exec.approval.*` events of approval rows.
 pub fn render(
     gw: &Gateway,
     session: &SessionRef,
@@ -286,6 +312,9 @@ pub fn render(
             audience: Audience::All,
             id,
         }];
+    }
+    if kind == Some("custom") {
+        return approval_event(session, pos, entry).into_iter().collect();
     }
     if kind != Some("message") {
         return vec![];

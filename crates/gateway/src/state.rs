@@ -145,6 +145,9 @@ pub struct RunHandle {
     pub done: CancellationToken,
     /// When the run was registered (ms since the epoch).
     pub started_at: u64,
+    /// The text of the message the run streams now, as its last `chat` delta carried it (empty
+    /// before the first and after each persisted row): `chat.history`'s `inFlightRun`.
+    pub streamed: Mutex<String>,
 }
 
 impl RunHandle {
@@ -213,7 +216,8 @@ impl DedupeWindow {
 #[derive(Clone)]
 pub enum Dedupe {
     InFlight,
-    Done(Result<Value, RpcError>),
+    /// The answer, and when its run started (ms since the epoch) if one ran here.
+    Done(Result<Value, RpcError>, Option<u64>),
 }
 
 pub struct Gateway {
@@ -545,16 +549,18 @@ impl Gateway {
 
     // ---- runs ----
 
-    /// Registers a run unless its session already has `max` runs active or waiting.
+    /// Registers a run unless its session already has `max` runs active or waiting; with the
+    /// number of the session's runs registered before it (the ones it will wait for).
     pub fn register_run_bounded(
         &self,
         run_id: &str,
         session_key: &str,
         owner_conn: u64,
         max: usize,
-    ) -> Option<Arc<RunHandle>> {
+    ) -> Option<(Arc<RunHandle>, usize)> {
         let mut runs = lock(&self.runs);
-        if runs.values().filter(|r| r.session_key == session_key).count() >= max {
+        let ahead = runs.values().filter(|r| r.session_key == session_key).count();
+        if ahead >= max {
             return None;
         }
         let h = self.new_run(run_id, session_key, owner_conn);
@@ -568,7 +574,7 @@ impl Gateway {
                 }
             });
         }
-        Some(h)
+        Some((h, ahead))
     }
 
     /// This replica's id (the PostgreSQL store only).
@@ -590,6 +596,7 @@ impl Gateway {
             agent_seq: AtomicU64::new(0),
             done: CancellationToken::new(),
             started_at: pincer_pi::now_ms(),
+            streamed: Mutex::default(),
         })
     }
 
@@ -696,14 +703,24 @@ impl Gateway {
 
     /// The result recorded for an idempotency key, if its run has finished.
     pub fn dedupe_result(&self, key: &str) -> Option<Result<Value, RpcError>> {
+        self.dedupe_done(key).map(|(r, _)| r)
+    }
+
+    /// The answer of a finished key, with when its run started (if one ran here).
+    pub fn dedupe_done(&self, key: &str) -> Option<(Result<Value, RpcError>, Option<u64>)> {
         match lock(&self.dedupe).keys.get(key) {
-            Some((_, Dedupe::Done(r))) => Some(r.clone()),
+            Some((_, Dedupe::Done(r, started))) => Some((r.clone(), *started)),
             _ => None,
         }
     }
 
     pub fn dedupe_finish(&self, key: &str, result: Result<Value, RpcError>) {
-        lock(&self.dedupe).set(key, Instant::now(), Dedupe::Done(result));
+        self.dedupe_finish_run(key, result, None);
+    }
+
+    /// [`Gateway::dedupe_finish`] for a run that started at `started_at`.
+    pub fn dedupe_finish_run(&self, key: &str, result: Result<Value, RpcError>, started_at: Option<u64>) {
+        lock(&self.dedupe).set(key, Instant::now(), Dedupe::Done(result, started_at));
     }
 
     // ---- store work, off the async threads ----

@@ -376,9 +376,38 @@ pub async fn tree(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
             })
             .collect();
         let labels = labels(&tree);
-        Ok(json!({"sessionKey": s.key, "leafId": tree.leaf, "nodes": nodes, "labels": labels}))
+        let turns = turn_marks(&tree);
+        Ok(json!({"sessionKey": s.key, "leafId": tree.leaf, "nodes": nodes, "labels": labels, "turns": turns}))
     })
     .await
+}
+
+/// What the gateway's recovery wrote about each turn it took up again after a crash or restart
+/// ([`crate::turns::RESUMED`], [`crate::turns::INTERRUPTED`] markers), by the id of the turn's user
+/// message: `{"resumed": N}` and, once out of attempts, `"interrupted": reason`.
+fn turn_marks(tree: &Tree) -> Value {
+    let mut out = serde_json::Map::new();
+    for n in tree.nodes.iter().filter(|n| n.kind == Kind::Custom) {
+        let v = tree.value(n);
+        let ty = v.get("customType").and_then(Value::as_str);
+        if ty != Some(crate::turns::RESUMED) && ty != Some(crate::turns::INTERRUPTED) {
+            continue;
+        }
+        // The turn's user message: the first user message up the marker's chain.
+        let mut seen = HashSet::new();
+        let mut cur = n.parent.as_deref().and_then(|p| tree.get(p));
+        while let Some(c) = cur.filter(|c| c.role.as_deref() != Some("user") && seen.insert(c.id.as_str())) {
+            cur = c.parent.as_deref().and_then(|p| tree.get(p));
+        }
+        let Some(user) = cur.filter(|c| c.role.as_deref() == Some("user")) else { continue };
+        let mark = out.entry(user.id.clone()).or_insert_with(|| json!({"resumed": 0}));
+        if ty == Some(crate::turns::RESUMED) {
+            mark["resumed"] = json!(mark["resumed"].as_u64().unwrap_or(0) + 1);
+        } else {
+            mark["interrupted"] = v.get("data").and_then(|d| d.get("reason")).cloned().unwrap_or(json!("interrupted"));
+        }
+    }
+    Value::Object(out)
 }
 
 /// Pi's labels: the latest `label` entry per target wins; a falsy label clears it.

@@ -13,6 +13,10 @@
 //! an unanswered turn; with replicas, a dead replica's turns on a survivor. A turn out of attempts
 //! gets a chained `pincer.turn-interrupted` custom entry (not part of the LLM context) and a `chat`
 //! error, and the session goes on with its next message.
+//!
+//! A message acknowledged while another turn of its session runs is recorded first (a chained
+//! `pincer.turn-queued` custom entry with its text; `pincer.turn-dropped` if it ends without
+//! running): after a restart, the ones that never started run in order, behind the resumed turn.
 
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, TurnSlot};
@@ -25,6 +29,13 @@ use std::sync::Arc;
 pub const INTERRUPTED: &str = "pincer.turn-interrupted";
 /// `customType` of the marker written when such a turn is run again.
 pub const RESUMED: &str = "pincer.turn-resumed";
+/// `customType` of the record of a turn acknowledged while another turn of its session runs: its
+/// text (and images), written before the ack, so that a crash before its user row is written
+/// does not lose it ([`queued_unstarted`]).
+pub const QUEUED: &str = "pincer.turn-queued";
+/// `customType` of the record that a queued turn ended without running (aborted while it waited,
+/// or refused once its turn came): it is not to be run after a restart.
+pub const DROPPED: &str = "pincer.turn-dropped";
 /// Most of the file read after a turn's user row to find its reply.
 const TURN_WINDOW: u64 = 64 * 1024 * 1024;
 /// Tail read at startup to find an unanswered turn at the leaf: first this much, at most the second.
@@ -135,35 +146,57 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
     Ok(if at_leaf && resumed < attempts { OnDisk::Resume(user) } else { OnDisk::Interrupted })
 }
 
+/// The idempotency key of the first client tool result a stateless client's turn writes when it
+/// goes on after its tools ran (no user row): the row its reply is found from, like [`user_key`].
+pub fn results_key(run_id: &str) -> String {
+    format!("{run_id}:results")
+}
+
 /// The assistant messages of a finished turn `run_id`, in order (its tool steps, then the reply);
 /// empty when the transcript has no reply for it.
 pub fn replies(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<Vec<Value>, StoreError> {
+    Ok(reply_entries(store, path, run_id)?.iter().filter_map(message).map(|m| Value::Object(m.clone())).collect())
+}
+
+/// [`replies`] as the entries that hold them (with their ids): the gateway-written reply of
+/// `run_id`, or the assistant rows chained below its user row ([`user_key`]) or its first client
+/// tool result ([`results_key`]) up to the one that ends the turn.
+pub fn reply_entries(store: &dyn Transcripts, path: &Path, run_id: &str) -> Result<Vec<Value>, StoreError> {
     if let Some((e, _)) = store.find_keyed(path, &reply_key(run_id))? {
-        return Ok(message(&e).map(|m| vec![Value::Object(m.clone())]).unwrap_or_default());
+        return Ok(message(&e).is_some().then_some(e).into_iter().collect());
     }
-    let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok(vec![]) };
-    let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(vec![]) };
-    let mut turn: Vec<String> = vec![user_id.to_owned()];
+    let anchor = match store.find_keyed(path, &user_key(run_id))? {
+        Some(a) => a,
+        None => match store.find_keyed(path, &results_key(run_id))? {
+            Some(a) => a,
+            None => return Ok(vec![]),
+        },
+    };
+    let (first, offset) = anchor;
+    let Some(first_id) = first.get("id").and_then(Value::as_str) else { return Ok(vec![]) };
+    let mut turn: Vec<String> = vec![first_id.to_owned()];
     let mut out = Vec::new();
-    for e in store.entries_from(path, offset, TURN_WINDOW)?.iter().skip(1) {
+    for e in store.entries_from(path, offset, TURN_WINDOW)?.into_iter().skip(1) {
         let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
         if !turn.iter().any(|t| t == parent) {
             continue;
         }
-        if let Some(m) = message(e) {
+        let id = e.get("id").and_then(Value::as_str).map(str::to_owned);
+        if let Some(m) = message(&e) {
             match m.get("role").and_then(Value::as_str) {
                 Some("user") => break,
                 Some("assistant") => {
-                    out.push(Value::Object(m.clone()));
-                    if reply_status(m).is_some() {
+                    let done = reply_status(m).is_some();
+                    out.push(e);
+                    if done {
                         return Ok(out);
                     }
                 }
                 _ => {}
             }
         }
-        if let Some(id) = e.get("id").and_then(Value::as_str) {
-            turn.push(id.to_owned());
+        if let Some(id) = id {
+            turn.push(id);
         }
     }
     Ok(vec![])
@@ -208,6 +241,36 @@ pub fn marker(custom_type: &str, run_id: &str, reason: &str) -> NewEntry {
     NewEntry::of("custom", payload)
 }
 
+/// The record of turn `run_id`, queued with `text` and `images` ([`QUEUED`]).
+pub fn queued_marker(run_id: &str, text: &str, images: &[Value]) -> NewEntry {
+    let mut payload = Map::new();
+    payload.insert("customType".into(), json!(QUEUED));
+    let mut data = json!({"runId": run_id, "text": text, "at": pincer_pi::now_ms()});
+    if !images.is_empty() {
+        data["images"] = json!(images);
+    }
+    payload.insert("data".into(), data);
+    NewEntry::of("custom", payload)
+}
+
+/// The turns queued in the transcript's tail ([`QUEUED`]) that never started (no row of their key,
+/// not [`DROPPED`]), oldest first: `(run id, the record's data)`. Blocking.
+pub fn queued_unstarted(store: &dyn Transcripts, path: &Path) -> Result<Vec<(String, Value)>, StoreError> {
+    let tail = store.tail_entries(path, TAIL_WINDOW)?;
+    let dropped: std::collections::HashSet<&str> = tail.iter().filter_map(|e| custom_of(e, DROPPED)).collect();
+    let mut out: Vec<(String, Value)> = Vec::new();
+    for e in &tail {
+        let Some(run_id) = custom_of(e, QUEUED) else { continue };
+        if dropped.contains(run_id) || out.iter().any(|(r, _)| r == run_id) {
+            continue;
+        }
+        if on_disk(store, path, run_id, 0)? == OnDisk::New {
+            out.push((run_id.to_owned(), e["data"].clone()));
+        }
+    }
+    Ok(out)
+}
+
 /// In the background after startup: recovers every session whose leaf is an unanswered turn
 /// ([`recover`]). Each session is looked at in its queue, so a turn resumed meanwhile is left alone.
 pub fn recover_interrupted(gw: &Arc<Gateway>) {
@@ -223,32 +286,68 @@ pub fn recover_interrupted(gw: &Arc<Gateway>) {
         };
         let Ok(Ok(sessions)) = list else { return };
         let looked = sessions.len();
-        let (mut resumed, mut gave_up) = (0, 0);
+        let (mut resumed, mut gave_up, mut requeued) = (0, 0, 0);
         for s in sessions {
-            let Ok(Some((run_id, slot))) = unanswered(&gw, &s).await else { continue };
-            if let (Some(pg), Some(me)) = (&gw.pg, gw.replica_id()) {
-                // A run another replica recorded is that replica's, live or not: if it died, a
-                // survivor takes the run over; this scan is for turns of this replica's own
-                // previous life, and of runs no replica recorded.
-                match pg.run_replica(run_id.clone()).await {
-                    Ok(Some(owner)) if owner != me => continue,
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(session = %s.key, "cannot check an unanswered turn's run: {e}");
-                        continue;
+            // Run first: the unanswered turn at the leaf; then the turns queued behind it.
+            if let Ok(Some((run_id, slot))) = unanswered(&gw, &s).await {
+                if mine(&gw, &s, &run_id).await {
+                    let why = "the gateway stopped before this turn's reply was written";
+                    match recover(&gw, &s, &run_id, slot, why).await {
+                        Ok(Recovered::Resumed) => resumed += 1,
+                        Ok(Recovered::GaveUp) => gave_up += 1,
+                        Ok(Recovered::Nothing) | Err(()) => {}
                     }
                 }
             }
-            match recover(&gw, &s, &run_id, slot, "the gateway stopped before this turn's reply was written").await {
-                Ok(Recovered::Resumed) => resumed += 1,
-                Ok(Recovered::GaveUp) => gave_up += 1,
-                Ok(Recovered::Nothing) | Err(()) => {}
+            let (store, path) = (gw.store.clone(), s.path.clone());
+            let Ok(Ok(queued)) = tokio::task::spawn_blocking(move || queued_unstarted(store.as_ref(), &path)).await
+            else {
+                continue;
+            };
+            let mut ours = Vec::new();
+            for (run_id, data) in queued {
+                if mine(&gw, &s, &run_id).await {
+                    ours.push((run_id, data));
+                }
+            }
+            if !ours.is_empty() {
+                requeued += ours.len();
+                tokio::spawn(run_queued(gw.clone(), s, ours));
             }
         }
         tracing::info!(
-            "startup check done: {looked} session(s), {resumed} interrupted turn(s) resumed, {gave_up} out of attempts"
+            "startup check done: {looked} session(s), {resumed} interrupted turn(s) resumed, {gave_up} out of attempts, \
+             {requeued} queued message(s) taken up"
         );
     });
+}
+
+/// With replicas, whether turn `run_id` is this replica's to take up at startup: a run another
+/// replica recorded is that replica's, live or not (if it died, a survivor takes the run over);
+/// this scan is for turns of this replica's own previous life, and of runs no replica recorded.
+async fn mine(gw: &Arc<Gateway>, s: &SessionRef, run_id: &str) -> bool {
+    let (Some(pg), Some(me)) = (&gw.pg, gw.replica_id()) else { return true };
+    match pg.run_replica(run_id.to_owned()).await {
+        Ok(Some(owner)) => owner == me,
+        Ok(None) => true,
+        Err(e) => {
+            tracing::warn!(session = %s.key, "cannot check an unanswered turn's run: {e}");
+            false
+        }
+    }
+}
+
+/// Runs the turns queued in session `s` before a restart ([`queued_unstarted`]), one after the
+/// other in their order: each waits for the session's queue (behind a turn resumed there first).
+async fn run_queued(gw: Arc<Gateway>, s: SessionRef, queued: Vec<(String, Value)>) {
+    let cancel = gw.stopping();
+    for (run_id, data) in queued {
+        let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return };
+        tracing::warn!(session = %s.key, run = %run_id, "running a message queued before the gateway stopped");
+        if let Err(e) = crate::chat::run_queued(&gw, s.clone(), &run_id, &data, slot).await {
+            tracing::warn!(session = %s.key, run = %run_id, "cannot run a queued message: {}", e.message);
+        }
+    }
 }
 
 /// The run id of the unanswered turn at session `s`'s leaf, read in its queue, with the queue slot

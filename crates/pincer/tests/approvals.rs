@@ -118,6 +118,13 @@ async fn a_waiting_call_survives_a_sigkill_and_runs_once_when_allowed_from_anoth
     assert_eq!(runs(&s.ws), 0, "nothing ran while it waits");
     let listed = c.request("exec.approval.list", json!({})).await.unwrap();
     assert_eq!(listed[0]["id"], id.as_str(), "{listed}");
+    // The run shows as waiting for a human, not as streaming.
+    let row = main_row(&mut c).await;
+    assert_eq!(
+        (&row["status"], &row["waitingForApproval"], &row["hasActiveRun"]),
+        (&json!("running"), &json!(true), &json!(true)),
+        "{row}"
+    );
     drop(c);
 
     tokio::task::block_in_place(|| s.gw.restart()); // SIGKILL while waiting, then a new process
@@ -137,6 +144,7 @@ async fn a_waiting_call_survives_a_sigkill_and_runs_once_when_allowed_from_anoth
     assert_eq!(listed[0]["expiresAtMs"], p["expiresAtMs"], "and its expiry");
     assert_eq!(listed[0]["request"]["command"], "echo ran >> calls.log");
     assert_eq!(runs(&s.ws), 0);
+    assert_eq!(main_row(&mut other).await["waitingForApproval"], true, "still waiting after the restart");
     let got = other.request("exec.approval.get", json!({"id": id})).await.unwrap();
     assert_eq!(got["commandText"], "echo ran >> calls.log");
 
@@ -176,6 +184,23 @@ async fn a_waiting_call_survives_a_sigkill_and_runs_once_when_allowed_from_anoth
     let d = customs(&file, "pincer.approval-decision");
     assert_eq!((&d[0]["data"]["decision"], &d[0]["data"]["reason"]), (&json!("allow-once"), &json!("operator")));
     assert_eq!(other.request("exec.approval.list", json!({})).await.unwrap(), json!([]));
+    let row = pincer_testkit::probe::poll_async(Duration::from_secs(10), Duration::from_millis(50), || {
+        let addr = s.gw.addr.clone();
+        async move {
+            let row = main_row(&mut Client::connect(&addr).await).await;
+            (row["status"] == "done").then_some(row)
+        }
+    })
+    .await
+    .expect("the row done once the turn ended");
+    assert_eq!(row["waitingForApproval"], false, "{row}");
+}
+
+/// The `sessions.list` row of the main session.
+async fn main_row(c: &mut Client) -> Value {
+    let list = c.request("sessions.list", json!({})).await.unwrap();
+    let rows = list["sessions"].as_array().expect("sessions");
+    rows.iter().find(|r| r["key"] == "agent:main:main").cloned().unwrap_or_else(|| panic!("no main row: {list}"))
 }
 
 /// A graceful stop (SIGTERM) does not deny a waiting call: it is still waiting, under its id, when
@@ -333,13 +358,23 @@ async fn on_postgres_a_dead_replicas_waiting_call_is_allowed_on_a_survivor_and_r
     let count = |ws: &Path| std::fs::read_to_string(ws.join("approved.log")).map(|s| s.lines().count()).unwrap_or(0);
     let mut a = Client::connect(&replicas[0].addr).await;
     let mut b = Client::connect(&replicas[1].addr).await;
+    // B's client has the session open: it sees the wait on A live, and its end.
+    send(&mut a, "hello", "pg-h").await;
+    a.chat_end("pg-h").await;
+    b.request("sessions.messages.subscribe", json!({"key": "agent:main:main"})).await.unwrap();
     send(&mut a, "first [approve]", "pg-0").await;
     let ev = a.event(|f| f["event"] == "exec.approval.requested").await;
     let id = ev["payload"]["id"].as_str().unwrap().to_owned();
+    let on_b = b.event(|f| f["event"] == "exec.approval.requested").await;
+    for k in ["id", "request", "createdAtMs", "expiresAtMs"] {
+        assert_eq!(on_b["payload"][k], ev["payload"][k], "{k}: the same request on B as on A");
+    }
     let listed = b.request("exec.approval.list", json!({})).await.unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
     assert_eq!((&listed[0]["id"], &listed[0]["expiresAtMs"]), (&json!(id), &ev["payload"]["expiresAtMs"]));
     b.request("exec.approval.resolve", json!({"id": id, "decision": "allow-once"})).await.unwrap();
+    let resolved = b.event(|f| f["event"] == "exec.approval.resolved").await;
+    assert_eq!((&resolved["payload"]["id"], &resolved["payload"]["decision"]), (&json!(id), &json!("allow-once")));
     assert_eq!(a.chat_end("pg-0").await["payload"]["state"], "final");
     assert_eq!(count(&ws), 1, "ran once, on A");
     let late = a.request("exec.approval.resolve", json!({"id": id, "decision": "deny"})).await.unwrap_err();

@@ -241,6 +241,99 @@ async fn t01_idempotency_is_durable_across_sigkill_and_an_interrupted_turn_resum
     ordinary_turn(&e.gw.addr, "durable").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t01e_messages_acknowledged_behind_a_cut_turn_are_answered_in_order_after_a_restart_without_resends() {
+    // Two messages sent while a reply streams are acknowledged ("started") but wait in the
+    // session's queue: their user rows are not written yet. The gateway is SIGKILLed; nobody sends
+    // anything again. After the restart the cut turn is resumed and the two waiting messages are
+    // answered after it, in their order, each once; Pi reads the one conversation.
+    let mut e = start("", StartOptions::default());
+    let key = "agent:main:queued";
+    let mut c = Client::connect(&e.gw.addr).await;
+    let first = send(&mut c, key, "[slow] the turn that is cut", "Q-a").await.expect("send a");
+    assert_eq!(first["status"], "started");
+    c.event(|f| f["event"] == "chat" && f["payload"]["runId"] == "Q-a" && f["payload"]["state"] == "delta").await;
+    for (run, said) in [("Q-b", "the second message"), ("Q-c", "the third message")] {
+        let ack = send(&mut c, key, said, run).await.expect("send");
+        assert_eq!(ack["status"], "started", "{run} acknowledged while Q-a runs");
+    }
+    let file = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
+    assert_eq!(user_rows(&probe::read_rows(&file), "Q-b"), 0, "Q-b waits: its user row is not written yet");
+    drop(c);
+    restart(&mut e.gw);
+
+    let rows = probe::poll_async(Duration::from_secs(60), Duration::from_millis(100), || {
+        let rows = probe::read_rows(&file);
+        async move { ["Q-a", "Q-b", "Q-c"].iter().all(|r| !replies(&rows, r).is_empty()).then_some(rows) }
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!("all three answered after the restart, without a resend:\n{}", outline(&probe::read_rows(&file), "Q-a"))
+    });
+    for run in ["Q-a", "Q-b", "Q-c"] {
+        assert_eq!(user_rows(&rows, run), 1, "{run}: one user row\n{}", outline(&rows, "Q-a"));
+        assert_eq!(replies(&rows, run).len(), 1, "{run}: one reply\n{}", outline(&rows, "Q-a"));
+    }
+    assert_chain(&rows, "queued");
+    assert_verifies(&file);
+    // The one conversation, in the order the messages were sent.
+    let pi = pincer_testkit::oracle::context(&file, None);
+    let said: Vec<String> = (pi["context"]["messages"].as_array().expect("Pi's messages").iter())
+        .map(|m| format!("{}: {}", m["role"].as_str().unwrap_or(""), text(m)))
+        .collect();
+    let slow: Vec<String> = (0..40).map(|i| format!("word{i}")).collect();
+    assert_eq!(
+        said,
+        [
+            "user: [slow] the turn that is cut".to_owned(),
+            format!("assistant: {} ", slow.join(" ")),
+            "user: the second message".into(),
+            "assistant: Fake reply: you said \"the second message\"".into(),
+            "user: the third message".into(),
+            "assistant: Fake reply: you said \"the third message\"".into(),
+        ],
+        "{pi:#}"
+    );
+    // A resend of a key now finds its turn done; nothing more is written.
+    let mut c = Client::connect(&e.gw.addr).await;
+    let again = send(&mut c, key, "the second message", "Q-b").await.expect("resend");
+    assert_eq!(again, json!({"runId": "Q-b", "status": "ok"}));
+    assert_eq!(probe::read_rows(&file).len(), rows.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t01f_a_queued_message_aborted_while_it_waits_is_not_run_after_a_restart() {
+    let mut e = start("", StartOptions::default());
+    let key = "agent:main:queued-abort";
+    let mut c = Client::connect(&e.gw.addr).await;
+    send(&mut c, key, "[slow] the running turn", "D-a").await.expect("send a");
+    c.event(|f| f["event"] == "chat" && f["payload"]["runId"] == "D-a" && f["payload"]["state"] == "delta").await;
+    send(&mut c, key, "never mind this one", "D-b").await.expect("send b");
+    let r = c.request("chat.abort", json!({"sessionKey": key, "runId": "D-b"})).await.expect("abort");
+    assert_eq!(r["aborted"], true, "{r}");
+    c.chat_end("D-b").await;
+    let file = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
+    probe::poll_async(Duration::from_secs(10), Duration::from_millis(50), || {
+        let rows = probe::read_rows(&file);
+        async move { (!customs(&rows, "pincer.turn-dropped", "D-b").is_empty()).then_some(()) }
+    })
+    .await
+    .expect("the dropped record of D-b");
+    drop(c);
+    restart(&mut e.gw);
+    probe::poll_async(Duration::from_secs(30), Duration::from_millis(100), || {
+        let rows = probe::read_rows(&file);
+        async move { (!replies(&rows, "D-a").is_empty()).then_some(()) }
+    })
+    .await
+    .expect("D-a resumed and answered");
+    // Give a wrongly revived D-b the time of a whole turn to show up.
+    ordinary_turn(&e.gw.addr, "queued-abort").await;
+    let rows = probe::read_rows(&file);
+    assert_eq!(user_rows(&rows, "D-b"), 0, "the aborted message never ran\n{}", outline(&rows, "D-a"));
+    assert_chain(&rows, "queued-abort");
+}
+
 /// Holds `<transcript>.lock` as a live Pincer holder does (the file, flocked), so that every
 /// gateway's appends to that transcript wait; dropping it releases them.
 struct HeldLock {

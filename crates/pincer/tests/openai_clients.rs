@@ -3,7 +3,8 @@
 //! sends them (its native function calling offers its built-in tools with every chat turn; its
 //! background tasks send its `### Task:` prompt templates; with `ENABLE_FORWARD_USER_INFO_HEADERS`
 //! it forwards the chat id as `X-OpenWebUI-Chat-Id`), client-side tools (LangChain's `bind_tools`,
-//! the Agents SDK), regenerates and retries, and sessions written by another process.
+//! the Agents SDK), regenerates and retries, and sessions written by another process. The requests
+//! here are built by hand to probe edges; open_webui_replay.rs replays ones a real Open WebUI sent.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use pincer_testkit::fake_openai::FakeOpenAi;

@@ -2,7 +2,9 @@
 //! namespace (see `pincer_testkit::openclaw`): `openclaw agent -m hi --json` prints the fake
 //! provider's reply and the turn is on disk, chained; `openclaw gateway call status`, `openclaw
 //! logs` (Pincer's log ring) and `openclaw sessions archive KEY` succeed; `openclaw tui` streams a
-//! reply, aborts one, and shows a running `bash` call's card with its output growing, then its result.
+//! reply, aborts one, and shows a running `bash` call's card with its output growing, then its result;
+//! a `bash` call waiting for approval shows OpenClaw's approval-pending text, and `/approve <code>`
+//! typed in the TUI runs it once.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // tests fail loudly, print the pane
 
@@ -214,6 +216,85 @@ fn openclaw_tui_shows_bash_output_while_it_runs_then_the_result() {
     assert_eq!(card, ["line-1", "line-2", "line-3", "line-4", "line-5"], "{done}");
     let lower = done.to_lowercase();
     for bad in ["error", "failed", "unknown method", "disconnected"] {
+        assert!(!lower.contains(bad), "the TUI shows {bad:?}:\n{done}");
+    }
+}
+
+#[test]
+fn openclaw_tui_is_idle_after_each_reply_of_an_instant_model() {
+    if !openclaw::in_loopback_namespace("openclaw_tui_is_idle_after_each_reply_of_an_instant_model") {
+        return;
+    }
+    // A model that answers at once: the whole run can reach the TUI in the read that carries the
+    // `chat.send` ack. OpenClaw's TUI then takes the session's state from the run's
+    // `sessions.changed` events (their row snapshot, as OpenClaw's gateway sends it): idle after
+    // every reply, and the next message is taken.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread_paced(Pacing::default());
+    let gw = start(&dir, &fake);
+    let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
+    tui.wait_for("gateway connected");
+    for n in 1..=4 {
+        let said = format!("quick question {n}");
+        tui.send(&[&said, "Enter"]);
+        let reply = format!("Fake reply: you said \"{said}\"");
+        tui.wait_until(&format!("reply {n}, then idle"), |s| s.contains(&reply) && s.contains("| idle"));
+    }
+    let file = transcript_path(&gw.state_dir, "agent:main:main").expect("transcript");
+    let users = read_rows(&file).iter().filter(|r| r["message"]["role"] == "user").count();
+    assert_eq!(users, 4, "every message was taken");
+}
+
+#[test]
+fn openclaw_tui_shows_a_waiting_bash_call_and_approve_from_it_runs_the_command_once() {
+    if !openclaw::in_loopback_namespace(
+        "openclaw_tui_shows_a_waiting_bash_call_and_approve_from_it_runs_the_command_once",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread_paced(Pacing { first: Duration::from_millis(150), ..Pacing::default() });
+    // `bash` under the default policy: `ask`.
+    let gw = GatewayProcess::start(BIN, &dir.path().join("state"), &fake.gateway_toml());
+    let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
+    tui.wait_for("gateway connected");
+    tui.send(&["hello", "Enter"]);
+    tui.wait_until("the first reply, idle", |s| s.contains("Fake reply: you said \"hello\"") && s.contains("| idle"));
+    tui.send(&["/verbose full"]);
+    tui.send(&["Enter"]);
+    tui.wait_for("| verbose full |");
+
+    // The fake asks for `bash` running `echo approved >> approved.log` (its `[approve]` marker).
+    tui.send(&["write it down [approve]", "Enter"]);
+    let waiting = tui.wait_for("Reply with: /approve ");
+    println!("the pane while the call waits:\n{waiting}");
+    assert!(waiting.contains("Approval required (id "), "{waiting}");
+    assert!(waiting.contains("echo approved >> approved.log"), "{waiting}");
+    let ws = dir.path().join("state/workspace/main");
+    assert!(!ws.join("approved.log").exists(), "nothing ran while it waits");
+    let slug = waiting
+        .split("Reply with: /approve ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the short code")
+        .to_owned();
+    assert_eq!(slug.len(), 8, "{waiting}");
+
+    // Answered from the TUI's own composer, with the short code it showed.
+    tui.send(&[&format!("/approve {slug} allow-once")]);
+    tui.send(&["Enter"]);
+    let done = tui.wait_for("Fake reply: you said \"write it down [approve]\"");
+    println!("the pane after the reply:\n{done}");
+    assert_eq!(std::fs::read_to_string(ws.join("approved.log")).expect("the command ran"), "approved\n", "once");
+    let file = transcript_path(&dir.path().join("state"), "agent:main:main").expect("transcript");
+    let rows = read_rows(&file);
+    let results: Vec<&Value> = rows.iter().filter(|r| r["message"]["role"] == "toolResult").collect();
+    assert_eq!(results.len(), 1, "{rows:#?}");
+    assert_eq!(results[0]["message"]["isError"], false, "{}", results[0]);
+    let decision = rows.iter().find(|r| r["customType"] == "pincer.approval-decision").expect("the decision on disk");
+    assert_eq!(decision["data"]["decision"], "allow-once");
+    let lower = done.to_lowercase();
+    for bad in ["unknown or expired", "failed", "unknown method", "disconnected"] {
         assert!(!lower.contains(bad), "the TUI shows {bad:?}:\n{done}");
     }
 }

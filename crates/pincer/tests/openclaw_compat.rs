@@ -92,6 +92,9 @@ async fn agent_is_accepted_then_answered_with_the_reply_written_and_chained() {
     assert_eq!(rows[3]["parentId"], rows[2]["id"]);
     let waited = c.request("agent.wait", json!({"runId": "agent-run-2", "timeoutMs": 1000})).await.expect("wait");
     assert_eq!(waited["status"], "ok", "{waited}");
+    // Asked after the run ended, it still says when the run started (as while it ran).
+    let (started, ended) = (waited["startedAt"].as_u64(), waited["endedAt"].as_u64());
+    assert!(started.is_some_and(|s| ended.is_some_and(|e| s <= e)), "{waited}");
 
     // Bad input: named, and nothing written.
     let err = c.request("agent", json!({"message": " ", "idempotencyKey": "x"})).await.expect_err("blank");
@@ -545,4 +548,33 @@ async fn a_rate_limited_model_call_is_announced_as_openclaw_does_and_then_answer
     assert_eq!(fake.requests().len(), 2, "refused once, then answered");
     let rows = read_rows(&transcript_path(&gw.state_dir, "agent:main:main").expect("transcript"));
     assert_eq!(rows.len(), 3, "one user row, one reply: the retry wrote nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_history_in_the_middle_of_a_run_gives_it_as_openclaws_in_flight_run() {
+    // OpenClaw's Control UI reloads the history at each run's start: the run in flight comes with
+    // it (id, text so far, start), as OpenClaw's own gateway gives it, and goes once it ended.
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeOpenAi::start().await;
+    let gw = start(&dir, &fake);
+    let mut c = Client::connect(&gw.addr).await;
+    let ack = c
+        .request("chat.send", json!({"sessionKey": "main", "message": "[slow] tell", "idempotencyKey": "fl-1"}))
+        .await
+        .expect("chat.send");
+    assert_eq!(ack["status"], "started");
+    c.event(|f| {
+        f["event"] == "chat" && f["payload"]["state"] == "delta" && text(&f["payload"]["message"]).contains("word1")
+    })
+    .await;
+    let h = c.request("chat.history", json!({"sessionKey": "main", "inputRunIds": ["fl-1"]})).await.expect("history");
+    let run = &h["inFlightRun"];
+    assert_eq!(run["runId"], "fl-1", "{h:#}");
+    assert!(run["text"].as_str().is_some_and(|t| t.starts_with("word0 word1 ")), "the text so far: {run}");
+    assert!(run["startedAt"].as_u64().is_some_and(|t| t > 0), "{run}");
+    assert_eq!(h["sessionInfo"]["activeRunIds"], json!(["fl-1"]));
+    c.request("chat.abort", json!({"sessionKey": "main", "runId": "fl-1"})).await.expect("abort");
+    c.chat_end("fl-1").await;
+    let h = c.request("chat.history", json!({"sessionKey": "main"})).await.expect("history");
+    assert!(h.get("inFlightRun").is_none(), "no run in flight after the end: {h:#}");
 }

@@ -3,7 +3,8 @@
 //! one replica what was sent through another, with the answers a JSONL gateway gives;
 //! `sessions.compact {maxLines}` keeps the lines the file store keeps (and the old transcript);
 //! the archive listing reads what reset and delete set aside; the OpenAI endpoint continues a
-//! stateless conversation sent alternately to two replicas as one session; the transcript
+//! stateless conversation sent alternately to two replicas as one session, and a Responses API
+//! response made through one is retrieved and continued (and branched from) through another; the transcript
 //! commands take `--session KEY` of the database (those that work on files say so).
 #![allow(clippy::disallowed_methods)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
@@ -370,6 +371,61 @@ async fn the_openai_endpoint_continues_a_history_resent_alternately_to_two_repli
     let (text, key) = complete(&a, &json!(kept)).await;
     assert_eq!((text.as_str(), key.as_str()), ("Fake reply: you said \"step 6 of the plan\"", session.as_str()));
     assert_eq!(Session::parse(c.export(&session)).entries.len(), 6, "the 4 kept entries and the new turn");
+}
+
+/// `POST /v1/responses` with `body` (or `GET /v1/responses/{id}`): the response and its session.
+async fn respond(addr: &str, body: &Value, get: Option<&str>) -> (Value, String) {
+    pincer_agent::install_crypto_provider();
+    let client = reqwest::Client::new();
+    let req = match get {
+        Some(id) => client.get(format!("http://{addr}/v1/responses/{id}")),
+        None => client.post(format!("http://{addr}/v1/responses")).json(body),
+    };
+    let resp = req
+        .header("authorization", format!("Bearer {}", pincer_testkit::gateway::TOKEN))
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    let session = resp.headers().get("x-pincer-session-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body: Value = serde_json::from_str(&resp.text().await.expect("body")).expect("json");
+    assert_eq!(status, 200, "{body}");
+    (body, session.expect("the session is named"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_made_through_one_replica_is_retrieved_and_continued_through_another() {
+    let c = cluster(2, "[gateway.openai_api]\nenabled = true");
+    let (a, b) = (c.replicas[0].addr.clone(), c.replicas[1].addr.clone());
+    let said = |r: &Value| r["output"][0]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+    let (r1, session) = respond(&a, &json!({"model": "pincer", "input": "first, through a"}), None).await;
+    let id = r1["id"].as_str().expect("id");
+    // Read from the database by the other replica, which never saw it in memory.
+    let (got, in_b) = respond(&b, &Value::Null, Some(id)).await;
+    assert_eq!((said(&got), in_b.as_str()), (said(&r1), session.as_str()));
+    let (r2, s2) =
+        respond(&b, &json!({"model": "pincer", "input": "second, through b", "previous_response_id": id}), None).await;
+    assert_eq!((said(&r2).as_str(), s2.as_str()), ("Fake reply: you said \"second, through b\"", session.as_str()));
+    let (r3, s3) =
+        respond(&a, &json!({"model": "pincer", "input": "a branch, through a", "previous_response_id": id}), None)
+            .await;
+    assert_eq!(s3, session);
+    assert_eq!(said(&r3), "Fake reply: you said \"a branch, through a\"");
+    // One transcript: the second turn and the branch are both children of the first reply.
+    let s = Session::parse(c.export(&session));
+    let rows: Vec<Value> = (0..s.entries.len()).map(|i| s.value(i).expect("entry")).collect();
+    let row = |text: &str| -> &Value {
+        rows.iter().find(|r| pincer_testkit::probe::message_text(&r["message"]) == text).expect(text)
+    };
+    let first_reply = row("Fake reply: you said \"first, through a\"");
+    assert_eq!(row("second, through b")["parentId"], first_reply["id"]);
+    let branch = row("a branch, through a");
+    let mut parent = branch["parentId"].clone();
+    while let Some(leaf) = rows.iter().find(|r| r["id"] == parent && r["type"] == "leaf") {
+        parent = leaf["parentId"].clone();
+    }
+    assert_eq!(parent, first_reply["id"], "the branch grows from the first reply");
+    assert_eq!(rows.iter().filter(|r| r["type"] == "message").count(), 6, "each turn once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

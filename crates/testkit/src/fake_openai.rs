@@ -10,8 +10,10 @@
 //! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first, `[bash]` for
 //! `bash` running [`BASH_LINES`] (five lines over two seconds) first, `[approve]` for `bash` running
 //! `echo approved >> approved.log` (once per user message), `[call:a,b]` asks for the tools `a` and
-//! `b` (arguments `{"query": "<tool name>"}`; a client's tools) in one message, streamed as OpenAI
-//! streams calls (id and name first, then the arguments in pieces). A compaction request (Pi's
+//! `b` (arguments `{"query": "<tool name>"}`; a client's tools; only when the request offers tools,
+//! as a real model) in one message, streamed as OpenAI streams calls (id and name first, then the
+//! arguments in pieces), `[exec]` for the Codex CLI's shell
+//! tool `exec_command` running [`EXEC_COMMAND`] (once per user message). A compaction request (Pi's
 //! summarization prompts) gets a summary with every required section that quotes the conversation,
 //! so identifiers survive. Usage reports about a token per four characters of the request, as a real
 //! provider would. Every request body is recorded (unless started unrecorded).
@@ -23,6 +25,9 @@ use std::time::Duration;
 
 /// The command `[bash]` asks `bash` to run: prints `line-1` … `line-5`, 0.4 s apart.
 pub const BASH_LINES: &str = "for i in 1 2 3 4 5; do echo line-$i; sleep 0.4; done";
+
+/// The command `[exec]` asks the Codex CLI's `exec_command` tool to run: writes `codex.txt`.
+pub const EXEC_COMMAND: &str = "printf 'made by codex' > codex.txt && echo wrote codex.txt";
 
 /// How fast replies stream: the pause before the first piece (a model's time to first token), after
 /// each piece of an ordinary reply, and after each of the 40 pieces of a `[slow]` one.
@@ -330,7 +335,10 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
         None
     };
     let asked = said.split_once("[call:").and_then(|(_, rest)| rest.split_once(']')).map(|(names, _)| names);
-    if let Some(names) = asked.filter(|_| !has_tool_result) {
+    // As a real model, it calls only when the request offers tools (a background request, such as
+    // Open WebUI's follow-up prompt quoting a `[call:…]` message, offers none).
+    let offers_tools = body["tools"].as_array().is_some_and(|t| !t.is_empty());
+    if let Some(names) = asked.filter(|_| !has_tool_result && offers_tools) {
         for (i, name) in names.split(',').map(str::trim).enumerate() {
             let args = json!({"query": name}).to_string();
             let (head, tail) = args.split_at(args.len() / 2);
@@ -344,6 +352,12 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
     } else if let Some((name, args)) = tool.filter(|_| !has_tool_result) {
         let call = json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
             "function": {"name": name, "arguments": args.to_string()}}]});
+        steps.push(Step::Send(chunk(call, Value::Null)));
+        steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
+    } else if said.contains("[exec]") && !answered_since_user(body) {
+        let args = json!({"cmd": EXEC_COMMAND}).to_string();
+        let call = json!({"tool_calls": [{"index": 0, "id": "call_exec", "type": "function",
+            "function": {"name": "exec_command", "arguments": args}}]});
         steps.push(Step::Send(chunk(call, Value::Null)));
         steps.push(Step::Send(chunk(json!({}), json!("tool_calls"))));
     } else if said.contains("[approve]") && !answered_since_user(body) {

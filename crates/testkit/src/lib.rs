@@ -66,8 +66,7 @@ pub fn sdk_dir() -> PathBuf {
 }
 
 /// `tests/mcp/node_modules/@modelcontextprotocol`: the MCP reference servers and the conformance
-/// suite (scripts/test runs
-/// `npm ci` in tests/mcp from its lock).
+/// suite (scripts/test runs `npm ci` in tests/mcp from its lock).
 pub fn mcp_servers_dir() -> PathBuf {
     let d = repo_root().join("tests/mcp/node_modules/@modelcontextprotocol");
     assert!(
@@ -78,6 +77,13 @@ pub fn mcp_servers_dir() -> PathBuf {
         d.display()
     );
     d
+}
+
+/// The Codex CLI (npm `@openai/codex`, pinned in tests/codex; scripts/test runs `npm ci` there).
+pub fn codex_bin() -> PathBuf {
+    let p = repo_root().join("tests/codex/node_modules/.bin/codex");
+    assert!(p.is_file(), "the Codex CLI is not installed at {}: run scripts/test (npm ci in tests/codex)", p.display());
+    p
 }
 
 /// `shared/` (beside the repository, or `PINCER_SHARED_DIR`).

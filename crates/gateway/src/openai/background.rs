@@ -23,8 +23,10 @@ const OTHER_TASK_OPENINGS: [&str; 2] = [
     "You have been provided with a set of responses from various models to the latest user query:",
 ];
 
-/// Whether the request is a background request (see the module doc). A bad header value is an error.
-pub fn is_background(headers: &HeaderMap, conv: &Conversation) -> Result<bool, ApiError> {
+/// Whether the request is a background request (see the module doc); `unstored`: the client asked
+/// that nothing be kept (a Responses request's `store: false`), which only the header overrides. A
+/// bad header value is an error.
+pub fn is_background(headers: &HeaderMap, conv: &Conversation, unstored: bool) -> Result<bool, ApiError> {
     if let Some(v) = headers.get(EPHEMERAL_HEADER) {
         let v = v.to_str().unwrap_or_default().trim().to_ascii_lowercase();
         return match v.as_str() {
@@ -39,7 +41,7 @@ pub fn is_background(headers: &HeaderMap, conv: &Conversation) -> Result<bool, A
     let text = conv.text.trim_start();
     let task = (text.starts_with(TASK_OPENING) && text.contains(TASK_CHAT))
         || OTHER_TASK_OPENINGS.iter().any(|o| text.starts_with(o));
-    Ok(lone && task)
+    Ok(unstored || (lone && task))
 }
 
 #[cfg(test)]
@@ -56,20 +58,25 @@ mod tests {
     fn task_prompts_and_the_header_make_a_background_request() {
         let none = HeaderMap::new();
         let title = "### Task:\nGenerate a concise title summarizing the chat history.\n### Chat History:\n<chat_history>\nUSER: hi\n</chat_history>";
-        assert!(is_background(&none, &conv(json!([{"role": "user", "content": title}]))).expect("ok"));
+        assert!(is_background(&none, &conv(json!([{"role": "user", "content": title}])), false).expect("ok"));
         // The same words inside a conversation are a chat turn.
         let inside = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
             {"role": "user", "content": title}]);
-        assert!(!is_background(&none, &conv(inside)).expect("ok"));
-        assert!(!is_background(&none, &conv(json!([{"role": "user", "content": "### Task: plan"}]))).expect("ok"));
+        assert!(!is_background(&none, &conv(inside), false).expect("ok"));
+        assert!(
+            !is_background(&none, &conv(json!([{"role": "user", "content": "### Task: plan"}])), false).expect("ok")
+        );
         let mut on = HeaderMap::new();
         on.insert(EPHEMERAL_HEADER, "1".parse().expect("value"));
-        assert!(is_background(&on, &conv(json!([{"role": "user", "content": "x"}]))).expect("ok"));
+        assert!(is_background(&on, &conv(json!([{"role": "user", "content": "x"}])), false).expect("ok"));
         let mut off = HeaderMap::new();
         off.insert(EPHEMERAL_HEADER, "0".parse().expect("value"));
-        assert!(!is_background(&off, &conv(json!([{"role": "user", "content": title}]))).expect("ok"));
+        assert!(!is_background(&off, &conv(json!([{"role": "user", "content": title}])), false).expect("ok"));
+        // A Responses request with `store: false` keeps nothing, unless the header says otherwise.
+        assert!(is_background(&none, &conv(json!([{"role": "user", "content": "x"}])), true).expect("ok"));
+        assert!(!is_background(&off, &conv(json!([{"role": "user", "content": "x"}])), true).expect("ok"));
         let mut bad = HeaderMap::new();
         bad.insert(EPHEMERAL_HEADER, "maybe".parse().expect("value"));
-        assert!(is_background(&bad, &conv(json!([{"role": "user", "content": "x"}]))).is_err());
+        assert!(is_background(&bad, &conv(json!([{"role": "user", "content": "x"}])), false).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible endpoint (`[gateway.openai_api] enabled = true`): `POST
-//! /v1/chat/completions` (streamed in OpenAI's chunk format, or whole) and `GET /v1/models`, behind
-//! `Authorization: Bearer <gateway token or a configured API key>`.
+//! /v1/chat/completions` (streamed in OpenAI's chunk format, or whole), the Responses API
+//! ([`responses`]) and `GET /v1/models`, behind `Authorization: Bearer <gateway token or a
+//! configured API key>`.
 //!
 //! A stateless client resends its whole conversation each time; the endpoint maps it onto one
 //! session's tree. An explicit `x-openclaw-session-key` / `x-pincer-session-key` names the session
@@ -20,6 +21,7 @@
 
 pub mod background;
 pub mod index;
+pub mod responses;
 pub mod wire;
 
 use crate::chat::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
@@ -56,6 +58,8 @@ const MAX_REQUEST_ID: usize = 200;
 pub fn routes() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/v1/chat/completions", post(completions))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -76,7 +80,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// The endpoint is on, and the request carries the gateway token (the operator) or a configured
 /// key (that key's principal).
-fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, ApiError> {
+pub(crate) fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, ApiError> {
     let Some(api) = &gw.settings.openai_api else {
         return Err(ApiError::new(
             404,
@@ -213,6 +217,8 @@ struct Ask {
     client_tools: Vec<pincer_agent::ToolSpec>,
     /// A background request ([`background`]): answered, not kept.
     background: bool,
+    /// A Responses API request (`/v1/responses`): what it adds, and the shape of its answer.
+    responses: Option<responses::Extra>,
 }
 
 /// Most messages one request may carry: a history the tree lacks is written in one commit, and
@@ -241,11 +247,29 @@ fn check_message_count(body: &[u8]) -> Result<(), ApiError> {
 
 fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -> Result<Ask, ApiError> {
     check_message_count(body)?;
+    parse_request(gw, headers, &json_object(body)?, body, principal, None)
+}
+
+/// A request body: a JSON object.
+fn json_object(body: &[u8]) -> Result<Value, ApiError> {
     let req: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the request body is not JSON: {e}")))?;
     if !req.is_object() {
         return Err(ApiError::bad("the request body must be a JSON object"));
     }
+    Ok(req)
+}
+
+/// A Chat Completions request (or a Responses request put in its shape, with what it adds in
+/// `responses`), validated. `body`: the bytes it came as (its idempotency key hashes them).
+fn parse_request(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    req: &Value,
+    body: &[u8],
+    principal: Principal,
+    responses: Option<responses::Extra>,
+) -> Result<Ask, ApiError> {
     let stream = match req.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -261,7 +285,7 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
         Some(n) if n.as_u64() == Some(1) => {}
         Some(_) => return Err(ApiError::bad("n must be 1: one session turn gives one reply")),
     }
-    let client_tools = wire::client_tools(&req).map_err(ApiError::bad)?;
+    let client_tools = wire::client_tools(req).map_err(ApiError::bad)?;
     let model_name = match req.get("model") {
         None | Some(Value::Null) => "pincer".to_string(),
         Some(Value::String(m)) => m.clone(),
@@ -277,7 +301,10 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
     }
     let messages = req.get("messages").ok_or_else(|| ApiError::bad("messages is required"))?;
     let conversation = wire::conversation(messages, gw.redactor.as_ref()).map_err(ApiError::bad)?;
-    let background = background::is_background(headers, &conversation)?;
+    // A response the client asks not to store (`store: false`) is kept as nothing, as a
+    // background request (the ephemeral header says otherwise either way).
+    let unstored = responses.as_ref().is_some_and(|r| !r.store);
+    let background = background::is_background(headers, &conversation, unstored)?;
     let header = |name: &str| -> Result<Option<String>, ApiError> {
         let v = headers.get(name).map(|v| v.to_str().map(|s| s.trim().to_owned()));
         let v = v.transpose().map_err(|_| ApiError::bad(format!("the {name} header must be ASCII")))?;
@@ -302,6 +329,7 @@ fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -
         principal,
         client_tools,
         background,
+        responses,
     })
 }
 
@@ -348,6 +376,54 @@ fn sync_replicas(gw: &Gateway, pg: &pincer_pg::PgStore) -> Result<(), ApiError> 
 
 fn internal(e: crate::protocol::RpcError) -> ApiError {
     ApiError::new(500, "api_error", None, e.message)
+}
+
+/// Where a request's turn goes: after the response it names (`previous_response_id`), or where
+/// its history leads ([`place`]). A Responses turn that goes on after client tools marks its first
+/// result ([`crate::turns::results_key`]), so its reply is found from the transcript as a user
+/// row's is.
+fn placement(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
+    let mut placed = match ask.responses.as_ref().and_then(|r| r.previous.as_ref()) {
+        Some(prev) => place_after(ask, prev, allow_retry),
+        None => place(gw, ask, allow_retry)?,
+    };
+    let results = ask.conversation.tool_results.len();
+    let prelude = &mut placed.graft.prelude;
+    if ask.responses.is_some() && placed.graft.continues && prelude.len() >= results && results > 0 {
+        let first = prelude.len() - results;
+        prelude[first]["idempotencyKey"] = json!(crate::turns::results_key(&placed.run_id));
+    }
+    Ok(placed)
+}
+
+/// A turn that goes on from an earlier response (its assistant row): the request's messages are
+/// written under it, in a branch if the session has gone on since. With an explicit key, its run
+/// id is the key's (a retry is the same turn, answered from the transcript by [`start_turn`]),
+/// unless that turn failed (`allow_retry` false: it runs anew).
+fn place_after(ask: &Ask, prev: &responses::Previous, allow_retry: bool) -> Placement {
+    let conv = &ask.conversation;
+    let mut prelude: Vec<Value> = conv.history.clone();
+    prelude.extend(conv.extra_users.iter().cloned());
+    prelude.extend(conv.tool_results.iter().cloned());
+    let graft = Graft {
+        at: Some(Some(prev.entry.clone())),
+        leaf_seen: None,
+        system_prompt: system_change(&prev.session, conv),
+        prelude,
+        continues: !conv.tool_results.is_empty(),
+        client_tools: ask.client_tools.clone(),
+    };
+    let run_id = match ask.by_request_id && allow_retry {
+        true => format!("{}-0", ask.key_prefix),
+        false => format!("{}-{}", ask.key_prefix, pincer_pi::now_ms()),
+    };
+    Placement { session: prev.session.clone(), run_id, graft, regenerate: None }
+}
+
+/// The session's new system prompt, if the request's differs from the one it has.
+fn system_change(s: &SessionRef, conv: &Conversation) -> Option<Option<String>> {
+    let current = s.entry.get(SYSTEM_PROMPT_FIELD).and_then(Value::as_str).map(str::to_owned);
+    (current != conv.system).then(|| conv.system.clone())
 }
 
 /// Finds (or makes) the session and the point of its tree the request continues. Blocking.
@@ -407,10 +483,7 @@ fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiErr
     };
     let now = pincer_pi::now_ms();
     let run_id = format!("{}-{now}", ask.key_prefix);
-    let system_change = |s: &SessionRef| {
-        let current = s.entry.get(SYSTEM_PROMPT_FIELD).and_then(Value::as_str).map(str::to_owned);
-        (current != conv.system).then(|| conv.system.clone())
-    };
+    let system_change = |s: &SessionRef| system_change(s, conv);
     // A retry: the whole request already ended in a user row of this key.
     if allow_retry && ask.by_request_id {
         if let Some(t) = idx.keyed_turn(full, &ask.key_prefix, &mut reaches) {
@@ -717,13 +790,19 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
     let principal = authorize(gw, headers)?;
     let ask = Arc::new(parse(gw, headers, &body, principal)?);
     drop(body);
+    answer(gw, ask).await
+}
+
+/// Runs a validated request as a session turn (or, a background one, outside any session) and
+/// answers it in its endpoint's shape.
+async fn answer(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, ApiError> {
     if ask.background {
         return background_reply(gw, ask).await;
     }
     let mut allow_retry = true;
     loop {
         let a = ask.clone();
-        let placed = gw.blocking(move |gw| Ok(place(gw, &a, allow_retry))).await.map_err(internal)??;
+        let placed = gw.blocking(move |gw| Ok(placement(gw, &a, allow_retry))).await.map_err(internal)??;
         let Placement { session, run_id, graft, regenerate } = placed;
         let relay = Relay::open(gw, &session, &run_id);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -747,7 +826,13 @@ async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result
             _ => internal(e),
         })?;
         let status = started.get("status").and_then(Value::as_str).unwrap_or("");
-        let reply = Reply { gw: gw.clone(), session_key: Some(session.key.clone()), run_id, ask: ask.clone() };
+        let reply = Reply {
+            gw: gw.clone(),
+            session_key: Some(session.key.clone()),
+            session_id: Some(session.session_id.clone()),
+            run_id,
+            ask: ask.clone(),
+        };
         return match status {
             "started" | "in_flight" => reply.relay(relay).await,
             "ok" | "aborted" | "blocked" => {
@@ -829,7 +914,7 @@ async fn background_reply(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, 
         }
     });
     let mut steps = steps.boxed();
-    let reply = Reply { gw: gw.clone(), session_key: None, run_id, ask: ask.clone() };
+    let reply = Reply { gw: gw.clone(), session_key: None, session_id: None, run_id, ask: ask.clone() };
     if !ask.stream {
         let mut text = String::new();
         while let Some(step) = steps.next().await {
@@ -853,8 +938,9 @@ async fn background_reply(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, 
 /// Writes the answer of one turn.
 struct Reply {
     gw: Arc<Gateway>,
-    /// The session it went to (none for a background request).
+    /// The session it went to (none for a background request), by key and by id.
     session_key: Option<String>,
+    session_id: Option<String>,
     run_id: String,
     ask: Arc<Ask>,
 }
@@ -878,6 +964,9 @@ impl Reply {
 
     /// A non-streamed answer, or the whole answer as a stream when one was asked for.
     fn whole(&self, text: String, finish: &'static str, usage: Value, calls: Vec<Value>) -> Response {
+        if let Some(extra) = self.ask.responses.as_ref().filter(|_| !self.ask.stream) {
+            return self.with_session(Json(responses::whole(self, extra, text, finish, usage, calls)).into_response());
+        }
         if self.ask.stream {
             let mut steps = Vec::new();
             if !text.is_empty() {
@@ -889,15 +978,7 @@ impl Reply {
         let mut message = json!({"role": "assistant", "content": text, "refusal": null});
         if !calls.is_empty() {
             // OpenAI's shape: no `index` in a whole message's calls, and no content when there was none.
-            let calls: Vec<Value> = calls
-                .into_iter()
-                .map(|mut c| {
-                    if let Some(o) = c.as_object_mut() {
-                        o.remove("index");
-                    }
-                    c
-                })
-                .collect();
+            let calls = wire::without_index(calls);
             if text.is_empty() {
                 message["content"] = Value::Null;
             }
@@ -952,9 +1033,13 @@ impl Reply {
 
     fn sse(&self, steps: futures::stream::BoxStream<'static, Option<Step>>) -> Response {
         use futures::StreamExt;
+        if self.ask.responses.is_some() {
+            return self.with_session(responses::sse(self, steps));
+        }
         let me = Arc::new(Reply {
             gw: self.gw.clone(),
             session_key: self.session_key.clone(),
+            session_id: self.session_id.clone(),
             run_id: self.run_id.clone(),
             ask: self.ask.clone(),
         });

@@ -379,6 +379,17 @@ pub fn client_calls(message: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// [`client_calls`] as a whole message lists them (OpenAI's shape: no `index`, which only stream
+/// deltas carry).
+pub fn without_index(mut calls: Vec<Value>) -> Vec<Value> {
+    for c in &mut calls {
+        if let Some(o) = c.as_object_mut() {
+            o.remove("index");
+        }
+    }
+    calls
+}
+
 /// The client's tools of a request (`tools`, `tool_choice`) as specs offered to the model.
 /// `tool_choice` `"auto"` (or absent) offers them, `"none"` does not; forcing a call is refused:
 /// the agent's providers are not told to force one.

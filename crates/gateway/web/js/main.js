@@ -116,6 +116,7 @@ const composer = new Composer({
 const view = new MessageView($("log"), {
   editDone: () => composer.focus(),
   canChangeTree: () => state.runs.size === 0 && gw.connected,
+  running: () => state.runs.size > 0,
   edit: (id, text) => attempt("Editing failed", async () => {
     const parent = view.byId?.get(id)?.parentId ?? null;
     state.treeBusy = true;
@@ -365,6 +366,10 @@ async function loadHistory() {
   ]).catch((e) => { if (!e.transport) showError(`Could not load the history: ${e.message}`, loadHistory); return [null, null]; });
   if (!h || key !== state.sessionKey) return;
   state.refreshWanted = false;
+  // What the gateway runs now is the truth: a bubble of a run cut by a restart (or ended while
+  // away) goes; a run resumed after the restart keeps streaming into its own.
+  state.runs = new Set((h.sessionInfo && h.sessionInfo.activeRunIds) || []);
+  view.keepStreams(state.runs);
   view.setTree(t);
   // The older windows already on the page stay when the newest one still starts inside them.
   const idOf = (m) => m?.__openclaw?.id;
@@ -373,7 +378,6 @@ async function loadHistory() {
   if (at > 0) view.setHistory(view.messages.slice(0, at).concat(h.messages), { hasOlder: view.hasOlder, readOnly });
   else view.setHistory(h.messages, { hasOlder: h.hasOlder === true, readOnly });
   markHit();
-  state.runs = new Set((h.sessionInfo && h.sessionInfo.activeRunIds) || []);
   composerEnabled();
   outbox.flush();
 }

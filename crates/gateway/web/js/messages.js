@@ -3,8 +3,9 @@
 // Markdown, images, date separators, timestamps (full date on hover), model and usage, each an
 // article named by its author; the tree's controls on each message (edit a user message, regenerate
 // a reply, "‹ 2/3 ›" between siblings, a label, copy); compaction dividers whose summary can be
-// opened; "show all" for texts history cut; "jump to latest"; and the streaming bubble of a run
-// (aria-busy while it streams); a card per tool call (name, arguments, result or error; collapsible),
+// opened; "show all" for texts history cut; "jump to latest"; the streaming bubble of a run
+// (aria-busy while it streams; dropped after a reconnect when the gateway no longer runs it); a
+// question's markers after a crash (resumed, interrupted, no reply, with Regenerate on the last two); a card per tool call (name, arguments, result or error; collapsible),
 // live from the `agent` tool stream (a running call's output so far, from its `update` events, until
 // the result replaces it) and rebuilt from the toolCall blocks and toolResult rows.
 import { renderMarkdown, copyText } from "/webchat/js/markdown.js";
@@ -14,7 +15,7 @@ import { el, textOf, toMs, shortTime, fullTime, TRUNCATED } from "/webchat/js/ut
 const AUTHOR = { user: "You", assistant: "Assistant", tool: "Tool result" };
 
 export class MessageView {
-  /** actions: edit, regenerate, switchTo, showAll, summary, label, loadOlder, canChangeTree; jump: the "latest" button */
+  /** actions: edit, regenerate, switchTo, showAll, summary, label, loadOlder, canChangeTree, running; jump: the "latest" button */
   constructor(log, actions, jump) {
     this.log = log; this.actions = actions; this.jump = jump;
     this.messages = []; this.tree = null; this.streams = new Map(); this.hasOlder = false; this.readOnly = false;
@@ -162,6 +163,25 @@ export class MessageView {
     }
     renderMarkdown(b.querySelector(".body"), text);
     this.scrollDown();
+  }
+
+  /** After a reconnect: the bubbles of runs the gateway no longer runs go (their text is in the
+   *  history, or the run was cut); a run still going (resumed after a restart) keeps its own. */
+  keepStreams(active) {
+    for (const [runId, b] of this.streams) if (!active.has(runId)) { b.remove(); this.streams.delete(runId); }
+    this.busy();
+  }
+
+  /** True when the user message `msg` has no reply on the branch shown: the next user message (or
+   *  the end) comes before any reply that ends a turn. The last one is not, while a run goes on. */
+  unanswered(msg) {
+    const i = this.messages.indexOf(msg);
+    for (let j = i + 1; j < this.messages.length; j++) {
+      const m = this.messages[j];
+      if (m.role === "user") return true;
+      if (m.role === "assistant" && (m.stopReason !== "toolUse" || m.clientToolCalls)) return false;
+    }
+    return !this.actions.running();
   }
 
   /** The run ended: its bubble goes (the persisted message replaces it, or a reload does). */
@@ -330,8 +350,19 @@ export class MessageView {
         copyText(full, btn, "Copy");
       } }, "Copy"));
     }
+    // What the gateway's recovery did with this turn after a crash or restart (sessions.tree's turns).
+    const turn = role === "user" && id ? this.tree?.turns?.[id] : null;
+    if (turn?.resumed) {
+      bits.append(el("span", { class: "turn-mark", "data-testid": "turn-resumed", title: "The gateway stopped during this turn and ran it again by itself" },
+        turn.resumed > 1 ? `↻ resumed after a restart (${turn.resumed}×)` : "↻ resumed after a restart"));
+    }
+    const unanswered = role === "user" && id && this.unanswered(m);
+    if (turn?.interrupted && unanswered) bits.append(el("span", { class: "turn-mark bad", "data-testid": "turn-interrupted", title: turn.interrupted }, "⚠ interrupted: no reply"));
+    else if (unanswered) bits.append(el("span", { class: "turn-mark bad", "data-testid": "unanswered", title: "No reply was written for this message" }, "no reply"));
     if (id && !this.readOnly) {
       if (role === "user") bits.append(el("button", { type: "button", class: "act", "data-testid": "edit", "aria-label": "Edit this message", disabled: !a.canChangeTree(), onclick: () => this.startEdit(m, id) }, "Edit"));
+      // An unanswered question is answered again from where it stands (a reply under it).
+      if (unanswered) bits.append(el("button", { type: "button", class: "act", "data-testid": "regenerate", "aria-label": "Answer this message again", disabled: !a.canChangeTree(), onclick: () => a.regenerate(id) }, "Regenerate"));
       // A slash command's answer comes from the gateway, not the model: nothing to regenerate.
       const injected = m.model === "gateway-injected" && !m.openclawAbort;
       const user = role === "assistant" && !injected ? this.userBefore(m) : null;
