@@ -534,3 +534,49 @@ async fn progress_notifications_extend_a_calls_timeout_and_silence_ends_it() {
     );
     check_request_against_pi(&file, &fake, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_may_be_destructive_waits_for_approval_and_a_read_only_one_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("notes.txt"), "kept\n").unwrap();
+    let fake = FakeProvider::start(Format::OpenaiCompletions).await;
+    let f = Format::OpenaiCompletions;
+    let read = json!({"path": ws.join("notes.txt")}).to_string();
+    let write = json!({"path": ws.join("new.txt"), "content": "x"}).to_string();
+    fake.push(Reply::stream(script(
+        f,
+        &turn(
+            vec![tool_call("r1", "mcp__fs__read_file", &[&read]), tool_call("w1", "mcp__fs__write_file", &[&write])],
+            (20, 5, 0),
+        ),
+    )));
+    fake.push(Reply::stream(script(f, &turn(vec![text(&["Not written."])], (30, 3, 0)))));
+    let mcp = format!(
+        "[mcp.servers.fs]\ncommand = \"node\"\nargs = [\"{}\", \"{}\"]\n",
+        server_js("server-filesystem").display(),
+        ws.display()
+    );
+    let state = dir.path().join("state");
+    let gw = start(&state, config(&fake, &ws, &mcp)).await;
+    let mut c = Client::connect(&gw.addr).await;
+    c.request("chat.send", json!({"sessionKey": "main", "message": "write it", "idempotencyKey": "a1"})).await.unwrap();
+    // write_file (destructiveHint) is asked about under the default policy; read_file is not.
+    let ev = c.event(|e| e["event"] == "exec.approval.requested").await;
+    let req = &ev["payload"]["request"];
+    assert_eq!((&req["toolName"], &req["toolCallId"]), (&json!("mcp__fs__write_file"), &json!("w1")), "{ev}");
+    let id = ev["payload"]["id"].as_str().unwrap().to_owned();
+    c.request("exec.approval.resolve", json!({"id": id, "decision": "deny"})).await.unwrap();
+    let end = c.chat_end("a1").await;
+    assert_eq!(end["payload"]["state"], "final", "{end}");
+    let file = pincer_testkit::probe::transcript_path(&state, "agent:main:main").unwrap();
+    let results = tool_results(&file);
+    let by_id = |id: &str| results.iter().find(|r| r["toolCallId"] == id).unwrap().clone();
+    assert_eq!(result_text(&by_id("r1")), "kept\n");
+    let w1 = by_id("w1");
+    assert_eq!(w1["isError"], true);
+    assert!(result_text(&w1).starts_with("Denied by "), "{w1}");
+    assert!(!ws.join("new.txt").exists(), "the denied call did not run");
+    check_request_against_pi(&file, &fake, 1);
+}
