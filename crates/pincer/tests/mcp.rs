@@ -492,6 +492,13 @@ async fn a_read_only_mcp_call_cut_by_a_crash_runs_again_when_the_turn_resumes() 
         (result_text(&results[0]), &results[0]["isError"]),
         ("Long running operation completed. Duration: 2 seconds, Steps: 2.", &json!(false))
     );
+    // The first server outlived the SIGKILLed gateway (server-everything does not exit when its
+    // stdin closes; only a graceful stop ends a server's process group): end it here.
+    for l in tapped(&tap_log, |_| true).await {
+        if let Some(pid) = l["serverPid"].as_u64() {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
