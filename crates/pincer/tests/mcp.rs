@@ -415,6 +415,26 @@ async fn a_server_killed_mid_call_fails_the_call_and_comes_back_and_an_abort_can
     })
     .await;
     assert!(lines.iter().any(|m| m["method"] == "notifications/cancelled"));
+
+    // A graceful stop ends the server's whole process group (the tap and the server under it),
+    // though the server still runs the cancelled operation.
+    let mut gw = gw;
+    let status = tokio::task::spawn_blocking(move || gw.terminate()).await.unwrap();
+    assert!(status.success(), "{status}");
+    for pid in lines.iter().filter_map(|l| l["serverPid"].as_u64()) {
+        // Gone, or a zombie waiting to be reaped (its parent, the tap, is gone too).
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map_or(true, |stat| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        };
+        for _ in 0..100 {
+            if gone() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(gone(), "server {pid} outlived the gateway's stop");
+    }
 }
 
 /// The official conformance suite (npm `@modelcontextprotocol/conformance`, pinned in tests/mcp) drives
@@ -540,6 +560,9 @@ async fn progress_notifications_extend_a_calls_timeout_and_silence_ends_it() {
          (timeout_secs); the call was cancelled."
     );
     check_request_against_pi(&file, &fake, 2);
+    // A graceful stop ends the server, which still runs the timed-out operation.
+    let mut gw = gw;
+    tokio::task::spawn_blocking(move || gw.terminate()).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
