@@ -7,7 +7,7 @@
 //! (a turn that is often caught mid-stream but ends soon), `[huge]` streams 100 MB of text in 64 KiB
 //! chunks as fast as the client reads (until it hangs up), `[fail]` answers HTTP 400 (and closes the connection) with an
 //! OpenAI error body, `[ratelimit]` answers 429 (`retry-after: 0`) the first time a message carries it
-//! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first, `[bash]` for
+//! and streams the reply when it is sent again, `[tool]` asks for the `ls` tool first, `[mcp]` for server-everything's echo ([`MCP_ECHO`]), `[bash]` for
 //! `bash` running [`BASH_LINES`] (five lines over two seconds) first, `[approve]` for `bash` running
 //! `echo approved >> approved.log` (once per user message), `[call:a,b]` asks for the tools `a` and
 //! `b` (arguments `{"query": "<tool name>"}`; a client's tools; only when the request offers tools,
@@ -22,6 +22,10 @@ use crate::fake_provider::{FakeProvider, Format, Framing, Options, Recorded, Rep
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The MCP tool `[mcp]` asks for (arguments `{"message": "hello from MCP"}`): server-everything's
+/// echo, configured as server `everything`.
+pub const MCP_ECHO: &str = "mcp__everything__echo";
 
 /// The command `[bash]` asks `bash` to run: prints `line-1` … `line-5`, 0.4 s apart.
 pub const BASH_LINES: &str = "for i in 1 2 3 4 5; do echo line-$i; sleep 0.4; done";
@@ -331,6 +335,8 @@ fn answer(req: &Recorded, said: &str, pacing: Pacing) -> Reply {
         Some(("ls", json!({})))
     } else if said.contains("[bash]") {
         Some(("bash", json!({"command": BASH_LINES})))
+    } else if said.contains("[mcp]") {
+        Some((MCP_ECHO, json!({"message": "hello from MCP"})))
     } else {
         None
     };
