@@ -308,29 +308,13 @@ async fn the_endpoint_is_off_unless_enabled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_python_and_node_sdks_are_clients() {
-    let (python, dir_sdk) = (pincer_testkit::sdk_python(), pincer_testkit::sdk_dir());
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     let fake = FakeOpenAi::start().await;
     let gw = start(&state, config(&fake, true)).await;
-    let runs = [
-        ("python", python.display().to_string(), dir_sdk.join("sdk_test.py")),
-        ("node", "node".to_string(), dir_sdk.join("sdk_test.mjs")),
-    ];
-    for (prefix, program, script) in runs {
+    for (prefix, program, script) in pincer_testkit::sdk_scripts("sdk_test") {
         let before = fake.usages().len();
-        let out = tokio::process::Command::new(&program)
-            .arg(&script)
-            .current_dir(&dir_sdk)
-            .env("PINCER_OPENAI_BASE_URL", format!("http://{}/v1", gw.addr))
-            .env("PINCER_TOKEN", TOKEN)
-            .env("PINCER_PREFIX", prefix)
-            .output()
-            .await
-            .expect("run the SDK script");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{prefix} SDK: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        let report: Value = serde_json::from_str(stdout.lines().last().expect("report")).expect("json report");
+        let report = pincer_testkit::sdk_report(&gw.addr, prefix, &program, &script).await;
         let replies = report["replies"].as_array().expect("replies");
         let usages = fake.usages()[before..].to_vec();
         assert_eq!(replies.len(), 4);

@@ -97,28 +97,12 @@ async fn call(addr: &str, key: &str, body: &Value, get: Option<&str>) -> (u16, V
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdks_chain_branch_and_retrieve_responses() {
-    let (python, dir_sdk) = (pincer_testkit::sdk_python(), pincer_testkit::sdk_dir());
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     let fake = FakeOpenAi::start().await;
     let gw = start(&state, config(&fake, "")).await;
-    let runs = [
-        ("python", python.display().to_string(), dir_sdk.join("responses_test.py")),
-        ("node", "node".to_string(), dir_sdk.join("responses_test.mjs")),
-    ];
-    for (prefix, program, script) in runs {
-        let out = tokio::process::Command::new(&program)
-            .arg(&script)
-            .current_dir(&dir_sdk)
-            .env("PINCER_OPENAI_BASE_URL", format!("http://{}/v1", gw.addr))
-            .env("PINCER_TOKEN", TOKEN)
-            .env("PINCER_PREFIX", prefix)
-            .output()
-            .await
-            .expect("run the SDK script");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{prefix} SDK: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        let report: Value = serde_json::from_str(stdout.lines().last().expect("report")).expect("json report");
+    for (prefix, program, script) in pincer_testkit::sdk_scripts("responses_test") {
+        let report = pincer_testkit::sdk_report(&gw.addr, prefix, &program, &script).await;
         let said = |t: &str| format!("{prefix} {t}");
 
         // One session: one → two → three, and a branch from one's reply.

@@ -65,6 +65,34 @@ pub fn sdk_dir() -> PathBuf {
     d
 }
 
+/// The official SDKs' scripts `name` in [`sdk_dir`] (`<name>.py` with [`sdk_python`], `<name>.mjs`
+/// with node), each with its prefix (`python`, `node`) for the texts it sends: for [`sdk_report`].
+pub fn sdk_scripts(name: &str) -> [(&'static str, String, PathBuf); 2] {
+    let (python, dir) = (sdk_python(), sdk_dir());
+    [
+        ("python", python.display().to_string(), dir.join(format!("{name}.py"))),
+        ("node", "node".to_owned(), dir.join(format!("{name}.mjs"))),
+    ]
+}
+
+/// Runs SDK script `script` with `program` against the OpenAI endpoint of the gateway at `addr`
+/// (texts prefixed `prefix`); the JSON report it printed last. Panics with its output if it failed.
+pub async fn sdk_report(addr: &str, prefix: &str, program: &str, script: &Path) -> serde_json::Value {
+    let run = tokio::process::Command::new(program)
+        .arg(script)
+        .current_dir(sdk_dir())
+        .env("PINCER_OPENAI_BASE_URL", format!("http://{addr}/v1"))
+        .env("PINCER_TOKEN", gateway::TOKEN)
+        .env("PINCER_PREFIX", prefix)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{prefix} SDK: {stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    let last = stdout.lines().last().unwrap_or_else(|| panic!("{prefix} SDK printed no report"));
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{prefix} SDK report {last:?}: {e}"))
+}
+
 /// `tests/mcp/node_modules/@modelcontextprotocol`: the MCP reference servers and the conformance
 /// suite (scripts/test runs `npm ci` in tests/mcp from its lock).
 pub fn mcp_servers_dir() -> PathBuf {
