@@ -195,13 +195,7 @@ fn openclaw_tui_shows_bash_output_while_it_runs_then_the_result() {
     );
     let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
     tui.wait_for("gateway connected");
-    // OpenClaw's TUI shows tool output at verbose `full`, a setting of the session (patched through
-    // the gateway, once the session exists: Pincer's `sessions.patch` refuses an unknown one).
-    tui.send(&["hello", "Enter"]);
-    tui.wait_until("the first reply, idle", |s| s.contains("Fake reply: you said \"hello\"") && s.contains("| idle"));
-    tui.send(&["/verbose full"]);
-    tui.send(&["Enter"]);
-    tui.wait_for("| verbose full |"); // the status line
+    verbose_full(&tui);
 
     // The fake asks for `bash` printing line-1 … line-5, 0.4 s apart (its `[bash]` marker).
     tui.send(&["count for me [bash]", "Enter"]);
@@ -258,11 +252,7 @@ fn openclaw_tui_shows_a_waiting_bash_call_and_approve_from_it_runs_the_command_o
     let gw = GatewayProcess::start(BIN, &dir.path().join("state"), &fake.gateway_toml());
     let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
     tui.wait_for("gateway connected");
-    tui.send(&["hello", "Enter"]);
-    tui.wait_until("the first reply, idle", |s| s.contains("Fake reply: you said \"hello\"") && s.contains("| idle"));
-    tui.send(&["/verbose full"]);
-    tui.send(&["Enter"]);
-    tui.wait_for("| verbose full |");
+    verbose_full(&tui);
 
     // The fake asks for `bash` running `echo approved >> approved.log` (its `[approve]` marker).
     tui.send(&["write it down [approve]", "Enter"]);
@@ -281,7 +271,11 @@ fn openclaw_tui_shows_a_waiting_bash_call_and_approve_from_it_runs_the_command_o
     assert_eq!(slug.len(), 8, "{waiting}");
 
     // Answered from the TUI's own composer, with the short code it showed.
-    tui.send(&[&format!("/approve {slug} allow-once")]);
+    let approve = format!("/approve {slug} allow-once");
+    tui.send(&[&approve]);
+    // Enter once the editor shows the whole command (its slash-command completion reads what was
+    // typed; an Enter racing the typing on a loaded machine was taken before the text).
+    tui.wait_until("the command typed in the editor", |s| s.lines().any(|l| l.trim() == approve));
     tui.send(&["Enter"]);
     let done = tui.wait_for("Fake reply: you said \"write it down [approve]\"");
     println!("the pane after the reply:\n{done}");
@@ -297,6 +291,18 @@ fn openclaw_tui_shows_a_waiting_bash_call_and_approve_from_it_runs_the_command_o
     for bad in ["unknown or expired", "failed", "unknown method", "disconnected"] {
         assert!(!lower.contains(bad), "the TUI shows {bad:?}:\n{done}");
     }
+}
+
+/// A first turn, then `/verbose full`: OpenClaw's TUI shows tool output at verbose `full`, a setting
+/// of the session (patched through the gateway once the session exists: Pincer's `sessions.patch`
+/// refuses an unknown one).
+fn verbose_full(tui: &openclaw::Tui) {
+    tui.send(&["hello", "Enter"]);
+    tui.wait_until("the first reply, idle", |s| s.contains("Fake reply: you said \"hello\"") && s.contains("| idle"));
+    tui.send(&["/verbose full"]);
+    tui.wait_for("/verbose full"); // typed in full before Enter (see the /approve test)
+    tui.send(&["Enter"]);
+    tui.wait_for("| verbose full |"); // the status line
 }
 
 /// The line of `screen` that holds the fake's first reply.
