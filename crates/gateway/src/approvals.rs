@@ -28,7 +28,7 @@ use crate::hub::Audience;
 use crate::protocol::RpcError;
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, RunHandle};
-use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput};
+use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
 use pincer_store::NewEntry;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -638,6 +638,17 @@ impl Tool for Gate {
         self.inner.destructive()
     }
     fn call(&self, arguments: Value) -> ToolFuture<'_> {
+        self.gate(arguments, ToolUpdates::none())
+    }
+    fn call_with_updates(&self, arguments: Value, updates: ToolUpdates) -> ToolFuture<'_> {
+        self.gate(arguments, updates)
+    }
+}
+
+impl Gate {
+    /// Asks first when the policy says so, then runs the call with its partial results reported
+    /// to `updates` (the wait's own text first: what it waits for and how to answer).
+    fn gate(&self, arguments: Value, updates: ToolUpdates) -> ToolFuture<'_> {
         Box::pin(async move {
             let name = self.inner.name();
             if self.policy == Policy::Deny {
@@ -650,7 +661,7 @@ impl Tool for Gate {
             let agent = &t.gw.settings.agents.get(&t.session.agent_id);
             let cwd = agent.workspace.display().to_string();
             if t.gw.approvals.is_allowed(&t.session.agent_id, name, &command, &cwd) {
-                return self.inner.call(arguments).await;
+                return self.inner.call_with_updates(arguments, updates).await;
             }
             let call_id = self.call_id(&arguments).await;
             let now = pincer_pi::now_ms();
@@ -688,17 +699,15 @@ impl Tool for Gate {
                     "The approval request was not recorded ({message}); it did not run."
                 )));
             }
-            let d = wait(&t.gw, &t.session, &t.run, record).await;
+            let d = wait(&t.gw, &t.session, &t.run, record, &|pending| updates.report(pending)).await;
             if d.allows() {
-                self.inner.call(arguments).await
+                self.inner.call_with_updates(arguments, updates).await
             } else {
                 Err(d.denied())
             }
         })
     }
-}
 
-impl Gate {
     /// The id of the call being made: the first call of this tool in the turn's last assistant
     /// message with these arguments that has no result and was not asked about yet.
     async fn call_id(&self, arguments: &Value) -> String {
@@ -741,9 +750,16 @@ impl Gate {
 }
 
 /// Registers the request `record` (written already), announces it and waits for its decision or
-/// its expiry (then decided `deny`, reason `timeout`). An abort drops this future; the turn then
+/// its expiry (then decided `deny`, reason `timeout`). `report` shows the call's partial result: the
+/// wait's text in OpenClaw's words ([`pending_text`]). An abort drops this future; the turn then
 /// denies the wait ([`abort_run`]).
-async fn wait(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>, record: Value) -> Decided {
+async fn wait(
+    gw: &Arc<Gateway>,
+    session: &SessionRef,
+    run: &Arc<RunHandle>,
+    record: Value,
+    report: &(dyn Fn(ToolOutput) + Send + Sync),
+) -> Decided {
     let id = record["id"].as_str().unwrap_or_default().to_owned();
     let expires_at = record["expiresAtMs"].as_u64().unwrap_or(0);
     let req = &record["request"];
@@ -770,9 +786,7 @@ async fn wait(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>, rec
     crate::chat::publish_agent_event(gw, session, run, "approval", requested);
     // The call's card says what it waits for and how to answer, in OpenClaw's words: a client
     // without an approval view (OpenClaw's TUI) shows it as the running tool's output.
-    let update = json!({"phase": "update", "name": req["toolName"], "toolCallId": req["toolCallId"],
-        "partialResult": {"content": [{"type": "text", "text": pending_text(&id, req)}]}});
-    crate::chat::publish_agent_event(gw, session, run, "tool", update);
+    report(ToolOutput::text(pending_text(&id, req)));
     let left = Duration::from_millis(expires_at.saturating_sub(pincer_pi::now_ms()));
     let decided = tokio::select! {
         r = rx.wait_for(Option::is_some) => r.ok().and_then(|d| d.clone()),
@@ -882,7 +896,14 @@ pub async fn resume_call(
     for k in ["id", "request", "createdAtMs", "expiresAtMs"] {
         record.insert(k.into(), request[k].clone());
     }
-    let d = wait(gw, session, run, Value::Object(record)).await;
+    // The call's `start` went out already (the turn announced it before settling the call): its
+    // update goes straight to the clients, after it.
+    let report = |pending: ToolOutput| {
+        let update = json!({"phase": "update", "name": call["name"], "toolCallId": call["id"],
+            "partialResult": pending.to_value()});
+        crate::chat::publish_agent_event(gw, session, run, "tool", update);
+    };
+    let d = wait(gw, session, run, Value::Object(record), &report).await;
     if d.allows() {
         tools.execute(call["name"].as_str().unwrap_or_default(), call["arguments"].clone()).await
     } else {

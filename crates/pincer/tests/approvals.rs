@@ -111,6 +111,17 @@ async fn a_waiting_call_survives_a_sigkill_and_runs_once_when_allowed_from_anoth
     send(&mut c, "run it", "t1").await;
     let p = requested(&mut c).await;
     let id = p["id"].as_str().unwrap().to_owned();
+    // The call's card says what it waits for (OpenClaw's words, for clients without an approval
+    // view): an `update` of the call, after its `start`.
+    let tool = |f: &Value, phase: &str| {
+        f["event"] == "agent" && f["payload"]["stream"] == "tool" && f["payload"]["data"]["phase"] == phase
+    };
+    let seen = c.events_until(|f| tool(f, "update"), Duration::from_secs(30)).await;
+    assert!(seen.iter().any(|f| tool(f, "start")), "the update came after the call's start: {seen:#?}");
+    let text = seen.last().unwrap()["payload"]["data"]["partialResult"]["content"][0]["text"].clone();
+    let text = text.as_str().unwrap_or_default();
+    assert!(text.starts_with(&format!("Approval required (id {}, full {id})", &id[..8])), "{text}");
+    assert!(text.ends_with(&format!("Reply with: /approve {} allow-once|allow-always|deny", &id[..8])), "{text}");
     let file = pincer_testkit::probe::transcript_path(&s.state, "agent:main:main").unwrap();
     let req = customs(&file, "pincer.approval-request");
     assert_eq!(req.len(), 1, "the request is on disk before it is announced");
