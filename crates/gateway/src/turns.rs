@@ -22,6 +22,7 @@ use crate::sessions::SessionRef;
 use crate::state::{Gateway, TurnSlot};
 use pincer_store::{NewEntry, StoreError, Transcripts};
 use serde_json::{json, Map, Value};
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -253,20 +254,37 @@ pub fn queued_marker(run_id: &str, text: &str, images: &[Value]) -> NewEntry {
     NewEntry::of("custom", payload)
 }
 
-/// The turns queued in the transcript's tail ([`QUEUED`]) that never started (no row of their key,
-/// not [`DROPPED`]), oldest first: `(run id, the record's data)`. Blocking.
+/// The turns queued in the transcript's tail ([`QUEUED`]) that never started (no row of their key
+/// after the record, not [`DROPPED`]), oldest first: `(run id, the record's data)`. Blocking.
+///
+/// Reads a small tail first and more only while it might miss a record: a queued turn that never
+/// started has fewer than [`crate::chat::MAX_QUEUED_PER_SESSION`] turns after its record (only the
+/// ones ahead of it in the queue started), so a tail holding that many user rows holds every such
+/// record (as does one holding the whole file, or [`TAIL_WINDOW`] at most).
 pub fn queued_unstarted(store: &dyn Transcripts, path: &Path) -> Result<Vec<(String, Value)>, StoreError> {
-    let tail = store.tail_entries(path, TAIL_WINDOW)?;
-    let dropped: std::collections::HashSet<&str> = tail.iter().filter_map(|e| custom_of(e, DROPPED)).collect();
+    let mut window = FIRST_TAIL;
+    let tail = loop {
+        let tail = store.tail_entries(path, window)?;
+        let whole = tail.first().is_some_and(|e| e["type"] == "session");
+        let users = tail.iter().filter(|e| message(e).is_some_and(|m| m.get("role") == Some(&json!("user")))).count();
+        if whole || users >= crate::chat::MAX_QUEUED_PER_SESSION || window >= TAIL_WINDOW {
+            break tail;
+        }
+        window *= 4;
+    };
+    let dropped: HashSet<&str> = tail.iter().filter_map(|e| custom_of(e, DROPPED)).collect();
+    // A turn's rows (user row, or a gateway reply) come after its record, so they are in the tail.
+    let started: HashSet<&str> = (tail.iter().filter_map(message))
+        .filter_map(|m| m.get("idempotencyKey")?.as_str())
+        .filter_map(|k| run_of_user_key(k).or_else(|| run_of_reply_key(k)))
+        .collect();
     let mut out: Vec<(String, Value)> = Vec::new();
     for e in &tail {
         let Some(run_id) = custom_of(e, QUEUED) else { continue };
-        if dropped.contains(run_id) || out.iter().any(|(r, _)| r == run_id) {
+        if dropped.contains(run_id) || started.contains(run_id) || out.iter().any(|(r, _)| r == run_id) {
             continue;
         }
-        if on_disk(store, path, run_id, 0)? == OnDisk::New {
-            out.push((run_id.to_owned(), e["data"].clone()));
-        }
+        out.push((run_id.to_owned(), e["data"].clone()));
     }
     Ok(out)
 }
