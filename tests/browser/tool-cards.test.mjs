@@ -9,6 +9,37 @@ import fs from "node:fs";
 import path from "node:path";
 import { REPO, TOKEN, launchBrowser, readTranscript, recordFrames, startFakeProvider, startGateway, textOf, waitFor } from "./harness.mjs";
 
+/** A WebChat page on `gw`, connected (`onPage` sees it before it loads); its errors go to `errors`. */
+async function openChat(browser, gw, errors, onPage = () => {}) {
+  const page = await browser.context.newPage();
+  await page.setViewportSize({ width: 1100, height: 760 });
+  onPage(page);
+  page.on("pageerror", (e) => errors.push(e.message));
+  await page.goto(`${gw.url}/#token=${TOKEN}`);
+  await page.locator('[data-testid="status"].ok').waitFor({ timeout: 20000 });
+  return page;
+}
+
+/** The card of tool `tool`'s call on `page`. */
+const cardOf = (page, tool) => page.locator(`[data-testid="tool-call"][data-tool="${tool}"]`);
+
+/** The card of tool `tool` as the page shows it, opened: status, arguments, result. */
+async function shownCard(page, tool) {
+  const c = cardOf(page, tool);
+  assert.equal(await c.count(), 1, "one card for the one call");
+  if (!(await c.evaluate((d) => d.open))) await c.locator("summary").click();
+  return {
+    status: await c.getAttribute("data-status"),
+    args: JSON.parse(await c.locator('[data-testid="tool-args"]').innerText()),
+    result: await c.locator('[data-testid="tool-result"]').innerText(),
+  };
+}
+
+/** The run's end: Stop off, the list not busy (the end redraws the list: the card looked at after
+ *  this is the one that stays). */
+const runEnded = (page) => waitFor("the run's end", async () =>
+  (await page.locator('[data-testid="stop"]').isDisabled()) && (await page.locator("#log[aria-busy]").count()) === 0);
+
 describe("WebChat: tool call cards", () => {
   let provider, gw, browser, page, frames;
   const errors = [];
@@ -17,12 +48,7 @@ describe("WebChat: tool call cards", () => {
     provider = await startFakeProvider();
     gw = await startGateway(provider);
     browser = await launchBrowser();
-    page = await browser.context.newPage();
-    await page.setViewportSize({ width: 1100, height: 760 });
-    frames = recordFrames(page);
-    page.on("pageerror", (e) => errors.push(e.message));
-    await page.goto(`${gw.url}/#token=${TOKEN}`);
-    await page.locator('[data-testid="status"].ok').waitFor({ timeout: 20000 });
+    page = await openChat(browser, gw, errors, (p) => { frames = recordFrames(p); });
   });
   after(async () => {
     await browser?.close();
@@ -30,27 +56,14 @@ describe("WebChat: tool call cards", () => {
     await provider?.close();
   });
 
-  const card = () => page.locator('[data-testid="tool-call"][data-tool="ls"]');
-
-  /** The card as the page shows it, opened. */
-  async function shown() {
-    const c = card();
-    assert.equal(await c.count(), 1, "one card for the one call");
-    if (!(await c.evaluate((d) => d.open))) await c.locator("summary").click();
-    return {
-      status: await c.getAttribute("data-status"),
-      args: JSON.parse(await c.locator('[data-testid="tool-args"]').innerText()),
-      result: await c.locator('[data-testid="tool-result"]').innerText(),
-    };
-  }
+  const card = () => cardOf(page, "ls");
+  const shown = () => shownCard(page, "ls");
 
   test("the card follows the run live, and is the same after a reload", async () => {
     await page.locator('[data-testid="composer"]').fill("list the files [tool]");
     await page.locator('[data-testid="send"]').click();
     await waitFor("the tool card with status ok", async () => (await card().getAttribute("data-status").catch(() => null)) === "ok");
-    // The run's end redraws the list (the branch navigator is read again): wait for it, so that the
-    // card looked at below is the one that stays.
-    await waitFor("the run's end", async () => (await page.locator('[data-testid="stop"]').isDisabled()) && (await page.locator("#log[aria-busy]").count()) === 0);
+    await runEnded(page);
     const onDisk = readTranscript(gw.stateDir).map((r) => r.message).find((m) => m?.role === "toolResult");
     assert.ok(onDisk, "the toolResult row is on disk");
     const want = textOf(onDisk) || "(empty)";
@@ -86,10 +99,7 @@ describe("WebChat: an MCP tool's card", () => {
     provider = await startFakeProvider();
     gw = await startGateway(provider, `[mcp.servers.everything]\ncommand = "node"\nargs = [${JSON.stringify(server)}, "stdio"]\n`);
     browser = await launchBrowser();
-    page = await browser.context.newPage();
-    page.on("pageerror", (e) => errors.push(e.message));
-    await page.goto(`${gw.url}/#token=${TOKEN}`);
-    await page.locator('[data-testid="status"].ok').waitFor({ timeout: 20000 });
+    page = await openChat(browser, gw, errors);
   });
   after(async () => {
     await browser?.close();
@@ -97,23 +107,14 @@ describe("WebChat: an MCP tool's card", () => {
     await provider?.close();
   });
 
-  const card = () => page.locator('[data-testid="tool-call"][data-tool="mcp__everything__echo"]');
-  async function shown() {
-    const c = card();
-    assert.equal(await c.count(), 1, "one card for the one call");
-    if (!(await c.evaluate((d) => d.open))) await c.locator("summary").click();
-    return {
-      status: await c.getAttribute("data-status"),
-      args: JSON.parse(await c.locator('[data-testid="tool-args"]').innerText()),
-      result: await c.locator('[data-testid="tool-result"]').innerText(),
-    };
-  }
+  const card = () => cardOf(page, "mcp__everything__echo");
+  const shown = () => shownCard(page, "mcp__everything__echo");
 
   test("the call of mcp__everything__echo is a card with the server's answer, live and after a reload", async () => {
     await page.locator('[data-testid="composer"]').fill("echo through MCP [mcp]");
     await page.locator('[data-testid="send"]').click();
     await waitFor("the MCP card with status ok", async () => (await card().getAttribute("data-status").catch(() => null)) === "ok", 30000);
-    await waitFor("the run's end", async () => (await page.locator('[data-testid="stop"]').isDisabled()) && (await page.locator("#log[aria-busy]").count()) === 0);
+    await runEnded(page);
     const onDisk = readTranscript(gw.stateDir).map((r) => r.message).find((m) => m?.role === "toolResult");
     assert.equal(onDisk?.toolName, "mcp__everything__echo");
     assert.equal(onDisk.isError, false, textOf(onDisk));

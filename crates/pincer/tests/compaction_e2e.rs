@@ -318,13 +318,7 @@ async fn a_tool_loop_over_the_window_compacts_and_finishes() {
     let pi = pincer_testkit::oracle_context(&file, Some(&leaf));
     let expected =
         pincer_testkit::wire::openai_messages(pi["context"]["messages"].as_array().map_or(&[][..], Vec::as_slice));
-    let got: Vec<Value> = last_model_call["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .filter(|m| m["role"] != "system")
-        .cloned()
-        .collect();
+    let got: Vec<Value> = pincer_testkit::wire::conversation(&last_model_call);
     assert_eq!(got, expected, "the request after the second compaction against Pi's context");
     assert_eq!(pi["context"]["messages"][0]["role"], "compactionSummary");
 

@@ -123,8 +123,7 @@ fn check_turn(state: &Path, request: &Value, said: &str) -> usize {
     let pi = oracle_context(&file, user["id"].as_str());
     let context = pi["context"]["messages"].as_array().expect("Pi's context messages");
     let expected = openai_messages(context);
-    let got: Vec<Value> =
-        request["messages"].as_array().expect("messages").iter().filter(|m| m["role"] != "system").cloned().collect();
+    let got: Vec<Value> = pincer_testkit::wire::conversation(request);
     if let Some(i) = (0..got.len().max(expected.len())).find(|&i| got.get(i) != expected.get(i)) {
         panic!(
             "turn {said:?}: request message {i} of {} differs from Pi's context ({} messages):\n got: {}\nwant: {}",

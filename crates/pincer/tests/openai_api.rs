@@ -161,13 +161,7 @@ async fn resent_histories_make_one_session_and_an_edit_branches_from_the_first_r
     assert_eq!(new_user["parentId"], first_reply["id"], "the edit is a sibling of the second user message");
     // Pi's context at the edit's user row is exactly what the model was sent for it.
     let pi = oracle_context(&file, new_user["id"].as_str());
-    let got_by_fake: Vec<Value> = fake.requests().last().expect("request")["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .filter(|m| m["role"] != "system")
-        .cloned()
-        .collect();
+    let got_by_fake: Vec<Value> = pincer_testkit::wire::conversation(fake.requests().last().expect("request"));
     assert_eq!(
         said(pi["context"]["messages"].as_array().expect("context")),
         said(&got_by_fake),
@@ -369,13 +363,7 @@ async fn the_official_python_and_node_sdks_are_clients() {
                 rows.iter().enumerate().filter(|(_, r)| r["message"]["role"] == "assistant").map(|(i, _)| i).collect();
             let pi = oracle_context(&file, rows[assistants[nth] - 1]["id"].as_str());
             let want = pincer_testkit::wire::openai_messages(pi["context"]["messages"].as_array().expect("context"));
-            let sent: Vec<Value> = body["messages"]
-                .as_array()
-                .expect("messages")
-                .iter()
-                .filter(|m| m["role"] != "system")
-                .cloned()
-                .collect();
+            let sent: Vec<Value> = pincer_testkit::wire::conversation(body);
             assert_eq!(sent, want, "{prefix}: request {nth} of the tool conversation = Pi's context");
         }
     }

@@ -149,13 +149,7 @@ async fn the_official_sdks_chain_branch_and_retrieve_responses() {
             // `instructions` is that response's system prompt only, as at OpenAI.
             let brief = sent["messages"][0]["role"] == "system" && text(&sent["messages"][0]) == "Be brief.";
             assert_eq!(brief, t == "one", "{prefix}: the system prompt of {t:?}: {sent}");
-            let sent: Vec<Value> = sent["messages"]
-                .as_array()
-                .expect("messages")
-                .iter()
-                .filter(|m| m["role"] != "system")
-                .cloned()
-                .collect();
+            let sent: Vec<Value> = pincer_testkit::wire::conversation(sent);
             assert_eq!(sent, want, "{prefix}: the model call of {t:?} = Pi's context");
         }
 

@@ -99,6 +99,13 @@ pub fn openai_messages(context: &[Value]) -> Vec<Value> {
     out
 }
 
+/// A chat-completions request's messages without its system prompt: the conversation the model
+/// got, to compare with [`openai_messages`] of Pi's context.
+pub fn conversation(request: &Value) -> Vec<Value> {
+    let messages = request["messages"].as_array().expect("the request's messages");
+    messages.iter().filter(|m| m["role"] != "system").cloned().collect()
+}
+
 /// The `toolResult` messages of a transcript, in file order.
 pub fn tool_results(file: &Path) -> Vec<Value> {
     crate::probe::read_rows(file)
