@@ -416,11 +416,9 @@ async fn h10_large_answers_are_refused_early_or_share_one_memory_budget() {
     assert!(err["message"].as_str().unwrap_or("").contains("too large"), "{err}");
     let after_export = probe::hwm_kib(pid);
     println!("peak RSS {base} KiB -> {after_export} KiB after refusing an 80 MB export over the socket");
-    assert!(
-        after_export - base < 60 * 1024,
-        "the refusal came after building the export: +{} KiB",
-        after_export - base
-    );
+    // (A high-water mark read back can come out a little lower: the kernel's counters lag.)
+    let grew = after_export.saturating_sub(base);
+    assert!(grew < 60 * 1024, "the refusal came after building the export: +{grew} KiB");
 
     // Ten histories at once: they take turns within the budget instead of all holding the file.
     let calls = (0..10).map(|_| {
@@ -437,5 +435,6 @@ async fn h10_large_answers_are_refused_early_or_share_one_memory_budget() {
     }
     let after = probe::hwm_kib(pid);
     println!("peak RSS {after_export} KiB -> {after} KiB after ten concurrent chat.history of the 80 MB transcript");
-    assert!(after - after_export < 500 * 1024, "ten histories at once held +{} KiB", after - after_export);
+    let grew = after.saturating_sub(after_export);
+    assert!(grew < 500 * 1024, "ten histories at once held +{grew} KiB");
 }
