@@ -25,7 +25,8 @@ use unicode_normalization::UnicodeNormalization;
 
 /// Deltas go out at most this often per run.
 const DELTA_INTERVAL: Duration = Duration::from_millis(150);
-/// Longest a run waits for its ack to be written before it starts anyway.
+/// Longest a run waits for its client to have read its ack before it starts anyway (a client
+/// that does not answer pings).
 const ACK_WAIT: Duration = Duration::from_secs(1);
 /// Largest decoded attachment, and all attachments of one message together.
 pub const MAX_ATTACHMENT_BYTES: usize = 5 * 1024 * 1024;
@@ -352,8 +353,9 @@ async fn start_turn_in(
         tokens: Default::default(),
     };
     gw.tasks.spawn(async move {
-        // The ack goes out before any event of the run: once it is written, or a second at most (a
-        // client that does not read must not hold its turn back).
+        // The ack goes out before any event of the run: the run starts once the client has read it
+        // (its pong to the ping after the ack), or a second at most (a client that does not read
+        // must not hold its turn back).
         let _ = tokio::time::timeout(ACK_WAIT, acked).await;
         let (gw, session, run) = (turn.gw.clone(), turn.session.clone(), turn.run.clone());
         let span = tracing::info_span!("turn", session_key = %turn.session.key, run_id = %turn.run.run_id);

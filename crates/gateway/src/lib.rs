@@ -171,8 +171,9 @@ impl Ctx {
         }
     }
 
-    /// Resolves once this request's response has gone out (so a run's events follow its ack), or
-    /// fails when the transport gave up on it (the run goes on).
+    /// Resolves once the client has read this request's response (so a run's events reach it
+    /// after its ack; on the WebSocket, its pong to a ping sent after the response), or fails when
+    /// the transport gave up on it (the run goes on).
     pub fn after_response(&self) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
         state::lock(&self.acks).push(tx);
@@ -180,7 +181,7 @@ impl Ctx {
     }
 
     /// The waiters of [`Self::after_response`], for the transport to resolve once the response has
-    /// been written.
+    /// been read.
     pub fn take_acks(&self) -> Vec<oneshot::Sender<()>> {
         std::mem::take(&mut *state::lock(&self.acks))
     }

@@ -32,8 +32,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 enum Out {
     Text(String),
-    /// Resolved once the frames queued before it have been written and flushed to the socket.
-    Written(Vec<tokio::sync::oneshot::Sender<()>>),
+    /// Resolved once the client has read the frames queued before it: a ping follows them and
+    /// these fire on its pong ([`Outbox::read_back`]).
+    Read(Vec<tokio::sync::oneshot::Sender<()>>),
     /// Sent after everything queued before it; then the connection ends.
     Close(u16, String),
 }
@@ -56,7 +57,15 @@ pub struct Outbox {
     /// Code and reason of a close that skips what is queued (slow consumer).
     abort: Mutex<Option<(u16, String)>>,
     aborted: CancellationToken,
+    /// Pings sent after responses whose follow-ups wait for the client to have read them, oldest
+    /// first, with those waiters; at most [`MAX_UNANSWERED_PINGS`].
+    unanswered: Mutex<std::collections::VecDeque<(u64, Vec<tokio::sync::oneshot::Sender<()>>)>>,
+    pings: AtomicU64,
 }
+
+/// Pings kept waiting for their pong; an older one is let go (its waiters fire) when a client
+/// does not answer pings, so it costs no memory over time.
+const MAX_UNANSWERED_PINGS: usize = 32;
 
 impl Outbox {
     fn new(budget: usize) -> (Arc<Outbox>, mpsc::UnboundedReceiver<Out>) {
@@ -67,6 +76,8 @@ impl Outbox {
             budget,
             abort: Mutex::new(None),
             aborted: CancellationToken::new(),
+            unanswered: Mutex::new(std::collections::VecDeque::new()),
+            pings: AtomicU64::new(0),
         };
         (Arc::new(ob), rx)
     }
@@ -93,10 +104,41 @@ impl Outbox {
         Forwarded::Queued
     }
 
-    /// Resolves `acks` once what is queued now has been written to the socket.
-    fn after_written(&self, acks: Vec<tokio::sync::oneshot::Sender<()>>) {
+    /// Resolves `acks` once the client has read what is queued now: a ping goes out after it, and
+    /// they fire on its pong (or when the connection ends).
+    ///
+    /// Written is not enough. A client reads what arrived together in one go and handles the
+    /// frames before its own code resumes after the awaited response: OpenClaw's TUI, given a
+    /// `chat.send` ack and a fast run's whole stream in one read, handled the final before the ack
+    /// and then waited for a run that had ended. Events sent after the pong reach a later read.
+    fn after_read(&self, acks: Vec<tokio::sync::oneshot::Sender<()>>) {
         if !acks.is_empty() {
-            let _ = self.tx.send(Out::Written(acks));
+            let _ = self.tx.send(Out::Read(acks));
+        }
+    }
+
+    /// Registers the waiters of a ping about to be sent; returns its payload.
+    fn ping_for(&self, acks: Vec<tokio::sync::oneshot::Sender<()>>) -> u64 {
+        let n = self.pings.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut waiting = lock(&self.unanswered);
+        waiting.push_back((n, acks));
+        while waiting.len() > MAX_UNANSWERED_PINGS {
+            if let Some((_, mut old)) = waiting.pop_front() {
+                fire(&mut old);
+            }
+        }
+        n
+    }
+
+    /// A pong came back: the pings up to the one it answers have been read.
+    fn read_back(&self, payload: &[u8]) {
+        let Ok(bytes) = <[u8; 8]>::try_from(payload) else { return };
+        let answered = u64::from_be_bytes(bytes);
+        let mut waiting = lock(&self.unanswered);
+        while waiting.front().is_some_and(|(n, _)| *n <= answered) {
+            if let Some((_, mut acks)) = waiting.pop_front() {
+                fire(&mut acks);
+            }
         }
     }
 
@@ -155,7 +197,6 @@ async fn write_loop(
         // Frames queued together are written together and flushed once (one write, not one per frame).
         let mut next = first;
         let (mut batch, mut batch_bytes) = (0, 0);
-        let mut written = Vec::new();
         loop {
             match next {
                 Some(Out::Text(t)) => {
@@ -172,7 +213,20 @@ async fn write_loop(
                     batch += 1;
                     batch_bytes += cost;
                 }
-                Some(Out::Written(acks)) => written.extend(acks),
+                Some(Out::Read(acks)) => {
+                    // The ping follows the frames before it in the same write.
+                    let n = outbox.ping_for(acks);
+                    let ping = Message::Ping(n.to_be_bytes().to_vec().into());
+                    let fed = tokio::select! {
+                        biased;
+                        _ = outbox.aborted.cancelled() => break 'frames,
+                        r = sink.feed(ping) => r,
+                    };
+                    if fed.is_err() {
+                        return;
+                    }
+                    batch += 1;
+                }
                 Some(Out::Close(code, reason)) => {
                     close = (code, reason);
                     let _ = tokio::time::timeout(CLOSE_TIMEOUT, sink.flush()).await;
@@ -197,7 +251,6 @@ async fn write_loop(
                     if flush(&mut sink, &outbox).await.is_err() {
                         return;
                     }
-                    fire(&mut written);
                     (batch, batch_bytes) = (0, 0);
                     next = Some(o);
                 }
@@ -205,7 +258,7 @@ async fn write_loop(
             }
         }
         match flush(&mut sink, &outbox).await {
-            Ok(true) => fire(&mut written),
+            Ok(true) => {}
             Ok(false) => break,
             Err(()) => return,
         }
@@ -543,6 +596,10 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                         return Close::AfterQueued(1009, format!("frame exceeds maxPayload ({limit} bytes)"));
                     }
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                    Some(Ok(Message::Pong(p))) => {
+                        outbox.read_back(&p);
+                        continue;
+                    }
                     Some(Ok(_)) => continue,
                 };
                 let req = match protocol::parse_request(&text) {
@@ -576,9 +633,9 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                     let result = crate::methods::dispatch(&gw, &ctx, &req.method, &req.params).await;
                     outbox.push(protocol::response(&req.id, result), false);
                     drop(serial);
-                    // A run this request started sends its first event once its ack is on the wire,
-                    // so a client reads the ack (and learns the runId) before the run's events.
-                    outbox.after_written(ctx.take_acks());
+                    // A run this request started sends its first event once the client has read its
+                    // ack, so the client handles the ack (and learns the runId) before the run's events.
+                    outbox.after_read(ctx.take_acks());
                     drop(permit);
                 });
             }

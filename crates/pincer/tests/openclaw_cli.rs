@@ -4,12 +4,13 @@
 //! logs` (Pincer's log ring) and `openclaw sessions archive KEY` succeed; `openclaw tui` streams a
 //! reply, aborts one, and shows a running `bash` call's card with its output growing, then its result;
 //! a `bash` call waiting for approval shows OpenClaw's approval-pending text, and `/approve <code>`
-//! typed in the TUI runs it once.
+//! typed in the TUI runs it once; the TUI is idle after each instant reply even when it reads late.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // tests fail loudly, print the pane
 
-use pincer_testkit::fake_openai::{FakeOpenAi, Pacing};
+use pincer_testkit::fake_openai::FakeOpenAi;
 use pincer_testkit::gateway::{GatewayProcess, TOKEN};
+use pincer_testkit::late_reader::LateReader;
 use pincer_testkit::openclaw;
 use pincer_testkit::probe::{message_text as text, read_rows, transcript_path};
 use pretty_assertions::assert_eq;
@@ -138,10 +139,7 @@ fn openclaw_tui_streams_a_reply_aborts_and_shows_no_error() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    // A model's time to first token. OpenClaw's TUI reads a run's events as its own only once it has
-    // read the `chat.send` ack; an instant reply on a loaded machine can reach it in the same read as
-    // the ack, and the TUI then waits (spinner) for a run that has ended, whatever the gateway's order.
-    let fake = FakeOpenAi::start_in_thread_paced(Pacing { first: Duration::from_millis(150), ..Pacing::default() });
+    let fake = FakeOpenAi::start_in_thread();
     let gw = start(&dir, &fake);
     let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
     tui.wait_for("gateway connected");
@@ -186,7 +184,7 @@ fn openclaw_tui_shows_bash_output_while_it_runs_then_the_result() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let fake = FakeOpenAi::start_in_thread_paced(Pacing { first: Duration::from_millis(150), ..Pacing::default() });
+    let fake = FakeOpenAi::start_in_thread();
     // bash runs without asking (approvals have their own tests).
     let gw = GatewayProcess::start(
         BIN,
@@ -222,7 +220,7 @@ fn openclaw_tui_shows_a_waiting_bash_call_and_approve_from_it_runs_the_command_o
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let fake = FakeOpenAi::start_in_thread_paced(Pacing { first: Duration::from_millis(150), ..Pacing::default() });
+    let fake = FakeOpenAi::start_in_thread();
     // `bash` under the default policy: `ask`.
     let gw = GatewayProcess::start(BIN, &dir.path().join("state"), &fake.gateway_toml());
     let tui = openclaw::Tui::start(&dir.path().join("home"), &gw.addr, TOKEN, "main");
@@ -265,6 +263,43 @@ fn openclaw_tui_shows_a_waiting_bash_call_and_approve_from_it_runs_the_command_o
     let lower = done.to_lowercase();
     for bad in ["unknown or expired", "failed", "unknown method", "disconnected"] {
         assert!(!lower.contains(bad), "the TUI shows {bad:?}:\n{done}");
+    }
+}
+
+/// OpenClaw's TUI takes a run's events as its own once it has handled the `chat.send` ack. It reads
+/// what arrived together in one go and handles every frame before its code after the awaited ack
+/// resumes: given the ack and an instant reply's whole run in one read, it handled the final first,
+/// then waited ("twiddling thumbs…") for a run that had ended, and refused the next message. Here a
+/// proxy holds what the gateway sends for a moment after its first byte, as a busy machine would,
+/// and the model answers at once: each of three messages must be answered and the TUI idle again.
+#[test]
+fn openclaw_tui_is_idle_after_each_instant_reply_when_it_reads_late() {
+    if !openclaw::in_loopback_namespace("openclaw_tui_is_idle_after_each_instant_reply_when_it_reads_late") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let gw = start(&dir, &fake);
+    let late = LateReader::start(&gw.addr, Duration::from_millis(300));
+    let tui = openclaw::Tui::start(&dir.path().join("home"), &late.addr, TOKEN, "main");
+    tui.wait_for("gateway connected");
+    for word in ["first", "second", "third"] {
+        tui.send(&[word]);
+        tui.wait_until("the message typed in the editor", |s| s.lines().any(|l| l.trim() == word));
+        tui.send(&["Enter"]);
+        let reply = format!("Fake reply: you said \"{word}\"");
+        tui.wait_until(&format!("the reply to {word:?}, then idle"), |s| s.contains(&reply) && s.contains("| idle"));
+    }
+    let file = transcript_path(&gw.state_dir, "agent:main:main").expect("transcript");
+    let rows = read_rows(&file);
+    let texts: Vec<String> = rows[1..].iter().map(|r| text(&r["message"])).collect();
+    let said = |w: &str| format!("Fake reply: you said \"{w}\"");
+    assert_eq!(
+        texts,
+        ["first".to_owned(), said("first"), "second".into(), said("second"), "third".into(), said("third")]
+    );
+    for pair in rows[1..].windows(2) {
+        assert_eq!(pair[1]["parentId"], pair[0]["id"], "{rows:#?}");
     }
 }
 

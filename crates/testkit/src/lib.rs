@@ -7,8 +7,8 @@
 //! own CLI in a loopback-only network namespace ([`openclaw`], through [`netns`]), a generated state directory
 //! with known search hits ([`corpus`]), a throwaway PostgreSQL cluster ([`postgres`]), and the
 //! transcript shapes of the hostile-input tests ([`shapes`]), Pi's context in OpenAI's wire form
-//! ([`wire`]), the redaction of run-to-run values in wire snapshots ([`redact`]), and a web server for
-//! `web_fetch` ([`web`]).
+//! ([`wire`]), the redaction of run-to-run values in wire snapshots ([`redact`]), a web server for
+//! `web_fetch` ([`web`]), and a proxy that makes a client read late ([`late_reader`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -21,6 +21,7 @@ pub mod corpus;
 pub mod fake_openai;
 pub mod fake_provider;
 pub mod gateway;
+pub mod late_reader;
 pub mod netns;
 pub mod openclaw;
 pub mod oracle;
