@@ -6,7 +6,7 @@
 //! gateway-injected row; `chat.history`/`chat.startup` read the active branch from a bounded tail.
 
 use crate::hook::{self, Decision};
-use crate::protocol::{Bounded, Method, NonBlank, RpcError};
+use crate::protocol::{Bounded, ChatEvent, ChatFailure, ChatState, ErrorCode, ErrorKind, Method, NonBlank, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
 use crate::turns::OnDisk;
@@ -489,7 +489,7 @@ async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Resul
 }
 
 /// `errorKind` and a user-facing cause for a failed transcript write.
-pub fn persist_failure(e: &pincer_store::StoreError) -> (&'static str, String) {
+pub fn persist_failure(e: &pincer_store::StoreError) -> (ErrorKind<'static>, String) {
     use std::io::ErrorKind as K;
     let why = match e {
         pincer_store::StoreError::Io { source, .. } => match source.kind() {
@@ -500,7 +500,7 @@ pub fn persist_failure(e: &pincer_store::StoreError) -> (&'static str, String) {
         },
         _ => "a store error",
     };
-    ("persistence", format!("the turn could not be saved ({why}): {e}"))
+    (ErrorKind::Persistence, format!("the turn could not be saved ({why}): {e}"))
 }
 
 /// Aborts the runs of a session (or one run); returns the ids that were aborted.
@@ -598,7 +598,7 @@ impl Turn {
 
     /// A `chat` event. As OpenClaw numbers them, the final repeats the last delta's `seq` (a
     /// final without deltas, an abort or an error takes the next one).
-    fn chat_event(&self, state: &str, extra: Value) {
+    fn chat_event(&self, state: ChatState, extra: Value) {
         let extra = match extra {
             Value::Object(m) => m,
             _ => Map::new(),
@@ -610,27 +610,16 @@ impl Turn {
 
     /// [`Turn::chat_event`] with the fields after `state` serialized from `extra` (flattened), and
     /// the id of the persisted entry the event carries, if any.
-    fn chat_event_with(&self, state: &str, extra: &impl serde::Serialize, entry_id: Option<&str>) {
+    fn chat_event_with(&self, state: ChatState, extra: &impl serde::Serialize, entry_id: Option<&str>) {
         let seq = match (state, self.run.last_seq()) {
-            ("final", last) if last > 0 => last,
+            (ChatState::Final, last) if last > 0 => last,
             _ => self.run.next_seq(),
         };
         if !self.gw.hub.wants("chat", Some(&self.session.key), crate::hub::Audience::All) {
             return;
         }
         // Serialized straight from the turn's fields (no JSON tree built for it).
-        #[derive(serde::Serialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Payload<'a, E> {
-            run_id: &'a str,
-            session_key: &'a str,
-            agent_id: &'a str,
-            seq: u64,
-            state: &'a str,
-            #[serde(flatten)]
-            extra: &'a E,
-        }
-        let p = Payload {
+        let p = ChatEvent {
             run_id: &self.run.run_id,
             session_key: &self.session.key,
             agent_id: &self.session.agent_id,
@@ -640,7 +629,7 @@ impl Turn {
         };
         let Some(json) = crate::hub::to_json(&p) else { return };
         // Deltas and startup phases are superseded by what follows: droppable for a slow client.
-        let droppable = matches!(state, "delta" | "status");
+        let droppable = state.droppable();
         let id = entry_id.filter(|_| !droppable).and_then(|id| self.gw.event_id(&self.session, id, 1));
         self.gw.hub.publish_json("chat", &self.session.key, json, droppable, crate::hub::Audience::All, id);
     }
@@ -703,13 +692,13 @@ impl Turn {
             Ok(g) => g,
             Err(crate::state::SlotError::Unavailable(e)) => {
                 // The database cannot be asked: nothing was written, nothing runs.
-                self.fail(&e, "persistence", None);
+                self.fail(&e, ErrorKind::Persistence, None);
                 return;
             }
             Err(crate::state::SlotError::Cancelled) => {
                 // Aborted while waiting: no row was written.
                 self.drop_queued("aborted while it waited").await;
-                self.chat_event("aborted", json!({"stopReason": self.run.origin()}));
+                self.chat_event(ChatState::Aborted, json!({"stopReason": self.run.origin()}));
                 self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
                 return;
             }
@@ -730,7 +719,7 @@ impl Turn {
         };
         if let Some(e) = stale {
             // Nothing was written: the client's view of the branch is stale (or could not be checked).
-            let kind = if e.code == "INVALID_REQUEST" { "conflict" } else { "persistence" };
+            let kind = if e.code == ErrorCode::InvalidRequest { ErrorKind::Conflict } else { ErrorKind::Persistence };
             self.fail(&e.message, kind, None);
         } else if let (Some(_), Some(_)) = (command, &self.resume) {
             self.reply("This command was interrupted by a restart before it was answered; send it again.").await;
@@ -765,7 +754,7 @@ impl Turn {
                 "session {} was reset or deleted while this turn waited; nothing was written, send it again",
                 self.session.key
             );
-            self.fail(&why, "conflict", None);
+            self.fail(&why, ErrorKind::Conflict, None);
             return false;
         }
         self.session = now;
@@ -848,7 +837,7 @@ impl Turn {
                 None
             }
         };
-        self.fail(&text, "internal", entry.as_ref());
+        self.fail(&text, ErrorKind::Internal, entry.as_ref());
         self.lifecycle_end();
     }
 
@@ -867,7 +856,7 @@ impl Turn {
             }
         };
         self.lifecycle_end();
-        self.chat_event("final", json!({"stopReason": "stop", "message": message}));
+        self.chat_event(ChatState::Final, json!({"stopReason": "stop", "message": message}));
     }
 
     async fn no_agent(&self, cmd: &str) {
@@ -945,7 +934,7 @@ impl Turn {
                     let message = format!(
                         "the before_agent_run hook could not decide ({why}); the message was not sent and nothing was saved: send it again once the hook works"
                     );
-                    self.fail(&message, "hook", None);
+                    self.fail(&message, ErrorKind::Hook, None);
                     self.gw.dedupe_forget(&format!("chat:{}", self.run.run_id));
                     return false;
                 }
@@ -978,7 +967,7 @@ impl Turn {
                 Ok((leaf, _)) => leaf,
                 Err(e) => {
                     let why = format!("cannot read the leaf of {}: {}", path.display(), e.message);
-                    self.fail(&why, "persistence", None);
+                    self.fail(&why, ErrorKind::Persistence, None);
                     return false;
                 }
             };
@@ -999,7 +988,11 @@ impl Turn {
             let (key, mut fields) = (self.session.key.clone(), Map::new());
             fields.insert(SYSTEM_PROMPT_FIELD.into(), json!(prompt));
             if let Err(e) = self.gw.index(move |s| s.patch(&key, &fields)).await {
-                self.fail(&format!("the system prompt could not be saved: {}", e.message), "persistence", None);
+                self.fail(
+                    &format!("the system prompt could not be saved: {}", e.message),
+                    ErrorKind::Persistence,
+                    None,
+                );
                 return false;
             }
         }
@@ -1063,18 +1056,18 @@ impl Turn {
             return;
         }
         // OpenClaw's startup phases, shown by its Control UI while the reply has not begun.
-        self.chat_event("status", json!({"phase": "preparing_context"}));
+        self.chat_event(ChatState::Status, json!({"phase": "preparing_context"}));
         let mut messages = match self.gw.context(&self.session).await {
             Ok(m) => m,
             Err(e) => {
-                self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
                 return;
             }
         };
         let model = match self.gw.settings.providers.resolve(&self.session_model()) {
             Ok(m) => m,
             Err(e) => {
-                self.fail(&format!("{e}"), "unknown", None);
+                self.fail(&format!("{e}"), ErrorKind::Provider("unknown"), None);
                 return;
             }
         };
@@ -1084,7 +1077,7 @@ impl Turn {
         // fits must not compact forever.
         let (mut may_recover, mut compactions) = (true, 0);
         loop {
-            self.chat_event("status", json!({"phase": "starting_model"}));
+            self.chat_event(ChatState::Status, json!({"phase": "starting_model"}));
             let rx = start_run(RunRequest {
                 model: model.clone(),
                 system_prompt: self.system_prompt(),
@@ -1104,7 +1097,7 @@ impl Turn {
                          message alone may not fit the model's context window: use a model with a larger \
                          window or ask for less)"
                     );
-                    self.fail(&message, "context_length", entry.as_deref());
+                    self.fail(&message, ErrorKind::Provider("context_length"), entry.as_deref());
                     return;
                 }
                 StreamEnd::Overflow { message, entry, .. } if compactions == MAX_OVERFLOW_COMPACTIONS => {
@@ -1112,7 +1105,7 @@ impl Turn {
                         "{message} (the context overflowed again after {compactions} compactions in this turn; \
                          send another message to go on)"
                     );
-                    self.fail(&message, "context_length", entry.as_deref());
+                    self.fail(&message, ErrorKind::Provider("context_length"), entry.as_deref());
                     return;
                 }
                 StreamEnd::Overflow { message, entry, may_recover: true } => {
@@ -1125,14 +1118,14 @@ impl Turn {
                         Ok(_) => match self.gw.context(&self.session).await {
                             Ok(m) => messages = m,
                             Err(e) => {
-                                self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
                                 return;
                             }
                         },
                         Err(e) => {
                             self.fail(
                                 &format!("{message} (compacting to make room failed: {e})"),
-                                "context_length",
+                                ErrorKind::Provider("context_length"),
                                 entry.as_deref(),
                             );
                             return;
@@ -1173,7 +1166,7 @@ impl Turn {
                 return false;
             }
             Err(e) => {
-                self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
                 return false;
             }
         };
@@ -1206,7 +1199,7 @@ impl Turn {
         let messages = match self.gw.context(&self.session).await {
             Ok(m) => m,
             Err(e) => {
-                self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
                 return false;
             }
         };
@@ -1245,7 +1238,7 @@ impl Turn {
                     return false;
                 }
                 Err(e) => {
-                    self.fail(&format!("cannot read the transcript: {e}"), "persistence", None);
+                    self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
                     return false;
                 }
             }
@@ -1314,11 +1307,15 @@ impl Turn {
                     _ => "stop",
                 };
                 self.lifecycle_end();
-                self.chat_event("final", json!({"stopReason": stop}));
+                self.chat_event(ChatState::Final, json!({"stopReason": stop}));
                 status
             }
             _ => {
-                self.chat_event("error", json!({"errorMessage": why, "errorKind": "interrupted"}));
+                self.chat_event_with(
+                    ChatState::Error,
+                    &ChatFailure { error_message: why, error_kind: ErrorKind::Interrupted },
+                    None,
+                );
                 self.agent_event("lifecycle", json!({"phase": "error", "error": why}));
                 "interrupted"
             }
@@ -1333,16 +1330,16 @@ impl Turn {
         self.gw.session_model(&self.session)
     }
 
-    fn fail(&self, message: &str, kind: &str, entry: Option<&Value>) {
+    fn fail(&self, message: &str, kind: ErrorKind<'_>, entry: Option<&Value>) {
         // Provider errors can echo credentials back: redact before anything leaves the process.
         let message = &self.gw.redactor.redact_str(message);
-        crate::metrics::turn_error(kind);
-        tracing::warn!(session = %self.session.key, run = %self.run.run_id, "run failed ({kind}): {message}");
+        crate::metrics::turn_error(kind.as_str());
+        tracing::warn!(session = %self.session.key, run = %self.run.run_id, "run failed ({}): {message}", kind.as_str());
         let mut extra = json!({"errorMessage": message, "errorKind": kind, "stopReason": "error"});
         if let Some(e) = entry {
             extra["message"] = with_meta(e, &self.run.run_id);
         }
-        self.chat_event("error", extra);
+        self.chat_event(ChatState::Error, extra);
         self.agent_event("lifecycle", json!({"phase": "error", "error": message}));
         self.finish(Err(RpcError::unavailable(message.to_owned())
             .with_details(json!({"runId": self.run.run_id, "status": "error", "summary": message}))));
@@ -1367,7 +1364,7 @@ impl Turn {
                 }
             };
             let Some(ev) = ev else {
-                self.fail("the run ended without a result", "unknown", None);
+                self.fail("the run ended without a result", ErrorKind::Provider("unknown"), None);
                 return StreamEnd::Other;
             };
             match ev {
@@ -1426,7 +1423,7 @@ impl Turn {
                         extra["retry"] = json!({"attempt": n(r.attempt), "maxAttempts": n(r.max_retries),
                             "reason": "rate_limit"});
                     }
-                    self.chat_event("status", extra);
+                    self.chat_event(ChatState::Status, extra);
                 }
                 RunEvent::Final { entry } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
@@ -1445,7 +1442,7 @@ impl Turn {
                         usage: msg.get("usage"),
                     };
                     self.lifecycle_end();
-                    self.chat_event_with("final", &extra, entry.get("id").and_then(Value::as_str));
+                    self.chat_event_with(ChatState::Final, &extra, entry.get("id").and_then(Value::as_str));
                     self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
                     return StreamEnd::Finished { usage: msg.get("usage").cloned() };
                 }
@@ -1454,7 +1451,7 @@ impl Turn {
                     if kind == pincer_agent::ErrorKind::ContextLength {
                         return StreamEnd::Overflow { message, entry, may_recover };
                     }
-                    self.fail(&message, kind.as_str(), entry.as_deref());
+                    self.fail(&message, ErrorKind::Provider(kind.as_str()), entry.as_deref());
                     return StreamEnd::Other;
                 }
                 RunEvent::Aborted { partial_text, .. } => {
@@ -1491,7 +1488,7 @@ impl Turn {
         let blocks = [Block::Thinking { thinking }, Block::Text { text }];
         let content = if thinking.is_empty() { &blocks[1..] } else { &blocks[..] };
         let delta = Delta { delta_text: pending, message: Message { role: "assistant", content, timestamp: now_ms() } };
-        self.chat_event_with("delta", &delta, None);
+        self.chat_event_with(ChatState::Delta, &delta, None);
         if let Ok(mut streamed) = self.run.streamed.lock() {
             text.clone_into(&mut streamed);
         }
@@ -1537,7 +1534,7 @@ impl Turn {
                 }
             }
         }
-        self.chat_event("aborted", extra);
+        self.chat_event(ChatState::Aborted, extra);
         self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
     }
 }
@@ -1587,24 +1584,12 @@ pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, 
     if !gw.hub.wants("agent", key, Audience::All) {
         return;
     }
-    #[derive(serde::Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Payload<'a> {
-        run_id: &'a str,
-        seq: u64,
-        session_key: &'a str,
-        agent_id: &'a str,
-        session_id: &'a str,
-        stream: &'a str,
-        ts: u64,
-        data: &'a Value,
-    }
-    let p = Payload {
-        run_id: &run.run_id,
-        seq,
+    let p = crate::protocol::AgentEvent {
+        run_id: Some(&run.run_id),
+        seq: Some(seq),
         session_key: &session.key,
-        agent_id: &session.agent_id,
-        session_id: &session.session_id,
+        agent_id: Some(&session.agent_id),
+        session_id: Some(&session.session_id),
         stream,
         ts: now_ms(),
         data: &data,

@@ -14,8 +14,17 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 fn event(gw: &Gateway, session: &SessionRef, data: Value) {
-    let p = json!({"runId": null, "sessionKey": session.key, "stream": "compaction", "ts": pincer_pi::now_ms(), "data": data});
-    gw.hub.publish("agent", Some(&session.key), p, false, Audience::All);
+    let p = crate::protocol::AgentEvent {
+        run_id: None,
+        seq: None,
+        session_key: &session.key,
+        agent_id: None,
+        session_id: None,
+        stream: "compaction",
+        ts: pincer_pi::now_ms(),
+        data: &data,
+    };
+    gw.hub.publish("agent", Some(&session.key), serde_json::to_value(p).unwrap_or_default(), false, Audience::All);
 }
 
 /// The model a session's compaction uses.

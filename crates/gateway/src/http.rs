@@ -206,9 +206,7 @@ async fn session_export(
     let _held = match crate::export::admit(&gw, &raw_key, &format, false).await {
         Ok(h) => h,
         Err(e) => {
-            let status =
-                if e.code == "INVALID_REQUEST" { StatusCode::BAD_REQUEST } else { StatusCode::SERVICE_UNAVAILABLE };
-            return (status, Json(json!({"error": e.message}))).into_response();
+            return export_refused(e);
         }
     };
     let r = gw.blocking(move |gw| crate::export::export(gw, &raw_key, &format, leaf.as_deref())).await;
@@ -224,12 +222,17 @@ async fn session_export(
             e.bytes,
         )
             .into_response(),
-        Err(e) => {
-            let status =
-                if e.code == "INVALID_REQUEST" { StatusCode::BAD_REQUEST } else { StatusCode::SERVICE_UNAVAILABLE };
-            (status, Json(json!({"error": e.message}))).into_response()
-        }
+        Err(e) => export_refused(e),
     }
+}
+
+/// An export refused: 400 for a wrong request, 503 when the gateway cannot now.
+fn export_refused(e: crate::protocol::RpcError) -> Response {
+    let status = match e.code {
+        crate::protocol::ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+        crate::protocol::ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (status, Json(json!({"error": e.message}))).into_response()
 }
 
 async fn session_events(

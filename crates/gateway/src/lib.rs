@@ -6,7 +6,8 @@
 //! - [`guard`]: Host, Origin, body type and CORS checks in front of every route; the failed-login throttle.
 //! - [`http`]: the WebChat page, `/healthz`, the per-session SSE stream, the optional Control UI.
 //! - [`ws`]: one WebSocket connection: handshake, dispatch, event forwarding, slow consumers.
-//! - [`protocol`]: frames, errors and limits of OpenClaw's gateway protocol (v3/v4).
+//! - [`protocol`]: the `pincer-protocol` crate: frames, the method table, errors, limits and typed
+//!   events of OpenClaw's gateway protocol (v3/v4).
 //! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends (the one turn pipeline);
 //!   [`agent`]: OpenClaw's `agent`/`agent.wait` on that pipeline.
 //! - [`openai`]: the OpenAI-compatible endpoint, mapping stateless clients onto session trees.
@@ -43,7 +44,7 @@ pub mod logs;
 pub mod methods;
 pub mod metrics;
 pub mod openai;
-pub mod protocol;
+pub use pincer_protocol as protocol;
 pub mod relay;
 pub mod search;
 pub mod server;

@@ -13,11 +13,12 @@
 //! their turns are marked interrupted within [`STALE_AFTER`] plus a [`HEARTBEAT`] or two.
 
 use crate::hub::{Audience, EventId};
+use crate::protocol::{ChatEnd, ChatEvent, ChatFailure, ChatState, ErrorKind};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_pg::watch::Wake;
 use pincer_pg::PgStore;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -177,8 +178,16 @@ pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &
 
 /// The `chat` error of a turn whose replica died (announcing its interrupted marker).
 fn interrupted(s: &SessionRef, run_id: &str, reason: &str) -> Value {
-    json!({"runId": run_id, "sessionKey": s.key, "agentId": s.agent_id, "seq": 1, "state": "error",
-        "errorMessage": reason, "errorKind": "interrupted"})
+    let failure = ChatFailure { error_message: reason, error_kind: ErrorKind::Interrupted };
+    let e = ChatEvent {
+        run_id,
+        session_key: &s.key,
+        agent_id: &s.agent_id,
+        seq: 1,
+        state: ChatState::Error,
+        extra: failure,
+    };
+    serde_json::to_value(e).unwrap_or_default()
 }
 
 /// Follows the sessions local clients watch now: a new one from its current end on, or from just
@@ -338,18 +347,22 @@ pub fn render(
     let injected = (crate::state::is_injected(msg)).then(|| entry["id"].as_str().map(|id| format!("inject-{id}")));
     if let (true, Some(r)) = (ends_run, own.or(injected.flatten()).or(run.clone())) {
         let r = r.as_str();
-        let mut p = json!({"runId": r, "sessionKey": session.key, "agentId": session.agent_id, "seq": 1,
-            "state": "final", "stopReason": msg["stopReason"], "message": crate::chat::with_meta(entry, r)});
         // As the run announced it: an aborted reply's partial, a failed run's error row.
-        if let Some(origin) = msg.get("openclawAbort").map(|a| a["origin"].clone()) {
-            p["state"] = json!("aborted");
-            p["stopReason"] = origin;
-        } else if msg["stopReason"] == "error" {
-            p["state"] = json!("error");
-            p["errorMessage"] = msg["errorMessage"].clone();
-        } else if let Some(u) = msg.get("usage") {
-            p["usage"] = u.clone();
-        }
+        let abort_origin = msg.get("openclawAbort").map(|a| &a["origin"]);
+        let (state, stop_reason) = match abort_origin {
+            Some(origin) => (ChatState::Aborted, origin),
+            None if msg["stopReason"] == "error" => (ChatState::Error, &msg["stopReason"]),
+            None => (ChatState::Final, &msg["stopReason"]),
+        };
+        let end = ChatEnd {
+            stop_reason,
+            message: crate::chat::WithMeta::run(entry, r),
+            error_message: (state == ChatState::Error).then(|| &msg["errorMessage"]),
+            usage: msg.get("usage").filter(|_| state == ChatState::Final),
+        };
+        let e =
+            ChatEvent { run_id: r, session_key: &session.key, agent_id: &session.agent_id, seq: 1, state, extra: end };
+        let p = serde_json::to_value(e).unwrap_or_default();
         out.push(EntryEvent {
             name: "chat",
             payload: p,

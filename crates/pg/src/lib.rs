@@ -1026,8 +1026,8 @@ impl Transcripts for PgStore {
             let c = inner.pool.get().await?;
             let row = c
                 .query_opt(
-                    "SELECT coalesce(sum(octet_length(e.line) + 1), 0)::bigint FROM transcripts t \
-                     JOIN entries e ON e.transcript = t.id WHERE t.file = $1 GROUP BY t.id",
+                    "SELECT (octet_length(t.header) + 1 + coalesce((SELECT sum(octet_length(e.line) + 1) \
+                     FROM entries e WHERE e.transcript = t.id), 0))::bigint FROM transcripts t WHERE t.file = $1",
                     &[&file],
                 )
                 .await?;

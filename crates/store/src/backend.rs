@@ -321,7 +321,10 @@ impl Transcripts for Store {
     fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)> {
         let mut out = Vec::new();
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            if !e.file_name().to_string_lossy().contains(".jsonl.") || !e.file_type().is_ok_and(|t| t.is_file()) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            // Not transcripts: a transcript's lock file, and a write's temp file.
+            let other = name.ends_with(".jsonl.lock") || crate::fsutil::temp_name_parts(&name).is_some();
+            if !name.contains(".jsonl.") || other || !e.file_type().is_ok_and(|t| t.is_file()) {
                 continue;
             }
             let modified = e

@@ -27,6 +27,7 @@ pub mod wire;
 use crate::chat::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
 use crate::config::AuthMode;
 use crate::hub::{BusEvent, Subscriber};
+use crate::protocol::ErrorCode;
 use crate::sessions::{Principal, SessionRef, DEFAULT_AGENT};
 use crate::state::{lock, Gateway};
 use axum::body::{Body, Bytes};
@@ -819,10 +820,10 @@ async fn answer(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, ApiError> 
             conn_id: 0,
         };
         let started = start_turn(gw, request, rx).await.map_err(|e| match e.code {
-            "UNAVAILABLE" if e.message.starts_with("session busy") => {
+            ErrorCode::Unavailable if e.message.starts_with("session busy") => {
                 ApiError::new(429, "rate_limit_error", Some("session_busy"), e.message)
             }
-            "INVALID_REQUEST" => ApiError::bad(e.message),
+            ErrorCode::InvalidRequest => ApiError::bad(e.message),
             _ => internal(e),
         })?;
         let status = started.get("status").and_then(Value::as_str).unwrap_or("");
