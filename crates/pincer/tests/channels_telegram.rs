@@ -307,3 +307,81 @@ fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
         fake.requests().len()
     );
 }
+
+#[test]
+fn groups_answer_when_mentioned_and_commands_and_photos_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let gw = GatewayProcess::start_with(BIN, &state, &config(&fake, &tg, "\"1111\""), &options());
+    let group = -100_500;
+    let group_key = format!("agent:main:telegram:group:{group}");
+
+    // In a group: chatter is not for the bot; a mention or a reply to the bot is (the mention is
+    // not part of the message); a stranger's mention is refused.
+    tg.push_text(group, 1111, "alice", "just chatting among ourselves");
+    tg.push_text(group, 2222, "mallory", "@pincer_test_bot let me in");
+    tg.push_text(group, 1111, "alice", "@pincer_test_bot what is up");
+    let (_, _) = tg.push_message(
+        group,
+        1111,
+        "alice",
+        serde_json::json!({"text": "and this?", "reply_to_message": {"message_id": 1,
+            "from": {"id": BOT_ID, "is_bot": true, "first_name": "Pincer"}, "chat": {"id": group}}}),
+    );
+    wait_for("the reply to the mention", || showing(&tg, group, &reply_to("what is up")).into_iter().next());
+    wait_for("the reply to the reply", || showing(&tg, group, &reply_to("and this?")).into_iter().next());
+    let rows = check_transcript(&probe::transcript_path(&state, &group_key).expect("the group's transcript"));
+    let said: Vec<String> = user_rows(&rows).iter().map(|e| message_text(&e["message"])).collect();
+    assert_eq!(said, ["what is up", "and this?"], "only what was for the bot, from allowed senders");
+    assert_eq!(probe::session_index(&state, "main")[&group_key]["label"], format!("telegram · group {group}"));
+    assert!(gw.log_text().contains("mallory"), "the stranger in the group is logged");
+
+    // A photo with a caption reaches the model as an image.
+    let png = [b"\x89PNG\r\n\x1a\n".as_slice(), &[7u8; 64]].concat();
+    let photo = tg.add_photo("photo-1", png);
+    tg.push_message(1111, 1111, "alice", serde_json::json!({"photo": photo, "caption": "what is this"}));
+    wait_for("the reply to the photo", || showing(&tg, 1111, &reply_to("what is this")).into_iter().next());
+    let rows = probe::transcript_rows(&state, &dm_key(1111));
+    let image = user_rows(&rows)[0]["message"]["content"]
+        .as_array()
+        .and_then(|blocks| blocks.iter().find(|b| b["type"] == "image").cloned())
+        .expect("an image block");
+    assert_eq!(image["mimeType"], "image/png");
+
+    // /stop stops the streaming reply; its message ends as what was said so far, marked.
+    tg.push_text(1111, 1111, "alice", "[slow] a long story");
+    wait_for("the story streaming", || {
+        tg.messages_in(1111).iter().find(|m| m.texts.len() >= 2 && m.text().starts_with("word")).cloned()
+    });
+    tg.push_text(1111, 1111, "alice", "/stop");
+    wait_for("the stop answered", || showing(&tg, 1111, "Stopped.").into_iter().next());
+    wait_for("the story's message marked stopped", || {
+        tg.messages_in(1111).into_iter().find(|m| m.text().starts_with("word") && m.text().ends_with("(stopped)"))
+    });
+
+    // /new starts a new session: the answer comes, the old transcript is kept, the next message
+    // goes to the new one.
+    let old = probe::transcript_path(&state, &dm_key(1111)).expect("transcript");
+    tg.push_text(1111, 1111, "alice", "/new");
+    wait_for("the new session", || {
+        tg.messages_in(1111).into_iter().find(|m| m.text().starts_with("Started a new session"))
+    });
+    tg.push_text(1111, 1111, "alice", "fresh start");
+    wait_for("the reply in the new session", || showing(&tg, 1111, &reply_to("fresh start")).into_iter().next());
+    let new = probe::transcript_path(&state, &dm_key(1111)).expect("transcript");
+    assert_ne!(old, new);
+    let rows = check_transcript(&new);
+    let said: Vec<String> = user_rows(&rows).iter().map(|e| message_text(&e["message"])).collect();
+    assert_eq!(said, ["fresh start"]);
+    assert_eq!(
+        probe::session_index(&state, "main")[dm_key(1111)]["deliveryContext"]["to"],
+        "1111",
+        "a new session still knows where replies go"
+    );
+    // Nothing was sent twice, and no placeholder was left: each message is an answer.
+    for m in tg.messages_in(1111) {
+        assert_ne!(m.text(), "…", "{:?}", tg.messages_in(1111));
+    }
+}
