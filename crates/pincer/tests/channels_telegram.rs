@@ -144,6 +144,23 @@ fn a_direct_message_gets_one_streamed_reply_and_strangers_get_nothing() {
     assert_eq!(receipt["data"]["messageIds"], serde_json::json!([m.message_id.to_string()]));
     let context = oracle_context(&file, None);
     assert_eq!(context["context"]["messages"].as_array().map(Vec::len), Some(2), "the ledger is outside the context");
+
+    // `pincer channels status` asks the running gateway: the bot, its state and its counters.
+    let out = std::process::Command::new(BIN)
+        .args(["channels", "status", "--json", "--bind", &gw.addr, "--state-dir"])
+        .arg(&state)
+        .env("PINCER_GATEWAY_TOKEN", pincer_testkit::gateway::TOKEN)
+        .env(TOKEN_VAR, TG_TOKEN)
+        .output()
+        .expect("pincer channels status");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let tg_row = &status["channels"][0];
+    assert_eq!(tg_row["id"], "telegram", "{status}");
+    assert_eq!(tg_row["state"], "running", "{status}");
+    assert_eq!(tg_row["account"], format!("@pincer_test_bot ({BOT_ID})"), "{status}");
+    assert_eq!((tg_row["received"].as_u64(), tg_row["refused"].as_u64()), (Some(2), Some(1)), "{status}");
+    assert!(tg_row["sent"].as_u64() >= Some(4), "two messages and their edits: {status}");
 }
 
 #[test]
