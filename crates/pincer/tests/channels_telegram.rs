@@ -258,7 +258,16 @@ fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
     assert!(kills >= KILLS, "only {kills} kills");
     for (user, text) in &sent {
         let want = reply_to(text);
-        wait_for(&format!("the reply to {text:?}"), || (!showing(&tg, *user, &want).is_empty()).then_some(()));
+        let got =
+            probe::poll(PATIENCE, Duration::from_millis(50), || (!showing(&tg, *user, &want).is_empty()).then_some(()));
+        if got.is_none() {
+            // What the last process did and what the transcript holds, to tell why.
+            eprintln!("--- gateway log:\n{}\n--- transcript of {user}:", gw.log_text());
+            for e in probe::transcript_rows(&state, &dm_key(*user)) {
+                eprintln!("{} {} {} {}", e["type"], e["customType"], e["data"], e["message"]["idempotencyKey"]);
+            }
+            panic!("no reply to {text:?}: {:?}", tg.messages_in(*user));
+        }
     }
     // Deliveries a dying process left half-done are finished by the next one: let the last one
     // settle (every final receipt on disk) before counting.
