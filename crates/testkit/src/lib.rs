@@ -8,7 +8,7 @@
 //! with known search hits ([`corpus`]), a throwaway PostgreSQL cluster ([`postgres`]), and the
 //! transcript shapes of the hostile-input tests ([`shapes`]), Pi's context in OpenAI's wire form
 //! ([`wire`]), the redaction of run-to-run values in wire snapshots ([`redact`]), and a web server for
-//! `web_fetch` ([`web`]).
+//! `web_fetch` ([`web`]), and a throwaway Matrix homeserver (Synapse) with a Matrix user client ([`synapse`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -28,6 +28,7 @@ pub mod postgres;
 pub mod probe;
 pub mod redact;
 pub mod shapes;
+pub mod synapse;
 pub mod web;
 pub mod wire;
 
