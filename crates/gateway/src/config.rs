@@ -20,6 +20,8 @@ pub struct FileConfig {
     pub store: StoreSection,
     /// `[mcp.servers.<name>]`: MCP servers whose tools every agent gets.
     pub mcp: McpSection,
+    /// `[channels.<name>]`: messaging platforms ([`crate::channels`]).
+    pub channels: crate::channels::ChannelsSection,
 }
 
 /// `[mcp]` (and `[agents.<id>.mcp]`): MCP servers by name.
@@ -443,6 +445,8 @@ pub struct Settings {
     pub store: StoreSettings,
     /// Every MCP server to run: `[mcp.servers]` and the agents' own.
     pub mcp_servers: Vec<pincer_agent::mcp::ServerSpec>,
+    /// `[channels]`: the enabled messaging channels.
+    pub channels: crate::channels::ChannelSettings,
 }
 
 /// Default of [`Settings::resume_attempts`].
@@ -556,6 +560,7 @@ impl Settings {
             out.extend(api.api_keys.iter().cloned());
         }
         out.extend(self.store.password());
+        out.extend(self.channels.secrets());
         for server in &self.mcp_servers {
             match &server.transport {
                 pincer_agent::mcp::Transport::Http { headers, bearer_token, .. } => {
@@ -764,6 +769,8 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         openai_api,
         store,
         mcp_servers,
+        channels: crate::channels::ChannelSettings::parse(&file.channels)
+            .map_err(|e| format!("{}: {e}", config_path.display()))?,
     })
 }
 

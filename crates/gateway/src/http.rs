@@ -30,6 +30,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/api/mcp", get(mcp))
+        .route("/api/channels", get(channels))
         .route("/api/sessions/{key}/events", get(session_events))
         .route("/api/sessions/{key}/export", get(session_export))
         .merge(crate::openai::routes())
@@ -168,6 +169,19 @@ async fn mcp(
         return unauthorized();
     }
     Json(gw.mcp_status()).into_response()
+}
+
+/// `GET /api/channels`: each messaging channel's state and counters ([`crate::channels::Registry::status`];
+/// `pincer channels status` reads it), behind the gateway token.
+async fn channels(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    if !authorized(&gw, &headers, &query) {
+        return unauthorized();
+    }
+    Json(json!({"channels": gw.channels.status()})).into_response()
 }
 
 fn unauthorized() -> Response {

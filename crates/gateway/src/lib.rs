@@ -20,6 +20,7 @@
 //!   the other read-only discovery methods; [`usage`]: token usage from the transcripts; [`stubs`]: empty
 //!   answers for OpenClaw features Pincer lacks.
 //! - [`budget`]: the memory budget of answers built whole (history, exports).
+//! - [`channels`]: messaging platforms (Telegram) on the turn pipeline, exactly once both ways.
 //! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
@@ -28,6 +29,7 @@ pub mod approvals;
 pub mod assets;
 pub mod budget;
 pub mod catchup;
+pub mod channels;
 pub mod chat;
 pub mod compact;
 pub mod config;

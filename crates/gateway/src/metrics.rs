@@ -15,6 +15,7 @@
 //! | `pincer_request_bodies_total` | counter | model-call request bodies written (`pincer-agent`'s body pass) |
 //! | `pincer_request_body_bytes_total` | counter | their bytes |
 //! | `pincer_request_body_cpu_microseconds_total` | counter | CPU time spent writing them (the writing thread's clock) |
+//! | `pincer_channel_messages_total` | counter | `channel` (`telegram`), `event`: `received`, `deduplicated`, `refused`, `sent`, `failed` |
 //!
 //! The recorder is installed once per process; every series above is there from startup (at 0;
 //! the statuses and error kinds listed below, and each configured model), so a dashboard or an
@@ -77,6 +78,7 @@ fn describe() {
     describe_histogram!("pincer_store_append_seconds", Unit::Seconds, "transcript append, call to durable");
     describe_histogram!("pincer_store_fdatasync_seconds", Unit::Seconds, "fdatasync of a transcript append");
     describe_counter!("pincer_request_bodies_total", "model-call request bodies written");
+    describe_counter!("pincer_channel_messages_total", "messaging channels' messages, by channel and event");
     describe_counter!("pincer_request_body_bytes_total", Unit::Bytes, "bytes of the request bodies written");
     describe_counter!(
         "pincer_request_body_cpu_microseconds_total",
@@ -171,6 +173,16 @@ pub fn turn_seconds(d: std::time::Duration) {
 /// A turn failed with `kind` (its `errorKind`).
 pub fn turn_error(kind: &str) {
     metrics::counter!("pincer_turn_errors_total", "kind" => kind.to_owned()).increment(1);
+}
+
+/// A channel's event ([`crate::channels::Event`]).
+pub fn channel_event(channel: &str, event: &'static str) {
+    metrics::counter!("pincer_channel_messages_total", "channel" => channel.to_owned(), "event" => event).increment(1);
+}
+
+/// A channel's series at 0 (when the channel starts).
+pub fn channel_event_register(channel: &str, event: &'static str) {
+    metrics::counter!("pincer_channel_messages_total", "channel" => channel.to_owned(), "event" => event).increment(0);
 }
 
 /// A login (WebSocket `connect`, an HTTP route's token, a `/v1` key) was refused.

@@ -278,6 +278,7 @@ pub async fn serve(
     announce_mcp(&gw);
     crate::turns::recover_interrupted(&gw);
     crate::relay::start(&gw);
+    crate::channels::start(&gw);
     let app = crate::http::router(gw.clone());
     // Activity timestamps of the session index reach disk every few seconds (and at shutdown).
     let flusher = gw.clone();

@@ -558,7 +558,18 @@ impl Sessions {
             if let Some(o) = &old {
                 for (k, v) in o.entry.iter() {
                     let model_field = MODEL_FIELDS.iter().any(|(m, p)| k == m || k == p);
-                    if model_field || matches!(k.as_str(), "label" | "displayName" | "thinkingLevel" | OWNER_FIELD) {
+                    if model_field
+                        || matches!(
+                            k.as_str(),
+                            "label"
+                                | "displayName"
+                                | "thinkingLevel"
+                                | OWNER_FIELD
+                                | "deliveryContext"
+                                | "origin"
+                                | "chatType"
+                        )
+                    {
                         e.insert(k.clone(), v.clone());
                     }
                 }

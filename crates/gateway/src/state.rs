@@ -272,6 +272,8 @@ pub struct Gateway {
     pub answers: crate::budget::Budget,
     /// Tool calls waiting for a human, and the allow-always list ([`crate::approvals`]).
     pub approvals: crate::approvals::Approvals,
+    /// The messaging channels' outbound sides, stats and deliveries ([`crate::channels`]).
+    pub channels: crate::channels::Registry,
 }
 
 /// How long a [`Gateway::relay_from`] hint waits for the relay to start watching its session.
@@ -536,6 +538,7 @@ impl Gateway {
             logins: crate::guard::Logins::default(),
             answers: crate::budget::Budget::default(),
             approvals,
+            channels: crate::channels::Registry::default(),
         })
     }
 

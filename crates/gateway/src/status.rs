@@ -48,7 +48,7 @@ pub fn status(gw: &Gateway) -> Result<Value, RpcError> {
         "sessions": {"count": sessions.len(), "recent": recent,
             "defaults": {"model": gw.settings.model, "mainSessionKey": crate::sessions::MAIN_KEY}},
         "runs": {"active": runs.len(), "runIds": runs.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>()},
-        "channels": [], "heartbeat": null,
+        "channels": gw.channels.status(), "heartbeat": null,
         // Pincer: each MCP server's state (starting, ready with its tools, failed with the reason)
         // and each agent's tools from them.
         "mcp": gw.mcp_status(),

@@ -370,6 +370,31 @@ impl PgStore {
         .await
     }
 
+    /// The stored read position of messaging channel account `name` (`channel_cursors`).
+    pub async fn channel_cursor(&self, name: String) -> Result<Option<String>, PgError> {
+        self.run(move |inner| async move {
+            let c = inner.pool.get().await?;
+            let row = c.query_opt("SELECT cursor FROM channel_cursors WHERE name = $1", &[&name]).await?;
+            Ok(row.map(|r| r.get(0)))
+        })
+        .await
+    }
+
+    /// Saves the read position of messaging channel account `name` (committed when it returns).
+    pub async fn set_channel_cursor(&self, name: String, cursor: String) -> Result<(), PgError> {
+        self.run(move |inner| async move {
+            let c = inner.pool.get().await?;
+            c.execute(
+                "INSERT INTO channel_cursors (name, cursor) VALUES ($1, $2) \
+                 ON CONFLICT (name) DO UPDATE SET cursor = EXCLUDED.cursor, updated_at = now()",
+                &[&name, &cursor],
+            )
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
     /// The last seq of each named transcript that exists.
     pub async fn last_seqs(&self, files: Vec<String>) -> Result<HashMap<String, i64>, PgError> {
         self.run(move |inner| async move {
@@ -430,6 +455,23 @@ impl PgStore {
             let row = "SELECT session_id FROM sessions WHERE agent = $1 AND key = $2";
             let session_id = client.query_opt(row, &[&agent, &key]).await?.map(|r| r.get(0));
             Ok(Some((held, session_id)))
+        })
+        .await
+    }
+
+    /// Takes the lease `name` if no other replica holds it (`None`): an advisory lock on the
+    /// connection turn locks are held on, released when the [`Held`] is dropped or the replica dies
+    /// (a messaging channel account is polled by one replica at a time).
+    pub async fn try_lease(&self, name: &str) -> Result<Option<Held>, PgError> {
+        let lock = lock_key(&format!("lease:{name}"));
+        let this = self.clone();
+        self.run(move |_| async move {
+            let client = this.lock_client().await?;
+            let got: bool = client.query_one("SELECT pg_try_advisory_lock($1)", &[&lock]).await?.get(0);
+            if !got {
+                return Ok(None);
+            }
+            Ok(Some(Box::new(TurnLock { client: client.clone(), key: lock, handle: this.handle.clone() }) as Held))
         })
         .await
     }

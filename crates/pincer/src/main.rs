@@ -2,6 +2,7 @@
 
 // Output to stdout goes through `out` (a closed pipe ends a command quietly), never `println!`.
 
+mod channels;
 mod doctor;
 mod gateway;
 mod mcp;
@@ -39,6 +40,9 @@ enum Command {
     /// The MCP servers: their state and the tools each agent gets from them.
     #[command(subcommand)]
     Mcp(mcp::McpCmd),
+    /// The messaging channels (Telegram): their state and message counters.
+    #[command(subcommand)]
+    Channels(channels::ChannelsCmd),
     /// Check the config, the providers (key, reachable), the hook, the state directory and the store.
     Doctor(doctor::DoctorArgs),
 }
@@ -157,6 +161,7 @@ fn main() -> ExitCode {
         Command::Store(cmd) => store::run(cmd),
         Command::Doctor(args) => doctor::run(args),
         Command::Mcp(cmd) => mcp::run(cmd),
+        Command::Channels(cmd) => channels::run(cmd),
     };
     match result {
         Ok(code) => ExitCode::from(code),

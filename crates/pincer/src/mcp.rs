@@ -90,7 +90,7 @@ pub fn run(cmd: McpCmd) -> Result<u8, Failure> {
     }
 }
 
-fn settings(place: &Where, bind: Option<String>) -> Result<Settings, Failure> {
+pub(crate) fn settings(place: &Where, bind: Option<String>) -> Result<Settings, Failure> {
     config::load(&Overrides {
         offline: false,
         skip_providers: true,
@@ -148,8 +148,8 @@ async fn list(args: ListArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-/// `GET /api/mcp` on the running gateway.
-async fn ask_gateway(url: &str, auth: &AuthMode) -> Result<Value, String> {
+/// `GET` of a JSON route (`/api/mcp`, `/api/channels`) on the running gateway.
+pub(crate) async fn ask_gateway(url: &str, auth: &AuthMode) -> Result<Value, String> {
     pincer_agent::install_crypto_provider();
     let client = reqwest::Client::builder()
         .connect_timeout(std::time::Duration::from_secs(3))

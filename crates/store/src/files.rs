@@ -68,6 +68,13 @@ pub fn write_approvals(path: &Path, bytes: &[u8]) -> io::Result<()> {
     fsutil::write_private_atomically(path, bytes)
 }
 
+/// Replaces a messaging channel's small state file (its read position) with `bytes`: 0600,
+/// atomically (temp, fsync, rename, directory fsync), the directory made 0700 where missing.
+pub fn write_channel_state(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    fsutil::create_parent_dir(path)?;
+    fsutil::write_private_atomically(path, bytes)
+}
+
 /// Writes the gateway token file (0600, atomically), the token on one line.
 pub fn write_token_file(path: &Path, token: &str) -> io::Result<()> {
     fsutil::write_private_atomically(path, format!("{token}\n").as_bytes())

@@ -1,7 +1,7 @@
 //! Test support shared by Pincer's crates: where `shared/` is, the real Pi library (the oracle) run
 //! over a session file by one Node process per test binary ([`oracle`]), the fake model provider
 //! every test uses ([`fake_provider`]: the three wire formats, scripted replies and faults; its
-//! marker-driven OpenAI preset for the gateway, [`fake_openai`]), the gateway as a real process
+//! marker-driven OpenAI preset for the gateway, [`fake_openai`]), a fake Telegram Bot API ([`fake_telegram`]), the gateway as a real process
 //! with a protocol client ([`gateway`]), probes of a running process and its state dir
 //! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
 //! own CLI in a loopback-only network namespace ([`openclaw`], through [`netns`]), a generated state directory
@@ -20,6 +20,7 @@
 pub mod corpus;
 pub mod fake_openai;
 pub mod fake_provider;
+pub mod fake_telegram;
 pub mod gateway;
 pub mod netns;
 pub mod openclaw;

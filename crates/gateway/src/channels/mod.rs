@@ -1,0 +1,1095 @@
+//! Messaging channels (Telegram, Matrix, …): the seam between a chat platform and the gateway's
+//! one turn pipeline ([`crate::chat::start_turn`]), exactly once both ways.
+//!
+//! # The interface an adapter uses
+//!
+//! An adapter (`channels/telegram.rs`, `channels/matrix.rs`) owns the platform's protocol: it reads
+//! messages (long polling, a sync loop, a webhook) and knows how to send and edit. Everything else
+//! is here, shared:
+//!
+//! - **Config**: its section of `[channels.<name>]` is parsed by the adapter; the parts every
+//!   channel has (`allow_from`, `agent`, `bindings`) are validated into a [`Policy`]
+//!   ([`Policy::parse`]): who may talk to the agent (**nobody** by default) and which agent answers.
+//! - **Registering and starting**: [`start`] (called by the server after the turn recovery was
+//!   launched) starts each configured adapter; an adapter calls [`Registry::register`] with its
+//!   [`Outbound`] (send/edit on the platform) once it knows its account (a bot id, a user id), which
+//!   also reconciles its deliveries left over by the last process ([`reconcile`]).
+//! - **Inbound**: the adapter turns a platform message into an [`Inbound`] and calls [`inbound`],
+//!   after checking the sender against [`Policy::allows`] (a refused sender gets no turn and is
+//!   logged: [`refused`]). [`inbound`] routes it ([`session_key`]: a direct message →
+//!   `agent:<agentId>:<channel>:dm:<peer>`, a group → `agent:<agentId>:<channel>:group:<chat>`),
+//!   labels the session for the WebChat and OpenClaw clients (`label`, OpenClaw's `origin`,
+//!   `deliveryContext`, `chatType` in its `sessions.json` row), answers `/stop` itself, and starts a
+//!   turn whose idempotency key ([`run_id`]) is made of the platform's message id, so the
+//!   transcript's durable dedupe makes a redelivered message never a second turn. It returns once
+//!   the turn is durable (its user row, or its queued record, is on disk): only then may the
+//!   adapter advance its read position ([`load_cursor`] / [`save_cursor`]: a file written
+//!   atomically through the store crate, or a row in PostgreSQL).
+//! - **Outbound**: the reply of every channel turn is delivered by the seam's deliverer
+//!   ([`deliver`]), from the transcript and the live run — never from the request — so a turn the
+//!   gateway resumed after a crash, or ran from its queued record, is delivered too. Every send is
+//!   recorded in a ledger of chained `custom` entries ([`DELIVERY`], outside the LLM context): an
+//!   `intent` before the platform is asked, a `receipt` with the platform's message ids after it
+//!   accepted. Streaming is one message sent when the run starts and edited as text arrives
+//!   (throttled), so the final is an idempotent edit of a message whose id is on disk; only a
+//!   message whose intent has no receipt (the process died while the platform was answering) is
+//!   sent again, marked "(may be a duplicate)" when it carries reply text.
+//! - **Status and metrics**: [`Registry::status`] (the `status` RPC's `channels`, `pincer channels
+//!   status`) and the per-channel counters ([`Event`]: received, deduplicated, refused, sent,
+//!   failed), also exported as `pincer_channel_messages_total{channel, event}`.
+
+pub mod telegram;
+
+use crate::chat::TurnRequest;
+use crate::protocol::RpcError;
+use crate::sessions::{AgentId, SessionRef};
+use crate::state::{lock, Gateway};
+use crate::turns::OnDisk;
+use pincer_store::NewEntry;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// `customType` of the delivery ledger's entries: `data` is `{runId, channel, chat, phase: "intent" |
+/// "receipt", part: "first" | "final", messageIds?, at}`. Chained in the session's transcript (so
+/// it is as durable as the turn, on files and on PostgreSQL, and moves with the session), outside
+/// the LLM context.
+pub const DELIVERY: &str = "pincer.channel-delivery";
+
+/// The session row's fields a channel sets (OpenClaw's names): where replies go.
+pub const DELIVERY_CONTEXT: &str = "deliveryContext";
+/// The session row's `origin` (OpenClaw's): `{label, provider, surface, chatType, from, to, accountId}`.
+pub const ORIGIN: &str = "origin";
+
+/// Longest a streamed reply waits between two edits of its message.
+pub const EDIT_INTERVAL: Duration = Duration::from_millis(1000);
+/// How often the deliverer looks at its run.
+const POLL: Duration = Duration::from_millis(200);
+/// Longest [`inbound`] waits for its turn to be on disk before it gives up (the platform
+/// redelivers the message later).
+const DURABLE_WAIT: Duration = Duration::from_secs(60);
+/// Longest a deliverer waits for a turn that is neither running nor answered (another replica's,
+/// or one a restart will resume) before it leaves it to the next start's [`reconcile`].
+const ORPHAN_WAIT: Duration = Duration::from_secs(120);
+/// Bytes of a transcript's tail [`reconcile`] reads for undelivered channel turns.
+const RECONCILE_TAIL: u64 = 1024 * 1024;
+/// Bytes read after a turn's user row for its ledger.
+const LEDGER_WINDOW: u64 = 64 * 1024 * 1024;
+/// What a reply message shows before the first text streams in.
+pub const PLACEHOLDER: &str = "…";
+/// The mark on a message sent again after a crash left it unknown whether it was sent.
+pub const MAYBE_DUPLICATE: &str = "(may be a duplicate)";
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+/// `[channels]`: one optional section per platform.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChannelsSection {
+    pub telegram: Option<telegram::TelegramSection>,
+}
+
+/// The validated `[channels]`.
+#[derive(Debug, Default, Clone)]
+pub struct ChannelSettings {
+    /// `[channels.telegram]`, when enabled.
+    pub telegram: Option<telegram::TelegramSettings>,
+}
+
+impl ChannelSettings {
+    /// Validates `[channels]`; errors name the section and the field.
+    pub fn parse(section: &ChannelsSection) -> Result<ChannelSettings, String> {
+        let telegram = match &section.telegram {
+            Some(t) => telegram::TelegramSettings::parse(t)?,
+            None => None,
+        };
+        Ok(ChannelSettings { telegram })
+    }
+
+    /// Secrets of the channels (tokens), for the redactor.
+    pub fn secrets(&self) -> Vec<String> {
+        self.telegram.iter().map(|t| t.token.clone()).collect()
+    }
+}
+
+/// Who may talk to the agent through a channel, and which agent answers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    /// Platform user ids and `@usernames` (lowercase) allowed; `*` is anyone. Empty: nobody.
+    pub allow_from: Vec<String>,
+    /// The agent of conversations without a binding.
+    pub agent: AgentId,
+    /// A conversation (peer or chat id, or `@username`) → its agent.
+    pub bindings: BTreeMap<String, AgentId>,
+}
+
+impl Policy {
+    /// Validates a channel's common fields; `section` (e.g. `[channels.telegram]`) names errors.
+    pub fn parse(
+        section: &str,
+        allow_from: &[String],
+        agent: Option<&str>,
+        bindings: &BTreeMap<String, String>,
+    ) -> Result<Policy, String> {
+        let agent_id = |a: &str, field: &str| {
+            AgentId::parse(a).map_err(|e| format!("{section}: {field} {a:?} is not an agent id: {}", e.message))
+        };
+        let mut allow = Vec::new();
+        for a in allow_from {
+            let a = a.trim();
+            if a.is_empty() {
+                return Err(format!("{section}: allow_from has an empty entry"));
+            }
+            allow.push(a.to_lowercase());
+        }
+        let mut b = BTreeMap::new();
+        for (peer, a) in bindings {
+            b.insert(peer.trim().to_lowercase(), agent_id(a, &format!("bindings.{peer}"))?);
+        }
+        Ok(Policy { allow_from: allow, agent: agent_id(agent.unwrap_or("main"), "agent")?, bindings: b })
+    }
+
+    /// Whether a sender known by these ids (its user id, `@username`, …) may talk to the agent.
+    pub fn allows(&self, ids: &[&str]) -> bool {
+        self.allow_from.iter().any(|a| a == "*" || ids.iter().any(|id| id.to_lowercase() == *a))
+    }
+
+    /// The agent that answers in a conversation known by these ids (chat id, peer id, `@username`).
+    pub fn agent_for(&self, ids: &[&str]) -> &AgentId {
+        ids.iter().find_map(|id| self.bindings.get(&id.to_lowercase())).unwrap_or(&self.agent)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing
+
+/// A direct conversation with one person, or a group/room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatKind {
+    Direct,
+    Group,
+}
+
+impl ChatKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ChatKind::Direct => "direct",
+            ChatKind::Group => "group",
+        }
+    }
+}
+
+/// Where a conversation's replies go: a platform, the account that answers, the chat (as the
+/// platform spells it: session keys are folded to lowercase, this is not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    pub channel: String,
+    pub account: String,
+    pub chat: String,
+}
+
+/// A platform message, as an adapter hands it to [`inbound`].
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    /// The channel's name (`telegram`).
+    pub channel: &'static str,
+    /// The account that received it (a bot id).
+    pub account: String,
+    pub kind: ChatKind,
+    /// The conversation (where the reply goes), as the platform spells it.
+    pub chat: String,
+    /// The sender's platform id.
+    pub sender: String,
+    /// How people know the sender (`@alice`), for the session's label.
+    pub sender_name: Option<String>,
+    /// The conversation's title (a group's name), for the session's label.
+    pub chat_title: Option<String>,
+    /// The platform's id of the message, unique within `chat`.
+    pub message_id: String,
+    pub text: String,
+    /// Pi image blocks (`{"type":"image","data","mimeType"}`), already size-checked.
+    pub images: Vec<Value>,
+}
+
+/// The session key of a conversation: `agent:<agent>:<channel>:dm:<peer>` or
+/// `agent:<agent>:<channel>:group:<chat>`.
+pub fn session_key(agent: &AgentId, channel: &str, kind: ChatKind, conversation: &str) -> String {
+    let kind = match kind {
+        ChatKind::Direct => "dm",
+        ChatKind::Group => "group",
+    };
+    format!("agent:{}:{channel}:{kind}:{conversation}", agent.as_str())
+}
+
+/// The idempotency key (run id) of the turn of a platform message: `<prefix>-<account>-<chat>-<message>`
+/// (at most [`crate::chat::MAX_KEY_CHARS`]: longer ids are hashed).
+pub fn run_id(prefix: &str, account: &str, chat: &str, message_id: &str) -> String {
+    let id = format!("{prefix}-{account}-{chat}-{message_id}");
+    if id.chars().count() <= 200 && !id.chars().any(char::is_control) {
+        return id;
+    }
+    use sha2::Digest;
+    let h = sha2::Sha256::digest(id.as_bytes());
+    let hex: String = h.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}-{hex}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registry, status and metrics
+
+/// What a channel counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A message from an allowed sender started (or joined) a turn.
+    Received,
+    /// A message that was already a turn (redelivered, replayed): no second turn.
+    Deduplicated,
+    /// A message from a sender not on the allowlist: no turn.
+    Refused,
+    /// A message sent or edited on the platform.
+    Sent,
+    /// A send, edit or poll the platform refused or that failed.
+    Failed,
+}
+
+const EVENTS: [Event; 5] = [Event::Received, Event::Deduplicated, Event::Refused, Event::Sent, Event::Failed];
+
+impl Event {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Event::Received => "received",
+            Event::Deduplicated => "deduplicated",
+            Event::Refused => "refused",
+            Event::Sent => "sent",
+            Event::Failed => "failed",
+        }
+    }
+}
+
+/// One channel's live state, for `status` and `pincer channels status`.
+#[derive(Default)]
+pub struct ChannelStats {
+    counts: [AtomicU64; 5],
+    /// `starting`, `running`, `error: …`, `standby` (another replica polls).
+    state: Mutex<String>,
+    account: Mutex<String>,
+}
+
+impl ChannelStats {
+    /// Counts an event (and the Prometheus counter).
+    pub fn count(&self, channel: &str, e: Event) {
+        self.counts[e as usize].fetch_add(1, Ordering::Relaxed);
+        crate::metrics::channel_event(channel, e.as_str());
+    }
+
+    /// Sets the state shown by `status`.
+    pub fn set_state(&self, state: impl Into<String>) {
+        *lock(&self.state) = state.into();
+    }
+
+    /// Sets the account shown by `status` (a bot's `@name (id)`).
+    pub fn set_account(&self, account: impl Into<String>) {
+        *lock(&self.account) = account.into();
+    }
+}
+
+/// Sends and edits messages on a platform: what an adapter gives the seam's deliverer.
+pub trait Outbound: Send + Sync + 'static {
+    /// The channel's name (`telegram`).
+    fn channel(&self) -> &'static str;
+
+    /// The account (as in [`Inbound::account`]).
+    fn account(&self) -> String;
+
+    /// `text` cut into the platform's message size, in order (never empty pieces).
+    fn split(&self, text: &str) -> Vec<String>;
+
+    /// Sends a new message; its platform id. `txn` is stable across attempts of the same message
+    /// (a platform with transaction ids makes the resend idempotent with it).
+    fn send<'a>(&'a self, to: &'a Address, text: &'a str, txn: &'a str) -> BoxFuture<'a, Result<String, SendError>>;
+
+    /// Replaces the text of message `id` (an edit that changes nothing is a success).
+    fn edit<'a>(
+        &'a self,
+        to: &'a Address,
+        id: &'a str,
+        text: &'a str,
+        txn: &'a str,
+    ) -> BoxFuture<'a, Result<(), SendError>>;
+
+    /// Shows "typing…" (best effort; the default does nothing).
+    fn typing<'a>(&'a self, _to: &'a Address) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
+/// A boxed future (adapters implement [`Outbound`] with `Box::pin(async move { … })`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a send or edit failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SendError {
+    /// The platform answered no: nothing was sent.
+    Rejected(String),
+    /// No answer (connection lost, timeout): it may or may not have been sent.
+    Unknown(String),
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SendError::Rejected(m) => write!(f, "refused: {m}"),
+            SendError::Unknown(m) => write!(f, "unknown outcome: {m}"),
+        }
+    }
+}
+
+/// The gateway's channels: their [`Outbound`]s, stats and running deliveries.
+#[derive(Default)]
+pub struct Registry {
+    outbound: Mutex<HashMap<&'static str, Arc<dyn Outbound>>>,
+    stats: Mutex<BTreeMap<&'static str, Arc<ChannelStats>>>,
+    /// Runs a deliverer of this process is delivering now.
+    delivering: Mutex<HashSet<String>>,
+    /// Runs of slash commands (answered whole: no message streams).
+    commands: Mutex<HashSet<String>>,
+}
+
+impl Registry {
+    /// The stats of channel `name` (created at first use, so an adapter counts from its start).
+    pub fn stats(&self, name: &'static str) -> Arc<ChannelStats> {
+        let mut s = lock(&self.stats);
+        s.entry(name)
+            .or_insert_with(|| {
+                for e in EVENTS {
+                    crate::metrics::channel_event_register(name, e.as_str());
+                }
+                Arc::new(ChannelStats { state: Mutex::new("starting".into()), ..Default::default() })
+            })
+            .clone()
+    }
+
+    /// Counts an event of channel `name`.
+    pub fn count(&self, name: &'static str, e: Event) {
+        self.stats(name).count(name, e);
+    }
+
+    /// Registers an adapter's outbound side (once it knows its account) and delivers what its
+    /// turns left undelivered ([`reconcile`]).
+    pub fn register(gw: &Arc<Gateway>, out: Arc<dyn Outbound>) {
+        lock(&gw.channels.outbound).insert(out.channel(), out.clone());
+        let gw = gw.clone();
+        tokio::spawn(async move { reconcile(&gw, out).await });
+    }
+
+    /// The outbound side of channel `name`, once registered.
+    pub fn outbound(&self, name: &str) -> Option<Arc<dyn Outbound>> {
+        lock(&self.outbound).get(name).cloned()
+    }
+
+    /// `[{id, state, account, received, deduplicated, refused, sent, failed}]`, one per started channel
+    /// (the `status` RPC's `channels`).
+    pub fn status(&self) -> Value {
+        let mut out = Vec::new();
+        for (name, s) in lock(&self.stats).iter() {
+            let mut row = Map::new();
+            row.insert("id".into(), json!(name));
+            row.insert("state".into(), json!(*lock(&s.state)));
+            row.insert("account".into(), json!(*lock(&s.account)));
+            for e in EVENTS {
+                row.insert(e.as_str().into(), json!(s.counts[e as usize].load(Ordering::Relaxed)));
+            }
+            out.push(Value::Object(row));
+        }
+        Value::Array(out)
+    }
+}
+
+/// Starts the configured channels (the server calls it once, after launching the turn recovery).
+pub fn start(gw: &Arc<Gateway>) {
+    if let Some(t) = gw.settings.channels.telegram.clone() {
+        gw.channels.stats(telegram::NAME);
+        telegram::start(gw, t);
+    }
+}
+
+/// With PostgreSQL replicas, waits until this replica holds the lease of channel account `name`
+/// (one replica polls an account at a time; a survivor takes over when the holder dies): the held
+/// lease, to keep while polling. `None` (at once) on the JSONL store, where the state directory's
+/// lock already makes the gateway the only one; `Err` when the gateway stops meanwhile.
+pub async fn lease(gw: &Arc<Gateway>, stats: &ChannelStats, name: &str) -> Result<Option<pincer_store::Held>, ()> {
+    let Some(pg) = &gw.pg else { return Ok(None) };
+    let mut logged = false;
+    loop {
+        match pg.try_lease(name).await {
+            Ok(Some(held)) => return Ok(Some(held)),
+            Ok(None) => {
+                if !logged {
+                    tracing::info!(lease = name, "another replica polls this channel account; standing by");
+                    logged = true;
+                }
+                stats.set_state("standby (another replica polls)");
+            }
+            Err(e) => {
+                tracing::warn!(lease = name, "cannot take the channel lease: {e}");
+                stats.set_state(format!("error: lease: {e}"));
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = gw.shutdown.cancelled() => return Err(()),
+        }
+    }
+}
+
+/// A message from a sender not on the allowlist: no turn; logged (without its text) and counted.
+pub fn refused(gw: &Gateway, channel: &'static str, sender: &str, sender_name: Option<&str>, chat: &str) {
+    tracing::warn!(
+        channel,
+        sender,
+        sender_name = sender_name.unwrap_or(""),
+        chat,
+        "a message from a sender not on allow_from was ignored (no turn); add the sender to [channels.{channel}] allow_from to let them talk to the agent"
+    );
+    gw.channels.count(channel, Event::Refused);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inbound
+
+/// What became of an inbound message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Accepted {
+    /// A new turn, durable now (its user row or queued record is on disk).
+    Turn { session_key: String, run_id: String },
+    /// The message was a turn already (redelivered): nothing new.
+    Duplicate { session_key: String, run_id: String },
+    /// A command answered without a turn (`/stop`).
+    Command { session_key: String, reply: String },
+}
+
+/// Makes a platform message a turn (see the module docs). `Err`: nothing durable happened (the
+/// adapter must not advance its read position; the platform will redeliver it).
+pub async fn inbound(gw: &Arc<Gateway>, policy: &Policy, msg: Inbound) -> Result<Accepted, RpcError> {
+    let mut ids: Vec<&str> = vec![msg.chat.as_str(), msg.sender.as_str()];
+    if let Some(n) = &msg.sender_name {
+        ids.push(n.as_str());
+    }
+    let agent = policy.agent_for(&ids).clone();
+    let conversation = match msg.kind {
+        ChatKind::Direct => &msg.sender,
+        ChatKind::Group => &msg.chat,
+    };
+    let key = session_key(&agent, msg.channel, msg.kind, conversation);
+    let session = gw.session(&key, true).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
+    let session = label(gw, session, &msg).await?;
+    let stats = gw.channels.stats(msg.channel);
+    if msg.images.is_empty() && crate::chat::is_stop(&msg.text) {
+        let ids = crate::chat::abort_session(gw, &session.key, None, "stop-command");
+        stats.count(msg.channel, Event::Received);
+        let reply = if ids.is_empty() { "Nothing is running." } else { "Stopped." };
+        return Ok(Accepted::Command { session_key: session.key, reply: reply.into() });
+    }
+    let run = run_id(msg.channel, &msg.account, &msg.chat, &msg.message_id);
+    let request = TurnRequest {
+        session: session.clone(),
+        run_id: run.clone(),
+        text: msg.text.clone(),
+        images: msg.images.clone(),
+        regenerate: None,
+        expected_leaf: None,
+        graft: None,
+        model: None,
+        conn_id: 0,
+    };
+    let (ack, acked) = tokio::sync::oneshot::channel();
+    let _ = ack.send(());
+    let answer = crate::chat::start_turn(gw, request, acked).await?;
+    let status = answer.get("status").and_then(Value::as_str).unwrap_or("");
+    if status != "started" {
+        stats.count(msg.channel, Event::Deduplicated);
+        tracing::info!(channel = msg.channel, session = %session.key, run = %run, status, "a redelivered message: no second turn");
+        spawn_delivery(gw, &session.key, &run);
+        return Ok(Accepted::Duplicate { session_key: session.key, run_id: run });
+    }
+    stats.count(msg.channel, Event::Received);
+    if msg.images.is_empty() && crate::chat::slash_command(&msg.text).is_some() {
+        lock(&gw.channels.commands).insert(run.clone());
+    }
+    spawn_delivery(gw, &session.key, &run);
+    wait_durable(gw, &session, &run).await?;
+    Ok(Accepted::Turn { session_key: session.key, run_id: run })
+}
+
+/// Sets the session row's label (unless someone named it), `origin`, `deliveryContext` and
+/// `chatType` when they differ from what the message says.
+async fn label(gw: &Arc<Gateway>, session: SessionRef, msg: &Inbound) -> Result<SessionRef, RpcError> {
+    let who = msg.sender_name.clone().unwrap_or_else(|| msg.sender.clone());
+    let shown = match (msg.kind, &msg.chat_title) {
+        (ChatKind::Group, Some(t)) => format!("{} · {t}", msg.channel),
+        (ChatKind::Group, None) => format!("{} · group {}", msg.channel, msg.chat),
+        (ChatKind::Direct, _) => format!("{} · {who}", msg.channel),
+    };
+    let delivery = json!({"channel": msg.channel, "to": msg.chat, "accountId": msg.account});
+    let origin = json!({"label": shown, "provider": msg.channel, "surface": msg.channel,
+        "chatType": msg.kind.as_str(), "from": format!("{}:{}", msg.channel, msg.sender),
+        "to": format!("{}:{}", msg.channel, msg.chat), "accountId": msg.account});
+    let mut fields = Map::new();
+    if session.entry.get(DELIVERY_CONTEXT) != Some(&delivery) {
+        fields.insert(DELIVERY_CONTEXT.into(), delivery);
+    }
+    if session.entry.get(ORIGIN) != Some(&origin) {
+        fields.insert(ORIGIN.into(), origin);
+        fields.insert("chatType".into(), json!(msg.kind.as_str()));
+    }
+    if !session.entry.contains_key("label") {
+        fields.insert("label".into(), json!(shown));
+    }
+    if fields.is_empty() {
+        return Ok(session);
+    }
+    let key = session.key.clone();
+    gw.index(move |s| s.patch(&key, &fields)).await
+}
+
+/// Waits until turn `run_id` is durable: its rows are on disk, or its queued record is, or it ended
+/// (refused before writing anything: nothing will be).
+async fn wait_durable(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Result<(), RpcError> {
+    let deadline = Instant::now() + DURABLE_WAIT;
+    loop {
+        let live = gw.run(run_id).is_some();
+        if !crate::turns::known_new(gw.store.as_ref(), &session.path, run_id) || !live {
+            let (store, path, id) = (gw.store.clone(), session.path.clone(), run_id.to_owned());
+            let written = tokio::task::spawn_blocking(move || -> Result<bool, pincer_store::StoreError> {
+                if crate::turns::on_disk(store.as_ref(), &path, &id, usize::MAX)? != OnDisk::New {
+                    return Ok(true);
+                }
+                let tail = store.tail_entries(&path, 256 * 1024)?;
+                Ok(tail.iter().any(|e| custom_run(e, crate::turns::QUEUED) == Some(id.as_str())))
+            })
+            .await
+            .map_err(|e| RpcError::unavailable(format!("transcript check failed: {e}")))?
+            .map_err(|e| RpcError::unavailable(format!("cannot read the transcript: {e}")))?;
+            if written || !live {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(RpcError::unavailable(format!("turn {run_id} was not written within {DURABLE_WAIT:?}")));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `data.runId` of a custom entry of this type.
+fn custom_run<'a>(e: &'a Value, custom_type: &str) -> Option<&'a str> {
+    if e.get("type")?.as_str()? != "custom" || e.get("customType")?.as_str()? != custom_type {
+        return None;
+    }
+    e.get("data")?.get("runId")?.as_str()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cursors
+
+/// The stored read position of a channel account (a Telegram update offset, a Matrix sync token),
+/// `None` before the first one was saved.
+pub async fn load_cursor(gw: &Arc<Gateway>, channel: &str, account: &str) -> Result<Option<String>, String> {
+    let name = cursor_name(channel, account);
+    if let Some(pg) = &gw.pg {
+        return pg.channel_cursor(name).await.map_err(|e| format!("cannot read the channel cursor: {e}"));
+    }
+    let path = cursor_path(gw, &name);
+    tokio::task::spawn_blocking(move || match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let v: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(v.get("cursor").and_then(Value::as_str).map(str::to_owned))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    })
+    .await
+    .map_err(|e| format!("cursor task failed: {e}"))?
+}
+
+/// Saves the read position (durably: fsynced before it returns). Call it only once every message
+/// before the position is durable ([`inbound`] returned).
+pub async fn save_cursor(gw: &Arc<Gateway>, channel: &str, account: &str, cursor: &str) -> Result<(), String> {
+    let name = cursor_name(channel, account);
+    if let Some(pg) = &gw.pg {
+        return pg
+            .set_channel_cursor(name, cursor.to_owned())
+            .await
+            .map_err(|e| format!("cannot save the channel cursor: {e}"));
+    }
+    let path = cursor_path(gw, &name);
+    let bytes = serde_json::to_vec(&json!({"cursor": cursor, "at": pincer_pi::now_ms()})).unwrap_or_default();
+    tokio::task::spawn_blocking(move || {
+        // The store crate owns every file write (temp, fsync, rename, directory fsync, 0600).
+        pincer_store::files::write_channel_state(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
+    })
+    .await
+    .map_err(|e| format!("cursor task failed: {e}"))?
+}
+
+fn cursor_name(channel: &str, account: &str) -> String {
+    let safe: String =
+        account.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    format!("{channel}-{safe}")
+}
+
+fn cursor_path(gw: &Gateway, name: &str) -> std::path::PathBuf {
+    gw.settings.state_dir.join("channels").join(format!("{name}.json"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The delivery ledger
+
+/// What the ledger of one run says.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Ledger {
+    /// The first message's intent is on disk.
+    pub first_intent: bool,
+    /// The first message's receipt: its platform id.
+    pub first: Option<String>,
+    /// The final's intent is on disk (how many attempts).
+    pub final_intents: usize,
+    /// The final's receipt is on disk: the reply is delivered.
+    pub delivered: bool,
+}
+
+/// Reads the ledger of run `run_id` from the session's transcript (blocking).
+pub fn read_ledger(
+    store: &dyn pincer_store::Transcripts,
+    path: &std::path::Path,
+    run_id: &str,
+) -> Result<Ledger, pincer_store::StoreError> {
+    let entries = match store.find_keyed(path, &crate::turns::user_key(run_id))? {
+        Some((_, offset)) => store.entries_from(path, offset, LEDGER_WINDOW)?,
+        None => store.tail_entries(path, RECONCILE_TAIL)?,
+    };
+    let mut l = Ledger::default();
+    for e in &entries {
+        if custom_run(e, DELIVERY) != Some(run_id) {
+            continue;
+        }
+        let d = &e["data"];
+        match (d["phase"].as_str(), d["part"].as_str()) {
+            (Some("intent"), Some("first")) => l.first_intent = true,
+            (Some("receipt"), Some("first")) => {
+                l.first = d["messageIds"].get(0).and_then(Value::as_str).map(str::to_owned);
+            }
+            (Some("intent"), Some("final")) => l.final_intents += 1,
+            (Some("receipt"), Some("final")) => l.delivered = true,
+            _ => {}
+        }
+    }
+    Ok(l)
+}
+
+/// A ledger entry of run `run_id`.
+fn ledger_entry(run_id: &str, to: &Address, phase: &str, part: &str, ids: &[String]) -> NewEntry {
+    let mut data = json!({"runId": run_id, "channel": to.channel, "chat": to.chat, "phase": phase, "part": part,
+        "at": pincer_pi::now_ms()});
+    if phase == "receipt" {
+        data["messageIds"] = json!(ids);
+    }
+    let mut payload = Map::new();
+    payload.insert("customType".into(), json!(DELIVERY));
+    payload.insert("data".into(), data);
+    NewEntry::of("custom", payload)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outbound
+
+/// Starts delivering run `run_id` of session `key` unless this process delivers it already.
+pub fn spawn_delivery(gw: &Arc<Gateway>, key: &str, run_id: &str) {
+    if !lock(&gw.channels.delivering).insert(run_id.to_owned()) {
+        return;
+    }
+    let (gw, key, run) = (gw.clone(), key.to_owned(), run_id.to_owned());
+    tokio::spawn(async move {
+        if let Err(e) = deliver(&gw, &key, &run).await {
+            tracing::warn!(session = %key, run = %run, "channel delivery stopped: {e}");
+        }
+        lock(&gw.channels.delivering).remove(&run);
+    });
+}
+
+/// Where a session's replies go: its row's `deliveryContext`.
+fn address(s: &SessionRef) -> Option<Address> {
+    let d = s.entry.get(DELIVERY_CONTEXT)?;
+    Some(Address {
+        channel: d.get("channel")?.as_str()?.to_owned(),
+        chat: d.get("to")?.as_str()?.to_owned(),
+        account: d.get("accountId").and_then(Value::as_str).unwrap_or_default().to_owned(),
+    })
+}
+
+/// The turn's final text from the transcript: the last reply's text (an error or an abort said so);
+/// `None` while it has no reply.
+fn final_text(gw: &Gateway, s: &SessionRef, run_id: &str) -> Result<Option<String>, pincer_store::StoreError> {
+    let replies = crate::turns::replies(gw.store.as_ref(), &s.path, run_id)?;
+    let Some(last) = replies.last() else { return Ok(None) };
+    let text: String = replies
+        .iter()
+        .flat_map(|m| pincer_pi::text_blocks(m.get("content")))
+        .filter(|t| !t.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    let text = match last.get("stopReason").and_then(Value::as_str) {
+        Some("error") => {
+            let why = last.get("errorMessage").and_then(Value::as_str).unwrap_or("the model call failed");
+            if text.is_empty() {
+                format!("⚠️ {why}")
+            } else {
+                format!("{text}\n\n⚠️ {why}")
+            }
+        }
+        Some("aborted") => format!("{text} (stopped)").trim().to_owned(),
+        _ if last.get("openclawAbort").is_some() => format!("{text} (stopped)").trim().to_owned(),
+        _ => text,
+    };
+    Ok(Some(if text.trim().is_empty() { "(no reply)".into() } else { text }))
+}
+
+/// The text streamed so far by run `run_id` when it runs in this process.
+fn streamed(gw: &Gateway, run_id: &str) -> Option<String> {
+    let r = gw.run(run_id)?;
+    let t = r.streamed.lock().map(|t| t.clone()).unwrap_or_default();
+    Some(t)
+}
+
+/// Delivers run `run_id`'s reply to the session's conversation, exactly once (see the module docs):
+/// a first message sent when the run starts, edits while it streams, the final as an edit of it
+/// (plus more messages when it is longer than one), each send between an intent and a receipt.
+pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), String> {
+    gw.recovered().await;
+    // A slash command's answer comes whole (and `/new` writes it to the next transcript): no
+    // message to stream into.
+    let told = lock(&gw.channels.commands).remove(run_id);
+    let command = told
+        || match gw.session(key, false).await {
+            Ok(Some(s)) => {
+                let (store, path, k) = (gw.store.clone(), s.path.clone(), crate::turns::user_key(run_id));
+                let user = tokio::task::spawn_blocking(move || store.find_keyed(&path, &k)).await;
+                let text = match &user {
+                    Ok(Ok(Some((e, _)))) => pincer_pi::text_blocks(e["message"].get("content")).join("\n"),
+                    _ => String::new(),
+                };
+                crate::chat::slash_command(&text).is_some()
+            }
+            _ => false,
+        };
+    let mut orphan_since: Option<Instant> = None;
+    let mut last_edit: Option<(Instant, String)> = None;
+    loop {
+        if gw.shutdown.is_cancelled() {
+            return Ok(());
+        }
+        let s = gw.session(key, false).await.map_err(|e| e.message)?.ok_or("the session is gone")?;
+        let to = address(&s).ok_or("the session has no deliveryContext")?;
+        let out = match gw.channels.outbound(&to.channel) {
+            Some(o) => o,
+            None => {
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+        };
+        let (store, path, id) = (gw.store.clone(), s.path.clone(), run_id.to_owned());
+        let ledger = tokio::task::spawn_blocking(move || read_ledger(store.as_ref(), &path, &id))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        if ledger.delivered {
+            return Ok(());
+        }
+        let live = streamed(gw, run_id);
+        let state = {
+            let (store, path, id) = (gw.store.clone(), s.path.clone(), run_id.to_owned());
+            let attempts = gw.settings.resume_attempts;
+            tokio::task::spawn_blocking(move || crate::turns::on_disk(store.as_ref(), &path, &id, attempts))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?
+        };
+        match (&state, &live) {
+            (OnDisk::Done(_), _) if live.is_none() => {
+                let gw2 = gw.clone();
+                let (s2, id) = (s.clone(), run_id.to_owned());
+                let text = tokio::task::spawn_blocking(move || final_text(&gw2, &s2, &id))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?
+                    .unwrap_or_else(|| "(no reply)".into());
+                return send_final(gw, &s, out.as_ref(), &to, run_id, &ledger, &text).await;
+            }
+            (OnDisk::Interrupted, None) => {
+                let text = "⚠️ The gateway stopped before this reply was finished; send the message again.";
+                return send_final(gw, &s, out.as_ref(), &to, run_id, &ledger, text).await;
+            }
+            (_, Some(_)) if command => orphan_since = None,
+            (_, Some(text)) => {
+                orphan_since = None;
+                // The run is here: its message first, then edits as it streams.
+                let first = match &ledger.first {
+                    Some(id) => id.clone(),
+                    None => send_first(gw, &s, out.as_ref(), &to, run_id, &ledger).await?,
+                };
+                let shown = out.split(text).into_iter().next().unwrap_or_else(|| PLACEHOLDER.to_owned());
+                let due = last_edit.as_ref().is_none_or(|(at, t)| at.elapsed() >= EDIT_INTERVAL && *t != shown);
+                if !text.trim().is_empty() && due {
+                    match out.edit(&to, &first, &shown, &format!("{run_id}.edit")).await {
+                        Ok(()) => gw.channels.count(out.channel(), Event::Sent),
+                        Err(e) => {
+                            gw.channels.count(out.channel(), Event::Failed);
+                            tracing::debug!(run = %run_id, "a streaming edit failed: {e}");
+                        }
+                    }
+                    last_edit = Some((Instant::now(), shown));
+                }
+            }
+            _ => {
+                // Not running here and not answered: waiting behind another turn of its session,
+                // running on another replica, or left for a restart to resume.
+                if !gw.runs_of(&s.key).is_empty() {
+                    orphan_since = None;
+                }
+                let since = *orphan_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > ORPHAN_WAIT {
+                    return Err(format!(
+                        "turn {run_id} is neither running here nor answered; the next start delivers it"
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Sends the first message of a run's reply (the placeholder edits stream into), between an intent
+/// and a receipt; its platform id.
+async fn send_first(
+    gw: &Arc<Gateway>,
+    s: &SessionRef,
+    out: &dyn Outbound,
+    to: &Address,
+    run_id: &str,
+    ledger: &Ledger,
+) -> Result<String, String> {
+    if ledger.first_intent {
+        // The last process died between asking the platform and recording its answer: a placeholder
+        // may be there already; this one replaces it for the reply (the other stays a bare "…").
+        tracing::warn!(run = %run_id, "a reply's first message may have been sent before a crash; sending it again");
+    }
+    gw.append(s, ledger_entry(run_id, to, "intent", "first", &[])).await.map_err(|e| e.to_string())?;
+    out.typing(to).await;
+    let id = send_retrying(gw, out, to, PLACEHOLDER, &format!("{run_id}.first")).await?;
+    gw.append(s, ledger_entry(run_id, to, "receipt", "first", std::slice::from_ref(&id)))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(id)
+}
+
+/// Sends `text` as the final reply: an edit of the first message (when there is one) and new
+/// messages for the rest, between an intent and a receipt.
+async fn send_final(
+    gw: &Arc<Gateway>,
+    s: &SessionRef,
+    out: &dyn Outbound,
+    to: &Address,
+    run_id: &str,
+    ledger: &Ledger,
+    text: &str,
+) -> Result<(), String> {
+    let mut pieces = out.split(text);
+    if pieces.is_empty() {
+        pieces.push("(no reply)".into());
+    }
+    let uncertain = ledger.final_intents > 0;
+    gw.append(s, ledger_entry(run_id, to, "intent", "final", &[])).await.map_err(|e| e.to_string())?;
+    let mut ids = Vec::new();
+    for (i, piece) in pieces.iter().enumerate() {
+        let txn = format!("{run_id}.final.{i}");
+        if let (0, Some(first)) = (i, &ledger.first) {
+            // An edit: idempotent, whatever the last process managed.
+            edit_retrying(gw, out, to, first, piece, &txn).await?;
+            ids.push(first.clone());
+            continue;
+        }
+        let piece = if uncertain { format!("{MAYBE_DUPLICATE} {piece}") } else { piece.clone() };
+        let piece = out.split(&piece).into_iter().next().unwrap_or(piece);
+        ids.push(send_retrying(gw, out, to, &piece, &txn).await?);
+    }
+    gw.append(s, ledger_entry(run_id, to, "receipt", "final", &ids)).await.map_err(|e| e.to_string())?;
+    tracing::info!(channel = out.channel(), session = %s.key, run = %run_id, messages = ids.len(), "reply delivered");
+    Ok(())
+}
+
+/// Attempts before a send is given up (the platform refused it each time).
+const SEND_ATTEMPTS: usize = 5;
+
+async fn send_retrying(
+    gw: &Arc<Gateway>,
+    out: &dyn Outbound,
+    to: &Address,
+    text: &str,
+    txn: &str,
+) -> Result<String, String> {
+    let mut wait = Duration::from_millis(500);
+    for attempt in 1.. {
+        match out.send(to, text, txn).await {
+            Ok(id) => {
+                gw.channels.count(out.channel(), Event::Sent);
+                return Ok(id);
+            }
+            Err(e) => {
+                gw.channels.count(out.channel(), Event::Failed);
+                // An unknown outcome is not retried here: only a restart (with its intent on disk)
+                // may send again, marked. A refusal is retried a few times.
+                if matches!(e, SendError::Unknown(_)) || attempt >= SEND_ATTEMPTS || gw.shutdown.is_cancelled() {
+                    return Err(format!("cannot send to {} {}: {e}", to.channel, to.chat));
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    Err("unreachable".into())
+}
+
+async fn edit_retrying(
+    gw: &Arc<Gateway>,
+    out: &dyn Outbound,
+    to: &Address,
+    id: &str,
+    text: &str,
+    txn: &str,
+) -> Result<(), String> {
+    let mut wait = Duration::from_millis(500);
+    for attempt in 1.. {
+        match out.edit(to, id, text, txn).await {
+            Ok(()) => {
+                gw.channels.count(out.channel(), Event::Sent);
+                return Ok(());
+            }
+            Err(e) => {
+                gw.channels.count(out.channel(), Event::Failed);
+                // An edit is idempotent: an unknown outcome is retried too.
+                if attempt >= SEND_ATTEMPTS || gw.shutdown.is_cancelled() {
+                    return Err(format!("cannot edit message {id} in {} {}: {e}", to.channel, to.chat));
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    Err("unreachable".into())
+}
+
+/// At an adapter's registration: every turn of its sessions whose reply has no final receipt (in
+/// the transcripts' tails) gets a deliverer — replies finished while the last process was dying,
+/// turns the recovery resumed or runs from their queued records.
+pub async fn reconcile(gw: &Arc<Gateway>, out: Arc<dyn Outbound>) {
+    gw.recovered().await;
+    let channel = out.channel();
+    let prefix = format!("{channel}-{}-", out.account());
+    let list = {
+        let gw = gw.clone();
+        tokio::task::spawn_blocking(move || gw.sessions.list(None)).await
+    };
+    let Ok(Ok(sessions)) = list else {
+        tracing::warn!(channel, "cannot list the sessions to reconcile deliveries");
+        return;
+    };
+    let mut pending = 0;
+    for s in sessions {
+        if address(&s).is_none_or(|a| a.channel != channel) {
+            continue;
+        }
+        let (store, path, prefix2) = (gw.store.clone(), s.path.clone(), prefix.clone());
+        let found = tokio::task::spawn_blocking(move || undelivered(store.as_ref(), &path, &prefix2)).await;
+        let runs = match found {
+            Ok(Ok(r)) => r,
+            _ => {
+                tracing::warn!(channel, session = %s.key, "cannot read a transcript to reconcile deliveries");
+                continue;
+            }
+        };
+        for run in runs {
+            pending += 1;
+            spawn_delivery(gw, &s.key, &run);
+        }
+    }
+    if pending > 0 {
+        tracing::warn!(channel, pending, "delivering replies the last process had not delivered");
+    }
+}
+
+/// The runs of this channel account in a transcript's tail (user rows, queued records, gateway
+/// replies) without a final receipt.
+fn undelivered(
+    store: &dyn pincer_store::Transcripts,
+    path: &std::path::Path,
+    prefix: &str,
+) -> Result<Vec<String>, pincer_store::StoreError> {
+    let tail = store.tail_entries(path, RECONCILE_TAIL)?;
+    let mut runs: Vec<String> = Vec::new();
+    let mut done: HashSet<String> = HashSet::new();
+    for e in &tail {
+        let key = e.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str);
+        let run = key
+            .and_then(|k| crate::turns::run_of_user_key(k).or_else(|| crate::turns::run_of_reply_key(k)))
+            .or_else(|| custom_run(e, crate::turns::QUEUED));
+        if let Some(r) = run.filter(|r| r.starts_with(prefix)) {
+            if !runs.iter().any(|x| x == r) {
+                runs.push(r.to_owned());
+            }
+        }
+        if let Some(r) = custom_run(e, DELIVERY) {
+            if e["data"]["phase"] == "receipt" && e["data"]["part"] == "final" {
+                done.insert(r.to_owned());
+            }
+        }
+    }
+    Ok(runs.into_iter().filter(|r| !done.contains(r)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allowlist_is_nobody_by_default_and_matches_ids_and_usernames() {
+        let p = Policy::parse("[channels.x]", &[], None, &BTreeMap::new()).expect("policy");
+        assert!(!p.allows(&["1", "@alice"]));
+        let p = Policy::parse("[channels.x]", &["42".into(), "@Alice".into()], None, &BTreeMap::new()).expect("p");
+        assert!(p.allows(&["7", "@alice"]) && p.allows(&["42"]) && !p.allows(&["7", "@bob"]));
+        let any = Policy::parse("[channels.x]", &["*".into()], None, &BTreeMap::new()).expect("p");
+        assert!(any.allows(&["9"]));
+        let e = Policy::parse("[channels.x]", &[" ".into()], None, &BTreeMap::new()).expect_err("empty");
+        assert!(e.contains("allow_from"), "{e}");
+    }
+
+    #[test]
+    fn conversations_route_to_their_session_keys_and_bound_agents() {
+        let bindings = BTreeMap::from([("-100".to_owned(), "ops".to_owned())]);
+        let p = Policy::parse("[channels.x]", &[], Some("main"), &bindings).expect("policy");
+        assert_eq!(p.agent_for(&["-100", "5"]).as_str(), "ops");
+        assert_eq!(p.agent_for(&["5"]).as_str(), "main");
+        assert_eq!(session_key(p.agent_for(&["5"]), "telegram", ChatKind::Direct, "5"), "agent:main:telegram:dm:5");
+        assert_eq!(
+            session_key(p.agent_for(&["-100"]), "telegram", ChatKind::Group, "-100"),
+            "agent:ops:telegram:group:-100"
+        );
+        assert_eq!(run_id("telegram", "9", "-100", "7"), "telegram-9--100-7");
+        assert!(run_id("m", "a", &"x".repeat(300), "1").len() < 100);
+    }
+}

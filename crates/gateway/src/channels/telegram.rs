@@ -1,0 +1,555 @@
+//! The Telegram channel: a bot on the Bot API (long polling with `getUpdates`), its messages made
+//! turns through the channel seam ([`super::inbound`]) and its replies sent as `sendMessage` and
+//! streamed as throttled `editMessageText` of that message ([`super::Outbound`]).
+//!
+//! Replies are sent as plain text (no `parse_mode`): the model's Markdown reaches the user as
+//! typed, and no reply can be refused for a malformed entity or cut in the middle of one at the
+//! 4096-character limit (MarkdownV2 needs every one of `_*[]()~\`>#+-=|{}.!` escaped outside
+//! entities, and a model's text is not valid MarkdownV2).
+//!
+//! The bot token is in every Bot API URL: URLs are never logged, and errors of the HTTP client are
+//! stripped of theirs.
+
+use super::{Accepted, Address, BoxFuture, ChatKind, Event, Inbound, Outbound, Policy, SendError};
+use crate::state::Gateway;
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The channel's name (session keys, metrics, `deliveryContext.channel`).
+pub const NAME: &str = "telegram";
+/// The official Bot API.
+pub const DEFAULT_API: &str = "https://api.telegram.org";
+/// The variable the token is read from unless `bot_token_env` names another.
+pub const DEFAULT_TOKEN_ENV: &str = "TELEGRAM_BOT_TOKEN";
+/// Longest text of one message, in UTF-16 code units (as Telegram counts).
+pub const MAX_MESSAGE: usize = 4096;
+
+/// `[channels.telegram]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelegramSection {
+    /// `false` turns the channel off (default: on when the section is there).
+    pub enabled: Option<bool>,
+    /// The environment variable holding the bot token (default `TELEGRAM_BOT_TOKEN`).
+    pub bot_token_env: Option<String>,
+    /// The Bot API server (default `https://api.telegram.org`; a self-hosted one otherwise).
+    pub api_base_url: Option<String>,
+    /// Telegram user ids or `@usernames` that may talk to the agent (`"*"`: anyone). Default: nobody.
+    pub allow_from: Vec<String>,
+    /// The agent that answers (default `main`).
+    pub agent: Option<String>,
+    /// A chat id, user id or `@username` → the agent that answers there.
+    pub bindings: BTreeMap<String, String>,
+    /// Seconds one `getUpdates` long poll waits (default 30).
+    pub poll_timeout_secs: Option<u64>,
+    /// In groups, answer only messages that mention the bot or reply to it (default true).
+    pub require_mention: Option<bool>,
+}
+
+/// `[channels.telegram]`, validated.
+#[derive(Clone)]
+pub struct TelegramSettings {
+    /// The bot token (a secret: redacted, never logged).
+    pub token: String,
+    /// Without a trailing slash.
+    pub api_base_url: String,
+    pub policy: Policy,
+    pub poll_timeout: Duration,
+    pub require_mention: bool,
+}
+
+impl std::fmt::Debug for TelegramSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelegramSettings")
+            .field("api_base_url", &self.api_base_url)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TelegramSettings {
+    /// Validates the section; `None` when it is disabled. Errors name the field.
+    pub fn parse(s: &TelegramSection) -> Result<Option<TelegramSettings>, String> {
+        const SECTION: &str = "[channels.telegram]";
+        if s.enabled == Some(false) {
+            return Ok(None);
+        }
+        let var = s.bot_token_env.as_deref().unwrap_or(DEFAULT_TOKEN_ENV);
+        let token =
+            std::env::var(var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).ok_or_else(|| {
+                format!("{SECTION}: bot_token_env names {var}, which is not set (the bot token from @BotFather)")
+            })?;
+        if token.chars().any(|c| c.is_whitespace() || c == '/' || c == '?' || c == '#') {
+            return Err(format!("{SECTION}: the token in {var} is not a bot token (it has spaces or URL characters)"));
+        }
+        let api = s.api_base_url.as_deref().unwrap_or(DEFAULT_API).trim_end_matches('/').to_owned();
+        if !(api.starts_with("http://") || api.starts_with("https://")) {
+            return Err(format!("{SECTION}: api_base_url {api:?} is not an http:// or https:// URL"));
+        }
+        let policy = Policy::parse(SECTION, &s.allow_from, s.agent.as_deref(), &s.bindings)?;
+        let poll = s.poll_timeout_secs.unwrap_or(30);
+        if poll > 600 {
+            return Err(format!("{SECTION}: poll_timeout_secs {poll} is more than 600"));
+        }
+        Ok(Some(TelegramSettings {
+            token,
+            api_base_url: api,
+            policy,
+            poll_timeout: Duration::from_secs(poll),
+            require_mention: s.require_mention.unwrap_or(true),
+        }))
+    }
+}
+
+/// Longest wait a 429's `retry_after` is honoured for (a longer one is waited in these steps).
+const MAX_RETRY_AFTER: u64 = 300;
+/// Largest image taken from a message (Pi's and `chat.send`'s limit).
+const MAX_IMAGE: usize = crate::chat::MAX_ATTACHMENT_BYTES;
+
+/// The bot: its Bot API client and identity.
+pub struct Bot {
+    http: reqwest::Client,
+    api: String,
+    token: String,
+    /// The bot's user id (from `getMe`).
+    pub id: i64,
+    /// Its `@username`, without the `@` (mentions in groups).
+    pub username: String,
+    gw: std::sync::Weak<Gateway>,
+}
+
+/// A Bot API call that failed.
+#[derive(Debug, Clone)]
+pub enum CallError {
+    /// Telegram answered `ok: false` (not a 429: those are waited out and retried).
+    Api { code: i64, description: String },
+    /// No usable answer (connection, timeout, not JSON): the call may or may not have taken effect.
+    Transport(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Api { code, description } => write!(f, "Telegram answered {code}: {description}"),
+            CallError::Transport(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl Bot {
+    /// A client of the Bot API at `api` with `token` (not yet asked who it is: [`Bot::get_me`]).
+    pub fn new(gw: &Arc<Gateway>, api: &str, token: &str) -> Result<Bot, String> {
+        pincer_agent::provider::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| format!("cannot build the Telegram HTTP client: {}", e.without_url()))?;
+        Ok(Bot {
+            http,
+            api: api.to_owned(),
+            token: token.to_owned(),
+            id: 0,
+            username: String::new(),
+            gw: Arc::downgrade(gw),
+        })
+    }
+
+    /// Calls Bot API method `method` with a JSON body; a 429 is waited out (`retry_after`) and the
+    /// call made again. The URL (which holds the token) is never part of an error.
+    pub async fn call(&self, method: &str, body: &Value, timeout: Duration) -> Result<Value, CallError> {
+        let url = format!("{}/bot{}/{method}", self.api, self.token);
+        loop {
+            let sent = self.http.post(&url).json(body).timeout(timeout).send().await;
+            let resp = sent.map_err(|e| CallError::Transport(format!("{method}: {}", e.without_url())))?;
+            let answer: Value = resp
+                .json()
+                .await
+                .map_err(|e| CallError::Transport(format!("{method}: the answer is not JSON: {}", e.without_url())))?;
+            if answer["ok"] == json!(true) {
+                return Ok(answer["result"].clone());
+            }
+            let code = answer["error_code"].as_i64().unwrap_or(0);
+            let description = answer["description"].as_str().unwrap_or("no description").to_owned();
+            if code == 429 {
+                let after = answer["parameters"]["retry_after"].as_u64().unwrap_or(1).clamp(1, MAX_RETRY_AFTER);
+                if let Some(gw) = self.gw.upgrade() {
+                    gw.channels.count(NAME, Event::Failed);
+                    if gw.shutdown.is_cancelled() {
+                        return Err(CallError::Api { code, description });
+                    }
+                }
+                tracing::warn!(method, retry_after = after, "Telegram asked to slow down (429); waiting");
+                tokio::time::sleep(Duration::from_secs(after)).await;
+                continue;
+            }
+            return Err(CallError::Api { code, description });
+        }
+    }
+
+    /// `getMe`: fills in the bot's id and username.
+    pub async fn get_me(&mut self) -> Result<(), CallError> {
+        let me = self.call("getMe", &json!({}), Duration::from_secs(30)).await?;
+        self.id = me["id"].as_i64().ok_or_else(|| CallError::Transport("getMe: no id in the answer".into()))?;
+        self.username = me["username"].as_str().unwrap_or_default().to_owned();
+        Ok(())
+    }
+
+    /// Downloads a file by its `file_id` (`getFile`, then the file URL), at most `max` bytes.
+    async fn download(&self, file_id: &str, max: usize) -> Result<Vec<u8>, String> {
+        let f = self
+            .call("getFile", &json!({"file_id": file_id}), Duration::from_secs(30))
+            .await
+            .map_err(|e| e.to_string())?;
+        if f["file_size"].as_u64().is_some_and(|n| n as usize > max) {
+            return Err(format!("the file is larger than {max} bytes"));
+        }
+        let path = f["file_path"].as_str().ok_or("getFile gave no file_path")?;
+        let url = format!("{}/file/bot{}/{path}", self.api, self.token);
+        let resp = self
+            .http
+            .get(&url)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .map_err(|e| format!("cannot download the file: {}", e.without_url()))?;
+        if !resp.status().is_success() {
+            return Err(format!("cannot download the file: HTTP {}", resp.status()));
+        }
+        let bytes = resp.bytes().await.map_err(|e| format!("cannot download the file: {}", e.without_url()))?;
+        if bytes.len() > max {
+            return Err(format!("the file is larger than {max} bytes"));
+        }
+        Ok(bytes.to_vec())
+    }
+}
+
+/// A chat id as the Bot API takes it: a number, or `@channelusername`.
+fn chat_id(chat: &str) -> Value {
+    chat.parse::<i64>().map_or_else(|_| json!(chat), |n| json!(n))
+}
+
+/// Cuts `text` into pieces of at most [`MAX_MESSAGE`] UTF-16 code units, at a line break or a space
+/// when there is one in the second half of a piece.
+pub fn split(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text.trim_end();
+    while !rest.is_empty() {
+        let mut units = 0;
+        let mut end = rest.len();
+        for (i, c) in rest.char_indices() {
+            if units + c.len_utf16() > MAX_MESSAGE {
+                end = i;
+                break;
+            }
+            units += c.len_utf16();
+        }
+        if end < rest.len() {
+            let head = &rest[..end];
+            let cut = head.rfind('\n').or_else(|| head.rfind(' ')).filter(|&i| i > end / 2);
+            if let Some(i) = cut {
+                end = i + 1;
+            }
+        }
+        let piece = rest[..end].trim_end();
+        if !piece.is_empty() {
+            out.push(piece.to_owned());
+        }
+        rest = rest[end..].trim_start_matches('\n');
+    }
+    out
+}
+
+impl Outbound for Bot {
+    fn channel(&self) -> &'static str {
+        NAME
+    }
+
+    fn account(&self) -> String {
+        self.id.to_string()
+    }
+
+    fn split(&self, text: &str) -> Vec<String> {
+        split(text)
+    }
+
+    fn send<'a>(&'a self, to: &'a Address, text: &'a str, _txn: &'a str) -> BoxFuture<'a, Result<String, SendError>> {
+        Box::pin(async move {
+            let body = json!({"chat_id": chat_id(&to.chat), "text": text});
+            match self.call("sendMessage", &body, Duration::from_secs(30)).await {
+                Ok(m) => m["message_id"]
+                    .as_i64()
+                    .map(|id| id.to_string())
+                    .ok_or_else(|| SendError::Unknown("sendMessage: no message_id in the answer".into())),
+                Err(CallError::Api { code, description }) => Err(SendError::Rejected(format!("{code}: {description}"))),
+                Err(CallError::Transport(m)) => Err(SendError::Unknown(m)),
+            }
+        })
+    }
+
+    fn edit<'a>(
+        &'a self,
+        to: &'a Address,
+        id: &'a str,
+        text: &'a str,
+        _txn: &'a str,
+    ) -> BoxFuture<'a, Result<(), SendError>> {
+        Box::pin(async move {
+            let message_id = id.parse::<i64>().map_err(|_| SendError::Rejected(format!("bad message id {id}")))?;
+            let body = json!({"chat_id": chat_id(&to.chat), "message_id": message_id, "text": text});
+            match self.call("editMessageText", &body, Duration::from_secs(30)).await {
+                Ok(_) => Ok(()),
+                // The text is there already (an edit made before a crash, or a repeated one).
+                Err(CallError::Api { description, .. }) if description.contains("message is not modified") => Ok(()),
+                Err(CallError::Api { code, description }) => Err(SendError::Rejected(format!("{code}: {description}"))),
+                Err(CallError::Transport(m)) => Err(SendError::Unknown(m)),
+            }
+        })
+    }
+
+    fn typing<'a>(&'a self, to: &'a Address) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let body = json!({"chat_id": chat_id(&to.chat), "action": "typing"});
+            let _ = self.call("sendChatAction", &body, Duration::from_secs(10)).await;
+        })
+    }
+}
+
+/// Starts the bot (long polling) in the background.
+pub fn start(gw: &Arc<Gateway>, settings: TelegramSettings) {
+    let gw = gw.clone();
+    tokio::spawn(async move { run(gw, settings).await });
+}
+
+/// Waits `d`, or less when the gateway stops; false when it stops.
+async fn pause(gw: &Gateway, d: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = gw.shutdown.cancelled() => false,
+    }
+}
+
+async fn run(gw: Arc<Gateway>, settings: TelegramSettings) {
+    let stats = gw.channels.stats(NAME);
+    let mut bot = match Bot::new(&gw, &settings.api_base_url, &settings.token) {
+        Ok(b) => b,
+        Err(e) => {
+            stats.set_state(format!("error: {e}"));
+            tracing::error!("telegram: {e}");
+            return;
+        }
+    };
+    let mut wait = Duration::from_secs(1);
+    while let Err(e) = bot.get_me().await {
+        stats.set_state(format!("error: getMe: {e}"));
+        tracing::warn!("telegram: cannot reach the Bot API ({e}); trying again in {wait:?}");
+        if !pause(&gw, wait).await {
+            return;
+        }
+        wait = (wait * 2).min(Duration::from_secs(60));
+    }
+    stats.set_account(format!("@{} ({})", bot.username, bot.id));
+    // With replicas, one polls (and delivers) at a time; the others stand by.
+    let Ok(_lease) = super::lease(&gw, &stats, &format!("{NAME}:{}", bot.id)).await else { return };
+    tracing::info!(bot = %bot.username, id = bot.id, "telegram: polling for messages");
+    let bot = Arc::new(bot);
+    super::Registry::register(&gw, bot.clone());
+    let account = bot.id.to_string();
+    let mut offset: Option<i64> = match super::load_cursor(&gw, NAME, &account).await {
+        Ok(c) => c.and_then(|c| c.parse().ok()),
+        Err(e) => {
+            tracing::warn!("telegram: {e}; starting from Telegram's unconfirmed updates");
+            None
+        }
+    };
+    stats.set_state("running");
+    let mut wait = Duration::from_secs(1);
+    loop {
+        if gw.shutdown.is_cancelled() {
+            return;
+        }
+        let mut body = json!({"timeout": settings.poll_timeout.as_secs(), "allowed_updates": ["message"]});
+        if let Some(o) = offset {
+            body["offset"] = json!(o);
+        }
+        let polled = tokio::select! {
+            r = bot.call("getUpdates", &body, settings.poll_timeout + Duration::from_secs(15)) => r,
+            _ = gw.shutdown.cancelled() => return,
+        };
+        let updates = match polled {
+            Ok(Value::Array(u)) => u,
+            Ok(_) => Vec::new(),
+            Err(e) => {
+                stats.count(NAME, Event::Failed);
+                stats.set_state(format!("error: getUpdates: {e}"));
+                tracing::warn!("telegram: getUpdates failed ({e}); trying again in {wait:?}");
+                if !pause(&gw, wait).await {
+                    return;
+                }
+                wait = (wait * 2).min(Duration::from_secs(60));
+                continue;
+            }
+        };
+        wait = Duration::from_secs(1);
+        stats.set_state("running");
+        let mut next = offset;
+        for u in &updates {
+            let Some(id) = u["update_id"].as_i64() else { continue };
+            if let Err(e) = handle(&gw, &bot, &settings, u).await {
+                // Not durable: this update and the ones after it come again with the next poll.
+                tracing::warn!(update = id, "telegram: a message could not be taken in ({e}); it will be read again");
+                let _ = pause(&gw, Duration::from_secs(1)).await;
+                break;
+            }
+            next = Some(id + 1);
+        }
+        if next != offset {
+            if let Some(n) = next {
+                // Saved before the next getUpdates confirms it to Telegram.
+                if let Err(e) = super::save_cursor(&gw, NAME, &account, &n.to_string()).await {
+                    tracing::warn!("telegram: {e}");
+                }
+            }
+            offset = next;
+        }
+    }
+}
+
+/// One update: a message from an allowed sender (in a group: one that mentions or answers the bot)
+/// becomes a turn; `Err` when it could not be made durable (it is read again).
+async fn handle(gw: &Arc<Gateway>, bot: &Arc<Bot>, settings: &TelegramSettings, u: &Value) -> Result<(), String> {
+    let Some(msg) = u.get("message") else { return Ok(()) };
+    let from = &msg["from"];
+    if from["is_bot"] == json!(true) {
+        return Ok(());
+    }
+    let (Some(chat), Some(sender), Some(message_id)) =
+        (msg["chat"]["id"].as_i64(), from["id"].as_i64(), msg["message_id"].as_i64())
+    else {
+        return Ok(());
+    };
+    let (chat, sender) = (chat.to_string(), sender.to_string());
+    let username = from["username"].as_str().map(|u| format!("@{u}"));
+    let kind = match msg["chat"]["type"].as_str() {
+        Some("private") => ChatKind::Direct,
+        Some("group" | "supergroup") => ChatKind::Group,
+        _ => return Ok(()), // channels' posts are not conversations with the bot
+    };
+    let mut ids: Vec<&str> = vec![sender.as_str()];
+    if let Some(n) = &username {
+        ids.push(n.as_str());
+    }
+    if !settings.policy.allows(&ids) {
+        super::refused(gw, NAME, &sender, username.as_deref(), &chat);
+        return Ok(());
+    }
+    let mut text = msg["text"].as_str().or_else(|| msg["caption"].as_str()).unwrap_or_default().to_owned();
+    let mention = format!("@{}", bot.username);
+    if kind == ChatKind::Group && settings.require_mention {
+        let mentioned = !bot.username.is_empty() && text.to_lowercase().contains(&mention.to_lowercase());
+        let replied = msg["reply_to_message"]["from"]["id"].as_i64() == Some(bot.id);
+        if !mentioned && !replied {
+            return Ok(()); // group chatter not for the bot
+        }
+    }
+    if !bot.username.is_empty() {
+        // `/new@bot` is `/new`; "@bot hello" is "hello".
+        text = remove_ignoring_case(&text, &mention).trim().to_owned();
+    }
+    let mut images = Vec::new();
+    if let Some(photos) = msg["photo"].as_array() {
+        // The largest size that fits.
+        let best = photos
+            .iter()
+            .filter(|p| p["file_size"].as_u64().is_none_or(|n| n as usize <= MAX_IMAGE))
+            .max_by_key(|p| p["width"].as_u64().unwrap_or(0) * p["height"].as_u64().unwrap_or(0));
+        match best.and_then(|p| p["file_id"].as_str()) {
+            Some(file_id) => match bot.download(file_id, MAX_IMAGE).await {
+                Ok(bytes) => images.push(json!({"type": "image", "mimeType": image_type(&bytes),
+                    "data": base64::engine::general_purpose::STANDARD.encode(&bytes)})),
+                Err(e) => tracing::warn!(chat = %chat, "telegram: an image was left out: {e}"),
+            },
+            None => tracing::warn!(chat = %chat, "telegram: an image larger than {MAX_IMAGE} bytes was left out"),
+        }
+    }
+    if text.trim().is_empty() && images.is_empty() {
+        return Ok(());
+    }
+    let inbound = Inbound {
+        channel: NAME,
+        account: bot.id.to_string(),
+        kind,
+        chat: chat.clone(),
+        sender,
+        sender_name: username,
+        chat_title: msg["chat"]["title"].as_str().map(str::to_owned),
+        message_id: message_id.to_string(),
+        text: crate::chat::sanitize_message(&text).map_err(|e| e.message)?,
+        images,
+    };
+    match super::inbound(gw, &settings.policy, inbound).await.map_err(|e| e.message)? {
+        Accepted::Command { reply, .. } => {
+            let to = Address { channel: NAME.into(), account: bot.id.to_string(), chat };
+            if let Err(e) = bot.send(&to, &reply, "").await {
+                tracing::warn!("telegram: cannot answer a command: {e}");
+            }
+        }
+        Accepted::Turn { .. } | Accepted::Duplicate { .. } => {}
+    }
+    Ok(())
+}
+
+/// `text` without any occurrence of `needle` (ASCII case ignored).
+fn remove_ignoring_case(text: &str, needle: &str) -> String {
+    if needle.is_empty() {
+        return text.to_owned();
+    }
+    let lower = text.to_ascii_lowercase();
+    let n = needle.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(i) = lower[at..].find(&n) {
+        out.push_str(&text[at..at + i]);
+        at += i + n.len();
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// The MIME type of an image from its first bytes (Telegram's photos are JPEG).
+fn image_type(bytes: &[u8]) -> &'static str {
+    match bytes {
+        [0x89, b'P', b'N', b'G', ..] => "image/png",
+        [b'G', b'I', b'F', ..] => "image/gif",
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => "image/webp",
+        _ => "image/jpeg",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_cut_at_4096_utf16_units_at_a_line_break() {
+        assert!(split("").is_empty());
+        assert_eq!(split("hi"), vec!["hi"]);
+        let long = format!("{}\n{}", "a".repeat(3000), "b".repeat(3000));
+        assert_eq!(split(&long), vec!["a".repeat(3000), "b".repeat(3000)]);
+        // Astral characters count twice.
+        let emoji = "😀".repeat(3000);
+        let parts = split(&emoji);
+        assert!(parts.iter().all(|p| p.encode_utf16().count() <= MAX_MESSAGE), "{:?}", parts.len());
+        assert_eq!(parts.concat(), emoji);
+    }
+
+    #[test]
+    fn mentions_are_removed_whatever_their_case() {
+        assert_eq!(remove_ignoring_case("/new@PincerBot", "@pincerbot"), "/new");
+        assert_eq!(remove_ignoring_case("@pincerbot hi @PincerBot", "@pincerbot"), " hi ");
+    }
+}

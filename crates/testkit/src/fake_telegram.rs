@@ -1,0 +1,418 @@
+//! A fake Telegram Bot API server for the gateway's Telegram channel: real HTTP on 127.0.0.1:0
+//! (axum), `/bot<token>/<method>` with the documented semantics of the methods the channel uses:
+//!
+//! - `getMe`;
+//! - `getUpdates {offset, timeout, limit}`: an update is confirmed (and dropped) once `getUpdates`
+//!   is called with an `offset` above its `update_id`; unconfirmed ones are delivered again on every
+//!   call; with none waiting, the call is held up to `timeout` seconds for one to come;
+//! - `sendMessage {chat_id, text, parse_mode?}`: the new message (its `message_id`, counting up per
+//!   chat); refused with Telegram's errors for an empty text, a text over 4096 UTF-16 code units,
+//!   and MarkdownV2 with a reserved character not escaped;
+//! - `editMessageText {chat_id, message_id, text}`: "message is not modified" when the text is the
+//!   same, "message to edit not found" for an unknown message;
+//! - `sendChatAction`, `getFile` and the file download (`/file/bot<token>/<path>`).
+//!
+//! Tests push users' messages ([`FakeTelegram::push_text`]), make the server answer 429 with
+//! `retry_after` ([`FakeTelegram::fail_next`]), deliver an update again ([`FakeTelegram::redeliver`])
+//! and read everything the bot sent ([`FakeTelegram::messages`], [`FakeTelegram::calls`]).
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// The fake bot's token.
+pub const TOKEN: &str = "123456789:AAFakeTelegramBotTokenForTests_0123456";
+/// The fake bot's user id and username.
+pub const BOT_ID: i64 = 123_456_789;
+pub const BOT_USERNAME: &str = "pincer_test_bot";
+
+/// A message the bot sent, with every text it had (the first, then each edit).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sent {
+    pub chat_id: i64,
+    pub message_id: i64,
+    pub texts: Vec<String>,
+}
+
+impl Sent {
+    /// The text it shows now.
+    pub fn text(&self) -> &str {
+        self.texts.last().map(String::as_str).unwrap_or("")
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Updates not yet confirmed, oldest first.
+    pending: VecDeque<Value>,
+    /// Every update ever pushed, by id (to deliver one again).
+    all: BTreeMap<i64, Value>,
+    next_update: i64,
+    /// Per chat: the next message id.
+    next_message: HashMap<i64, i64>,
+    sent: Vec<Sent>,
+    /// Every call: method and parameters.
+    calls: Vec<(String, Value)>,
+    /// Method → (how many more calls answer 429, retry_after).
+    fail: HashMap<String, (usize, u64)>,
+    /// Every `offset` `getUpdates` was called with.
+    offsets: Vec<Option<i64>>,
+    files: HashMap<String, Vec<u8>>,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    arrived: Notify,
+}
+
+/// The fake server; serves until its runtime ends.
+#[derive(Clone)]
+pub struct FakeTelegram {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl FakeTelegram {
+    /// Starts the server on the current tokio runtime.
+    pub async fn start() -> FakeTelegram {
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner { next_update: 100_000, ..Default::default() }),
+            arrived: Notify::new(),
+        });
+        let app = axum::Router::new()
+            .route("/{bot}/{method}", post(call).get(call))
+            .route("/file/{bot}/{*path}", get(file))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeTelegram { addr, shared }
+    }
+
+    /// Starts the server on a runtime of its own thread (for tests without one).
+    pub fn start_in_thread() -> FakeTelegram {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+            rt.block_on(async {
+                tx.send(FakeTelegram::start().await).expect("send");
+                std::future::pending::<()>().await;
+            });
+        });
+        rx.recv().expect("the fake Telegram started")
+    }
+
+    /// `api_base_url` for `[channels.telegram]`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.shared.inner.lock().expect("fake telegram state")
+    }
+
+    /// A user's message to the bot: in their private chat (`chat_id` = `user_id`) or, with a
+    /// negative `chat_id`, in a group. Returns `(update_id, message_id)`.
+    pub fn push_text(&self, chat_id: i64, user_id: i64, username: &str, text: &str) -> (i64, i64) {
+        self.push_message(chat_id, user_id, username, json!({"text": text}))
+    }
+
+    /// A user's message with more fields (`text`, `caption`, `photo`, `reply_to_message`).
+    pub fn push_message(&self, chat_id: i64, user_id: i64, username: &str, fields: Value) -> (i64, i64) {
+        let (update_id, message_id) = {
+            let mut s = self.inner();
+            s.next_update += 1;
+            let update_id = s.next_update;
+            let next = s.next_message.entry(chat_id).or_insert(1);
+            let message_id = *next;
+            *next += 1;
+            let chat = if chat_id > 0 {
+                json!({"id": chat_id, "type": "private", "username": username, "first_name": username})
+            } else {
+                json!({"id": chat_id, "type": "supergroup", "title": format!("group {chat_id}")})
+            };
+            let mut message = json!({"message_id": message_id, "date": 1_765_000_000, "chat": chat,
+                "from": {"id": user_id, "is_bot": false, "first_name": username, "username": username}});
+            if let (Some(m), Value::Object(f)) = (message.as_object_mut(), fields) {
+                m.extend(f);
+            }
+            let update = json!({"update_id": update_id, "message": message});
+            s.all.insert(update_id, update.clone());
+            s.pending.push_back(update);
+            (update_id, message_id)
+        };
+        self.shared.arrived.notify_waiters();
+        (update_id, message_id)
+    }
+
+    /// A photo the bot can download with `getFile`: its `photo` array for [`Self::push_message`].
+    pub fn add_photo(&self, file_id: &str, bytes: Vec<u8>) -> Value {
+        let size = bytes.len();
+        self.inner().files.insert(file_id.to_owned(), bytes);
+        json!([{"file_id": file_id, "file_unique_id": file_id, "width": 64, "height": 64, "file_size": size}])
+    }
+
+    /// Delivers update `update_id` again, as after it was confirmed (Telegram does after a lost
+    /// acknowledgement; a restarted bot may read it again).
+    pub fn redeliver(&self, update_id: i64) {
+        {
+            let mut s = self.inner();
+            let u = s.all.get(&update_id).cloned().expect("a pushed update");
+            s.pending.push_back(u);
+        }
+        self.shared.arrived.notify_waiters();
+    }
+
+    /// The next `n` calls of `method` are answered 429 with `retry_after` seconds.
+    pub fn fail_next(&self, method: &str, n: usize, retry_after: u64) {
+        self.inner().fail.insert(method.to_owned(), (n, retry_after));
+    }
+
+    /// Every message the bot sent, in order.
+    pub fn messages(&self) -> Vec<Sent> {
+        self.inner().sent.clone()
+    }
+
+    /// The messages the bot sent to one chat.
+    pub fn messages_in(&self, chat_id: i64) -> Vec<Sent> {
+        self.inner().sent.iter().filter(|m| m.chat_id == chat_id).cloned().collect()
+    }
+
+    /// Every call the bot made: method and parameters.
+    pub fn calls(&self) -> Vec<(String, Value)> {
+        self.inner().calls.clone()
+    }
+
+    /// How many updates wait unconfirmed.
+    pub fn unconfirmed(&self) -> usize {
+        self.inner().pending.len()
+    }
+
+    /// The offsets `getUpdates` was called with.
+    pub fn offsets(&self) -> Vec<Option<i64>> {
+        self.inner().offsets.clone()
+    }
+}
+
+fn ok(result: Value) -> Response {
+    axum::Json(json!({"ok": true, "result": result})).into_response()
+}
+
+fn error(code: u16, description: &str) -> Response {
+    let status = axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::BAD_REQUEST);
+    (status, axum::Json(json!({"ok": false, "error_code": code, "description": description}))).into_response()
+}
+
+/// The parameters of a call: a JSON body, or a query string / form (all values as strings).
+fn params(query: Option<&str>, body: &[u8]) -> Value {
+    if let Ok(v @ Value::Object(_)) = serde_json::from_slice::<Value>(body) {
+        return v;
+    }
+    let text = std::str::from_utf8(body).ok().filter(|b| !b.is_empty()).or(query).unwrap_or("");
+    let mut m = serde_json::Map::new();
+    for pair in text.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        m.insert(k.to_owned(), json!(v));
+    }
+    Value::Object(m)
+}
+
+fn int(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+}
+
+/// Telegram's MarkdownV2 check: a reserved character outside an escape is refused; formatting
+/// characters must come in pairs.
+fn markdown_v2_error(text: &str) -> Option<String> {
+    let mut chars = text.chars();
+    let mut open: HashMap<char, usize> = HashMap::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '_' | '*' | '~' | '`' | '|' | '[' | ']' | '(' | ')' => *open.entry(c).or_default() += 1,
+            '>' | '#' | '+' | '-' | '=' | '{' | '}' | '.' | '!' => {
+                return Some(format!(
+                    "Bad Request: can't parse entities: Character '{c}' is reserved and must be escaped with the preceding '\\'"
+                ))
+            }
+            _ => {}
+        }
+    }
+    for (c, n) in open {
+        let paired = match c {
+            '[' | '(' => true,
+            ']' | ')' => true,
+            _ => n % 2 == 0,
+        };
+        if !paired {
+            return Some(format!(
+                "Bad Request: can't parse entities: can't find end of the entity starting with '{c}'"
+            ));
+        }
+    }
+    None
+}
+
+/// The text of a send or edit, or Telegram's error description for it.
+fn check_text(p: &Value) -> Result<String, String> {
+    let text = p["text"].as_str().unwrap_or("").to_owned();
+    if text.trim().is_empty() {
+        return Err("Bad Request: message text is empty".into());
+    }
+    if text.encode_utf16().count() > 4096 {
+        return Err("Bad Request: message is too long".into());
+    }
+    if p["parse_mode"].as_str() == Some("MarkdownV2") {
+        if let Some(e) = markdown_v2_error(&text) {
+            return Err(e);
+        }
+    }
+    Ok(text)
+}
+
+async fn call(
+    State(shared): State<Arc<Shared>>,
+    Path((bot, method)): Path<(String, String)>,
+    uri: axum::http::Uri,
+    body: axum::body::Bytes,
+) -> Response {
+    if bot != format!("bot{TOKEN}") {
+        return error(401, "Unauthorized");
+    }
+    let p = params(uri.query(), &body);
+    {
+        let mut s = shared.inner.lock().expect("state");
+        s.calls.push((method.clone(), p.clone()));
+        if let Some((n, after)) = s.fail.get_mut(&method) {
+            if *n > 0 {
+                *n -= 1;
+                let after = *after;
+                return (
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    axum::Json(json!({"ok": false, "error_code": 429,
+                        "description": format!("Too Many Requests: retry after {after}"),
+                        "parameters": {"retry_after": after}})),
+                )
+                    .into_response();
+            }
+        }
+    }
+    match method.as_str() {
+        "getMe" => ok(json!({"id": BOT_ID, "is_bot": true, "first_name": "Pincer", "username": BOT_USERNAME,
+            "can_join_groups": true, "can_read_all_group_messages": false, "supports_inline_queries": false})),
+        "getUpdates" => get_updates(&shared, &p).await,
+        "sendMessage" => {
+            let text = match check_text(&p) {
+                Ok(t) => t,
+                Err(e) => return error(400, &e),
+            };
+            let Some(chat_id) = int(&p["chat_id"]) else { return error(400, "Bad Request: chat not found") };
+            let mut s = shared.inner.lock().expect("state");
+            let next = s.next_message.entry(chat_id).or_insert(1);
+            let message_id = *next;
+            *next += 1;
+            s.sent.push(Sent { chat_id, message_id, texts: vec![text.clone()] });
+            ok(json!({"message_id": message_id, "date": 1_765_000_000,
+                "chat": {"id": chat_id, "type": if chat_id > 0 { "private" } else { "supergroup" }},
+                "from": {"id": BOT_ID, "is_bot": true, "first_name": "Pincer", "username": BOT_USERNAME},
+                "text": text}))
+        }
+        "editMessageText" => {
+            let text = match check_text(&p) {
+                Ok(t) => t,
+                Err(e) => return error(400, &e),
+            };
+            let (Some(chat_id), Some(message_id)) = (int(&p["chat_id"]), int(&p["message_id"])) else {
+                return error(400, "Bad Request: message to edit not found");
+            };
+            let mut s = shared.inner.lock().expect("state");
+            let Some(m) = s.sent.iter_mut().find(|m| m.chat_id == chat_id && m.message_id == message_id) else {
+                return error(400, "Bad Request: message to edit not found");
+            };
+            if m.text() == text {
+                return error(
+                    400,
+                    "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a current content and reply markup of the message",
+                );
+            }
+            m.texts.push(text.clone());
+            ok(json!({"message_id": message_id, "chat": {"id": chat_id}, "text": text}))
+        }
+        "sendChatAction" => ok(json!(true)),
+        "getFile" => {
+            let id = p["file_id"].as_str().unwrap_or("").to_owned();
+            let s = shared.inner.lock().expect("state");
+            match s.files.get(&id) {
+                Some(b) => ok(json!({"file_id": id, "file_unique_id": id, "file_size": b.len(),
+                    "file_path": format!("photos/{id}.jpg")})),
+                None => error(400, "Bad Request: invalid file_id"),
+            }
+        }
+        _ => error(404, "Not Found"),
+    }
+}
+
+async fn get_updates(shared: &Arc<Shared>, p: &Value) -> Response {
+    let offset = int(&p["offset"]);
+    let timeout = int(&p["timeout"]).unwrap_or(0).clamp(0, 50) as u64;
+    let limit = int(&p["limit"]).unwrap_or(100).clamp(1, 100) as usize;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    {
+        let mut s = shared.inner.lock().expect("state");
+        s.offsets.push(offset);
+        if let Some(o) = offset {
+            // Confirmed: every update below the offset is gone for good.
+            s.pending.retain(|u| u["update_id"].as_i64().unwrap_or(0) >= o);
+        }
+    }
+    loop {
+        let arrived = shared.arrived.notified();
+        {
+            let s = shared.inner.lock().expect("state");
+            if !s.pending.is_empty() {
+                let mut list: Vec<Value> = s.pending.iter().take(limit).cloned().collect();
+                list.sort_by_key(|u| u["update_id"].as_i64().unwrap_or(0));
+                return ok(Value::Array(list));
+            }
+        }
+        if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+            return ok(json!([]));
+        }
+    }
+}
+
+async fn file(State(shared): State<Arc<Shared>>, Path((bot, path)): Path<(String, String)>) -> Response {
+    if bot != format!("bot{TOKEN}") {
+        return error(401, "Unauthorized");
+    }
+    let id = path.trim_start_matches("photos/").trim_end_matches(".jpg").to_owned();
+    let s = shared.inner.lock().expect("state");
+    match s.files.get(&id) {
+        Some(b) => b.clone().into_response(),
+        None => error(404, "Not Found"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_v2_needs_reserved_characters_escaped() {
+        assert!(markdown_v2_error("hello").is_none());
+        assert!(markdown_v2_error("1\\.5 \\!").is_none());
+        assert!(markdown_v2_error("*bold*").is_none());
+        assert!(markdown_v2_error("1.5").is_some());
+        assert!(markdown_v2_error("*open").is_some());
+    }
+}
