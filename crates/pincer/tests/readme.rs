@@ -164,8 +164,9 @@ fn every_config_block_is_a_pincer_toml_the_gateway_loads() {
         // The keys a block reads from the environment, set to a placeholder; nothing else.
         let vars: Vec<String> = toml
             .lines()
-            .filter_map(|l| l.trim().strip_prefix("api_key_env"))
-            .map(|rest| words(rest.trim_start_matches([' ', '=']))[0].clone())
+            .filter_map(|l| l.trim().split_once('='))
+            .filter(|(k, _)| k.trim().ends_with("_env") && !k.contains("pass"))
+            .map(|(_, rest)| words(rest.trim())[0].clone())
             .collect();
         let envs: Vec<(&str, &str)> = vars.iter().map(|v| (v.as_str(), "sk-readme-placeholder-key")).collect();
         let state = dir.path().join("state");

@@ -1,0 +1,378 @@
+//! The Matrix channel against a real homeserver: a throwaway Synapse (testkit's [`Synapse`], one per
+//! test binary), the real `pincer gateway` with the fake model provider, and Matrix users driven over
+//! the client-server API. A user talks to the bot in a DM and in a room (replies arrive, edits
+//! stream, the final content is the transcript's reply, the transcripts are chained and read by the
+//! real Pi library); a stranger gets no turn and their invite is declined; an encrypted room is
+//! refused; and a storm of SIGKILLs while users send and replies stream ends with exactly one turn
+//! and one delivered reply per user message, counted on the homeserver.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+
+use pincer_testkit::fake_openai::{FakeOpenAi, Pacing};
+use pincer_testkit::gateway::{GatewayProcess, StartOptions};
+use pincer_testkit::probe::{self, Rng};
+use pincer_testkit::synapse::{MatrixUser, RoomMessage, Synapse};
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+const TOKEN_ENV: &str = "PINCER_TEST_MATRIX_TOKEN";
+/// What a reply says when the run was cut short for good (the seam's text).
+const PLACEHOLDER: &str = "…";
+
+/// The `[channels.matrix]` section for `bot` on `syn`, allowing `allow`.
+fn matrix_toml(syn: &Synapse, bot: &MatrixUser, allow: &[&str]) -> String {
+    let allow: Vec<String> = allow.iter().map(|a| format!("{a:?}")).collect();
+    format!(
+        "\n[channels.matrix]\nhomeserver_url = \"{}\"\nuser_id = \"{}\"\naccess_token_env = \"{TOKEN_ENV}\"\nallow_from = [{}]\n\
+         sync_timeout_secs = 5\n",
+        syn.url(),
+        bot.user_id,
+        allow.join(", ")
+    )
+}
+
+/// A gateway with the Matrix channel; returned once its first sync is done.
+fn start_gateway(dir: &Path, config: &str, bot: &MatrixUser) -> GatewayProcess {
+    let options = StartOptions { env: vec![(TOKEN_ENV.into(), bot.token.clone())], ..Default::default() };
+    let gw = GatewayProcess::start_with(BIN, dir, config, &options);
+    wait_log(&gw, "matrix: syncing");
+    gw
+}
+
+fn wait_log(gw: &GatewayProcess, needle: &str) {
+    probe::poll(Duration::from_secs(60), Duration::from_millis(50), || gw.log_text().contains(needle).then_some(()))
+        .unwrap_or_else(|| panic!("the gateway never logged {needle:?}:\n{}", gw.log_text()));
+}
+
+/// Polls `f` every 200 ms for up to `secs` seconds.
+async fn until<T, F: std::future::Future<Output = Option<T>>>(secs: u64, what: &str, f: impl FnMut() -> F) -> T {
+    probe::poll_async(Duration::from_secs(secs), Duration::from_millis(200), f)
+        .await
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}
+
+/// Waits until `user` sees `bot` joined in `room`.
+async fn until_joined(user: &MatrixUser, room: &str, bot: &str) {
+    until(60, "the bot to join", || async move {
+        (user.membership(room, bot).await.as_deref() == Some("join")).then_some(())
+    })
+    .await;
+}
+
+/// The bot's messages in `room` (edits folded in).
+async fn bot_messages(user: &MatrixUser, room: &str, bot: &str) -> Vec<RoomMessage> {
+    user.messages(room).await.into_iter().filter(|m| m.sender == bot).collect()
+}
+
+/// The bot's reply to `event` once its final text is there (not the placeholder, and `done` says so).
+async fn reply_to(user: &MatrixUser, room: &str, bot: &str, event: &str, done: impl Fn(&str) -> bool) -> RoomMessage {
+    let done = &done;
+    until(120, &format!("the bot's reply to {event}"), || async move {
+        bot_messages(user, room, bot)
+            .await
+            .into_iter()
+            .find(|m| replied(m) == Some(event) && m.final_body != PLACEHOLDER && done(&m.final_body))
+    })
+    .await
+}
+
+/// The user event a bot message answers (`m.in_reply_to`).
+fn replied(m: &RoomMessage) -> Option<&str> {
+    m.content["m.relates_to"]["m.in_reply_to"]["event_id"].as_str()
+}
+
+/// The session key of a channel conversation as the gateway folds it (lowercase).
+fn key(kind: &str, id: &str) -> String {
+    format!("agent:main:matrix:{kind}:{id}").to_lowercase()
+}
+
+/// The text of the reply that ends the turn of user event `event`: the last assistant row between
+/// its user row (keyed `<run>:user`, the run id ending with the event id) and the next user row.
+fn transcript_reply(rows: &[Value], event: &str) -> Option<String> {
+    let suffix = format!("-{event}:user");
+    let is_user = |r: &Value| r["type"] == "message" && r["message"]["role"] == "user";
+    let at = rows
+        .iter()
+        .position(|r| is_user(r) && r["message"]["idempotencyKey"].as_str().is_some_and(|k| k.ends_with(&suffix)))?;
+    let turn = rows[at + 1..].iter().take_while(|r| !is_user(r));
+    let reply = turn.filter(|r| r["type"] == "message" && r["message"]["role"] == "assistant").last()?;
+    Some(probe::message_text(&reply["message"]))
+}
+
+/// The user rows of a transcript keyed with a Matrix event id, as `event → count`.
+fn user_turns(rows: &[Value]) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    for r in rows {
+        let Some(k) = r["message"]["idempotencyKey"].as_str() else { continue };
+        if r["message"]["role"] != "user" || !k.starts_with("matrix-") {
+            continue;
+        }
+        // Event ids are `$` and URL-safe base64 (which has `-`): from the last `$`.
+        let event = k.trim_end_matches(":user");
+        let event = event[event.rfind('$').unwrap_or(0)..].to_owned();
+        *out.entry(event).or_insert(0) += 1;
+    }
+    out
+}
+
+/// The transcript is whole (`pincer transcript verify`) and the real Pi library builds the same context as Pincer.
+fn check_chain(file: &Path) {
+    let (code, out) = probe::verify(BIN, file);
+    assert_eq!(code, Some(0), "verify {}: {out}", file.display());
+    let pi = pincer_testkit::oracle_context(file, None);
+    let ours = pincer_store::context_report(
+        &pincer_store::Session::parse(std::fs::read(file).expect("read")),
+        &pincer_store::LeafArg::Default,
+    )
+    .expect("context")
+    .to_value();
+    assert_eq!(pincer_testkit::comparable(&pi), pincer_testkit::comparable(&ours), "{}", file.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_talks_to_the_bot_in_a_dm_and_in_a_room() {
+    let syn = Synapse::shared();
+    eprintln!("synapse answered {:?} after its start", syn.started_in);
+    let (bot, alice, carol) = (syn.register("bot").await, syn.register("alice").await, syn.register("carol").await);
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{}", fake.gateway_toml(), matrix_toml(syn, &bot, &[&alice.user_id, &carol.user_id]));
+    let gw = start_gateway(dir.path(), &config, &bot);
+
+    // A direct chat: the invite is accepted, the reply streams as edits of one message.
+    let dm = alice.create_room(&[&bot.user_id], true, false).await;
+    until_joined(&alice, &dm, &bot.user_id).await;
+    let first = alice.send_text(&dm, "[slow] tell me a story").await;
+    let story: String = (0..40).map(|i| format!("word{i} ")).collect::<String>().trim_end().to_owned();
+    let m = reply_to(&alice, &dm, &bot.user_id, &first, |b| b == story).await;
+    assert!(m.edits >= 3, "the reply streamed as edits: {} edits", m.edits);
+    assert_eq!(m.body, PLACEHOLDER, "the message edits streamed into");
+    let html = m.final_formatted.clone().expect("formatted_body");
+    assert!(html.contains("word39"), "{html}");
+    // Markdown becomes HTML; raw HTML in the text is escaped.
+    let second = alice.send_text(&dm, "make it **bold** <b>raw</b>").await;
+    let m2 = reply_to(&alice, &dm, &bot.user_id, &second, |b| b.contains("bold")).await;
+    assert_eq!(m2.final_body, "Fake reply: you said \"make it **bold** <b>raw</b>\"");
+    let html = m2.final_formatted.clone().expect("formatted_body");
+    assert!(html.contains("<strong>bold</strong>") && html.contains("&lt;b&gt;raw&lt;/b&gt;"), "{html}");
+    assert_eq!(m2.content["format"], "org.matrix.custom.html");
+
+    // The transcript holds both turns, chained; each reply on the homeserver is the transcript's.
+    let dm_key = key("dm", &alice.user_id);
+    let file = probe::transcript_path(dir.path(), &dm_key).expect("the DM's session");
+    let rows = probe::read_rows(&file);
+    // (Replies go out without trailing white space.)
+    let said = |event: &str| transcript_reply(&rows, event).map(|t| t.trim_end().to_owned());
+    assert_eq!(said(&first), Some(m.final_body.clone()));
+    assert_eq!(said(&second), Some(m2.final_body.clone()));
+    assert_eq!(user_turns(&rows).len(), 2);
+    check_chain(&file);
+    let index = probe::session_index(dir.path(), "main");
+    assert_eq!(index[&dm_key]["chatType"], "direct", "{}", index[&dm_key]);
+
+    // A room: two people talk, each gets a reply, one session for the room.
+    let room = alice.create_room(&[&bot.user_id, &carol.user_id], false, false).await;
+    until_joined(&alice, &room, &bot.user_id).await;
+    carol.join(&room).await;
+    let a = alice.send_text(&room, "hello room").await;
+    let c = carol.send_text(&room, "me too").await;
+    reply_to(&alice, &room, &bot.user_id, &a, |b| b == "Fake reply: you said \"hello room\"").await;
+    reply_to(&carol, &room, &bot.user_id, &c, |b| b == "Fake reply: you said \"me too\"").await;
+    let room_key = key("group", &room);
+    let file = probe::transcript_path(dir.path(), &room_key).expect("the room's session");
+    let rows = probe::read_rows(&file);
+    assert_eq!(user_turns(&rows).len(), 2, "both people's messages in the room's session");
+    check_chain(&file);
+    assert_eq!(bot_messages(&alice, &room, &bot.user_id).await.len(), 2, "one message per reply");
+    assert!(!gw.log_text().contains(&bot.token), "the access token is never logged");
+    assert!(!std::fs::read_to_string(&file).unwrap().contains(&bot.token));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_gets_no_turn_and_their_invite_is_declined() {
+    let syn = Synapse::shared();
+    let (bot, alice, mallory) = (syn.register("bot").await, syn.register("alice").await, syn.register("mallory").await);
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{}", fake.gateway_toml(), matrix_toml(syn, &bot, &[&alice.user_id]));
+    let gw = start_gateway(dir.path(), &config, &bot);
+
+    // Mallory's invite is declined: the bot never joins.
+    let theirs = mallory.create_room(&[&bot.user_id], true, false).await;
+    until(60, "the invite to be declined", || {
+        let (m, r, b) = (&mallory, &theirs, &bot.user_id);
+        async move { (m.membership(r, b).await.as_deref() == Some("leave")).then_some(()) }
+    })
+    .await;
+    wait_log(&gw, "an invite from a user not on allow_from was declined");
+    assert!(gw.log_text().contains(&mallory.user_id), "the log names the inviter");
+
+    // In a room Alice invited the bot to, Mallory's message is no turn (logged); Alice's after it is.
+    let room = alice.create_room(&[&bot.user_id, &mallory.user_id], false, false).await;
+    until_joined(&alice, &room, &bot.user_id).await;
+    mallory.join(&room).await;
+    mallory.send_text(&room, "let me in").await;
+    let a = alice.send_text(&room, "hello from alice").await;
+    reply_to(&alice, &room, &bot.user_id, &a, |b| b.contains("hello from alice")).await;
+    wait_log(&gw, "a message from a sender not on allow_from was ignored");
+    let rows = probe::transcript_rows(dir.path(), &key("group", &room));
+    assert_eq!(user_turns(&rows).len(), 1, "only Alice's message is a turn");
+    assert!(
+        !rows.iter().any(|r| probe::message_text(&r["message"]).contains("let me in")),
+        "no trace of Mallory's text"
+    );
+    assert_eq!(bot_messages(&alice, &room, &bot.user_id).await.len(), 1, "one reply, to Alice");
+    assert!(fake.requests().iter().all(|r| !r.to_string().contains("let me in")), "the model never saw it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_room_is_refused_in_the_room_and_the_log() {
+    let syn = Synapse::shared();
+    let (bot, alice) = (syn.register("bot").await, syn.register("alice").await);
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{}", fake.gateway_toml(), matrix_toml(syn, &bot, &[&alice.user_id]));
+    let gw = start_gateway(dir.path(), &config, &bot);
+
+    let room = alice.create_room(&[&bot.user_id], true, true).await;
+    assert!(alice.has_state(&room, "m.room.encryption").await);
+    let notice = until(60, "the refusal notice", || {
+        let (a, r, b) = (&alice, &room, &bot.user_id);
+        async move { bot_messages(a, r, b).await.into_iter().find(|m| m.content["msgtype"] == "m.notice") }
+    })
+    .await;
+    assert!(notice.body.contains("end-to-end encrypted"), "{}", notice.body);
+    wait_log(&gw, "an end-to-end encrypted room was refused");
+    until(60, "the bot to leave", || {
+        let (a, r, b) = (&alice, &room, &bot.user_id);
+        async move { (a.membership(r, b).await.as_deref() == Some("leave")).then_some(()) }
+    })
+    .await;
+    assert!(probe::transcript_path(dir.path(), &key("dm", &alice.user_id)).is_none(), "no session for it");
+}
+
+/// Users keep sending while the gateway is SIGKILLed and restarted again and again (mid-sync,
+/// mid-turn, mid-stream, between a send and its receipt): every message ends with exactly one turn
+/// and exactly one reply message on the homeserver whose final text is the model's whole reply,
+/// and every transcript is chained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_kills_while_users_send_loses_and_duplicates_nothing() {
+    const KILLS: usize = 12;
+    const PER_CONVERSATION: usize = 6;
+    let syn = Synapse::shared();
+    let bot = syn.register("bot").await;
+    let mut users = Vec::new();
+    for i in 0..3 {
+        users.push(syn.register(&format!("storm{i}")).await);
+    }
+    // Replies stream a word every 150 ms (a second or two each), so kills land mid-stream.
+    let pacing = Pacing { first: Duration::from_millis(100), word: Duration::from_millis(150), ..Pacing::default() };
+    let fake = FakeOpenAi::start_paced(pacing).await;
+    let dir = tempfile::tempdir().unwrap();
+    let allow: Vec<&str> = users.iter().map(|u| u.user_id.as_str()).collect();
+    // A turn cut by a kill is resumed by the next process, however often that happens here.
+    let config = format!("{}resume_attempts = 100\n{}", fake.gateway_toml(), matrix_toml(syn, &bot, &allow));
+    let mut gw = start_gateway(dir.path(), &config, &bot);
+
+    // Each user's DM, and a room shared by two of them.
+    let mut conversations: Vec<(MatrixUser, String)> = Vec::new();
+    for u in &users {
+        let dm = u.create_room(&[&bot.user_id], true, false).await;
+        until_joined(u, &dm, &bot.user_id).await;
+        conversations.push((u.clone(), dm));
+    }
+    let room = users[0].create_room(&[&bot.user_id, &users[1].user_id], false, false).await;
+    until_joined(&users[0], &room, &bot.user_id).await;
+    users[1].join(&room).await;
+    conversations.push((users[0].clone(), room.clone()));
+    conversations.push((users[1].clone(), room.clone()));
+
+    // Senders: each conversation sends its messages 0.5–2.5 s apart, whatever the gateway is doing.
+    let mut senders = Vec::new();
+    for (c, (user, room)) in conversations.iter().enumerate() {
+        let (user, room) = (user.clone(), room.clone());
+        senders.push(tokio::spawn(async move {
+            let mut rng = Rng(0x5eed_0000 + c as u64);
+            let mut sent = Vec::new();
+            for i in 0..PER_CONVERSATION {
+                tokio::time::sleep(Duration::from_millis(rng.range(500, 2500))).await;
+                let text = format!("storm c{c} m{i} please answer this one word by word");
+                let event = user.send_text(&room, &text).await;
+                sent.push((room.clone(), event, text));
+            }
+            sent
+        }));
+    }
+    // The killer: SIGKILL and restart, 1–3 s apart, while the senders send and replies stream.
+    let killer = tokio::task::spawn_blocking(move || {
+        let mut rng = Rng(0xdead_beef);
+        for _ in 0..KILLS {
+            std::thread::sleep(Duration::from_millis(rng.range(1000, 3000)));
+            gw.restart();
+        }
+        gw
+    });
+    let mut sent: Vec<(String, String, String)> = Vec::new();
+    for s in senders {
+        sent.extend(s.await.unwrap());
+    }
+    let gw = killer.await.unwrap();
+    assert_eq!(sent.len(), conversations.len() * PER_CONVERSATION);
+
+    // Every message gets its reply (generous: the last process catches up on what the others left).
+    let started = Instant::now();
+    let rooms: HashSet<String> = sent.iter().map(|(r, _, _)| r.clone()).collect();
+    let reader = |room: &str| conversations.iter().find(|(_, r)| r == room).map(|(u, _)| u.clone()).unwrap();
+    let finals = until(600, "every message's final reply", || {
+        let (sent, rooms, reader, bot) = (&sent, &rooms, &reader, &bot.user_id);
+        async move {
+            let mut all = Vec::new();
+            for room in rooms {
+                all.extend(bot_messages(&reader(room), room, bot).await);
+            }
+            let done = sent.iter().all(|(_, event, text)| {
+                let want = format!("Fake reply: you said \"{text}\"");
+                all.iter().any(|m| replied(m) == Some(event.as_str()) && m.final_body == want)
+            });
+            done.then_some(all)
+        }
+    })
+    .await;
+    eprintln!("all replies final {:?} after the last kill", started.elapsed());
+
+    // Exactly one reply message per user message: no duplicate, none without the message it answers.
+    let mut per_event: HashMap<&str, usize> = HashMap::new();
+    for m in &finals {
+        let to = replied(m).unwrap_or_else(|| panic!("a bot message that answers nothing: {:?}", m.content));
+        *per_event.entry(to).or_insert(0) += 1;
+    }
+    for (_, event, text) in &sent {
+        assert_eq!(per_event.get(event.as_str()), Some(&1), "replies to {text:?} ({event})");
+    }
+    assert_eq!(finals.len(), sent.len(), "one bot message per user message");
+
+    // Exactly one turn per message, each reply the transcript's, every transcript chained.
+    let mut keys: Vec<String> = users.iter().map(|u| key("dm", &u.user_id)).collect();
+    keys.push(key("group", &room));
+    let mut turns: HashMap<String, usize> = HashMap::new();
+    for k in &keys {
+        let file = probe::transcript_path(dir.path(), k).unwrap_or_else(|| panic!("no session {k}"));
+        let rows = probe::read_rows(&file);
+        for (event, n) in user_turns(&rows) {
+            *turns.entry(event).or_insert(0) += n;
+        }
+        for (_, event, text) in &sent {
+            if let Some(said) = transcript_reply(&rows, event) {
+                assert_eq!(said.trim_end(), format!("Fake reply: you said \"{text}\""));
+            }
+        }
+        check_chain(&file);
+    }
+    for (_, event, text) in &sent {
+        assert_eq!(turns.get(event.as_str()), Some(&1), "turns of {text:?}");
+    }
+    assert_eq!(turns.len(), sent.len(), "no turn for anything else");
+    assert!(!gw.log_text().contains(&bot.token));
+}
