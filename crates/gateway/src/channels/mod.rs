@@ -847,7 +847,10 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
                 let text = "⚠️ The gateway stopped before this reply was finished; send the message again.";
                 return send_final(gw, &s, out.as_ref(), &to, run_id, &ledger, text).await;
             }
+            // A command is answered whole; a turn waiting behind another one of its session gets
+            // its message when it starts (its ledger then follows its user row).
             (_, Some(_)) if command => orphan_since = None,
+            (OnDisk::New, Some(_)) => orphan_since = None,
             (_, Some(text)) => {
                 orphan_since = None;
                 // The run is here: its message first, then edits as it streams.

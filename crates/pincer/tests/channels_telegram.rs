@@ -1,0 +1,387 @@
+//! The Telegram channel end to end: the real `pincer gateway` process polling a fake Bot API server
+//! (`pincer_testkit::fake_telegram`, real HTTP with Telegram's semantics) and answering with the fake
+//! model provider. A direct message gets one reply, streamed as edits of one message; a sender not
+//! on the allowlist gets no turn (logged); an update delivered again is never a second turn (also
+//! across a restart); a 429 is waited out and nothing is lost; and with the gateway SIGKILLed over
+//! and over while users send and replies stream, every message has exactly one turn and exactly one
+//! delivered reply, and every transcript is chained and read alike by Pi.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+#![allow(clippy::disallowed_methods)] // the test removes the stored offset to stage a crash before its write
+
+use pincer_testkit::fake_openai::{FakeOpenAi, Pacing};
+use pincer_testkit::fake_telegram::{FakeTelegram, Sent, BOT_ID, TOKEN as TG_TOKEN};
+use pincer_testkit::gateway::{GatewayProcess, StartOptions};
+use pincer_testkit::probe::{self, message_text, Rng};
+use pincer_testkit::{comparable, oracle_context};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_pincer");
+const TOKEN_VAR: &str = "PINCER_TEST_TELEGRAM_TOKEN";
+/// Generous: CI is slower than a laptop; nothing is asserted about durations.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+fn config(fake: &FakeOpenAi, tg: &FakeTelegram, allow: &str) -> String {
+    format!(
+        "{}resume_attempts = 100\n\n[channels.telegram]\nbot_token_env = \"{TOKEN_VAR}\"\napi_base_url = \"{}\"\n\
+         allow_from = [{allow}]\npoll_timeout_secs = 1\n",
+        fake.gateway_toml(),
+        tg.base_url()
+    )
+}
+
+fn options() -> StartOptions {
+    StartOptions { env: vec![(TOKEN_VAR.into(), TG_TOKEN.into())], ..Default::default() }
+}
+
+fn dm_key(user: i64) -> String {
+    format!("agent:main:telegram:dm:{user}")
+}
+
+fn reply_to(text: &str) -> String {
+    format!("Fake reply: you said \"{text}\"")
+}
+
+/// Waits for `f` to give something, for [`PATIENCE`] at most; panics naming `what` otherwise.
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    probe::poll(PATIENCE, Duration::from_millis(50), &mut f).unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}
+
+/// The messages in `chat` showing `text` now.
+fn showing(tg: &FakeTelegram, chat: i64, text: &str) -> Vec<Sent> {
+    tg.messages_in(chat).into_iter().filter(|m| m.text() == text).collect()
+}
+
+/// The transcript's rows are one chain (each entry's parent is the one before it), it holds each
+/// user row's key once, and Pi builds the context Pincer builds from it. Returns its rows.
+fn check_transcript(file: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(file).expect("transcript");
+    let rows: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    for (n, e) in rows.iter().enumerate().skip(2) {
+        assert_eq!(
+            e["parentId"],
+            rows[n - 1]["id"],
+            "entry {n} of {} is not chained to the one before",
+            file.display()
+        );
+    }
+    let mut keys: HashMap<String, usize> = HashMap::new();
+    for e in &rows {
+        if let Some(k) = e["message"]["idempotencyKey"].as_str() {
+            *keys.entry(k.to_owned()).or_default() += 1;
+        }
+    }
+    assert!(keys.values().all(|&n| n == 1), "a key was written twice in {}: {keys:?}", file.display());
+    let session = pincer_store::Session::parse(text.into_bytes());
+    let ours = pincer_store::context_report(&session, &pincer_store::LeafArg::Default).expect("context").to_value();
+    let pi = oracle_context(file, None);
+    assert_eq!(comparable(&pi), comparable(&ours), "Pi reads {} as Pincer does", file.display());
+    rows
+}
+
+fn user_rows(rows: &[Value]) -> Vec<&Value> {
+    rows.iter().filter(|e| e["type"] == "message" && e["message"]["role"] == "user").collect()
+}
+
+#[test]
+fn a_direct_message_gets_one_streamed_reply_and_strangers_get_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let gw = GatewayProcess::start_with(BIN, &state, &config(&fake, &tg, "\"1111\", \"@Carol\""), &options());
+
+    // A stranger first: no turn, no answer, a line in the log; the bot reads on past it.
+    tg.push_text(2222, 2222, "mallory", "let me in");
+    // `[slow]`: 40 pieces 100 ms apart, so the reply streams into its message as edits.
+    let said = "[slow] hello there";
+    tg.push_text(1111, 1111, "alice", said);
+    let want = (0..40).map(|i| format!("word{i}")).collect::<Vec<_>>().join(" ");
+    let m = wait_for("alice's reply", || showing(&tg, 1111, &want).into_iter().next());
+    assert_eq!(tg.messages_in(1111).len(), 1, "one message, edited: {:?}", tg.messages_in(1111));
+    assert_eq!(m.texts.first().map(String::as_str), Some("…"), "sent when the run starts: {:?}", m.texts);
+    let partial: Vec<&String> = m.texts[1..m.texts.len() - 1].iter().collect();
+    assert!(!partial.is_empty(), "the reply streamed as edits: {:?}", m.texts);
+    assert!(partial.iter().all(|t| want.starts_with(t.as_str())), "edits show the reply so far: {:?}", m.texts);
+
+    // A username on the allowlist works as well as an id (case ignored).
+    tg.push_text(3333, 3333, "carol", "hi from carol");
+    wait_for("carol's reply", || showing(&tg, 3333, &reply_to("hi from carol")).into_iter().next());
+
+    assert!(tg.messages_in(2222).is_empty(), "the stranger got an answer: {:?}", tg.messages_in(2222));
+    let index = probe::session_index(&state, "main");
+    assert!(index.get(dm_key(2222)).is_none(), "the stranger got a session: {index}");
+    let log = gw.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("not on allow_from") && l.contains("2222") && l.contains("mallory")),
+        "the refusal is logged: {log}"
+    );
+    assert!(!log.contains(TG_TOKEN), "the bot token reached the log");
+
+    // The session is labelled for the WebChat and OpenClaw clients, and says where replies go.
+    let row = &index[dm_key(1111)];
+    assert_eq!(row["label"], "telegram · @alice", "{row}");
+    assert_eq!(row["origin"]["provider"], "telegram", "{row}");
+    assert_eq!(row["deliveryContext"]["to"], "1111", "{row}");
+
+    // The transcript: the user row keyed by the Telegram message, the reply, the delivery ledger
+    // (intent and receipt of the first message and of the final), chained; Pi reads it.
+    let file = probe::transcript_path(&state, &dm_key(1111)).expect("alice's transcript");
+    let rows = check_transcript(&file);
+    let users = user_rows(&rows);
+    assert_eq!(users.len(), 1);
+    assert_eq!(users[0]["message"]["idempotencyKey"], format!("telegram-{BOT_ID}-1111-1:user"));
+    assert_eq!(message_text(&users[0]["message"]), said);
+    let ledger: Vec<String> = rows
+        .iter()
+        .filter(|e| e["customType"] == "pincer.channel-delivery")
+        .map(|e| format!("{}:{}", e["data"]["phase"].as_str().unwrap_or(""), e["data"]["part"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(ledger, ["intent:first", "receipt:first", "intent:final", "receipt:final"]);
+    let receipt = rows.iter().rfind(|e| e["customType"] == "pincer.channel-delivery").expect("receipt");
+    assert_eq!(receipt["data"]["messageIds"], serde_json::json!([m.message_id.to_string()]));
+    let context = oracle_context(&file, None);
+    assert_eq!(context["context"]["messages"].as_array().map(Vec::len), Some(2), "the ledger is outside the context");
+}
+
+#[test]
+fn a_redelivered_update_is_never_a_second_turn_even_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let mut gw = GatewayProcess::start_with(BIN, &state, &config(&fake, &tg, "\"1111\""), &options());
+    let (update, _) = tg.push_text(1111, 1111, "alice", "only once");
+    wait_for("the reply", || showing(&tg, 1111, &reply_to("only once")).into_iter().next());
+    wait_for("the update confirmed", || (tg.unconfirmed() == 0).then_some(()));
+
+    // A new process polls from the offset it stored.
+    let polls_before = tg.offsets().len();
+    gw.restart();
+    wait_for("the first poll after the restart", || (tg.offsets().len() > polls_before).then_some(()));
+    assert_eq!(tg.offsets()[polls_before], Some(update + 1), "the restarted gateway polls from its stored offset");
+
+    // A crash after the turn was written and before the offset was (the cursor is behind): Telegram
+    // delivers the update again to the next process, which takes it as the turn it already is.
+    gw.kill9();
+    let cursor = state.join("channels").join(format!("telegram-{BOT_ID}.json"));
+    std::fs::remove_file(&cursor).expect("the stored offset");
+    tg.redeliver(update);
+    gw.restart();
+    wait_for("the redelivery seen after the restart", || gw.log_text().contains("no second turn").then_some(()));
+    tg.push_text(1111, 1111, "alice", "and then this");
+    wait_for("the next reply", || showing(&tg, 1111, &reply_to("and then this")).into_iter().next());
+
+    let rows = check_transcript(&probe::transcript_path(&state, &dm_key(1111)).expect("transcript"));
+    assert_eq!(user_rows(&rows).len(), 2, "two messages, two turns");
+    assert_eq!(showing(&tg, 1111, &reply_to("only once")).len(), 1, "{:?}", tg.messages_in(1111));
+    assert_eq!(tg.messages_in(1111).len(), 2, "{:?}", tg.messages_in(1111));
+    assert_eq!(fake.requests().len(), 2, "the model was asked once per message");
+}
+
+#[test]
+fn a_429_is_waited_out_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let gw = GatewayProcess::start_with(BIN, &state, &config(&fake, &tg, "\"1111\""), &options());
+    wait_for("the first poll", || tg.calls().iter().any(|(m, _)| m == "getUpdates").then_some(()));
+    tg.fail_next("sendMessage", 2, 1);
+    tg.fail_next("getUpdates", 1, 1);
+    tg.push_text(1111, 1111, "alice", "slowly please");
+    wait_for("the reply", || showing(&tg, 1111, &reply_to("slowly please")).into_iter().next());
+    let sends = tg.calls().iter().filter(|(m, _)| m == "sendMessage").count();
+    assert_eq!(sends, 3, "two refused with 429, then the one that went through");
+    assert_eq!(tg.messages_in(1111).len(), 1, "{:?}", tg.messages_in(1111));
+    let log = gw.log_text();
+    assert!(log.contains("429") && log.contains("retry_after"), "{log}");
+    let rows = check_transcript(&probe::transcript_path(&state, &dm_key(1111)).expect("transcript"));
+    assert_eq!(user_rows(&rows).len(), 1);
+}
+
+#[test]
+fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
+    // Four people each send five messages while the gateway is SIGKILLed at random moments (at least
+    // ten times) and started again; replies stream word by word. In the end every message has one
+    // turn and one delivered reply.
+    const USERS: i64 = 4;
+    const EACH: usize = 5;
+    const KILLS: usize = 10;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread_paced(Pacing {
+        first: Duration::from_millis(100),
+        word: Duration::from_millis(80),
+        slow: Duration::from_millis(100),
+    });
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let allow: Vec<String> = (1..=USERS).map(|u| format!("\"{}\"", 5000 + u)).collect();
+    let mut gw = GatewayProcess::start_with(BIN, &state, &config(&fake, &tg, &allow.join(", ")), &options());
+    let mut rng = Rng(0x5eed_7e1e);
+    let mut sent: Vec<(i64, String)> = Vec::new();
+    let mut kills = 0;
+    let started = Instant::now();
+    for round in 0..EACH {
+        for u in 1..=USERS {
+            let user = 5000 + u;
+            let text = format!("message {round} from user {u}");
+            tg.push_text(user, user, &format!("user{u}"), &text);
+            sent.push((user, text));
+        }
+        // Two kills per round, at random moments while the replies stream.
+        for _ in 0..2 {
+            std::thread::sleep(Duration::from_millis(rng.range(200, 1500)));
+            gw.restart();
+            kills += 1;
+        }
+    }
+    assert!(kills >= KILLS, "only {kills} kills");
+    for (user, text) in &sent {
+        let want = reply_to(text);
+        wait_for(&format!("the reply to {text:?}"), || (!showing(&tg, *user, &want).is_empty()).then_some(()));
+    }
+    // Deliveries a dying process left half-done are finished by the next one: let the last one
+    // settle (every final receipt on disk) before counting.
+    wait_for("every delivery recorded", || {
+        let done = (1..=USERS).all(|u| {
+            let rows = probe::transcript_rows(&state, &dm_key(5000 + u));
+            let finals = rows
+                .iter()
+                .filter(|e| e["customType"] == "pincer.channel-delivery" && e["data"]["phase"] == "receipt")
+                .filter(|e| e["data"]["part"] == "final")
+                .count();
+            finals >= EACH
+        });
+        done.then_some(())
+    });
+    let (mut placeholders, mut marked) = (0, 0);
+    for u in 1..=USERS {
+        let user = 5000 + u;
+        let msgs = tg.messages_in(user);
+        for (_, text) in sent.iter().filter(|(c, _)| *c == user) {
+            let want = reply_to(text);
+            let exact = msgs.iter().filter(|m| m.text() == want).count();
+            assert_eq!(exact, 1, "the reply to {text:?} was delivered {exact} times: {msgs:?}");
+            // Another copy would only ever be one marked as such.
+            let copies = msgs.iter().filter(|m| m.text().contains(&want)).count();
+            marked += copies - exact;
+            assert!(
+                msgs.iter()
+                    .filter(|m| m.text().contains(&want) && m.text() != want)
+                    .all(|m| m.text().starts_with("(may be a duplicate)")),
+                "an unmarked copy of {want:?}: {msgs:?}"
+            );
+        }
+        let orphans = msgs.iter().filter(|m| m.text() == "…").count();
+        placeholders += orphans;
+        let rows = check_transcript(&probe::transcript_path(&state, &dm_key(user)).expect("transcript"));
+        // A bare placeholder stays behind only where a kill came between its send and its receipt.
+        let ledger = |phase: &str| {
+            rows.iter()
+                .filter(|e| e["customType"] == "pincer.channel-delivery")
+                .filter(|e| e["data"]["phase"] == phase && e["data"]["part"] == "first")
+                .count()
+        };
+        let unconfirmed = ledger("intent") - ledger("receipt");
+        assert!(
+            orphans <= unconfirmed,
+            "user {u}: {orphans} bare placeholders, {unconfirmed} unconfirmed sends: {msgs:?}"
+        );
+        // Nothing else: each message is a reply, a copy marked as one, or such a placeholder.
+        let marked_here = msgs.iter().filter(|m| m.text().starts_with("(may be a duplicate)")).count();
+        assert_eq!(msgs.len(), EACH + marked_here + orphans, "user {u}: stray messages: {msgs:?}");
+        let users = user_rows(&rows);
+        assert_eq!(users.len(), EACH, "user {u}: {EACH} messages, {EACH} turns: {users:?}");
+        for (i, (_, text)) in sent.iter().filter(|(c, _)| *c == user).enumerate() {
+            assert_eq!(message_text(&users[i]["message"]), *text, "in order");
+        }
+    }
+    eprintln!(
+        "storm: {} messages, {kills} SIGKILLs, {} s; {} model requests; {placeholders} placeholder(s) orphaned by a kill \
+         between send and receipt, {marked} copies marked as possible duplicates",
+        sent.len(),
+        started.elapsed().as_secs(),
+        fake.requests().len()
+    );
+}
+
+#[test]
+fn groups_answer_when_mentioned_and_commands_and_photos_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let gw = GatewayProcess::start_with(BIN, &state, &config(&fake, &tg, "\"1111\""), &options());
+    let group = -100_500;
+    let group_key = format!("agent:main:telegram:group:{group}");
+
+    // In a group: chatter is not for the bot; a mention or a reply to the bot is (the mention is
+    // not part of the message); a stranger's mention is refused.
+    tg.push_text(group, 1111, "alice", "just chatting among ourselves");
+    tg.push_text(group, 2222, "mallory", "@pincer_test_bot let me in");
+    tg.push_text(group, 1111, "alice", "@pincer_test_bot what is up");
+    let (_, _) = tg.push_message(
+        group,
+        1111,
+        "alice",
+        serde_json::json!({"text": "and this?", "reply_to_message": {"message_id": 1,
+            "from": {"id": BOT_ID, "is_bot": true, "first_name": "Pincer"}, "chat": {"id": group}}}),
+    );
+    wait_for("the reply to the mention", || showing(&tg, group, &reply_to("what is up")).into_iter().next());
+    wait_for("the reply to the reply", || showing(&tg, group, &reply_to("and this?")).into_iter().next());
+    let rows = check_transcript(&probe::transcript_path(&state, &group_key).expect("the group's transcript"));
+    let said: Vec<String> = user_rows(&rows).iter().map(|e| message_text(&e["message"])).collect();
+    assert_eq!(said, ["what is up", "and this?"], "only what was for the bot, from allowed senders");
+    assert_eq!(probe::session_index(&state, "main")[&group_key]["label"], format!("telegram · group {group}"));
+    assert!(gw.log_text().contains("mallory"), "the stranger in the group is logged");
+
+    // A photo with a caption reaches the model as an image.
+    let png = [b"\x89PNG\r\n\x1a\n".as_slice(), &[7u8; 64]].concat();
+    let photo = tg.add_photo("photo-1", png);
+    tg.push_message(1111, 1111, "alice", serde_json::json!({"photo": photo, "caption": "what is this"}));
+    wait_for("the reply to the photo", || showing(&tg, 1111, &reply_to("what is this")).into_iter().next());
+    let rows = probe::transcript_rows(&state, &dm_key(1111));
+    let image = user_rows(&rows)[0]["message"]["content"]
+        .as_array()
+        .and_then(|blocks| blocks.iter().find(|b| b["type"] == "image").cloned())
+        .expect("an image block");
+    assert_eq!(image["mimeType"], "image/png");
+
+    // /stop stops the streaming reply; its message ends as what was said so far, marked.
+    tg.push_text(1111, 1111, "alice", "[slow] a long story");
+    wait_for("the story streaming", || {
+        tg.messages_in(1111).iter().find(|m| m.texts.len() >= 2 && m.text().starts_with("word")).cloned()
+    });
+    tg.push_text(1111, 1111, "alice", "/stop");
+    wait_for("the stop answered", || showing(&tg, 1111, "Stopped.").into_iter().next());
+    wait_for("the story's message marked stopped", || {
+        tg.messages_in(1111).into_iter().find(|m| m.text().starts_with("word") && m.text().ends_with("(stopped)"))
+    });
+
+    // /new starts a new session: the answer comes, the old transcript is kept, the next message
+    // goes to the new one.
+    let old = probe::transcript_path(&state, &dm_key(1111)).expect("transcript");
+    tg.push_text(1111, 1111, "alice", "/new");
+    wait_for("the new session", || {
+        tg.messages_in(1111).into_iter().find(|m| m.text().starts_with("Started a new session"))
+    });
+    tg.push_text(1111, 1111, "alice", "fresh start");
+    wait_for("the reply in the new session", || showing(&tg, 1111, &reply_to("fresh start")).into_iter().next());
+    let new = probe::transcript_path(&state, &dm_key(1111)).expect("transcript");
+    assert_ne!(old, new);
+    let rows = check_transcript(&new);
+    let said: Vec<String> = user_rows(&rows).iter().map(|e| message_text(&e["message"])).collect();
+    assert_eq!(said, ["fresh start"]);
+    assert_eq!(
+        probe::session_index(&state, "main")[dm_key(1111)]["deliveryContext"]["to"],
+        "1111",
+        "a new session still knows where replies go"
+    );
+    // Nothing was sent twice, and no placeholder was left: each message is an answer.
+    for m in tg.messages_in(1111) {
+        assert_ne!(m.text(), "…", "{:?}", tg.messages_in(1111));
+    }
+}
