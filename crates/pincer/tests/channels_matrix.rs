@@ -264,6 +264,26 @@ async fn a_stranger_gets_no_turn_and_their_invite_is_declined() {
     );
     assert_eq!(bot_messages(&alice, &room, &bot.user_id).await.len(), 1, "one reply, to Alice");
     assert!(fake.requests().iter().all(|r| !r.to_string().contains("let me in")), "the model never saw it");
+
+    // `pincer channels status`'s source counts them: the invite and the message refused, Alice's taken.
+    pincer_agent::install_crypto_provider();
+    let status: Value = reqwest::Client::new()
+        .get(format!("http://{}/api/channels", gw.addr))
+        .bearer_auth(pincer_testkit::gateway::TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let row = status["channels"].as_array().unwrap().iter().find(|c| c["id"] == "matrix").cloned().unwrap();
+    assert_eq!(
+        (row["state"].as_str(), row["account"].as_str()),
+        (Some("running"), Some(bot.user_id.as_str())),
+        "{row}"
+    );
+    assert!(row["refused"].as_u64() >= Some(2) && row["received"].as_u64() >= Some(1), "{row}");
+    assert!(row["sent"].as_u64() >= Some(1), "{row}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
