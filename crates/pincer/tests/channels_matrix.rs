@@ -3,9 +3,12 @@
 //! the client-server API. A user talks to the bot in a DM and in a room (replies arrive, edits
 //! stream, the final content is the transcript's reply, the transcripts are chained and read by the
 //! real Pi library); a stranger gets no turn and their invite is declined; an encrypted room is
-//! refused; and a storm of SIGKILLs while users send and replies stream ends with exactly one turn
-//! and one delivered reply per user message, counted on the homeserver.
+//! refused; messages sent while the gateway is down are answered once it is back; a storm of
+//! SIGKILLs while users send and replies stream ends with exactly one turn and one delivered reply
+//! per user message, counted on the homeserver; and with two PostgreSQL replicas one syncs at a time
+//! and a survivor takes over from the stored position when it is killed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
+#![allow(clippy::disallowed_methods)] // the replica test writes its export and config files directly
 
 use pincer_testkit::fake_openai::{FakeOpenAi, Pacing};
 use pincer_testkit::gateway::{GatewayProcess, StartOptions};
@@ -439,4 +442,99 @@ async fn a_storm_of_kills_while_users_send_loses_and_duplicates_nothing() {
     }
     assert_eq!(turns.len(), sent.len(), "no turn for anything else");
     assert!(!gw.log_text().contains(&bot.token));
+}
+
+/// Two replicas on PostgreSQL: one syncs the bot at a time (the channel lease) while the other
+/// stands by; SIGKILLed, it is replaced by the survivor, which goes on from the sync position in the
+/// database: every message, before and after, is answered exactly once, its turn written once.
+/// (Killed between turns: a kill mid-turn with turns queued behind it is left to the replicas'
+/// takeover of runs, which does not take up a dead replica's queued turns yet.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_replicas_one_syncs_and_a_survivor_takes_over_when_it_is_killed() {
+    let syn = Synapse::shared();
+    let (bot, alice) = (syn.register("bot").await, syn.register("alice").await);
+    let pg = pincer_testkit::postgres::Postgres::shared();
+    let url = pg.database("matrix");
+    let pacing = Pacing { word: Duration::from_millis(100), ..Pacing::default() };
+    let fake = FakeOpenAi::start_paced(pacing).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{}{}\n[store]\nbackend = \"postgres\"\nurl = \"{url}\"\npool_size = 4\n",
+        fake.gateway_toml(),
+        matrix_toml(syn, &bot, &[&alice.user_id])
+    );
+    let env = |i: usize| {
+        let env = vec![("PINCER_REPLICA_ID".into(), format!("replica-{i}")), (TOKEN_ENV.into(), bot.token.clone())];
+        StartOptions { env, ..Default::default() }
+    };
+    let mut replicas: Vec<GatewayProcess> =
+        (0..2).map(|i| GatewayProcess::start_with(BIN, &dir.path().join(format!("r{i}")), &config, &env(i))).collect();
+    // One takes the lease and syncs; the other stands by.
+    let active = probe::poll(Duration::from_secs(60), Duration::from_millis(50), || {
+        let syncing: Vec<usize> = (0..2).filter(|&i| replicas[i].log_text().contains("matrix: syncing")).collect();
+        let waiting = (0..2).any(|i| replicas[i].log_text().contains("another replica polls this channel account"));
+        (syncing.len() == 1 && waiting).then(|| syncing[0])
+    })
+    .expect("one replica syncs, the other stands by");
+
+    let dm = alice.create_room(&[&bot.user_id], true, false).await;
+    until_joined(&alice, &dm, &bot.user_id).await;
+    let mut sent = Vec::new();
+    for i in 0..3 {
+        let text = format!("before the kill {i}");
+        sent.push((alice.send_text(&dm, &text).await, text));
+    }
+    for (event, text) in &sent {
+        let want = format!("Fake reply: you said \"{text}\"");
+        reply_to(&alice, &dm, &bot.user_id, event, |b| b == want).await;
+    }
+    replicas[active].kill9();
+    for i in 0..3 {
+        let text = format!("after the kill {i}");
+        sent.push((alice.send_text(&dm, &text).await, text));
+    }
+    let survivor = &replicas[1 - active];
+    let all_answered = probe::poll_async(Duration::from_secs(120), Duration::from_millis(200), || {
+        let (a, d, b, sent) = (&alice, &dm, &bot.user_id, &sent);
+        async move {
+            let mine = bot_messages(a, d, b).await;
+            sent.iter()
+                .all(|(event, text)| {
+                    let want = format!("Fake reply: you said \"{text}\"");
+                    mine.iter().any(|m| replied(m) == Some(event.as_str()) && m.final_body == want)
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    if all_answered.is_none() {
+        let got: Vec<(Option<String>, String)> = bot_messages(&alice, &dm, &bot.user_id)
+            .await
+            .iter()
+            .map(|m| (replied(m).map(str::to_owned), m.final_body.clone()))
+            .collect();
+        panic!("not every message was answered: sent {sent:?}\ngot {got:?}\nsurvivor's log:\n{}", survivor.log_text());
+    }
+    assert!(survivor.log_text().contains("matrix: syncing"), "the survivor took over");
+    let mine = bot_messages(&alice, &dm, &bot.user_id).await;
+    assert_eq!(mine.len(), sent.len(), "one reply message per message: {mine:?}");
+
+    // One turn each, in one chain that the real Pi library reads as Pincer does.
+    let export = dir.path().join("export.toml");
+    std::fs::write(&export, &config).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["transcript", "export", "--session", &key("dm", &alice.user_id), "--config"])
+        .arg(&export)
+        .arg("--state-dir")
+        .arg(&survivor.state_dir)
+        .env(TOKEN_ENV, &bot.token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
+    let file = dir.path().join("dm.jsonl");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let turns = user_turns(&probe::read_rows(&file));
+    assert_eq!(turns.len(), sent.len());
+    assert!(turns.values().all(|&n| n == 1), "{turns:?}");
+    check_chain(&file);
 }
