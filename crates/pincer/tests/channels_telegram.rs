@@ -144,6 +144,23 @@ fn a_direct_message_gets_one_streamed_reply_and_strangers_get_nothing() {
     assert_eq!(receipt["data"]["messageIds"], serde_json::json!([m.message_id.to_string()]));
     let context = oracle_context(&file, None);
     assert_eq!(context["context"]["messages"].as_array().map(Vec::len), Some(2), "the ledger is outside the context");
+
+    // `pincer channels status` asks the running gateway: the bot, its state and its counters.
+    let out = std::process::Command::new(BIN)
+        .args(["channels", "status", "--json", "--bind", &gw.addr, "--state-dir"])
+        .arg(&state)
+        .env("PINCER_GATEWAY_TOKEN", pincer_testkit::gateway::TOKEN)
+        .env(TOKEN_VAR, TG_TOKEN)
+        .output()
+        .expect("pincer channels status");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let tg_row = &status["channels"][0];
+    assert_eq!(tg_row["id"], "telegram", "{status}");
+    assert_eq!(tg_row["state"], "running", "{status}");
+    assert_eq!(tg_row["account"], format!("@pincer_test_bot ({BOT_ID})"), "{status}");
+    assert_eq!((tg_row["received"].as_u64(), tg_row["refused"].as_u64()), (Some(2), Some(1)), "{status}");
+    assert!(tg_row["sent"].as_u64() >= Some(4), "two messages and their edits: {status}");
 }
 
 #[test]
@@ -384,4 +401,140 @@ fn groups_answer_when_mentioned_and_commands_and_photos_work() {
     for m in tg.messages_in(1111) {
         assert_ne!(m.text(), "…", "{:?}", tg.messages_in(1111));
     }
+}
+
+#[test]
+fn with_two_postgres_replicas_one_polls_and_a_survivor_takes_over_through_a_storm() {
+    // The same storm on two replicas of one PostgreSQL database: one replica at a time holds the
+    // bot's lease (it polls and delivers), the other stands by. The holder is SIGKILLed again and
+    // again (and started again, as the stand-by); the other takes over, resumes the cut turns and
+    // delivers their replies. Every message has one turn and one delivered reply.
+    use pincer_testkit::postgres::Postgres;
+    const USERS: i64 = 3;
+    const EACH: usize = 4;
+    const KILLS: usize = 10;
+    let pg = Postgres::shared();
+    let url = pg.database("channels");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread_paced(Pacing {
+        first: Duration::from_millis(100),
+        word: Duration::from_millis(80),
+        slow: Duration::from_millis(100),
+    });
+    let tg = FakeTelegram::start_in_thread();
+    let allow: Vec<String> = (1..=USERS).map(|u| format!("\"{}\"", 7000 + u)).collect();
+    let config = format!(
+        "{}\n[store]\nbackend = \"postgres\"\nurl = \"{url}\"\npool_size = 8\n",
+        config(&fake, &tg, &allow.join(", "))
+    );
+    let mut replicas: Vec<GatewayProcess> = (0..2)
+        .map(|i| {
+            let mut o = options();
+            o.env.push(("PINCER_REPLICA_ID".into(), format!("replica-{i}")));
+            GatewayProcess::start_with(BIN, &dir.path().join(format!("r{i}")), &config, &o)
+        })
+        .collect();
+    let polling = |r: &GatewayProcess| r.log_text().contains("telegram: polling for messages");
+    let holder = |replicas: &[GatewayProcess]| {
+        wait_for("a replica holding the bot's lease", || replicas.iter().position(polling))
+    };
+    let first = holder(&replicas);
+    assert!(
+        wait_for("the other standing by", || replicas[1 - first].log_text().contains("standing by").then_some(true)),
+        "one replica polls at a time"
+    );
+    let mut rng = Rng(0x0b5e_55ed);
+    let mut sent: Vec<(i64, String)> = Vec::new();
+    let mut kills = 0;
+    for round in 0..EACH {
+        for u in 1..=USERS {
+            let user = 7000 + u;
+            let text = format!("message {round} from user {u}");
+            tg.push_text(user, user, &format!("user{u}"), &text);
+            sent.push((user, text));
+        }
+        for _ in 0..(KILLS.div_ceil(EACH)) {
+            std::thread::sleep(Duration::from_millis(rng.range(300, 1500)));
+            let h = holder(&replicas);
+            replicas[h].restart();
+            kills += 1;
+        }
+    }
+    assert!(kills >= KILLS, "only {kills} kills");
+    for (user, text) in &sent {
+        let want = reply_to(text);
+        let got =
+            probe::poll(PATIENCE, Duration::from_millis(50), || (!showing(&tg, *user, &want).is_empty()).then_some(()));
+        if got.is_none() {
+            for (i, r) in replicas.iter().enumerate() {
+                eprintln!("--- replica {i}:\n{}", r.log_text());
+            }
+            let out = std::process::Command::new(BIN)
+                .args(["transcript", "export", "--session", &dm_key(*user), "--config"])
+                .arg(dir.path().join("r0").join("pincer.toml"))
+                .arg("--state-dir")
+                .arg(dir.path().join("r0"))
+                .env(TOKEN_VAR, TG_TOKEN)
+                .output()
+                .expect("export");
+            for l in String::from_utf8_lossy(&out.stdout).lines() {
+                let e: Value = serde_json::from_str(l).unwrap_or_default();
+                eprintln!(
+                    "{} {} {} {} {} {}",
+                    e["id"],
+                    e["parentId"],
+                    e["type"],
+                    e["customType"],
+                    e["data"]["runId"],
+                    e["message"]["idempotencyKey"]
+                );
+            }
+            panic!("no reply to {text:?}: {:?}", tg.messages_in(*user));
+        }
+    }
+    // Only the holder polls: the replicas' logs say so (one of them at a time, several times over).
+    let export = |key: &str| {
+        let out = std::process::Command::new(BIN)
+            .args(["transcript", "export", "--session", key, "--config"])
+            .arg(dir.path().join("r0").join("pincer.toml"))
+            .arg("--state-dir")
+            .arg(dir.path().join("r0"))
+            .env(TOKEN_VAR, TG_TOKEN)
+            .output()
+            .expect("export");
+        assert!(out.status.success(), "export: {}", String::from_utf8_lossy(&out.stderr));
+        let file = dir.path().join(format!("{}.jsonl", key.replace(':', "_")));
+        std::fs::write(&file, &out.stdout).expect("write the export");
+        file
+    };
+    wait_for("every delivery recorded", || {
+        let done = (1..=USERS).all(|u| {
+            let rows = probe::read_rows(&export(&dm_key(7000 + u)));
+            let finals = rows
+                .iter()
+                .filter(|e| e["customType"] == "pincer.channel-delivery" && e["data"]["phase"] == "receipt")
+                .filter(|e| e["data"]["part"] == "final")
+                .count();
+            finals >= EACH
+        });
+        done.then_some(())
+    });
+    for u in 1..=USERS {
+        let user = 7000 + u;
+        let msgs = tg.messages_in(user);
+        for (_, text) in sent.iter().filter(|(c, _)| *c == user) {
+            let want = reply_to(text);
+            let exact = msgs.iter().filter(|m| m.text() == want).count();
+            assert_eq!(exact, 1, "the reply to {text:?} was delivered {exact} times: {msgs:?}");
+        }
+        let marked = msgs.iter().filter(|m| m.text().starts_with("(may be a duplicate)")).count();
+        let orphans = msgs.iter().filter(|m| m.text() == "…").count();
+        assert_eq!(msgs.len(), EACH + marked + orphans, "user {u}: stray messages: {msgs:?}");
+        let rows = check_transcript(&export(&dm_key(user)));
+        let users = user_rows(&rows);
+        assert_eq!(users.len(), EACH, "user {u}: {EACH} messages, {EACH} turns: {users:?}");
+    }
+    let offsets = pg.psql(&url, "SELECT cursor FROM channel_cursors");
+    assert!(offsets.trim().parse::<i64>().is_ok(), "the offset is in the database: {offsets:?}");
+    eprintln!("replica storm: {} messages, {kills} SIGKILLs of the polling replica", sent.len());
 }

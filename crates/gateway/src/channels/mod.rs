@@ -440,7 +440,18 @@ pub async fn lease(gw: &Arc<Gateway>, stats: &ChannelStats, name: &str) -> Resul
     let mut logged = false;
     loop {
         match pg.try_lease(name).await {
-            Ok(Some(held)) => return Ok(Some(held)),
+            Ok(Some(held)) => {
+                // The turns a dead holder left unanswered are claimed by a survivor once its
+                // heartbeat is stale; a message read before that would start a turn ahead of them
+                // (and leave them behind, unanswered). So new messages wait until that is done.
+                let settle = crate::relay::STALE_AFTER + crate::relay::HEARTBEAT * 3;
+                tracing::info!(lease = name, "took the channel lease; polling once dead replicas' turns are claimed");
+                tokio::select! {
+                    _ = tokio::time::sleep(settle) => {}
+                    _ = gw.shutdown.cancelled() => return Err(()),
+                }
+                return Ok(Some(held));
+            }
             Ok(None) => {
                 if !logged {
                     tracing::info!(lease = name, "another replica polls this channel account; standing by");
@@ -674,6 +685,8 @@ pub struct Ledger {
     pub final_intents: usize,
     /// The final's receipt is on disk: the reply is delivered.
     pub delivered: bool,
+    /// The gateway gave the turn up (a `pincer.turn-interrupted` marker): it gets no reply.
+    pub interrupted: bool,
 }
 
 /// Reads the ledger of run `run_id` from the session's transcript (blocking).
@@ -688,6 +701,9 @@ pub fn read_ledger(
     };
     let mut l = Ledger::default();
     for e in &entries {
+        if custom_run(e, crate::turns::INTERRUPTED) == Some(run_id) {
+            l.interrupted = true;
+        }
         if custom_run(e, DELIVERY) != Some(run_id) {
             continue;
         }
@@ -843,7 +859,12 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
                     .unwrap_or_else(|| "(no reply)".into());
                 return send_final(gw, &s, out.as_ref(), &to, run_id, &ledger, &text).await;
             }
-            (OnDisk::Interrupted, None) => {
+            // Given up for good (marked so), or left unanswered while the session went on past it
+            // for longer than any replica takes to resume a turn. (With replicas, a turn another
+            // replica writes may look moved past for a moment: this replica's leaf can lag.)
+            (OnDisk::Interrupted, None)
+                if ledger.interrupted || orphan_since.is_some_and(|t| t.elapsed() > ORPHAN_WAIT) =>
+            {
                 let text = "⚠️ The gateway stopped before this reply was finished; send the message again.";
                 return send_final(gw, &s, out.as_ref(), &to, run_id, &ledger, text).await;
             }
@@ -878,7 +899,7 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
                     orphan_since = None;
                 }
                 let since = *orphan_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > ORPHAN_WAIT {
+                if since.elapsed() > ORPHAN_WAIT && state != OnDisk::Interrupted {
                     return Err(format!(
                         "turn {run_id} is neither running here nor answered; the next start delivers it"
                     ));
