@@ -120,6 +120,24 @@ fn user_turns(rows: &[Value]) -> HashMap<String, usize> {
     out
 }
 
+/// Waits until the transcript of `file` holds the final delivery receipts of `turns` turns (the
+/// deliverer writes them after the homeserver took the final edit, so the file is still growing when
+/// the reply shows), and returns its rows.
+fn settled(file: &Path, turns: usize) -> Vec<Value> {
+    probe::poll(Duration::from_secs(60), Duration::from_millis(100), || {
+        // (A line being appended right now is read again on the next look.)
+        let (rows, torn) = probe::read_rows_lossy(file);
+        let delivered: HashSet<&str> = rows
+            .iter()
+            .filter(|r| r["customType"] == "pincer.channel-delivery")
+            .filter(|r| r["data"]["phase"] == "receipt" && r["data"]["part"] == "final")
+            .filter_map(|r| r["data"]["runId"].as_str())
+            .collect();
+        (torn == 0 && delivered.len() == turns).then_some(rows.clone())
+    })
+    .unwrap_or_else(|| panic!("{} never held {turns} final delivery receipts", file.display()))
+}
+
 /// The transcript is whole (`pincer transcript verify`) and the real Pi library builds the same context as Pincer.
 fn check_chain(file: &Path) {
     let (code, out) = probe::verify(BIN, file);
@@ -165,7 +183,7 @@ async fn a_user_talks_to_the_bot_in_a_dm_and_in_a_room() {
     // The transcript holds both turns, chained; each reply on the homeserver is the transcript's.
     let dm_key = key("dm", &alice.user_id);
     let file = probe::transcript_path(dir.path(), &dm_key).expect("the DM's session");
-    let rows = probe::read_rows(&file);
+    let rows = settled(&file, 2);
     // (Replies go out without trailing white space.)
     let said = |event: &str| transcript_reply(&rows, event).map(|t| t.trim_end().to_owned());
     assert_eq!(said(&first), Some(m.final_body.clone()));
@@ -185,7 +203,7 @@ async fn a_user_talks_to_the_bot_in_a_dm_and_in_a_room() {
     reply_to(&carol, &room, &bot.user_id, &c, |b| b == "Fake reply: you said \"me too\"").await;
     let room_key = key("group", &room);
     let file = probe::transcript_path(dir.path(), &room_key).expect("the room's session");
-    let rows = probe::read_rows(&file);
+    let rows = settled(&file, 2);
     assert_eq!(user_turns(&rows).len(), 2, "both people's messages in the room's session");
     check_chain(&file);
     assert_eq!(bot_messages(&alice, &room, &bot.user_id).await.len(), 2, "one message per reply");
@@ -426,7 +444,8 @@ async fn a_storm_of_kills_while_users_send_loses_and_duplicates_nothing() {
     let mut turns: HashMap<String, usize> = HashMap::new();
     for k in &keys {
         let file = probe::transcript_path(dir.path(), k).unwrap_or_else(|| panic!("no session {k}"));
-        let rows = probe::read_rows(&file);
+        let turns_here = user_turns(&probe::read_rows(&file)).len();
+        let rows = settled(&file, turns_here);
         for (event, n) in user_turns(&rows) {
             *turns.entry(event).or_insert(0) += n;
         }
