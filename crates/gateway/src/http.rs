@@ -31,6 +31,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/mcp", get(mcp))
         .route("/api/channels", get(channels))
+        .route("/api/channels/{name}/webhook", axum::routing::post(channel_webhook))
         .route("/api/sessions/{key}/events", get(session_events))
         .route("/api/sessions/{key}/export", get(session_export))
         .merge(crate::openai::routes())
@@ -182,6 +183,26 @@ async fn channels(
         return unauthorized();
     }
     Json(json!({"channels": gw.channels.status()})).into_response()
+}
+
+/// `POST /api/channels/{name}/webhook`: a platform's update for channel `name` ([`crate::channels::Webhook`]).
+async fn channel_webhook(
+    State(gw): State<Arc<Gateway>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(hook) = gw.channels.webhook(&name) else {
+        return (StatusCode::NOT_FOUND, Json(json!({"error": format!("no webhook for channel {name:?} here")})))
+            .into_response();
+    };
+    match hook.receive(&headers, &body).await {
+        Ok(()) => Json(json!({"ok": true})).into_response(),
+        Err((status, why)) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (status, Json(json!({"error": why}))).into_response()
+        }
+    }
 }
 
 fn unauthorized() -> Response {

@@ -538,3 +538,45 @@ fn with_two_postgres_replicas_one_polls_and_a_survivor_takes_over_through_a_stor
     assert!(offsets.trim().parse::<i64>().is_ok(), "the offset is in the database: {offsets:?}");
     eprintln!("replica storm: {} messages, {kills} SIGKILLs of the polling replica", sent.len());
 }
+
+#[test]
+fn a_webhook_takes_each_update_once_and_refuses_a_wrong_secret() {
+    const SECRET_VAR: &str = "PINCER_TEST_TELEGRAM_WEBHOOK_TOKEN";
+    const SECRET: &str = "webhook-secret_0123456789";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let config = format!(
+        "{}webhook_url = \"https://bot.example.com/api/channels/telegram/webhook\"\nwebhook_secret_env = \"{SECRET_VAR}\"\n",
+        config(&fake, &tg, "\"1111\"")
+    );
+    let mut o = options();
+    o.env.push((SECRET_VAR.into(), SECRET.into()));
+    let gw = GatewayProcess::start_with(BIN, &state, &config, &o);
+    let (url, secret) = wait_for("setWebhook", || tg.webhook());
+    assert_eq!((url.as_str(), secret.as_str()), ("https://bot.example.com/api/channels/telegram/webhook", SECRET));
+    // The URL's host is the public name; here the fake reaches the gateway directly.
+    tg.set_webhook_target(&gw.addr);
+    let (update, _) = tg.push_text(1111, 1111, "alice", "hello by webhook");
+    wait_for("the reply", || showing(&tg, 1111, &reply_to("hello by webhook")).into_iter().next());
+
+    // Without the secret token nobody can make a turn.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let forged = serde_json::json!({"update_id": 1, "message": {"message_id": 99, "date": 1, "text": "forged",
+        "chat": {"id": 1111, "type": "private"}, "from": {"id": 1111, "is_bot": false, "first_name": "alice"}}});
+    assert_eq!(rt.block_on(tg.post_webhook(&forged, "not-the-secret")), 401);
+    assert_eq!(rt.block_on(tg.post_webhook(&forged, "")), 401);
+
+    // Telegram sends an update again (its answer was lost): the same turn, answered 200 again.
+    tg.redeliver(update);
+    wait_for("the redelivery seen", || gw.log_text().contains("no second turn").then_some(()));
+    wait_for("the redelivery confirmed", || (tg.unconfirmed() == 0).then_some(()));
+    let rows = check_transcript(&probe::transcript_path(&state, &dm_key(1111)).expect("transcript"));
+    let said: Vec<String> = user_rows(&rows).iter().map(|e| message_text(&e["message"])).collect();
+    assert_eq!(said, ["hello by webhook"]);
+    assert_eq!(tg.messages_in(1111).len(), 1, "{:?}", tg.messages_in(1111));
+    assert!(!tg.calls().iter().any(|(m, _)| m == "getUpdates"), "no polling with a webhook");
+    let log = gw.log_text();
+    assert!(!log.contains(SECRET) && !log.contains(TG_TOKEN), "a secret reached the log");
+}

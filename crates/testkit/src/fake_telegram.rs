@@ -64,6 +64,12 @@ struct Inner {
     /// Every `offset` `getUpdates` was called with.
     offsets: Vec<Option<i64>>,
     files: HashMap<String, Vec<u8>>,
+    /// `setWebhook`: its URL and secret token (updates are then POSTed there, not polled).
+    webhook: Option<(String, String)>,
+    /// Where webhook requests really go (`host:port`), whatever host the URL names.
+    webhook_target: Option<String>,
+    /// Webhook requests made: the HTTP status each got.
+    webhook_statuses: Vec<u16>,
 }
 
 struct Shared {
@@ -94,6 +100,7 @@ impl FakeTelegram {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
+        tokio::spawn(deliver_webhooks(shared.clone()));
         FakeTelegram { addr, shared }
     }
 
@@ -189,6 +196,31 @@ impl FakeTelegram {
     /// Every call the bot made: method and parameters.
     pub fn calls(&self) -> Vec<(String, Value)> {
         self.inner().calls.clone()
+    }
+
+    /// Sends webhook requests to `host:port` (the gateway's address, known once it runs).
+    pub fn set_webhook_target(&self, target: &str) {
+        self.inner().webhook_target = Some(target.to_owned());
+        self.shared.arrived.notify_waiters();
+    }
+
+    /// The webhook `setWebhook` set: URL and secret token.
+    pub fn webhook(&self) -> Option<(String, String)> {
+        self.inner().webhook.clone()
+    }
+
+    /// The HTTP status of every webhook request made so far.
+    pub fn webhook_statuses(&self) -> Vec<u16> {
+        self.inner().webhook_statuses.clone()
+    }
+
+    /// POSTs `body` to the webhook with `secret` as the secret token header: the HTTP status.
+    pub async fn post_webhook(&self, body: &Value, secret: &str) -> u16 {
+        let (url, target) = {
+            let s = self.inner();
+            (s.webhook.clone().expect("a webhook").0, s.webhook_target.clone().expect("a webhook target"))
+        };
+        post_json(&url, &target, secret, &body.to_string()).await.unwrap_or(0)
     }
 
     /// How many updates wait unconfirmed.
@@ -310,7 +342,29 @@ async fn call(
     match method.as_str() {
         "getMe" => ok(json!({"id": BOT_ID, "is_bot": true, "first_name": "Pincer", "username": BOT_USERNAME,
             "can_join_groups": true, "can_read_all_group_messages": false, "supports_inline_queries": false})),
-        "getUpdates" => get_updates(&shared, &p).await,
+        "getUpdates" => {
+            if shared.inner.lock().expect("state").webhook.is_some() {
+                return error(
+                    409,
+                    "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first",
+                );
+            }
+            get_updates(&shared, &p).await
+        }
+        "setWebhook" => {
+            let url = p["url"].as_str().unwrap_or("").to_owned();
+            if !url.starts_with("http") {
+                return error(400, "Bad Request: bad webhook: An HTTPS URL must be provided for webhook");
+            }
+            let secret = p["secret_token"].as_str().unwrap_or("").to_owned();
+            shared.inner.lock().expect("state").webhook = Some((url, secret));
+            shared.arrived.notify_waiters();
+            ok(json!(true))
+        }
+        "deleteWebhook" => {
+            shared.inner.lock().expect("state").webhook = None;
+            ok(json!(true))
+        }
         "sendMessage" => {
             let text = match check_text(&p) {
                 Ok(t) => t,
@@ -389,6 +443,58 @@ async fn get_updates(shared: &Arc<Shared>, p: &Value) -> Response {
             return ok(json!([]));
         }
     }
+}
+
+/// With a webhook set, POSTs the waiting updates there one at a time, oldest first; an update is
+/// confirmed (dropped) when answered 200, and sent again otherwise.
+async fn deliver_webhooks(shared: Arc<Shared>) {
+    loop {
+        let arrived = shared.arrived.notified();
+        let next = {
+            let s = shared.inner.lock().expect("state");
+            match (&s.webhook, &s.webhook_target, s.pending.front()) {
+                (Some((url, secret)), Some(target), Some(u)) => {
+                    Some((url.clone(), target.clone(), secret.clone(), u.clone()))
+                }
+                _ => None,
+            }
+        };
+        let Some((url, target, secret, update)) = next else {
+            let _ = tokio::time::timeout(Duration::from_millis(200), arrived).await;
+            continue;
+        };
+        let status = post_json(&url, &target, &secret, &update.to_string()).await.unwrap_or(0);
+        {
+            let mut s = shared.inner.lock().expect("state");
+            s.webhook_statuses.push(status);
+            if status == 200 {
+                let id = update["update_id"].as_i64();
+                if let Some(i) = s.pending.iter().position(|u| u["update_id"].as_i64() == id) {
+                    s.pending.remove(i);
+                }
+            }
+        }
+        if status != 200 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// One HTTP/1.1 POST of a JSON body to `url`'s path at `target` (`host:port`); the status.
+async fn post_json(url: &str, target: &str, secret: &str, body: &str) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = url.splitn(4, '/').nth(3).map(|p| format!("/{p}")).unwrap_or_else(|| "/".into());
+    let mut tcp = tokio::net::TcpStream::connect(target).await.ok()?;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {target}\r\nContent-Type: application/json\r\n\
+         X-Telegram-Bot-Api-Secret-Token: {secret}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(req.as_bytes()).await.ok()?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(120), tcp.read_to_end(&mut answer)).await.ok()?.ok()?;
+    let head = String::from_utf8_lossy(&answer);
+    head.split_whitespace().nth(1)?.parse().ok()
 }
 
 async fn file(State(shared): State<Arc<Shared>>, Path((bot, path)): Path<(String, String)>) -> Response {

@@ -122,7 +122,10 @@ impl ChannelSettings {
 
     /// Secrets of the channels (tokens), for the redactor.
     pub fn secrets(&self) -> Vec<String> {
-        self.telegram.iter().map(|t| t.token.clone()).chain(self.matrix.iter().map(|m| m.token.clone())).collect()
+        let mut out: Vec<String> = self.telegram.iter().map(|t| t.token.clone()).collect();
+        out.extend(self.telegram.iter().filter_map(|t| t.webhook.as_ref().map(|(_, s)| s.clone())));
+        out.extend(self.matrix.iter().map(|m| m.token.clone()));
+        out
     }
 }
 
@@ -337,6 +340,19 @@ pub trait Outbound: Send + Sync + 'static {
     }
 }
 
+/// A channel's webhook: the platform POSTs its updates to `/api/channels/<name>/webhook` (served by
+/// the gateway's port, behind the Host and body-type checks of every route, not the gateway token:
+/// the adapter checks the platform's own secret).
+pub trait Webhook: Send + Sync + 'static {
+    /// One request (its headers and body): `Ok` answers 200 (the update is durable, or ignored);
+    /// `Err((status, why))` answers that status (a platform retries a 5xx).
+    fn receive<'a>(
+        &'a self,
+        headers: &'a axum::http::HeaderMap,
+        body: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), (u16, String)>>;
+}
+
 /// A boxed future (adapters implement [`Outbound`] with `Box::pin(async move { … })`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -367,6 +383,8 @@ pub struct Registry {
     delivering: Mutex<HashSet<String>>,
     /// Runs of slash commands (answered whole: no message streams).
     commands: Mutex<HashSet<String>>,
+    /// Webhooks by channel name.
+    webhooks: Mutex<HashMap<&'static str, Arc<dyn Webhook>>>,
 }
 
 impl Registry {
@@ -394,6 +412,16 @@ impl Registry {
         lock(&gw.channels.outbound).insert(out.channel(), out.clone());
         let gw = gw.clone();
         tokio::spawn(async move { reconcile(&gw, out).await });
+    }
+
+    /// Serves `/api/channels/<name>/webhook` with `hook` from now on.
+    pub fn register_webhook(&self, name: &'static str, hook: Arc<dyn Webhook>) {
+        lock(&self.webhooks).insert(name, hook);
+    }
+
+    /// The webhook of channel `name`, when one is registered.
+    pub fn webhook(&self, name: &str) -> Option<Arc<dyn Webhook>> {
+        lock(&self.webhooks).get(name).cloned()
     }
 
     /// The outbound side of channel `name`, once registered.

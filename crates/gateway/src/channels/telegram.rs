@@ -48,6 +48,12 @@ pub struct TelegramSection {
     pub poll_timeout_secs: Option<u64>,
     /// In groups, answer only messages that mention the bot or reply to it (default true).
     pub require_mention: Option<bool>,
+    /// Receive updates by webhook at this public URL (it must reach the gateway's
+    /// `/api/channels/telegram/webhook`) instead of long polling.
+    pub webhook_url: Option<String>,
+    /// The variable holding the webhook's secret token (1–256 of `A-Z a-z 0-9 _ -`), required
+    /// with `webhook_url`: Telegram sends it in `X-Telegram-Bot-Api-Secret-Token`.
+    pub webhook_secret_env: Option<String>,
 }
 
 /// `[channels.telegram]`, validated.
@@ -60,6 +66,8 @@ pub struct TelegramSettings {
     pub policy: Policy,
     pub poll_timeout: Duration,
     pub require_mention: bool,
+    /// Webhook mode: the URL given to `setWebhook` and the secret token (a secret).
+    pub webhook: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for TelegramSettings {
@@ -95,12 +103,37 @@ impl TelegramSettings {
         if poll > 600 {
             return Err(format!("{SECTION}: poll_timeout_secs {poll} is more than 600"));
         }
+        let webhook = match (&s.webhook_url, &s.webhook_secret_env) {
+            (None, None) => None,
+            (Some(url), Some(var)) => {
+                if !(url.starts_with("https://") || url.starts_with("http://")) {
+                    return Err(format!("{SECTION}: webhook_url {url:?} is not an https:// URL"));
+                }
+                let secret = std::env::var(var)
+                    .ok()
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| format!("{SECTION}: webhook_secret_env names {var}, which is not set"))?;
+                let ok =
+                    secret.len() <= 256 && secret.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                if !ok {
+                    return Err(format!(
+                        "{SECTION}: the secret in {var} must be 1 to 256 of the characters A-Z a-z 0-9 _ -"
+                    ));
+                }
+                Some((url.clone(), secret))
+            }
+            (Some(_), None) => return Err(format!("{SECTION}: webhook_url needs webhook_secret_env")),
+            (None, Some(_)) => {
+                return Err(format!("{SECTION}: webhook_secret_env is for webhook_url, which is not set"))
+            }
+        };
         Ok(Some(TelegramSettings {
             token,
             api_base_url: api,
             policy,
             poll_timeout: Duration::from_secs(poll),
             require_mention: s.require_mention.unwrap_or(true),
+            webhook,
         }))
     }
 }
@@ -358,6 +391,12 @@ async fn run(gw: Arc<Gateway>, settings: TelegramSettings) {
     tracing::info!(bot = %bot.username, id = bot.id, "telegram: polling for messages");
     let bot = Arc::new(bot);
     super::Registry::register(&gw, bot.clone());
+    if let Some((url, secret)) = settings.webhook.clone() {
+        webhook(&gw, &bot, &settings, &url, secret).await;
+        return;
+    }
+    // A webhook left set (by an earlier config) makes getUpdates fail: polling mode removes it.
+    let _ = bot.call("deleteWebhook", &json!({"drop_pending_updates": false}), Duration::from_secs(30)).await;
     let account = bot.id.to_string();
     let mut offset: Option<i64> = match super::load_cursor(&gw, NAME, &account).await {
         Ok(c) => c.and_then(|c| c.parse().ok()),
@@ -416,6 +455,71 @@ async fn run(gw: Arc<Gateway>, settings: TelegramSettings) {
             }
             offset = next;
         }
+    }
+}
+
+/// Webhook mode: `setWebhook` (tried until Telegram takes it), then updates come to
+/// [`TelegramHook`] until the gateway stops (the lease is held meanwhile). Telegram sends an update
+/// again until it is answered 200, which it is once the update is durable.
+async fn webhook(gw: &Arc<Gateway>, bot: &Arc<Bot>, settings: &TelegramSettings, url: &str, secret: String) {
+    let stats = gw.channels.stats(NAME);
+    gw.channels.register_webhook(
+        NAME,
+        Arc::new(TelegramHook {
+            gw: Arc::downgrade(gw),
+            bot: bot.clone(),
+            settings: settings.clone(),
+            secret: secret.clone(),
+        }),
+    );
+    let body = json!({"url": url, "secret_token": secret, "allowed_updates": ["message"]});
+    let mut wait = Duration::from_secs(1);
+    while let Err(e) = bot.call("setWebhook", &body, Duration::from_secs(30)).await {
+        stats.set_state(format!("error: setWebhook: {e}"));
+        tracing::warn!("telegram: setWebhook failed ({e}); trying again in {wait:?}");
+        if !pause(gw, wait).await {
+            return;
+        }
+        wait = (wait * 2).min(Duration::from_secs(60));
+    }
+    stats.set_state("running (webhook)");
+    tracing::info!("telegram: receiving updates by webhook");
+    gw.shutdown.cancelled().await;
+}
+
+/// The webhook's receiving end.
+struct TelegramHook {
+    gw: std::sync::Weak<Gateway>,
+    bot: Arc<Bot>,
+    settings: TelegramSettings,
+    secret: String,
+}
+
+/// Equal, in a time that does not depend on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl super::Webhook for TelegramHook {
+    fn receive<'a>(
+        &'a self,
+        headers: &'a axum::http::HeaderMap,
+        body: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), (u16, String)>> {
+        Box::pin(async move {
+            let given = headers.get("x-telegram-bot-api-secret-token").map(|v| v.as_bytes()).unwrap_or_default();
+            if !same_secret(given, self.secret.as_bytes()) {
+                tracing::warn!("telegram: a webhook request without the right secret token was refused");
+                return Err((401, "wrong or missing X-Telegram-Bot-Api-Secret-Token".into()));
+            }
+            let update: Value =
+                serde_json::from_slice(body).map_err(|e| (400, format!("the update is not JSON: {e}")))?;
+            let gw = self.gw.upgrade().ok_or((503, "the gateway is stopping".to_owned()))?;
+            handle(&gw, &self.bot, &self.settings, &update).await.map_err(|e| {
+                tracing::warn!("telegram: a webhook update could not be taken in ({e}); Telegram sends it again");
+                (500, e)
+            })
+        })
     }
 }
 
