@@ -1,14 +1,15 @@
 //! Test support shared by Pincer's crates: where `shared/` is, the real Pi library (the oracle) run
 //! over a session file by one Node process per test binary ([`oracle`]), the fake model provider
 //! every test uses ([`fake_provider`]: the three wire formats, scripted replies and faults; its
-//! marker-driven OpenAI preset for the gateway, [`fake_openai`]), a fake Telegram Bot API ([`fake_telegram`]), the gateway as a real process
-//! with a protocol client ([`gateway`]), probes of a running process and its state dir
+//! marker-driven OpenAI preset for the gateway, [`fake_openai`]), a fake Telegram Bot API
+//! ([`fake_telegram`]), the gateway as a real process with a protocol client ([`gateway`]), probes of a running process and its state dir
 //! ([`probe`]: memory, descriptors, raw sockets, transcripts, polling with a deadline), and OpenClaw's
 //! own CLI in a loopback-only network namespace ([`openclaw`], through [`netns`]), a generated state directory
 //! with known search hits ([`corpus`]), a throwaway PostgreSQL cluster ([`postgres`]), and the
 //! transcript shapes of the hostile-input tests ([`shapes`]), Pi's context in OpenAI's wire form
 //! ([`wire`]), the redaction of run-to-run values in wire snapshots ([`redact`]), a web server for
-//! `web_fetch` ([`web`]), and a proxy that makes a client read late ([`late_reader`]).
+//! `web_fetch` ([`web`]), a proxy that makes a client read late ([`late_reader`]), and a throwaway
+//! Matrix homeserver (Synapse) with a Matrix user client ([`synapse`]).
 //!
 //! The oracle is the `shared/pi-oracle` harness installed with `npm ci` into a writable copy; the
 //! test scripts (`scripts/test`, `.ci/run`) do that and export `PINCER_PI_ORACLE`. Tests that need it
@@ -30,6 +31,7 @@ pub mod postgres;
 pub mod probe;
 pub mod redact;
 pub mod shapes;
+pub mod synapse;
 pub mod web;
 pub mod wire;
 

@@ -38,6 +38,7 @@
 //!   status`) and the per-channel counters ([`Event`]: received, deduplicated, refused, sent,
 //!   failed), also exported as `pincer_channel_messages_total{channel, event}`.
 
+pub mod matrix;
 pub mod telegram;
 
 use crate::chat::TurnRequest;
@@ -93,6 +94,7 @@ pub const MAYBE_DUPLICATE: &str = "(may be a duplicate)";
 #[serde(default, deny_unknown_fields)]
 pub struct ChannelsSection {
     pub telegram: Option<telegram::TelegramSection>,
+    pub matrix: Option<matrix::MatrixSection>,
 }
 
 /// The validated `[channels]`.
@@ -100,6 +102,8 @@ pub struct ChannelsSection {
 pub struct ChannelSettings {
     /// `[channels.telegram]`, when enabled.
     pub telegram: Option<telegram::TelegramSettings>,
+    /// `[channels.matrix]`, when enabled.
+    pub matrix: Option<matrix::MatrixSettings>,
 }
 
 impl ChannelSettings {
@@ -109,13 +113,18 @@ impl ChannelSettings {
             Some(t) => telegram::TelegramSettings::parse(t)?,
             None => None,
         };
-        Ok(ChannelSettings { telegram })
+        let matrix = match &section.matrix {
+            Some(m) => matrix::MatrixSettings::parse(m)?,
+            None => None,
+        };
+        Ok(ChannelSettings { telegram, matrix })
     }
 
     /// Secrets of the channels (tokens), for the redactor.
     pub fn secrets(&self) -> Vec<String> {
         let mut out: Vec<String> = self.telegram.iter().map(|t| t.token.clone()).collect();
         out.extend(self.telegram.iter().filter_map(|t| t.webhook.as_ref().map(|(_, s)| s.clone())));
+        out.extend(self.matrix.iter().map(|m| m.token.clone()));
         out
     }
 }
@@ -443,6 +452,10 @@ pub fn start(gw: &Arc<Gateway>) {
     if let Some(t) = gw.settings.channels.telegram.clone() {
         gw.channels.stats(telegram::NAME);
         telegram::start(gw, t);
+    }
+    if let Some(m) = gw.settings.channels.matrix.clone() {
+        gw.channels.stats(matrix::NAME);
+        matrix::start(gw, m);
     }
 }
 
