@@ -353,10 +353,26 @@ async fn start_turn_in(
         tokens: Default::default(),
     };
     gw.tasks.spawn(async move {
+        let mut turn = turn;
         // The ack goes out before any event of the run: the run starts once the client has read it
         // (its pong to the ping after the ack), or a second at most (a client that does not read
-        // must not hold its turn back).
-        let _ = tokio::time::timeout(ACK_WAIT, acked).await;
+        // must not hold its turn back). Meanwhile the turn takes its place in its session's queue
+        // at once, so work asked for after the ack (a compaction, another turn) comes after it.
+        let read = tokio::time::timeout(ACK_WAIT, acked);
+        if turn.slot.get_mut().map(|s| s.is_none()).unwrap_or(false) {
+            let queue = async {
+                // Turns cut by the last stop are taken up first ([`crate::turns::recover_interrupted`]).
+                turn.gw.recovered().await;
+                turn.gw.turn_slot(&turn.session.key, &turn.run.cancel).await
+            };
+            let (slot, _) = tokio::join!(queue, read);
+            // A slot that could not be had is asked for again by the turn, which reports why.
+            if let (Ok(slot), Ok(held)) = (slot, turn.slot.get_mut()) {
+                *held = Some(slot);
+            }
+        } else {
+            let _ = read.await;
+        }
         let (gw, session, run) = (turn.gw.clone(), turn.session.clone(), turn.run.clone());
         let span = tracing::info_span!("turn", session_key = %turn.session.key, run_id = %turn.run.run_id);
         if let Err(e) = tokio::spawn(turn.execute().instrument(span)).await {
