@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         Err(e) => {
-            assert_eq!(e.code, "INVALID_REQUEST");
+            assert_eq!(e.code.as_str(), "INVALID_REQUEST");
             assert!(!e.message.is_empty());
         }
     }

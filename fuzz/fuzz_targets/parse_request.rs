@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
             check_response(&req.id, Ok(json!({"ok": true})));
         }
         Err((id, e)) => {
-            assert_eq!(e.code, "INVALID_REQUEST");
+            assert_eq!(e.code.as_str(), "INVALID_REQUEST");
             assert!(!e.message.is_empty());
             if let Some(id) = &id {
                 // The id as JSON text: the frame's own id.
