@@ -47,6 +47,9 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
             if let Some(t) = &s.channels.telegram {
                 list.push(json!({"id": "telegram", "state": "not running", "account": t.api_base_url}));
             }
+            if let Some(m) = &s.channels.matrix {
+                list.push(json!({"id": "matrix", "state": "not running", "account": m.user_id}));
+            }
             json!({"channels": list, "source": "config"})
         }
     };
@@ -56,7 +59,7 @@ async fn status(args: StatusArgs) -> Result<u8, Failure> {
     }
     let list = status["channels"].as_array().map_or(&[][..], Vec::as_slice);
     if list.is_empty() {
-        crate::out::line("no channel is enabled (see [channels.telegram] in the README)")?;
+        crate::out::line("no channel is enabled (see [channels.telegram] and [channels.matrix] in the README)")?;
         return Ok(0);
     }
     let mut table =
