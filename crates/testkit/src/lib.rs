@@ -38,6 +38,17 @@ pub mod wire;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// A TCP port on loopback that was free a moment ago (for a server a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// A number unique in this process (for the names of throwaway directories and databases).
+pub fn next_id() -> u32 {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -6,9 +6,9 @@
 //! removes its directory when the test binary exits, however it exits. [`Postgres::start`] gives a
 //! test a cluster of its own (for restarts), stopped on drop. No mock, nothing downloaded.
 
+use crate::{free_port, next_id};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -66,10 +66,6 @@ fn run(mut c: Command, what: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
 /// An advisory lock a test holds ([`Postgres::hold_advisory_lock`]).
@@ -269,9 +265,4 @@ impl Drop for Postgres {
             let _ = std::fs::remove_dir_all(self.socket_dir());
         }
     }
-}
-
-fn next_id() -> u32 {
-    static N: AtomicU32 = AtomicU32::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
 }

@@ -8,11 +8,11 @@
 //! gives a test its own, stopped on drop. Users are made with the shared-secret admin API
 //! (`/_synapse/admin/v1/register`, an HMAC-SHA1 of the nonce and the user's fields).
 
+use crate::{free_port, next_id};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -44,15 +44,6 @@ pub fn python() -> PathBuf {
         venv.display()
     );
     p
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-fn next_id() -> u32 {
-    static N: AtomicU32 = AtomicU32::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Rate limits raised far past what a test sends (Synapse's defaults throttle a few messages a second).
