@@ -19,7 +19,7 @@ use crate::state::Gateway;
 use pincer_pg::watch::Wake;
 use pincer_pg::PgStore;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,9 +96,10 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
     let gw = gw.clone();
     let stop = gw.shutdown.clone();
     // Runs this replica claimed from a dead one and is still taking over (run → session key,
-    // whether a takeover runs now): beaten as its own, so that if it dies too before the marker is
-    // written another survivor claims them in turn; a takeover that failed is tried again.
-    let claimed: Arc<std::sync::Mutex<HashMap<String, (String, bool)>>> = Arc::default();
+    // whether a takeover of its session runs now): beaten as its own until each is started here
+    // or found to need nothing, so that if this replica dies too meanwhile another survivor
+    // claims them in turn; a takeover that failed is tried again.
+    let claimed: Claimed = Arc::default();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HEARTBEAT);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -122,50 +123,56 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
             let stale = pg.claim_stale_runs(replica.clone(), STALE_AFTER).await.unwrap_or_default();
             let mut runs = crate::state::lock(&claimed);
             runs.extend(stale.into_iter().map(|(run_id, key)| (run_id, (key, false))));
-            for (run_id, (key, busy)) in runs.iter_mut().filter(|(_, (_, busy))| !*busy) {
-                *busy = true;
-                let (gw2, claimed, run_id, key) = (gw.clone(), claimed.clone(), run_id.clone(), key.clone());
-                tokio::spawn(async move {
-                    let done = take_over(&gw2, &run_id, &key).await;
-                    let mut runs = crate::state::lock(&claimed);
-                    if done {
-                        runs.remove(&run_id);
-                    } else if let Some((_, busy)) = runs.get_mut(&run_id) {
-                        *busy = false;
-                    }
-                });
+            // One takeover per session at a time, with all its claimed runs: its turns run in order.
+            let busy: HashSet<String> = runs.values().filter(|(_, busy)| *busy).map(|(k, _)| k.clone()).collect();
+            let mut sessions: HashMap<String, HashSet<String>> = HashMap::new();
+            for (run_id, (key, taken)) in runs.iter_mut().filter(|(_, (key, _))| !busy.contains(key)) {
+                *taken = true;
+                sessions.entry(key.clone()).or_default().insert(run_id.clone());
+            }
+            for (key, ids) in sessions {
+                let (gw2, claimed) = (gw.clone(), claimed.clone());
+                tokio::spawn(async move { take_over(&gw2, &key, ids, claimed).await });
             }
         }
     });
 }
 
-/// A run whose replica died: its turn, if still unanswered at the leaf, is taken up here
-/// ([`crate::turns::recover`]: resumed while it has attempts left, else marked interrupted), and
-/// the dead replica's run is forgotten. False when that could not be done now (the store
-/// failed): it is tried again.
-async fn take_over(gw: &Arc<Gateway>, run_id: &str, key: &str) -> bool {
-    let session = match gw.session(key, false).await {
-        Ok(s) => s,
-        Err(_) => return false,
-    };
-    if let Some(s) = session {
-        match crate::turns::unanswered(gw, &s).await {
-            Ok(Some((open, slot))) if open == run_id => {
-                let why = "the replica running this turn stopped before its reply was written";
-                match crate::turns::recover(gw, &s, run_id, slot, why).await {
-                    // The run is this replica's now (it recorded itself as the run's replica).
-                    Ok(crate::turns::Recovered::Resumed) => return true,
-                    Ok(_) => {}
-                    Err(()) => return false,
-                }
+/// Runs claimed from dead replicas and not yet taken over: run → (session key, whether a takeover
+/// of its session runs now).
+type Claimed = Arc<std::sync::Mutex<HashMap<String, (String, bool)>>>;
+
+/// The runs `ids` of session `key`, whose replica died (claimed by this one): the session's
+/// turns among them are taken up here ([`crate::turns::take_up`]: the unanswered one at the leaf
+/// resumed while it has attempts left, else marked interrupted; then the queued ones, in order);
+/// each is let go of once started here or found to need nothing (the next heartbeat drops its
+/// row). When the store failed, the runs not yet taken are tried again.
+async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: Claimed) {
+    let release = |ids: &mut dyn Iterator<Item = &String>, done: bool| {
+        let mut runs = crate::state::lock(&claimed);
+        for id in ids {
+            if done {
+                runs.remove(id);
+            } else if let Some((_, busy)) = runs.get_mut(id) {
+                *busy = false;
             }
-            Ok(_) => {}
-            Err(()) => return false,
         }
-    }
-    match &gw.pg {
-        Some(pg) => pg.run_finished(run_id.to_owned()).await.is_ok(),
-        None => true,
+    };
+    let taken = match gw.session(key, false).await {
+        Ok(Some(s)) => {
+            let claimed = claimed.clone();
+            let started = move |run_id: &str| drop(crate::state::lock(&claimed).remove(run_id));
+            crate::turns::take_up(gw, s, crate::turns::Whose::Claimed(&ids), started).await
+        }
+        Ok(None) => Ok(crate::turns::TakenUp::default()),
+        Err(_) => Err(()),
+    };
+    match taken {
+        Ok(t) => {
+            // The queued runs are let go of as they start; the others now.
+            release(&mut ids.iter().filter(|id| !t.queued.contains(id)), true);
+        }
+        Err(()) => release(&mut ids.iter(), false),
     }
 }
 

@@ -289,8 +289,8 @@ pub fn queued_unstarted(store: &dyn Transcripts, path: &Path) -> Result<Vec<(Str
     Ok(out)
 }
 
-/// In the background after startup: recovers every session whose leaf is an unanswered turn
-/// ([`recover`]). Each session is looked at in its queue, so a turn resumed meanwhile is left alone.
+/// In the background after startup: takes up this replica's turns of every session
+/// ([`take_up`]). Each session is looked at in its queue, so a turn resumed meanwhile is left alone.
 pub fn recover_interrupted(gw: &Arc<Gateway>) {
     let gw = gw.clone();
     // Taken now, before the first connection is served; new turns wait for it to end.
@@ -304,40 +304,97 @@ pub fn recover_interrupted(gw: &Arc<Gateway>) {
         };
         let Ok(Ok(sessions)) = list else { return };
         let looked = sessions.len();
-        let (mut resumed, mut gave_up, mut requeued) = (0, 0, 0);
+        let mut all = TakenUp::default();
         for s in sessions {
-            // Run first: the unanswered turn at the leaf; then the turns queued behind it.
-            if let Ok(Some((run_id, slot))) = unanswered(&gw, &s).await {
-                if mine(&gw, &s, &run_id).await {
-                    let why = "the gateway stopped before this turn's reply was written";
-                    match recover(&gw, &s, &run_id, slot, why).await {
-                        Ok(Recovered::Resumed) => resumed += 1,
-                        Ok(Recovered::GaveUp) => gave_up += 1,
-                        Ok(Recovered::Nothing) | Err(()) => {}
-                    }
-                }
-            }
-            let (store, path) = (gw.store.clone(), s.path.clone());
-            let Ok(Ok(queued)) = tokio::task::spawn_blocking(move || queued_unstarted(store.as_ref(), &path)).await
-            else {
-                continue;
-            };
-            let mut ours = Vec::new();
-            for (run_id, data) in queued {
-                if mine(&gw, &s, &run_id).await {
-                    ours.push((run_id, data));
-                }
-            }
-            if !ours.is_empty() {
-                requeued += ours.len();
-                tokio::spawn(run_queued(gw.clone(), s, ours));
+            if let Ok(t) = take_up(&gw, s, Whose::Mine, |_| {}).await {
+                all.resumed += t.resumed;
+                all.gave_up += t.gave_up;
+                all.queued.extend(t.queued);
             }
         }
+        let TakenUp { resumed, gave_up, queued, .. } = all;
+        let queued = queued.len();
         tracing::info!(
             "startup check done: {looked} session(s), {resumed} interrupted turn(s) resumed, {gave_up} out of attempts, \
-             {requeued} queued message(s) taken up"
+             {queued} queued message(s) taken up"
         );
     });
+}
+
+/// Whose turns [`take_up`] takes.
+pub enum Whose<'a> {
+    /// At startup: this replica's own, and those of runs no replica recorded ([`mine`]).
+    Mine,
+    /// The runs of a dead replica that this replica claimed.
+    Claimed(&'a HashSet<String>),
+}
+
+impl Whose<'_> {
+    async fn take(&self, gw: &Arc<Gateway>, s: &SessionRef, run_id: &str) -> bool {
+        match self {
+            Whose::Mine => mine(gw, s, run_id).await,
+            Whose::Claimed(runs) => runs.contains(run_id),
+        }
+    }
+
+    /// Why such a turn has no reply.
+    fn why(&self) -> &'static str {
+        match self {
+            Whose::Mine => "the gateway stopped before this turn's reply was written",
+            Whose::Claimed(_) => "the replica running this turn stopped before its reply was written",
+        }
+    }
+}
+
+/// What [`take_up`] did.
+#[derive(Debug, Default)]
+pub struct TakenUp {
+    /// The unanswered turn at the leaf (whichever [`recover`] did), when it was taken.
+    pub leaf: Option<String>,
+    pub resumed: usize,
+    pub gave_up: usize,
+    /// The queued turns that will run, in order, in the background.
+    pub queued: Vec<String>,
+}
+
+/// Takes up session `s`'s turns that `whose` says are this replica's: first the unanswered turn at
+/// its leaf ([`recover`]), then, in the background and in their order, the turns queued behind it
+/// that never started ([`queued_unstarted`]), each in its turn of the session's queue; `started`
+/// is told each queued run once it was started (or could not be). `Err`: the store could not be
+/// read now.
+pub async fn take_up(
+    gw: &Arc<Gateway>,
+    s: SessionRef,
+    whose: Whose<'_>,
+    started: impl Fn(&str) + Send + 'static,
+) -> Result<TakenUp, ()> {
+    let mut out = TakenUp::default();
+    if let Some((run_id, slot)) = unanswered(gw, &s).await? {
+        if whose.take(gw, &s, &run_id).await {
+            match recover(gw, &s, &run_id, slot, whose.why()).await? {
+                Recovered::Resumed => out.resumed += 1,
+                Recovered::GaveUp => out.gave_up += 1,
+                Recovered::Nothing => {}
+            }
+            out.leaf = Some(run_id);
+        }
+    }
+    let (store, path) = (gw.store.clone(), s.path.clone());
+    let queued = match tokio::task::spawn_blocking(move || queued_unstarted(store.as_ref(), &path)).await {
+        Ok(Ok(queued)) => queued,
+        _ => return Err(()),
+    };
+    let mut ours = Vec::new();
+    for (run_id, data) in queued {
+        if whose.take(gw, &s, &run_id).await {
+            ours.push((run_id, data));
+        }
+    }
+    out.queued = ours.iter().map(|(run_id, _)| run_id.clone()).collect();
+    if !ours.is_empty() {
+        tokio::spawn(run_queued(gw.clone(), s, ours, started));
+    }
+    Ok(out)
 }
 
 /// With replicas, whether turn `run_id` is this replica's to take up at startup: a run another
@@ -355,16 +412,18 @@ async fn mine(gw: &Arc<Gateway>, s: &SessionRef, run_id: &str) -> bool {
     }
 }
 
-/// Runs the turns queued in session `s` before a restart ([`queued_unstarted`]), one after the
-/// other in their order: each waits for the session's queue (behind a turn resumed there first).
-async fn run_queued(gw: Arc<Gateway>, s: SessionRef, queued: Vec<(String, Value)>) {
+/// Runs the turns queued in session `s` before a restart or a replica's death
+/// ([`queued_unstarted`]), one after the other in their order: each waits for the session's queue
+/// (behind a turn resumed there first); `started` is told each one once it was started.
+async fn run_queued(gw: Arc<Gateway>, s: SessionRef, queued: Vec<(String, Value)>, started: impl Fn(&str)) {
     let cancel = gw.stopping();
     for (run_id, data) in queued {
         let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return };
-        tracing::warn!(session = %s.key, run = %run_id, "running a message queued before the gateway stopped");
+        tracing::warn!(session = %s.key, run = %run_id, "running a message queued before its gateway stopped");
         if let Err(e) = crate::chat::run_queued(&gw, s.clone(), &run_id, &data, slot).await {
             tracing::warn!(session = %s.key, run = %run_id, "cannot run a queued message: {}", e.message);
         }
+        started(&run_id);
     }
 }
 

@@ -781,3 +781,54 @@ async fn a_turn_waiting_behind_a_reset_on_another_replica_goes_to_the_new_transc
     ));
     assert_eq!(types, "user,assistant", "B's turn and its reply, alone in the new transcript");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_queued_turns_are_run_by_a_survivor_in_order_once() {
+    let mut c = cluster(2);
+    let mut a = streaming(&c.replicas[0].addr, "q-1").await;
+    // Two more turns wait behind the streaming one, each acknowledged (its record on disk).
+    for (run, text) in [("q-2", "second"), ("q-3", "third")] {
+        let ack = a
+            .request("chat.send", json!({"sessionKey": "main", "message": text, "idempotencyKey": run}))
+            .await
+            .expect("send");
+        assert_eq!(ack["status"], "started", "{ack}");
+    }
+    let queued = "SELECT count(*) FROM entries WHERE line LIKE '%pincer.turn-queued%'";
+    poll_async(Duration::from_secs(10), Duration::from_millis(20), || async { (c.sql(queued) == "2").then_some(()) })
+        .await
+        .expect("both waiting turns recorded");
+    let mut b = Client::connect(&c.replicas[1].addr).await;
+    b.request("chat.history", json!({"sessionKey": "main"})).await.expect("watch the session");
+    c.replicas[0].kill9();
+    // The survivor answers the cut turn and then each waiting one, in the order they were sent.
+    for run in ["q-1", "q-2", "q-3"] {
+        let fin = b.chat_end(run).await;
+        assert_eq!(fin["payload"]["state"], "final", "{run}: {fin}");
+    }
+    poll_async(Duration::from_secs(10), Duration::from_millis(50), || async {
+        (c.sql("SELECT count(*) FROM runs") == "0").then_some(())
+    })
+    .await
+    .expect("no run left");
+    for run in ["q-1", "q-2", "q-3"] {
+        let user = format!("SELECT count(*) FROM entries WHERE idempotency_key = '{run}:user'");
+        assert_eq!(c.sql(&user), "1", "{run}: one user row");
+    }
+    let replies = "SELECT count(*) FROM entries WHERE type = 'message' AND line LIKE '%\"role\":\"assistant\"%'";
+    assert_eq!(c.sql(replies), "3", "one reply each");
+    // The export: on the one chain, each message's reply follows it, in the order sent; Pi reads
+    // it identically.
+    let bytes = c.export("main");
+    let s = Session::parse(bytes.clone());
+    let (path, cycle) = s.path_from(s.entries.len() - 1);
+    assert!(!cycle);
+    let chain: Vec<Value> =
+        path.iter().map(|&i| s.value(i).expect("entry")).filter(|e| e["type"] == "message").collect();
+    let keys: Vec<String> = chain.iter().map(|e| key_of(e).unwrap_or("(reply)").to_owned()).collect();
+    let want = ["q-1:user", "(reply)", "q-2:user", "(reply)", "q-3:user", "(reply)"];
+    assert_eq!(keys, want.map(String::from).to_vec(), "{keys:?}");
+    let file = write(c.dir.path(), "main.jsonl", &bytes);
+    let mine = comparable(&context_report(&s, &LeafArg::Default).expect("context").to_value());
+    assert_eq!(mine, comparable(&oracle_context(&file, None)));
+}
