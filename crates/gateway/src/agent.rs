@@ -45,7 +45,7 @@ pub async fn agent(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value
     let accepted = json!({"runId": run_id, "sessionKey": session.key, "agentId": session.agent_id,
         "status": "accepted", "acceptedAt": pincer_pi::now_ms()});
     if images.is_empty() && chat::is_stop(&message) {
-        let ids = chat::abort_session(gw, &session.key, None, "stop-command");
+        let ids = crate::abort::abort(gw, &session.key, None, "stop-command").await?;
         ctx.interim(accepted);
         let text = if ids.is_empty() { "No active run." } else { "Stopped." };
         return Ok(json!({"runId": run_id, "status": "ok", "summary": "completed",

@@ -179,7 +179,7 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
     }
     let session = gw.session(raw_key, true).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
     if images.is_empty() && regenerate.is_none() && is_stop(&message) {
-        let ids = abort_session(gw, &session.key, None, "stop-command");
+        let ids = crate::abort::abort(gw, &session.key, None, "stop-command").await?;
         return Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}));
     }
     if images.is_empty() && regenerate.is_none() {
@@ -519,18 +519,6 @@ pub fn persist_failure(e: &pincer_store::StoreError) -> (ErrorKind<'static>, Str
     (ErrorKind::Persistence, format!("the turn could not be saved ({why}): {e}"))
 }
 
-/// Aborts the runs of a session (or one run); returns the ids that were aborted.
-pub fn abort_session(gw: &Gateway, session_key: &str, run_id: Option<&str>, origin: &'static str) -> Vec<String> {
-    let mut ids = Vec::new();
-    for r in gw.runs_of(session_key) {
-        if run_id.is_none_or(|id| id == r.run_id) && !r.cancel.is_cancelled() {
-            r.abort(origin);
-            ids.push(r.run_id.clone());
-        }
-    }
-    ids
-}
-
 /// `chat.abort`.
 pub async fn abort(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
     #[derive(serde::Deserialize)]
@@ -549,15 +537,7 @@ pub async fn abort(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError>
             }
         }
     }
-    let mut ids = abort_session(gw, &key, run_id, "rpc");
-    if let Some(pg) = gw.pg.as_ref().filter(|_| run_id.is_none() || ids.is_empty()) {
-        // Runs of other replicas: their rows are flagged and their replicas told.
-        let remote = pg
-            .request_abort(key.clone(), run_id.map(str::to_owned))
-            .await
-            .map_err(|e| RpcError::unavailable(format!("cannot reach the other replicas' runs: {e}")))?;
-        ids.extend(remote.into_iter().filter(|r| !ids.contains(r)).collect::<Vec<_>>());
-    }
+    let ids = crate::abort::abort(gw, &key, run_id, "rpc").await?;
     Ok(json!({"ok": true, "aborted": !ids.is_empty(), "runIds": ids}))
 }
 

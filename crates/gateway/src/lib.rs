@@ -15,16 +15,18 @@
 //! - [`hub`]: the one in-process event bus, events of persisted entries under durable ids;
 //!   [`relay`]: other replicas' appends onto it (the PostgreSQL store); [`catchup`]: what a
 //!   reconnecting client missed, replayed from the store on any replica.
-//! - [`state`]: shared state (store, runs, dedupe, queue).
+//! - [`state`]: shared state (store, runs, dedupe, queue); [`abort`]: stopping a session's runs
+//!   wherever they run (every entry point).
 //! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
 //! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
 //!   the other read-only discovery methods; [`usage`]: token usage from the transcripts; [`stubs`]: empty
 //!   answers for OpenClaw features Pincer lacks.
 //! - [`budget`]: the memory budget of answers built whole (history, exports).
-//! - [`channels`]: messaging platforms (Telegram) on the turn pipeline, exactly once both ways.
+//! - [`channels`]: messaging platforms (Telegram, Matrix) on the turn pipeline, exactly once both ways.
 //! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
+pub mod abort;
 pub mod agent;
 pub mod approvals;
 pub mod assets;

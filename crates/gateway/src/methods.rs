@@ -126,9 +126,15 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::SessionsPatch => blocking(gw, params, sessions_patch).await,
         Method::SessionsReset | Method::SessionsDelete => {
             // The session's runs are aborted, and its transcript moved aside once they have
-            // written what they still write (an aborted partial): in the session's queue.
+            // written what they still write (an aborted partial): in the session's queue. A
+            // request refused is refused before anything is stopped.
             let key = session_key(method, params)?;
-            chat::abort_session(gw, &key, None, "rpc");
+            if method == Method::SessionsReset {
+                let _: ResetParams = crate::protocol::params(method, params)?;
+            } else {
+                crate::sessions::deletable(&key)?;
+            }
+            crate::abort::abort(gw, &key, None, "rpc").await?;
             let _slot = gw.turn_slot(&key, &gw.stopping()).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
             let f = if method == Method::SessionsReset { sessions_reset } else { sessions_delete };
             blocking(gw, params, f).await
@@ -169,7 +175,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             }
             let p: AbortParams = crate::protocol::params(method, params)?;
             let key = canonical_key(&p.key)?.0;
-            let ids = chat::abort_session(gw, &key, p.run_id.as_deref(), "rpc");
+            let ids = crate::abort::abort(gw, &key, p.run_id.as_deref(), "rpc").await?;
             Ok(
                 json!({"ok": true, "abortedRunId": ids.first(), "status": if ids.is_empty() { "no-active-run" } else { "aborted" }}),
             )
@@ -546,19 +552,21 @@ pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
 pub const MAX_LABEL_CHARS: usize = 256;
 const MAX_FIELD_CHARS: usize = 128;
 
+/// OpenClaw's reasons for `sessions.reset`; both archive the old transcript as `reset`.
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ResetReason {
+    New,
+    Reset,
+}
+
+#[derive(Deserialize)]
+struct ResetParams {
+    #[serde(rename = "reason")]
+    _reason: Option<ResetReason>,
+}
+
 fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
-    /// OpenClaw's reasons; both archive the old transcript as `reset`.
-    #[derive(Deserialize)]
-    #[serde(rename_all = "lowercase")]
-    enum Reason {
-        New,
-        Reset,
-    }
-    #[derive(Deserialize)]
-    struct ResetParams {
-        #[serde(rename = "reason")]
-        _reason: Option<Reason>,
-    }
     let key = session_key(Method::SessionsReset, params)?;
     let _: ResetParams = crate::protocol::params(Method::SessionsReset, params)?;
     let reason = "reset";

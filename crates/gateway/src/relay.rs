@@ -58,9 +58,9 @@ pub fn start(gw: &Arc<Gateway>) {
                     None
                 }
                 w = rx.recv() => match w {
-                    Ok(Wake::Abort { run_id }) => {
+                    Ok(Wake::Abort { run_id, origin }) => {
                         if let Some(r) = gw.run(&run_id) {
-                            r.abort("rpc");
+                            r.abort(crate::abort::origin_named(&origin));
                         }
                         continue;
                     }
@@ -112,9 +112,9 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
             mine.extend(crate::state::lock(&claimed).keys().cloned());
             match pg.heartbeat(replica.clone(), mine).await {
                 Ok(aborts) => {
-                    for id in aborts {
+                    for (id, origin) in aborts {
                         if let Some(r) = gw.run(&id) {
-                            r.abort("rpc");
+                            r.abort(crate::abort::origin_named(&origin));
                         }
                     }
                 }

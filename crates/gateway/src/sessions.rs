@@ -218,6 +218,14 @@ pub fn agent_of(key: &str) -> &str {
     key.strip_prefix("agent:").and_then(|rest| rest.split_once(':')).map_or(DEFAULT_AGENT, |(agent, _)| agent)
 }
 
+/// Whether session `key` (canonical) may be deleted: every one but the main session.
+pub fn deletable(key: &str) -> Result<(), RpcError> {
+    if key == MAIN_KEY {
+        return Err(RpcError::invalid(format!("Cannot delete the main session ({MAIN_KEY}).")));
+    }
+    Ok(())
+}
+
 /// Canonical form of a client's session key, and its agent id. Compatibility forms (fullwidth
 /// letters, ligatures) are folded by NFKC, so `ａｇｅｎｔ:main:x` and `agent:main:x` are one session.
 /// Idempotent: a canonical key (as `sessions.list` returns it) canonicalises to itself.
@@ -584,9 +592,7 @@ impl Sessions {
     /// Removes a key from the index; its transcript is archived as `<file>.deleted.<ts>`.
     pub fn delete(&self, raw_key: &str) -> Result<(bool, Vec<PathBuf>), RpcError> {
         let (key, agent) = canonical_key(raw_key)?;
-        if key == MAIN_KEY {
-            return Err(RpcError::invalid(format!("Cannot delete the main session ({MAIN_KEY}).")));
-        }
+        deletable(&key)?;
         self.with_index(&agent, true, |idx| {
             let Some(Value::Object(e)) = idx.map.get(&key).cloned() else {
                 return Ok((false, vec![]));

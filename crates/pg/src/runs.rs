@@ -1,13 +1,14 @@
 //! The runs of every replica (`runs` table): registered when a run starts, heart-beaten by its
 //! replica, removed when it ends. `chat.abort` on one replica reaches a run on another through the
-//! row's `abort_requested` (seen by the owner's next heartbeat) and a notification on
-//! [`CONTROL_CHANNEL`] (seen at once). A replica that stops beating loses its rows to the first
+//! row's `abort_requested` and `abort_origin` (seen by the owner's next heartbeat) and a
+//! notification on [`CONTROL_CHANNEL`] (seen at once). A replica that stops beating loses its rows to the first
 //! survivor that claims them ([`PgStore::claim_stale_runs`]).
 
 use crate::{PgError, PgStore};
 use std::time::Duration;
 
-/// The channel of cross-replica run control; the payload is a run id to abort.
+/// The channel of cross-replica run control; the payload is `<origin>:<run id>` of a run to abort
+/// (the origin never holds a `:`).
 pub const CONTROL_CHANNEL: &str = "pincer_control";
 
 impl PgStore {
@@ -47,33 +48,43 @@ impl PgStore {
 
     /// Beats for this replica's runs (`runs`: every run it has now; its other rows go) and returns
     /// those another replica asked to abort.
-    pub async fn heartbeat(&self, replica: String, runs: Vec<String>) -> Result<Vec<String>, PgError> {
+    pub async fn heartbeat(&self, replica: String, runs: Vec<String>) -> Result<Vec<(String, String)>, PgError> {
         self.run(move |inner| async move {
             let c = inner.pool.get().await?;
             c.execute("UPDATE runs SET heartbeat = now() WHERE replica = $1 AND run_id = ANY($2)", &[&replica, &runs])
                 .await?;
             c.execute("DELETE FROM runs WHERE replica = $1 AND NOT (run_id = ANY($2))", &[&replica, &runs]).await?;
-            let rows = c.query("SELECT run_id FROM runs WHERE replica = $1 AND abort_requested", &[&replica]).await?;
-            Ok(rows.iter().map(|r| r.get(0)).collect())
+            let rows = c
+                .query(
+                    "SELECT run_id, coalesce(abort_origin, '') FROM runs WHERE replica = $1 AND abort_requested",
+                    &[&replica],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
         })
         .await
     }
 
-    /// Asks whichever replica runs them to abort the session's runs (one run when `run_id`);
-    /// returns the run ids found.
-    pub async fn request_abort(&self, session_key: String, run_id: Option<String>) -> Result<Vec<String>, PgError> {
+    /// Asks whichever replica runs them to abort the session's runs (one run when `run_id`),
+    /// because of `origin` (no `:` in it); returns the run ids found.
+    pub async fn request_abort(
+        &self,
+        session_key: String,
+        run_id: Option<String>,
+        origin: String,
+    ) -> Result<Vec<String>, PgError> {
         self.run(move |inner| async move {
             let c = inner.pool.get().await?;
             let rows = c
                 .query(
-                    "UPDATE runs SET abort_requested = true WHERE session_key = $1 AND ($2::text IS NULL OR run_id = $2) \
-                     RETURNING run_id",
-                    &[&session_key, &run_id],
+                    "UPDATE runs SET abort_requested = true, abort_origin = $3 \
+                     WHERE session_key = $1 AND ($2::text IS NULL OR run_id = $2) RETURNING run_id",
+                    &[&session_key, &run_id, &origin],
                 )
                 .await?;
             let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
             for id in &ids {
-                c.execute("SELECT pg_notify($1, $2)", &[&CONTROL_CHANNEL, id]).await?;
+                c.execute("SELECT pg_notify($1, $2)", &[&CONTROL_CHANNEL, &format!("{origin}:{id}")]).await?;
             }
             Ok(ids)
         })
@@ -92,7 +103,7 @@ impl PgStore {
             let c = inner.pool.get().await?;
             let rows = c
                 .query(
-                    "UPDATE runs SET replica = $1, heartbeat = now(), abort_requested = false \
+                    "UPDATE runs SET replica = $1, heartbeat = now(), abort_requested = false, abort_origin = NULL \
                      WHERE replica <> $1 AND heartbeat < now() - make_interval(secs => $2) RETURNING run_id, session_key",
                     &[&replica, &secs],
                 )

@@ -9,6 +9,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "init", include_str!("../migrations/0001_init.sql")),
     (2, "search", include_str!("../migrations/0002_search.sql")),
     (3, "channels", include_str!("../migrations/0003_channels.sql")),
+    (4, "abort origin", include_str!("../migrations/0004_abort_origin.sql")),
 ];
 
 /// Key of the advisory lock held while migrating.

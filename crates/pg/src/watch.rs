@@ -20,8 +20,8 @@ pub enum Wake {
     Appended { file: String, seq: i64 },
     /// Anything may have changed (the listener (re)connected): check every watched transcript.
     All,
-    /// Another replica asks to abort this run ([`crate::runs::CONTROL_CHANNEL`]).
-    Abort { run_id: String },
+    /// Another replica asks to abort this run, because of `origin` ([`crate::runs::CONTROL_CHANNEL`]).
+    Abort { run_id: String, origin: String },
 }
 
 /// Parses a notification payload `<file>:<seq>`.
@@ -51,7 +51,9 @@ impl PgStore {
                                 match m {
                                     Ok(AsyncMessage::Notification(n)) => {
                                         let wake = match n.channel() {
-                                            CONTROL_CHANNEL => Some(Wake::Abort { run_id: n.payload().to_owned() }),
+                                            CONTROL_CHANNEL => n.payload().split_once(':').map(|(origin, run)| {
+                                                Wake::Abort { run_id: run.to_owned(), origin: origin.to_owned() }
+                                            }),
                                             _ => parse_payload(n.payload()),
                                         };
                                         let Some(wake) = wake else { continue };

@@ -271,8 +271,13 @@ async fn a_client_on_another_replica_sees_each_turn_live_and_in_order() {
 
 /// A client of the replica at `addr` whose `[slow]` turn `run` has streamed its first delta.
 async fn streaming(addr: &str, run: &str) -> Client {
+    streaming_in(addr, "main", run).await
+}
+
+/// [`streaming`] in session `key`.
+async fn streaming_in(addr: &str, key: &str, run: &str) -> Client {
     let mut c = Client::connect(addr).await;
-    c.request("chat.send", json!({"sessionKey": "main", "message": "[slow] count", "idempotencyKey": run}))
+    c.request("chat.send", json!({"sessionKey": key, "message": "[slow] count", "idempotencyKey": run}))
         .await
         .expect("send");
     c.event(|f| f["event"] == "chat" && f["payload"]["runId"] == run && f["payload"]["state"] == "delta").await;
@@ -831,4 +836,54 @@ async fn a_dead_replicas_queued_turns_are_run_by_a_survivor_in_order_once() {
     let file = write(c.dir.path(), "main.jsonl", &bytes);
     let mine = comparable(&context_report(&s, &LeafArg::Default).expect("context").to_value());
     assert_eq!(mine, comparable(&oracle_context(&file, None)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_to_stop_a_run_reaches_it_on_another_replica() {
+    let c = cluster(2);
+    let mut b = Client::connect(&c.replicas[1].addr).await;
+    // A request refused stops nothing: deleting the main session, or a reset for no known reason,
+    // is refused, on the run's replica or another, and the run goes on.
+    let mut a = streaming(&c.replicas[0].addr, "kept").await;
+    for (client, params) in [(&mut a, json!({"key": "main"})), (&mut b, json!({"key": "main"}))] {
+        let refused = client.request("sessions.delete", params).await.expect_err("main is kept");
+        assert!(refused.to_string().contains("Cannot delete the main session"), "{refused}");
+    }
+    let refused =
+        a.request("sessions.reset", json!({"key": "main", "reason": "bored"})).await.expect_err("no such reason");
+    assert!(refused.to_string().contains("reason"), "{refused}");
+    assert_eq!(a.chat_end("kept").await["payload"]["state"], "final");
+    let ways: [(&str, Value, &str); 4] = [
+        ("chat.send", json!({"sessionKey": "work", "message": "/stop", "idempotencyKey": "stop-msg"}), "stop-command"),
+        ("sessions.abort", json!({"key": "work"}), "rpc"),
+        ("sessions.reset", json!({"key": "work"}), "rpc"),
+        ("sessions.delete", json!({"key": "work"}), "rpc"),
+    ];
+    for (n, (method, params, origin)) in ways.into_iter().enumerate() {
+        let run = format!("stop-{n}");
+        let mut a = streaming_in(&c.replicas[0].addr, "work", &run).await;
+        let asked = std::time::Instant::now();
+        let r = b.request(method, params).await.unwrap_or_else(|e| panic!("{method}: {e}"));
+        let end = a.chat_end(&run).await;
+        let took = asked.elapsed();
+        assert_eq!(end["payload"]["state"], "aborted", "{method}: {end}");
+        assert_eq!(end["payload"]["stopReason"], origin, "{method}: {end}");
+        eprintln!("{method} on replica 1 ended the run on replica 0 in {took:?}: {r}");
+        // One aborted partial, chained after the run's user row, with the origin of the request.
+        let partial = format!("SELECT line FROM entries WHERE idempotency_key = '{run}:assistant'");
+        let line: Value =
+            serde_json::from_str(&c.sql(&partial)).unwrap_or_else(|e| panic!("{method}: one partial: {e}"));
+        assert_eq!(line["message"]["openclawAbort"]["aborted"], true, "{method}: {line}");
+        assert_eq!(line["message"]["openclawAbort"]["origin"], origin, "{method}: {line}");
+        let user = c.sql(&format!("SELECT id FROM entries WHERE idempotency_key = '{run}:user'"));
+        assert_eq!(line["parentId"], user.as_str(), "{method}: {line}");
+    }
+    // The runs are gone, and no turn ran twice.
+    poll_async(Duration::from_secs(10), Duration::from_millis(50), || async {
+        (c.sql("SELECT count(*) FROM runs") == "0").then_some(())
+    })
+    .await
+    .expect("no run left");
+    let replies = "SELECT count(*) FROM entries WHERE type = 'message' AND line LIKE '%\"role\":\"assistant\"%'";
+    assert_eq!(c.sql(replies), "5", "the kept run's reply and one partial each");
 }

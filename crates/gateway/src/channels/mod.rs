@@ -542,7 +542,7 @@ pub async fn inbound(gw: &Arc<Gateway>, policy: &Policy, msg: Inbound) -> Result
     let session = label(gw, session, &msg).await?;
     let stats = gw.channels.stats(msg.channel);
     if msg.images.is_empty() && crate::chat::is_stop(&msg.text) {
-        let ids = crate::chat::abort_session(gw, &session.key, None, "stop-command");
+        let ids = crate::abort::abort(gw, &session.key, None, "stop-command").await?;
         stats.count(msg.channel, Event::Received);
         let reply = if ids.is_empty() { "Nothing is running." } else { "Stopped." };
         return Ok(Accepted::Command { session_key: session.key, reply: reply.into() });
