@@ -358,7 +358,7 @@ fn settled(gw: &Gateway, p: &Pending, d: &Decided) {
     remember(gw, &p.id, d);
     p.tx.send_replace(Some(d.clone()));
     announce_resolved(gw, &p.id, &p.record["request"], d);
-    crate::methods::changed(gw, &p.session.key, "approval");
+    gw.hub.sessions_changed(&p.session.key, "approval");
 }
 
 fn remember(gw: &Gateway, id: &str, d: &Decided) {
@@ -778,7 +778,7 @@ async fn wait(
     lock(&gw.approvals.pending).insert(id.clone(), p.clone());
     gw.hub.publish("exec.approval.requested", None, record.clone(), false, Audience::All);
     // Its row says `waiting` now (and again `running` once decided: [`settled`]).
-    crate::methods::changed(gw, &session.key, "approval");
+    gw.hub.sessions_changed(&session.key, "approval");
     let requested = json!({"phase": "requested", "kind": "exec", "status": "pending",
         "title": "Command approval requested", "toolCallId": req["toolCallId"], "approvalId": id,
         "command": req["command"], "cwd": req["cwd"], "name": req["toolName"], "host": "gateway",

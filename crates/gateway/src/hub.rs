@@ -233,6 +233,13 @@ impl Hub {
         });
     }
 
+    /// Tells the `sessions.subscribe` watchers that session `key` changed because of `reason`.
+    pub fn sessions_changed(&self, key: &str, reason: &str) {
+        let event = crate::protocol::SessionsChanged { session_key: key, reason, ts: pincer_pi::now_ms() };
+        let payload = serde_json::to_value(event).unwrap_or_default();
+        self.publish("sessions.changed", Some(key), payload, true, Audience::SessionsWatchers);
+    }
+
     /// Publishes a session's event whose payload is already serialized (see [`to_json`]).
     pub fn publish_json(
         &self,

@@ -3,8 +3,7 @@
 //! Anything else is answered `INVALID_REQUEST "unknown method: X"`.
 
 use crate::chat;
-use crate::hub::Audience;
-use crate::protocol::{present, Bounded, Method, NonBlank, RpcError, Text};
+use crate::protocol::{present, Bounded, Method, NonBlank, RpcError, Text, MAX_LABEL_CHARS};
 use crate::sessions::{canonical_key, SessionRef};
 use crate::state::Gateway;
 use crate::Ctx;
@@ -294,7 +293,7 @@ async fn trim(gw: &Arc<Gateway>, session: SessionRef, max_lines: usize) -> Resul
         None => json!({"ok": true, "key": key, "compacted": false, "reason": "no transcript"}),
         Some(t) => {
             if t.compacted {
-                changed(gw, &key, "compact");
+                gw.hub.sessions_changed(&key, "compact");
             }
             json!({"ok": true, "key": key, "compacted": t.compacted, "kept": t.kept,
                 "backup": t.backup.map(|b| b.display().to_string())})
@@ -324,16 +323,6 @@ async fn blocking(
 
 fn existing(gw: &Gateway, key: &str) -> Result<SessionRef, RpcError> {
     gw.sessions.resolve(key, false)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))
-}
-
-pub(crate) fn changed(gw: &Gateway, key: &str, reason: &str) {
-    gw.hub.publish(
-        "sessions.changed",
-        Some(key),
-        json!({"sessionKey": key, "reason": reason, "ts": pincer_pi::now_ms()}),
-        true,
-        Audience::SessionsWatchers,
-    );
 }
 
 /// Most rows `sessions.list` returns at once.
@@ -421,7 +410,7 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
         session = gw.index(move |s| s.patch(&k, &fields)).await?;
     }
     gw.ensure_transcript(&session).await?;
-    changed(gw, &key, "create");
+    gw.hub.sessions_changed(&key, "create");
     let mut out =
         json!({"ok": true, "key": key, "sessionId": session.session_id, "entry": session.row(), "runStarted": false});
     if let Some(message) = p.message.filter(|m| !m.trim().is_empty()) {
@@ -510,7 +499,7 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         }
     }
     let s = gw.sessions.patch(key, &fields)?;
-    changed(gw, &s.key, "patch");
+    gw.hub.sessions_changed(&s.key, "patch");
     let model = gw.session_model(&s);
     let (provider, model_id) = model.split_once('/').unwrap_or(("", model.as_str()));
     Ok(json!({"ok": true, "path": s.path.display().to_string(), "key": s.key, "entry": s.row(),
@@ -548,8 +537,7 @@ pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
     row
 }
 
-/// Longest label or display name, and longest other string field of `sessions.create|patch`.
-pub const MAX_LABEL_CHARS: usize = 256;
+/// Longest string field of `sessions.create|patch` other than a label or display name.
 const MAX_FIELD_CHARS: usize = 128;
 
 /// OpenClaw's reasons for `sessions.reset`; both archive the old transcript as `reset`.
@@ -575,7 +563,7 @@ fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(o) = old {
         gw.store.forget(&o.path);
     }
-    changed(gw, &key, "reset");
+    gw.hub.sessions_changed(&key, "reset");
     Ok(json!({"ok": true, "key": s.key, "entry": s.row(), "archived": archived.map(|p| p.display().to_string())}))
 }
 
@@ -586,7 +574,7 @@ fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     if let Some(o) = old {
         gw.store.forget(&o.path);
     }
-    changed(gw, &key, "delete");
+    gw.hub.sessions_changed(&key, "delete");
     let archived: Vec<String> = archived.iter().map(|p| p.display().to_string()).collect();
     Ok(json!({"ok": true, "key": key, "deleted": deleted, "archived": archived}))
 }
@@ -707,7 +695,7 @@ async fn archives_restore(gw: &Arc<Gateway>, params: &Value) -> Result<Value, Rp
     })
     .await
     .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))??;
-    changed(gw, &s.key, "create");
+    gw.hub.sessions_changed(&s.key, "create");
     Ok(json!({"ok": true, "key": s.key, "sessionId": s.session_id}))
 }
 

@@ -559,7 +559,7 @@ pub async fn fork(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
             let s = gw.sessions.resolve(&k, true)?.ok_or_else(|| RpcError::unavailable("session not created"))?;
             if let Some(l) = label {
                 let mut f = serde_json::Map::new();
-                f.insert("label".into(), json!(l.chars().take(crate::methods::MAX_LABEL_CHARS).collect::<String>()));
+                f.insert("label".into(), json!(l.chars().take(crate::protocol::MAX_LABEL_CHARS).collect::<String>()));
                 return gw.sessions.patch(&k, &f);
             }
             Ok(s)
@@ -636,11 +636,11 @@ pub async fn label(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
     let target = p.entry_id.0.clone();
     let text = match &p.label {
         None => String::new(),
-        Some(l) if l.chars().count() <= crate::methods::MAX_LABEL_CHARS => l.trim().to_owned(),
+        Some(l) if l.chars().count() <= crate::protocol::MAX_LABEL_CHARS => l.trim().to_owned(),
         Some(_) => {
             return Err(RpcError::invalid(format!(
                 "label must be a string of at most {} characters",
-                crate::methods::MAX_LABEL_CHARS
+                crate::protocol::MAX_LABEL_CHARS
             )))
         }
     };

@@ -86,6 +86,16 @@ pub struct AgentEvent<'a> {
     pub data: &'a Value,
 }
 
+/// A `sessions.changed` event: session `sessionKey` was created, patched, reset, deleted,
+/// compacted, or an approval of it changed (`reason`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionsChanged<'a> {
+    pub session_key: &'a str,
+    pub reason: &'a str,
+    pub ts: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,8 @@
 /// Largest frame after the handshake (32 MiB): room for the documented 20 MB of attachments as
 /// base64 (×4/3 ≈ 26.7 MB) plus the message and the frame around them.
 pub const MAX_PAYLOAD_BYTES: usize = 32 * 1024 * 1024;
+/// Longest session label or display name (`sessions.create|patch`, `sessions.label`), in chars.
+pub const MAX_LABEL_CHARS: usize = 256;
 /// Largest frame before `connect` succeeded (64 KiB).
 pub const MAX_PREAUTH_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Per-connection send buffer before a slow consumer is dropped/closed (50 MiB).
