@@ -8,7 +8,7 @@
 use crate::hook::{self, Decision};
 use crate::protocol::{Bounded, ChatEvent, ChatFailure, ChatState, ErrorCode, ErrorKind, Method, NonBlank, RpcError};
 use crate::sessions::SessionRef;
-use crate::state::{injected_message, Dedupe, Gateway, RunHandle};
+use crate::state::{injected_message, Dedupe, Gateway, RunHandle, TurnOutcome};
 use crate::turns::OnDisk;
 use crate::Ctx;
 use base64::Engine;
@@ -630,6 +630,11 @@ impl Turn {
         self.gw.hub.publish_json("chat", &self.session.key, json, droppable, crate::hub::Audience::All, id);
     }
 
+    /// Records how the run ended, for the client that follows it ([`RunHandle::progress`]).
+    fn ended(&self, outcome: TurnOutcome) {
+        self.run.progress.send_modify(|p| p.end = Some(outcome));
+    }
+
     fn agent_event(&self, stream: &str, data: Value) {
         publish_agent_event(&self.gw, &self.session, &self.run, stream, data);
     }
@@ -643,9 +648,11 @@ impl Turn {
 
     fn session_message(&self, entry: &Value) {
         // What streamed is in the row now: the next message streams from nothing.
-        if let Ok(mut streamed) = self.run.streamed.lock() {
-            streamed.clear();
-        }
+        self.run.progress.send_if_modified(|p| {
+            let had = !p.text.is_empty();
+            p.text.clear();
+            had
+        });
         publish_session_message(&self.gw, &self.session, entry, None);
     }
 
@@ -694,6 +701,7 @@ impl Turn {
             Err(crate::state::SlotError::Cancelled) => {
                 // Aborted while waiting: no row was written.
                 self.drop_queued("aborted while it waited").await;
+                self.ended(TurnOutcome::Aborted(None));
                 self.chat_event(ChatState::Aborted, json!({"stopReason": self.run.origin()}));
                 self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
                 return;
@@ -852,6 +860,7 @@ impl Turn {
             }
         };
         self.lifecycle_end();
+        self.ended(TurnOutcome::Replied(message.clone()));
         self.chat_event(ChatState::Final, json!({"stopReason": "stop", "message": message}));
     }
 
@@ -1303,15 +1312,14 @@ impl Turn {
                     _ => "stop",
                 };
                 self.lifecycle_end();
+                self.ended(TurnOutcome::AnsweredBefore);
                 self.chat_event(ChatState::Final, json!({"stopReason": stop}));
                 status
             }
             _ => {
-                self.chat_event_with(
-                    ChatState::Error,
-                    &ChatFailure { error_message: why, error_kind: ErrorKind::Interrupted },
-                    None,
-                );
+                let kind = ErrorKind::Interrupted;
+                self.ended(TurnOutcome::Failed { message: why.to_owned(), kind: kind.as_str().to_owned() });
+                self.chat_event_with(ChatState::Error, &ChatFailure { error_message: why, error_kind: kind }, None);
                 self.agent_event("lifecycle", json!({"phase": "error", "error": why}));
                 "interrupted"
             }
@@ -1335,6 +1343,7 @@ impl Turn {
         if let Some(e) = entry {
             extra["message"] = with_meta(e, &self.run.run_id);
         }
+        self.ended(TurnOutcome::Failed { message: message.clone(), kind: kind.as_str().to_owned() });
         self.chat_event(ChatState::Error, extra);
         self.agent_event("lifecycle", json!({"phase": "error", "error": message}));
         self.finish(Err(RpcError::unavailable(message.to_owned())
@@ -1438,6 +1447,7 @@ impl Turn {
                         usage: msg.get("usage"),
                     };
                     self.lifecycle_end();
+                    self.ended(TurnOutcome::Replied(with_meta(&entry, &self.run.run_id)));
                     self.chat_event_with(ChatState::Final, &extra, entry.get("id").and_then(Value::as_str));
                     self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
                     return StreamEnd::Finished { usage: msg.get("usage").cloned() };
@@ -1485,9 +1495,7 @@ impl Turn {
         let content = if thinking.is_empty() { &blocks[1..] } else { &blocks[..] };
         let delta = Delta { delta_text: pending, message: Message { role: "assistant", content, timestamp: now_ms() } };
         self.chat_event_with(ChatState::Delta, &delta, None);
-        if let Ok(mut streamed) = self.run.streamed.lock() {
-            text.clone_into(&mut streamed);
-        }
+        self.run.progress.send_modify(|p| text.clone_into(&mut p.text));
         pending.clear();
         *last_sent = Some(Instant::now());
     }
@@ -1530,6 +1538,7 @@ impl Turn {
                 }
             }
         }
+        self.ended(TurnOutcome::Aborted(extra.get("message").cloned()));
         self.chat_event(ChatState::Aborted, extra);
         self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
     }
@@ -1818,7 +1827,7 @@ pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcErro
     // `inFlightRun` gives it: a client that reloads the history in the middle of a run (OpenClaw's
     // Control UI does, at every run's start) keeps it as running, with its text so far.
     let in_flight = runs.first().map(|r| {
-        let text = r.streamed.lock().map(|t| t.clone()).unwrap_or_default();
+        let text = r.streamed();
         json!({"runId": r.run_id, "text": text, "startedAt": r.started_at})
     });
     let mut info = session.as_ref().map(|s| s.row()).unwrap_or_else(

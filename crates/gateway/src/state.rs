@@ -145,9 +145,33 @@ pub struct RunHandle {
     pub done: CancellationToken,
     /// When the run was registered (ms since the epoch).
     pub started_at: u64,
+    /// What the run's own client follows without the event bus (the OpenAI endpoint): the text
+    /// it streams now and, once over, how it ended.
+    pub progress: tokio::sync::watch::Sender<Progress>,
+}
+
+/// A run as its own client follows it ([`RunHandle::progress`]).
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
     /// The text of the message the run streams now, as its last `chat` delta carried it (empty
     /// before the first and after each persisted row): `chat.history`'s `inFlightRun`.
-    pub streamed: Mutex<String>,
+    pub text: String,
+    /// How the run ended, once it has.
+    pub end: Option<TurnOutcome>,
+}
+
+/// How a run ended (set before it is let go of: a client holding its handle always sees it).
+#[derive(Debug, Clone)]
+pub enum TurnOutcome {
+    /// Its reply, as written (the row's message, with `__openclaw`).
+    Replied(Value),
+    /// Its key was answered before (a resent key that waited in the queue): the reply is in the
+    /// transcript.
+    AnsweredBefore,
+    /// Stopped; its partial as written, when it had one.
+    Aborted(Option<Value>),
+    /// Failed: what was wrong, and its `errorKind`.
+    Failed { message: String, kind: String },
 }
 
 impl RunHandle {
@@ -174,6 +198,11 @@ impl RunHandle {
 
     pub fn origin(&self) -> &'static str {
         self.abort_origin.lock().ok().and_then(|o| *o).unwrap_or("rpc")
+    }
+
+    /// The text of the message the run streams now ([`Progress::text`]).
+    pub fn streamed(&self) -> String {
+        self.progress.borrow().text.clone()
     }
 }
 
@@ -599,7 +628,7 @@ impl Gateway {
             agent_seq: AtomicU64::new(0),
             done: CancellationToken::new(),
             started_at: pincer_pi::now_ms(),
-            streamed: Mutex::default(),
+            progress: tokio::sync::watch::Sender::new(Progress::default()),
         })
     }
 

@@ -819,7 +819,7 @@ fn final_text(gw: &Gateway, s: &SessionRef, run_id: &str) -> Result<Option<Strin
 /// The text streamed so far by run `run_id` when it runs in this process.
 fn streamed(gw: &Gateway, run_id: &str) -> Option<String> {
     let r = gw.run(run_id)?;
-    let t = r.streamed.lock().map(|t| t.clone()).unwrap_or_default();
+    let t = r.streamed();
     Some(t)
 }
 

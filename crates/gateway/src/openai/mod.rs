@@ -26,10 +26,9 @@ pub mod wire;
 
 use crate::chat::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
 use crate::config::AuthMode;
-use crate::hub::{BusEvent, Subscriber};
 use crate::protocol::ErrorCode;
 use crate::sessions::{Principal, SessionRef, DEFAULT_AGENT};
-use crate::state::{lock, Gateway};
+use crate::state::{Gateway, Progress, RunHandle, TurnOutcome};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -39,8 +38,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 use wire::{ApiError, Conversation, Hash, ROOT};
 
 /// Largest request body (room for 20 MB of images as base64).
@@ -605,47 +603,15 @@ enum Step {
     Failed(ApiError),
 }
 
-/// The `chat` events of one run, kept for the request that relays them: deltas supersede each
-/// other (each carries the message's text so far), so only the latest is kept; the run's end is
-/// kept apart and never dropped.
-struct RunWatch {
-    run_id: String,
-    key: String,
-    delta: Mutex<Option<Value>>,
-    end: Mutex<Option<Value>>,
-    wake: tokio::sync::Notify,
-}
-
-impl Subscriber for RunWatch {
-    fn wants(&self, name: &'static str, session_key: Option<&str>, _: crate::hub::Audience) -> bool {
-        name == "chat" && session_key == Some(self.key.as_str())
-    }
-
-    fn deliver(&self, ev: &Arc<BusEvent>) -> bool {
-        if !self.wants(ev.name, ev.session_key.as_deref(), ev.audience) {
-            return true;
-        }
-        let Ok(p) = serde_json::from_str::<Value>(&ev.payload_json) else { return true };
-        if p.get("runId").and_then(Value::as_str) != Some(self.run_id.as_str()) {
-            return true;
-        }
-        let slot = match p.get("state").and_then(Value::as_str) {
-            Some("delta") => &self.delta,
-            Some("final" | "aborted" | "error") => &self.end,
-            _ => return true, // `status`: the startup phases say nothing the API client reads
-        };
-        *lock(slot) = Some(p);
-        self.wake.notify_one();
-        true
-    }
-}
-
-/// Turns a run's events into text pieces and its end.
+/// Turns a run's progress ([`crate::state::RunHandle::progress`]) into text pieces and its end.
+/// Without the run's handle (it ended before this request looked: a retry racing its original),
+/// or when its key had been answered before, the end is read from the transcript.
 struct Relay {
     gw: Arc<Gateway>,
-    watch: Arc<RunWatch>,
-    _subscription: crate::hub::Subscription,
+    /// The run's progress; `None`: read the end from the transcript.
+    progress: Option<tokio::sync::watch::Receiver<Progress>>,
     session: SessionRef,
+    run_id: String,
     /// Text of the current assistant message already relayed.
     current: String,
     /// Steps ready to go out.
@@ -654,21 +620,12 @@ struct Relay {
 }
 
 impl Relay {
-    fn open(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Relay {
-        let watch = Arc::new(RunWatch {
-            run_id: run_id.to_owned(),
-            key: session.key.clone(),
-            delta: Mutex::new(None),
-            end: Mutex::new(None),
-            wake: tokio::sync::Notify::new(),
-        });
-        let sub = gw.hub.subscribe(watch.clone());
-        sub.watch(&session.key);
+    fn follow(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str, run: Option<Arc<RunHandle>>) -> Relay {
         Relay {
             gw: gw.clone(),
-            watch,
-            _subscription: sub,
+            progress: run.map(|r| r.progress.subscribe()),
             session: session.clone(),
+            run_id: run_id.to_owned(),
             current: String::new(),
             queue: Default::default(),
             ended: false,
@@ -696,34 +653,24 @@ impl Relay {
             if self.ended {
                 return None;
             }
-            let end = lock(&self.watch.end).take();
-            if let Some(end) = end {
-                // A delta held back behind the end is part of the end's message.
-                lock(&self.watch.delta).take();
-                self.finish(&end);
+            let Some(rx) = self.progress.as_mut() else {
+                self.read_end().await;
                 continue;
-            }
-            let delta = lock(&self.watch.delta).take();
-            if let Some(d) = delta {
-                self.piece(&wire::assistant_text(&d["message"]));
-                continue;
-            }
-            tokio::select! {
-                _ = self.watch.wake.notified() => {}
-                // A run that ended before this request subscribed (a retry racing its original):
-                // its end is read from the transcript.
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                    if self.gw.run(&self.watch.run_id).is_none() && lock(&self.watch.end).is_none() {
-                        self.ended = true;
-                        match finished(&self.gw, &self.session, &self.watch.run_id).await {
-                            Ok(f) => {
-                                let rest = f.text.strip_prefix(self.current.as_str()).unwrap_or(&f.text).to_owned();
-                                if !rest.is_empty() {
-                                    self.queue.push_back(Step::Text(rest));
-                                }
-                                self.queue.push_back(Step::Done { finish: f.finish, usage: f.usage, calls: f.calls });
-                            }
-                            Err(e) => self.queue.push_back(Step::Failed(e)),
+            };
+            let (text, end) = {
+                let p = rx.borrow_and_update();
+                (p.text.clone(), p.end.clone())
+            };
+            match end {
+                Some(TurnOutcome::AnsweredBefore) => self.progress = None,
+                Some(end) => self.finish(end),
+                None => {
+                    self.piece(&text);
+                    // A run sets its end before its handle goes; should the handle go without
+                    // one (a panic), the transcript tells the end.
+                    if let Some(rx) = self.progress.as_mut().filter(|_| self.queue.is_empty()) {
+                        if rx.changed().await.is_err() {
+                            self.progress = None;
                         }
                     }
                 }
@@ -731,20 +678,38 @@ impl Relay {
         }
     }
 
-    fn finish(&mut self, end: &Value) {
+    /// The end of a run that is over, read from its transcript.
+    async fn read_end(&mut self) {
         self.ended = true;
-        if end.get("state").and_then(Value::as_str) == Some("error") {
-            self.queue.push_back(Step::Failed(ApiError::from_run(
-                end.get("errorMessage").and_then(Value::as_str).unwrap_or("the run failed"),
-                end.get("errorKind").and_then(Value::as_str).unwrap_or("unknown"),
-            )));
-            return;
+        match finished(&self.gw, &self.session, &self.run_id).await {
+            Ok(f) => {
+                let rest = f.text.strip_prefix(self.current.as_str()).unwrap_or(&f.text).to_owned();
+                if !rest.is_empty() {
+                    self.queue.push_back(Step::Text(rest));
+                }
+                self.queue.push_back(Step::Done { finish: f.finish, usage: f.usage, calls: f.calls });
+            }
+            Err(e) => self.queue.push_back(Step::Failed(e)),
         }
-        let msg = end.get("message").cloned().unwrap_or(Value::Null);
+    }
+
+    fn finish(&mut self, end: TurnOutcome) {
+        self.ended = true;
+        let msg = match end {
+            TurnOutcome::Failed { message, kind } => {
+                self.queue.push_back(Step::Failed(ApiError::from_run(&message, &kind)));
+                return;
+            }
+            TurnOutcome::Replied(msg) | TurnOutcome::Aborted(Some(msg)) => msg,
+            TurnOutcome::Aborted(None) | TurnOutcome::AnsweredBefore => Value::Null,
+        };
         self.piece(&wire::assistant_text(&msg));
-        let usage = end.get("usage").filter(|u| u.is_object()).or_else(|| msg.get("usage"));
         let finish = wire::finish_reason(&msg);
-        self.queue.push_back(Step::Done { finish, usage: wire::usage(usage), calls: wire::client_calls(&msg) });
+        self.queue.push_back(Step::Done {
+            finish,
+            usage: wire::usage(msg.get("usage")),
+            calls: wire::client_calls(&msg),
+        });
     }
 }
 
@@ -805,9 +770,8 @@ async fn answer(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, ApiError> 
         let a = ask.clone();
         let placed = gw.blocking(move |gw| Ok(placement(gw, &a, allow_retry))).await.map_err(internal)??;
         let Placement { session, run_id, graft, regenerate } = placed;
-        let relay = Relay::open(gw, &session, &run_id);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let _ = tx.send(());
+        // The run is held back until its handle was taken: its end cannot be missed.
+        let (go, acked) = tokio::sync::oneshot::channel();
         let request = TurnRequest {
             session: session.clone(),
             run_id: run_id.clone(),
@@ -819,13 +783,15 @@ async fn answer(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, ApiError> 
             model: ask.model.clone(),
             conn_id: 0,
         };
-        let started = start_turn(gw, request, rx).await.map_err(|e| match e.code {
+        let started = start_turn(gw, request, acked).await.map_err(|e| match e.code {
             ErrorCode::Unavailable if e.message.starts_with("session busy") => {
                 ApiError::new(429, "rate_limit_error", Some("session_busy"), e.message)
             }
             ErrorCode::InvalidRequest => ApiError::bad(e.message),
             _ => internal(e),
         })?;
+        let relay = Relay::follow(gw, &session, &run_id, gw.run(&run_id));
+        let _ = go.send(());
         let status = started.get("status").and_then(Value::as_str).unwrap_or("");
         let reply = Reply {
             gw: gw.clone(),
