@@ -1,14 +1,15 @@
 //! `agent` and `agent.wait`: OpenClaw's scripting path (`openclaw agent -m …`). `agent` takes
 //! OpenClaw's params, picks the session (`sessionKey`, else `sessionId`, else the agent's main
-//! session), runs the turn through the one turn pipeline ([`crate::chat::start_turn`], the same
+//! session), runs the turn through the one turn pipeline ([`crate::turn::start_turn`], the same
 //! parsing as `chat.send`), answers `status: "accepted"` at once and, on the same request id, the
 //! final `{runId, status, summary, result: {payloads, meta}}` read back from the transcript.
 //! `agent.wait` waits (bounded) for a run to end and says how it ended.
 
-use crate::chat::{self, TurnRequest};
+use crate::chat;
 use crate::protocol::{Method, NonBlank, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
+use crate::turn::TurnRequest;
 use crate::Ctx;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -44,7 +45,7 @@ pub async fn agent(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value
     ctx.subs.add_chat(session.key.clone())?;
     let accepted = json!({"runId": run_id, "sessionKey": session.key, "agentId": session.agent_id,
         "status": "accepted", "acceptedAt": pincer_pi::now_ms()});
-    if images.is_empty() && chat::is_stop(&message) {
+    if images.is_empty() && crate::commands::is_stop(&message) {
         let ids = crate::abort::abort(gw, &session.key, None, "stop-command").await?;
         ctx.interim(accepted);
         let text = if ids.is_empty() { "No active run." } else { "Stopped." };
@@ -64,7 +65,7 @@ pub async fn agent(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value
         model,
         conn_id: ctx.conn_id,
     };
-    let started = chat::start_turn(gw, request, acked).await?;
+    let started = crate::turn::start_turn(gw, request, acked).await?;
     // Registered by `start_turn` and not started before `go`: its end cannot be missed.
     let run = gw.run(&run_id);
     ctx.interim(accepted);
@@ -132,7 +133,7 @@ async fn final_payload(
     let (path, id) = (session.path.clone(), run_id.to_owned());
     let replies = gw
         .blocking(move |gw| {
-            crate::turns::replies(&gw.store, &path, &id)
+            crate::durable::replies(&gw.store, &path, &id)
                 .map_err(|e| RpcError::unavailable(format!("cannot read the transcript: {e}")))
         })
         .await?;

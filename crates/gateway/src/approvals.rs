@@ -15,7 +15,7 @@
 //!    `deny` (reason `aborted`) and the call gets a denied result.
 //!
 //! A gateway killed while a call waits leaves the request on disk without a decision: the turn is
-//! resumed at startup ([`crate::turns::recover`]), the request is registered again under its id
+//! resumed at startup ([`crate::durable::recover`]), the request is registered again under its id
 //! and expiry ([`resume_call`]), and the call runs once, when it is allowed.
 //!
 //! With replicas (PostgreSQL), `exec.approval.list` also lists the requests waiting on the others
@@ -342,7 +342,7 @@ async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Resul
     }
     let request = json!({"id": p.id, "runId": p.run_id, "toolCallId": p.tool_call_id});
     if let Err(e) = gw.append(&p.session, decision_entry(&request, &d)).await {
-        let (_, message) = crate::chat::persist_failure(&e);
+        let (_, message) = crate::turn::persist_failure(&e);
         return Err(RpcError::unavailable(format!("the decision was not recorded: {message}")));
     }
     *slot = Some(d.clone());
@@ -471,7 +471,7 @@ async fn resolve_remote(gw: &Arc<Gateway>, id: &str, d: Decided) -> Option<Resul
     let mut entry = decision_entry(&data, &d);
     entry.payload.insert("customType".into(), json!(ANSWER));
     if let Err(e) = gw.append(&session, entry).await {
-        let (_, message) = crate::chat::persist_failure(&e);
+        let (_, message) = crate::turn::persist_failure(&e);
         return Some(Err(RpcError::unavailable(format!("the answer was not recorded: {message}"))));
     }
     match on_disk_for(gw, &session, id).await {
@@ -694,7 +694,7 @@ impl Gate {
             payload.insert("customType".into(), json!(REQUEST));
             payload.insert("data".into(), Value::Object(data));
             if let Err(e) = t.gw.append(&t.session, NewEntry::of("custom", payload)).await {
-                let (_, message) = crate::chat::persist_failure(&e);
+                let (_, message) = crate::turn::persist_failure(&e);
                 return Err(ToolError::failed(format!(
                     "The approval request was not recorded ({message}); it did not run."
                 )));
@@ -783,7 +783,7 @@ async fn wait(
         "title": "Command approval requested", "toolCallId": req["toolCallId"], "approvalId": id,
         "command": req["command"], "cwd": req["cwd"], "name": req["toolName"], "host": "gateway",
         "expiresAtMs": expires_at});
-    crate::chat::publish_agent_event(gw, session, run, "approval", requested);
+    crate::announce::publish_agent_event(gw, session, run, "approval", requested);
     // The call's card says what it waits for and how to answer, in OpenClaw's words: a client
     // without an approval view (OpenClaw's TUI) shows it as the running tool's output.
     report(ToolOutput::text(pending_text(&id, req)));
@@ -815,7 +815,7 @@ async fn wait(
     let status = if d.allows() { "approved" } else { "denied" };
     let resolved = json!({"phase": "resolved", "kind": "exec", "status": status, "title": "Command approval resolved",
         "toolCallId": req["toolCallId"], "approvalId": id, "decision": d.decision, "reason": d.reason});
-    crate::chat::publish_agent_event(gw, session, run, "approval", resolved);
+    crate::announce::publish_agent_event(gw, session, run, "approval", resolved);
     d
 }
 
@@ -901,7 +901,7 @@ pub async fn resume_call(
     let report = |pending: ToolOutput| {
         let update = json!({"phase": "update", "name": call["name"], "toolCallId": call["id"],
             "partialResult": pending.to_value()});
-        crate::chat::publish_agent_event(gw, session, run, "tool", update);
+        crate::announce::publish_agent_event(gw, session, run, "tool", update);
     };
     let d = wait(gw, session, run, Value::Object(record), &report).await;
     if d.allows() {

@@ -8,7 +8,8 @@
 //! - [`ws`]: one WebSocket connection: handshake, dispatch, event forwarding, slow consumers.
 //! - [`protocol`]: the `pincer-protocol` crate: frames, the method table, errors, limits and typed
 //!   events of OpenClaw's gateway protocol (v3/v4).
-//! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends (the one turn pipeline);
+//! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends; [`turn`]: the one
+//!   turn pipeline, [`announce`] its events, [`commands`] the slash commands;
 //!   [`agent`]: OpenClaw's `agent`/`agent.wait` on that pipeline.
 //! - [`openai`]: the OpenAI-compatible endpoint, mapping stateless clients onto session trees.
 //! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
@@ -17,7 +18,8 @@
 //!   reconnecting client missed, replayed from the store on any replica.
 //! - [`state`]: shared state (store, runs, dedupe, queue); [`abort`]: stopping a session's runs
 //!   wherever they run (every entry point).
-//! - [`turns`]: what the transcript says about a turn (durable dedupe, interrupted turns).
+//! - [`durable`]: what the transcript says about a turn (durable dedupe, queued and interrupted
+//!   turns) and taking up the turns a stop or a dead replica cut.
 //! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
 //!   the other read-only discovery methods; [`usage`]: token usage from the transcripts; [`stubs`]: empty
 //!   answers for OpenClaw features Pincer lacks.
@@ -28,15 +30,18 @@
 
 pub mod abort;
 pub mod agent;
+pub mod announce;
 pub mod approvals;
 pub mod assets;
 pub mod budget;
 pub mod catchup;
 pub mod channels;
 pub mod chat;
+pub mod commands;
 pub mod compact;
 pub mod config;
 pub mod device;
+pub mod durable;
 pub mod error;
 pub mod export;
 pub mod guard;
@@ -57,7 +62,8 @@ pub mod state;
 pub mod status;
 pub mod stubs;
 pub mod tree;
-pub mod turns;
+pub mod turn;
+
 pub mod usage;
 pub mod ws;
 

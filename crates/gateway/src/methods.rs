@@ -600,7 +600,9 @@ pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::pat
                 .ok()
                 .map(|v| crate::tree::display_text(&v["message"]))
                 // A slash command names no chat: the first message after it does.
-                .filter(|t| !t.is_empty() && crate::chat::slash_command(t).is_none() && !crate::chat::is_stop(t));
+                .filter(|t| {
+                    !t.is_empty() && crate::commands::slash_command(t).is_none() && !crate::commands::is_stop(t)
+                });
         }
     }
     (title, count)

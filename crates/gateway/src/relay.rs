@@ -143,7 +143,7 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
 type Claimed = Arc<std::sync::Mutex<HashMap<String, (String, bool)>>>;
 
 /// The runs `ids` of session `key`, whose replica died (claimed by this one): the session's
-/// turns among them are taken up here ([`crate::turns::take_up`]: the unanswered one at the leaf
+/// turns among them are taken up here ([`crate::durable::take_up`]: the unanswered one at the leaf
 /// resumed while it has attempts left, else marked interrupted; then the queued ones, in order);
 /// each is let go of once started here or found to need nothing (the next heartbeat drops its
 /// row). When the store failed, the runs not yet taken are tried again.
@@ -162,9 +162,9 @@ async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: 
         Ok(Some(s)) => {
             let claimed = claimed.clone();
             let started = move |run_id: &str| drop(crate::state::lock(&claimed).remove(run_id));
-            crate::turns::take_up(gw, s, crate::turns::Whose::Claimed(&ids), started).await
+            crate::durable::take_up(gw, s, crate::durable::Whose::Claimed(&ids), started).await
         }
-        Ok(None) => Ok(crate::turns::TakenUp::default()),
+        Ok(None) => Ok(crate::durable::TakenUp::default()),
         Err(_) => Err(()),
     };
     match taken {
@@ -293,7 +293,7 @@ fn approval_event(session: &SessionRef, pos: u64, entry: &Value) -> Option<Entry
 /// The run a user row starts (its `<run>:user` key without the suffix).
 pub fn user_run(entry: &Value) -> Option<&str> {
     let msg = entry.get("message").filter(|m| m["role"] == "user")?;
-    crate::turns::run_of_user_key(msg.get("idempotencyKey")?.as_str()?)
+    crate::durable::run_of_user_key(msg.get("idempotencyKey")?.as_str()?)
 }
 
 /// An event announcing a persisted entry, rendered from the entry alone.
@@ -318,7 +318,7 @@ pub fn render(
     run: &mut Option<String>,
 ) -> Vec<EntryEvent> {
     let kind = entry.get("type").and_then(Value::as_str);
-    if kind == Some("custom") && entry["customType"] == crate::turns::INTERRUPTED {
+    if kind == Some("custom") && entry["customType"] == crate::durable::INTERRUPTED {
         let Some(run) = entry["data"]["runId"].as_str() else { return vec![] };
         let reason = entry["data"]["reason"].as_str().unwrap_or("the turn was interrupted");
         let id = EventId::chat(&session.session_id, pos);
@@ -342,7 +342,7 @@ pub fn render(
     }
     let mut out = vec![EntryEvent {
         name: "session.message",
-        payload: serde_json::to_value(crate::chat::session_message_payload(gw, session, entry, Some(pos)))
+        payload: serde_json::to_value(crate::announce::session_message_payload(gw, session, entry, Some(pos)))
             .unwrap_or_default(),
         audience: Audience::SessionSubscribers,
         id: EventId::message(&session.session_id, pos),
@@ -350,7 +350,7 @@ pub fn render(
     let ends_run = msg["role"] == "assistant" && msg["stopReason"] != "toolUse";
     // A reply's run: its own `<run>:assistant` key; a `chat.inject` row's, `inject-<id>` (as
     // [`crate::chat::inject`] announces it); else the last user row's.
-    let own = key.and_then(crate::turns::run_of_reply_key).map(str::to_owned);
+    let own = key.and_then(crate::durable::run_of_reply_key).map(str::to_owned);
     let injected = (crate::state::is_injected(msg)).then(|| entry["id"].as_str().map(|id| format!("inject-{id}")));
     if let (true, Some(r)) = (ends_run, own.or(injected.flatten()).or(run.clone())) {
         let r = r.as_str();
@@ -363,7 +363,7 @@ pub fn render(
         };
         let end = ChatEnd {
             stop_reason,
-            message: crate::chat::WithMeta::run(entry, r),
+            message: crate::announce::WithMeta::run(entry, r),
             error_message: (state == ChatState::Error).then(|| &msg["errorMessage"]),
             usage: msg.get("usage").filter(|_| state == ChatState::Final),
         };

@@ -276,7 +276,7 @@ pub async fn serve(
     // attempt, so a turn sees the tools of every server that could start.
     gw.mcp.start();
     announce_mcp(&gw);
-    crate::turns::recover_interrupted(&gw);
+    crate::durable::recover_interrupted(&gw);
     crate::relay::start(&gw);
     crate::channels::start(&gw);
     let app = crate::http::router(gw.clone());

@@ -92,7 +92,7 @@ pub fn describe(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 
 /// `commands.list`: the slash commands `chat.send` answers without a model.
 pub fn commands() -> Value {
-    let commands: Vec<Value> = (crate::chat::SLASH_COMMANDS.iter())
+    let commands: Vec<Value> = (crate::commands::SLASH_COMMANDS.iter())
         .map(|c| {
             let aliases: Vec<&str> = c.texts.iter().skip(1).copied().collect();
             let mut e = json!({"name": c.name, "nativeName": c.name, "description": c.description,

@@ -383,14 +383,14 @@ pub async fn tree(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
 }
 
 /// What the gateway's recovery wrote about each turn it took up again after a crash or restart
-/// ([`crate::turns::RESUMED`], [`crate::turns::INTERRUPTED`] markers), by the id of the turn's user
+/// ([`crate::durable::RESUMED`], [`crate::durable::INTERRUPTED`] markers), by the id of the turn's user
 /// message: `{"resumed": N}` and, once out of attempts, `"interrupted": reason`.
 fn turn_marks(tree: &Tree) -> Value {
     let mut out = serde_json::Map::new();
     for n in tree.nodes.iter().filter(|n| n.kind == Kind::Custom) {
         let v = tree.value(n);
         let ty = v.get("customType").and_then(Value::as_str);
-        if ty != Some(crate::turns::RESUMED) && ty != Some(crate::turns::INTERRUPTED) {
+        if ty != Some(crate::durable::RESUMED) && ty != Some(crate::durable::INTERRUPTED) {
             continue;
         }
         // The turn's user message: the first user message up the marker's chain.
@@ -401,7 +401,7 @@ fn turn_marks(tree: &Tree) -> Value {
         }
         let Some(user) = cur.filter(|c| c.role.as_deref() == Some("user")) else { continue };
         let mark = out.entry(user.id.clone()).or_insert_with(|| json!({"resumed": 0}));
-        if ty == Some(crate::turns::RESUMED) {
+        if ty == Some(crate::durable::RESUMED) {
             mark["resumed"] = json!(mark["resumed"].as_u64().unwrap_or(0) + 1);
         } else {
             mark["interrupted"] = v.get("data").and_then(|d| d.get("reason")).cloned().unwrap_or(json!("interrupted"));

@@ -1,5 +1,5 @@
 //! Messaging channels (Telegram, Matrix, …): the seam between a chat platform and the gateway's
-//! one turn pipeline ([`crate::chat::start_turn`]), exactly once both ways.
+//! one turn pipeline ([`crate::turn::start_turn`]), exactly once both ways.
 //!
 //! # The interface an adapter uses
 //!
@@ -41,11 +41,11 @@
 pub mod matrix;
 pub mod telegram;
 
-use crate::chat::TurnRequest;
+use crate::durable::OnDisk;
 use crate::protocol::RpcError;
 use crate::sessions::{AgentId, SessionRef};
 use crate::state::{lock, Gateway};
-use crate::turns::OnDisk;
+use crate::turn::TurnRequest;
 use pincer_store::NewEntry;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -541,7 +541,7 @@ pub async fn inbound(gw: &Arc<Gateway>, policy: &Policy, msg: Inbound) -> Result
     let session = gw.session(&key, true).await?.ok_or_else(|| RpcError::invalid("session not found"))?;
     let session = label(gw, session, &msg).await?;
     let stats = gw.channels.stats(msg.channel);
-    if msg.images.is_empty() && crate::chat::is_stop(&msg.text) {
+    if msg.images.is_empty() && crate::commands::is_stop(&msg.text) {
         let ids = crate::abort::abort(gw, &session.key, None, "stop-command").await?;
         stats.count(msg.channel, Event::Received);
         let reply = if ids.is_empty() { "Nothing is running." } else { "Stopped." };
@@ -561,7 +561,7 @@ pub async fn inbound(gw: &Arc<Gateway>, policy: &Policy, msg: Inbound) -> Result
     };
     let (ack, acked) = tokio::sync::oneshot::channel();
     let _ = ack.send(());
-    let answer = crate::chat::start_turn(gw, request, acked).await?;
+    let answer = crate::turn::start_turn(gw, request, acked).await?;
     let status = answer.get("status").and_then(Value::as_str).unwrap_or("");
     if status != "started" {
         stats.count(msg.channel, Event::Deduplicated);
@@ -570,7 +570,7 @@ pub async fn inbound(gw: &Arc<Gateway>, policy: &Policy, msg: Inbound) -> Result
         return Ok(Accepted::Duplicate { session_key: session.key, run_id: run });
     }
     stats.count(msg.channel, Event::Received);
-    if msg.images.is_empty() && crate::chat::slash_command(&msg.text).is_some() {
+    if msg.images.is_empty() && crate::commands::slash_command(&msg.text).is_some() {
         lock(&gw.channels.commands).insert(run.clone());
     }
     spawn_delivery(gw, &session.key, &run);
@@ -615,14 +615,14 @@ async fn wait_durable(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> 
     let deadline = Instant::now() + DURABLE_WAIT;
     loop {
         let live = gw.run(run_id).is_some();
-        if !crate::turns::known_new(gw.store.as_ref(), &session.path, run_id) || !live {
+        if !crate::durable::known_new(gw.store.as_ref(), &session.path, run_id) || !live {
             let (store, path, id) = (gw.store.clone(), session.path.clone(), run_id.to_owned());
             let written = tokio::task::spawn_blocking(move || -> Result<bool, pincer_store::StoreError> {
-                if crate::turns::on_disk(store.as_ref(), &path, &id, usize::MAX)? != OnDisk::New {
+                if crate::durable::on_disk(store.as_ref(), &path, &id, usize::MAX)? != OnDisk::New {
                     return Ok(true);
                 }
                 let tail = store.tail_entries(&path, 256 * 1024)?;
-                Ok(tail.iter().any(|e| custom_run(e, crate::turns::QUEUED) == Some(id.as_str())))
+                Ok(tail.iter().any(|e| custom_run(e, crate::durable::QUEUED) == Some(id.as_str())))
             })
             .await
             .map_err(|e| RpcError::unavailable(format!("transcript check failed: {e}")))?
@@ -723,13 +723,13 @@ pub fn read_ledger(
     path: &std::path::Path,
     run_id: &str,
 ) -> Result<Ledger, pincer_store::StoreError> {
-    let entries = match store.find_keyed(path, &crate::turns::user_key(run_id))? {
+    let entries = match store.find_keyed(path, &crate::durable::user_key(run_id))? {
         Some((_, offset)) => store.entries_from(path, offset, LEDGER_WINDOW)?,
         None => store.tail_entries(path, RECONCILE_TAIL)?,
     };
     let mut l = Ledger::default();
     for e in &entries {
-        if custom_run(e, crate::turns::INTERRUPTED) == Some(run_id) {
+        if custom_run(e, crate::durable::INTERRUPTED) == Some(run_id) {
             l.interrupted = true;
         }
         if custom_run(e, DELIVERY) != Some(run_id) {
@@ -792,7 +792,7 @@ fn address(s: &SessionRef) -> Option<Address> {
 /// The turn's final text from the transcript: the last reply's text (an error or an abort said so);
 /// `None` while it has no reply.
 fn final_text(gw: &Gateway, s: &SessionRef, run_id: &str) -> Result<Option<String>, pincer_store::StoreError> {
-    let replies = crate::turns::replies(gw.store.as_ref(), &s.path, run_id)?;
+    let replies = crate::durable::replies(gw.store.as_ref(), &s.path, run_id)?;
     let Some(last) = replies.last() else { return Ok(None) };
     let text: String = replies
         .iter()
@@ -834,13 +834,13 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
     let command = told
         || match gw.session(key, false).await {
             Ok(Some(s)) => {
-                let (store, path, k) = (gw.store.clone(), s.path.clone(), crate::turns::user_key(run_id));
+                let (store, path, k) = (gw.store.clone(), s.path.clone(), crate::durable::user_key(run_id));
                 let user = tokio::task::spawn_blocking(move || store.find_keyed(&path, &k)).await;
                 let text = match &user {
                     Ok(Ok(Some((e, _)))) => pincer_pi::text_blocks(e["message"].get("content")).join("\n"),
                     _ => String::new(),
                 };
-                crate::chat::slash_command(&text).is_some()
+                crate::commands::slash_command(&text).is_some()
             }
             _ => false,
         };
@@ -871,7 +871,7 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
         let state = {
             let (store, path, id) = (gw.store.clone(), s.path.clone(), run_id.to_owned());
             let attempts = gw.settings.resume_attempts;
-            tokio::task::spawn_blocking(move || crate::turns::on_disk(store.as_ref(), &path, &id, attempts))
+            tokio::task::spawn_blocking(move || crate::durable::on_disk(store.as_ref(), &path, &id, attempts))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?
@@ -1110,8 +1110,8 @@ fn undelivered(
     for e in &tail {
         let key = e.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str);
         let run = key
-            .and_then(|k| crate::turns::run_of_user_key(k).or_else(|| crate::turns::run_of_reply_key(k)))
-            .or_else(|| custom_run(e, crate::turns::QUEUED));
+            .and_then(|k| crate::durable::run_of_user_key(k).or_else(|| crate::durable::run_of_reply_key(k)))
+            .or_else(|| custom_run(e, crate::durable::QUEUED));
         if let Some(r) = run.filter(|r| r.starts_with(prefix)) {
             if !runs.iter().any(|x| x == r) {
                 runs.push(r.to_owned());

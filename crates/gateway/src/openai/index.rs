@@ -330,7 +330,7 @@ fn keyed(message: &Value) -> Option<(Arc<str>, u64)> {
     if message.get("role")?.as_str()? != "user" {
         return None;
     }
-    let key = crate::turns::run_of_user_key(message.get("idempotencyKey")?.as_str()?)?;
+    let key = crate::durable::run_of_user_key(message.get("idempotencyKey")?.as_str()?)?;
     key.starts_with(KEY_PREFIX).then(|| (Arc::from(key), message.get("timestamp").and_then(Value::as_u64).unwrap_or(0)))
 }
 

@@ -8,7 +8,7 @@
 //! (or Open WebUI's forwarded chat id, [`OPEN_WEBUI_CHAT_HEADER`]); otherwise the [`index`] finds where the history ends: on a session's active branch (the new turn
 //! is appended there), inside some branch (the turn branches from the last common entry, as an edit
 //! in the WebChat does), or nowhere (a new session). The turn itself runs through `chat.send`'s
-//! pipeline ([`crate::chat::start_turn`]): user row persisted before the model is called, live
+//! pipeline ([`crate::turn::start_turn`]): user row persisted before the model is called, live
 //! events to every watcher of the session, the reply persisted before the final chunk, and the
 //! idempotency key (from `Idempotency-Key` or `x-request-id`, with the body's hash) durable in the
 //! transcript. Only such a key makes a request a retry: an identical body without one is a new
@@ -24,11 +24,11 @@ pub mod index;
 pub mod responses;
 pub mod wire;
 
-use crate::chat::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
 use crate::config::AuthMode;
 use crate::protocol::ErrorCode;
 use crate::sessions::{Principal, SessionRef, DEFAULT_AGENT};
 use crate::state::{Gateway, Progress, RunHandle, TurnOutcome};
+use crate::turn::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -379,7 +379,7 @@ fn internal(e: crate::protocol::RpcError) -> ApiError {
 
 /// Where a request's turn goes: after the response it names (`previous_response_id`), or where
 /// its history leads ([`place`]). A Responses turn that goes on after client tools marks its first
-/// result ([`crate::turns::results_key`]), so its reply is found from the transcript as a user
+/// result ([`crate::durable::results_key`]), so its reply is found from the transcript as a user
 /// row's is.
 fn placement(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
     let mut placed = match ask.responses.as_ref().and_then(|r| r.previous.as_ref()) {
@@ -390,7 +390,7 @@ fn placement(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, Ap
     let prelude = &mut placed.graft.prelude;
     if ask.responses.is_some() && placed.graft.continues && prelude.len() >= results && results > 0 {
         let first = prelude.len() - results;
-        prelude[first]["idempotencyKey"] = json!(crate::turns::results_key(&placed.run_id));
+        prelude[first]["idempotencyKey"] = json!(crate::durable::results_key(&placed.run_id));
     }
     Ok(placed)
 }
@@ -725,7 +725,7 @@ async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Resu
     let (path, id) = (session.path.clone(), run_id.to_owned());
     let replies = gw
         .blocking(move |gw| {
-            crate::turns::replies(&gw.store, &path, &id)
+            crate::durable::replies(&gw.store, &path, &id)
                 .map_err(|e| crate::protocol::RpcError::unavailable(format!("cannot read the transcript: {e}")))
         })
         .await

@@ -90,7 +90,7 @@ fn find(
         .into_iter()
         .find(|s| s.session_id == session_id && principal.reaches(s.owner()))
         .ok_or_else(|| not_found(id, field))?;
-    let entries = crate::turns::reply_entries(gw.store.as_ref(), &session.path, run_id)
+    let entries = crate::durable::reply_entries(gw.store.as_ref(), &session.path, run_id)
         .map_err(|e| ApiError::new(500, "api_error", None, format!("cannot read the transcript: {e}")))?;
     if entries.is_empty() {
         return Err(not_found(id, field));

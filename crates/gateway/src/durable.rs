@@ -258,7 +258,7 @@ pub fn queued_marker(run_id: &str, text: &str, images: &[Value]) -> NewEntry {
 /// after the record, not [`DROPPED`]), oldest first: `(run id, the record's data)`. Blocking.
 ///
 /// Reads a small tail first and more only while it might miss a record: a queued turn that never
-/// started has fewer than [`crate::chat::MAX_QUEUED_PER_SESSION`] turns after its record (only the
+/// started has fewer than [`crate::turn::MAX_QUEUED_PER_SESSION`] turns after its record (only the
 /// ones ahead of it in the queue started), so a tail holding that many user rows holds every such
 /// record (as does one holding the whole file, or [`TAIL_WINDOW`] at most).
 pub fn queued_unstarted(store: &dyn Transcripts, path: &Path) -> Result<Vec<(String, Value)>, StoreError> {
@@ -267,7 +267,7 @@ pub fn queued_unstarted(store: &dyn Transcripts, path: &Path) -> Result<Vec<(Str
         let tail = store.tail_entries(path, window)?;
         let whole = tail.first().is_some_and(|e| e["type"] == "session");
         let users = tail.iter().filter(|e| message(e).is_some_and(|m| m.get("role") == Some(&json!("user")))).count();
-        if whole || users >= crate::chat::MAX_QUEUED_PER_SESSION || window >= TAIL_WINDOW {
+        if whole || users >= crate::turn::MAX_QUEUED_PER_SESSION || window >= TAIL_WINDOW {
             break tail;
         }
         window *= 4;
@@ -420,7 +420,7 @@ async fn run_queued(gw: Arc<Gateway>, s: SessionRef, queued: Vec<(String, Value)
     for (run_id, data) in queued {
         let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return };
         tracing::warn!(session = %s.key, run = %run_id, "running a message queued before its gateway stopped");
-        if let Err(e) = crate::chat::run_queued(&gw, s.clone(), &run_id, &data, slot).await {
+        if let Err(e) = crate::turn::run_queued(&gw, s.clone(), &run_id, &data, slot).await {
             tracing::warn!(session = %s.key, run = %run_id, "cannot run a queued message: {}", e.message);
         }
         started(&run_id);
@@ -456,7 +456,7 @@ pub enum Recovered {
 
 /// Takes up turn `run_id` of session `s`, unanswered at its leaf, interrupted because `why`, in the
 /// session's queue `slot` (from [`unanswered`]): runs it again from where the transcript stands
-/// ([`crate::chat::resume`], keeping the slot) while it has attempts left, else marks it
+/// ([`crate::turn::resume`], keeping the slot) while it has attempts left, else marks it
 /// interrupted (a chained marker, then a `chat` error). `Err`: the store could not be asked; try
 /// again later.
 pub async fn recover(
@@ -477,7 +477,7 @@ pub async fn recover(
         Err(_) => return Err(()),
     };
     match state {
-        OnDisk::Resume(user) => match crate::chat::resume(gw, s.clone(), run_id, &user, slot).await {
+        OnDisk::Resume(user) => match crate::turn::resume(gw, s.clone(), run_id, &user, slot).await {
             Ok(_) => {
                 tracing::warn!(session = %s.key, run = %run_id, "resuming a turn interrupted before its reply: {why}");
                 Ok(Recovered::Resumed)
