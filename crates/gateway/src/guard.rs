@@ -116,7 +116,12 @@ pub fn peer(req_conn: Option<&Arc<Conn>>) -> IpAddr {
 }
 
 /// The middleware: Host, Origin, body type, CORS, and the login throttle, before any handler.
-pub async fn layer(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+pub async fn layer(
+    State(gw): State<Arc<Gateway>>,
+    State(logins): State<Arc<Logins>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let headers = req.headers();
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -154,13 +159,13 @@ pub async fn layer(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> 
     }
     let guarded = !public_path(&method, &path);
     if guarded {
-        if let Err(wait) = gw.logins.admit(ip) {
+        if let Err(wait) = logins.admit(ip) {
             return throttled(wait);
         }
     }
     let mut response = next.run(req).await;
     if guarded && response.status() == StatusCode::UNAUTHORIZED {
-        gw.logins.failed(ip, &format!("{method} {path}: wrong or missing credentials"));
+        logins.failed(ip, &format!("{method} {path}: wrong or missing credentials"));
     }
     if let Some(origin) = cross.and_then(|o| HeaderValue::from_str(&o).ok()) {
         response.headers_mut().insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);

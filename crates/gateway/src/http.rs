@@ -13,7 +13,7 @@ use crate::hub::{BusEvent, EventId, Subscriber};
 use crate::server::Conn;
 use crate::state::Gateway;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::{Extension, Path, Query, State, WebSocketUpgrade};
+use axum::extract::{Extension, FromRef, Path, Query, State, WebSocketUpgrade};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -25,7 +25,38 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+/// What the HTTP routes share: the gateway, and the state the adapters keep over it (the
+/// failed-login throttle, the OpenAI endpoint's conversation index, which follows the gateway's
+/// appends as a [`crate::state::TranscriptObserver`]). Handlers take the part they need.
+#[derive(Clone)]
+pub struct AppState {
+    pub gw: Arc<Gateway>,
+    pub logins: Arc<crate::guard::Logins>,
+    pub conversations: Arc<crate::openai::index::ConversationIndex>,
+}
+
+impl FromRef<AppState> for Arc<Gateway> {
+    fn from_ref(s: &AppState) -> Self {
+        s.gw.clone()
+    }
+}
+
+impl FromRef<AppState> for Arc<crate::guard::Logins> {
+    fn from_ref(s: &AppState) -> Self {
+        s.logins.clone()
+    }
+}
+
+impl FromRef<AppState> for Arc<crate::openai::index::ConversationIndex> {
+    fn from_ref(s: &AppState) -> Self {
+        s.conversations.clone()
+    }
+}
+
 pub fn router(gw: Arc<Gateway>) -> Router {
+    let conversations = Arc::new(crate::openai::index::ConversationIndex::new(gw.store.clone()));
+    gw.observe(conversations.clone());
+    let state = AppState { gw, logins: Arc::default(), conversations };
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -37,8 +68,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(crate::openai::routes())
         .fallback(get(root))
         // Every route and the upgrade pass the guard first (Host, Origin, body type, CORS, throttle).
-        .layer(axum::middleware::from_fn_with_state(gw.clone(), crate::guard::layer))
-        .with_state(gw)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), crate::guard::layer))
+        .with_state(state)
 }
 
 async fn healthz(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
@@ -73,6 +104,7 @@ pub fn webchat_url(addr: std::net::SocketAddr, auth: &AuthMode) -> String {
 
 async fn root(
     State(gw): State<Arc<Gateway>>,
+    State(logins): State<Arc<crate::guard::Logins>>,
     conn: Option<Extension<Arc<Conn>>>,
     headers: HeaderMap,
     uri: Uri,
@@ -92,7 +124,7 @@ async fn root(
             .write_buffer_size(8 * 1024)
             .on_upgrade(move |socket| {
                 let sockets = gw.sockets.clone();
-                sockets.track_future(crate::ws::serve(socket, gw, conn))
+                sockets.track_future(crate::ws::serve(socket, gw, logins, conn))
             })
             .into_response();
     }

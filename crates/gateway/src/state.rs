@@ -129,6 +129,16 @@ impl ContextCache {
 const DEDUPE_TTL: Duration = Duration::from_secs(300);
 const DEDUPE_MAX: usize = 1000;
 
+/// Told of every entry this gateway appends (in its transcript's writer lane, in order) and of
+/// every transcript replaced in place: an index an adapter keeps over the transcripts (the OpenAI
+/// endpoint's conversation index) registers itself with [`Gateway::observe`].
+pub trait TranscriptObserver: Send + Sync {
+    /// `entry` was appended to `path`, the transcript of session `key`.
+    fn appended(&self, key: &str, path: &std::path::Path, entry: &Value);
+    /// The transcript of session `key` at `path` was replaced (trimmed): read it anew.
+    fn replaced(&self, key: &str, path: &std::path::Path);
+}
+
 /// One run, active or waiting in its session's queue.
 pub struct RunHandle {
     pub run_id: String,
@@ -267,7 +277,8 @@ pub struct Gateway {
     pub recovering: Arc<tokio::sync::RwLock<()>>,
     pub redactor: Arc<dyn Redactor>,
     /// Where stateless clients' histories end in the session trees (the OpenAI endpoint).
-    pub conversations: Arc<crate::openai::index::ConversationIndex>,
+    /// Told of every append and replaced transcript ([`TranscriptObserver`]).
+    observers: std::sync::RwLock<Vec<Arc<dyn TranscriptObserver>>>,
     pub started: Instant,
     /// Fired on SIGINT/SIGTERM once runs have ended: connections say goodbye.
     pub shutdown: CancellationToken,
@@ -295,8 +306,6 @@ pub struct Gateway {
     /// Sessions the relay should follow from an earlier seq than their end when it starts
     /// watching them (a catch-up read the store up to there): key → (seq, when asked).
     relay_from: Mutex<HashMap<String, (u64, Instant)>>,
-    /// Failed logins per client address ([`crate::guard::Logins`]).
-    pub logins: crate::guard::Logins,
     /// Memory that answers built whole may hold at once ([`crate::budget`]).
     pub answers: crate::budget::Budget,
     /// Tool calls waiting for a human, and the allow-always list ([`crate::approvals`]).
@@ -520,7 +529,6 @@ impl Gateway {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
         crate::logs::set_redactor(redactor.clone());
         let (store, pg, indexer) = open_store(&settings, &redactor)?;
-        let conversations = Arc::new(crate::openai::index::ConversationIndex::new(store.clone()));
         let tools = settings
             .agents
             .configured()
@@ -547,7 +555,7 @@ impl Gateway {
             mcp,
             mcp_tools: Mutex::default(),
             redactor,
-            conversations,
+            observers: Default::default(),
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             stopping_runs: CancellationToken::new(),
@@ -564,11 +572,21 @@ impl Gateway {
             positions: Mutex::default(),
             lanes: crate::lanes::Lanes::default(),
             relay_from: Mutex::default(),
-            logins: crate::guard::Logins::default(),
             answers: crate::budget::Budget::default(),
             approvals,
             channels: crate::channels::Registry::default(),
         })
+    }
+
+    /// Tells `observer` of every append and replaced transcript from now on.
+    pub fn observe(&self, observer: Arc<dyn TranscriptObserver>) {
+        if let Ok(mut all) = self.observers.write() {
+            all.push(observer);
+        }
+    }
+
+    fn observers(&self) -> Vec<Arc<dyn TranscriptObserver>> {
+        self.observers.read().map(|all| all.clone()).unwrap_or_default()
     }
 
     pub fn next_conn_id(&self) -> u64 {
@@ -840,7 +858,7 @@ impl Gateway {
         let store = self.store.clone();
         let path = session.path.clone();
         let sid = session.session_id.clone();
-        let (index, key) = (self.conversations.clone(), session.key.clone());
+        let (observers, key) = (self.observers(), session.key.clone());
         let r = self
             .lanes
             .run(&session.path, move || {
@@ -848,7 +866,9 @@ impl Gateway {
                 drop(held);
                 if let Ok(all) = &r {
                     for a in all.iter().filter(|a| a.appended) {
-                        index.appended(&key, &path, &a.entry);
+                        for o in &observers {
+                            o.appended(&key, &path, &a.entry);
+                        }
                     }
                 }
                 r
@@ -918,9 +938,8 @@ impl Gateway {
     /// `sessions.compact {maxLines}`): the next turn and the OpenAI index read the file anew. Blocking.
     pub fn replaced(&self, session: &SessionRef) {
         lock(&self.contexts).remove(&session.path);
-        self.conversations.forget(&session.path);
-        if self.conversations.is_built() {
-            self.conversations.track(&session.key, &session.path);
+        for o in self.observers() {
+            o.replaced(&session.key, &session.path);
         }
     }
 

@@ -432,6 +432,7 @@ enum Refused {
 async fn handshake(
     stream: &mut SplitStream<WebSocket>,
     gw: &Gateway,
+    logins: &crate::guard::Logins,
     peer: std::net::IpAddr,
     nonce: &str,
 ) -> Result<(protocol::Request, u64), Refused> {
@@ -463,12 +464,12 @@ async fn handshake(
         return Err(fail(id, RpcError::invalid("the first request must be connect")));
     }
     let version = negotiate(&req.params).map_err(|e| fail(id.clone(), e))?;
-    if let Err(wait) = gw.logins.admit(peer) {
+    if let Err(wait) = logins.admit(peer) {
         let msg = format!("too many failed logins from this address; retry in {} s", wait.as_secs().max(1));
         return Err(fail(id, RpcError::invalid(msg).with_details(json!({"code": "AUTH_RATE_LIMITED"}))));
     }
     check_auth(&gw.settings.auth, &req.params).map_err(|e| {
-        gw.logins.failed(peer, &format!("WebSocket connect: {}", e.message));
+        logins.failed(peer, &format!("WebSocket connect: {}", e.message));
         fail(id.clone(), e)
     })?;
     crate::device::verify(&req.params, nonce)
@@ -483,11 +484,11 @@ fn is_too_long(e: &axum::Error) -> bool {
 }
 
 /// Serves one upgraded socket until it closes or the gateway shuts down.
-pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, conn: Arc<Conn>) {
+pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, logins: Arc<crate::guard::Logins>, conn: Arc<Conn>) {
     let (sink, mut stream) = socket.split();
     let (outbox, rx) = Outbox::new(protocol::MAX_BUFFERED_BYTES);
     let writer = tokio::spawn(write_loop(sink, rx, outbox.clone()));
-    let close = match greet(&mut stream, &gw, &conn, &outbox).await {
+    let close = match greet(&mut stream, &gw, &logins, &conn, &outbox).await {
         Ok(hello) => session(&mut stream, &gw, &outbox, hello).await,
         Err(close) => close,
     };
@@ -523,6 +524,7 @@ struct Hello {
 async fn greet(
     stream: &mut SplitStream<WebSocket>,
     gw: &Gateway,
+    logins: &crate::guard::Logins,
     conn: &Conn,
     outbox: &Arc<Outbox>,
 ) -> Result<Hello, Close> {
@@ -531,7 +533,7 @@ async fn greet(
     let challenge = json!({"nonce": nonce, "ts": pincer_pi::now_ms()});
     outbox.push(protocol::event("connect.challenge", &challenge, None), false);
     let handshake = tokio::select! {
-        h = handshake(stream, gw, conn.peer, &nonce) => h,
+        h = handshake(stream, gw, logins, conn.peer, &nonce) => h,
         _ = conn.evicted() => Err(Refused::Close(None, 1013, "too many connections; try again later".into())),
         _ = gw.shutdown.cancelled() => Err(Refused::Close(None, 1012, "gateway stopping".into())),
     };

@@ -608,6 +608,19 @@ impl ConversationIndex {
     }
 }
 
+impl crate::state::TranscriptObserver for ConversationIndex {
+    fn appended(&self, key: &str, path: &Path, entry: &Value) {
+        ConversationIndex::appended(self, key, path, entry);
+    }
+
+    fn replaced(&self, key: &str, path: &Path) {
+        self.forget(path);
+        if self.is_built() {
+            self.track(key, path);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

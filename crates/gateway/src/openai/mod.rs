@@ -35,6 +35,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use index::ConversationIndex;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -54,7 +55,7 @@ pub const KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-request-id"];
 const MAX_REQUEST_ID: usize = 200;
 
 /// The endpoint's routes (they answer 404 in OpenAI's shape while it is off).
-pub fn routes() -> Router<Arc<Gateway>> {
+pub fn routes() -> Router<crate::http::AppState> {
     Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/v1/responses", post(responses::create))
@@ -361,8 +362,7 @@ const SYNC_MARGIN_MICROS: i64 = 10_000_000;
 /// (the PostgreSQL store: other replicas' appends, and sessions they began), so a stateless
 /// history resent to this replica finds them. One indexed query; its answer holds what changed
 /// since, not every session.
-fn sync_replicas(gw: &Gateway, pg: &pincer_pg::PgStore) -> Result<(), ApiError> {
-    let idx = &gw.conversations;
+fn sync_replicas(idx: &ConversationIndex, pg: &pincer_pg::PgStore) -> Result<(), ApiError> {
     let since = idx.sync_mark().map(|m| m - SYNC_MARGIN_MICROS);
     let (changed, now) =
         pg.changed_since(since).map_err(|e| ApiError::new(500, "api_error", None, format!("the store: {e}")))?;
@@ -381,10 +381,10 @@ fn internal(e: crate::protocol::RpcError) -> ApiError {
 /// its history leads ([`place`]). A Responses turn that goes on after client tools marks its first
 /// result ([`crate::durable::results_key`]), so its reply is found from the transcript as a user
 /// row's is.
-fn placement(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
+fn placement(gw: &Gateway, idx: &ConversationIndex, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
     let mut placed = match ask.responses.as_ref().and_then(|r| r.previous.as_ref()) {
         Some(prev) => place_after(ask, prev, allow_retry),
-        None => place(gw, ask, allow_retry)?,
+        None => place(gw, idx, ask, allow_retry)?,
     };
     let results = ask.conversation.tool_results.len();
     let prelude = &mut placed.graft.prelude;
@@ -426,10 +426,9 @@ fn system_change(s: &SessionRef, conv: &Conversation) -> Option<Option<String>> 
 }
 
 /// Finds (or makes) the session and the point of its tree the request continues. Blocking.
-fn place(gw: &Gateway, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
-    let idx = &gw.conversations;
+fn place(gw: &Gateway, idx: &ConversationIndex, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
     if let Some(pg) = &gw.pg {
-        sync_replicas(gw, pg)?;
+        sync_replicas(idx, pg)?;
     }
     // Sessions another process added, removed or re-keyed (a CLI import, another gateway on the
     // same state dir, an edited sessions.json): one stat per agent tells, and only then is the
@@ -745,30 +744,41 @@ async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Resu
     })
 }
 
-async fn completions(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes) -> Response {
-    match complete(&gw, &headers, body).await {
+async fn completions(
+    State(gw): State<Arc<Gateway>>,
+    State(idx): State<Arc<ConversationIndex>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match complete(&gw, &idx, &headers, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn complete(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+async fn complete(
+    gw: &Arc<Gateway>,
+    idx: &Arc<ConversationIndex>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let principal = authorize(gw, headers)?;
     let ask = Arc::new(parse(gw, headers, &body, principal)?);
     drop(body);
-    answer(gw, ask).await
+    answer(gw, idx, ask).await
 }
 
 /// Runs a validated request as a session turn (or, a background one, outside any session) and
 /// answers it in its endpoint's shape.
-async fn answer(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, ApiError> {
+async fn answer(gw: &Arc<Gateway>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) -> Result<Response, ApiError> {
     if ask.background {
         return background_reply(gw, ask).await;
     }
     let mut allow_retry = true;
     loop {
         let a = ask.clone();
-        let placed = gw.blocking(move |gw| Ok(placement(gw, &a, allow_retry))).await.map_err(internal)??;
+        let idx = idx.clone();
+        let placed = gw.blocking(move |gw| Ok(placement(gw, &idx, &a, allow_retry))).await.map_err(internal)??;
         let Placement { session, run_id, graft, regenerate } = placed;
         // The run is held back until its handle was taken: its end cannot be missed.
         let (go, acked) = tokio::sync::oneshot::channel();

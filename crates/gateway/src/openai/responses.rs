@@ -103,14 +103,24 @@ fn now_secs() -> u64 {
 }
 
 /// `POST /v1/responses`.
-pub async fn create(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes) -> Response {
-    match respond(&gw, &headers, body).await {
+pub async fn create(
+    State(gw): State<Arc<Gateway>>,
+    State(idx): State<Arc<super::index::ConversationIndex>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match respond(&gw, &idx, &headers, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn respond(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+async fn respond(
+    gw: &Arc<Gateway>,
+    idx: &Arc<super::index::ConversationIndex>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let principal = authorize(gw, headers)?;
     let req = super::json_object(&body)?;
     let store = match req.get("store") {
@@ -173,7 +183,7 @@ async fn respond(gw: &Arc<Gateway>, headers: &HeaderMap, body: Bytes) -> Result<
         // The previous response's row, put first to check the input against it: it is in the tree.
         ask.conversation.history.remove(0);
     }
-    super::answer(gw, Arc::new(ask)).await
+    super::answer(gw, idx, Arc::new(ask)).await
 }
 
 /// An error about `messages[j]` of the request as put, about the input item it came from.
