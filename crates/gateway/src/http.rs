@@ -180,40 +180,19 @@ async fn control_ui(dir: &std::path::Path, rest: &str) -> Response {
 
 /// `GET /metrics`: Prometheus text ([`crate::metrics`]), behind the token like the event streams
 /// (`Authorization: Bearer` or `?token=`, for scrapers that cannot send headers).
-async fn metrics(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    if !authorized(&gw, &headers, &query) {
-        return unauthorized();
-    }
+async fn metrics(_: Authorized) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], crate::metrics::render()).into_response()
 }
 
 /// `GET /api/mcp`: the MCP servers' states and each agent's MCP tools ([`Gateway::mcp_status`];
 /// `pincer mcp list` reads it), behind the gateway token.
-async fn mcp(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    if !authorized(&gw, &headers, &query) {
-        return unauthorized();
-    }
+async fn mcp(_: Authorized, State(gw): State<Arc<Gateway>>) -> Response {
     Json(gw.mcp_status()).into_response()
 }
 
 /// `GET /api/channels`: each messaging channel's state and counters ([`crate::channels::Registry::status`];
 /// `pincer channels status` reads it), behind the gateway token.
-async fn channels(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
-) -> Response {
-    if !authorized(&gw, &headers, &query) {
-        return unauthorized();
-    }
+async fn channels(_: Authorized, State(gw): State<Arc<Gateway>>) -> Response {
     Json(json!({"channels": gw.channels.status()})).into_response()
 }
 
@@ -237,37 +216,48 @@ async fn channel_webhook(
     }
 }
 
-fn unauthorized() -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        Json(json!({"error": "unauthorized: send the gateway token as Authorization: Bearer <token> or ?token="})),
-    )
-        .into_response()
-}
+/// Proof that a request carries the gateway token (`Authorization: Bearer <token>` or `?token=`,
+/// for scrapers and event streams that cannot send headers): the routes behind the token take it,
+/// so none can forget the check. Refused with 401 and the way to send it.
+pub struct Authorized;
 
-fn authorized(gw: &Gateway, headers: &HeaderMap, query: &HashMap<String, String>) -> bool {
-    let AuthMode::Token(token) = &gw.settings.auth else { return true };
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_owned);
-    let given = bearer.or_else(|| query.get("token").cloned());
-    let auth = json!({"auth": {"token": given}});
-    crate::ws::check_auth(&gw.settings.auth, &auth).is_ok() && !token.is_empty()
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Authorized
+where
+    Arc<Gateway>: FromRef<S>,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Response> {
+        let gw = Arc::<Gateway>::from_ref(state);
+        let AuthMode::Token(token) = &gw.settings.auth else { return Ok(Authorized) };
+        let bearer = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_owned);
+        let query = Query::<HashMap<String, String>>::try_from_uri(&parts.uri).map(|q| q.0).unwrap_or_default();
+        let given = bearer.or_else(|| query.get("token").cloned());
+        let auth = json!({"auth": {"token": given}});
+        if crate::ws::check_auth(&gw.settings.auth, &auth).is_ok() && !token.is_empty() {
+            return Ok(Authorized);
+        }
+        Err((
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": "unauthorized: send the gateway token as Authorization: Bearer <token> or ?token="})),
+        )
+            .into_response())
+    }
 }
 
 /// A session's export as a download, behind the token. An HTML export is sandboxed (an opaque
 /// origin: even opened here, its page can reach nothing of the gateway's).
 async fn session_export(
+    _: Authorized,
     State(gw): State<Arc<Gateway>>,
     Path(raw_key): Path<String>,
     Query(query): Query<HashMap<String, String>>,
-    headers: HeaderMap,
 ) -> Response {
-    if !authorized(&gw, &headers, &query) {
-        return unauthorized();
-    }
     let format = query.get("format").cloned().unwrap_or_else(|| "html".into());
     let leaf = query.get("leaf").cloned().filter(|l| !l.is_empty());
     let _held = match crate::export::admit(&gw, &raw_key, &format, false).await {
@@ -303,15 +293,13 @@ fn export_refused(e: crate::protocol::RpcError) -> Response {
 }
 
 async fn session_events(
+    _: Authorized,
     State(gw): State<Arc<Gateway>>,
     conn: Option<Extension<Arc<Conn>>>,
     Path(raw_key): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
-    if !authorized(&gw, &headers, &query) {
-        return unauthorized();
-    }
     let key = match crate::sessions::canonical_key(&raw_key) {
         Ok((k, _)) => k,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.message}))).into_response(),
