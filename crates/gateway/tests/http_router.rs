@@ -1,6 +1,6 @@
 //! The gateway's HTTP edges in process: requests go straight into `http::router()` with tower's
 //! `oneshot` (no socket, no process): `/healthz`, the WebChat page's security and cache headers
-//! (CSP, nosniff, ETag and 304), the SSE endpoint's 401 without the token, a WebSocket upgrade from
+//! (CSP, nosniff, ETag and 304), the 401 of every route behind the token without it, a WebSocket upgrade from
 //! a hostile Origin (403), and an unknown path (404).
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -105,6 +105,34 @@ async fn the_sse_endpoint_wants_the_token() {
         .await;
     assert_eq!(ok.status(), StatusCode::OK);
     assert_eq!(header_of(&ok, header::CONTENT_TYPE), "text/event-stream");
+}
+
+#[tokio::test]
+async fn every_route_behind_the_token_wants_it() {
+    for uri in
+        ["/metrics", "/api/mcp", "/api/channels", "/api/sessions/main/export?format=md", "/api/sessions/main/events"]
+    {
+        // A gateway each: four failures per route, within the failed-login burst.
+        let (app, _dir) = router();
+        let with = |q: &str| if uri.contains('?') { format!("{uri}&{q}") } else { format!("{uri}?{q}") };
+        for req in [
+            get(uri).body(Body::empty()).unwrap(),
+            get(uri).header(header::AUTHORIZATION, "Bearer wrong").body(Body::empty()).unwrap(),
+            get(&with("token=wrong")).body(Body::empty()).unwrap(),
+            get(&with("token=")).body(Body::empty()).unwrap(),
+        ] {
+            let resp = send(&app, req).await;
+            assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{uri}");
+            assert!(body_text(resp).await.contains("unauthorized"), "{uri}");
+        }
+        for req in [
+            get(uri).header(header::AUTHORIZATION, format!("Bearer {TOKEN}")).body(Body::empty()).unwrap(),
+            get(&with(&format!("token={TOKEN}"))).body(Body::empty()).unwrap(),
+        ] {
+            let resp = send(&app, req).await;
+            assert_ne!(resp.status(), StatusCode::UNAUTHORIZED, "{uri}");
+        }
+    }
 }
 
 /// A WebSocket upgrade request; hyper's upgrade handle is attached (none here: no socket) so that
