@@ -74,7 +74,13 @@ fn showing(tg: &FakeTelegram, chat: i64, text: &str) -> Vec<Sent> {
 /// The transcript's rows are one chain (each entry's parent is the one before it), it holds each
 /// user row's key once, and Pi builds the context Pincer builds from it. Returns its rows.
 fn check_transcript(file: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(file).expect("transcript");
+    // A deliverer may still be appending (a receipt after the reply showed): read it when it stays
+    // the same while Pi reads it.
+    let (text, pi) = wait_for("the transcript at rest", || {
+        let text = std::fs::read_to_string(file).expect("transcript");
+        let pi = oracle_context(file, None);
+        (std::fs::read_to_string(file).expect("transcript") == text).then_some((text, pi))
+    });
     let rows: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
     for (n, e) in rows.iter().enumerate().skip(2) {
         assert_eq!(
@@ -93,7 +99,6 @@ fn check_transcript(file: &Path) -> Vec<Value> {
     assert!(keys.values().all(|&n| n == 1), "a key was written twice in {}: {keys:?}", file.display());
     let session = pincer_store::Session::parse(text.into_bytes());
     let ours = pincer_store::context_report(&session, &pincer_store::LeafArg::Default).expect("context").to_value();
-    let pi = oracle_context(file, None);
     assert_eq!(comparable(&pi), comparable(&ours), "Pi reads {} as Pincer does", file.display());
     rows
 }
@@ -215,6 +220,11 @@ fn a_redelivered_update_is_never_a_second_turn_even_after_a_restart() {
     let (update, _) = tg.push_text(1111, 1111, "alice", "only once");
     wait_for("the reply", || showing(&tg, 1111, &reply_to("only once")).into_iter().next());
     wait_for("the update confirmed", || (tg.unconfirmed() == 0).then_some(()));
+    // (Its receipt on disk too: a restart before it would rightly send it again, marked.)
+    wait_for("the delivery recorded", || {
+        let rows = probe::transcript_rows(&state, &dm_key(1111));
+        (ledger(&rows, "receipt", "final").len() == 1).then_some(())
+    });
 
     // A new process polls from the offset it stored.
     let polls_before = tg.offsets().len();
