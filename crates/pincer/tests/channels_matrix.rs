@@ -2,7 +2,8 @@
 //! test binary), the real `pincer gateway` with the fake model provider, and Matrix users driven over
 //! the client-server API. A user talks to the bot in a DM and in a room (replies arrive, edits
 //! stream, the final content is the transcript's reply, the transcripts are chained and read by the
-//! real Pi library); a stranger gets no turn and their invite is declined; an encrypted room is
+//! real Pi library); in a room the bot answers only what mentions it or replies to it (a room of
+//! the bot and one user is a DM); a stranger gets no turn and their invite is declined; an encrypted room is
 //! refused; messages sent while the gateway is down are answered once it is back; a storm of
 //! SIGKILLs while users send and replies stream ends with exactly one turn and one delivered reply
 //! per user message, counted on the homeserver; and with two PostgreSQL replicas one syncs at a time
@@ -138,6 +139,29 @@ fn settled(file: &Path, turns: usize) -> Vec<Value> {
     .unwrap_or_else(|| panic!("{} never held {turns} final delivery receipts", file.display()))
 }
 
+/// Whether a sync from position `since` (as `bot`) no longer brings `event`: the position is past it.
+async fn past(bot: &MatrixUser, since: &str, event: &str) -> bool {
+    let enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    };
+    let filter = serde_json::json!({"room": {"timeline": {"limit": 100}}}).to_string();
+    let path = format!("/sync?timeout=0&since={}&filter={}", enc(since), enc(&filter));
+    let Ok(v) = bot.call(reqwest::Method::GET, &path, None).await else { return false };
+    !v["rooms"]["join"]
+        .as_object()
+        .into_iter()
+        .flat_map(|rooms| rooms.values())
+        .any(|r| r["timeline"]["events"].as_array().is_some_and(|events| events.iter().any(|e| e["event_id"] == event)))
+}
+
 /// The transcript is whole (`pincer transcript verify`) and the real Pi library builds the same context as Pincer.
 fn check_chain(file: &Path) {
     let (code, out) = probe::verify(BIN, file);
@@ -197,8 +221,9 @@ async fn a_user_talks_to_the_bot_in_a_dm_and_in_a_room() {
     let room = alice.create_room(&[&bot.user_id, &carol.user_id], false, false).await;
     until_joined(&alice, &room, &bot.user_id).await;
     carol.join(&room).await;
-    let a = alice.send_text(&room, "hello room").await;
-    let c = carol.send_text(&room, "me too").await;
+    // (Addressed to the bot: in rooms it answers only that.)
+    let a = alice.send_mention(&room, &bot.user_id, &bot.user_id, "hello room").await;
+    let c = carol.send_mention(&room, &bot.user_id, &bot.user_id, "me too").await;
     reply_to(&alice, &room, &bot.user_id, &a, |b| b == "Fake reply: you said \"hello room\"").await;
     reply_to(&carol, &room, &bot.user_id, &c, |b| b == "Fake reply: you said \"me too\"").await;
     let room_key = key("group", &room);
@@ -209,6 +234,100 @@ async fn a_user_talks_to_the_bot_in_a_dm_and_in_a_room() {
     assert_eq!(bot_messages(&alice, &room, &bot.user_id).await.len(), 2, "one message per reply");
     assert!(!gw.log_text().contains(&bot.token), "the access token is never logged");
     assert!(!std::fs::read_to_string(&file).unwrap().contains(&bot.token));
+}
+
+/// In a room of three, the bot answers only messages addressed to it: a mention (its pill, by
+/// display name, or `m.mentions` alone) or a reply to one of its messages. Other messages get no
+/// turn and no reply, and the sync position moves past them; a room of the bot and one user is
+/// answered whatever is said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_room_the_bot_answers_only_when_mentioned_or_replied_to() {
+    let syn = Synapse::shared();
+    let (bot, alice, carol) = (syn.register("bot").await, syn.register("alice").await, syn.register("carol").await);
+    bot.set_display_name("Pincer Helper").await;
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{}", fake.gateway_toml(), matrix_toml(syn, &bot, &[&alice.user_id, &carol.user_id]));
+    let options = StartOptions {
+        env: vec![
+            (TOKEN_ENV.into(), bot.token.clone()),
+            ("PINCER_LOG".into(), "info,pincer_gateway::channels::matrix=debug".into()),
+        ],
+        ..Default::default()
+    };
+    let gw = GatewayProcess::start_with(BIN, dir.path(), &config, &options);
+    wait_log(&gw, "matrix: syncing");
+    let room = alice.create_room(&[&bot.user_id, &carol.user_id], false, false).await;
+    until_joined(&alice, &room, &bot.user_id).await;
+    carol.join(&room).await;
+    let said = |text: &str| format!("Fake reply: you said \"{text}\"");
+
+    // Chatter among people: no turn, no reply; logged at debug; the sync position moves past it.
+    let cursor = || {
+        let entries = std::fs::read_dir(dir.path().join("channels")).ok()?;
+        let file = entries.flatten().find(|e| e.file_name().to_string_lossy().starts_with("matrix-"))?;
+        let v: Value = serde_json::from_slice(&std::fs::read(file.path()).ok()?).ok()?;
+        v["cursor"].as_str().map(str::to_owned)
+    };
+    let chatter = alice.send_text(&room, "just chatting among ourselves").await;
+    until(60, "the sync position past the chatter", || {
+        let (bot, chatter, cursor) = (&bot, &chatter, cursor());
+        async move { (past(bot, cursor?.as_str(), chatter).await).then_some(()) }
+    })
+    .await;
+    assert!(probe::transcript_path(dir.path(), &key("group", &room)).is_none(), "the chatter made a turn");
+    let line = gw.log_text().lines().find(|l| l.contains(&chatter)).unwrap_or_default().to_owned();
+    assert!(line.contains("not addressed to the bot"), "the chatter is logged at debug: {line:?}");
+
+    // Element's mention (the pill, by display name, and m.mentions): answered, without the name.
+    let pill = alice.send_mention(&room, &bot.user_id, "Pincer Helper", "what is up").await;
+    let first = reply_to(&alice, &room, &bot.user_id, &pill, |b| b == said("what is up")).await;
+    // The display name alone, in the text.
+    let named = carol.send_text(&room, "pincer helper, how are you").await;
+    reply_to(&carol, &room, &bot.user_id, &named, |b| b == said("how are you")).await;
+    // A reply to the bot's message, with no mention.
+    let reply = carol
+        .send_content(
+            &room,
+            serde_json::json!({"msgtype": "m.text", "body": "tell me more",
+                "m.relates_to": {"m.in_reply_to": {"event_id": first.event_id}}}),
+        )
+        .await;
+    reply_to(&carol, &room, &bot.user_id, &reply, |b| b == said("tell me more")).await;
+    // A reply to someone else's message is people talking: no turn.
+    let aside = alice
+        .send_content(
+            &room,
+            serde_json::json!({"msgtype": "m.text", "body": "agreed",
+                "m.relates_to": {"m.in_reply_to": {"event_id": named}}}),
+        )
+        .await;
+    wait_log(&gw, &format!("event={aside}"));
+    // Something after it that is for the bot is answered: nothing was held up.
+    let last = alice.send_mention(&room, &bot.user_id, &bot.user_id, "last one").await;
+    reply_to(&alice, &room, &bot.user_id, &last, |b| b == said("last one")).await;
+
+    let file = probe::transcript_path(dir.path(), &key("group", &room)).expect("the room's session");
+    let rows = settled(&file, 4);
+    let turns = user_turns(&rows);
+    for e in [&pill, &named, &reply, &last] {
+        assert_eq!(turns.get(e.as_str()), Some(&1), "a turn for {e}: {turns:?}");
+    }
+    assert_eq!(turns.len(), 4, "no turn for the chatter or the aside: {turns:?}");
+    let users: Vec<String> =
+        rows.iter().filter(|r| r["message"]["role"] == "user").map(|r| probe::message_text(&r["message"])).collect();
+    assert_eq!(users, ["what is up", "how are you", "tell me more", "last one"], "the mention is not part of the text");
+    let replies = bot_messages(&alice, &room, &bot.user_id).await;
+    assert_eq!(replies.len(), 4, "one reply per addressed message: {replies:?}");
+    assert!(replies.iter().all(|m| replied(m) != Some(chatter.as_str()) && replied(m) != Some(aside.as_str())));
+    assert!(fake.requests().iter().all(|r| !r.to_string().contains("just chatting")), "the model never saw it");
+    check_chain(&file);
+
+    // A room of the bot and one person (not marked direct) is a conversation with the bot.
+    let pair = alice.create_room(&[&bot.user_id], false, false).await;
+    until_joined(&alice, &pair, &bot.user_id).await;
+    let plain = alice.send_text(&pair, "no need to mention you here").await;
+    reply_to(&alice, &pair, &bot.user_id, &plain, |b| b == said("no need to mention you here")).await;
 }
 
 /// Messages sent while the gateway is down are answered once it is back (the saved sync position),
@@ -274,7 +393,7 @@ async fn a_stranger_gets_no_turn_and_their_invite_is_declined() {
     until_joined(&alice, &room, &bot.user_id).await;
     mallory.join(&room).await;
     mallory.send_text(&room, "let me in").await;
-    let a = alice.send_text(&room, "hello from alice").await;
+    let a = alice.send_mention(&room, &bot.user_id, &bot.user_id, "hello from alice").await;
     reply_to(&alice, &room, &bot.user_id, &a, |b| b.contains("hello from alice")).await;
     wait_log(&gw, "a message from a sender not on allow_from was ignored");
     let rows = probe::transcript_rows(dir.path(), &key("group", &room));
@@ -369,17 +488,22 @@ async fn a_storm_of_kills_while_users_send_loses_and_duplicates_nothing() {
     conversations.push((users[0].clone(), room.clone()));
     conversations.push((users[1].clone(), room.clone()));
 
-    // Senders: each conversation sends its messages 1–4 s apart, whatever the gateway is doing.
+    // Senders: each conversation sends its messages 1–4 s apart, whatever the gateway is doing (in
+    // the room, mentioning the bot).
     let mut senders = Vec::new();
     for (c, (user, room)) in conversations.iter().enumerate() {
-        let (user, room) = (user.clone(), room.clone());
+        let (user, room, bot_id, in_room) = (user.clone(), room.clone(), bot.user_id.clone(), c >= users.len());
         senders.push(tokio::spawn(async move {
             let mut rng = Rng(0x5eed_0000 + c as u64);
             let mut sent = Vec::new();
             for i in 0..PER_CONVERSATION {
                 tokio::time::sleep(Duration::from_millis(rng.range(1000, 4000))).await;
                 let text = format!("storm c{c} m{i} please answer this one word by word");
-                let event = user.send_text(&room, &text).await;
+                let event = if in_room {
+                    user.send_mention(&room, &bot_id, &bot_id, &text).await
+                } else {
+                    user.send_text(&room, &text).await
+                };
                 sent.push((room.clone(), event, text));
             }
             sent

@@ -2,14 +2,17 @@
 //! (`pincer_testkit::fake_telegram`, real HTTP with Telegram's semantics) and answering with the fake
 //! model provider. A direct message gets one reply, streamed as edits of one message; a sender not
 //! on the allowlist gets no turn (logged); an update delivered again is never a second turn (also
-//! across a restart); a 429 is waited out and nothing is lost; and with the gateway SIGKILLed over
-//! and over while users send and replies stream, every message has exactly one turn and exactly one
-//! delivered reply, and every transcript is chained and read alike by Pi.
+//! across a restart); a 429 is waited out and nothing is lost; images a reply names (`MEDIA:` lines)
+//! follow its text as photos, uploaded from the agent's workspace or by URL, nothing outside the
+//! workspace read, and a crash between a photo's send and its receipt is finished by the restart;
+//! and with the gateway SIGKILLed over and over while users send and replies stream, every message
+//! has exactly one turn, exactly one delivered reply and its photo once, and every transcript is
+//! chained and read alike by Pi.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 #![allow(clippy::disallowed_methods)] // the test removes the stored offset to stage a crash before its write
 
 use pincer_testkit::fake_openai::{FakeOpenAi, Pacing};
-use pincer_testkit::fake_telegram::{FakeTelegram, Sent, BOT_ID, TOKEN as TG_TOKEN};
+use pincer_testkit::fake_telegram::{FakeTelegram, PhotoSource, Sent, BOT_ID, TOKEN as TG_TOKEN};
 use pincer_testkit::gateway::{GatewayProcess, StartOptions};
 use pincer_testkit::probe::{self, message_text, Rng};
 use pincer_testkit::{comparable, oracle_context};
@@ -44,6 +47,20 @@ fn reply_to(text: &str) -> String {
     format!("Fake reply: you said \"{text}\"")
 }
 
+/// What the user sees of the fake model's reply to `text`: [`reply_to`], unless `text` has more
+/// lines (`MEDIA:` ones, in these tests): then its first line, opening the quote the rest closed.
+fn shown_reply(text: &str) -> String {
+    match text.split_once('\n') {
+        Some((first, _)) => format!("Fake reply: you said \"{first}"),
+        None => reply_to(text),
+    }
+}
+
+/// The image the storm's message `round` of `user` names.
+fn photo_url(user: i64, round: usize) -> String {
+    format!("https://example.com/{user}/{round}.png")
+}
+
 /// Waits for `f` to give something, for [`PATIENCE`] at most; panics naming `what` otherwise.
 fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     probe::poll(PATIENCE, Duration::from_millis(50), &mut f).unwrap_or_else(|| panic!("timed out waiting for {what}"))
@@ -57,7 +74,13 @@ fn showing(tg: &FakeTelegram, chat: i64, text: &str) -> Vec<Sent> {
 /// The transcript's rows are one chain (each entry's parent is the one before it), it holds each
 /// user row's key once, and Pi builds the context Pincer builds from it. Returns its rows.
 fn check_transcript(file: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(file).expect("transcript");
+    // A deliverer may still be appending (a receipt after the reply showed): read it when it stays
+    // the same while Pi reads it.
+    let (text, pi) = wait_for("the transcript at rest", || {
+        let text = std::fs::read_to_string(file).expect("transcript");
+        let pi = oracle_context(file, None);
+        (std::fs::read_to_string(file).expect("transcript") == text).then_some((text, pi))
+    });
     let rows: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
     for (n, e) in rows.iter().enumerate().skip(2) {
         assert_eq!(
@@ -76,13 +99,37 @@ fn check_transcript(file: &Path) -> Vec<Value> {
     assert!(keys.values().all(|&n| n == 1), "a key was written twice in {}: {keys:?}", file.display());
     let session = pincer_store::Session::parse(text.into_bytes());
     let ours = pincer_store::context_report(&session, &pincer_store::LeafArg::Default).expect("context").to_value();
-    let pi = oracle_context(file, None);
     assert_eq!(comparable(&pi), comparable(&ours), "Pi reads {} as Pincer does", file.display());
     rows
 }
 
 fn user_rows(rows: &[Value]) -> Vec<&Value> {
     rows.iter().filter(|e| e["type"] == "message" && e["message"]["role"] == "user").collect()
+}
+
+/// The delivery ledger's entries of one part (`first`, `final`, `media`) and phase.
+fn ledger<'a>(rows: &'a [Value], phase: &str, part: &str) -> Vec<&'a Value> {
+    rows.iter()
+        .filter(|e| e["customType"] == "pincer.channel-delivery")
+        .filter(|e| e["data"]["phase"] == phase && e["data"]["part"] == part)
+        .collect()
+}
+
+/// A PNG of `w`×`h` (its header; the pixels do not matter here).
+fn png(w: u32, h: u32) -> Vec<u8> {
+    let mut b = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    b.extend_from_slice(&w.to_be_bytes());
+    b.extend_from_slice(&h.to_be_bytes());
+    b.extend_from_slice(&[8, 2, 0, 0, 0, 0x12, 0x34, 0x56, 0x78]);
+    b.extend_from_slice(&[0x5a; 200]);
+    b
+}
+
+/// The agent's workspace (the default one, under the state directory).
+fn workspace(state: &Path) -> std::path::PathBuf {
+    let ws = state.join("workspace").join("main");
+    std::fs::create_dir_all(&ws).expect("workspace");
+    ws
 }
 
 #[test]
@@ -173,6 +220,11 @@ fn a_redelivered_update_is_never_a_second_turn_even_after_a_restart() {
     let (update, _) = tg.push_text(1111, 1111, "alice", "only once");
     wait_for("the reply", || showing(&tg, 1111, &reply_to("only once")).into_iter().next());
     wait_for("the update confirmed", || (tg.unconfirmed() == 0).then_some(()));
+    // (Its receipt on disk too: a restart before it would rightly send it again, marked.)
+    wait_for("the delivery recorded", || {
+        let rows = probe::transcript_rows(&state, &dm_key(1111));
+        (ledger(&rows, "receipt", "final").len() == 1).then_some(())
+    });
 
     // A new process polls from the offset it stored.
     let polls_before = tg.offsets().len();
@@ -222,8 +274,8 @@ fn a_429_is_waited_out_and_nothing_is_lost() {
 #[test]
 fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
     // Four people each send five messages while the gateway is SIGKILLed at random moments (at least
-    // ten times) and started again; replies stream word by word. In the end every message has one
-    // turn and one delivered reply.
+    // ten times) and started again; replies stream word by word, and each names an image (a URL).
+    // In the end every message has one turn, one delivered reply and its photo once.
     const USERS: i64 = 4;
     const EACH: usize = 5;
     const KILLS: usize = 10;
@@ -244,7 +296,7 @@ fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
     for round in 0..EACH {
         for u in 1..=USERS {
             let user = 5000 + u;
-            let text = format!("message {round} from user {u}");
+            let text = format!("message {round} from user {u}\nMEDIA:{}", photo_url(user, round));
             tg.push_text(user, user, &format!("user{u}"), &text);
             sent.push((user, text));
         }
@@ -257,7 +309,7 @@ fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
     }
     assert!(kills >= KILLS, "only {kills} kills");
     for (user, text) in &sent {
-        let want = reply_to(text);
+        let want = shown_reply(text);
         let got =
             probe::poll(PATIENCE, Duration::from_millis(50), || (!showing(&tg, *user, &want).is_empty()).then_some(()));
         if got.is_none() {
@@ -270,25 +322,32 @@ fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
         }
     }
     // Deliveries a dying process left half-done are finished by the next one: let the last one
-    // settle (every final receipt on disk) before counting.
+    // settle (every final receipt, and every photo's, on disk) before counting.
     wait_for("every delivery recorded", || {
         let done = (1..=USERS).all(|u| {
             let rows = probe::transcript_rows(&state, &dm_key(5000 + u));
-            let finals = rows
-                .iter()
-                .filter(|e| e["customType"] == "pincer.channel-delivery" && e["data"]["phase"] == "receipt")
-                .filter(|e| e["data"]["part"] == "final")
-                .count();
-            finals >= EACH
+            ledger(&rows, "receipt", "final").len() >= EACH && ledger(&rows, "receipt", "media").len() >= EACH
         });
         done.then_some(())
     });
-    let (mut placeholders, mut marked) = (0, 0);
+    let (mut placeholders, mut marked, mut marked_photos, mut only_marked) = (0, 0, 0, 0);
     for u in 1..=USERS {
         let user = 5000 + u;
         let msgs = tg.messages_in(user);
-        for (_, text) in sent.iter().filter(|(c, _)| *c == user) {
-            let want = reply_to(text);
+        let photos = tg.photos_in(user);
+        let mut only_marked_here = 0;
+        for (round, (_, text)) in sent.iter().filter(|(c, _)| *c == user).enumerate() {
+            // Its photo: there, never twice as it is; another copy only ever marked as one. (A kill
+            // after the photo's intent and before Telegram got it leaves only the marked copy:
+            // the next process cannot know, so it sends it marked.)
+            let url = PhotoSource::Url(photo_url(user, round));
+            let copies: Vec<_> = photos.iter().filter(|p| p.source == url).collect();
+            let plain = copies.iter().filter(|p| p.caption.is_none()).count();
+            assert!(!copies.is_empty() && plain <= 1, "the photo of {text:?} was sent {plain} times: {photos:?}");
+            assert!(copies.iter().all(|p| p.caption.as_deref().is_none_or(|c| c == "(may be a duplicate)")));
+            marked_photos += copies.len() - plain;
+            only_marked_here += usize::from(plain == 0);
+            let want = shown_reply(text);
             let exact = msgs.iter().filter(|m| m.text() == want).count();
             assert_eq!(exact, 1, "the reply to {text:?} was delivered {exact} times: {msgs:?}");
             // Another copy would only ever be one marked as such.
@@ -305,17 +364,18 @@ fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
         placeholders += orphans;
         let rows = check_transcript(&probe::transcript_path(&state, &dm_key(user)).expect("transcript"));
         // A bare placeholder stays behind only where a kill came between its send and its receipt.
-        let ledger = |phase: &str| {
-            rows.iter()
-                .filter(|e| e["customType"] == "pincer.channel-delivery")
-                .filter(|e| e["data"]["phase"] == phase && e["data"]["part"] == "first")
-                .count()
-        };
-        let unconfirmed = ledger("intent") - ledger("receipt");
+        let unconfirmed = ledger(&rows, "intent", "first").len() - ledger(&rows, "receipt", "first").len();
         assert!(
             orphans <= unconfirmed,
             "user {u}: {orphans} bare placeholders, {unconfirmed} unconfirmed sends: {msgs:?}"
         );
+        // So is a photo sent again: only where a kill came between its send and its receipt.
+        let unconfirmed = ledger(&rows, "intent", "media").len() - ledger(&rows, "receipt", "media").len();
+        let again = photos.iter().filter(|p| p.caption.is_some()).count();
+        assert!(again <= unconfirmed, "user {u}: {again} photos sent again, {unconfirmed} unconfirmed sends");
+        // Nothing else: each photo is one of the messages', as it is or a copy marked as one.
+        assert_eq!(photos.len() + only_marked_here, EACH + again, "user {u}: stray photos: {photos:?}");
+        only_marked += only_marked_here;
         // Nothing else: each message is a reply, a copy marked as one, or such a placeholder.
         let marked_here = msgs.iter().filter(|m| m.text().starts_with("(may be a duplicate)")).count();
         assert_eq!(msgs.len(), EACH + marked_here + orphans, "user {u}: stray messages: {msgs:?}");
@@ -327,7 +387,8 @@ fn a_storm_of_sigkills_loses_and_duplicates_nothing() {
     }
     eprintln!(
         "storm: {} messages, {kills} SIGKILLs, {} s; {} model requests; {placeholders} placeholder(s) orphaned by a kill \
-         between send and receipt, {marked} copies marked as possible duplicates",
+         between send and receipt, {marked} copies marked as possible duplicates, {marked_photos} photo(s) sent again \
+         marked ({only_marked} of them there only marked)",
         sent.len(),
         started.elapsed().as_secs(),
         fake.requests().len()
@@ -410,6 +471,136 @@ fn groups_answer_when_mentioned_and_commands_and_photos_work() {
     for m in tg.messages_in(1111) {
         assert_ne!(m.text(), "…", "{:?}", tg.messages_in(1111));
     }
+}
+
+#[test]
+fn images_a_reply_names_follow_its_text_as_photos_and_nothing_outside_the_workspace_is_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let ws = workspace(&state);
+    let chart = png(640, 480);
+    std::fs::write(ws.join("chart.png"), &chart).expect("chart");
+    std::fs::write(ws.join("notes.txt"), "not an image").expect("notes");
+    std::fs::write(dir.path().join("secret.png"), png(10, 10)).expect("secret");
+    std::os::unix::fs::symlink(dir.path().join("secret.png"), ws.join("leak.png")).expect("symlink");
+    let gw = GatewayProcess::start_with(BIN, &state, &config(&fake, &tg, "\"1111\""), &options());
+    tg.unreachable_url("https://example.com/gone.png");
+
+    // The fake model says back what it is told: the reply names eight images, each on its own line.
+    let refused = [
+        ("../secret.png", "outside the workspace"),
+        ("leak.png", "outside the workspace"),
+        ("/etc/passwd", "outside the agent's workspace"),
+        ("notes.txt", "not a PNG, JPEG, GIF or WebP image"),
+        ("https://127.0.0.1/x.png", "private network"),
+        ("https://example.com/gone.png", "failed to get HTTP URL content"),
+    ];
+    let mut said = "here you go\nMEDIA:chart.png\nMEDIA:https://example.com/cat.jpg".to_owned();
+    for (source, _) in refused {
+        said.push_str(&format!("\nMEDIA:{source}"));
+    }
+    tg.push_text(1111, 1111, "alice", &said);
+    let text = "Fake reply: you said \"here you go";
+    let m = wait_for("the reply's text", || showing(&tg, 1111, text).into_iter().next());
+    let file = probe::transcript_path(&state, &dm_key(1111)).expect("transcript");
+    let rows = wait_for("every image settled", || {
+        let rows = probe::read_rows_lossy(&file).0;
+        (ledger(&rows, "receipt", "media").len() == 8).then_some(rows)
+    });
+
+    // The two images that may go went as photos, after the text, once each: the workspace file
+    // uploaded (its bytes, name and type), the URL handed to Telegram.
+    let photos = tg.photos_in(1111);
+    assert_eq!(photos.len(), 2, "{photos:?}");
+    assert_eq!(
+        photos[0].source,
+        PhotoSource::Upload { bytes: chart.clone(), filename: "chart.png".into(), content_type: "image/png".into() }
+    );
+    assert_eq!(photos[1].source, PhotoSource::Url("https://example.com/cat.jpg".into()));
+    assert!(photos.iter().all(|p| p.caption.is_none() && p.message_id > m.message_id), "{photos:?}");
+    let calls: Vec<String> = tg.calls().into_iter().map(|(method, _)| method).collect();
+    // (The text's last call is the final edit of the message it streamed into, or the message
+    // itself when the run was over before it could stream.)
+    let text_done = calls.iter().rposition(|c| c == "editMessageText" || c == "sendMessage").expect("the text");
+    let first_photo = calls.iter().position(|c| c == "sendPhoto").expect("a photo");
+    assert!(text_done < first_photo, "the text is whole before the photos: {calls:?}");
+    // The directives never showed, not even while the reply streamed.
+    assert_eq!(tg.messages_in(1111).len(), 1, "{:?}", tg.messages_in(1111));
+    assert!(m.texts.iter().all(|t| !t.contains("MEDIA")), "{:?}", m.texts);
+
+    // Each image that could not go is in the log, saying why, and settled in the ledger.
+    let log = gw.log_text();
+    for (source, why) in refused {
+        assert!(
+            log.lines().any(|l| l.contains("a reply's image was not sent") && l.contains(source) && l.contains(why)),
+            "no log line for {source} ({why}):\n{log}"
+        );
+    }
+    assert_eq!(ledger(&rows, "receipt", "final")[0]["data"]["media"], 8);
+    let receipts = ledger(&rows, "receipt", "media");
+    let sent: Vec<&Value> = receipts.iter().copied().filter(|r| r["data"]["failed"].is_null()).collect();
+    assert_eq!(sent.len(), 2, "{receipts:?}");
+    let ids: Vec<String> = photos.iter().map(|p| p.message_id.to_string()).collect();
+    assert_eq!(sent.iter().map(|r| r["data"]["messageIds"][0].as_str().unwrap_or("")).collect::<Vec<_>>(), ids);
+    // Only the images that were tried have an intent: the refused files were never sent.
+    assert_eq!(ledger(&rows, "intent", "media").len(), 3, "chart.png, cat.jpg and gone.png");
+    check_transcript(&file);
+}
+
+#[test]
+fn a_photo_cut_by_a_crash_before_its_receipt_is_sent_again_marked_and_the_rest_follow() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = FakeOpenAi::start_in_thread();
+    let tg = FakeTelegram::start_in_thread();
+    let state = dir.path().join("state");
+    let chart = png(300, 200);
+    std::fs::write(workspace(&state).join("chart.png"), &chart).expect("chart");
+    let mut gw = GatewayProcess::start_with(BIN, &state, &config(&fake, &tg, "\"1111\""), &options());
+
+    // Telegram takes the first photo, and its answer never reaches the gateway: killed meanwhile.
+    tg.hold("sendPhoto");
+    tg.push_text(1111, 1111, "alice", "two pictures\nMEDIA:chart.png\nMEDIA:https://example.com/cat.jpg");
+    wait_for("the first photo taken", || (tg.photos_in(1111).len() == 1).then_some(()));
+    gw.kill9();
+    let file = probe::transcript_path(&state, &dm_key(1111)).expect("transcript");
+    let rows = probe::read_rows(&file);
+    assert_eq!(ledger(&rows, "receipt", "final").len(), 1, "the text was delivered before");
+    assert_eq!((ledger(&rows, "intent", "media").len(), ledger(&rows, "receipt", "media").len()), (1, 0));
+
+    // The next process finishes the delivery: the photo whose fate it cannot know again, marked, and
+    // the one never sent; the text is not sent again.
+    tg.release("sendPhoto");
+    gw.restart();
+    let rows = wait_for("the delivery finished", || {
+        let rows = probe::read_rows_lossy(&file).0;
+        (ledger(&rows, "receipt", "media").len() == 2).then_some(rows)
+    });
+    let photos = tg.photos_in(1111);
+    let upload = PhotoSource::Upload { bytes: chart, filename: "chart.png".into(), content_type: "image/png".into() };
+    let seen: Vec<(&PhotoSource, Option<&str>)> = photos.iter().map(|p| (&p.source, p.caption.as_deref())).collect();
+    assert_eq!(
+        seen,
+        [
+            (&upload, None),
+            (&upload, Some("(may be a duplicate)")),
+            (&PhotoSource::Url("https://example.com/cat.jpg".into()), None)
+        ]
+    );
+    assert_eq!(tg.messages_in(1111).len(), 1, "{:?}", tg.messages_in(1111));
+    assert_eq!(tg.messages_in(1111)[0].text(), "Fake reply: you said \"two pictures");
+    assert!(gw.log_text().contains("may have been sent before a crash"), "{}", gw.log_text());
+    assert_eq!(ledger(&rows, "intent", "media").len(), 3);
+    check_transcript(&file);
+
+    // Delivered: a third process sends nothing more.
+    let calls = tg.calls().iter().filter(|(m, _)| m == "sendPhoto").count();
+    gw.restart();
+    wait_for("a poll of the third process", || gw.log_text().contains("telegram: polling for messages").then_some(()));
+    tg.push_text(1111, 1111, "alice", "anything else?");
+    wait_for("the next reply", || showing(&tg, 1111, &reply_to("anything else?")).into_iter().next());
+    assert_eq!(tg.calls().iter().filter(|(m, _)| m == "sendPhoto").count(), calls, "no photo sent again");
 }
 
 #[test]

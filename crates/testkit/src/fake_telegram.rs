@@ -10,11 +10,21 @@
 //!   and MarkdownV2 with a reserved character not escaped;
 //! - `editMessageText {chat_id, message_id, text}`: "message is not modified" when the text is the
 //!   same, "message to edit not found" for an unknown message;
+//! - `sendPhoto {chat_id, photo, caption?}`: `photo` uploaded as a file part of a
+//!   `multipart/form-data` request (also as `attach://<part>`), or a string: an HTTP(S) URL Telegram
+//!   fetches (taken as fetchable unless [`FakeTelegram::unreachable_url`] says otherwise) or the
+//!   `file_id` of a photo it has; the new message with its `photo` sizes (`PhotoSize`s: a 90 px
+//!   thumbnail, a 320 px one and the original, from a PNG's or JPEG's real dimensions). Refused
+//!   with Telegram's errors for no photo, an empty file, one over 10 MB (413), bytes that are not
+//!   an image (`IMAGE_PROCESS_FAILED`), a wrong file id or URL, a caption over 1024 characters;
+//!   `editMessageText` of a photo says there is no text to edit;
 //! - `sendChatAction`, `getFile` and the file download (`/file/bot<token>/<path>`).
 //!
 //! Tests push users' messages ([`FakeTelegram::push_text`]), make the server answer 429 with
-//! `retry_after` ([`FakeTelegram::fail_next`]), deliver an update again ([`FakeTelegram::redeliver`])
-//! and read everything the bot sent ([`FakeTelegram::messages`], [`FakeTelegram::calls`]).
+//! `retry_after` ([`FakeTelegram::fail_next`]), hold a method's answers while its effect stands
+//! (the platform took it, the answer never came: [`FakeTelegram::hold`]), deliver an update again
+//! ([`FakeTelegram::redeliver`]) and read everything the bot sent ([`FakeTelegram::messages`],
+//! [`FakeTelegram::photos`], [`FakeTelegram::calls`]).
 
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
@@ -47,6 +57,29 @@ impl Sent {
     }
 }
 
+/// How a photo came.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PhotoSource {
+    /// Uploaded: the file part's bytes, file name and content type.
+    Upload { bytes: Vec<u8>, filename: String, content_type: String },
+    /// An HTTP(S) URL for Telegram to fetch.
+    Url(String),
+    /// The `file_id` of a photo Telegram has.
+    FileId(String),
+}
+
+/// A photo the bot sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Photo {
+    pub chat_id: i64,
+    pub message_id: i64,
+    pub source: PhotoSource,
+    pub caption: Option<String>,
+}
+
+/// Largest photo upload (`sendPhoto`: "The photo must be at most 10 MB in size").
+pub const MAX_PHOTO: usize = 10 * 1024 * 1024;
+
 #[derive(Default)]
 struct Inner {
     /// Updates not yet confirmed, oldest first.
@@ -57,6 +90,11 @@ struct Inner {
     /// Per chat: the next message id.
     next_message: HashMap<i64, i64>,
     sent: Vec<Sent>,
+    photos: Vec<Photo>,
+    /// Methods whose answers are held (their effect stands) until released.
+    held: std::collections::HashSet<String>,
+    /// URLs Telegram cannot fetch.
+    unreachable: std::collections::HashSet<String>,
     /// Every call: method and parameters.
     calls: Vec<(String, Value)>,
     /// Method → (how many more calls answer 429, retry_after).
@@ -183,6 +221,32 @@ impl FakeTelegram {
         self.inner().fail.insert(method.to_owned(), (n, retry_after));
     }
 
+    /// From now on, calls of `method` take effect but are not answered until [`Self::release`]
+    /// (as when Telegram took a request and the answer was lost on the way).
+    pub fn hold(&self, method: &str) {
+        self.inner().held.insert(method.to_owned());
+    }
+
+    /// Answers the held calls of `method`, and the later ones at once.
+    pub fn release(&self, method: &str) {
+        self.inner().held.remove(method);
+    }
+
+    /// `sendPhoto` with this URL fails as when Telegram cannot fetch it.
+    pub fn unreachable_url(&self, url: &str) {
+        self.inner().unreachable.insert(url.to_owned());
+    }
+
+    /// Every photo the bot sent, in order.
+    pub fn photos(&self) -> Vec<Photo> {
+        self.inner().photos.clone()
+    }
+
+    /// The photos the bot sent to one chat.
+    pub fn photos_in(&self, chat_id: i64) -> Vec<Photo> {
+        self.inner().photos.iter().filter(|p| p.chat_id == chat_id).cloned().collect()
+    }
+
     /// Every message the bot sent, in order.
     pub fn messages(&self) -> Vec<Sent> {
         self.inner().sent.clone()
@@ -241,6 +305,77 @@ fn ok(result: Value) -> Response {
 fn error(code: u16, description: &str) -> Response {
     let status = axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::BAD_REQUEST);
     (status, axum::Json(json!({"ok": false, "error_code": code, "description": description}))).into_response()
+}
+
+/// A file part of a `multipart/form-data` request.
+#[derive(Debug, Clone)]
+struct FilePart {
+    bytes: Vec<u8>,
+    filename: String,
+    content_type: String,
+}
+
+/// The parts of a `multipart/form-data` body (RFC 7578): text fields, and file parts by name.
+/// `Err` says what is malformed.
+fn multipart(content_type: &str, body: &[u8]) -> Result<(Value, HashMap<String, FilePart>), String> {
+    let boundary = content_type
+        .split(';')
+        .filter_map(|p| p.trim().strip_prefix("boundary="))
+        .next()
+        .map(|b| b.trim_matches('"'))
+        .filter(|b| !b.is_empty())
+        .ok_or("no boundary in the content type")?;
+    let delimiter = format!("--{boundary}").into_bytes();
+    let find = |hay: &[u8], needle: &[u8], from: usize| {
+        hay.get(from..).and_then(|h| h.windows(needle.len()).position(|w| w == needle)).map(|i| i + from)
+    };
+    let mut fields = serde_json::Map::new();
+    let mut files = HashMap::new();
+    let mut at = find(body, &delimiter, 0).ok_or("no first boundary")? + delimiter.len();
+    loop {
+        if body.get(at..at + 2) == Some(b"--") {
+            return Ok((Value::Object(fields), files));
+        }
+        if body.get(at..at + 2) != Some(b"\r\n") {
+            return Err("a boundary not followed by CRLF".into());
+        }
+        at += 2;
+        let head_end = find(body, b"\r\n\r\n", at).ok_or("a part without the blank line after its headers")?;
+        let head = String::from_utf8_lossy(&body[at..head_end]).into_owned();
+        let mut end_marker = b"\r\n".to_vec();
+        end_marker.extend_from_slice(&delimiter);
+        let content_end = find(body, &end_marker, head_end + 4).ok_or("a part without a closing boundary")?;
+        let content = body[head_end + 4..content_end].to_vec();
+        at = content_end + end_marker.len();
+        let mut name = None;
+        let mut filename = None;
+        let mut part_type = "text/plain".to_owned();
+        for line in head.split("\r\n") {
+            let (k, v) = line.split_once(':').unwrap_or((line, ""));
+            match k.trim().to_ascii_lowercase().as_str() {
+                "content-disposition" => {
+                    for p in v.split(';').map(str::trim) {
+                        if let Some(n) = p.strip_prefix("name=") {
+                            name = Some(n.trim_matches('"').to_owned());
+                        } else if let Some(f) = p.strip_prefix("filename=") {
+                            filename = Some(f.trim_matches('"').to_owned());
+                        }
+                    }
+                }
+                "content-type" => part_type = v.trim().to_owned(),
+                _ => {}
+            }
+        }
+        let name = name.ok_or("a part without a name")?;
+        match filename {
+            Some(filename) => {
+                files.insert(name, FilePart { bytes: content, filename, content_type: part_type });
+            }
+            None => {
+                fields.insert(name, json!(String::from_utf8_lossy(&content)));
+            }
+        }
+    }
 }
 
 /// The parameters of a call: a JSON body, or a query string / form (all values as strings).
@@ -316,15 +451,29 @@ async fn call(
     State(shared): State<Arc<Shared>>,
     Path((bot, method)): Path<(String, String)>,
     uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     if bot != format!("bot{TOKEN}") {
         return error(401, "Unauthorized");
     }
-    let p = params(uri.query(), &body);
+    let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let (p, files) = if content_type.to_ascii_lowercase().starts_with("multipart/form-data") {
+        match multipart(&content_type, &body) {
+            Ok(parts) => parts,
+            Err(e) => return error(400, &format!("Bad Request: can't parse multipart/form-data: {e}")),
+        }
+    } else {
+        (params(uri.query(), &body), HashMap::new())
+    };
     {
         let mut s = shared.inner.lock().expect("state");
-        s.calls.push((method.clone(), p.clone()));
+        // Files are recorded by their name, type and size.
+        let mut recorded = p.clone();
+        for (name, f) in &files {
+            recorded[name] = json!({"filename": f.filename, "contentType": f.content_type, "size": f.bytes.len()});
+        }
+        s.calls.push((method.clone(), recorded));
         if let Some((n, after)) = s.fail.get_mut(&method) {
             if *n > 0 {
                 *n -= 1;
@@ -339,7 +488,16 @@ async fn call(
             }
         }
     }
-    match method.as_str() {
+    let answer = answer(&shared, &method, &p, &files).await;
+    // A held method: its effect stands, its answer waits (the connection may be gone by then).
+    while shared.inner.lock().expect("state").held.contains(&method) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    answer
+}
+
+async fn answer(shared: &Arc<Shared>, method: &str, p: &Value, files: &HashMap<String, FilePart>) -> Response {
+    match method {
         "getMe" => ok(json!({"id": BOT_ID, "is_bot": true, "first_name": "Pincer", "username": BOT_USERNAME,
             "can_join_groups": true, "can_read_all_group_messages": false, "supports_inline_queries": false})),
         "getUpdates" => {
@@ -349,7 +507,7 @@ async fn call(
                     "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first",
                 );
             }
-            get_updates(&shared, &p).await
+            get_updates(shared, p).await
         }
         "setWebhook" => {
             let url = p["url"].as_str().unwrap_or("").to_owned();
@@ -365,8 +523,9 @@ async fn call(
             shared.inner.lock().expect("state").webhook = None;
             ok(json!(true))
         }
+        "sendPhoto" => send_photo(shared, p, files),
         "sendMessage" => {
-            let text = match check_text(&p) {
+            let text = match check_text(p) {
                 Ok(t) => t,
                 Err(e) => return error(400, &e),
             };
@@ -382,7 +541,7 @@ async fn call(
                 "text": text}))
         }
         "editMessageText" => {
-            let text = match check_text(&p) {
+            let text = match check_text(p) {
                 Ok(t) => t,
                 Err(e) => return error(400, &e),
             };
@@ -390,6 +549,9 @@ async fn call(
                 return error(400, "Bad Request: message to edit not found");
             };
             let mut s = shared.inner.lock().expect("state");
+            if s.photos.iter().any(|m| m.chat_id == chat_id && m.message_id == message_id) {
+                return error(400, "Bad Request: there is no text in the message to edit");
+            }
             let Some(m) = s.sent.iter_mut().find(|m| m.chat_id == chat_id && m.message_id == message_id) else {
                 return error(400, "Bad Request: message to edit not found");
             };
@@ -414,6 +576,108 @@ async fn call(
         }
         _ => error(404, "Not Found"),
     }
+}
+
+/// The width and height of a PNG or JPEG (its header, or its first start-of-frame segment).
+fn dimensions(b: &[u8]) -> Option<(u64, u64)> {
+    let be = |x: &[u8]| x.iter().fold(0u64, |n, &d| n << 8 | u64::from(d));
+    if b.starts_with(b"\x89PNG\r\n\x1a\n") && b.get(12..16) == Some(b"IHDR") {
+        return Some((be(b.get(16..20)?), be(b.get(20..24)?)));
+    }
+    if b.starts_with(&[0xff, 0xd8]) {
+        let mut i = 2;
+        while i + 9 < b.len() && b[i] == 0xff {
+            let marker = b[i + 1];
+            let len = be(&b[i + 2..i + 4]) as usize;
+            if matches!(marker, 0xc0..=0xc3 | 0xc5..=0xc7 | 0xc9..=0xcb | 0xcd..=0xcf) {
+                return Some((be(&b[i + 7..i + 9]), be(&b[i + 5..i + 7])));
+            }
+            i += 2 + len;
+        }
+    }
+    None
+}
+
+/// Whether `b` is an image Telegram can process as a photo.
+fn is_image(b: &[u8]) -> bool {
+    b.starts_with(b"\x89PNG\r\n\x1a\n")
+        || b.starts_with(&[0xff, 0xd8, 0xff])
+        || b.starts_with(b"GIF8")
+        || (b.len() > 12 && &b[..4] == b"RIFF" && &b[8..12] == b"WEBP")
+}
+
+/// `sendPhoto`: the photo from an upload, a URL or a file id; the new message with its sizes.
+fn send_photo(shared: &Arc<Shared>, p: &Value, files: &HashMap<String, FilePart>) -> Response {
+    let Some(chat_id) = int(&p["chat_id"]) else { return error(400, "Bad Request: chat not found") };
+    let caption = p["caption"].as_str().map(str::to_owned);
+    if caption.as_ref().is_some_and(|c| c.encode_utf16().count() > 1024) {
+        return error(400, "Bad Request: message caption is too long");
+    }
+    let upload = match p["photo"].as_str().and_then(|v| v.strip_prefix("attach://")) {
+        Some(name) => files.get(name),
+        None => files.get("photo"),
+    };
+    let mut s = shared.inner.lock().expect("state");
+    let (source, dims, size) = match (upload, p["photo"].as_str()) {
+        (Some(f), _) => {
+            if f.bytes.is_empty() {
+                return error(400, "Bad Request: file must be non-empty");
+            }
+            if f.bytes.len() > MAX_PHOTO {
+                return error(413, "Request Entity Too Large");
+            }
+            if !is_image(&f.bytes) {
+                return error(400, "Bad Request: IMAGE_PROCESS_FAILED");
+            }
+            let source = PhotoSource::Upload {
+                bytes: f.bytes.clone(),
+                filename: f.filename.clone(),
+                content_type: f.content_type.clone(),
+            };
+            (source, dimensions(&f.bytes), f.bytes.len())
+        }
+        (None, Some(v)) if v.starts_with("https://") || v.starts_with("http://") => {
+            if s.unreachable.contains(v) {
+                return error(400, "Bad Request: failed to get HTTP URL content");
+            }
+            (PhotoSource::Url(v.to_owned()), None, 48_000)
+        }
+        (None, Some(v)) if !v.is_empty() => {
+            let known = s.files.contains_key(v)
+                || s.photos.iter().any(|ph| ph.chat_id.to_string() + "-" + &ph.message_id.to_string() == v);
+            if !known {
+                return error(400, "Bad Request: wrong file identifier/HTTP URL specified");
+            }
+            (PhotoSource::FileId(v.to_owned()), None, 48_000)
+        }
+        _ => return error(400, "Bad Request: there is no photo in the request"),
+    };
+    let next = s.next_message.entry(chat_id).or_insert(1);
+    let message_id = *next;
+    *next += 1;
+    let (w, h) = dims.unwrap_or((800, 600));
+    let file_id = format!("{chat_id}-{message_id}");
+    // Telegram keeps the photo in a few sizes, the largest last.
+    let mut sizes = Vec::new();
+    for (k, side) in [(0, 90u64), (1, 320)] {
+        let scale = side as f64 / w.max(h).max(1) as f64;
+        if scale < 1.0 {
+            sizes.push(json!({"file_id": format!("{file_id}-{k}"), "file_unique_id": format!("u{file_id}-{k}"),
+                "width": ((w as f64 * scale).round() as u64).max(1), "height": ((h as f64 * scale).round() as u64).max(1),
+                "file_size": ((size as f64) * scale * scale) as u64}));
+        }
+    }
+    sizes.push(json!({"file_id": file_id, "file_unique_id": format!("u{file_id}"), "width": w, "height": h,
+        "file_size": size}));
+    s.photos.push(Photo { chat_id, message_id, source, caption: caption.clone() });
+    let mut message = json!({"message_id": message_id, "date": 1_765_000_000,
+        "chat": {"id": chat_id, "type": if chat_id > 0 { "private" } else { "supergroup" }},
+        "from": {"id": BOT_ID, "is_bot": true, "first_name": "Pincer", "username": BOT_USERNAME},
+        "photo": sizes});
+    if let Some(c) = caption {
+        message["caption"] = json!(c);
+    }
+    ok(message)
 }
 
 async fn get_updates(shared: &Arc<Shared>, p: &Value) -> Response {
@@ -512,6 +776,30 @@ async fn file(State(shared): State<Arc<Shared>>, Path((bot, path)): Path<(String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multipart_bodies_are_parsed_into_fields_and_files() {
+        let body = b"--xyz\r\nContent-Disposition: form-data; name=\"chat_id\"\r\n\r\n42\r\n\
+--xyz\r\nContent-Disposition: form-data; name=\"photo\"; filename=\"a.png\"\r\nContent-Type: image/png\r\n\r\n\
+\x89PNG\r\n--xy\r\n--xyz--\r\n";
+        let (fields, files) = multipart("multipart/form-data; boundary=xyz", body).expect("parsed");
+        assert_eq!(fields["chat_id"], "42");
+        let f = &files["photo"];
+        assert_eq!((f.filename.as_str(), f.content_type.as_str()), ("a.png", "image/png"));
+        assert_eq!(f.bytes, b"\x89PNG\r\n--xy");
+        assert!(multipart("multipart/form-data", body).is_err(), "no boundary");
+        assert!(multipart("multipart/form-data; boundary=xyz", b"--xyz\r\nno end").is_err());
+    }
+
+    #[test]
+    fn photo_dimensions_come_from_the_image() {
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+        png.extend_from_slice(&[0, 0, 2, 128, 0, 0, 1, 224]);
+        assert_eq!(dimensions(&png), Some((640, 480)));
+        let jpeg = [0xff, 0xd8, 0xff, 0xe0, 0, 4, 0, 0, 0xff, 0xc0, 0, 17, 8, 0, 100, 0, 200, 3];
+        assert_eq!(dimensions(&jpeg), Some((200, 100)));
+        assert_eq!(dimensions(b"nothing"), None);
+    }
 
     #[test]
     fn markdown_v2_needs_reserved_characters_escaped() {

@@ -410,6 +410,33 @@ impl MatrixUser {
         self.send_text_txn(room, text, &txn).await
     }
 
+    /// Sends an `m.room.message` with this content (a fresh transaction id). The event id.
+    pub async fn send_content(&self, room: &str, content: Value) -> String {
+        let txn = format!("t{}-{}", std::process::id(), next_id());
+        let path = format!("/rooms/{}/send/m.room.message/{}", enc(room), enc(&txn));
+        let v = self.ok(reqwest::Method::PUT, &path, Some(content)).await;
+        v["event_id"].as_str().expect("event_id").to_owned()
+    }
+
+    /// Sends `text` mentioning `user` as Element does: the user's pill (a `matrix.to` link named
+    /// `name`) before the text, and the user in `m.mentions`. The event id.
+    pub async fn send_mention(&self, room: &str, user: &str, name: &str, text: &str) -> String {
+        let content = json!({
+            "msgtype": "m.text",
+            "body": format!("{name}: {text}"),
+            "format": "org.matrix.custom.html",
+            "formatted_body": format!("<a href=\"https://matrix.to/#/{user}\">{name}</a>: {text}"),
+            "m.mentions": {"user_ids": [user]},
+        });
+        self.send_content(room, content).await
+    }
+
+    /// Sets the user's display name.
+    pub async fn set_display_name(&self, name: &str) {
+        let path = format!("/profile/{}/displayname", enc(&self.user_id));
+        self.ok(reqwest::Method::PUT, &path, Some(json!({"displayname": name}))).await;
+    }
+
     /// Every `m.room.message` in `room`, oldest first, with edits folded into their originals (edits
     /// themselves are not listed; an edit counts only when sent by the original's sender).
     pub async fn messages(&self, room: &str) -> Vec<RoomMessage> {

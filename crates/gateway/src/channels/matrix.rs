@@ -14,6 +14,10 @@
 //!   nothing is skipped. The first start (no token) begins at the present: old history is not answered.
 //! - **Invites** are accepted only from `allow_from` (the room is a DM when the invite says
 //!   `is_direct`; the bot records it in its `m.direct` account data), rejected otherwise and logged.
+//! - **Rooms** (not direct chats, nor rooms of the bot and one user) answer only messages addressed
+//!   to the bot unless `require_mention = false` ([`Mention`]): its user id in `m.mentions`, its user
+//!   id or display name in the text, a `matrix.to` pill link to it, or a reply to one of its events.
+//!   Others get no turn (a debug line) and the sync position moves past them all the same.
 //! - **Outbound** ([`Bot`], the seam's [`Outbound`]): the seam's deliverer sends a reply's first
 //!   message when the run starts and streams into it with `m.replace` edits (throttled by the seam),
 //!   the last one holding the final text. Each is an `m.text` event (markdown rendered to
@@ -27,7 +31,7 @@ use super::{Accepted, Address, BoxFuture, ChatKind, Event, Inbound, Outbound, Po
 use crate::state::Gateway;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +63,8 @@ pub struct MatrixSection {
     pub bindings: BTreeMap<String, String>,
     /// Seconds one `/sync` long poll waits (default 30).
     pub sync_timeout_secs: Option<u64>,
+    /// In rooms, answer only messages that mention the bot or reply to it (default true).
+    pub require_mention: Option<bool>,
 }
 
 /// `[channels.matrix]`, validated.
@@ -71,6 +77,8 @@ pub struct MatrixSettings {
     pub token: String,
     pub policy: Policy,
     pub sync_timeout: Duration,
+    /// In rooms, answer only messages addressed to the bot.
+    pub require_mention: bool,
 }
 
 impl std::fmt::Debug for MatrixSettings {
@@ -138,6 +146,7 @@ impl MatrixSettings {
             token,
             policy,
             sync_timeout: Duration::from_secs(poll),
+            require_mention: s.require_mention.unwrap_or(true),
         }))
     }
 }
@@ -354,6 +363,32 @@ impl Api {
         }
     }
 
+    /// How many members have joined `room`.
+    pub async fn joined_member_count(&self, room: &str) -> Result<usize, ApiError> {
+        let v =
+            self.call_retrying(reqwest::Method::GET, &format!("/rooms/{}/joined_members", seg(room)), None, 5).await?;
+        Ok(v["joined"].as_object().map_or(0, serde_json::Map::len))
+    }
+
+    /// The sender of event `event` of `room`; `None` when the bot may not see it or it is not there.
+    pub async fn event_sender(&self, room: &str, event: &str) -> Result<Option<String>, ApiError> {
+        let path = format!("/rooms/{}/event/{}", seg(room), seg(event));
+        match self.call_retrying(reqwest::Method::GET, &path, None, 5).await {
+            Ok(v) => Ok(v["sender"].as_str().map(str::to_owned)),
+            Err(e) if matches!(e.status, Some(403 | 404)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The display name of `user`'s profile, if it has one.
+    pub async fn display_name(&self, user: &str) -> Result<Option<String>, ApiError> {
+        match self.call_retrying(reqwest::Method::GET, &format!("/profile/{}/displayname", seg(user)), None, 3).await {
+            Ok(v) => Ok(v["displayname"].as_str().map(str::to_owned).filter(|n| !n.trim().is_empty())),
+            Err(e) if e.status == Some(404) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The bot's `m.direct` account data (`{user: [room, …]}`), empty when never set.
     pub async fn direct_rooms(&self, user: &str) -> Result<Value, ApiError> {
         let path = format!("/user/{}/account_data/m.direct", seg(user));
@@ -470,6 +505,12 @@ pub struct Incoming {
     pub event_id: String,
     pub sender: String,
     pub body: String,
+    /// Its HTML (`formatted_body`), if any.
+    pub formatted_body: Option<String>,
+    /// The users it mentions on purpose (`m.mentions.user_ids`).
+    pub mentions: Vec<String>,
+    /// The event it replies to (`m.relates_to.m.in_reply_to`).
+    pub reply_to: Option<String>,
 }
 
 /// What one sync answer holds for the bot.
@@ -487,6 +528,9 @@ pub struct Batch {
     pub gaps: Vec<(String, String)>,
     /// The bot's `m.direct` account data, when it changed.
     pub direct: Option<Value>,
+    /// Joined rooms whose membership changed (a member event), or that say how many joined
+    /// (`summary`'s `m.joined_member_count`: `Some`).
+    pub members: Vec<(String, Option<usize>)>,
 }
 
 /// Reads one sync answer (`bot`: the bot's user id, whose own events are skipped).
@@ -524,6 +568,10 @@ pub fn parse_sync(v: &Value, bot: &str) -> Batch {
                     b.gaps.push((room.clone(), prev.to_owned()));
                 }
             }
+            let joined = r["summary"]["m.joined_member_count"].as_u64().map(|n| n as usize);
+            if joined.is_some() || state.iter().chain(timeline).any(|e| e["type"] == "m.room.member") {
+                b.members.push((room.clone(), joined));
+            }
             for e in timeline {
                 classify(room, e, bot, &mut b);
             }
@@ -558,11 +606,15 @@ pub fn classify(room: &str, e: &Value, bot: &str, b: &mut Batch) {
         b.ignored.push((room.to_owned(), event_id, "an empty message"));
         return;
     };
+    let mentions = c["m.mentions"]["user_ids"].as_array().map(Vec::as_slice).unwrap_or_default();
     b.messages.push(Incoming {
         room: room.to_owned(),
         event_id,
         sender: e["sender"].as_str().unwrap_or_default().to_owned(),
         body: body.to_owned(),
+        formatted_body: c["formatted_body"].as_str().map(str::to_owned),
+        mentions: mentions.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+        reply_to: c["m.relates_to"]["m.in_reply_to"]["event_id"].as_str().map(str::to_owned),
     });
 }
 
@@ -592,6 +644,77 @@ pub fn with_direct_room(direct: &Value, user: &str, room: &str) -> Value {
         }
     }
     Value::Object(d)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mentions
+
+/// How people address the bot in a room: its user id and display name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mention {
+    pub user_id: String,
+    pub display_name: Option<String>,
+}
+
+impl Mention {
+    /// Whether `m` names the bot: its id in `m.mentions`, a `matrix.to` link to it in the HTML (a
+    /// pill), or its user id or display name (as a word) in the text. (A reply to the bot is
+    /// checked apart: it needs the homeserver.)
+    pub fn names(&self, m: &Incoming) -> bool {
+        let me = self.user_id.to_lowercase();
+        if m.mentions.iter().any(|u| u.to_lowercase() == me) {
+            return true;
+        }
+        let body = m.body.to_lowercase();
+        if body.contains(&me) {
+            return true;
+        }
+        if let Some(html) = &m.formatted_body {
+            let html = html.to_lowercase();
+            let encoded = me.replace('@', "%40").replace(':', "%3a");
+            if html.contains(&format!("matrix.to/#/{me}")) || html.contains(&format!("matrix.to/#/{encoded}")) {
+                return true;
+            }
+        }
+        self.display_name.as_deref().is_some_and(|n| contains_word(&body, &n.to_lowercase()))
+    }
+
+    /// `text` without a leading mention of the bot (`Pincer: hi`, `@bot:example.org, hi` → `hi`).
+    pub fn strip(&self, text: &str) -> String {
+        let t = text.trim_start();
+        for name in std::iter::once(self.user_id.as_str()).chain(self.display_name.as_deref()) {
+            let head = t.get(..name.len());
+            if head.is_some_and(|h| h.to_lowercase() == name.to_lowercase()) {
+                let rest = &t[name.len()..];
+                let after = rest.trim_start_matches([':', ',']);
+                if after.len() < rest.len() || rest.starts_with(char::is_whitespace) {
+                    let after = after.trim_start();
+                    if !after.is_empty() {
+                        return after.to_owned();
+                    }
+                }
+            }
+        }
+        text.to_owned()
+    }
+}
+
+/// Whether `needle` is in `hay` with no letter or digit right before or after it.
+fn contains_word(hay: &str, needle: &str) -> bool {
+    if needle.trim().is_empty() {
+        return false;
+    }
+    let mut from = 0;
+    while let Some(i) = hay[from..].find(needle) {
+        let at = from + i;
+        let before = hay[..at].chars().next_back();
+        let after = hay[at + needle.len()..].chars().next();
+        if !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric) {
+            return true;
+        }
+        from = at + needle.chars().next().map_or(1, char::len_utf8);
+    }
+    false
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -747,6 +870,10 @@ struct Rooms {
     direct_data: Value,
     /// Encrypted rooms already refused by this process.
     refused: HashSet<String>,
+    /// Joined members per room, as last known (dropped when its membership changes).
+    members: HashMap<String, usize>,
+    /// How people address the bot.
+    mention: Mention,
 }
 
 async fn run(gw: Arc<Gateway>, settings: MatrixSettings) {
@@ -797,7 +924,22 @@ async fn run(gw: Arc<Gateway>, settings: MatrixSettings) {
             }
         }
     };
-    let mut rooms = Rooms { direct: direct_room_set(&direct_data), direct_data, refused: HashSet::new() };
+    // The display name people's clients show (and put in a mention's text); without one, the id.
+    let display_name = match api.display_name(&me).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("matrix: cannot read the bot's display name ({e}); mentions by name are not recognised");
+            None
+        }
+    };
+    let mention = Mention { user_id: me.clone(), display_name };
+    let mut rooms = Rooms {
+        direct: direct_room_set(&direct_data),
+        direct_data,
+        refused: HashSet::new(),
+        members: HashMap::new(),
+        mention,
+    };
     let mut since = match super::load_cursor(&gw, NAME, &me).await {
         Ok(c) => c,
         Err(e) => {
@@ -890,6 +1032,12 @@ async fn handle_batch(
         rooms.direct = direct_room_set(&d);
         rooms.direct_data = d;
     }
+    for (room, joined) in &batch.members {
+        match joined {
+            Some(n) => rooms.members.insert(room.clone(), *n),
+            None => rooms.members.remove(room),
+        };
+    }
     for invite in &batch.invites {
         handle_invite(gw, api, settings, rooms, invite).await?;
     }
@@ -940,7 +1088,11 @@ async fn handle_batch(
             continue;
         }
         let kind = if rooms.direct.contains(&m.room) { ChatKind::Direct } else { ChatKind::Group };
-        let text = crate::chat::sanitize_message(&m.body);
+        if kind == ChatKind::Group && settings.require_mention && !addressed(api, rooms, &m).await? {
+            tracing::debug!(room = %m.room, event = %m.event_id, "matrix: not a turn: a room message not addressed to the bot (require_mention)");
+            continue;
+        }
+        let text = crate::chat::sanitize_message(&rooms.mention.strip(&m.body));
         let text = match text {
             Ok(t) => t,
             Err(e) => {
@@ -972,6 +1124,35 @@ async fn handle_batch(
         }
     }
     Ok(())
+}
+
+/// Whether room message `m` is for the bot: the room is the bot's and one user's, the message
+/// names the bot ([`Mention::names`]), or it replies to one of the bot's events. `Err` when the
+/// homeserver could not say (the batch is read again).
+async fn addressed(api: &Api, rooms: &mut Rooms, m: &Incoming) -> Result<bool, String> {
+    if rooms.mention.names(m) {
+        return Ok(true);
+    }
+    let members = match rooms.members.get(&m.room) {
+        Some(n) => *n,
+        None => {
+            let n = api
+                .joined_member_count(&m.room)
+                .await
+                .map_err(|e| format!("cannot count the members of {}: {e}", m.room))?;
+            rooms.members.insert(m.room.clone(), n);
+            n
+        }
+    };
+    if members <= 2 {
+        return Ok(true);
+    }
+    let Some(event) = &m.reply_to else { return Ok(false) };
+    let sender = api
+        .event_sender(&m.room, event)
+        .await
+        .map_err(|e| format!("cannot read the event {event} a message replies to: {e}"))?;
+    Ok(sender.as_deref() == Some(rooms.mention.user_id.as_str()))
 }
 
 /// An invite: accepted from an allowed user (a direct one recorded in the bot's `m.direct`),
@@ -1141,6 +1322,7 @@ mod tests {
         });
         let b = parse_sync(&v, "@bot:x");
         assert_eq!(b.next_batch, "s2");
+        assert!(b.members.is_empty(), "no membership news");
         assert_eq!(b.invites, vec![Invite { room: "!i:x".into(), inviter: "@alice:x".into(), is_direct: true }]);
         assert_eq!(b.messages.len(), 1);
         assert_eq!(b.messages[0].body, "hello");
@@ -1149,5 +1331,54 @@ mod tests {
         assert_eq!(b.gaps, vec![("!r:x".to_owned(), "p1".to_owned())]);
         let d = with_direct_room(&json!({}), "@alice:x", "!i:x");
         assert!(direct_room_set(&d).contains("!i:x"));
+
+        let v = json!({"next_batch": "s3", "rooms": {"join": {"!r:x": {
+        "summary": {"m.joined_member_count": 3},
+        "timeline": {"events": [
+            {"type": "m.room.member", "state_key": "@carol:x", "sender": "@carol:x", "content": {"membership": "join"}},
+            {"type": "m.room.message", "event_id": "$4", "sender": "@alice:x", "content": {"msgtype": "m.text",
+                "body": "yes", "formatted_body": "<b>yes</b>", "m.mentions": {"user_ids": ["@bot:x"]},
+                "m.relates_to": {"m.in_reply_to": {"event_id": "$2"}}}}
+        ]}}}}});
+        let b = parse_sync(&v, "@bot:x");
+        assert_eq!(b.members, vec![("!r:x".to_owned(), Some(3))]);
+        let m = &b.messages[0];
+        assert_eq!((m.mentions.as_slice(), m.reply_to.as_deref()), (&["@bot:x".to_owned()][..], Some("$2")));
+        assert_eq!(m.formatted_body.as_deref(), Some("<b>yes</b>"));
+    }
+
+    #[test]
+    fn a_room_message_names_the_bot_by_mention_pill_id_or_display_name() {
+        let me = Mention { user_id: "@pincer:example.org".into(), display_name: Some("Pincer Bot".into()) };
+        let msg = |body: &str, html: Option<&str>, mentions: &[&str]| Incoming {
+            room: "!r:x".into(),
+            event_id: "$e".into(),
+            sender: "@alice:x".into(),
+            body: body.into(),
+            formatted_body: html.map(str::to_owned),
+            mentions: mentions.iter().map(|m| (*m).to_owned()).collect(),
+            reply_to: None,
+        };
+        assert!(me.names(&msg("hi", None, &["@pincer:example.org"])), "m.mentions");
+        assert!(me.names(&msg("ask @Pincer:example.org", None, &[])), "the user id");
+        assert!(me.names(&msg(
+            "PB: hi",
+            Some("<a href=\"https://matrix.to/#/%40pincer%3Aexample.org\">PB</a>: hi"),
+            &[]
+        )));
+        assert!(me.names(&msg("x", Some("<a href=\"https://matrix.to/#/@pincer:example.org\">x</a>"), &[])));
+        assert!(me.names(&msg("pincer bot, what now?", None, &[])), "the display name");
+        assert!(!me.names(&msg("the pincer botany club", None, &[])), "a word of it only");
+        assert!(!me.names(&msg("hello all", None, &["@alice:x"])));
+        assert!(!me.names(&msg(
+            "see https://matrix.to/#/@other:x",
+            Some("<a href=\"https://matrix.to/#/@other:x\">o</a>"),
+            &[]
+        )));
+        assert_eq!(me.strip("Pincer Bot: what is up"), "what is up");
+        assert_eq!(me.strip("@pincer:example.org, hi"), "hi");
+        assert_eq!(me.strip("Pincer Bottle"), "Pincer Bottle");
+        assert_eq!(me.strip("Pincer Bot:"), "Pincer Bot:", "nothing left: kept");
+        assert_eq!(me.strip("tell Pincer Bot"), "tell Pincer Bot");
     }
 }

@@ -33,12 +33,16 @@
 //!   accepted. Streaming is one message sent when the run starts and edited as text arrives
 //!   (throttled), so the final is an idempotent edit of a message whose id is on disk; only a
 //!   message whose intent has no receipt (the process died while the platform was answering) is
-//!   sent again, marked "(may be a duplicate)" when it carries reply text.
+//!   sent again, marked "(may be a duplicate)" when it carries reply text. Images the reply names
+//!   (`MEDIA:` lines, [`media`]) follow its text on platforms that take them, each between an
+//!   intent and a receipt of its own; the final receipt says how many follow, so a crash between
+//!   them leaves the run undelivered until the rest is sent.
 //! - **Status and metrics**: [`Registry::status`] (the `status` RPC's `channels`, `pincer channels
 //!   status`) and the per-channel counters ([`Event`]: received, deduplicated, refused, sent,
 //!   failed), also exported as `pincer_channel_messages_total{channel, event}`.
 
 pub mod matrix;
+pub mod media;
 pub mod telegram;
 
 use crate::durable::OnDisk;
@@ -49,7 +53,7 @@ use crate::turn::TurnRequest;
 use pincer_store::NewEntry;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,9 +61,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// `customType` of the delivery ledger's entries: `data` is `{runId, channel, chat, phase: "intent" |
-/// "receipt", part: "first" | "final", messageIds?, at}`. Chained in the session's transcript (so
-/// it is as durable as the turn, on files and on PostgreSQL, and moves with the session), outside
-/// the LLM context.
+/// "receipt", part: "first" | "final" | "media", messageIds?, at}`; a final receipt has `media: n`
+/// when n images follow the text, and a `media` entry its `index` (an intent its `source`, a receipt
+/// of an image that could not be sent `failed: why`). Chained in the session's transcript (so it is
+/// as durable as the turn, on files and on PostgreSQL, and moves with the session), outside the LLM
+/// context.
 pub const DELIVERY: &str = "pincer.channel-delivery";
 
 /// The session row's fields a channel sets (OpenClaw's names): where replies go.
@@ -337,6 +343,24 @@ pub trait Outbound: Send + Sync + 'static {
     /// Shows "typing…" (best effort; the default does nothing).
     fn typing<'a>(&'a self, _to: &'a Address) -> BoxFuture<'a, ()> {
         Box::pin(async {})
+    }
+
+    /// The largest image the platform takes ([`Outbound::send_image`]). 0, the default: it takes
+    /// none, and a reply's `MEDIA:` lines stay part of its text.
+    fn max_image_bytes(&self) -> usize {
+        0
+    }
+
+    /// Sends an image (with a caption, when there is one); its platform id. `txn` as for
+    /// [`Outbound::send`].
+    fn send_image<'a>(
+        &'a self,
+        _to: &'a Address,
+        _image: &'a media::OutImage,
+        _caption: Option<&'a str>,
+        _txn: &'a str,
+    ) -> BoxFuture<'a, Result<String, SendError>> {
+        Box::pin(async { Err(SendError::Rejected("this channel sends no images".into())) })
     }
 }
 
@@ -711,10 +735,51 @@ pub struct Ledger {
     pub first: Option<String>,
     /// The final's intent is on disk (how many attempts).
     pub final_intents: usize,
-    /// The final's receipt is on disk: the reply is delivered.
-    pub delivered: bool,
+    /// The final's receipt is on disk: the reply's text is delivered.
+    pub final_sent: bool,
+    /// How many images follow the text (the final receipt's `media`).
+    pub media: usize,
+    /// Image index → how many intents were written for it.
+    pub media_intents: BTreeMap<usize, usize>,
+    /// Images settled: sent (a receipt with the platform's id), or given up (a receipt saying why).
+    pub media_done: BTreeSet<usize>,
     /// The gateway gave the turn up (a `pincer.turn-interrupted` marker): it gets no reply.
     pub interrupted: bool,
+}
+
+impl Ledger {
+    /// The reply is delivered: its text, and every image after it.
+    pub fn delivered(&self) -> bool {
+        self.final_sent && (0..self.media).all(|i| self.media_done.contains(&i))
+    }
+
+    /// Takes in one of the run's [`DELIVERY`] entries.
+    fn apply(&mut self, e: &Value) {
+        let d = &e["data"];
+        let index = d["index"].as_u64().map(|i| i as usize);
+        match (d["phase"].as_str(), d["part"].as_str()) {
+            (Some("intent"), Some("first")) => self.first_intent = true,
+            (Some("receipt"), Some("first")) => {
+                self.first = d["messageIds"].get(0).and_then(Value::as_str).map(str::to_owned);
+            }
+            (Some("intent"), Some("final")) => self.final_intents += 1,
+            (Some("receipt"), Some("final")) => {
+                self.final_sent = true;
+                self.media = d["media"].as_u64().unwrap_or(0) as usize;
+            }
+            (Some("intent"), Some("media")) => {
+                if let Some(i) = index {
+                    *self.media_intents.entry(i).or_default() += 1;
+                }
+            }
+            (Some("receipt"), Some("media")) => {
+                if let Some(i) = index {
+                    self.media_done.insert(i);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Reads the ledger of run `run_id` from the session's transcript (blocking).
@@ -732,18 +797,8 @@ pub fn read_ledger(
         if custom_run(e, crate::durable::INTERRUPTED) == Some(run_id) {
             l.interrupted = true;
         }
-        if custom_run(e, DELIVERY) != Some(run_id) {
-            continue;
-        }
-        let d = &e["data"];
-        match (d["phase"].as_str(), d["part"].as_str()) {
-            (Some("intent"), Some("first")) => l.first_intent = true,
-            (Some("receipt"), Some("first")) => {
-                l.first = d["messageIds"].get(0).and_then(Value::as_str).map(str::to_owned);
-            }
-            (Some("intent"), Some("final")) => l.final_intents += 1,
-            (Some("receipt"), Some("final")) => l.delivered = true,
-            _ => {}
+        if custom_run(e, DELIVERY) == Some(run_id) {
+            l.apply(e);
         }
     }
     Ok(l)
@@ -751,10 +806,25 @@ pub fn read_ledger(
 
 /// A ledger entry of run `run_id`.
 fn ledger_entry(run_id: &str, to: &Address, phase: &str, part: &str, ids: &[String]) -> NewEntry {
+    ledger_entry_with(run_id, to, phase, part, ids, Map::new())
+}
+
+/// A ledger entry of run `run_id` with more fields in its `data`.
+fn ledger_entry_with(
+    run_id: &str,
+    to: &Address,
+    phase: &str,
+    part: &str,
+    ids: &[String],
+    more: Map<String, Value>,
+) -> NewEntry {
     let mut data = json!({"runId": run_id, "channel": to.channel, "chat": to.chat, "phase": phase, "part": part,
         "at": pincer_pi::now_ms()});
     if phase == "receipt" {
         data["messageIds"] = json!(ids);
+    }
+    if let Some(d) = data.as_object_mut() {
+        d.extend(more);
     }
     let mut payload = Map::new();
     payload.insert("customType".into(), json!(DELIVERY));
@@ -864,8 +934,14 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        if ledger.delivered {
+        if ledger.delivered() {
             return Ok(());
+        }
+        if ledger.final_sent {
+            // The text went out; a crash came before every image after it was settled.
+            let text = reply_text(gw, &s, run_id).await?;
+            let (_, sources) = media_of(out.as_ref(), &text);
+            return send_media(gw, &s, out.as_ref(), &to, run_id, &ledger, &sources).await;
         }
         let live = streamed(gw, run_id);
         let state = {
@@ -878,13 +954,7 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
         };
         match (&state, &live) {
             (OnDisk::Done(_), _) if live.is_none() => {
-                let gw2 = gw.clone();
-                let (s2, id) = (s.clone(), run_id.to_owned());
-                let text = tokio::task::spawn_blocking(move || final_text(&gw2, &s2, &id))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())?
-                    .unwrap_or_else(|| "(no reply)".into());
+                let text = reply_text(gw, &s, run_id).await?;
                 return send_final(gw, &s, out.as_ref(), &to, run_id, &ledger, &text).await;
             }
             // Given up for good (marked so), or left unanswered while the session went on past it
@@ -907,7 +977,9 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
                     Some(id) => id.clone(),
                     None => send_first(gw, &s, out.as_ref(), &to, run_id, &ledger).await?,
                 };
-                let shown = out.split(text).into_iter().next().unwrap_or_else(|| PLACEHOLDER.to_owned());
+                // `MEDIA:` lines are not for the eye (they become images once the reply is whole).
+                let text = if out.max_image_bytes() > 0 { media::visible(text) } else { text.clone() };
+                let shown = out.split(&text).into_iter().next().unwrap_or_else(|| PLACEHOLDER.to_owned());
                 let due = last_edit.as_ref().is_none_or(|(at, t)| at.elapsed() >= EDIT_INTERVAL && *t != shown);
                 if !text.trim().is_empty() && due {
                     match out.edit(&to, &first, &shown, &format!("{run_id}.edit")).await {
@@ -962,8 +1034,37 @@ async fn send_first(
     Ok(id)
 }
 
+/// The turn's final text from the transcript (its last reply's, or what says it has none).
+async fn reply_text(gw: &Arc<Gateway>, s: &SessionRef, run_id: &str) -> Result<String, String> {
+    let (gw, s, id) = (gw.clone(), s.clone(), run_id.to_owned());
+    let text = tokio::task::spawn_blocking(move || final_text(&gw, &s, &id))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok(text.unwrap_or_else(|| "(no reply)".into()))
+}
+
+/// A reply's text without its `MEDIA:` lines and the images they name, on a platform that takes
+/// images; the text as it is (and none) elsewhere.
+fn media_of(out: &dyn Outbound, text: &str) -> (String, Vec<String>) {
+    if out.max_image_bytes() == 0 {
+        return (text.to_owned(), Vec::new());
+    }
+    let (text, mut sources) = media::split_directives(text);
+    if sources.len() > media::MAX_IMAGES {
+        tracing::warn!(
+            channel = out.channel(),
+            named = sources.len(),
+            "a reply names more than {} images; the rest are not sent",
+            media::MAX_IMAGES
+        );
+        sources.truncate(media::MAX_IMAGES);
+    }
+    (text, sources)
+}
+
 /// Sends `text` as the final reply: an edit of the first message (when there is one) and new
-/// messages for the rest, between an intent and a receipt.
+/// messages for the rest, between an intent and a receipt; then the images it names.
 async fn send_final(
     gw: &Arc<Gateway>,
     s: &SessionRef,
@@ -973,9 +1074,14 @@ async fn send_final(
     ledger: &Ledger,
     text: &str,
 ) -> Result<(), String> {
-    let mut pieces = out.split(text);
+    let (text, sources) = media_of(out, text);
+    let mut pieces = out.split(&text);
     if pieces.is_empty() {
-        pieces.push("(no reply)".into());
+        pieces.push(match sources.len() {
+            0 => "(no reply)".into(),
+            1 => "(an image follows)".into(),
+            n => format!("({n} images follow)"),
+        });
     }
     let uncertain = ledger.final_intents > 0;
     gw.append(s, ledger_entry(run_id, to, "intent", "final", &[])).await.map_err(|e| e.to_string())?;
@@ -992,8 +1098,88 @@ async fn send_final(
         let piece = out.split(&piece).into_iter().next().unwrap_or(piece);
         ids.push(send_retrying(gw, out, to, &piece, &txn).await?);
     }
-    gw.append(s, ledger_entry(run_id, to, "receipt", "final", &ids)).await.map_err(|e| e.to_string())?;
+    let mut more = Map::new();
+    if !sources.is_empty() {
+        more.insert("media".into(), json!(sources.len()));
+    }
+    gw.append(s, ledger_entry_with(run_id, to, "receipt", "final", &ids, more)).await.map_err(|e| e.to_string())?;
     tracing::info!(channel = out.channel(), session = %s.key, run = %run_id, messages = ids.len(), "reply delivered");
+    let ledger = Ledger { final_sent: true, media: sources.len(), ..Ledger::default() };
+    send_media(gw, s, out, to, run_id, &ledger, &sources).await
+}
+
+/// Sends the images a reply names, after its text, in order: each between an intent and a receipt.
+/// An image that cannot be sent (refused or missing, too large, not an image, refused by the
+/// platform) is logged and gets a receipt saying why, so it is not tried again. One whose intent
+/// has no receipt (a crash while the platform was answering) is sent again captioned "(may be a
+/// duplicate)": the platform cannot say whether it got it.
+async fn send_media(
+    gw: &Arc<Gateway>,
+    s: &SessionRef,
+    out: &dyn Outbound,
+    to: &Address,
+    run_id: &str,
+    ledger: &Ledger,
+    sources: &[String],
+) -> Result<(), String> {
+    let workspace = gw.settings.agents.get(&s.agent_id).workspace.clone();
+    let channel = out.channel();
+    let fail = |i: usize, source: &str, why: String| {
+        tracing::warn!(channel, session = %s.key, run = %run_id, image = source, "a reply's image was not sent: {why}");
+        gw.channels.count(channel, Event::Failed);
+        let mut more = Map::new();
+        more.insert("index".into(), json!(i));
+        more.insert("failed".into(), json!(why));
+        ledger_entry_with(run_id, to, "receipt", "media", &[], more)
+    };
+    let mut sent = 0;
+    for i in (0..ledger.media).filter(|i| !ledger.media_done.contains(i)) {
+        let Some(source) = sources.get(i) else {
+            let entry = fail(i, "", "the reply no longer names it".into());
+            gw.append(s, entry).await.map_err(|e| e.to_string())?;
+            continue;
+        };
+        let loaded = match media::source(source) {
+            Ok(src) => media::load(&workspace, &src, out.max_image_bytes()).await,
+            Err(why) => Err(why),
+        };
+        let image = match loaded {
+            Ok(image) => image,
+            Err(why) => {
+                gw.append(s, fail(i, source, why)).await.map_err(|e| e.to_string())?;
+                continue;
+            }
+        };
+        let uncertain = ledger.media_intents.get(&i).is_some_and(|&n| n > 0);
+        if uncertain {
+            tracing::warn!(channel, run = %run_id, image = %source, "a reply's image may have been sent before a crash; sending it again, marked");
+        }
+        let mut more = Map::new();
+        more.insert("index".into(), json!(i));
+        more.insert("source".into(), json!(source));
+        gw.append(s, ledger_entry_with(run_id, to, "intent", "media", &[], more)).await.map_err(|e| e.to_string())?;
+        let caption = uncertain.then_some(MAYBE_DUPLICATE);
+        let txn = format!("{run_id}.media.{i}");
+        match retrying(gw, out, || out.send_image(to, &image, caption, &txn)).await {
+            Ok(id) => {
+                let mut more = Map::new();
+                more.insert("index".into(), json!(i));
+                gw.append(s, ledger_entry_with(run_id, to, "receipt", "media", &[id], more))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                sent += 1;
+            }
+            // Only a restart, with the intent on disk, may send it again (marked).
+            Err(SendError::Unknown(e)) => return Err(format!("cannot send an image to {channel} {}: {e}", to.chat)),
+            Err(SendError::Rejected(e)) => {
+                let entry = fail(i, source, format!("{channel} refused it: {e}"));
+                gw.append(s, entry).await.map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    if sent > 0 {
+        tracing::info!(channel, session = %s.key, run = %run_id, images = sent, "a reply's images delivered");
+    }
     Ok(())
 }
 
@@ -1007,26 +1193,37 @@ async fn send_retrying(
     text: &str,
     txn: &str,
 ) -> Result<String, String> {
+    retrying(gw, out, || out.send(to, text, txn))
+        .await
+        .map_err(|e| format!("cannot send to {} {}: {e}", to.channel, to.chat))
+}
+
+/// Makes a send (`send` makes each attempt): a refusal is retried a few times; an unknown outcome
+/// is not (only a restart, with its intent on disk, may send again, marked). The last error.
+async fn retrying<'a>(
+    gw: &Arc<Gateway>,
+    out: &dyn Outbound,
+    send: impl Fn() -> BoxFuture<'a, Result<String, SendError>>,
+) -> Result<String, SendError> {
     let mut wait = Duration::from_millis(500);
-    for attempt in 1.. {
-        match out.send(to, text, txn).await {
+    let mut attempt = 1;
+    loop {
+        match send().await {
             Ok(id) => {
                 gw.channels.count(out.channel(), Event::Sent);
                 return Ok(id);
             }
             Err(e) => {
                 gw.channels.count(out.channel(), Event::Failed);
-                // An unknown outcome is not retried here: only a restart (with its intent on disk)
-                // may send again, marked. A refusal is retried a few times.
                 if matches!(e, SendError::Unknown(_)) || attempt >= SEND_ATTEMPTS || gw.shutdown.is_cancelled() {
-                    return Err(format!("cannot send to {} {}: {e}", to.channel, to.chat));
+                    return Err(e);
                 }
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(10));
+                attempt += 1;
             }
         }
     }
-    Err("unreachable".into())
 }
 
 async fn edit_retrying(
@@ -1058,8 +1255,8 @@ async fn edit_retrying(
     Err("unreachable".into())
 }
 
-/// At an adapter's registration: every turn of its sessions whose reply has no final receipt (in
-/// the transcripts' tails) gets a deliverer — replies finished while the last process was dying,
+/// At an adapter's registration: every turn of its sessions whose reply is not delivered (no final
+/// receipt, or images after it not settled; in the transcripts' tails) gets a deliverer — replies finished while the last process was dying,
 /// turns the recovery resumed or runs from their queued records.
 pub async fn reconcile(gw: &Arc<Gateway>, out: Arc<dyn Outbound>) {
     gw.recovered().await;
@@ -1098,7 +1295,7 @@ pub async fn reconcile(gw: &Arc<Gateway>, out: Arc<dyn Outbound>) {
 }
 
 /// The runs of this channel account in a transcript's tail (user rows, queued records, gateway
-/// replies) without a final receipt.
+/// replies) whose reply is not delivered ([`Ledger::delivered`]).
 fn undelivered(
     store: &dyn pincer_store::Transcripts,
     path: &std::path::Path,
@@ -1106,7 +1303,7 @@ fn undelivered(
 ) -> Result<Vec<String>, pincer_store::StoreError> {
     let tail = store.tail_entries(path, RECONCILE_TAIL)?;
     let mut runs: Vec<String> = Vec::new();
-    let mut done: HashSet<String> = HashSet::new();
+    let mut ledgers: HashMap<String, Ledger> = HashMap::new();
     for e in &tail {
         let key = e.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str);
         let run = key
@@ -1118,12 +1315,10 @@ fn undelivered(
             }
         }
         if let Some(r) = custom_run(e, DELIVERY) {
-            if e["data"]["phase"] == "receipt" && e["data"]["part"] == "final" {
-                done.insert(r.to_owned());
-            }
+            ledgers.entry(r.to_owned()).or_default().apply(e);
         }
     }
-    Ok(runs.into_iter().filter(|r| !done.contains(r)).collect())
+    Ok(runs.into_iter().filter(|r| !ledgers.get(r).is_some_and(Ledger::delivered)).collect())
 }
 
 #[cfg(test)]
@@ -1155,5 +1350,36 @@ mod tests {
         );
         assert_eq!(run_id("telegram", "9", "-100", "7"), "telegram-9--100-7");
         assert!(run_id("m", "a", &"x".repeat(300), "1").len() < 100);
+    }
+
+    #[test]
+    fn a_reply_is_delivered_once_its_text_and_every_image_after_it_are_settled() {
+        let to = Address { channel: "telegram".into(), account: "9".into(), chat: "5".into() };
+        let entry = |phase: &str, part: &str, ids: &[&str], more: Value| {
+            let ids: Vec<String> = ids.iter().map(|i| (*i).to_owned()).collect();
+            let more = more.as_object().cloned().unwrap_or_default();
+            let e = ledger_entry_with("r", &to, phase, part, &ids, more);
+            json!({"type": "custom", "customType": DELIVERY, "data": e.payload["data"].clone()})
+        };
+        let mut l = Ledger::default();
+        for e in [
+            entry("intent", "first", &[], json!({})),
+            entry("receipt", "first", &["10"], json!({})),
+            entry("intent", "final", &[], json!({})),
+            entry("receipt", "final", &["10"], json!({"media": 2})),
+            entry("intent", "media", &[], json!({"index": 0, "source": "a.png"})),
+        ] {
+            l.apply(&e);
+        }
+        assert_eq!((l.first.as_deref(), l.final_sent, l.media), (Some("10"), true, 2));
+        assert!(!l.delivered(), "the images are not settled");
+        assert_eq!(l.media_intents.get(&0), Some(&1), "the first one's fate is unknown");
+        l.apply(&entry("receipt", "media", &["11"], json!({"index": 0})));
+        l.apply(&entry("receipt", "media", &[], json!({"index": 1, "failed": "not an image"})));
+        assert!(l.delivered(), "sent or given up, each settled");
+        // A final receipt from before images existed: the text alone.
+        let mut old = Ledger::default();
+        old.apply(&entry("receipt", "final", &["10"], json!({})));
+        assert!(old.delivered());
     }
 }

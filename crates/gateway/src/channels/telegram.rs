@@ -1,6 +1,8 @@
 //! The Telegram channel: a bot on the Bot API (long polling with `getUpdates`), its messages made
 //! turns through the channel seam ([`super::inbound`]) and its replies sent as `sendMessage` and
-//! streamed as throttled `editMessageText` of that message ([`super::Outbound`]).
+//! streamed as throttled `editMessageText` of that message ([`super::Outbound`]). Images a reply
+//! names ([`super::media`]) follow as `sendPhoto`: a workspace file uploaded as
+//! `multipart/form-data`, an `https://` URL handed to Telegram to fetch.
 //!
 //! Replies are sent as plain text (no `parse_mode`): the model's Markdown reaches the user as
 //! typed, and no reply can be refused for a malformed entity or cut in the middle of one at the
@@ -10,6 +12,7 @@
 //! The bot token is in every Bot API URL: URLs are never logged, and errors of the HTTP client are
 //! stripped of theirs.
 
+use super::media::OutImage;
 use super::{Accepted, Address, BoxFuture, ChatKind, Event, Inbound, Outbound, Policy, SendError};
 use crate::state::Gateway;
 use base64::Engine;
@@ -142,6 +145,17 @@ impl TelegramSettings {
 const MAX_RETRY_AFTER: u64 = 300;
 /// Largest image taken from a message (Pi's and `chat.send`'s limit).
 const MAX_IMAGE: usize = crate::chat::MAX_ATTACHMENT_BYTES;
+/// Largest photo the Bot API takes as an upload (`sendPhoto`: "The photo must be at most 10 MB").
+pub const MAX_PHOTO: usize = 10 * 1024 * 1024;
+/// Longest caption of a photo, in UTF-16 code units.
+const MAX_CAPTION: usize = 1024;
+
+/// The body of a Bot API call.
+enum Body<'a> {
+    Json(&'a Value),
+    /// `multipart/form-data`: its content type (with the boundary) and bytes.
+    Form(String, axum::body::Bytes),
+}
 
 /// The bot: its Bot API client and identity.
 pub struct Bot {
@@ -195,9 +209,21 @@ impl Bot {
     /// Calls Bot API method `method` with a JSON body; a 429 is waited out (`retry_after`) and the
     /// call made again. The URL (which holds the token) is never part of an error.
     pub async fn call(&self, method: &str, body: &Value, timeout: Duration) -> Result<Value, CallError> {
+        self.call_with(method, Body::Json(body), timeout).await
+    }
+
+    async fn call_with(&self, method: &str, body: Body<'_>, timeout: Duration) -> Result<Value, CallError> {
         let url = format!("{}/bot{}/{method}", self.api, self.token);
         loop {
-            let sent = self.http.post(&url).json(body).timeout(timeout).send().await;
+            let req = match &body {
+                Body::Json(v) => self.http.post(&url).json(v),
+                Body::Form(content_type, bytes) => self
+                    .http
+                    .post(&url)
+                    .header(reqwest::header::CONTENT_TYPE, content_type.as_str())
+                    .body(bytes.clone()),
+            };
+            let sent = req.timeout(timeout).send().await;
             let resp = sent.map_err(|e| CallError::Transport(format!("{method}: {}", e.without_url())))?;
             let answer: Value = resp
                 .json()
@@ -259,6 +285,31 @@ impl Bot {
         }
         Ok(bytes.to_vec())
     }
+}
+
+/// `sendPhoto`'s `multipart/form-data` body uploading `bytes`: its content type and bytes.
+fn photo_form(chat: &str, bytes: &[u8], mime: &str, name: &str, caption: Option<&str>) -> (String, Vec<u8>) {
+    let boundary = format!("pincer-{}", uuid::Uuid::new_v4().simple());
+    let mut body = Vec::with_capacity(bytes.len() + 512);
+    let mut field = |name: &str, value: &str| {
+        body.extend_from_slice(
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").as_bytes(),
+        );
+    };
+    field("chat_id", chat);
+    if let Some(c) = caption {
+        field("caption", c);
+    }
+    // The name is the file's, kept to characters that need no quoting.
+    body.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"photo\"; filename=\"{name}\"\r\nContent-Type: {mime}\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
 }
 
 /// A chat id as the Bot API takes it: a number, or `@channelusername`.
@@ -348,6 +399,43 @@ impl Outbound for Bot {
         Box::pin(async move {
             let body = json!({"chat_id": chat_id(&to.chat), "action": "typing"});
             let _ = self.call("sendChatAction", &body, Duration::from_secs(10)).await;
+        })
+    }
+
+    fn max_image_bytes(&self) -> usize {
+        MAX_PHOTO
+    }
+
+    fn send_image<'a>(
+        &'a self,
+        to: &'a Address,
+        image: &'a OutImage,
+        caption: Option<&'a str>,
+        _txn: &'a str,
+    ) -> BoxFuture<'a, Result<String, SendError>> {
+        Box::pin(async move {
+            let caption = caption.filter(|c| c.encode_utf16().count() <= MAX_CAPTION);
+            let answer = match image {
+                OutImage::Url(url) => {
+                    let mut body = json!({"chat_id": chat_id(&to.chat), "photo": url});
+                    if let Some(c) = caption {
+                        body["caption"] = json!(c);
+                    }
+                    self.call("sendPhoto", &body, Duration::from_secs(60)).await
+                }
+                OutImage::Upload { bytes, mime, name } => {
+                    let (content_type, form) = photo_form(&to.chat, bytes, mime, name, caption);
+                    self.call_with("sendPhoto", Body::Form(content_type, form.into()), Duration::from_secs(120)).await
+                }
+            };
+            match answer {
+                Ok(m) => m["message_id"]
+                    .as_i64()
+                    .map(|id| id.to_string())
+                    .ok_or_else(|| SendError::Unknown("sendPhoto: no message_id in the answer".into())),
+                Err(CallError::Api { code, description }) => Err(SendError::Rejected(format!("{code}: {description}"))),
+                Err(CallError::Transport(m)) => Err(SendError::Unknown(m)),
+            }
         })
     }
 }
@@ -573,7 +661,8 @@ async fn handle(gw: &Arc<Gateway>, bot: &Arc<Bot>, settings: &TelegramSettings, 
             .max_by_key(|p| p["width"].as_u64().unwrap_or(0) * p["height"].as_u64().unwrap_or(0));
         match best.and_then(|p| p["file_id"].as_str()) {
             Some(file_id) => match bot.download(file_id, MAX_IMAGE).await {
-                Ok(bytes) => images.push(json!({"type": "image", "mimeType": image_type(&bytes),
+                Ok(bytes) => images
+                    .push(json!({"type": "image", "mimeType": super::media::sniff(&bytes).unwrap_or("image/jpeg"),
                     "data": base64::engine::general_purpose::STANDARD.encode(&bytes)})),
                 Err(e) => tracing::warn!(chat = %chat, "telegram: an image was left out: {e}"),
             },
@@ -622,16 +711,6 @@ fn remove_ignoring_case(text: &str, needle: &str) -> String {
     }
     out.push_str(&text[at..]);
     out
-}
-
-/// The MIME type of an image from its first bytes (Telegram's photos are JPEG).
-fn image_type(bytes: &[u8]) -> &'static str {
-    match bytes {
-        [0x89, b'P', b'N', b'G', ..] => "image/png",
-        [b'G', b'I', b'F', ..] => "image/gif",
-        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => "image/webp",
-        _ => "image/jpeg",
-    }
 }
 
 #[cfg(test)]
