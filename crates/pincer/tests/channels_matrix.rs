@@ -587,11 +587,19 @@ async fn a_storm_of_kills_while_users_send_loses_and_duplicates_nothing() {
     assert!(!gw.log_text().contains(&bot.token));
 }
 
+/// Whether `body` is the fake's whole answer to `text` (a `[slow]` one: its 40 words).
+fn answers(text: &str, body: &str) -> bool {
+    if text.contains("[slow]") {
+        return body.trim_end() == (0..40).map(|i| format!("word{i}")).collect::<Vec<_>>().join(" ");
+    }
+    body == format!("Fake reply: you said \"{text}\"")
+}
+
 /// Two replicas on PostgreSQL: one syncs the bot at a time (the channel lease) while the other
-/// stands by; SIGKILLed, it is replaced by the survivor, which goes on from the sync position in the
-/// database: every message, before and after, is answered exactly once, its turn written once.
-/// (Killed between turns: a kill mid-turn with turns queued behind it is left to the replicas'
-/// takeover of runs, which does not take up a dead replica's queued turns yet.)
+/// stands by; SIGKILLed in the middle of a reply, with two more messages waiting behind it, it is
+/// replaced by the survivor, which takes over the cut turn and the waiting ones (the runs of a dead
+/// replica) and goes on from the sync position in the database: every message, before and after,
+/// is answered exactly once, its turn written once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_replicas_one_syncs_and_a_survivor_takes_over_when_it_is_killed() {
     let syn = Synapse::shared();
@@ -623,14 +631,29 @@ async fn with_two_replicas_one_syncs_and_a_survivor_takes_over_when_it_is_killed
     let dm = alice.create_room(&[&bot.user_id], true, false).await;
     until_joined(&alice, &dm, &bot.user_id).await;
     let mut sent = Vec::new();
-    for i in 0..3 {
-        let text = format!("before the kill {i}");
+    let text = "before the kill 0".to_owned();
+    sent.push((alice.send_text(&dm, &text).await, text));
+    let want = format!("Fake reply: you said \"{}\"", sent[0].1);
+    reply_to(&alice, &dm, &bot.user_id, &sent[0].0, |b| b == want).await;
+    // Killed mid-reply: the next message's reply streams, two more wait behind it (recorded).
+    for i in 1..4 {
+        // The first of them streams for four seconds (the fake's `[slow]`: 40 words).
+        let text = format!("{}before the kill {i}", if i == 1 { "[slow] " } else { "" });
         sent.push((alice.send_text(&dm, &text).await, text));
     }
-    for (event, text) in &sent {
-        let want = format!("Fake reply: you said \"{text}\"");
-        reply_to(&alice, &dm, &bot.user_id, event, |b| b == want).await;
-    }
+    let queued = "SELECT count(*) FROM entries WHERE line LIKE '%pincer.turn-queued%'";
+    let (ev, slow) = (&sent[1].0, &sent[1].1);
+    probe::poll_async(Duration::from_secs(60), Duration::from_millis(20), || {
+        let (a, d, b, url) = (&alice, &dm, &bot.user_id, &url);
+        async move {
+            let streaming = bot_messages(a, d, b).await.iter().any(|m| {
+                replied(m) == Some(ev.as_str()) && m.final_body.starts_with("word0") && !answers(slow, &m.final_body)
+            });
+            (streaming && pg.psql(url, queued) == "2").then_some(())
+        }
+    })
+    .await
+    .expect("a reply streams with two messages waiting behind it");
     replicas[active].kill9();
     for i in 0..3 {
         let text = format!("after the kill {i}");
@@ -643,8 +666,7 @@ async fn with_two_replicas_one_syncs_and_a_survivor_takes_over_when_it_is_killed
             let mine = bot_messages(a, d, b).await;
             sent.iter()
                 .all(|(event, text)| {
-                    let want = format!("Fake reply: you said \"{text}\"");
-                    mine.iter().any(|m| replied(m) == Some(event.as_str()) && m.final_body == want)
+                    mine.iter().any(|m| replied(m) == Some(event.as_str()) && answers(text, &m.final_body))
                 })
                 .then_some(())
         }
