@@ -75,7 +75,7 @@ pub const ORIGIN: &str = "origin";
 
 /// Longest a streamed reply waits between two edits of its message.
 pub const EDIT_INTERVAL: Duration = Duration::from_millis(1000);
-/// How often the deliverer looks at its run.
+/// How often the deliverer looks at a run that is not this process's (or not yet, or no more).
 const POLL: Duration = Duration::from_millis(200);
 /// Longest [`inbound`] waits for its turn to be on disk before it gives up (the platform
 /// redelivers the message later).
@@ -1006,7 +1006,35 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
                 }
             }
         }
+        let next_edit = last_edit.as_ref().map(|(at, _)| *at + EDIT_INTERVAL);
+        wait_for_run(gw, run_id, next_edit).await;
+    }
+}
+
+/// Waits before [`deliver`] looks again: for a run of this process, until it ends (or its handle
+/// goes) or, while it streams, until its next edit is due (`next_edit`); for any other, [`POLL`].
+async fn wait_for_run(gw: &Gateway, run_id: &str, next_edit: Option<Instant>) {
+    let Some(mut progress) = gw.run(run_id).map(|r| r.progress.subscribe()) else {
         tokio::time::sleep(POLL).await;
+        return;
+    };
+    if progress.borrow().end.is_some() {
+        // Over: its handle is let go of right after; the transcript has its reply by then.
+        let _ = tokio::time::timeout(POLL, async { while progress.changed().await.is_ok() {} }).await;
+        return;
+    }
+    let due = next_edit.unwrap_or_else(|| Instant::now() + POLL).max(Instant::now() + POLL);
+    let ended = async {
+        // Deltas wake it too; only the end (or the run's handle going) ends the wait.
+        while progress.borrow_and_update().end.is_none() {
+            if progress.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = ended => {}
+        _ = tokio::time::sleep_until(due.into()) => {}
     }
 }
 
