@@ -99,12 +99,17 @@ fn the_readme_leads_with_its_two_commands_and_they_are_true() {
     let first = blocks(&readme()).into_iter().next().expect("a first block");
     assert_eq!(first.0, "bash");
     let cmds = commands(&first.1);
-    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    assert_eq!(cmds.len(), 3, "{cmds:?}");
     assert_eq!(cmds[0], ["cargo", "run", "-p", "pincer", "--release", "--", "gateway"]);
     assert_eq!(cmds[1], ["scripts/test"]);
+    // Then the fast tier, an option the script knows (its usage, for an option it does not, names it).
+    assert_eq!(cmds[2], ["scripts/test", "--quick"]);
     let script = repo().join("scripts/test");
     use std::os::unix::fs::PermissionsExt;
     assert!(script.metadata().unwrap().permissions().mode() & 0o111 != 0, "scripts/test is not executable");
+    let usage = Command::new(&script).arg("--no-such-option").output().unwrap();
+    let stderr = String::from_utf8_lossy(&usage.stderr);
+    assert!(usage.status.code() == Some(2) && stderr.contains("[--quick]"), "scripts/test: {stderr}");
     // `gateway` is a command of this binary, and its default address is the one the comment gives.
     ok(&pincer(&["gateway", "--help"], &[]), "pincer gateway --help");
     let dir = tempfile::tempdir().unwrap();
