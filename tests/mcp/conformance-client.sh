@@ -1,5 +1,5 @@
 #!/bin/sh
-# The client `npx @modelcontextprotocol/conformance client` drives (crates/pincer/tests/mcp.rs): Pincer's
+# The client `npx @modelcontextprotocol/conformance client` drives (crates/pincer/tests/mcp_external.rs): Pincer's
 # MCP client through `pincer mcp` (PINCER_BIN) against the scenario's server, whose URL comes last.
 for url; do :; done
 case "$MCP_CONFORMANCE_SCENARIO" in

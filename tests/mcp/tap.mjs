@@ -1,4 +1,4 @@
-// A tap between Pincer and an MCP stdio server (crates/pincer/tests/mcp.rs): runs the command given
+// A tap between Pincer and an MCP stdio server (crates/pincer/tests/mcp_external.rs): runs the command given
 // after the log file's path, passes stdin, stdout and stderr through, and appends to the log the
 // server's pid (`{"serverPid": N}`) and then every line the client sends. It ends as the server does.
 import { spawn } from "node:child_process";

@@ -1,5 +1,5 @@
 // The official `openai` npm package's Responses API (`client.responses`) as a client of `pincer gateway`
-// (run by crates/pincer/tests/openai_responses.rs). Env: PINCER_OPENAI_BASE_URL (http://host:port/v1),
+// (run by crates/pincer/tests/openai_responses_external.rs). Env: PINCER_OPENAI_BASE_URL (http://host:port/v1),
 // PINCER_TOKEN, PINCER_PREFIX. Asserts what the client sees and prints one JSON line for the Rust test.
 import assert from "node:assert/strict";
 import OpenAI from "openai";

@@ -1,5 +1,5 @@
 """The official `openai` Python package's Responses API (`client.responses`) as a client of `pincer gateway`
-(run by crates/pincer/tests/openai_responses.rs).
+(run by crates/pincer/tests/openai_responses_external.rs).
 
 Env: PINCER_OPENAI_BASE_URL (http://host:port/v1), PINCER_TOKEN, PINCER_PREFIX (makes this run's texts unique).
 Asserts what the client sees and prints one JSON line for the Rust test to compare with the transcript.

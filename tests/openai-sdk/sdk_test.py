@@ -1,4 +1,4 @@
-"""The official `openai` Python package as a client of `pincer gateway` (run by crates/pincer/tests/openai_api.rs).
+"""The official `openai` Python package as a client of `pincer gateway` (run by crates/pincer/tests/openai_api_external.rs).
 
 Env: PINCER_OPENAI_BASE_URL (http://host:port/v1), PINCER_TOKEN, PINCER_PREFIX (makes this run's texts unique).
 Asserts what the client sees and prints one JSON line for the Rust test to compare with the transcript and the fake.

@@ -1,6 +1,6 @@
 // Validates values against OpenClaw 2026.9.6's own protocol schemas (TypeBox, from its dist/):
 // reads {"checks": [{"name": "<X>Schema", "value": …, "what": …}]} on stdin and prints
-// {"results": [{"what", "name", "found", "errors": [...]}]}. Used by crates/pincer/tests/openclaw_compat.rs
+// {"results": [{"what", "name", "found", "errors": [...]}]}. Used by crates/pincer/tests/openclaw_compat_external.rs
 // to check that Pincer's answers are what OpenClaw's clients expect, in OpenClaw's own words.
 import { readFileSync, readdirSync } from "node:fs";
 import { join } from "node:path";

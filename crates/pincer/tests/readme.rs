@@ -1,51 +1,21 @@
 //! The README cannot drift from the code: every fenced block of it is exercised here. Each ```toml
 //! block is a whole `pincer.toml` that the gateway loads (`pincer gateway --print-url`, which loads
-//! the config, builds the providers and resolves the model, then exits); the `pincer` commands of the
-//! ```bash blocks are parsed by the binary (their synopsis brackets resolved to the first choice),
-//! and the quick-start ones that start the gateway run with `--print-url` in their environment; the
-//! `curl` commands run against a gateway; paths into the repository must exist; the hook script
-//! runs as the hook of a gateway's turn; the SDK snippets run with the official SDKs against a
-//! gateway configured by the endpoint block. The deploy files' commands are parsed too.
+//! the config, builds the providers and resolves the model, then exits); the `pincer` commands of
+//! the ```bash blocks are parsed by the binary (their synopsis brackets resolved to the first
+//! choice), and the quick-start ones that start the gateway run with `--print-url` in their
+//! environment; the `curl` commands run against a gateway; paths into the repository must exist;
+//! the hook script runs as the hook of a gateway's turn. The deploy files' commands are parsed too.
+//! The SDK snippets run in `readme_external.rs` (they need the official SDKs).
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)] // tests write their fixture files directly
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use pincer_testkit::gateway::{Client, GatewayProcess, TOKEN};
 use serde_json::json;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_pincer");
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn readme() -> String {
-    std::fs::read_to_string(repo().join("README.md")).unwrap()
-}
-
-/// The fenced blocks of a Markdown text: (language, body).
-fn blocks(text: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut current: Option<(String, String)> = None;
-    for line in text.lines() {
-        match (&mut current, line.strip_prefix("```")) {
-            (None, Some(lang)) => current = Some((lang.trim().to_owned(), String::new())),
-            (Some(_), Some("")) => out.extend(current.take()),
-            (Some((_, body)), _) => {
-                body.push_str(line);
-                body.push('\n');
-            }
-            (None, None) => {}
-        }
-    }
-    assert!(current.is_none(), "an unclosed code block in the README");
-    out
-}
-
-fn of_lang(lang: &str) -> Vec<String> {
-    blocks(&readme()).into_iter().filter(|(l, _)| l == lang).map(|(_, b)| b).collect()
-}
+#[path = "readme/common.rs"]
+mod common;
+use common::*;
 
 /// A shell line split into words (quotes and backslashes as the shell takes them; `#` starting a
 /// word ends the line).
@@ -124,28 +94,22 @@ fn pincer(args: &[&str], envs: &[(&str, &str)]) -> Output {
     c.output().unwrap()
 }
 
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn the_readme_leads_with_its_two_commands_and_they_are_true() {
     let first = blocks(&readme()).into_iter().next().expect("a first block");
     assert_eq!(first.0, "bash");
     let cmds = commands(&first.1);
-    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    assert_eq!(cmds.len(), 3, "{cmds:?}");
     assert_eq!(cmds[0], ["cargo", "run", "-p", "pincer", "--release", "--", "gateway"]);
     assert_eq!(cmds[1], ["scripts/test"]);
+    // Then the fast tier, an option the script knows (its usage, for an option it does not, names it).
+    assert_eq!(cmds[2], ["scripts/test", "--quick"]);
     let script = repo().join("scripts/test");
     use std::os::unix::fs::PermissionsExt;
     assert!(script.metadata().unwrap().permissions().mode() & 0o111 != 0, "scripts/test is not executable");
+    let usage = Command::new(&script).arg("--no-such-option").output().unwrap();
+    let stderr = String::from_utf8_lossy(&usage.stderr);
+    assert!(usage.status.code() == Some(2) && stderr.contains("[--quick]"), "scripts/test: {stderr}");
     // `gateway` is a command of this binary, and its default address is the one the comment gives.
     ok(&pincer(&["gateway", "--help"], &[]), "pincer gateway --help");
     let dir = tempfile::tempdir().unwrap();
@@ -315,38 +279,6 @@ async fn the_hook_script_allows_a_turn_as_the_hook_of_a_gateway() {
     assert_eq!(fin["payload"]["state"], "final", "{fin}");
     let reply = pincer_testkit::probe::message_text(&fin["payload"]["message"]);
     assert!(reply.contains("let me through") && !reply.contains("blocked"), "{reply}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sdk_snippets_run_against_a_gateway_configured_by_the_endpoint_block() {
-    let python = of_lang("python").pop().expect("a python snippet");
-    let js = of_lang("js").pop().expect("a js snippet");
-    let endpoint =
-        of_lang("toml").into_iter().find(|t| t.contains("[gateway.openai_api]")).expect("the endpoint block");
-    for snippet in [&python, &js] {
-        let key = snippet.split("owui-").nth(1).and_then(|k| k.split('"').next()).expect("a key in the snippet");
-        assert!(endpoint.contains(&format!("\"owui-{key}\"")), "the snippet's key is the block's:\n{endpoint}");
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let gw = tokio::task::spawn_blocking({
-        let state = dir.path().join("state");
-        move || GatewayProcess::start(BIN, &state, &endpoint)
-    })
-    .await
-    .unwrap();
-    // The official SDKs (installed by scripts/test), the snippets as they are but for the port.
-    let at = |snippet: &str| snippet.replace("127.0.0.1:18789", &gw.addr);
-    let py = dir.path().join("snippet.py");
-    std::fs::write(&py, at(&python)).unwrap();
-    let out = ok(&Command::new(pincer_testkit::sdk_python()).arg(&py).output().unwrap(), "the Python snippet");
-    assert!(out.contains("Hello") && out.contains(pincer_agent::ECHO_PREFIX.trim()), "{out}");
-    // Node finds the package through a node_modules beside the script.
-    let js_dir = dir.path().join("js");
-    std::fs::create_dir(&js_dir).unwrap();
-    std::os::unix::fs::symlink(pincer_testkit::sdk_dir().join("node_modules"), js_dir.join("node_modules")).unwrap();
-    std::fs::write(js_dir.join("snippet.mjs"), at(&js)).unwrap();
-    let out = ok(&Command::new("node").arg(js_dir.join("snippet.mjs")).output().unwrap(), "the JavaScript snippet");
-    assert!(out.contains("Hello") && out.contains(pincer_agent::ECHO_PREFIX.trim()), "{out}");
 }
 
 #[test]

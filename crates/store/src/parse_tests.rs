@@ -470,6 +470,9 @@ fn the_scanner_reads_what_the_serde_reference_reads() {
     assert!(accepted > 100_000 && only_scanner > 10_000, "accepted {accepted}, only by the scanner {only_scanner}");
 }
 
+// Needs Node (`JSON.parse` is the judge): built only with the `external` feature, which `scripts/test`
+// turns on; plain `cargo test` leaves it out.
+#[cfg(feature = "external")]
 /// Node's verdict on each line, decoded as Pi decodes a file: accepted or not, and the `type`, `id`
 /// and `parentId` of an object when they are strings (as UTF-8, lone surrogates as U+FFFD).
 fn node_verdicts(lines: &[Vec<u8>]) -> Vec<Option<Found>> {
@@ -539,8 +542,10 @@ process.stdout.write(JSON.stringify(out));
         .collect()
 }
 
+#[cfg(feature = "external")]
 const A64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
+#[cfg(feature = "external")]
 #[test]
 fn the_scanner_accepts_exactly_what_json_parse_accepts() {
     let lines: Vec<Vec<u8>> = corpus(30_000).into_iter().filter(|l| !l.contains(&b'\n') && !is_blank(l)).collect();
