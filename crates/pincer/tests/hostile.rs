@@ -420,8 +420,10 @@ async fn h10_large_answers_are_refused_early_or_share_one_memory_budget() {
     let grew = after_export.saturating_sub(base);
     assert!(grew < 60 * 1024, "the refusal came after building the export: +{grew} KiB");
 
-    // Ten histories at once: they take turns within the budget instead of all holding the file.
-    let calls = (0..10).map(|_| {
+    // Five histories at once (161 MB each, 805 MB together, over the 512 MB budget): they take
+    // turns within the budget instead of all holding the file. (Five, not more: each waits at
+    // most 30 s for its turn, and a slow machine takes seconds per history.)
+    let calls = (0..5).map(|_| {
         let addr = gw.addr.clone();
         tokio::spawn(async move {
             let mut c = Client::connect(&addr).await;
@@ -434,7 +436,7 @@ async fn h10_large_answers_are_refused_early_or_share_one_memory_budget() {
         assert_eq!(a["messages"].as_array().map(Vec::len), Some(80));
     }
     let after = probe::hwm_kib(pid);
-    println!("peak RSS {after_export} KiB -> {after} KiB after ten concurrent chat.history of the 80 MB transcript");
+    println!("peak RSS {after_export} KiB -> {after} KiB after five concurrent chat.history of the 80 MB transcript");
     let grew = after.saturating_sub(after_export);
-    assert!(grew < 500 * 1024, "ten histories at once held +{grew} KiB");
+    assert!(grew < 500 * 1024, "five histories at once held +{grew} KiB");
 }
