@@ -664,7 +664,11 @@ impl Relay {
                 Some(TurnOutcome::AnsweredBefore) => self.progress = None,
                 Some(end) => self.finish(end),
                 None => {
-                    self.piece(&text);
+                    // Empty between messages (a row was just written): not a new message yet, or
+                    // the next piece would repeat the whole text.
+                    if !text.is_empty() {
+                        self.piece(&text);
+                    }
                     // A run sets its end before its handle goes; should the handle go without
                     // one (a panic), the transcript tells the end.
                     if let Some(rx) = self.progress.as_mut().filter(|_| self.queue.is_empty()) {
