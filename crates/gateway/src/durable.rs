@@ -349,8 +349,6 @@ impl Whose<'_> {
 /// What [`take_up`] did.
 #[derive(Debug, Default)]
 pub struct TakenUp {
-    /// The unanswered turn at the leaf (whichever [`recover`] did), when it was taken.
-    pub leaf: Option<String>,
     pub resumed: usize,
     pub gave_up: usize,
     /// The queued turns that will run, in order, in the background.
@@ -376,7 +374,6 @@ pub async fn take_up(
                 Recovered::GaveUp => out.gave_up += 1,
                 Recovered::Nothing => {}
             }
-            out.leaf = Some(run_id);
         }
     }
     let (store, path) = (gw.store.clone(), s.path.clone());

@@ -148,16 +148,6 @@ type Claimed = Arc<std::sync::Mutex<HashMap<String, (String, bool)>>>;
 /// each is let go of once started here or found to need nothing (the next heartbeat drops its
 /// row). When the store failed, the runs not yet taken are tried again.
 async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: Claimed) {
-    let release = |ids: &mut dyn Iterator<Item = &String>, done: bool| {
-        let mut runs = crate::state::lock(&claimed);
-        for id in ids {
-            if done {
-                runs.remove(id);
-            } else if let Some((_, busy)) = runs.get_mut(id) {
-                *busy = false;
-            }
-        }
-    };
     let taken = match gw.session(key, false).await {
         Ok(Some(s)) => {
             let claimed = claimed.clone();
@@ -167,12 +157,18 @@ async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: 
         Ok(None) => Ok(crate::durable::TakenUp::default()),
         Err(_) => Err(()),
     };
+    let mut runs = crate::state::lock(&claimed);
     match taken {
-        Ok(t) => {
-            // The queued runs are let go of as they start; the others now.
-            release(&mut ids.iter().filter(|id| !t.queued.contains(id)), true);
+        // The queued runs are let go of as they start; the others now.
+        Ok(t) => runs.retain(|id, _| !ids.contains(id) || t.queued.contains(id)),
+        // Tried again at the next heartbeat.
+        Err(()) => {
+            for (id, (_, busy)) in runs.iter_mut() {
+                if ids.contains(id) {
+                    *busy = false;
+                }
+            }
         }
-        Err(()) => release(&mut ids.iter(), false),
     }
 }
 

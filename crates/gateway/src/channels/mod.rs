@@ -886,13 +886,6 @@ fn final_text(gw: &Gateway, s: &SessionRef, run_id: &str) -> Result<Option<Strin
     Ok(Some(if text.trim().is_empty() { "(no reply)".into() } else { text }))
 }
 
-/// The text streamed so far by run `run_id` when it runs in this process.
-fn streamed(gw: &Gateway, run_id: &str) -> Option<String> {
-    let r = gw.run(run_id)?;
-    let t = r.streamed();
-    Some(t)
-}
-
 /// Delivers run `run_id`'s reply to the session's conversation, exactly once (see the module docs):
 /// a first message sent when the run starts, edits while it streams, the final as an edit of it
 /// (plus more messages when it is longer than one), each send between an intent and a receipt.
@@ -943,7 +936,8 @@ pub async fn deliver(gw: &Arc<Gateway>, key: &str, run_id: &str) -> Result<(), S
             let (_, sources) = media_of(out.as_ref(), &text);
             return send_media(gw, &s, out.as_ref(), &to, run_id, &ledger, &sources).await;
         }
-        let live = streamed(gw, run_id);
+        // The text streamed so far, when the run runs in this process.
+        let live = gw.run(run_id).map(|r| r.streamed());
         let state = {
             let (store, path, id) = (gw.store.clone(), s.path.clone(), run_id.to_owned());
             let attempts = gw.settings.resume_attempts;
