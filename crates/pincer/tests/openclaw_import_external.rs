@@ -71,6 +71,9 @@ fn sessions_openclaw_2026_9_wrote_to_sqlite_import_with_their_branches() {
     std::fs::write(state.join("openclaw.json"), openclaw::fake_model_config(&fake.base_url()).to_string())
         .expect("config");
 
+    // The PostgreSQL cluster the second import goes to starts meanwhile (it is needed only then).
+    let pg = std::thread::spawn(|| Postgres::shared().database("ocimport"));
+
     // OpenClaw 2026.9.6 writes the sessions, through its own gateway.
     let oc = OwnGateway::start(&home, 18799);
     let turn = |key: &str, m: &str| {
@@ -115,7 +118,7 @@ fn sessions_openclaw_2026_9_wrote_to_sqlite_import_with_their_branches() {
     let before = database_files(&state);
     assert!(!before.is_empty());
     let pincer_state = dir.path().join("pincer");
-    let pg = Postgres::shared().database("ocimport");
+    let pg = pg.join().expect("the PostgreSQL cluster");
     let pg_state = dir.path().join("pincer-pg");
     let skipped = json!([{"key": main, "reason": "already imported"}, {"key": side, "reason": "already imported"}]);
     for (to, url) in [(&pincer_state, None), (&pg_state, Some(pg.as_str()))] {

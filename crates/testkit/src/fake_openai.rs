@@ -53,6 +53,8 @@ impl Default for Pacing {
 pub struct FakeOpenAi {
     pub addr: std::net::SocketAddr,
     server: Arc<FakeProvider>,
+    /// The pace of the replies it starts from now on ([`Self::set_pacing`]).
+    pacing: Arc<std::sync::Mutex<Pacing>>,
 }
 
 impl FakeOpenAi {
@@ -77,6 +79,8 @@ impl FakeOpenAi {
         let options = Options { record, keep_alive: true, read_body };
         // `[ratelimit]`: the first request with a given such message is refused with 429 (retry at once).
         let limited = std::sync::Mutex::new(std::collections::HashSet::new());
+        let pacing = Arc::new(std::sync::Mutex::new(pacing));
+        let current = pacing.clone();
         let script = Box::new(move |r: &Recorded, _| {
             let said = last_user_text(&r.body);
             if said.contains("[ratelimit]") && limited.lock().unwrap_or_else(|e| e.into_inner()).insert(said.clone()) {
@@ -88,10 +92,17 @@ impl FakeOpenAi {
                     body: err.to_string(),
                 });
             }
+            let pacing = *current.lock().unwrap_or_else(|e| e.into_inner());
             Some(answer(r, &said, pacing))
         });
         let server = FakeProvider::start_with(Format::OpenaiCompletions, options, script).await.detach();
-        FakeOpenAi { addr: server.addr, server: Arc::new(server) }
+        FakeOpenAi { addr: server.addr, server: Arc::new(server), pacing }
+    }
+
+    /// Replies started from now on stream at `pacing` (those streaming keep their pace): e.g. at
+    /// once after a test's storm, once nothing can land mid-stream any more.
+    pub fn set_pacing(&self, pacing: Pacing) {
+        *self.pacing.lock().unwrap_or_else(|e| e.into_inner()) = pacing;
     }
 
     /// Starts it on a thread of its own (for tests that are not async).

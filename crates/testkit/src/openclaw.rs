@@ -93,7 +93,9 @@ pub struct OwnGateway {
 impl OwnGateway {
     pub const TOKEN: &'static str = "openclaw-own-token";
 
-    /// Starts it on `port` and waits (up to 180 s) until `gateway call status` answers.
+    /// Starts it on `port` and waits (up to 180 s) until `gateway call status` answers: first until
+    /// the port takes a connection (it listens a few seconds into its boot), so that no CLI, a Node
+    /// process of its own, competes with that boot for the CPU only to be refused.
     pub fn start(home: &Path, port: u16) -> OwnGateway {
         let (node, entry) = cli();
         let log = std::fs::File::create(home.join("openclaw-gateway.log")).expect("gateway log");
@@ -105,8 +107,18 @@ impl OwnGateway {
             .spawn()
             .expect("run openclaw gateway");
         let gw = OwnGateway { child, addr: format!("127.0.0.1:{port}") };
-        let up = crate::probe::poll(Duration::from_secs(180), Duration::from_millis(500), || {
-            run(home, &gw.addr, Self::TOKEN, &["gateway", "call", "status", "--json"]).status.success().then_some(())
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
+        let listening = crate::probe::poll(left(), Duration::from_millis(100), || {
+            std::net::TcpStream::connect(&gw.addr).ok().map(drop)
+        });
+        let up = listening.and_then(|()| {
+            crate::probe::poll(left(), Duration::from_millis(500), || {
+                run(home, &gw.addr, Self::TOKEN, &["gateway", "call", "status", "--json"])
+                    .status
+                    .success()
+                    .then_some(())
+            })
         });
         assert!(up.is_some(), "OpenClaw's gateway never answered; its log:\n{}", gw.log(home));
         gw
