@@ -147,7 +147,7 @@ pub trait Tool: Send + Sync {
     }
     /// True when a call may change or destroy something outside the run (an MCP tool the server
     /// does not say is read-only or harmless): the approval policy asks before it runs unless the
-    /// config says otherwise (`crates/gateway/src/approvals.rs`). The built-ins asked about by
+    /// config says otherwise (`crates/engine/src/approvals.rs`). The built-ins asked about by
     /// default are listed there by name.
     fn destructive(&self) -> bool {
         false

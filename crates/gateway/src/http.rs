@@ -33,6 +33,8 @@ pub struct AppState {
     pub gw: Arc<Gateway>,
     pub logins: Arc<crate::guard::Logins>,
     pub conversations: Arc<crate::openai::index::ConversationIndex>,
+    /// The messaging channels (their webhooks).
+    pub channels: Arc<crate::channels::Channels>,
 }
 
 impl FromRef<AppState> for Arc<Gateway> {
@@ -47,21 +49,29 @@ impl FromRef<AppState> for Arc<crate::guard::Logins> {
     }
 }
 
+impl FromRef<AppState> for Arc<crate::channels::Channels> {
+    fn from_ref(s: &AppState) -> Self {
+        s.channels.clone()
+    }
+}
+
 impl FromRef<AppState> for Arc<crate::openai::index::ConversationIndex> {
     fn from_ref(s: &AppState) -> Self {
         s.conversations.clone()
     }
 }
 
-pub fn router(gw: Arc<Gateway>) -> Router {
+/// The routes, over the engine and its started channels ([`crate::channels::start`]).
+pub fn router(channels: Arc<crate::channels::Channels>) -> Router {
+    let gw = channels.gw.clone();
     let conversations = Arc::new(crate::openai::index::ConversationIndex::new(gw.store.clone()));
     gw.observe(conversations.clone());
-    let state = AppState { gw, logins: Arc::default(), conversations };
+    let state = AppState { gw, logins: Arc::default(), conversations, channels };
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/api/mcp", get(mcp))
-        .route("/api/channels", get(channels))
+        .route("/api/channels", get(channel_status))
         .route("/api/channels/{name}/webhook", axum::routing::post(channel_webhook))
         .route("/api/sessions/{key}/events", get(session_events))
         .route("/api/sessions/{key}/export", get(session_export))
@@ -124,7 +134,7 @@ async fn root(
             .write_buffer_size(8 * 1024)
             .on_upgrade(move |socket| {
                 let sockets = gw.sockets.clone();
-                sockets.track_future(crate::ws::serve(socket, gw, logins, conn))
+                sockets.track_future(crate::openclaw::ws::serve(socket, gw, logins, conn))
             })
             .into_response();
     }
@@ -192,18 +202,18 @@ async fn mcp(_: Authorized, State(gw): State<Arc<Gateway>>) -> Response {
 
 /// `GET /api/channels`: each messaging channel's state and counters ([`crate::channels::Registry::status`];
 /// `pincer channels status` reads it), behind the gateway token.
-async fn channels(_: Authorized, State(gw): State<Arc<Gateway>>) -> Response {
+async fn channel_status(_: Authorized, State(gw): State<Arc<Gateway>>) -> Response {
     Json(json!({"channels": gw.channels.status()})).into_response()
 }
 
 /// `POST /api/channels/{name}/webhook`: a platform's update for channel `name` ([`crate::channels::Webhook`]).
 async fn channel_webhook(
-    State(gw): State<Arc<Gateway>>,
+    State(channels): State<Arc<crate::channels::Channels>>,
     axum::extract::Path(name): axum::extract::Path<String>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let Some(hook) = gw.channels.webhook(&name) else {
+    let Some(hook) = channels.webhook(&name) else {
         return (StatusCode::NOT_FOUND, Json(json!({"error": format!("no webhook for channel {name:?} here")})))
             .into_response();
     };
@@ -239,7 +249,7 @@ where
         let query = Query::<HashMap<String, String>>::try_from_uri(&parts.uri).map(|q| q.0).unwrap_or_default();
         let given = bearer.or_else(|| query.get("token").cloned());
         let auth = json!({"auth": {"token": given}});
-        if crate::ws::check_auth(&gw.settings.auth, &auth).is_ok() && !token.is_empty() {
+        if crate::openclaw::ws::check_auth(&gw.settings.auth, &auth).is_ok() && !token.is_empty() {
             return Ok(Authorized);
         }
         Err((

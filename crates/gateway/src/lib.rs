@@ -1,199 +1,31 @@
-//! Pincer's gateway: the product a user meets (`pincer gateway`).
+//! Pincer's gateway: the product a user meets (`pincer gateway`): the adapters between clients
+//! and the session engine (`pincer-engine`, re-exported below under its module names).
 //!
 //! Layout:
-//! - [`config`]: `pincer.toml` + environment → validated settings (token generated on first start).
 //! - [`server`]: binds, serves HTTP + WebSocket on one port, and shuts down gracefully.
 //! - [`guard`]: Host, Origin, body type and CORS checks in front of every route; the failed-login throttle.
 //! - [`http`]: the WebChat page, `/healthz`, the per-session SSE stream, the optional Control UI.
-//! - [`ws`]: one WebSocket connection: handshake, dispatch, event forwarding, slow consumers.
-//! - [`protocol`]: the `pincer-protocol` crate: frames, the method table, errors, limits and typed
-//!   events of OpenClaw's gateway protocol (v3/v4).
-//! - [`methods`]: every RPC method by name; [`chat`]: `chat.send` and friends; [`turn`]: the one
-//!   turn pipeline, [`announce`] its events, [`commands`] the slash commands;
-//!   [`agent`]: OpenClaw's `agent`/`agent.wait` on that pipeline.
+//! - [`openclaw`]: OpenClaw's gateway protocol over WebSocket: the connection, its dispatch and
+//!   one module per family of methods.
+//! - [`search`], [`export`]: session search, export and import (methods and HTTP routes).
 //! - [`openai`]: the OpenAI-compatible endpoint, mapping stateless clients onto session trees.
-//! - [`sessions`]: the session index (`sessions.json`) and key canonicalisation.
-//! - [`hub`]: the one in-process event bus, events of persisted entries under durable ids;
-//!   [`relay`]: other replicas' appends onto it (the PostgreSQL store); [`catchup`]: what a
-//!   reconnecting client missed, replayed from the store on any replica.
-//! - [`state`]: shared state (store, runs, dedupe, queue); [`abort`]: stopping a session's runs
-//!   wherever they run (every entry point).
-//! - [`durable`]: what the transcript says about a turn (durable dedupe, queued and interrupted
-//!   turns) and taking up the turns a stop or a dead replica cut.
-//! - [`logs`]: the bounded, redacted ring of recent log lines (`logs.tail`); [`status`]: `status` and
-//!   the other read-only discovery methods; [`usage`]: token usage from the transcripts; [`stubs`]: empty
-//!   answers for OpenClaw features Pincer lacks.
-//! - [`budget`]: the memory budget of answers built whole (history, exports).
 //! - [`channels`]: messaging platforms (Telegram, Matrix) on the turn pipeline, exactly once both ways.
-//! - [`hook`]: the `before_agent_run` hook; [`device`]: Ed25519 device signatures; [`compact`]: compaction.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
-pub mod abort;
-pub mod agent;
-pub mod announce;
-pub mod approvals;
+// The engine's modules, under the names the adapters have always used.
+pub use pincer_engine::{
+    abort, announce, approvals, board, budget, catchup, commands, compact, config, durable, error, hook, hub, lanes,
+    logs, metrics, protocol, relay, sessions, state, tree, turn, usage,
+};
+
 pub mod assets;
-pub mod budget;
-pub mod catchup;
 pub mod channels;
-pub mod chat;
-pub mod commands;
-pub mod compact;
-pub mod config;
-pub mod device;
-pub mod durable;
-pub mod error;
 pub mod export;
 pub mod guard;
-pub mod hook;
 pub mod http;
-pub mod hub;
-pub mod lanes;
-pub mod logs;
-pub mod methods;
-pub mod metrics;
 pub mod openai;
-pub use pincer_protocol as protocol;
-pub mod relay;
+pub mod openclaw;
 pub mod search;
 pub mod server;
-pub mod sessions;
-pub mod state;
-pub mod status;
-pub mod stubs;
-pub mod tree;
-pub mod turn;
-
-pub mod usage;
-pub mod ws;
 
 pub use server::{serve, Listening};
-
-use std::collections::HashSet;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use tokio::sync::oneshot;
-
-/// Sends what waited for a session's catch-up (see [`Subs::flush`]).
-pub type Flush = Box<dyn Fn(&str) + Send + Sync>;
-
-/// What a connection subscribed to.
-#[derive(Default)]
-pub struct Subs {
-    /// `sessions.subscribe`: `sessions.changed` events.
-    pub sessions: AtomicBool,
-    /// `sessions.messages.subscribe`: `session.message` events of these session keys.
-    pub messages: Mutex<HashSet<String>>,
-    /// Sessions this connection works with (sent to, read the history of, subscribed to): it gets
-    /// their `chat` and `agent` events. Other sessions' streams are not sent to it.
-    pub chats: Mutex<HashSet<String>>,
-    /// The connection's hub subscriber, told which sessions to route to it.
-    pub route: std::sync::OnceLock<(Arc<hub::Hub>, u64)>,
-    /// Sessions a `sessions.messages.subscribe {afterSeq}` caught up ([`catchup::subscribe_messages`]).
-    pub catchup: Mutex<std::collections::HashMap<String, catchup::CatchingUp>>,
-    /// Sends the events waiting in `catchup` for a session, then lets live ones through (set by
-    /// the transport).
-    pub flush: std::sync::OnceLock<Flush>,
-}
-
-impl Subs {
-    fn watch(&self, key: &str) {
-        if let Some((hub, id)) = self.route.get() {
-            hub.watch(*id, key);
-        }
-    }
-
-    /// Adds `key` to a set of followed sessions, within [`protocol::MAX_SESSIONS_PER_CONNECTION`].
-    fn follow(&self, set: &Mutex<HashSet<String>>, key: String, what: &str) -> Result<(), protocol::RpcError> {
-        let mut set = state::lock(set);
-        if !set.contains(&key) && set.len() >= protocol::MAX_SESSIONS_PER_CONNECTION {
-            return Err(protocol::RpcError::invalid(format!(
-                "this connection already {what} {} sessions, the most one connection may; unsubscribe or reconnect",
-                protocol::MAX_SESSIONS_PER_CONNECTION
-            )));
-        }
-        self.watch(&key);
-        set.insert(key);
-        Ok(())
-    }
-
-    /// `sessions.messages.unsubscribe`: the connection leaves the session (its `session.message`,
-    /// `chat` and `agent` events), making room for another.
-    pub fn leave(&self, key: &str) {
-        state::lock(&self.messages).remove(key);
-        state::lock(&self.catchup).remove(key);
-        state::lock(&self.chats).remove(key);
-        if let Some((hub, id)) = self.route.get() {
-            hub.unwatch(*id, key);
-        }
-    }
-
-    /// The connection works with this session: it gets its `chat` and `agent` events.
-    pub fn add_chat(&self, key: String) -> Result<(), protocol::RpcError> {
-        self.follow(&self.chats, key, "works with")
-    }
-
-    /// `sessions.messages.subscribe`: the connection gets the session's `session.message` events.
-    pub fn add_messages(&self, key: String) -> Result<(), protocol::RpcError> {
-        self.follow(&self.messages, key, "is subscribed to")
-    }
-}
-
-/// Sends an interim `ok` response to the request (OpenClaw's `status: "accepted"` before the final).
-pub type Interim = Box<dyn Fn(serde_json::Value) + Send + Sync>;
-
-/// The context of one request.
-pub struct Ctx {
-    pub conn_id: u64,
-    pub client_id: String,
-    pub subs: Arc<Subs>,
-    /// The connection was granted `operator.write` (true unless it asked for less).
-    pub can_write: bool,
-    /// The connection may answer approvals (`operator.approvals` or `operator.admin`, or it asked
-    /// for no scopes).
-    pub can_approve: bool,
-    acks: Mutex<Vec<oneshot::Sender<()>>>,
-    interim: Option<Interim>,
-}
-
-impl Ctx {
-    pub fn new(conn_id: u64, client_id: String, subs: Arc<Subs>) -> Ctx {
-        Ctx {
-            conn_id,
-            client_id,
-            subs,
-            can_write: true,
-            can_approve: true,
-            acks: Mutex::new(Vec::new()),
-            interim: None,
-        }
-    }
-
-    /// A transport that can answer a request more than once (the WebSocket) says how.
-    pub fn with_interim(mut self, interim: Interim) -> Ctx {
-        self.interim = Some(interim);
-        self
-    }
-
-    /// Queues an interim response (nothing when the transport has none); the final one follows.
-    pub fn interim(&self, payload: serde_json::Value) {
-        if let Some(f) = &self.interim {
-            f(payload);
-        }
-    }
-
-    /// Resolves once the client has read this request's response (so a run's events reach it
-    /// after its ack; on the WebSocket, its pong to a ping sent after the response), or fails when
-    /// the transport gave up on it (the run goes on).
-    pub fn after_response(&self) -> oneshot::Receiver<()> {
-        let (tx, rx) = oneshot::channel();
-        state::lock(&self.acks).push(tx);
-        rx
-    }
-
-    /// The waiters of [`Self::after_response`], for the transport to resolve once the response has
-    /// been read.
-    pub fn take_acks(&self) -> Vec<oneshot::Sender<()>> {
-        std::mem::take(&mut *state::lock(&self.acks))
-    }
-}

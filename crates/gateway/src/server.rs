@@ -278,8 +278,7 @@ pub async fn serve(
     announce_mcp(&gw);
     crate::durable::recover_interrupted(&gw);
     crate::relay::start(&gw);
-    crate::channels::start(&gw);
-    let app = crate::http::router(gw.clone());
+    let app = crate::http::router(crate::channels::start(&gw));
     // Activity timestamps of the session index reach disk every few seconds (and at shutdown).
     let flusher = gw.clone();
     tokio::spawn(async move {

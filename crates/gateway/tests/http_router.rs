@@ -27,7 +27,7 @@ fn router() -> (axum::Router, tempfile::TempDir) {
     .unwrap();
     settings.auth = AuthMode::Token(TOKEN.into());
     let gw = Arc::new(Gateway::new(settings).unwrap());
-    (pincer_gateway::http::router(gw), dir)
+    (pincer_gateway::http::router(pincer_gateway::channels::start(&gw)), dir)
 }
 
 async fn send(app: &axum::Router, req: Request<Body>) -> Response<Body> {

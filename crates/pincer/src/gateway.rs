@@ -150,7 +150,7 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
         use crate::table::{local_time, one_line, Table};
         let mut t = Table::new(&["KEY", "TITLE", "MESSAGES", "UPDATED", "SESSION"]).flex(1);
         for r in rows {
-            let (derived, count) = pincer_gateway::methods::transcript_summary(store.as_ref(), &r.path);
+            let (derived, count) = pincer_gateway::openclaw::methods::transcript_summary(store.as_ref(), &r.path);
             let label = r.entry.get("label").and_then(serde_json::Value::as_str).map(str::to_owned);
             let mut title = label.or(derived).map_or_else(|| "-".to_owned(), |t| one_line(&t, 48));
             if r.entry.get("archivedAt").is_some_and(|a| !a.is_null()) {

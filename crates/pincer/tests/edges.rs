@@ -135,7 +135,16 @@ async fn t01_idempotency_is_durable_across_sigkill_and_an_interrupted_turn_resum
     assert_eq!(e.fake.requests().len(), requests + 2, "the run was sent to the provider twice: cut, resumed");
 
     let mut c = Client::connect(&e.gw.addr).await;
-    let third = send(&mut c, key, "[slow] a long story that gets interrupted", "K-cut").await.expect("resend");
+    // The reply is on disk a moment before the resumed run lets go of its key: a resend meanwhile
+    // is told `in_flight` (and starts nothing); once the run is over, `ok`.
+    let mut third = json!(null);
+    for _ in 0..200 {
+        third = send(&mut c, key, "[slow] a long story that gets interrupted", "K-cut").await.expect("resend");
+        if third["status"] != "in_flight" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(third, json!({"runId": "K-cut", "status": "ok"}));
     let after = probe::read_rows(&file);
     assert_eq!(after.len(), rows.len(), "nothing more written");

@@ -513,7 +513,7 @@ async fn metrics_list_every_series_before_any_turn_and_take_the_token_in_the_que
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let wrong = raw_get(&s.gw.addr, "/metrics?token=wrong-token", "", None).await;
     assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
-    // Every series of the table in crates/gateway/src/metrics.rs, before anything happened.
+    // Every series of the table in crates/engine/src/metrics.rs, before anything happened.
     for (series, value) in [
         ("pincer_turns_total{status=\"ok\"}", 0.0),
         ("pincer_turns_total{status=\"error\"}", 0.0),

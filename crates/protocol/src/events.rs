@@ -93,6 +93,10 @@ pub struct AgentEvent<'a> {
 pub struct SessionsChanged<'a> {
     pub session_key: &'a str,
     pub reason: &'a str,
+    /// The active leaf after a change of the tree (`Some(None)`: before the first entry); absent
+    /// for other changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leaf_entry_id: Option<Option<&'a str>>,
     pub ts: u64,
 }
 

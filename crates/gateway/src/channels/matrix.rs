@@ -27,129 +27,19 @@
 //! - **Encrypted rooms** (`m.room.encryption` state, or `m.room.encrypted` events) are refused: a
 //!   plain `m.notice` explains it in the room, the log says so, and the bot leaves.
 
-use super::{Accepted, Address, BoxFuture, ChatKind, Event, Inbound, Outbound, Policy, SendError};
+use super::{Accepted, Address, BoxFuture, Channels, ChatKind, Event, Inbound, Outbound, SendError};
 use crate::state::Gateway;
-use serde::Deserialize;
+pub use pincer_engine::config::channels::{MatrixSection, MatrixSettings, MATRIX_TOKEN_ENV as DEFAULT_TOKEN_ENV};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The channel's name (session keys, metrics, `deliveryContext.channel`).
 pub const NAME: &str = "matrix";
-/// The variable the access token is read from unless `access_token_env` names another.
-pub const DEFAULT_TOKEN_ENV: &str = "MATRIX_ACCESS_TOKEN";
 /// Longest text of one message, in bytes: an event is at most 64 KiB, and it carries the text twice
 /// (`body` and its HTML in `formatted_body`, and an edit's `m.new_content` twice more).
 pub const MAX_MESSAGE: usize = 12 * 1024;
-
-/// `[channels.matrix]` as written in `pincer.toml`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MatrixSection {
-    /// `false` turns the channel off (default: on when the section is there).
-    pub enabled: Option<bool>,
-    /// `https://matrix.example.org` (the client-server API's base).
-    pub homeserver_url: Option<String>,
-    /// The bot's user id, `@bot:example.org`.
-    pub user_id: Option<String>,
-    /// The environment variable holding the bot's access token (default `MATRIX_ACCESS_TOKEN`).
-    pub access_token_env: Option<String>,
-    /// Matrix user ids (`@alice:example.org`) that may talk to the agent (`"*"`: anyone). Default: nobody.
-    pub allow_from: Vec<String>,
-    /// The agent that answers (default `main`).
-    pub agent: Option<String>,
-    /// A room id or user id → the agent that answers there.
-    pub bindings: BTreeMap<String, String>,
-    /// Seconds one `/sync` long poll waits (default 30).
-    pub sync_timeout_secs: Option<u64>,
-    /// In rooms, answer only messages that mention the bot or reply to it (default true).
-    pub require_mention: Option<bool>,
-}
-
-/// `[channels.matrix]`, validated.
-#[derive(Clone)]
-pub struct MatrixSettings {
-    /// The homeserver's base URL, without a trailing `/`.
-    pub homeserver: String,
-    pub user_id: String,
-    /// The access token (a secret: never logged; the redactor knows it by value).
-    pub token: String,
-    pub policy: Policy,
-    pub sync_timeout: Duration,
-    /// In rooms, answer only messages addressed to the bot.
-    pub require_mention: bool,
-}
-
-impl std::fmt::Debug for MatrixSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MatrixSettings")
-            .field("homeserver", &self.homeserver)
-            .field("user_id", &self.user_id)
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Whether `s` is a Matrix user id: `@localpart:server`.
-fn is_user_id(s: &str) -> bool {
-    s.strip_prefix('@')
-        .and_then(|r| r.split_once(':'))
-        .is_some_and(|(local, server)| !local.is_empty() && !server.is_empty() && !s.chars().any(char::is_whitespace))
-}
-
-impl MatrixSettings {
-    /// Validates the section (the token from the environment); `None` when it is disabled. Errors
-    /// name the field.
-    pub fn parse(s: &MatrixSection) -> Result<Option<MatrixSettings>, String> {
-        Self::parse_with(s, |v| std::env::var(v).ok())
-    }
-
-    fn parse_with(s: &MatrixSection, env: impl Fn(&str) -> Option<String>) -> Result<Option<MatrixSettings>, String> {
-        const SECTION: &str = "[channels.matrix]";
-        if s.enabled == Some(false) {
-            return Ok(None);
-        }
-        let url =
-            s.homeserver_url.as_deref().map(str::trim).filter(|u| !u.is_empty()).ok_or_else(|| {
-                format!("{SECTION}: homeserver_url is required (e.g. \"https://matrix.example.org\")")
-            })?;
-        if !(url.starts_with("http://") || url.starts_with("https://")) || url.contains(char::is_whitespace) {
-            return Err(format!("{SECTION}: homeserver_url {url:?} is not an http:// or https:// URL"));
-        }
-        let user_id = s.user_id.as_deref().unwrap_or_default().trim();
-        if !is_user_id(user_id) {
-            return Err(format!("{SECTION}: user_id {user_id:?} is not a Matrix user id like \"@bot:example.org\""));
-        }
-        let var = s.access_token_env.as_deref().map(str::trim).unwrap_or(DEFAULT_TOKEN_ENV);
-        let token = env(var).map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).ok_or_else(|| {
-            format!("{SECTION}: access_token_env names {var}, which is not set (the bot account's access token)")
-        })?;
-        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(format!("{SECTION}: the token in {var} is not an access token (it has spaces)"));
-        }
-        for u in &s.allow_from {
-            if u.trim() != "*" && !is_user_id(u.trim()) {
-                return Err(format!(
-                    "{SECTION}: allow_from: {u:?} is not a Matrix user id like \"@alice:example.org\" (or \"*\")"
-                ));
-            }
-        }
-        let policy = Policy::parse(SECTION, &s.allow_from, s.agent.as_deref(), &s.bindings)?;
-        let poll = s.sync_timeout_secs.unwrap_or(30);
-        if poll > 600 {
-            return Err(format!("{SECTION}: sync_timeout_secs {poll} is more than 600"));
-        }
-        Ok(Some(MatrixSettings {
-            homeserver: url.trim_end_matches('/').to_owned(),
-            user_id: user_id.to_owned(),
-            token,
-            policy,
-            sync_timeout: Duration::from_secs(poll),
-            require_mention: s.require_mention.unwrap_or(true),
-        }))
-    }
-}
 
 /// A path segment, percent-encoded (room ids hold `!` and `:`, transaction ids are ours).
 fn seg(s: &str) -> String {
@@ -849,9 +739,9 @@ impl Outbound for Bot {
 // Inbound: the sync loop
 
 /// Starts the bot (its sync loop) in the background.
-pub fn start(gw: &Arc<Gateway>, settings: MatrixSettings) {
-    let gw = gw.clone();
-    tokio::spawn(async move { run(gw, settings).await });
+pub fn start(ch: &Arc<Channels>, settings: MatrixSettings) {
+    let ch = ch.clone();
+    tokio::spawn(async move { run(ch, settings).await });
 }
 
 /// Waits `d`, or less when the gateway stops; false when it stops.
@@ -876,7 +766,8 @@ struct Rooms {
     mention: Mention,
 }
 
-async fn run(gw: Arc<Gateway>, settings: MatrixSettings) {
+async fn run(ch: Arc<Channels>, settings: MatrixSettings) {
+    let gw = ch.gw.clone();
     let stats = gw.channels.stats(NAME);
     let api = match Api::new(&settings.homeserver, &settings.token) {
         Ok(a) => a,
@@ -909,9 +800,9 @@ async fn run(gw: Arc<Gateway>, settings: MatrixSettings) {
     }
     stats.set_account(settings.user_id.clone());
     // With replicas, one syncs (and delivers) at a time; the others stand by.
-    let Ok(_lease) = super::lease(&gw, &stats, &format!("{NAME}:{}", settings.user_id)).await else { return };
+    let Ok(_lease) = super::lease(&ch, &stats, &format!("{NAME}:{}", settings.user_id)).await else { return };
     let bot = Arc::new(Bot { api: api.clone(), user_id: settings.user_id.clone() });
-    super::Registry::register(&gw, bot.clone());
+    ch.register(bot.clone());
     let me = settings.user_id.clone();
     let direct_data = loop {
         match api.direct_rooms(&me).await {
@@ -940,7 +831,7 @@ async fn run(gw: Arc<Gateway>, settings: MatrixSettings) {
         members: HashMap::new(),
         mention,
     };
-    let mut since = match super::load_cursor(&gw, NAME, &me).await {
+    let mut since = match super::load_cursor(&ch, NAME, &me).await {
         Ok(c) => c,
         Err(e) => {
             // Without the position, a first sync would skip what came meanwhile: wait for it.
@@ -997,10 +888,10 @@ async fn run(gw: Arc<Gateway>, settings: MatrixSettings) {
         if first {
             tracing::info!("matrix: first start: messages sent before now are not answered");
         }
-        match handle_batch(&gw, &api, &bot, &settings, &mut rooms, since.as_deref(), batch).await {
+        match handle_batch(&ch, &api, &bot, &settings, &mut rooms, since.as_deref(), batch).await {
             Ok(()) => {
                 // Every turn of the batch is on disk: the position may move past it.
-                if let Err(e) = super::save_cursor(&gw, NAME, &me, &next_batch).await {
+                if let Err(e) = super::save_cursor(&ch, NAME, &me, &next_batch).await {
                     tracing::warn!("matrix: {e}");
                 }
                 since = Some(next_batch);
@@ -1019,7 +910,7 @@ async fn run(gw: Arc<Gateway>, settings: MatrixSettings) {
 /// Takes in one sync answer: `m.direct`, invites, encrypted rooms, then each message as a turn.
 /// `Err` when a message could not be made durable.
 async fn handle_batch(
-    gw: &Arc<Gateway>,
+    ch: &Arc<Channels>,
     api: &Api,
     bot: &Arc<Bot>,
     settings: &MatrixSettings,
@@ -1027,6 +918,7 @@ async fn handle_batch(
     since: Option<&str>,
     mut batch: Batch,
 ) -> Result<(), String> {
+    let gw = &ch.gw;
     let me = &settings.user_id;
     if let Some(d) = batch.direct.take() {
         rooms.direct = direct_room_set(&d);
@@ -1039,10 +931,10 @@ async fn handle_batch(
         };
     }
     for invite in &batch.invites {
-        handle_invite(gw, api, settings, rooms, invite).await?;
+        handle_invite(ch, api, settings, rooms, invite).await?;
     }
     for room in &batch.encrypted {
-        refuse_encrypted(gw, api, rooms, room).await;
+        refuse_encrypted(ch, api, rooms, room).await;
     }
     // A cut timeline: the events between the last position and the timeline's start, from
     // `/messages`, go before the timeline's.
@@ -1092,7 +984,7 @@ async fn handle_batch(
             tracing::debug!(room = %m.room, event = %m.event_id, "matrix: not a turn: a room message not addressed to the bot (require_mention)");
             continue;
         }
-        let text = crate::chat::sanitize_message(&rooms.mention.strip(&m.body));
+        let text = crate::openclaw::chat::sanitize_message(&rooms.mention.strip(&m.body));
         let text = match text {
             Ok(t) => t,
             Err(e) => {
@@ -1112,7 +1004,7 @@ async fn handle_batch(
             text,
             images: Vec::new(),
         };
-        match super::inbound(gw, &settings.policy, inbound).await.map_err(|e| e.message)? {
+        match super::inbound(ch, &settings.policy, inbound).await.map_err(|e| e.message)? {
             Accepted::Command { reply, .. } => {
                 let to = Address { channel: NAME.into(), account: me.clone(), chat: m.room.clone() };
                 let txn = format!("command.{}", m.event_id);
@@ -1158,12 +1050,13 @@ async fn addressed(api: &Api, rooms: &mut Rooms, m: &Incoming) -> Result<bool, S
 /// An invite: accepted from an allowed user (a direct one recorded in the bot's `m.direct`),
 /// declined and logged otherwise.
 async fn handle_invite(
-    gw: &Arc<Gateway>,
+    ch: &Arc<Channels>,
     api: &Api,
     settings: &MatrixSettings,
     rooms: &mut Rooms,
     invite: &Invite,
 ) -> Result<(), String> {
+    let gw = &ch.gw;
     let me = &settings.user_id;
     if !settings.policy.allows(&[&invite.inviter]) {
         tracing::warn!(
@@ -1199,14 +1092,15 @@ async fn handle_invite(
         rooms.direct_data = d;
     }
     if api.state(&invite.room, "m.room.encryption").await.map_err(|e| e.to_string())?.is_some() {
-        refuse_encrypted(gw, api, rooms, &invite.room).await;
+        refuse_encrypted(ch, api, rooms, &invite.room).await;
     }
     Ok(())
 }
 
 /// Refuses an encrypted room: a notice in the room (the same event however often this runs: its
 /// transaction id is the room's), a line in the log, and the bot leaves.
-async fn refuse_encrypted(gw: &Arc<Gateway>, api: &Api, rooms: &mut Rooms, room: &str) {
+async fn refuse_encrypted(ch: &Arc<Channels>, api: &Api, rooms: &mut Rooms, room: &str) {
+    let gw = &ch.gw;
     if !rooms.refused.insert(room.to_owned()) {
         return;
     }
@@ -1228,48 +1122,6 @@ async fn refuse_encrypted(gw: &Arc<Gateway>, api: &Api, rooms: &mut Rooms, room:
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn section(toml_text: &str) -> MatrixSection {
-        toml::from_str(toml_text).unwrap()
-    }
-
-    #[test]
-    fn settings_are_checked_and_name_the_field() {
-        let env = |v: &str| (v == "MX_TOKEN").then(|| "syt_secret_token_value".to_owned());
-        let parse = |t: &str| MatrixSettings::parse_with(&section(t), env);
-        assert!(parse("enabled = false").unwrap().is_none(), "off when enabled = false");
-        let ok = parse(
-            "homeserver_url = \"https://m.example.org/\"\nuser_id = \"@bot:example.org\"\n\
-             access_token_env = \"MX_TOKEN\"\nallow_from = [\"@alice:example.org\"]",
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(ok.homeserver, "https://m.example.org");
-        assert!(ok.policy.allows(&["@alice:example.org"]) && !ok.policy.allows(&["@bob:example.org"]));
-        assert!(!format!("{ok:?}").contains("syt_secret"), "the token is not in Debug");
-        let none = parse(
-            "homeserver_url = \"https://m.example.org\"\nuser_id = \"@bot:example.org\"\naccess_token_env = \"MX_TOKEN\"",
-        )
-        .unwrap()
-        .unwrap();
-        assert!(!none.policy.allows(&["@alice:example.org"]), "nobody by default");
-        for (bad, says) in [
-            ("user_id = \"@b:x\"\naccess_token_env = \"MX_TOKEN\"", "homeserver_url is required"),
-            ("homeserver_url = \"ftp://x\"\nuser_id = \"@b:x\"\naccess_token_env = \"MX_TOKEN\"", "not an http:// or https:// URL"),
-            ("homeserver_url = \"http://x\"\nuser_id = \"bot\"\naccess_token_env = \"MX_TOKEN\"", "user_id \"bot\""),
-            ("homeserver_url = \"http://x\"\nuser_id = \"@b:x\"", "MATRIX_ACCESS_TOKEN, which is not set"),
-            ("homeserver_url = \"http://x\"\nuser_id = \"@b:x\"\naccess_token_env = \"NOPE\"", "NOPE, which is not set"),
-            (
-                "homeserver_url = \"http://x\"\nuser_id = \"@b:x\"\naccess_token_env = \"MX_TOKEN\"\nallow_from = [\"alice\"]",
-                "allow_from: \"alice\"",
-            ),
-            ("homeserver_url = \"http://x\"\nuser_id = \"@b:x\"\naccess_token_env = \"MX_TOKEN\"\nsync_timeout_secs = 601", "sync_timeout_secs"),
-        ] {
-            let e = parse(bad).unwrap_err();
-            assert!(e.contains(says) && e.contains("[channels.matrix]"), "{bad:?}: {e}");
-        }
-        assert!(toml::from_str::<MatrixSection>("homeserver = \"x\"").is_err(), "unknown fields are refused");
-    }
 
     #[test]
     fn long_replies_are_cut_below_the_event_size_at_a_line_break() {

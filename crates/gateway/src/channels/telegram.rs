@@ -13,138 +13,25 @@
 //! stripped of theirs.
 
 use super::media::OutImage;
-use super::{Accepted, Address, BoxFuture, ChatKind, Event, Inbound, Outbound, Policy, SendError};
+use super::{Accepted, Address, BoxFuture, Channels, ChatKind, Event, Inbound, Outbound, SendError};
 use crate::state::Gateway;
 use base64::Engine;
-use serde::Deserialize;
+pub use pincer_engine::config::channels::{
+    TelegramSection, TelegramSettings, TELEGRAM_DEFAULT_API as DEFAULT_API, TELEGRAM_TOKEN_ENV as DEFAULT_TOKEN_ENV,
+};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The channel's name (session keys, metrics, `deliveryContext.channel`).
 pub const NAME: &str = "telegram";
-/// The official Bot API.
-pub const DEFAULT_API: &str = "https://api.telegram.org";
-/// The variable the token is read from unless `bot_token_env` names another.
-pub const DEFAULT_TOKEN_ENV: &str = "TELEGRAM_BOT_TOKEN";
 /// Longest text of one message, in UTF-16 code units (as Telegram counts).
 pub const MAX_MESSAGE: usize = 4096;
-
-/// `[channels.telegram]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TelegramSection {
-    /// `false` turns the channel off (default: on when the section is there).
-    pub enabled: Option<bool>,
-    /// The environment variable holding the bot token (default `TELEGRAM_BOT_TOKEN`).
-    pub bot_token_env: Option<String>,
-    /// The Bot API server (default `https://api.telegram.org`; a self-hosted one otherwise).
-    pub api_base_url: Option<String>,
-    /// Telegram user ids or `@usernames` that may talk to the agent (`"*"`: anyone). Default: nobody.
-    pub allow_from: Vec<String>,
-    /// The agent that answers (default `main`).
-    pub agent: Option<String>,
-    /// A chat id, user id or `@username` → the agent that answers there.
-    pub bindings: BTreeMap<String, String>,
-    /// Seconds one `getUpdates` long poll waits (default 30).
-    pub poll_timeout_secs: Option<u64>,
-    /// In groups, answer only messages that mention the bot or reply to it (default true).
-    pub require_mention: Option<bool>,
-    /// Receive updates by webhook at this public URL (it must reach the gateway's
-    /// `/api/channels/telegram/webhook`) instead of long polling.
-    pub webhook_url: Option<String>,
-    /// The variable holding the webhook's secret token (1–256 of `A-Z a-z 0-9 _ -`), required
-    /// with `webhook_url`: Telegram sends it in `X-Telegram-Bot-Api-Secret-Token`.
-    pub webhook_secret_env: Option<String>,
-}
-
-/// `[channels.telegram]`, validated.
-#[derive(Clone)]
-pub struct TelegramSettings {
-    /// The bot token (a secret: redacted, never logged).
-    pub token: String,
-    /// Without a trailing slash.
-    pub api_base_url: String,
-    pub policy: Policy,
-    pub poll_timeout: Duration,
-    pub require_mention: bool,
-    /// Webhook mode: the URL given to `setWebhook` and the secret token (a secret).
-    pub webhook: Option<(String, String)>,
-}
-
-impl std::fmt::Debug for TelegramSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TelegramSettings")
-            .field("api_base_url", &self.api_base_url)
-            .field("policy", &self.policy)
-            .finish_non_exhaustive()
-    }
-}
-
-impl TelegramSettings {
-    /// Validates the section; `None` when it is disabled. Errors name the field.
-    pub fn parse(s: &TelegramSection) -> Result<Option<TelegramSettings>, String> {
-        const SECTION: &str = "[channels.telegram]";
-        if s.enabled == Some(false) {
-            return Ok(None);
-        }
-        let var = s.bot_token_env.as_deref().unwrap_or(DEFAULT_TOKEN_ENV);
-        let token =
-            std::env::var(var).ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).ok_or_else(|| {
-                format!("{SECTION}: bot_token_env names {var}, which is not set (the bot token from @BotFather)")
-            })?;
-        if token.chars().any(|c| c.is_whitespace() || c == '/' || c == '?' || c == '#') {
-            return Err(format!("{SECTION}: the token in {var} is not a bot token (it has spaces or URL characters)"));
-        }
-        let api = s.api_base_url.as_deref().unwrap_or(DEFAULT_API).trim_end_matches('/').to_owned();
-        if !(api.starts_with("http://") || api.starts_with("https://")) {
-            return Err(format!("{SECTION}: api_base_url {api:?} is not an http:// or https:// URL"));
-        }
-        let policy = Policy::parse(SECTION, &s.allow_from, s.agent.as_deref(), &s.bindings)?;
-        let poll = s.poll_timeout_secs.unwrap_or(30);
-        if poll > 600 {
-            return Err(format!("{SECTION}: poll_timeout_secs {poll} is more than 600"));
-        }
-        let webhook = match (&s.webhook_url, &s.webhook_secret_env) {
-            (None, None) => None,
-            (Some(url), Some(var)) => {
-                if !(url.starts_with("https://") || url.starts_with("http://")) {
-                    return Err(format!("{SECTION}: webhook_url {url:?} is not an https:// URL"));
-                }
-                let secret = std::env::var(var)
-                    .ok()
-                    .filter(|v| !v.is_empty())
-                    .ok_or_else(|| format!("{SECTION}: webhook_secret_env names {var}, which is not set"))?;
-                let ok =
-                    secret.len() <= 256 && secret.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-                if !ok {
-                    return Err(format!(
-                        "{SECTION}: the secret in {var} must be 1 to 256 of the characters A-Z a-z 0-9 _ -"
-                    ));
-                }
-                Some((url.clone(), secret))
-            }
-            (Some(_), None) => return Err(format!("{SECTION}: webhook_url needs webhook_secret_env")),
-            (None, Some(_)) => {
-                return Err(format!("{SECTION}: webhook_secret_env is for webhook_url, which is not set"))
-            }
-        };
-        Ok(Some(TelegramSettings {
-            token,
-            api_base_url: api,
-            policy,
-            poll_timeout: Duration::from_secs(poll),
-            require_mention: s.require_mention.unwrap_or(true),
-            webhook,
-        }))
-    }
-}
 
 /// Longest wait a 429's `retry_after` is honoured for (a longer one is waited in these steps).
 const MAX_RETRY_AFTER: u64 = 300;
 /// Largest image taken from a message (Pi's and `chat.send`'s limit).
-const MAX_IMAGE: usize = crate::chat::MAX_ATTACHMENT_BYTES;
+const MAX_IMAGE: usize = crate::openclaw::chat::MAX_ATTACHMENT_BYTES;
 /// Largest photo the Bot API takes as an upload (`sendPhoto`: "The photo must be at most 10 MB").
 pub const MAX_PHOTO: usize = 10 * 1024 * 1024;
 /// Longest caption of a photo, in UTF-16 code units.
@@ -441,9 +328,9 @@ impl Outbound for Bot {
 }
 
 /// Starts the bot (long polling) in the background.
-pub fn start(gw: &Arc<Gateway>, settings: TelegramSettings) {
-    let gw = gw.clone();
-    tokio::spawn(async move { run(gw, settings).await });
+pub fn start(ch: &Arc<Channels>, settings: TelegramSettings) {
+    let ch = ch.clone();
+    tokio::spawn(async move { run(ch, settings).await });
 }
 
 /// Waits `d`, or less when the gateway stops; false when it stops.
@@ -454,7 +341,8 @@ async fn pause(gw: &Gateway, d: Duration) -> bool {
     }
 }
 
-async fn run(gw: Arc<Gateway>, settings: TelegramSettings) {
+async fn run(ch: Arc<Channels>, settings: TelegramSettings) {
+    let gw = ch.gw.clone();
     let stats = gw.channels.stats(NAME);
     let mut bot = match Bot::new(&gw, &settings.api_base_url, &settings.token) {
         Ok(b) => b,
@@ -475,18 +363,18 @@ async fn run(gw: Arc<Gateway>, settings: TelegramSettings) {
     }
     stats.set_account(format!("@{} ({})", bot.username, bot.id));
     // With replicas, one polls (and delivers) at a time; the others stand by.
-    let Ok(_lease) = super::lease(&gw, &stats, &format!("{NAME}:{}", bot.id)).await else { return };
+    let Ok(_lease) = super::lease(&ch, &stats, &format!("{NAME}:{}", bot.id)).await else { return };
     tracing::info!(bot = %bot.username, id = bot.id, "telegram: polling for messages");
     let bot = Arc::new(bot);
-    super::Registry::register(&gw, bot.clone());
+    ch.register(bot.clone());
     if let Some((url, secret)) = settings.webhook.clone() {
-        webhook(&gw, &bot, &settings, &url, secret).await;
+        webhook(&ch, &bot, &settings, &url, secret).await;
         return;
     }
     // A webhook left set (by an earlier config) makes getUpdates fail: polling mode removes it.
     let _ = bot.call("deleteWebhook", &json!({"drop_pending_updates": false}), Duration::from_secs(30)).await;
     let account = bot.id.to_string();
-    let mut offset: Option<i64> = match super::load_cursor(&gw, NAME, &account).await {
+    let mut offset: Option<i64> = match super::load_cursor(&ch, NAME, &account).await {
         Ok(c) => c.and_then(|c| c.parse().ok()),
         Err(e) => {
             tracing::warn!("telegram: {e}; starting from Telegram's unconfirmed updates");
@@ -526,7 +414,7 @@ async fn run(gw: Arc<Gateway>, settings: TelegramSettings) {
         let mut next = offset;
         for u in &updates {
             let Some(id) = u["update_id"].as_i64() else { continue };
-            if let Err(e) = handle(&gw, &bot, &settings, u).await {
+            if let Err(e) = handle(&ch, &bot, &settings, u).await {
                 // Not durable: this update and the ones after it come again with the next poll.
                 tracing::warn!(update = id, "telegram: a message could not be taken in ({e}); it will be read again");
                 let _ = pause(&gw, Duration::from_secs(1)).await;
@@ -537,7 +425,7 @@ async fn run(gw: Arc<Gateway>, settings: TelegramSettings) {
         if next != offset {
             if let Some(n) = next {
                 // Saved before the next getUpdates confirms it to Telegram.
-                if let Err(e) = super::save_cursor(&gw, NAME, &account, &n.to_string()).await {
+                if let Err(e) = super::save_cursor(&ch, NAME, &account, &n.to_string()).await {
                     tracing::warn!("telegram: {e}");
                 }
             }
@@ -549,12 +437,13 @@ async fn run(gw: Arc<Gateway>, settings: TelegramSettings) {
 /// Webhook mode: `setWebhook` (tried until Telegram takes it), then updates come to
 /// [`TelegramHook`] until the gateway stops (the lease is held meanwhile). Telegram sends an update
 /// again until it is answered 200, which it is once the update is durable.
-async fn webhook(gw: &Arc<Gateway>, bot: &Arc<Bot>, settings: &TelegramSettings, url: &str, secret: String) {
+async fn webhook(ch: &Arc<Channels>, bot: &Arc<Bot>, settings: &TelegramSettings, url: &str, secret: String) {
+    let gw = &ch.gw;
     let stats = gw.channels.stats(NAME);
-    gw.channels.register_webhook(
+    ch.register_webhook(
         NAME,
         Arc::new(TelegramHook {
-            gw: Arc::downgrade(gw),
+            ch: Arc::downgrade(ch),
             bot: bot.clone(),
             settings: settings.clone(),
             secret: secret.clone(),
@@ -577,7 +466,7 @@ async fn webhook(gw: &Arc<Gateway>, bot: &Arc<Bot>, settings: &TelegramSettings,
 
 /// The webhook's receiving end.
 struct TelegramHook {
-    gw: std::sync::Weak<Gateway>,
+    ch: std::sync::Weak<Channels>,
     bot: Arc<Bot>,
     settings: TelegramSettings,
     secret: String,
@@ -602,8 +491,8 @@ impl super::Webhook for TelegramHook {
             }
             let update: Value =
                 serde_json::from_slice(body).map_err(|e| (400, format!("the update is not JSON: {e}")))?;
-            let gw = self.gw.upgrade().ok_or((503, "the gateway is stopping".to_owned()))?;
-            handle(&gw, &self.bot, &self.settings, &update).await.map_err(|e| {
+            let ch = self.ch.upgrade().ok_or((503, "the gateway is stopping".to_owned()))?;
+            handle(&ch, &self.bot, &self.settings, &update).await.map_err(|e| {
                 tracing::warn!("telegram: a webhook update could not be taken in ({e}); Telegram sends it again");
                 (500, e)
             })
@@ -613,7 +502,8 @@ impl super::Webhook for TelegramHook {
 
 /// One update: a message from an allowed sender (in a group: one that mentions or answers the bot)
 /// becomes a turn; `Err` when it could not be made durable (it is read again).
-async fn handle(gw: &Arc<Gateway>, bot: &Arc<Bot>, settings: &TelegramSettings, u: &Value) -> Result<(), String> {
+async fn handle(ch: &Arc<Channels>, bot: &Arc<Bot>, settings: &TelegramSettings, u: &Value) -> Result<(), String> {
+    let gw = &ch.gw;
     let Some(msg) = u.get("message") else { return Ok(()) };
     let from = &msg["from"];
     if from["is_bot"] == json!(true) {
@@ -681,10 +571,10 @@ async fn handle(gw: &Arc<Gateway>, bot: &Arc<Bot>, settings: &TelegramSettings, 
         sender_name: username,
         chat_title: msg["chat"]["title"].as_str().map(str::to_owned),
         message_id: message_id.to_string(),
-        text: crate::chat::sanitize_message(&text).map_err(|e| e.message)?,
+        text: crate::openclaw::chat::sanitize_message(&text).map_err(|e| e.message)?,
         images,
     };
-    match super::inbound(gw, &settings.policy, inbound).await.map_err(|e| e.message)? {
+    match super::inbound(ch, &settings.policy, inbound).await.map_err(|e| e.message)? {
         Accepted::Command { reply, .. } => {
             let to = Address { channel: NAME.into(), account: bot.id.to_string(), chat };
             if let Err(e) = bot.send(&to, &reply, "").await {

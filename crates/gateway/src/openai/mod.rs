@@ -104,8 +104,8 @@ pub(crate) fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, 
         ));
     };
     // Every candidate is compared (in constant time each), so timing tells nothing about which matched.
-    let operator = token.is_some_and(|t| crate::ws::same_secret(given, t));
-    let key = api.api_keys.iter().fold(None, |found, k| match crate::ws::same_secret(given, k) {
+    let operator = token.is_some_and(|t| crate::openclaw::ws::same_secret(given, t));
+    let key = api.api_keys.iter().fold(None, |found, k| match crate::openclaw::ws::same_secret(given, k) {
         true => Some(k),
         false => found,
     });

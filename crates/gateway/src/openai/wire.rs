@@ -4,7 +4,7 @@
 //! "the client's history equals this branch" is a comparison of hashes); usage, finish reasons and
 //! errors are written in OpenAI's shapes.
 
-use crate::chat::sanitize_message;
+use crate::openclaw::chat::sanitize_message;
 use pincer_store::redact::Redactor;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -210,8 +210,8 @@ fn data_url_image(url: &str, at: &str) -> Result<Value, Bad> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(data.trim())
         .map_err(|e| format!("{at}: the image is not base64: {e}"))?;
-    if bytes.len() > crate::chat::MAX_ATTACHMENT_BYTES {
-        return Err(format!("{at}: the image is larger than {} bytes", crate::chat::MAX_ATTACHMENT_BYTES));
+    if bytes.len() > crate::openclaw::chat::MAX_ATTACHMENT_BYTES {
+        return Err(format!("{at}: the image is larger than {} bytes", crate::openclaw::chat::MAX_ATTACHMENT_BYTES));
     }
     Ok(json!({"type": "image", "data": data.trim(), "mimeType": mime}))
 }

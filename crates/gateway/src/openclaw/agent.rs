@@ -5,12 +5,12 @@
 //! final `{runId, status, summary, result: {payloads, meta}}` read back from the transcript.
 //! `agent.wait` waits (bounded) for a run to end and says how it ended.
 
-use crate::chat;
+use super::chat;
+use super::Ctx;
 use crate::protocol::{Method, NonBlank, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use crate::turn::TurnRequest;
-use crate::Ctx;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;

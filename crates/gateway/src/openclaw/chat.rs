@@ -4,12 +4,12 @@
 //! `chat.inject` appends a gateway-injected row; `chat.history`/`chat.startup` read the active
 //! branch from a bounded tail.
 
+use super::Ctx;
 use crate::announce::{publish_session_message, with_meta};
 use crate::commands::{approve_command, is_stop};
 use crate::protocol::{Bounded, Method, NonBlank, RpcError};
 use crate::state::{injected_message, Gateway};
 use crate::turn::{start_turn, TurnRequest};
-use crate::Ctx;
 use base64::Engine;
 use pincer_store::history::{HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
 use pincer_store::NewEntry;

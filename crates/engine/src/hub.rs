@@ -235,7 +235,17 @@ impl Hub {
 
     /// Tells the `sessions.subscribe` watchers that session `key` changed because of `reason`.
     pub fn sessions_changed(&self, key: &str, reason: &str) {
-        let event = crate::protocol::SessionsChanged { session_key: key, reason, ts: pincer_pi::now_ms() };
+        self.changed(key, reason, None);
+    }
+
+    /// Publishes `sessions.changed` for a change of session `key`'s tree: its active leaf now.
+    pub fn sessions_changed_at(&self, key: &str, reason: &str, leaf: Option<&str>) {
+        self.changed(key, reason, Some(leaf));
+    }
+
+    fn changed(&self, key: &str, reason: &str, leaf_entry_id: Option<Option<&str>>) {
+        let event =
+            crate::protocol::SessionsChanged { session_key: key, reason, leaf_entry_id, ts: pincer_pi::now_ms() };
         let payload = serde_json::to_value(event).unwrap_or_default();
         self.publish("sessions.changed", Some(key), payload, true, Audience::SessionsWatchers);
     }

@@ -1,12 +1,12 @@
-//! Request dispatch: every RPC method the gateway serves, by name. `chat.*` lives in [`crate::chat`];
+//! Request dispatch: every RPC method the gateway serves, by name. `chat.*` lives in [`crate::openclaw::chat`];
 //! the session methods, `health` and the small discovery methods the Control UI asks for are here.
 //! Anything else is answered `INVALID_REQUEST "unknown method: X"`.
 
-use crate::chat;
+use super::chat;
+use super::Ctx;
 use crate::protocol::{present, Bounded, Method, NonBlank, RpcError, Text, MAX_LABEL_CHARS};
 use crate::sessions::{canonical_key, SessionRef};
 use crate::state::Gateway;
-use crate::Ctx;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
@@ -42,8 +42,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
     match method {
         Method::Health => Ok(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "activeRuns": gw.all_runs().len()})),
         Method::ChatSend => chat::send(gw, ctx, params).await,
-        Method::Agent => crate::agent::agent(gw, ctx, params).await,
-        Method::AgentWait => crate::agent::wait(gw, params).await,
+        Method::Agent => crate::openclaw::agent::agent(gw, ctx, params).await,
+        Method::AgentWait => crate::openclaw::agent::wait(gw, params).await,
         Method::Status
         | Method::SystemPresence
         | Method::LogsTail
@@ -53,7 +53,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         | Method::ModelsAuthStatus
         | Method::ConfigGet
         | Method::ThemesList
-        | Method::UpdateStatus => crate::status::dispatch(gw, method, params).await,
+        | Method::UpdateStatus => crate::openclaw::status::dispatch(gw, method, params).await,
         Method::SessionsUsage => blocking(gw, params, crate::usage::sessions_usage).await,
         Method::UsageStatus => Ok(crate::usage::usage_status()),
         Method::CronList
@@ -77,9 +77,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         | Method::SessionsCompanionState
         | Method::TalkCatalog
         | Method::DevicePairList
-        | Method::NodeList => {
-            crate::stubs::answer(method).ok_or_else(|| RpcError::invalid(format!("unknown method: {}", method.name())))
-        }
+        | Method::NodeList => crate::openclaw::stubs::answer(method)
+            .ok_or_else(|| RpcError::invalid(format!("unknown method: {}", method.name()))),
         Method::ExecApprovalList => Ok(Value::Array(crate::approvals::list(gw).await)),
         Method::ExecApprovalGet | Method::ExecApprovalResolve | Method::ApprovalResolve => {
             #[derive(Deserialize)]
@@ -108,13 +107,13 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         Method::ChatHistory | Method::ChatStartup => chat::history(gw, params).await,
         Method::ChatAbort => chat::abort(gw, params).await,
         Method::ChatInject => chat::inject(gw, params).await,
-        Method::ChatMessageGet => crate::tree::message_get(gw, params).await,
-        Method::SessionsBranchesList => crate::tree::branches_list(gw, params).await,
-        Method::SessionsBranchesSwitch => crate::tree::branches_switch(gw, params).await,
-        Method::SessionsRewind => crate::tree::rewind(gw, params).await,
-        Method::SessionsFork => crate::tree::fork(gw, params).await,
-        Method::SessionsTree => crate::tree::tree(gw, params).await,
-        Method::SessionsLabel => crate::tree::label(gw, params).await,
+        Method::ChatMessageGet => super::tree::message_get(gw, params).await,
+        Method::SessionsBranchesList => super::tree::branches_list(gw, params).await,
+        Method::SessionsBranchesSwitch => super::tree::branches_switch(gw, params).await,
+        Method::SessionsRewind => super::tree::rewind(gw, params).await,
+        Method::SessionsFork => super::tree::fork(gw, params).await,
+        Method::SessionsTree => super::tree::tree(gw, params).await,
+        Method::SessionsLabel => super::tree::label(gw, params).await,
         Method::SessionsArchivesList => blocking(gw, params, archives_list).await,
         Method::SessionsArchivesGet => archives_get(gw, params).await,
         Method::SessionsArchivesRestore => archives_restore(gw, params).await,
@@ -187,7 +186,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
             ctx.subs.sessions.store(false, Ordering::Relaxed);
             Ok(json!({"subscribed": false}))
         }
-        Method::SessionsMessagesSubscribe => crate::catchup::subscribe_messages(gw, ctx, params).await,
+        Method::SessionsMessagesSubscribe => crate::openclaw::subscribe::subscribe_messages(gw, ctx, params).await,
         Method::SessionsMessagesUnsubscribe => {
             let key = session_key(method, params)?;
             ctx.subs.leave(&key);
@@ -208,7 +207,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         }
         Method::AgentIdentityGet => Ok(json!({"agentId": "main", "name": "Pincer", "avatarStatus": "none"})),
         // OpenClaw's catalog entries: `provider` and `id` apart (the Control UI fails without `provider`).
-        Method::ModelsList => Ok(json!({"models": crate::status::models(gw), "default": gw.settings.model})),
+        Method::ModelsList => Ok(json!({"models": crate::openclaw::status::models(gw), "default": gw.settings.model})),
         // Pincer: the real paths for the WebChat's hints (never `~/.pincer` when the state is elsewhere).
         Method::PincerInfo => Ok(json!({"version": env!("CARGO_PKG_VERSION"),
             "stateDir": gw.settings.state_dir.display().to_string(),

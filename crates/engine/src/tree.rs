@@ -1,28 +1,25 @@
-//! The session tree over the protocol, with OpenClaw 2026.9.6's method names and shapes:
-//! `sessions.branches.list` (the tips one can switch to), `sessions.branches.switch` (moves the
-//! active leaf to a tip), `sessions.rewind` (moves it to the parent of a user message on the active
-//! path and hands its text back for editing), `sessions.fork` (a new session holding the active
-//! path before a user message) and `chat.message.get` (one entry in full). Pincer adds
-//! `sessions.tree` (the message nodes with their parents and tips, for the WebChat's "‹ 2/3 ›").
+//! The session tree and its operations, as OpenClaw 2026.9.6 reads a transcript's tree (the
+//! gateway's `sessions.branches.*`, `sessions.rewind`, `sessions.fork`, `sessions.tree`,
+//! `sessions.label` and `chat.message.get` are these with their wire shapes): the tips one can
+//! switch to ([`branches`]), moving the active leaf to a tip ([`switch`]) or to the parent of a
+//! user message on the active path, handing its text back for editing ([`rewind`]), a new session
+//! holding the active path before a user message ([`fork`]), one entry in full ([`message`]), the
+//! message nodes with their parents and tips ([`tree`], for the WebChat's "‹ 2/3 ›") and Pi's labels
+//! ([`label`]).
 //!
 //! A move of the leaf is one `leaf` control entry ([`NewEntry::move_leaf`]), which OpenClaw and Pi
 //! read as the same leaf. Nothing is written when the input is wrong: the errors name the
 //! session or the entry that was not found or not allowed.
 
-use crate::hub::Audience;
-use crate::protocol::{params, Bounded, Method, NonBlank, RpcError};
+use crate::protocol::RpcError;
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_store::history::project_entry;
 use pincer_store::session::{Kind, Session};
 use pincer_store::NewEntry;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-
-/// `chat.message.get`'s default and largest `maxChars`.
-const MESSAGE_MAX_CHARS: u64 = 2_000_000;
 
 /// One entry of the tree, parents seen through `leaf` controls. Only what every method needs is
 /// read up front (id, parent, type, a message's role); the entry itself is decoded when asked for.
@@ -242,56 +239,79 @@ pub fn display_text(message: &Value) -> String {
     pincer_pi::headline(message.get("content"), pincer_pi::HEADLINE_CHARS)
 }
 
-/// `{sessionKey, agentId?}`: the session every tree method works on.
-#[derive(Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SessionParams {
-    session_key: NonBlank,
-    agent_id: Option<crate::sessions::AgentId>,
+/// The session a tree operation works on: its key, and the agent the caller named (which must
+/// agree with the key).
+#[derive(Clone, Debug)]
+pub struct SessionSel {
+    pub key: String,
+    pub agent_id: Option<crate::sessions::AgentId>,
 }
 
-/// `sessions.branches.switch`.
-#[derive(Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SwitchParams {
-    #[serde(flatten)]
-    session: SessionParams,
-    leaf_entry_id: NonBlank,
+/// A tip one can switch to (`sessions.branches.list`).
+#[derive(Debug, Clone)]
+pub struct Branch {
+    pub leaf_entry_id: String,
+    /// The text of the nearest message with text on its path (one line).
+    pub headline: String,
+    pub message_count: usize,
+    pub active: bool,
+    pub updated_at: Option<String>,
 }
 
-/// `sessions.rewind`, `sessions.fork`.
-#[derive(Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct EntryParams {
-    #[serde(flatten)]
-    session: SessionParams,
-    entry_id: NonBlank,
+/// A message of the tree (`sessions.tree`): its parent and the newest tip below it.
+#[derive(Debug, Clone)]
+pub struct TreeNode {
+    pub id: String,
+    pub parent_id: Option<String>,
+    pub role: String,
+    pub tip_id: Option<String>,
 }
 
-/// `chat.message.get`.
-#[derive(Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct MessageGetParams {
-    #[serde(flatten)]
-    session: SessionParams,
-    message_id: NonBlank,
-    max_chars: Option<Bounded<1, MESSAGE_MAX_CHARS>>,
+/// What the recovery wrote about a turn it took up again ([`crate::durable::RESUMED`],
+/// [`crate::durable::INTERRUPTED`]): how often it was resumed, and why it was given up.
+#[derive(Debug, Clone, Default)]
+pub struct TurnMark {
+    pub resumed: u64,
+    pub interrupted: Option<Value>,
 }
 
-/// `sessions.label` (`label: null` or absent clears it).
-#[derive(Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct LabelParams {
-    #[serde(flatten)]
-    session: SessionParams,
-    entry_id: NonBlank,
-    label: Option<String>,
+/// The session's messages as a tree, with Pi's labels and the recovery's marks.
+#[derive(Debug, Clone)]
+pub struct TreeView {
+    pub session_key: String,
+    pub leaf_id: Option<String>,
+    pub nodes: Vec<TreeNode>,
+    /// Target id → label, in the order first labelled.
+    pub labels: Vec<(String, String)>,
+    /// The turn's user message id → its mark, in file order.
+    pub turns: Vec<(String, TurnMark)>,
 }
 
-/// The session of `sessionKey` (and `agentId`, which must agree with it), if it exists.
-fn find_session(gw: &Gateway, p: &SessionParams) -> Result<Option<SessionRef>, RpcError> {
-    let key = &*p.session_key;
-    if let Some(agent) = &p.agent_id {
+/// One entry in full (`chat.message.get`).
+#[derive(Debug, Clone)]
+pub enum Message {
+    /// The entry as a projected message (a compaction as a system message).
+    Found(Value),
+    /// No such session or entry.
+    NotFound,
+    /// The entry is not a message a client shows.
+    NotVisible,
+}
+
+/// A label set or cleared (`sessions.label`).
+#[derive(Debug, Clone)]
+pub struct Labelled {
+    /// The `label` entry written.
+    pub entry_id: Option<String>,
+    pub target_id: String,
+    /// The label now (`None`: cleared).
+    pub label: Option<String>,
+}
+
+/// The session of `sel` (the agent it names must agree with the key), if it exists.
+fn find_session(gw: &Gateway, sel: &SessionSel) -> Result<Option<SessionRef>, RpcError> {
+    let key = &sel.key;
+    if let Some(agent) = &sel.agent_id {
         let (_, from_key) = crate::sessions::canonical_key(key)?;
         if from_key != *agent {
             return Err(RpcError::invalid(format!("agentId {:?} does not match sessionKey {key:?}", agent.as_str())));
@@ -300,27 +320,25 @@ fn find_session(gw: &Gateway, p: &SessionParams) -> Result<Option<SessionRef>, R
     gw.sessions.resolve(key, false)
 }
 
-/// The session a tree method works on; unknown sessions are an error.
-fn session_of(gw: &Gateway, p: &SessionParams) -> Result<SessionRef, RpcError> {
-    find_session(gw, p)?.ok_or_else(|| RpcError::invalid(format!("session not found: {}", &*p.session_key)))
+/// The session a tree operation works on; unknown sessions are an error.
+fn session_of(gw: &Gateway, sel: &SessionSel) -> Result<SessionRef, RpcError> {
+    find_session(gw, sel)?.ok_or_else(|| RpcError::invalid(format!("session not found: {}", sel.key)))
 }
 
-/// `sessions.branches.list`.
-pub async fn branches_list(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
-    let params: SessionParams = params(Method::SessionsBranchesList, raw)?;
+/// The tips of the session's tree (`None`: no such session; OpenClaw answers it with no branches).
+pub async fn branches(gw: &Arc<Gateway>, sel: SessionSel) -> Result<Option<Vec<Branch>>, RpcError> {
     gw.blocking(move |gw| {
-        // OpenClaw answers an unknown session with no branches.
-        let Some(s) = find_session(gw, &params)? else { return Ok(json!({"branches": []})) };
+        let Some(s) = find_session(gw, &sel)? else { return Ok(None) };
         let tree = Tree::load(gw, &s)?;
         // Per node, memoized along the paths: its path's message count, and the nearest entry on
         // it (itself first) whose text gives the headline.
         let mut counts: Vec<Option<usize>> = vec![None; tree.nodes.len()];
         let mut heads: Vec<Option<Option<usize>>> = vec![None; tree.nodes.len()];
         let index = |n: &Node| tree.by_id.get(&n.id).copied();
-        let branches: Vec<Value> = (tree.tips().into_iter())
+        let branches = (tree.tips().into_iter())
             .map(|tip| {
                 let at = index(tip).unwrap_or(0);
-                let count =
+                let message_count =
                     tree.up(at, &mut counts, |_| None, 0, |n, above| above + usize::from(n.kind == Kind::Message));
                 let has_text = |n: &Node| {
                     let text = matches!(role(n), Some("user" | "assistant"))
@@ -329,30 +347,27 @@ pub async fn branches_list(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcE
                 };
                 let head = tree.up(at, &mut heads, has_text, None, |_, above| *above);
                 let headline = head.map(|h| display_text(&tree.value(&tree.nodes[h])["message"])).unwrap_or_default();
-                let mut b = json!({
-                    "leafEntryId": tip.id,
-                    "headline": headline,
-                    "messageCount": count,
-                    "active": tree.leaf.as_deref() == Some(tip.id.as_str()),
-                });
-                if let Some(ts) =
-                    tree.value(tip).get("timestamp").and_then(Value::as_str).filter(|t| !t.trim().is_empty())
-                {
-                    b["updatedAt"] = json!(ts);
+                let updated_at = (tree.value(tip).get("timestamp").and_then(Value::as_str))
+                    .filter(|t| !t.trim().is_empty())
+                    .map(str::to_owned);
+                Branch {
+                    leaf_entry_id: tip.id.clone(),
+                    headline,
+                    message_count,
+                    active: tree.leaf.as_deref() == Some(tip.id.as_str()),
+                    updated_at,
                 }
-                b
             })
             .collect();
-        Ok(json!({"branches": branches}))
+        Ok(Some(branches))
     })
     .await
 }
 
-/// `sessions.tree` (Pincer): every message with its parent and the newest tip below it.
-pub async fn tree(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
-    let params: SessionParams = params(Method::SessionsTree, raw)?;
+/// Every message with its parent and the newest tip below it.
+pub async fn tree(gw: &Arc<Gateway>, sel: SessionSel) -> Result<TreeView, RpcError> {
     gw.blocking(move |gw| {
-        let s = session_of(gw, &params)?;
+        let s = session_of(gw, &sel)?;
         let tree = Tree::load(gw, &s)?;
         // The newest tip under each entry: walk the tips newest first and claim their ancestors.
         let mut tip_of: HashMap<&str, &str> = HashMap::new();
@@ -369,24 +384,26 @@ pub async fn tree(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
                 cur = n.parent.as_deref().and_then(|p| tree.get(p));
             }
         }
-        let nodes: Vec<Value> = (tree.nodes.iter())
+        let nodes = (tree.nodes.iter())
             .filter_map(|n| {
-                let r = role(n)?;
-                Some(json!({"id": n.id, "parentId": n.parent, "role": r, "tipId": tip_of.get(n.id.as_str())}))
+                Some(TreeNode {
+                    id: n.id.clone(),
+                    parent_id: n.parent.clone(),
+                    role: role(n)?.to_owned(),
+                    tip_id: tip_of.get(n.id.as_str()).map(|t| (*t).to_owned()),
+                })
             })
             .collect();
-        let labels = labels(&tree);
-        let turns = turn_marks(&tree);
-        Ok(json!({"sessionKey": s.key, "leafId": tree.leaf, "nodes": nodes, "labels": labels, "turns": turns}))
+        let (labels, turns) = (labels(&tree), turn_marks(&tree));
+        Ok(TreeView { session_key: s.key, leaf_id: tree.leaf.clone(), nodes, labels, turns })
     })
     .await
 }
 
-/// What the gateway's recovery wrote about each turn it took up again after a crash or restart
-/// ([`crate::durable::RESUMED`], [`crate::durable::INTERRUPTED`] markers), by the id of the turn's user
-/// message: `{"resumed": N}` and, once out of attempts, `"interrupted": reason`.
-fn turn_marks(tree: &Tree) -> Value {
-    let mut out = serde_json::Map::new();
+/// What the gateway's recovery wrote about each turn it took up again after a crash or restart,
+/// by the id of the turn's user message.
+fn turn_marks(tree: &Tree) -> Vec<(String, TurnMark)> {
+    let mut out: Vec<(String, TurnMark)> = Vec::new();
     for n in tree.nodes.iter().filter(|n| n.kind == Kind::Custom) {
         let v = tree.value(n);
         let ty = v.get("customType").and_then(Value::as_str);
@@ -400,39 +417,47 @@ fn turn_marks(tree: &Tree) -> Value {
             cur = c.parent.as_deref().and_then(|p| tree.get(p));
         }
         let Some(user) = cur.filter(|c| c.role.as_deref() == Some("user")) else { continue };
-        let mark = out.entry(user.id.clone()).or_insert_with(|| json!({"resumed": 0}));
+        let at = match out.iter().position(|(id, _)| *id == user.id) {
+            Some(i) => i,
+            None => {
+                out.push((user.id.clone(), TurnMark::default()));
+                out.len() - 1
+            }
+        };
+        let mark = &mut out[at].1;
         if ty == Some(crate::durable::RESUMED) {
-            mark["resumed"] = json!(mark["resumed"].as_u64().unwrap_or(0) + 1);
+            mark.resumed += 1;
         } else {
-            mark["interrupted"] = v.get("data").and_then(|d| d.get("reason")).cloned().unwrap_or(json!("interrupted"));
+            mark.interrupted =
+                Some(v.get("data").and_then(|d| d.get("reason")).cloned().unwrap_or(json!("interrupted")));
         }
     }
-    Value::Object(out)
+    out
 }
 
 /// Pi's labels: the latest `label` entry per target wins; a falsy label clears it.
-fn labels(tree: &Tree) -> Value {
-    let mut out = serde_json::Map::new();
+fn labels(tree: &Tree) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
     for n in tree.nodes.iter().filter(|n| n.kind == Kind::Label) {
         let v = tree.value(n);
         let Some(target) = v.get("targetId").and_then(Value::as_str) else { continue };
-        match v.get("label").and_then(Value::as_str).filter(|l| !l.is_empty()) {
-            Some(l) => out.insert(target.to_owned(), json!(l)),
-            None => out.remove(target),
-        };
+        let at = out.iter().position(|(t, _)| t == target);
+        match (v.get("label").and_then(Value::as_str).filter(|l| !l.is_empty()), at) {
+            (Some(l), Some(i)) => out[i].1 = l.to_owned(),
+            (Some(l), None) => out.push((target.to_owned(), l.to_owned())),
+            // As a JSON object's removal did (its last key takes the place).
+            (None, Some(i)) => {
+                out.swap_remove(i);
+            }
+            (None, None) => {}
+        }
     }
-    Value::Object(out)
+    out
 }
 
 /// Tells every page of the session that its active branch changed.
 fn announce(gw: &Gateway, s: &SessionRef, reason: &str, leaf: Option<&str>) {
-    gw.hub.publish(
-        "sessions.changed",
-        Some(&s.key),
-        json!({"sessionKey": s.key, "reason": reason, "leafEntryId": leaf, "ts": pincer_pi::now_ms()}),
-        true,
-        Audience::SessionsWatchers,
-    );
+    gw.hub.sessions_changed_at(&s.key, reason, leaf);
 }
 
 /// Refuses tree changes while a turn of the session runs (OpenClaw's rule).
@@ -443,14 +468,12 @@ fn idle(gw: &Gateway, s: &SessionRef, what: &str) -> Result<(), RpcError> {
     }
 }
 
-/// `sessions.branches.switch`.
-pub async fn branches_switch(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
-    let p: SwitchParams = params(Method::SessionsBranchesSwitch, raw)?;
-    let target = p.leaf_entry_id.0.clone();
+/// Moves the active leaf to tip `target`.
+pub async fn switch(gw: &Arc<Gateway>, sel: SessionSel, target: String) -> Result<(), RpcError> {
     let t = target.clone();
     let s = gw
         .blocking(move |gw| {
-            let s = session_of(gw, &p.session)?;
+            let s = session_of(gw, &sel)?;
             check_not_archived(&s, "Branch switch")?;
             let tree = Tree::load(gw, &s)?;
             let Some(node) = tree.get(&t) else {
@@ -465,8 +488,7 @@ pub async fn branches_switch(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, Rp
             Ok(s)
         })
         .await?;
-    move_leaf(gw, &s, Some(&target), "Branch switch", "branch-switch").await?;
-    Ok(json!({}))
+    move_leaf(gw, &s, Some(&target), "Branch switch", "branch-switch").await
 }
 
 /// Appends the leaf move in the session's queue (never beside a turn being written).
@@ -521,32 +543,27 @@ fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, RpcError>
     })
 }
 
-/// `sessions.rewind`: the leaf goes to the parent of a user message; its text comes back.
-pub async fn rewind(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
-    let p: EntryParams = params(Method::SessionsRewind, raw)?;
-    let entry_id = p.entry_id.0.clone();
+/// Moves the leaf to the parent of user message `entry_id` on the active path: its text, for
+/// editing (`None` when it has none).
+pub async fn rewind(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Result<Option<String>, RpcError> {
     let (s, cut) = gw
         .blocking(move |gw| {
-            let s = session_of(gw, &p.session)?;
+            let s = session_of(gw, &sel)?;
             check_not_archived(&s, "Rewind")?;
             let cut = cut_at(gw, &s, &entry_id)?;
             Ok((s, cut))
         })
         .await?;
     move_leaf(gw, &s, cut.parent.as_deref(), "Rewind", "rewind").await?;
-    Ok(match cut.text.is_empty() {
-        true => json!({}),
-        false => json!({"editorText": cut.text}),
-    })
+    Ok(Some(cut.text).filter(|t| !t.is_empty()))
 }
 
-/// `sessions.fork`: a new dashboard session holding the active path before a user message.
-pub async fn fork(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
-    let p: EntryParams = params(Method::SessionsFork, raw)?;
-    let entry_id = p.entry_id.0.clone();
+/// A new dashboard session holding the active path before user message `entry_id`: its key, and
+/// the message's text for editing (`None` when it has none).
+pub async fn fork(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Result<(String, Option<String>), RpcError> {
     let (source, cut) = gw
         .blocking(move |gw| {
-            let s = session_of(gw, &p.session)?;
+            let s = session_of(gw, &sel)?;
             let cut = cut_at(gw, &s, &entry_id)?;
             Ok((s, cut))
         })
@@ -587,31 +604,16 @@ pub async fn fork(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
             ids.insert(old.to_owned(), new.to_owned());
         }
     }
-    gw.hub.publish(
-        "sessions.changed",
-        Some(&key),
-        json!({"sessionKey": key, "reason": "fork", "ts": pincer_pi::now_ms()}),
-        true,
-        Audience::SessionsWatchers,
-    );
-    let mut out = json!({"sessionKey": key});
-    if !cut.text.is_empty() {
-        out["editorText"] = json!(cut.text);
-    }
-    Ok(out)
+    gw.hub.sessions_changed(&key, "fork");
+    Ok((key, Some(cut.text).filter(|t| !t.is_empty())))
 }
 
-/// `chat.message.get`: one entry of the session in full (up to `maxChars` per text).
-pub async fn message_get(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
-    let p: MessageGetParams = params(Method::ChatMessageGet, raw)?;
-    let max_chars = p.max_chars.map_or(1_000_000, |m| m.0 as usize);
-    let id = p.message_id.0.clone();
+/// Entry `id` of the session in full (up to `max_chars` per text).
+pub async fn message(gw: &Arc<Gateway>, sel: SessionSel, id: String, max_chars: usize) -> Result<Message, RpcError> {
     gw.blocking(move |gw| {
-        let Some(s) = find_session(gw, &p.session)? else {
-            return Ok(json!({"ok": false, "unavailableReason": "not_found"}));
-        };
+        let Some(s) = find_session(gw, &sel)? else { return Ok(Message::NotFound) };
         let tree = Tree::load(gw, &s)?;
-        let Some(node) = tree.get(&id) else { return Ok(json!({"ok": false, "unavailableReason": "not_found"})) };
+        let Some(node) = tree.get(&id) else { return Ok(Message::NotFound) };
         let value = tree.value(node);
         let message = match node.kind {
             Kind::Compaction => Some(json!({
@@ -622,19 +624,19 @@ pub async fn message_get(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcErr
             })),
             _ => project_entry(value, max_chars),
         };
-        Ok(match message {
-            Some(m) => json!({"ok": true, "message": m}),
-            None => json!({"ok": false, "unavailableReason": "not_visible"}),
-        })
+        Ok(message.map_or(Message::NotVisible, Message::Found))
     })
     .await
 }
 
-/// Sets or clears a Pi `label` on an entry of the session (Pincer's `sessions.label`).
-pub async fn label(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
-    let p: LabelParams = params(Method::SessionsLabel, raw)?;
-    let target = p.entry_id.0.clone();
-    let text = match &p.label {
+/// Sets (or, with no text, clears) a Pi `label` on entry `target` of the session.
+pub async fn label(
+    gw: &Arc<Gateway>,
+    sel: SessionSel,
+    target: String,
+    label: Option<String>,
+) -> Result<Labelled, RpcError> {
+    let text = match &label {
         None => String::new(),
         Some(l) if l.chars().count() <= crate::protocol::MAX_LABEL_CHARS => l.trim().to_owned(),
         Some(_) => {
@@ -650,7 +652,7 @@ pub async fn label(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
     let t = target.clone();
     let s = gw
         .blocking(move |gw| {
-            let s = session_of(gw, &p.session)?;
+            let s = session_of(gw, &sel)?;
             let tree = Tree::load(gw, &s)?;
             if tree.get(&t).is_none_or(|n| n.kind == Kind::Leaf) {
                 return Err(RpcError::invalid(format!("entry not found: {t} (not in session {})", s.key)));
@@ -671,9 +673,7 @@ pub async fn label(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
         .await
         .map_err(|e| RpcError::unavailable(format!("cannot write the label: {e}")))?;
     announce(gw, &s, "label", a.id());
-    Ok(
-        json!({"ok": true, "entryId": a.id(), "targetId": target, "label": if text.is_empty() { Value::Null } else { json!(text) }}),
-    )
+    Ok(Labelled { entry_id: a.id().map(str::to_owned), target_id: target, label: Some(text).filter(|t| !t.is_empty()) })
 }
 
 #[cfg(test)]

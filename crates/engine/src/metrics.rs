@@ -175,7 +175,7 @@ pub fn turn_error(kind: &str) {
     metrics::counter!("pincer_turn_errors_total", "kind" => kind.to_owned()).increment(1);
 }
 
-/// A channel's event ([`crate::channels::Event`]).
+/// A channel's event ([`crate::board::Event`]).
 pub fn channel_event(channel: &str, event: &'static str) {
     metrics::counter!("pincer_channel_messages_total", "channel" => channel.to_owned(), "event" => event).increment(1);
 }

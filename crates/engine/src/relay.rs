@@ -345,7 +345,7 @@ pub fn render(
     }];
     let ends_run = msg["role"] == "assistant" && msg["stopReason"] != "toolUse";
     // A reply's run: its own `<run>:assistant` key; a `chat.inject` row's, `inject-<id>` (as
-    // [`crate::chat::inject`] announces it); else the last user row's.
+    // the gateway's `chat.inject` announces it); else the last user row's.
     let own = key.and_then(crate::durable::run_of_reply_key).map(str::to_owned);
     let injected = (crate::state::is_injected(msg)).then(|| entry["id"].as_str().map(|id| format!("inject-{id}")));
     if let (true, Some(r)) = (ends_run, own.or(injected.flatten()).or(run.clone())) {

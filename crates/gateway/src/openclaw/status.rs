@@ -81,8 +81,8 @@ pub fn describe(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
             "status": "idle", "hasActiveRun": false, "archived": false, "messageCount": 0});
         return Ok(json!({"ok": true, "key": key, "session": row}));
     };
-    let mut row = crate::methods::session_row(gw, &s);
-    let (title, count) = crate::methods::transcript_summary(gw.store.as_ref(), &s.path);
+    let mut row = crate::openclaw::methods::session_row(gw, &s);
+    let (title, count) = crate::openclaw::methods::transcript_summary(gw.store.as_ref(), &s.path);
     row["messageCount"] = json!(count);
     if p.include_derived_titles == Some(true) {
         row["derivedTitle"] = json!(title);

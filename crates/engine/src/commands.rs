@@ -39,19 +39,19 @@ pub const SLASH_COMMANDS: &[SlashCommand] = &[
     SlashCommand { name: "help", texts: &["/help"], description: "List the commands", accepts_args: false },
 ];
 
-pub(crate) fn is_stop(text: &str) -> bool {
+pub fn is_stop(text: &str) -> bool {
     let t = text.trim().to_lowercase();
     t == "stop" || SLASH_COMMANDS[0].texts.contains(&t.as_str())
 }
 
 /// The arguments of an `/approve …` message.
-pub(crate) fn approve_command(text: &str) -> Option<&str> {
+pub fn approve_command(text: &str) -> Option<&str> {
     let t = text.trim();
     let rest = t.get(..8).filter(|p| p.eq_ignore_ascii_case("/approve")).map(|_| &t[8..])?;
     (rest.is_empty() || rest.starts_with(char::is_whitespace)).then_some(rest)
 }
 
-pub(crate) fn slash_command(text: &str) -> Option<&'static str> {
+pub fn slash_command(text: &str) -> Option<&'static str> {
     let first = text.split_whitespace().next()?.to_lowercase();
     SLASH_COMMANDS.iter().skip(1).find(|c| c.texts.contains(&first.as_str())).map(|c| c.name)
 }

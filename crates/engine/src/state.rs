@@ -268,7 +268,7 @@ pub struct Gateway {
     pub queue: SessionQueue,
     /// The tools of `main` and of each configured agent ([`Gateway::tools`]).
     tools: std::collections::BTreeMap<crate::sessions::AgentId, Arc<ToolRegistry>>,
-    /// The MCP servers (started by [`crate::serve`], stopped with it).
+    /// The MCP servers (started by the gateway's `serve`, stopped with it).
     pub mcp: Arc<pincer_agent::mcp::Manager>,
     /// Per agent: its built-ins with its MCP servers' tools, as of [`pincer_agent::mcp::Manager::version`].
     mcp_tools: Mutex<HashMap<String, (u64, Arc<ToolRegistry>)>>,
@@ -310,8 +310,8 @@ pub struct Gateway {
     pub answers: crate::budget::Budget,
     /// Tool calls waiting for a human, and the allow-always list ([`crate::approvals`]).
     pub approvals: crate::approvals::Approvals,
-    /// The messaging channels' outbound sides, stats and deliveries ([`crate::channels`]).
-    pub channels: crate::channels::Registry,
+    /// What each messaging channel reports ([`crate::board`]); the adapters write it.
+    pub channels: crate::board::Board,
 }
 
 /// How long a [`Gateway::relay_from`] hint waits for the relay to start watching its session.
@@ -574,7 +574,7 @@ impl Gateway {
             relay_from: Mutex::default(),
             answers: crate::budget::Budget::default(),
             approvals,
-            channels: crate::channels::Registry::default(),
+            channels: crate::board::Board::default(),
         })
     }
 

@@ -7,12 +7,12 @@
 //! advances so the client sees the gap) and is closed with 1008 and a reason when anything else
 //! does not fit. Every close the server initiates sends a close frame with a code and reason.
 
+use super::{Ctx, Subs};
 use crate::config::AuthMode;
 use crate::hub::{Audience, BusEvent};
 use crate::protocol::{self, RpcError};
 use crate::server::Conn;
 use crate::state::{lock, Gateway};
-use crate::{Ctx, Subs};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
@@ -301,15 +301,15 @@ impl crate::hub::Subscriber for ConnSubscriber {
             let mut catchup = lock(&self.subs.catchup);
             if let Some(c) = ev.session_key.as_ref().and_then(|k| catchup.get_mut(k)) {
                 match c.hold(ev) {
-                    crate::catchup::Held::Taken => return true,
-                    crate::catchup::Held::Overflow => {
+                    crate::openclaw::subscribe::Held::Taken => return true,
+                    crate::openclaw::subscribe::Held::Overflow => {
                         tracing::warn!(
                             conn = self.conn_id,
                             "closing a slow consumer: too many events during a catch-up"
                         );
                         return false;
                     }
-                    crate::catchup::Held::Pass => {}
+                    crate::openclaw::subscribe::Held::Pass => {}
                 }
             }
         }
@@ -416,7 +416,7 @@ fn hello(gw: &Gateway, protocol: u64, conn_id: u64, params: &Value) -> Value {
         "auth": {"method": auth_method, "role": "operator", "scopes": scopes},
         "policy": {"maxPayload": protocol::MAX_PAYLOAD_BYTES, "maxBufferedBytes": protocol::MAX_BUFFERED_BYTES,
             "tickIntervalMs": protocol::TICK_INTERVAL_MS,
-            "attachments": {"maxBytes": crate::chat::MAX_ATTACHMENTS_BYTES, "maxImageBytes": crate::chat::MAX_ATTACHMENT_BYTES}},
+            "attachments": {"maxBytes": crate::openclaw::chat::MAX_ATTACHMENTS_BYTES, "maxImageBytes": crate::openclaw::chat::MAX_ATTACHMENT_BYTES}},
     })
 }
 
@@ -472,7 +472,7 @@ async fn handshake(
         logins.failed(peer, &format!("WebSocket connect: {}", e.message));
         fail(id.clone(), e)
     })?;
-    crate::device::verify(&req.params, nonce)
+    crate::openclaw::device::verify(&req.params, nonce)
         .map_err(|e| fail(id.clone(), RpcError::invalid(e.message).with_details(json!({"code": e.code}))))?;
     Ok((req, version))
 }
@@ -516,7 +516,7 @@ struct Hello {
     client_id: String,
     /// Granted `operator.write`.
     can_write: bool,
-    /// May answer approvals, and hears `exec.approval.*` ([`crate::Ctx::can_approve`]).
+    /// May answer approvals, and hears `exec.approval.*` ([`super::Ctx::can_approve`]).
     can_approve: bool,
 }
 
@@ -617,7 +617,7 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                     (gw.clone(), outbox.clone(), subs.clone(), client_id.clone(), heavy.clone());
                 tokio::spawn(async move {
                     let (early, id) = (outbox.clone(), req.id.clone());
-                    let interim: crate::Interim =
+                    let interim: super::Interim =
                         Box::new(move |payload| {
                             early.push(protocol::response(&id, Ok(payload)), false);
                         });
@@ -632,7 +632,7 @@ async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox:
                     if outbox.aborted.is_cancelled() {
                         return; // the connection is gone: no work for it
                     }
-                    let result = crate::methods::dispatch(&gw, &ctx, &req.method, &req.params).await;
+                    let result = crate::openclaw::methods::dispatch(&gw, &ctx, &req.method, &req.params).await;
                     outbox.push(protocol::response(&req.id, result), false);
                     drop(serial);
                     // A run this request started sends its first event once the client has read its

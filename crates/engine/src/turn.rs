@@ -1340,6 +1340,9 @@ impl Turn {
         }
         self.ended(TurnOutcome::Aborted(extra.get("message").cloned()));
         self.chat_event(ChatState::Aborted, extra);
+        // The lifecycle `end` goes out before the run lets go of its key: whoever waits for the
+        // run (`agent.wait`) has heard every event of it once it returns.
+        self.lifecycle_end();
         self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
     }
 }

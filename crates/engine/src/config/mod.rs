@@ -1,6 +1,8 @@
 //! Gateway configuration: `<state>/pincer.toml` (or `--config`), overridden by the environment, turned
 //! into a validated [`Settings`] value. Secrets (the gateway token, API keys) never reach the logs.
 
+pub mod channels;
+
 use crate::sessions::AgentId;
 use pincer_agent::{Api, ProviderConfig, Providers};
 use serde::Deserialize;
@@ -20,8 +22,8 @@ pub struct FileConfig {
     pub store: StoreSection,
     /// `[mcp.servers.<name>]`: MCP servers whose tools every agent gets.
     pub mcp: McpSection,
-    /// `[channels.<name>]`: messaging platforms ([`crate::channels`]).
-    pub channels: crate::channels::ChannelsSection,
+    /// `[channels.<name>]`: messaging platforms ([`channels`]).
+    pub channels: channels::ChannelsSection,
 }
 
 /// `[mcp]` (and `[agents.<id>.mcp]`): MCP servers by name.
@@ -432,7 +434,7 @@ pub struct Settings {
     pub control_ui_dir: Option<PathBuf>,
     /// Extra origins allowed on WebSocket upgrades (normalised: scheme://host[:port], lowercase).
     pub allowed_origins: Vec<String>,
-    /// `gateway.allowed_hosts`, lowercased ([`crate::guard::check_host`]).
+    /// `gateway.allowed_hosts`, lowercased (the gateway's `guard::check_host`).
     pub allowed_hosts: Vec<String>,
     pub max_connections: usize,
     pub header_timeout: std::time::Duration,
@@ -446,7 +448,7 @@ pub struct Settings {
     /// Every MCP server to run: `[mcp.servers]` and the agents' own.
     pub mcp_servers: Vec<pincer_agent::mcp::ServerSpec>,
     /// `[channels]`: the enabled messaging channels.
-    pub channels: crate::channels::ChannelSettings,
+    pub channels: channels::ChannelSettings,
 }
 
 /// Default of [`Settings::resume_attempts`].
@@ -769,7 +771,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         openai_api,
         store,
         mcp_servers,
-        channels: crate::channels::ChannelSettings::parse(&file.channels)
+        channels: channels::ChannelSettings::parse(&file.channels)
             .map_err(|e| format!("{}: {e}", config_path.display()))?,
     })
 }

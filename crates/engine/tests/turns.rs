@@ -1,0 +1,168 @@
+//! The turn rules in process: an engine over a temporary state directory and the shared fake
+//! provider (a real HTTP server), no gateway, socket client or binary. Each test starts turns the
+//! way every adapter does (`turn::start_turn`, released by its ack), follows the run's typed
+//! `Progress` to its `TurnOutcome`, and reads the transcript file back.
+#![allow(clippy::disallowed_methods, clippy::unwrap_used, clippy::expect_used)] // a fixture file; tests fail loudly
+
+use pincer_engine::config::{self, Overrides};
+use pincer_engine::sessions::SessionRef;
+use pincer_engine::state::{Gateway, TurnOutcome};
+use pincer_engine::turn::{start_turn, TurnRequest};
+use pincer_testkit::fake_openai::FakeOpenAi;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Engine {
+    gw: Arc<Gateway>,
+    fake: FakeOpenAi,
+    _dir: tempfile::TempDir,
+}
+
+impl Engine {
+    async fn start() -> Engine {
+        let fake = FakeOpenAi::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pincer.toml");
+        std::fs::write(&path, fake.gateway_toml()).unwrap();
+        let overrides =
+            Overrides { state_dir: Some(dir.path().to_owned()), config: Some(path), ..Overrides::default() };
+        let settings = config::load(&overrides).unwrap();
+        let gw = Arc::new(Gateway::new(settings).unwrap());
+        Engine { gw, fake, _dir: dir }
+    }
+
+    async fn session(&self, key: &str) -> SessionRef {
+        self.gw.session(key, true).await.unwrap().unwrap()
+    }
+
+    /// Starts a turn and lets it run (its ack given at once): the method's answer.
+    async fn send(&self, key: &str, run_id: &str, text: &str) -> Value {
+        let session = self.session(key).await;
+        let request = TurnRequest {
+            session,
+            run_id: run_id.into(),
+            text: text.into(),
+            images: vec![],
+            regenerate: None,
+            expected_leaf: None,
+            graft: None,
+            model: None,
+            conn_id: 0,
+        };
+        let (ack, acked) = tokio::sync::oneshot::channel();
+        ack.send(()).unwrap();
+        start_turn(&self.gw, request, acked).await.unwrap()
+    }
+
+    /// The end of run `run_id`, from its handle (which it keeps until its outcome is set).
+    async fn outcome(&self, run_id: &str) -> TurnOutcome {
+        let run = self.gw.run(run_id).expect("the run is registered while it runs");
+        let mut rx = run.progress.subscribe();
+        let end = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|p| p.end.is_some())).await;
+        let end = end.expect("the run ends").expect("the run's progress is kept").end.clone();
+        end.unwrap()
+    }
+
+    /// Waits until run `run_id` streams some text.
+    async fn streaming(&self, run_id: &str) {
+        let run = self.gw.run(run_id).expect("the run is registered");
+        let mut rx = run.progress.subscribe();
+        let seen = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|p| !p.text.is_empty())).await;
+        seen.expect("the run streams").expect("the run's progress is kept");
+    }
+
+    /// The session's entries as written (the header left out), in file order.
+    async fn entries(&self, key: &str) -> Vec<Value> {
+        let path = self.session(key).await.path;
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|e| e["type"] != "session").collect()
+    }
+
+    /// The session's message rows as written, in file order.
+    async fn rows(&self, key: &str) -> Vec<Value> {
+        self.entries(key).await.into_iter().filter(|e| e["type"] == "message").collect()
+    }
+}
+
+fn role(e: &Value) -> &str {
+    e["message"]["role"].as_str().unwrap_or_default()
+}
+
+/// A row's text (Pi's content: a string, or text blocks).
+fn text(e: &Value) -> String {
+    match &e["message"]["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str()).collect(),
+        _ => String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_writes_its_user_row_then_one_reply_chained_to_it() {
+    let e = Engine::start().await;
+    let answer = e.send("main", "run-1", "hello engine").await;
+    assert_eq!(answer["runId"], "run-1", "{answer}");
+    let TurnOutcome::Replied(reply) = e.outcome("run-1").await else { panic!("not replied") };
+    let rows = e.rows("main").await;
+    assert_eq!(rows.iter().map(role).collect::<Vec<_>>(), ["user", "assistant"]);
+    assert_eq!(text(&rows[0]), "hello engine");
+    assert_eq!(rows[1]["parentId"], rows[0]["id"], "the reply is chained to its user row");
+    assert_eq!(reply["content"], rows[1]["message"]["content"], "the outcome carries the row as written");
+    assert_eq!(e.fake.requests().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_run_id_again_is_answered_from_what_was_written_not_run_twice() {
+    let e = Engine::start().await;
+    e.send("main", "run-1", "once only").await;
+    e.outcome("run-1").await;
+    let again = e.send("main", "run-1", "once only").await;
+    assert_ne!(again["status"], "started", "a repeated run id starts nothing: {again}");
+    assert_eq!(e.rows("main").await.len(), 2, "no second user row, no second reply");
+    assert_eq!(e.fake.requests().len(), 1, "the model was asked once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_sent_together_are_answered_in_order_each_after_the_last() {
+    let e = Engine::start().await;
+    for i in 1..=3 {
+        e.send("main", &format!("q-{i}"), &format!("question {i}")).await;
+    }
+    for i in 1..=3 {
+        assert!(matches!(e.outcome(&format!("q-{i}")).await, TurnOutcome::Replied(_)));
+    }
+    let rows = e.rows("main").await;
+    assert_eq!(
+        rows.iter().map(role).collect::<Vec<_>>(),
+        ["user", "assistant", "user", "assistant", "user", "assistant"]
+    );
+    for (i, pair) in rows.chunks(2).enumerate() {
+        assert_eq!(text(&pair[0]), format!("question {}", i + 1), "in the order sent");
+        assert_eq!(role(&pair[1]), "assistant", "each question answered before the next is asked");
+    }
+    // The records of the turns that waited (`pincer.turn-queued`) are in the chain too.
+    let all = e.entries("main").await;
+    assert_eq!(all[0]["parentId"], Value::Null);
+    for w in all.windows(2) {
+        assert_eq!(w[1]["parentId"], w[0]["id"], "one chain, each entry after the last: {all:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_ends_a_streaming_run_with_one_partial_that_says_who_stopped_it() {
+    let e = Engine::start().await;
+    e.send("main", "slow-1", "[slow] take your time").await;
+    e.streaming("slow-1").await;
+    let stopped = pincer_engine::abort::abort(&e.gw, "agent:main:main", Some("slow-1"), "stop-command").await.unwrap();
+    assert_eq!(stopped, ["slow-1"]);
+    let TurnOutcome::Aborted(Some(written)) = e.outcome("slow-1").await else { panic!("not aborted with a partial") };
+    let rows = e.rows("main").await;
+    assert_eq!(rows.iter().map(role).collect::<Vec<_>>(), ["user", "assistant"], "one partial, no second reply");
+    let partial = &rows[1]["message"];
+    assert_eq!(partial["openclawAbort"]["aborted"], true, "{partial}");
+    assert_eq!(partial["openclawAbort"]["origin"], "stop-command", "the partial names who stopped it");
+    assert_eq!(partial["openclawAbort"]["runId"], "slow-1");
+    assert_eq!(written["content"], partial["content"], "the outcome carries the partial as written");
+    assert!(!text(&rows[1]).is_empty(), "the partial keeps what streamed");
+}
