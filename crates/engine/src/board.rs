@@ -2,7 +2,7 @@
 //! `pincer channels status`: its state, its account and its counters (with the Prometheus
 //! counters). The adapters (`pincer_gateway::channels`) write it; nothing here talks to a platform.
 
-use crate::state::lock;
+use pincer_pi::lock;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

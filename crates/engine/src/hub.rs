@@ -5,7 +5,7 @@
 //! An event that announces a persisted entry carries that entry's durable [`EventId`]; a client
 //! that missed events catches up from the store ([`crate::catchup`]), on any replica.
 
-use crate::state::lock;
+use pincer_pi::lock;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -53,7 +53,7 @@ pub fn push(line: &str) {
         Some(r) => cut(&r.redact_str(line)),
         None => cut(line),
     };
-    let mut ring = crate::state::lock(&RING);
+    let mut ring = pincer_pi::lock(&RING);
     ring.written += line.len() as u64 + 1;
     ring.bytes += line.len() + 1;
     let end = ring.written;
@@ -115,7 +115,7 @@ pub fn tail(redactor: &dyn Redactor, params: &Value) -> Result<Value, RpcError> 
     if !(1..=1_000_000).contains(&max_bytes) {
         return Err(RpcError::invalid("invalid logs.tail params: at /maxBytes: must be from 1 to 1000000"));
     }
-    let ring = crate::state::lock(&RING);
+    let ring = pincer_pi::lock(&RING);
     let first = ring.lines.front().map(|(end, l)| end - l.len() as u64 - 1).unwrap_or(ring.written);
     let (after, reset) = match p.cursor {
         None => (0, false),
@@ -164,7 +164,7 @@ mod tests {
         for i in 0..(MAX_LINES + 10) {
             push(&format!("line {i} {}", "x".repeat(MAX_LINE_BYTES * 2)));
         }
-        let ring = crate::state::lock(&RING);
+        let ring = pincer_pi::lock(&RING);
         assert!(ring.lines.len() <= MAX_LINES && ring.bytes <= MAX_BYTES);
         assert!(ring.lines.iter().all(|(_, l)| l.len() <= MAX_LINE_BYTES));
         drop(ring);

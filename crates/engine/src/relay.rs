@@ -109,7 +109,7 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
                 _ = tick.tick() => {}
             }
             let mut mine: Vec<String> = gw.all_runs().iter().map(|r| r.run_id.clone()).collect();
-            mine.extend(crate::state::lock(&claimed).keys().cloned());
+            mine.extend(pincer_pi::lock(&claimed).keys().cloned());
             match pg.heartbeat(replica.clone(), mine).await {
                 Ok(aborts) => {
                     for (id, origin) in aborts {
@@ -121,7 +121,7 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
                 Err(e) => tracing::debug!("heartbeat: {e}"),
             }
             let stale = pg.claim_stale_runs(replica.clone(), STALE_AFTER).await.unwrap_or_default();
-            let mut runs = crate::state::lock(&claimed);
+            let mut runs = pincer_pi::lock(&claimed);
             runs.extend(stale.into_iter().map(|(run_id, key)| (run_id, (key, false))));
             // One takeover per session at a time, with all its claimed runs: its turns run in order.
             let busy: HashSet<String> = runs.values().filter(|(_, busy)| *busy).map(|(k, _)| k.clone()).collect();
@@ -151,13 +151,13 @@ async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: 
     let taken = match gw.session(key, false).await {
         Ok(Some(s)) => {
             let claimed = claimed.clone();
-            let started = move |run_id: &str| drop(crate::state::lock(&claimed).remove(run_id));
+            let started = move |run_id: &str| drop(pincer_pi::lock(&claimed).remove(run_id));
             crate::durable::take_up(gw, s, crate::durable::Whose::Claimed(&ids), started).await
         }
         Ok(None) => Ok(crate::durable::TakenUp::default()),
         Err(_) => Err(()),
     };
-    let mut runs = crate::state::lock(&claimed);
+    let mut runs = pincer_pi::lock(&claimed);
     match taken {
         // The queued runs are let go of as they start; the others now.
         Ok(t) => runs.retain(|id, _| !ids.contains(id) || t.queued.contains(id)),

@@ -7,7 +7,7 @@
 //! rewritten atomically (temp + fsync + rename). Activity timestamps are kept in memory and merged
 //! into the file every few seconds. An index that cannot be parsed is never overwritten: operations
 //! on that agent fail instead. Every method but `touch` does file I/O: call them off the async
-//! threads ([`crate::state::Gateway::index`]).
+//! threads (the engine's `Gateway::index`).
 
 use crate::protocol::RpcError;
 use pincer_pi::now_ms;
@@ -350,7 +350,7 @@ impl Sessions {
                 agent.as_str()
             )));
         }
-        let mut agents = crate::state::lock(&self.agents);
+        let mut agents = pincer_pi::lock(&self.agents);
         let path = self.sessions_dir(agent).join("sessions.json");
         let _guard = match change {
             true => {
@@ -523,7 +523,7 @@ impl Sessions {
     /// I/O: safe on async threads) and merged into the file by [`Sessions::flush`] (every few
     /// seconds and at shutdown), not with an fsync on every turn.
     pub fn touch(&self, s: &SessionRef) {
-        let mut agents = crate::state::lock(&self.agents);
+        let mut agents = pincer_pi::lock(&self.agents);
         if let Some(idx) = agents.get_mut(&AgentId(s.agent_id.clone())) {
             let now = now_ms();
             if let Some(Value::Object(e)) = idx.map.get_mut(&s.key) {
@@ -535,7 +535,7 @@ impl Sessions {
 
     /// Merges pending activity into every index file that has some.
     pub fn flush(&self) {
-        let pending: Vec<AgentId> = crate::state::lock(&self.agents)
+        let pending: Vec<AgentId> = pincer_pi::lock(&self.agents)
             .iter()
             .filter(|(_, i)| !i.touched.is_empty())
             .map(|(a, _)| a.clone())

@@ -18,13 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
-/// The JSON bytes of the messages of the sessions whose context is kept in memory (by default;
-/// `[gateway] context_cache_mb`), each context also charged [`CONTEXT_OVERHEAD`] (in memory a
-/// message takes a few times its JSON: its text, its wire form, and the bytes the last request
-/// body sent for it, which the next turn's body refers to). The budget alone bounds the cache: many
-/// short sessions fit as well as a few long ones. Idle contexts go first, least recently used
-/// first; a context that does not fit is not kept.
-pub(crate) const CONTEXT_CACHE_BYTES: usize = 128 * 1024 * 1024;
+use crate::config::CONTEXT_CACHE_BYTES;
 /// What a context costs beyond its messages' JSON (its map entry, path, leaf and message list).
 const CONTEXT_OVERHEAD: usize = 1024;
 /// Only contexts unused this long make room for another: when the busy ones fill the budget, a
@@ -983,7 +977,7 @@ impl Gateway {
     }
 }
 
-pub use pincer_pi::lock;
+use pincer_pi::lock;
 
 /// Pi usage with every count zero.
 pub fn zero_usage() -> Value {

@@ -17,11 +17,12 @@
 
 use crate::config::Settings;
 use crate::server::Conn;
-use crate::state::{lock, Gateway};
+use crate::state::Gateway;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use pincer_pi::lock;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};

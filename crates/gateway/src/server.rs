@@ -13,8 +13,9 @@
 
 use crate::config::Settings;
 use crate::error::GatewayError;
-use crate::state::{lock, Gateway};
+use crate::state::Gateway;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use pincer_pi::lock;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;

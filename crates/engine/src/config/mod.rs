@@ -10,6 +10,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+/// The JSON bytes of the messages of the sessions whose context is kept in memory (by default;
+/// `[gateway] context_cache_mb`), each context also charged `CONTEXT_OVERHEAD` (the engine's state) (in memory a
+/// message takes a few times its JSON: its text, its wire form, and the bytes the last request
+/// body sent for it, which the next turn's body refers to). The budget alone bounds the cache: many
+/// short sessions fit as well as a few long ones. Idle contexts go first, least recently used
+/// first; a context that does not fit is not kept.
+pub const CONTEXT_CACHE_BYTES: usize = 128 * 1024 * 1024;
+
 /// The file as written by the user.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -759,9 +767,10 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
         allowed_hosts: allowed_hosts(&file.gateway.allowed_hosts)?,
         max_connections: file.gateway.max_connections.unwrap_or_else(default_max_connections).max(1),
         header_timeout: std::time::Duration::from_millis(file.gateway.header_timeout_ms.unwrap_or(10_000).max(100)),
-        context_cache_bytes: file.gateway.context_cache_mb.map_or(crate::state::CONTEXT_CACHE_BYTES, |mb| {
-            usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
-        }),
+        context_cache_bytes: file
+            .gateway
+            .context_cache_mb
+            .map_or(CONTEXT_CACHE_BYTES, |mb| usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)),
         max_reply_bytes: file
             .agents
             .defaults

@@ -19,7 +19,7 @@
 //! another process may have grown one behind the index.
 
 use super::wire::{chain, message_hash, Hash, ROOT};
-use crate::state::lock;
+use pincer_pi::lock;
 use pincer_store::session::Kind;
 use pincer_store::Transcripts;
 use serde_json::Value;

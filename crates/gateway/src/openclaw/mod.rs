@@ -16,7 +16,7 @@ pub mod subscribe;
 pub mod tree;
 pub mod ws;
 
-use crate::{hub, protocol, state};
+use crate::{hub, protocol};
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -53,7 +53,7 @@ impl Subs {
 
     /// Adds `key` to a set of followed sessions, within [`protocol::MAX_SESSIONS_PER_CONNECTION`].
     fn follow(&self, set: &Mutex<HashSet<String>>, key: String, what: &str) -> Result<(), protocol::RpcError> {
-        let mut set = state::lock(set);
+        let mut set = pincer_pi::lock(set);
         if !set.contains(&key) && set.len() >= protocol::MAX_SESSIONS_PER_CONNECTION {
             return Err(protocol::RpcError::invalid(format!(
                 "this connection already {what} {} sessions, the most one connection may; unsubscribe or reconnect",
@@ -68,9 +68,9 @@ impl Subs {
     /// `sessions.messages.unsubscribe`: the connection leaves the session (its `session.message`,
     /// `chat` and `agent` events), making room for another.
     pub fn leave(&self, key: &str) {
-        state::lock(&self.messages).remove(key);
-        state::lock(&self.catchup).remove(key);
-        state::lock(&self.chats).remove(key);
+        pincer_pi::lock(&self.messages).remove(key);
+        pincer_pi::lock(&self.catchup).remove(key);
+        pincer_pi::lock(&self.chats).remove(key);
         if let Some((hub, id)) = self.route.get() {
             hub.unwatch(*id, key);
         }
@@ -135,13 +135,13 @@ impl Ctx {
     /// the transport gave up on it (the run goes on).
     pub fn after_response(&self) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
-        state::lock(&self.acks).push(tx);
+        pincer_pi::lock(&self.acks).push(tx);
         rx
     }
 
     /// The waiters of [`Self::after_response`], for the transport to resolve once the response has
     /// been read.
     pub fn take_acks(&self) -> Vec<oneshot::Sender<()>> {
-        std::mem::take(&mut *state::lock(&self.acks))
+        std::mem::take(&mut *pincer_pi::lock(&self.acks))
     }
 }

@@ -85,13 +85,13 @@ pub async fn subscribe_messages(
         return Ok(serde_json::json!({"subscribed": true, "key": key}));
     };
     // Live events wait from now on; the store is read after the subscription, so none is missed.
-    crate::state::lock(&ctx.subs.catchup)
+    pincer_pi::lock(&ctx.subs.catchup)
         .insert(key.clone(), CatchingUp { waiting: Some(vec![]), ..CatchingUp::default() });
     if gw.pg.is_some() {
         gw.relay_from(&key, after);
     }
     if let Err(e) = ctx.subs.add_messages(key.clone()) {
-        crate::state::lock(&ctx.subs.catchup).remove(&key);
+        pincer_pi::lock(&ctx.subs.catchup).remove(&key);
         return Err(e);
     }
     let read = match gw.session(&key, false).await {
@@ -106,7 +106,7 @@ pub async fn subscribe_messages(
         Ok(Catchup::Events(evs, last)) => {
             let replay: Vec<Arc<BusEvent>> = evs.into_iter().filter(|e| e.name == "session.message").collect();
             let n = replay.len();
-            if let Some(c) = crate::state::lock(&ctx.subs.catchup).get_mut(&key) {
+            if let Some(c) = pincer_pi::lock(&ctx.subs.catchup).get_mut(&key) {
                 c.replay = replay;
                 c.last = Some(last.clone());
             }
@@ -117,7 +117,7 @@ pub async fn subscribe_messages(
             Ok(serde_json::json!({"subscribed": true, "key": key, "reset": format!("{why}; refetch chat.history")}))
         }
         Err(e) => {
-            crate::state::lock(&ctx.subs.messages).remove(&key);
+            pincer_pi::lock(&ctx.subs.messages).remove(&key);
             Err(e)
         }
     };
