@@ -3,6 +3,8 @@
 //! session lists), and the message of a row with OpenClaw's `__openclaw` identity block
 //! ([`WithMeta`], serialized without a copy).
 
+use crate::hub::{Audience, EventId};
+use crate::protocol::{ChatEvent, ChatFailure, ChatState, ErrorKind};
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, RunHandle};
 use pincer_pi::now_ms;
@@ -175,6 +177,27 @@ pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value
     };
     let p = session_message_payload(gw, session, entry, id.as_ref().map(|i| i.pos));
     gw.hub.publish_entry("session.message", &session.key, &p, crate::hub::Audience::SessionSubscribers, id);
+}
+
+/// Announces the interrupted marker at `pos` this replica wrote (other replicas announce it from
+/// the row, `crate::relay::render`).
+pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str, pos: u64) {
+    let id = EventId::chat(&s.session_id, pos);
+    gw.hub.publish_entry("chat", &s.key, &interrupted(s, run_id, reason), Audience::All, Some(id));
+}
+
+/// The `chat` error of a turn whose replica died (announcing its interrupted marker).
+pub fn interrupted(s: &SessionRef, run_id: &str, reason: &str) -> Value {
+    let failure = ChatFailure { error_message: reason, error_kind: ErrorKind::Interrupted };
+    let e = ChatEvent {
+        run_id,
+        session_key: &s.key,
+        agent_id: &s.agent_id,
+        seq: 1,
+        state: ChatState::Error,
+        extra: failure,
+    };
+    serde_json::to_value(e).unwrap_or_default()
 }
 
 #[cfg(test)]

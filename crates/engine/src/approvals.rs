@@ -15,7 +15,7 @@
 //!    `deny` (reason `aborted`) and the call gets a denied result.
 //!
 //! A gateway killed while a call waits leaves the request on disk without a decision: the turn is
-//! resumed at startup ([`crate::durable::recover`]), the request is registered again under its id
+//! resumed at startup ([`crate::takeup::recover`]), the request is registered again under its id
 //! and expiry ([`resume_call`]), and the call runs once, when it is allowed.
 //!
 //! With replicas (PostgreSQL), `exec.approval.list` also lists the requests waiting on the others
@@ -24,16 +24,18 @@
 //! decision and runs the call. Only the replica that runs a call writes its decision, so a call
 //! whose decision is on disk from before a crash may have run, and is never run again.
 
+use crate::config::approvals::Policy;
 use crate::hub::Audience;
+use crate::pending::{Decided, Pending, REMEMBERED, SLUG_CHARS};
 use crate::protocol::RpcError;
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, RunHandle};
 use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
+use pincer_pi::lock;
 use pincer_store::NewEntry;
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::path::{Path, PathBuf};
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,276 +48,10 @@ pub const DECISION: &str = "pincer.approval-decision";
 /// the first answer in the transcript wins, and the waiting replica records it as the decision
 /// before the call runs (so only the replica that runs the call writes the decision).
 pub const ANSWER: &str = "pincer.approval-answer";
-/// The length of a request's short code (its id's first characters), as OpenClaw shows it.
-pub const SLUG_CHARS: usize = 8;
-/// How long a request waits by default.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
-/// The tools asked about unless the config says otherwise.
-pub const ASKED_BY_DEFAULT: &[&str] = &["bash", "write", "edit"];
 /// The decisions a human may give.
 pub const DECISIONS: &[&str] = &["allow-once", "allow-always", "deny"];
 /// How often a request waiting on a replica looks for a decision written by another one.
 const REMOTE_POLL: Duration = Duration::from_millis(500);
-/// How many decided approvals are remembered to answer a late `resolve` with "already decided".
-const REMEMBERED: usize = 4096;
-
-/// What a tool call needs before it runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Policy {
-    /// Runs.
-    Allow,
-    /// Waits for a human's decision (unless on the allow-always list).
-    Ask,
-    /// Never runs: the call gets an error result.
-    Deny,
-}
-
-/// `approval` in `[agents.defaults.tools]` / `[agents.<id>.tools]`: one policy for every tool, or
-/// a policy per tool name (the others keep their default).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum ApprovalConfig {
-    All(Policy),
-    Each(BTreeMap<String, Policy>),
-}
-
-/// An agent's approval settings, resolved from its config.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AgentApprovals {
-    /// One policy for every tool, when the config set one.
-    pub all: Option<Policy>,
-    /// A policy per tool.
-    pub each: BTreeMap<String, Policy>,
-    /// How long a request waits before it is denied.
-    pub timeout: Duration,
-}
-
-impl Default for AgentApprovals {
-    fn default() -> Self {
-        AgentApprovals { all: None, each: BTreeMap::new(), timeout: DEFAULT_TIMEOUT }
-    }
-}
-
-impl AgentApprovals {
-    /// From the config's `approval` and `approval_timeout` (seconds); a tool name that does not
-    /// exist is an error naming it.
-    pub fn new(config: Option<&ApprovalConfig>, timeout_secs: Option<u64>) -> Result<AgentApprovals, String> {
-        let mut a = AgentApprovals::default();
-        match config {
-            Some(ApprovalConfig::All(p)) => a.all = Some(*p),
-            Some(ApprovalConfig::Each(each)) => {
-                for name in each.keys() {
-                    let mcp = name.starts_with(pincer_agent::mcp::PREFIX);
-                    if !mcp && !pincer_agent::tools::BUILTIN_TOOLS.contains(&name.as_str()) {
-                        return Err(format!(
-                            "approval: unknown tool {name:?} (tools: {}, or an MCP tool mcp__<server>__<tool>)",
-                            pincer_agent::tools::BUILTIN_TOOLS.join(", ")
-                        ));
-                    }
-                }
-                a.each = each.clone();
-            }
-            None => {}
-        }
-        if let Some(s) = timeout_secs {
-            a.timeout = Duration::from_secs(s.max(1));
-        }
-        Ok(a)
-    }
-
-    /// The policy of tool `name`; `destructive` is the tool's own hint (`Tool::destructive`: an
-    /// MCP tool its server does not say is read-only or harmless), asked about by default too.
-    pub fn policy(&self, name: &str, destructive: bool) -> Policy {
-        if let Some(p) = self.each.get(name).copied().or(self.all) {
-            return p;
-        }
-        if destructive || ASKED_BY_DEFAULT.contains(&name) {
-            Policy::Ask
-        } else {
-            Policy::Allow
-        }
-    }
-}
-
-/// A decision, as recorded.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decided {
-    /// `allow-once`, `allow-always` or `deny`.
-    pub decision: String,
-    /// `operator`, `timeout` or `aborted`.
-    pub reason: String,
-    /// Who decided (the client's id, or `pincer`).
-    pub by: String,
-    pub ts: u64,
-}
-
-impl Decided {
-    fn allows(&self) -> bool {
-        self.decision != "deny"
-    }
-
-    /// The error result a denied call gets.
-    fn denied(&self) -> ToolError {
-        ToolError::failed(match self.reason.as_str() {
-            "timeout" => {
-                "Denied: the approval request timed out before anyone answered it; the command did not run.".to_owned()
-            }
-            "aborted" => "Denied: the run was aborted while this call waited for approval; it did not run.".to_owned(),
-            _ => format!("Denied by {}: the command did not run.", self.by),
-        })
-    }
-}
-
-/// A request waiting for its decision.
-pub struct Pending {
-    /// As `exec.approval.list` lists it: `{id, request, createdAtMs, expiresAtMs}`.
-    pub record: Value,
-    pub id: String,
-    session: SessionRef,
-    run_id: String,
-    tool_call_id: String,
-    tool: String,
-    expires_at: u64,
-    /// Held while a decision is written, so the first answer wins.
-    decided: tokio::sync::Mutex<Option<Decided>>,
-    tx: tokio::sync::watch::Sender<Option<Decided>>,
-}
-
-/// An allow-always entry: this agent may run this command of this tool in this directory.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Allowed {
-    agent_id: String,
-    tool: String,
-    command: String,
-    cwd: String,
-    approval_id: String,
-    created_at_ms: u64,
-}
-
-#[derive(Debug, Default, serde::Serialize, Deserialize)]
-struct AllowFile {
-    version: u32,
-    allow: Vec<Allowed>,
-}
-
-/// The gateway's approvals: the requests waiting here, the ones decided lately and the
-/// allow-always list.
-pub struct Approvals {
-    pending: Mutex<HashMap<String, Arc<Pending>>>,
-    decided: Mutex<VecDeque<(String, Decided)>>,
-    allowed: Mutex<Vec<Allowed>>,
-    path: PathBuf,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl Approvals {
-    /// The file of the allow-always list in `state_dir`.
-    pub fn file(state_dir: &Path) -> PathBuf {
-        state_dir.join("approvals.json")
-    }
-
-    /// Reads the allow-always list of `state_dir` (none yet: empty). A file that does not parse
-    /// stops the startup with its path: it is never overwritten.
-    pub fn load(state_dir: &Path) -> Result<Approvals, String> {
-        let path = Self::file(state_dir);
-        let allowed = match std::fs::read(&path) {
-            Ok(bytes) => {
-                serde_json::from_slice::<AllowFile>(&bytes).map_err(|e| format!("{}: {e}", path.display()))?.allow
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => vec![],
-            Err(e) => return Err(format!("{}: {e}", path.display())),
-        };
-        Ok(Approvals { pending: Mutex::default(), decided: Mutex::default(), allowed: Mutex::new(allowed), path })
-    }
-
-    /// Whether `agent` may run `command` of `tool` in `cwd` without asking (allow-always).
-    fn is_allowed(&self, agent: &str, tool: &str, command: &str, cwd: &str) -> bool {
-        lock(&self.allowed)
-            .iter()
-            .any(|a| a.agent_id == agent && a.tool == tool && a.command == command && a.cwd == cwd)
-    }
-
-    /// Adds the command of `record` (a request as listed) to the allow-always list and writes the
-    /// file (atomically).
-    fn allow_always(&self, record: &Value) -> std::io::Result<()> {
-        let req = &record["request"];
-        let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-        let entry = Allowed {
-            agent_id: s(&req["agentId"]),
-            tool: s(&req["toolName"]),
-            command: s(&req["command"]),
-            cwd: s(&req["cwd"]),
-            approval_id: s(&record["id"]),
-            created_at_ms: pincer_pi::now_ms(),
-        };
-        let mut allowed = lock(&self.allowed);
-        if !allowed.iter().any(|a| a.agent_id == entry.agent_id && a.command == entry.command && a.cwd == entry.cwd) {
-            let mut next = allowed.clone();
-            next.push(entry);
-            let bytes = serde_json::to_vec_pretty(&AllowFile { version: 1, allow: next.clone() })
-                .map_err(std::io::Error::other)?;
-            pincer_store::files::write_approvals(&self.path, &bytes)?;
-            *allowed = next;
-        }
-        Ok(())
-    }
-
-    /// The requests waiting here, as [`list`] lists them (unordered).
-    fn local(&self) -> Vec<Value> {
-        let now = pincer_pi::now_ms();
-        let pending = lock(&self.pending);
-        pending
-            .values()
-            .filter(|p| p.expires_at > now)
-            .map(|p| {
-                let mut r = p.record.clone();
-                r["approvalKind"] = json!("exec");
-                r
-            })
-            .collect()
-    }
-
-    /// The request waiting here under `id`, or under the one id `id` starts (OpenClaw's short
-    /// code, the first [`SLUG_CHARS`] characters, as the pending message gives it).
-    fn get(&self, id: &str) -> Option<Arc<Pending>> {
-        let id = id.trim();
-        let pending = lock(&self.pending);
-        if let Some(p) = pending.get(id) {
-            return Some(p.clone());
-        }
-        if id.len() < SLUG_CHARS {
-            return None;
-        }
-        let mut hits = pending.values().filter(|p| p.id.starts_with(id));
-        match (hits.next(), hits.next()) {
-            (Some(p), None) => Some(p.clone()),
-            _ => None,
-        }
-    }
-
-    fn remembered(&self, id: &str) -> Option<Decided> {
-        let id = id.trim();
-        let slug = id.len() >= SLUG_CHARS;
-        let decided = lock(&self.decided);
-        decided.iter().rev().find(|(i, _)| i == id || (slug && i.starts_with(id))).map(|(_, d)| d.clone())
-    }
-
-    /// True when a run of session `key` waits here for a decision.
-    pub fn waiting_in(&self, key: &str) -> bool {
-        lock(&self.pending).values().any(|p| p.session.key == key)
-    }
-
-    /// The requests of run `run_id` waiting now.
-    fn of_run(&self, run_id: &str) -> Vec<Arc<Pending>> {
-        lock(&self.pending).values().filter(|p| p.run_id == run_id).cloned().collect()
-    }
-}
-
 /// Records `d` for `p` unless it was decided already: the decision entry first (and for
 /// `allow-always` the allow-list entry before it), then the waiter is woken and
 /// `exec.approval.resolved` announced. `Ok(Err(earlier))`: someone answered first.
@@ -342,7 +78,7 @@ async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Resul
     }
     let request = json!({"id": p.id, "runId": p.run_id, "toolCallId": p.tool_call_id});
     if let Err(e) = gw.append(&p.session, decision_entry(&request, &d)).await {
-        let (_, message) = crate::turn::persist_failure(&e);
+        let (_, message) = crate::error::persist_failure(&e);
         return Err(RpcError::unavailable(format!("the decision was not recorded: {message}")));
     }
     *slot = Some(d.clone());
@@ -471,7 +207,7 @@ async fn resolve_remote(gw: &Arc<Gateway>, id: &str, d: Decided) -> Option<Resul
     let mut entry = decision_entry(&data, &d);
     entry.payload.insert("customType".into(), json!(ANSWER));
     if let Err(e) = gw.append(&session, entry).await {
-        let (_, message) = crate::turn::persist_failure(&e);
+        let (_, message) = crate::error::persist_failure(&e);
         return Some(Err(RpcError::unavailable(format!("the answer was not recorded: {message}"))));
     }
     match on_disk_for(gw, &session, id).await {
@@ -694,7 +430,7 @@ impl Gate {
             payload.insert("customType".into(), json!(REQUEST));
             payload.insert("data".into(), Value::Object(data));
             if let Err(e) = t.gw.append(&t.session, NewEntry::of("custom", payload)).await {
-                let (_, message) = crate::turn::persist_failure(&e);
+                let (_, message) = crate::error::persist_failure(&e);
                 return Err(ToolError::failed(format!(
                     "The approval request was not recorded ({message}); it did not run."
                 )));
@@ -922,39 +658,4 @@ pub fn denied_on_disk(decision: &Value) -> Option<ToolError> {
         }
         .denied()
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_default_asks_for_bash_write_and_edit_only() {
-        let a = AgentApprovals::default();
-        assert_eq!(a.policy("bash", false), Policy::Ask);
-        assert_eq!(a.policy("write", false), Policy::Ask);
-        assert_eq!(a.policy("read", false), Policy::Allow);
-        let each = ApprovalConfig::Each([("bash".to_owned(), Policy::Allow)].into());
-        let a = AgentApprovals::new(Some(&each), None).unwrap();
-        assert_eq!((a.policy("bash", false), a.policy("edit", false)), (Policy::Allow, Policy::Ask));
-        let a = AgentApprovals::new(Some(&ApprovalConfig::All(Policy::Deny)), Some(5)).unwrap();
-        assert_eq!((a.policy("read", false), a.timeout), (Policy::Deny, Duration::from_secs(5)));
-        let bad = ApprovalConfig::Each([("bsh".to_owned(), Policy::Allow)].into());
-        assert!(AgentApprovals::new(Some(&bad), None).unwrap_err().contains("\"bsh\""));
-    }
-
-    #[test]
-    fn an_mcp_tool_that_may_be_destructive_is_asked_about_unless_the_config_names_it() {
-        let a = AgentApprovals::default();
-        assert_eq!(a.policy("mcp__fs__write_file", true), Policy::Ask);
-        assert_eq!(a.policy("mcp__fs__read_file", false), Policy::Allow);
-        let each = ApprovalConfig::Each([("mcp__fs__write_file".to_owned(), Policy::Allow)].into());
-        let a = AgentApprovals::new(Some(&each), None).unwrap();
-        assert_eq!(
-            (a.policy("mcp__fs__write_file", true), a.policy("mcp__fs__edit_file", true)),
-            (Policy::Allow, Policy::Ask)
-        );
-        let a = AgentApprovals::new(Some(&ApprovalConfig::All(Policy::Allow)), None).unwrap();
-        assert_eq!(a.policy("mcp__fs__write_file", true), Policy::Allow);
-    }
 }

@@ -28,3 +28,18 @@ pub enum GatewayError {
     #[error("{what} task failed: {source}")]
     Task { what: &'static str, source: tokio::task::JoinError },
 }
+
+/// `errorKind` and a user-facing cause for a failed transcript write.
+pub fn persist_failure(e: &pincer_store::StoreError) -> (crate::protocol::ErrorKind<'static>, String) {
+    use std::io::ErrorKind as K;
+    let why = match e {
+        pincer_store::StoreError::Io { source, .. } => match source.kind() {
+            K::StorageFull => "the disk is full",
+            K::ReadOnlyFilesystem => "the file system is read-only",
+            K::PermissionDenied => "permission denied",
+            _ => "an I/O error",
+        },
+        _ => "a store error",
+    };
+    (crate::protocol::ErrorKind::Persistence, format!("the turn could not be saved ({why}): {e}"))
+}

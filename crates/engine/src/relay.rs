@@ -13,7 +13,7 @@
 //! their turns are marked interrupted within [`STALE_AFTER`] plus a [`HEARTBEAT`] or two.
 
 use crate::hub::{Audience, EventId};
-use crate::protocol::{ChatEnd, ChatEvent, ChatFailure, ChatState, ErrorKind};
+use crate::protocol::{ChatEnd, ChatEvent, ChatState};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_pg::watch::Wake;
@@ -143,7 +143,7 @@ fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
 type Claimed = Arc<std::sync::Mutex<HashMap<String, (String, bool)>>>;
 
 /// The runs `ids` of session `key`, whose replica died (claimed by this one): the session's
-/// turns among them are taken up here ([`crate::durable::take_up`]: the unanswered one at the leaf
+/// turns among them are taken up here ([`crate::takeup::take_up`]: the unanswered one at the leaf
 /// resumed while it has attempts left, else marked interrupted; then the queued ones, in order);
 /// each is let go of once started here or found to need nothing (the next heartbeat drops its
 /// row). When the store failed, the runs not yet taken are tried again.
@@ -152,9 +152,9 @@ async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: 
         Ok(Some(s)) => {
             let claimed = claimed.clone();
             let started = move |run_id: &str| drop(pincer_pi::lock(&claimed).remove(run_id));
-            crate::durable::take_up(gw, s, crate::durable::Whose::Claimed(&ids), started).await
+            crate::takeup::take_up(gw, s, crate::takeup::Whose::Claimed(&ids), started).await
         }
-        Ok(None) => Ok(crate::durable::TakenUp::default()),
+        Ok(None) => Ok(crate::takeup::TakenUp::default()),
         Err(_) => Err(()),
     };
     let mut runs = pincer_pi::lock(&claimed);
@@ -170,27 +170,6 @@ async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: 
             }
         }
     }
-}
-
-/// Announces the interrupted marker at `pos` this replica wrote (other replicas announce it from
-/// the row, [`render`]).
-pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str, pos: u64) {
-    let id = EventId::chat(&s.session_id, pos);
-    gw.hub.publish_entry("chat", &s.key, &interrupted(s, run_id, reason), Audience::All, Some(id));
-}
-
-/// The `chat` error of a turn whose replica died (announcing its interrupted marker).
-fn interrupted(s: &SessionRef, run_id: &str, reason: &str) -> Value {
-    let failure = ChatFailure { error_message: reason, error_kind: ErrorKind::Interrupted };
-    let e = ChatEvent {
-        run_id,
-        session_key: &s.key,
-        agent_id: &s.agent_id,
-        seq: 1,
-        state: ChatState::Error,
-        extra: failure,
-    };
-    serde_json::to_value(e).unwrap_or_default()
 }
 
 /// Follows the sessions local clients watch now: a new one from its current end on, or from just
@@ -320,7 +299,7 @@ pub fn render(
         let id = EventId::chat(&session.session_id, pos);
         return vec![EntryEvent {
             name: "chat",
-            payload: interrupted(session, run, reason),
+            payload: crate::announce::interrupted(session, run, reason),
             audience: Audience::All,
             id,
         }];

@@ -164,6 +164,9 @@ pub struct Progress {
     pub end: Option<TurnOutcome>,
 }
 
+/// Turns of one session running or waiting; beyond this `chat.send` answers "session busy".
+pub const MAX_QUEUED_PER_SESSION: usize = 32;
+
 /// How a run ended (set before it is let go of: a client holding its handle always sees it).
 #[derive(Debug, Clone)]
 pub enum TurnOutcome {
@@ -303,7 +306,7 @@ pub struct Gateway {
     /// Memory that answers built whole may hold at once ([`crate::budget`]).
     pub answers: crate::budget::Budget,
     /// Tool calls waiting for a human, and the allow-always list ([`crate::approvals`]).
-    pub approvals: crate::approvals::Approvals,
+    pub approvals: crate::pending::Approvals,
     /// What each messaging channel reports ([`crate::board`]); the adapters write it.
     pub channels: crate::board::Board,
 }
@@ -528,7 +531,7 @@ impl Gateway {
             .configured()
             .map(|a| Ok((a.id.clone(), agent_tools(a)?)))
             .collect::<Result<_, GatewayError>>()?;
-        let approvals = crate::approvals::Approvals::load(&settings.state_dir).map_err(GatewayError::Config)?;
+        let approvals = crate::pending::Approvals::load(&settings.state_dir).map_err(GatewayError::Config)?;
         let mcp = Arc::new(pincer_agent::mcp::Manager::new(settings.mcp_servers.clone()));
         let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {

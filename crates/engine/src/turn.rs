@@ -9,9 +9,11 @@
 use crate::announce::{publish_agent_event, publish_session_message, tool_result_data, with_meta, WithMeta};
 use crate::commands::slash_command;
 use crate::durable::OnDisk;
+use crate::error::persist_failure;
 use crate::hook::{self, Decision};
 use crate::protocol::{ChatEvent, ChatFailure, ChatState, ErrorCode, ErrorKind, RpcError};
 use crate::sessions::SessionRef;
+use crate::state::MAX_QUEUED_PER_SESSION;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle, TurnOutcome};
 use pincer_agent::{start_run, RunEvent, RunRequest, SinkError, TranscriptSink};
 use pincer_pi::now_ms;
@@ -27,9 +29,6 @@ const DELTA_INTERVAL: Duration = Duration::from_millis(150);
 /// Longest a run waits for its client to have read its ack before it starts anyway (a client
 /// that does not answer pings).
 const ACK_WAIT: Duration = Duration::from_secs(1);
-
-/// Turns of one session running or waiting; beyond this `chat.send` answers "session busy".
-pub const MAX_QUEUED_PER_SESSION: usize = 32;
 
 /// A validated turn, as `chat.send` and the OpenAI-compatible endpoint ask for one.
 pub struct TurnRequest {
@@ -142,7 +141,7 @@ async fn start_turn_in(
     };
     // A message acknowledged while another turn of its session runs is on disk before its ack
     // (its user row is written only when its turn comes): a crash meanwhile does not lose it, the
-    // next start runs it ([`crate::durable::recover_interrupted`]). A turn tied to the tree as it is
+    // next start runs it ([`crate::takeup::recover_interrupted`]). A turn tied to the tree as it is
     // now (a regenerate, a leaf guard, a stateless client's history) is not kept: its client
     // sends it again.
     let queued = ahead > 0
@@ -183,7 +182,7 @@ async fn start_turn_in(
         let read = tokio::time::timeout(ACK_WAIT, acked);
         if turn.slot.get_mut().map(|s| s.is_none()).unwrap_or(false) {
             let queue = async {
-                // Turns cut by the last stop are taken up first ([`crate::durable::recover_interrupted`]).
+                // Turns cut by the last stop are taken up first ([`crate::takeup::recover_interrupted`]).
                 turn.gw.recovered().await;
                 turn.gw.turn_slot(&turn.session.key, &turn.run.cancel).await
             };
@@ -213,7 +212,7 @@ async fn start_turn_in(
 }
 
 /// Runs turn `run_id` again for its user row `user`, written before a restart or a replica's death
-/// without its reply ([`crate::durable::recover`]): as if its client had sent the key again, with
+/// without its reply ([`crate::takeup::recover`]): as if its client had sent the key again, with
 /// no client waiting (the session's watchers see it). A resend of the key meanwhile joins it.
 pub async fn resume(
     gw: &Arc<Gateway>,
@@ -324,21 +323,6 @@ async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Resul
         .await
         .map_err(|e| RpcError::unavailable(format!("transcript check failed: {e}")))?
         .map_err(|e| RpcError::unavailable(format!("cannot read the transcript to check idempotencyKey: {e}")))
-}
-
-/// `errorKind` and a user-facing cause for a failed transcript write.
-pub fn persist_failure(e: &pincer_store::StoreError) -> (ErrorKind<'static>, String) {
-    use std::io::ErrorKind as K;
-    let why = match e {
-        pincer_store::StoreError::Io { source, .. } => match source.kind() {
-            K::StorageFull => "the disk is full",
-            K::ReadOnlyFilesystem => "the file system is read-only",
-            K::PermissionDenied => "permission denied",
-            _ => "an I/O error",
-        },
-        _ => "a store error",
-    };
-    (ErrorKind::Persistence, format!("the turn could not be saved ({why}): {e}"))
 }
 
 /// One `chat.send` from the queue to its last event.
@@ -486,7 +470,7 @@ impl Turn {
         let slot = match handed {
             Some(held) => Ok(held),
             None => {
-                // Turns cut by the last stop are taken up first ([`crate::durable::recover_interrupted`]).
+                // Turns cut by the last stop are taken up first ([`crate::takeup::recover_interrupted`]).
                 self.gw.recovered().await;
                 self.gw.turn_slot(&self.session.key, &self.run.cancel).await
             }

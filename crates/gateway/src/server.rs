@@ -277,7 +277,7 @@ pub async fn serve(
     // attempt, so a turn sees the tools of every server that could start.
     gw.mcp.start();
     announce_mcp(&gw);
-    crate::durable::recover_interrupted(&gw);
+    crate::takeup::recover_interrupted(&gw);
     crate::relay::start(&gw);
     let app = crate::http::router(crate::channels::start(&gw));
     // Activity timestamps of the session index reach disk every few seconds (and at shutdown).

@@ -1,6 +1,7 @@
 //! Gateway configuration: `<state>/pincer.toml` (or `--config`), overridden by the environment, turned
 //! into a validated [`Settings`] value. Secrets (the gateway token, API keys) never reach the logs.
 
+pub mod approvals;
 pub mod channels;
 
 use crate::sessions::AgentId;
@@ -356,7 +357,7 @@ pub struct ToolsConfig {
     pub web_fetch_timeout: Option<u64>,
     /// `allow`, `ask` or `deny` for every tool, or a table of them per tool (default: `ask` for
     /// `bash`, `write` and `edit`, `allow` for the others; [`crate::approvals`]).
-    pub approval: Option<crate::approvals::ApprovalConfig>,
+    pub approval: Option<approvals::ApprovalConfig>,
     /// Seconds an approval request waits before the call is denied (default 1800).
     pub approval_timeout: Option<u64>,
 }
@@ -478,7 +479,7 @@ pub struct AgentSettings {
     /// `web_fetch`'s settings (the private network, the caps).
     pub web_fetch: std::sync::Arc<pincer_agent::tools::web_fetch::WebFetchConfig>,
     /// Which of its tool calls wait for a human's approval.
-    pub approvals: crate::approvals::AgentApprovals,
+    pub approvals: approvals::AgentApprovals,
     /// The MCP servers whose tools it gets (ids of [`Settings::mcp_servers`]).
     pub mcp_servers: Vec<String>,
 }
@@ -695,7 +696,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
             t.deny.as_ref().unwrap_or(&none),
         )
         .map_err(|e| format!("{}: {}.tools]: {e}", config_path.display(), section.trim_end_matches(']')))?;
-        let approvals = crate::approvals::AgentApprovals::new(t.approval.as_ref(), t.approval_timeout)
+        let approvals = approvals::AgentApprovals::new(t.approval.as_ref(), t.approval_timeout)
             .map_err(|e| format!("{}: {}.tools]: {e}", config_path.display(), section.trim_end_matches(']')))?;
         let model = match own.and_then(|a| a.model.clone()) {
             Some(m) => {
