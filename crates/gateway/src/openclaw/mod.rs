@@ -25,7 +25,8 @@ use tokio::sync::oneshot;
 /// Sends what waited for a session's catch-up (see [`Subs::flush`]).
 pub type Flush = Box<dyn Fn(&str) + Send + Sync>;
 
-/// What a connection subscribed to.
+/// What a connection subscribed to. The hub reads these sets while it holds its own lock (to
+/// route an event), so none of them may be held while calling the hub.
 #[derive(Default)]
 pub struct Subs {
     /// `sessions.subscribe`: `sessions.changed` events.
@@ -53,15 +54,18 @@ impl Subs {
 
     /// Adds `key` to a set of followed sessions, within [`protocol::MAX_SESSIONS_PER_CONNECTION`].
     fn follow(&self, set: &Mutex<HashSet<String>>, key: String, what: &str) -> Result<(), protocol::RpcError> {
-        let mut set = pincer_pi::lock(set);
-        if !set.contains(&key) && set.len() >= protocol::MAX_SESSIONS_PER_CONNECTION {
-            return Err(protocol::RpcError::invalid(format!(
-                "this connection already {what} {} sessions, the most one connection may; unsubscribe or reconnect",
-                protocol::MAX_SESSIONS_PER_CONNECTION
-            )));
+        {
+            let mut set = pincer_pi::lock(set);
+            if !set.contains(&key) && set.len() >= protocol::MAX_SESSIONS_PER_CONNECTION {
+                return Err(protocol::RpcError::invalid(format!(
+                    "this connection already {what} {} sessions, the most one connection may; unsubscribe or reconnect",
+                    protocol::MAX_SESSIONS_PER_CONNECTION
+                )));
+            }
+            set.insert(key.clone());
         }
+        // The set's lock is released first: the hub reads it while holding its own.
         self.watch(&key);
-        set.insert(key);
         Ok(())
     }
 

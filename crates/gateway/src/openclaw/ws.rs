@@ -716,4 +716,43 @@ mod tests {
         assert!(check_auth(&AuthMode::None, &json!({})).is_ok());
         assert!(!same_secret("abc", "abd") && same_secret("abc", "abc") && !same_secret("abc", "abcd"));
     }
+
+    /// A request that joins a session (`chat.abort`, `chat.send`, `chat.history`…) while an event of
+    /// that session is published must not deadlock: the hub asks the connection's subscriber under
+    /// the hub's lock whether it wants the event (which reads the connection's sessions), so joining
+    /// must not hold the connection's sessions while it tells the hub. Both sides loop until done
+    /// or stuck; a deadlock is seen as a side that never finishes.
+    #[test]
+    fn joining_a_session_while_its_events_are_published_does_not_deadlock() {
+        let hub = Arc::new(crate::hub::Hub::default());
+        let subs = Arc::new(Subs::default());
+        let (outbox, _rx) = Outbox::new(protocol::MAX_BUFFERED_BYTES);
+        let subscriber =
+            ConnSubscriber { outbox, subs: subs.clone(), seq: Default::default(), conn_id: 1, can_approve: true };
+        let subscription = hub.subscribe(Arc::new(subscriber));
+        let _ = subs.route.set((hub.clone(), subscription.id()));
+        subs.add_chat("k".into()).expect("joined");
+        const ROUNDS: usize = 200_000;
+        let (done, finished) = std::sync::mpsc::channel();
+        let (joins, d) = (subs.clone(), done.clone());
+        std::thread::spawn(move || {
+            for _ in 0..ROUNDS {
+                joins.add_chat("k".into()).expect("joined");
+            }
+            let _ = d.send("joining");
+        });
+        let publishes = hub.clone();
+        std::thread::spawn(move || {
+            for _ in 0..ROUNDS {
+                assert!(publishes.wants("chat", Some("k"), Audience::All));
+            }
+            let _ = done.send("publishing");
+        });
+        let both = (0..2).all(|_| finished.recv_timeout(std::time::Duration::from_secs(120)).is_ok());
+        if !both {
+            // Dropping the subscription would wait for the hub's lock, held by a stuck side.
+            std::mem::forget(subscription);
+            panic!("deadlock: joining a session and publishing its events wait for each other");
+        }
+    }
 }
