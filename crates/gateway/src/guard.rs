@@ -16,7 +16,7 @@
 //!   then about one guess a second; every refusal is logged with the peer and the reason.
 
 use crate::config::Settings;
-use crate::server::Conn;
+use crate::conn::Conn;
 use crate::state::Gateway;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};

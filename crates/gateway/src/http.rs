@@ -9,8 +9,8 @@
 
 use crate::catchup::Catchup;
 use crate::config::AuthMode;
+use crate::conn::Conn;
 use crate::hub::{BusEvent, EventId, Subscriber};
-use crate::server::Conn;
 use crate::state::Gateway;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{Extension, FromRef, Path, Query, State, WebSocketUpgrade};

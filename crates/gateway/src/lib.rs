@@ -20,6 +20,7 @@ pub use pincer_engine::{
 
 pub mod assets;
 pub mod channels;
+pub mod conn;
 pub mod export;
 pub mod guard;
 pub mod http;

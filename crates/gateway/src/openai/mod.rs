@@ -54,8 +54,14 @@ pub const KEY_HEADERS: [&str; 2] = ["idempotency-key", "x-request-id"];
 /// Longest `Idempotency-Key` / `x-request-id` taken as an idempotency key.
 const MAX_REQUEST_ID: usize = 200;
 
-/// The endpoint's routes (they answer 404 in OpenAI's shape while it is off).
-pub fn routes() -> Router<crate::http::AppState> {
+/// The endpoint's routes (they answer 404 in OpenAI's shape while it is off), over any router
+/// state that hands out the engine and the conversation index.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Arc<Gateway>: axum::extract::FromRef<S>,
+    Arc<ConversationIndex>: axum::extract::FromRef<S>,
+{
     Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/v1/responses", post(responses::create))

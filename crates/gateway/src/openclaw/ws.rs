@@ -9,9 +9,9 @@
 
 use super::{Ctx, Subs};
 use crate::config::AuthMode;
+use crate::conn::Conn;
 use crate::hub::{Audience, BusEvent};
 use crate::protocol::{self, RpcError};
-use crate::server::Conn;
 use crate::state::Gateway;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures::stream::{SplitSink, SplitStream};
@@ -445,7 +445,7 @@ async fn handshake(
         Ok(Some(Ok(Message::Binary(_)))) => {
             return Err(Refused::Close(None, 1003, "binary frames are not supported".into()))
         }
-        Ok(Some(Err(e))) if crate::server::is_read_limit(&e) || is_too_long(&e) => {
+        Ok(Some(Err(e))) if crate::conn::is_read_limit(&e) || is_too_long(&e) => {
             return Err(Refused::Close(None, 1009, format!("more than {limit} bytes sent before connect")))
         }
         _ => return Err(Refused::Gone),
