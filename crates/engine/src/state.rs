@@ -843,15 +843,27 @@ impl Gateway {
     }
 
     /// Appends one entry to a session's transcript; returns it as written.
-    pub async fn append(&self, session: &SessionRef, entry: NewEntry) -> Result<Appended, StoreError> {
+    pub async fn append(self: &Arc<Self>, session: &SessionRef, entry: NewEntry) -> Result<Appended, StoreError> {
         let mut r = self.append_all(session, vec![entry]).await?;
         r.pop().ok_or_else(|| StoreError::Internal("the append returned nothing".into()))
     }
 
     /// Appends entries to a session's transcript in order, in one durable commit; returns them as
     /// written.
-    pub async fn append_all(&self, session: &SessionRef, entries: Vec<NewEntry>) -> Result<Vec<Appended>, StoreError> {
+    /// Fails with [`StoreError::MovedAside`] when the session's transcript was moved aside (a
+    /// reset, a delete) before the write: nothing is ever written under an archived name.
+    pub async fn append_all(
+        self: &Arc<Self>,
+        session: &SessionRef,
+        entries: Vec<NewEntry>,
+    ) -> Result<Vec<Appended>, StoreError> {
         let held = self.hold_transcript(&session.path).await?;
+        // The lock may have been waited for long (another process held it): the session may have
+        // been reset meanwhile. (A reset between this look and the write below is not excluded:
+        // the session's owner will order them once it is the only writer of its transcript.)
+        if session.moved != self.sessions.moved() && !self.maps_to(session).await {
+            return Err(StoreError::MovedAside(session.path.display().to_string()));
+        }
         let store = self.store.clone();
         let path = session.path.clone();
         let sid = session.session_id.clone();
@@ -899,6 +911,11 @@ impl Gateway {
     /// another process (OpenClaw, Pi, a second gateway) holds it, the append waits here, on this
     /// task: not in the lane, whose thread also writes other sessions' transcripts, and not holding
     /// the file's state, which this file's readers need.
+    /// Whether `session`'s key still names the transcript it was read with.
+    async fn maps_to(self: &Arc<Self>, session: &SessionRef) -> bool {
+        matches!(self.session(&session.key, false).await, Ok(Some(now)) if now.path == session.path)
+    }
+
     async fn hold_transcript(&self, path: &std::path::Path) -> Result<pincer_store::backend::Held, StoreError> {
         let since = Instant::now();
         let mut pause = Duration::from_millis(1);

@@ -150,8 +150,23 @@ async fn start_turn_in(
         && regenerate.is_none()
         && expected_leaf.is_none()
         && graft.is_none();
+    let mut session = session;
     if queued {
-        if let Err(e) = gw.append(&session, crate::durable::queued_marker(&run_id, &message, &images)).await {
+        let record = crate::durable::queued_marker(&run_id, &message, &images);
+        let mut written = gw.append(&session, record.clone()).await;
+        if let Err(pincer_store::StoreError::MovedAside(_)) = written {
+            // The session was reset or deleted while the record waited for the transcript's lock:
+            // the message belongs to the session as it is now (the turn follows it there too).
+            written = match gw.session(&session.key, true).await {
+                Ok(Some(now)) => {
+                    session = now;
+                    gw.append(&session, record).await
+                }
+                Ok(None) => Err(pincer_store::StoreError::MovedAside(session.path.display().to_string())),
+                Err(e) => Err(pincer_store::StoreError::Internal(e.message)),
+            };
+        }
+        if let Err(e) = written {
             gw.finish_run(&run_id);
             gw.dedupe_forget(&dedupe_key);
             return Err(RpcError::unavailable(format!("cannot queue the message: {}", persist_failure(&e).1)));

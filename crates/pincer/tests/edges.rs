@@ -13,7 +13,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly
 
 use futures::{SinkExt, StreamExt};
-use pincer_testkit::fake_openai::FakeOpenAi;
+use pincer_testkit::fake_openai::{FakeOpenAi, Pacing};
 use pincer_testkit::gateway::{Client, GatewayProcess, StartOptions, TOKEN};
 use pincer_testkit::probe::message_text as text;
 use pincer_testkit::probe::{self, Rng, Sampler};
@@ -1012,6 +1012,65 @@ async fn t09c_a_turn_sent_while_a_reset_waits_goes_to_the_new_transcript() {
     assert_eq!(user_rows(&rows, "Q-b"), 1, "Q-b is in the new transcript: {rows:#?}");
     assert_eq!(replies(&rows, "Q-b").len(), 1);
     assert_eq!(user_rows(&rows, "Q-a"), 0);
+    assert_chain(&rows, key);
+    assert_verifies(&new);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t09d_a_waiting_messages_record_never_recreates_the_transcript_a_reset_moved_aside() {
+    // R-a waits for the model's first token (so its abort writes nothing); R-b, sent behind it,
+    // writes its queued-turn record before its ack, without the session's queue slot, and that
+    // write is held back by the transcript's lock (taken here, as another process would). The
+    // reset aborts both and moves the transcript aside meanwhile; once the lock goes, the record
+    // goes to the new transcript, never creates a file under the old name again.
+    let e = start("", StartOptions::default());
+    let key = "agent:main:reset-record";
+    let mut c = Client::connect(&e.gw.addr).await;
+    let asked = e.fake.requests().len();
+    e.fake.set_pacing(Pacing { first: Duration::from_secs(3600), ..Pacing::default() });
+    assert_eq!(send(&mut c, key, "waits for its first token", "R-a").await.expect("send")["status"], "started");
+    let model_asked = probe::poll_async(Duration::from_secs(30), Duration::from_millis(20), || {
+        let n = e.fake.requests().len();
+        async move { (n > asked).then_some(()) }
+    });
+    model_asked.await.expect("the model was asked for R-a");
+    e.fake.set_pacing(Pacing::default());
+    let old = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
+    let held = HeldLock::take(&old);
+    let (mut c2, mut c3) = (Client::connect(&e.gw.addr).await, Client::connect(&e.gw.addr).await);
+    let (sent, reset) = tokio::join!(send(&mut c3, key, "queued behind R-a", "R-b"), async {
+        // R-b is registered (its record waits for the lock) before the reset is asked for.
+        let registered = probe::poll_async(Duration::from_secs(30), Duration::from_millis(20), || {
+            let addr = e.gw.addr.clone();
+            async move {
+                let health = Client::connect(&addr).await.request("health", json!({})).await.expect("health");
+                (health["activeRuns"] == 2).then_some(())
+            }
+        });
+        registered.await.expect("R-b registered behind R-a");
+        let reset = c2.request("sessions.reset", json!({"key": key})).await;
+        drop(held);
+        reset
+    });
+    reset.expect("reset");
+    assert_eq!(sent.expect("send R-b")["status"], "started");
+    assert_eq!(c.chat_end("R-a").await["payload"]["state"], "aborted");
+    assert_eq!(c3.chat_end("R-b").await["payload"]["state"], "aborted", "the reset aborted R-b too");
+    assert!(!old.exists(), "{} was written again after the reset", old.display());
+    // The session goes on in its new transcript, which holds what R-b's sender typed.
+    assert_eq!(send(&mut c, key, "after the reset", "R-c").await.expect("send")["status"], "started");
+    assert_eq!(c.chat_end("R-c").await["payload"]["state"], "final");
+    assert!(!old.exists(), "{} was written again after the reset", old.display());
+    let new = probe::transcript_path(&e.gw.state_dir, key).expect("the new transcript");
+    assert_ne!(new, old);
+    let rows = probe::read_rows(&new);
+    assert_eq!(
+        customs(&rows, "pincer.turn-queued", "R-b").len(),
+        1,
+        "R-b's record is in the new transcript: {rows:#?}"
+    );
+    assert_eq!(customs(&rows, "pincer.turn-dropped", "R-b").len(), 1, "{rows:#?}");
+    assert_eq!((user_rows(&rows, "R-b"), user_rows(&rows, "R-c"), replies(&rows, "R-c").len()), (0, 1, 1), "{rows:#?}");
     assert_chain(&rows, key);
     assert_verifies(&new);
 }

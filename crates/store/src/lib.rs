@@ -168,6 +168,10 @@ pub enum StoreError {
     InvalidEntry(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The transcript was moved aside (its session reset or deleted) before the write could be
+    /// made: nothing was written, and no file was created under its old name.
+    #[error("{0} was moved aside (its session was reset or deleted); nothing was written")]
+    MovedAside(String),
 }
 
 /// A lock file that cannot be created is an I/O error like any other (a full disk, no write
@@ -201,6 +205,7 @@ impl StoreError {
             StoreError::NoHeader(s) => StoreError::NoHeader(s.clone()),
             StoreError::InvalidEntry(s) => StoreError::InvalidEntry(s.clone()),
             StoreError::Internal(s) => StoreError::Internal(s.clone()),
+            StoreError::MovedAside(s) => StoreError::MovedAside(s.clone()),
         }
     }
 }
