@@ -18,6 +18,7 @@
 //! `pincer.turn-queued` custom entry with its text; `pincer.turn-dropped` if it ends without
 //! running): after a restart, the ones that never started run in order, behind the resumed turn.
 
+use crate::protocol::RunStatus;
 use pincer_store::{NewEntry, StoreError, Transcripts};
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
@@ -46,7 +47,7 @@ pub enum OnDisk {
     /// No row of this key.
     New,
     /// The reply is on disk: `ok`, `aborted`, `error` or `blocked`.
-    Done(&'static str),
+    Done(RunStatus),
     /// Written without a reply, at the leaf, with attempts left: run it again for this user entry.
     Resume(Value),
     /// Written without a reply, and the session moved on or it was out of attempts.
@@ -85,21 +86,21 @@ fn custom_of<'a>(e: &'a Value, custom_type: &str) -> Option<&'a str> {
 }
 
 /// How a reply row ends its turn, or `None` when the run goes on after it (a tool step).
-fn reply_status(m: &Map<String, Value>) -> Option<&'static str> {
+fn reply_status(m: &Map<String, Value>) -> Option<RunStatus> {
     if m.get("role")?.as_str()? != "assistant" {
         return None;
     }
     if m.contains_key("openclawAbort") {
-        return Some("aborted");
+        return Some(RunStatus::Aborted);
     }
     if m.contains_key(pincer_agent::run::CLIENT_CALLS_FIELD) {
-        return Some("ok"); // the turn handed its client's tool calls back: it is answered
+        return Some(RunStatus::Ok); // the turn handed its client's tool calls back: it is answered
     }
     match m.get("stopReason").and_then(Value::as_str) {
         Some("toolUse") => None,
-        Some("error") => Some("error"),
-        Some("aborted") => Some("aborted"),
-        _ => Some("ok"),
+        Some("error") => Some(RunStatus::Error),
+        Some("aborted") => Some(RunStatus::Aborted),
+        _ => Some(RunStatus::Ok),
     }
 }
 
@@ -113,12 +114,12 @@ pub fn known_new(store: &dyn Transcripts, path: &Path, run_id: &str) -> bool {
 /// resumed.
 pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usize) -> Result<OnDisk, StoreError> {
     if let Some((e, _)) = store.find_keyed(path, &reply_key(run_id))? {
-        return Ok(OnDisk::Done(message(&e).and_then(reply_status).unwrap_or("ok")));
+        return Ok(OnDisk::Done(message(&e).and_then(reply_status).unwrap_or(RunStatus::Ok)));
     }
     let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok(OnDisk::New) };
     let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(OnDisk::Interrupted) };
     if message(&user).is_some_and(|m| m.contains_key("openclawHookBlock")) {
-        return Ok(OnDisk::Done("blocked"));
+        return Ok(OnDisk::Done(RunStatus::Blocked));
     }
     let mut turn: Vec<String> = vec![user_id.to_owned()];
     let mut resumed = 0;
@@ -323,13 +324,13 @@ mod tests {
         add(marker(RESUMED, "k1", "test"));
         assert_eq!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Interrupted, "out of attempts");
         add(msg("assistant", None, Some("stop")));
-        assert_eq!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Done("ok"));
+        assert_eq!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Done(RunStatus::Ok));
         assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None);
         // A turn the session moved past stays interrupted; an abort partial answers it.
         add(msg("user", Some("k2:user"), None));
         add(msg("user", Some("k3:user"), None));
         assert_eq!(on_disk(&store, &path, "k2", 2).expect("read"), OnDisk::Interrupted);
         add(msg("assistant", Some("k3:assistant"), Some("stop")));
-        assert_eq!(on_disk(&store, &path, "k3", 2).expect("read"), OnDisk::Done("ok"));
+        assert_eq!(on_disk(&store, &path, "k3", 2).expect("read"), OnDisk::Done(RunStatus::Ok));
     }
 }

@@ -5,7 +5,7 @@
 use crate::config::{Settings, StoreSettings};
 use crate::error::GatewayError;
 use crate::hub::Hub;
-use crate::protocol::RpcError;
+use crate::protocol::{RpcError, RunAnswer};
 use crate::sessions::{SessionRef, Sessions};
 use pincer_agent::{CancellationToken, Cancelled, ContextMessage, Messages, SessionGuard, SessionQueue, ToolRegistry};
 use pincer_store::redact::Redactor;
@@ -253,7 +253,7 @@ impl DedupeWindow {
 pub enum Dedupe {
     InFlight,
     /// The answer, and when its run started (ms since the epoch) if one ran here.
-    Done(Result<Value, RpcError>, Option<u64>),
+    Done(Result<RunAnswer, RpcError>, Option<u64>),
 }
 
 pub struct Gateway {
@@ -749,24 +749,24 @@ impl Gateway {
     }
 
     /// The result recorded for an idempotency key, if its run has finished.
-    pub fn dedupe_result(&self, key: &str) -> Option<Result<Value, RpcError>> {
+    pub fn dedupe_result(&self, key: &str) -> Option<Result<RunAnswer, RpcError>> {
         self.dedupe_done(key).map(|(r, _)| r)
     }
 
     /// The answer of a finished key, with when its run started (if one ran here).
-    pub fn dedupe_done(&self, key: &str) -> Option<(Result<Value, RpcError>, Option<u64>)> {
+    pub fn dedupe_done(&self, key: &str) -> Option<(Result<RunAnswer, RpcError>, Option<u64>)> {
         match lock(&self.dedupe).keys.get(key) {
             Some((_, Dedupe::Done(r, started))) => Some((r.clone(), *started)),
             _ => None,
         }
     }
 
-    pub fn dedupe_finish(&self, key: &str, result: Result<Value, RpcError>) {
+    pub fn dedupe_finish(&self, key: &str, result: Result<RunAnswer, RpcError>) {
         self.dedupe_finish_run(key, result, None);
     }
 
     /// [`Gateway::dedupe_finish`] for a run that started at `started_at`.
-    pub fn dedupe_finish_run(&self, key: &str, result: Result<Value, RpcError>, started_at: Option<u64>) {
+    pub fn dedupe_finish_run(&self, key: &str, result: Result<RunAnswer, RpcError>, started_at: Option<u64>) {
         lock(&self.dedupe).set(key, Instant::now(), Dedupe::Done(result, started_at));
     }
 

@@ -11,7 +11,7 @@ use crate::commands::slash_command;
 use crate::durable::OnDisk;
 use crate::error::persist_failure;
 use crate::hook::{self, Decision};
-use crate::protocol::{ChatEvent, ChatFailure, ChatState, ErrorCode, ErrorKind, RpcError};
+use crate::protocol::{ChatEvent, ChatFailure, ChatState, ErrorCode, ErrorKind, RpcError, RunAnswer, RunStatus};
 use crate::sessions::SessionRef;
 use crate::state::MAX_QUEUED_PER_SESSION;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle, TurnOutcome};
@@ -84,7 +84,7 @@ pub async fn start_turn(
     gw: &Arc<Gateway>,
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
-) -> Result<Value, RpcError> {
+) -> Result<RunAnswer, RpcError> {
     start_turn_in(gw, request, acked, None).await
 }
 
@@ -95,12 +95,12 @@ async fn start_turn_in(
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
     slot: Option<crate::state::TurnSlot>,
-) -> Result<Value, RpcError> {
+) -> Result<RunAnswer, RpcError> {
     let TurnRequest { session, run_id, text: message, images, regenerate, expected_leaf, graft, model, conn_id } =
         request;
     let dedupe_key = format!("chat:{run_id}");
     match gw.dedupe_begin(&dedupe_key) {
-        Some(Dedupe::InFlight) => return Ok(json!({"runId": run_id, "status": "in_flight"})),
+        Some(Dedupe::InFlight) => return Ok(RunAnswer::new(&run_id, RunStatus::InFlight)),
         Some(Dedupe::Done(r, _)) => return r,
         None => {}
     }
@@ -112,12 +112,12 @@ async fn start_turn_in(
             Some(user)
         }
         Ok(OnDisk::Done(status)) => {
-            let r = Ok(json!({"runId": run_id, "status": status}));
+            let r = Ok(RunAnswer::new(&run_id, status));
             gw.dedupe_finish(&dedupe_key, r.clone());
             return r;
         }
         Ok(OnDisk::Interrupted) => {
-            let r = Ok(json!({"runId": run_id, "status": "interrupted"}));
+            let r = Ok(RunAnswer::new(&run_id, RunStatus::Interrupted));
             gw.dedupe_finish(&dedupe_key, r.clone());
             return r;
         }
@@ -223,7 +223,7 @@ async fn start_turn_in(
             Turn::bare(gw, session, run).crashed(&what).await;
         }
     });
-    Ok(json!({"runId": run_id, "status": "started"}))
+    Ok(RunAnswer::new(&run_id, RunStatus::Started))
 }
 
 /// Runs turn `run_id` again for its user row `user`, written before a restart or a replica's death
@@ -235,7 +235,7 @@ pub async fn resume(
     run_id: &str,
     user: &Value,
     slot: crate::state::TurnSlot,
-) -> Result<Value, RpcError> {
+) -> Result<RunAnswer, RpcError> {
     // The text tells a slash command (which is not run again) from a message.
     let text = pincer_pi::text_blocks(user["message"].get("content")).join("\n");
     start_held(gw, session, run_id, text, Vec::new(), slot).await
@@ -249,7 +249,7 @@ pub async fn run_queued(
     run_id: &str,
     queued: &Value,
     slot: crate::state::TurnSlot,
-) -> Result<Value, RpcError> {
+) -> Result<RunAnswer, RpcError> {
     let text = queued["text"].as_str().unwrap_or_default().to_owned();
     let images = queued["images"].as_array().cloned().unwrap_or_default();
     start_held(gw, session, run_id, text, images, slot).await
@@ -263,7 +263,7 @@ async fn start_held(
     text: String,
     images: Vec<Value>,
     slot: crate::state::TurnSlot,
-) -> Result<Value, RpcError> {
+) -> Result<RunAnswer, RpcError> {
     let request = TurnRequest {
         session,
         run_id: run_id.to_owned(),
@@ -455,11 +455,8 @@ impl Turn {
         publish_session_message(&self.gw, &self.session, entry, None);
     }
 
-    fn finish(&self, result: Result<Value, RpcError>) {
-        let status = match &result {
-            Ok(v) => v.get("status").and_then(Value::as_str).unwrap_or("ok"),
-            Err(_) => "error",
-        };
+    fn finish(&self, result: Result<RunStatus, RpcError>) {
+        let status = result.as_ref().map_or("error", |s| s.as_str());
         crate::metrics::turn_finished(status);
         let model = self.session_model();
         let [tokens_in, tokens_out] = self.tokens.each_ref().map(|t| t.load(std::sync::atomic::Ordering::Relaxed));
@@ -474,6 +471,7 @@ impl Turn {
             tokens_out,
             "turn finished"
         );
+        let result = result.map(|status| RunAnswer::new(&self.run.run_id, status));
         self.gw.dedupe_finish_run(&format!("chat:{}", self.run.run_id), result, Some(self.run.started_at));
         self.gw.finish_run(&self.run.run_id);
         self.gw.sessions.touch(&self.session);
@@ -502,7 +500,7 @@ impl Turn {
                 self.drop_queued("aborted while it waited").await;
                 self.ended(TurnOutcome::Aborted(None));
                 self.chat_event(ChatState::Aborted, json!({"stopReason": self.run.origin()}));
-                self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
+                self.finish(Ok(RunStatus::Aborted));
                 return;
             }
         };
@@ -526,7 +524,7 @@ impl Turn {
             self.fail(&e.message, kind, None);
         } else if let (Some(_), Some(_)) = (command, &self.resume) {
             self.reply("This command was interrupted by a restart before it was answered; send it again.").await;
-            self.finish(Ok(json!({"runId": self.run.run_id, "status": "interrupted"})));
+            self.finish(Ok(RunStatus::Interrupted));
         } else if let Some(cmd) = command {
             self.no_agent(cmd).await;
         } else {
@@ -702,7 +700,7 @@ impl Turn {
                         crate::hub::Audience::SessionsWatchers,
                     );
                     turn.reply(&text).await;
-                    self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
+                    self.finish(Ok(RunStatus::Ok));
                     return;
                 }
                 Err(e) => format!("Could not start a new session: {}", e.message),
@@ -719,7 +717,7 @@ impl Turn {
             }
         };
         self.reply(&text).await;
-        self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
+        self.finish(Ok(RunStatus::Ok));
     }
 
     /// The hook, then the user row. False when the turn ends here (blocked, or not written).
@@ -752,7 +750,7 @@ impl Turn {
                         return false;
                     }
                     self.reply(&format!("This message was blocked before reaching the agent: {reason}")).await;
-                    self.finish(Ok(json!({"runId": self.run.run_id, "status": "blocked"})));
+                    self.finish(Ok(RunStatus::Blocked));
                     return false;
                 }
             }
@@ -1107,7 +1105,7 @@ impl Turn {
         let status = match state {
             OnDisk::Done(status) => {
                 let stop = match status {
-                    "aborted" | "error" => status,
+                    RunStatus::Aborted | RunStatus::Error => status.as_str(),
                     _ => "stop",
                 };
                 self.lifecycle_end();
@@ -1120,10 +1118,10 @@ impl Turn {
                 self.ended(TurnOutcome::Failed { message: why.to_owned(), kind: kind.as_str().to_owned() });
                 self.chat_event_with(ChatState::Error, &ChatFailure { error_message: why, error_kind: kind }, None);
                 self.agent_event("lifecycle", json!({"phase": "error", "error": why}));
-                "interrupted"
+                RunStatus::Interrupted
             }
         };
-        self.finish(Ok(json!({"runId": self.run.run_id, "status": status})));
+        self.finish(Ok(status));
     }
 
     fn session_model(&self) -> String {
@@ -1248,7 +1246,7 @@ impl Turn {
                     self.lifecycle_end();
                     self.ended(TurnOutcome::Replied(with_meta(&entry, &self.run.run_id)));
                     self.chat_event_with(ChatState::Final, &extra, entry.get("id").and_then(Value::as_str));
-                    self.finish(Ok(json!({"runId": self.run.run_id, "status": "ok"})));
+                    self.finish(Ok(RunStatus::Ok));
                     return StreamEnd::Finished { usage: msg.get("usage").cloned() };
                 }
                 RunEvent::Error { entry, message, kind } => {
@@ -1342,7 +1340,7 @@ impl Turn {
         // The lifecycle `end` goes out before the run lets go of its key: whoever waits for the
         // run (`agent.wait`) has heard every event of it once it returns.
         self.lifecycle_end();
-        self.finish(Ok(json!({"runId": self.run.run_id, "status": "aborted"})));
+        self.finish(Ok(RunStatus::Aborted));
     }
 }
 

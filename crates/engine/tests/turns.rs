@@ -59,7 +59,7 @@ impl Engine {
             self.runs.lock().unwrap().entry(run_id.to_owned()).or_insert(run);
         }
         let _ = ack.send(()); // a deduped send started no run: nobody waits for its ack
-        answer
+        answer.to_value()
     }
 
     /// The end of run `run_id`, from its handle (which it keeps until its outcome is set).

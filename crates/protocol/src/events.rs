@@ -145,3 +145,62 @@ mod tests {
         );
     }
 }
+
+/// Where a run stands: what `chat.send` answers (`started`, or `in_flight` for a key already
+/// running) and how a run ended (`ok`, `error`, `aborted`, `blocked` by a hook, `interrupted`: cut
+/// by a stop and out of resume attempts), as its idempotency key keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Started,
+    InFlight,
+    Ok,
+    Error,
+    Aborted,
+    Blocked,
+    Interrupted,
+}
+
+impl RunStatus {
+    /// The wire name (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Started => "started",
+            RunStatus::InFlight => "in_flight",
+            RunStatus::Ok => "ok",
+            RunStatus::Error => "error",
+            RunStatus::Aborted => "aborted",
+            RunStatus::Blocked => "blocked",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+
+    /// A run that is going or waits in its session's queue (this answer is not its end).
+    pub fn running(self) -> bool {
+        matches!(self, RunStatus::Started | RunStatus::InFlight)
+    }
+
+    /// A run stopped before its reply was whole (aborted, or cut and not taken up again).
+    pub fn cut(self) -> bool {
+        matches!(self, RunStatus::Aborted | RunStatus::Interrupted)
+    }
+}
+
+/// `{runId, status}`: `chat.send`'s answer, and a finished run's result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunAnswer {
+    pub run_id: String,
+    pub status: RunStatus,
+}
+
+impl RunAnswer {
+    pub fn new(run_id: &str, status: RunStatus) -> RunAnswer {
+        RunAnswer { run_id: run_id.to_owned(), status }
+    }
+
+    /// The answer as the wire has it.
+    pub fn to_value(&self) -> Value {
+        serde_json::json!({"runId": self.run_id, "status": self.status.as_str()})
+    }
+}

@@ -36,6 +36,18 @@ mod tests {
     }
 
     #[test]
+    fn run_statuses_have_one_name_each() {
+        use RunStatus::*;
+        for s in [Started, InFlight, Ok, Error, Aborted, Blocked, Interrupted] {
+            assert_eq!(serde_json::to_value(s).unwrap(), json!(s.as_str()));
+            assert_eq!(serde_json::from_value::<RunStatus>(json!(s.as_str())).unwrap(), s);
+        }
+        let answer = RunAnswer::new("r1", InFlight);
+        assert_eq!(answer.to_value(), serde_json::to_value(&answer).unwrap());
+        assert_eq!(answer.to_value(), json!({"runId": "r1", "status": "in_flight"}));
+    }
+
+    #[test]
     fn params_name_the_method_and_the_field() {
         let m = Method::SessionsRewind;
         let err = |v: Value| params::<Example>(m, &v).map(|_| ()).unwrap_err().message;

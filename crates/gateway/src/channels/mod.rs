@@ -417,9 +417,9 @@ pub async fn inbound(ch: &Arc<Channels>, policy: &Policy, msg: Inbound) -> Resul
     let (ack, acked) = tokio::sync::oneshot::channel();
     let _ = ack.send(());
     let answer = crate::turn::start_turn(gw, request, acked).await?;
-    let status = answer.get("status").and_then(Value::as_str).unwrap_or("");
-    if status != "started" {
+    if answer.status != crate::protocol::RunStatus::Started {
         stats.count(msg.channel, Event::Deduplicated);
+        let status = answer.status.as_str();
         tracing::info!(channel = msg.channel, session = %session.key, run = %run, status, "a redelivered message: no second turn");
         spawn_delivery(ch, &session.key, &run);
         return Ok(Accepted::Duplicate { session_key: session.key, run_id: run });

@@ -25,7 +25,7 @@ pub mod responses;
 pub mod wire;
 
 use crate::config::AuthMode;
-use crate::protocol::ErrorCode;
+use crate::protocol::{ErrorCode, RunStatus};
 use crate::sessions::{Principal, SessionRef, DEFAULT_AGENT};
 use crate::state::{Gateway, Progress, RunHandle, TurnOutcome};
 use crate::turn::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
@@ -812,7 +812,7 @@ async fn answer(gw: &Arc<Gateway>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) 
         })?;
         let relay = Relay::follow(gw, &session, &run_id, gw.run(&run_id));
         let _ = go.send(());
-        let status = started.get("status").and_then(Value::as_str).unwrap_or("");
+        let status = started.status;
         let reply = Reply {
             gw: gw.clone(),
             session_key: Some(session.key.clone()),
@@ -821,8 +821,8 @@ async fn answer(gw: &Arc<Gateway>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) 
             ask: ask.clone(),
         };
         return match status {
-            "started" | "in_flight" => reply.relay(relay).await,
-            "ok" | "aborted" | "blocked" => {
+            RunStatus::Started | RunStatus::InFlight => reply.relay(relay).await,
+            RunStatus::Ok | RunStatus::Aborted | RunStatus::Blocked => {
                 let f = finished(gw, &session, &reply.run_id).await?;
                 Ok(reply.whole(f.text, f.finish, f.usage, f.calls))
             }
@@ -831,7 +831,7 @@ async fn answer(gw: &Arc<Gateway>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) 
                 allow_retry = false;
                 continue;
             }
-            other => Err(ApiError::new(500, "api_error", None, format!("the turn ended as {other:?}"))),
+            other => Err(ApiError::new(500, "api_error", None, format!("the turn ended as {:?}", other.as_str()))),
         };
     }
 }

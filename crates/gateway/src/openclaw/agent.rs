@@ -7,7 +7,7 @@
 
 use super::chat;
 use super::Ctx;
-use crate::protocol::{Method, NonBlank, RpcError};
+use crate::protocol::{Method, NonBlank, RpcError, RunAnswer, RunStatus};
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use crate::turn::TurnRequest;
@@ -70,16 +70,15 @@ pub async fn agent(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value
     let run = gw.run(&run_id);
     ctx.interim(accepted);
     let _ = go.send(());
-    let status = started.get("status").and_then(Value::as_str).unwrap_or("");
-    let outcome = match (status, run) {
-        ("started" | "in_flight", Some(run)) => {
+    let outcome = match run {
+        Some(run) if started.status.running() => {
             run.done.cancelled().await;
-            gw.dedupe_result(&format!("chat:{run_id}")).unwrap_or_else(|| Ok(json!({"status": "ok"})))
+            let ended = gw.dedupe_result(&format!("chat:{run_id}"));
+            ended.unwrap_or_else(|| Ok(RunAnswer::new(&run_id, RunStatus::Ok)))?.status
         }
-        _ => Ok(started),
+        _ => started.status,
     };
-    let outcome = outcome?;
-    final_payload(gw, &session, &run_id, &outcome, started_at.elapsed()).await
+    final_payload(gw, &session, &run_id, outcome, started_at.elapsed()).await
 }
 
 /// A turn's own model (`--model`), checked against the configured providers.
@@ -127,7 +126,7 @@ async fn final_payload(
     gw: &Arc<Gateway>,
     session: &SessionRef,
     run_id: &str,
-    outcome: &Value,
+    outcome: RunStatus,
     took: Duration,
 ) -> Result<Value, RpcError> {
     let (path, id) = (session.path.clone(), run_id.to_owned());
@@ -144,8 +143,8 @@ async fn final_payload(
         .collect();
     let last = replies.last();
     let stop = last.and_then(|m| m.get("stopReason")).and_then(Value::as_str);
-    let (status, summary) = match outcome.get("status").and_then(Value::as_str) {
-        Some("aborted" | "interrupted") => ("timeout", "aborted"),
+    let (status, summary) = match outcome {
+        _ if outcome.cut() => ("timeout", "aborted"),
         _ if stop == Some("error") => ("error", "failed"),
         _ => ("ok", "completed"),
     };
@@ -192,10 +191,7 @@ pub async fn wait(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> 
     let started_at = done.as_ref().and_then(|(_, at)| *at);
     match done.map(|(r, _)| r) {
         Some(Ok(v)) => {
-            let status = match v.get("status").and_then(Value::as_str) {
-                Some("aborted" | "interrupted") => "timeout",
-                _ => "ok",
-            };
+            let status = if v.status.cut() { "timeout" } else { "ok" };
             Ok(json!({"runId": run_id, "status": status, "startedAt": started_at, "endedAt": pincer_pi::now_ms()}))
         }
         Some(Err(e)) => Ok(json!({"runId": run_id, "status": "error", "error": e.message,
