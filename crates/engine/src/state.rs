@@ -907,15 +907,15 @@ impl Gateway {
         r
     }
 
-    /// The transcript's cross-process lock, taken before its append enters a writer lane. While
-    /// another process (OpenClaw, Pi, a second gateway) holds it, the append waits here, on this
-    /// task: not in the lane, whose thread also writes other sessions' transcripts, and not holding
-    /// the file's state, which this file's readers need.
     /// Whether `session`'s key still names the transcript it was read with.
     async fn maps_to(self: &Arc<Self>, session: &SessionRef) -> bool {
         matches!(self.session(&session.key, false).await, Ok(Some(now)) if now.path == session.path)
     }
 
+    /// The transcript's cross-process lock, taken before its append enters a writer lane. While
+    /// another process (OpenClaw, Pi, a second gateway) holds it, the append waits here, on this
+    /// task: not in the lane, whose thread also writes other sessions' transcripts, and not holding
+    /// the file's state, which this file's readers need.
     async fn hold_transcript(&self, path: &std::path::Path) -> Result<pincer_store::backend::Held, StoreError> {
         let since = Instant::now();
         let mut pause = Duration::from_millis(1);
