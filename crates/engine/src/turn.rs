@@ -77,13 +77,31 @@ pub const SYSTEM_PROMPT_CHANGE: &str = "pincer.system-prompt";
 
 pub const SYSTEM_PROMPT_FIELD: &str = "pincerSystemPrompt";
 
+/// What starting a turn gives its caller: the answer for its client, and the run when the turn
+/// runs in this process (started by this call, or already running under the same key), whose
+/// `progress` carries what it streams and, at its end, its typed [`TurnOutcome`]. A turn answered
+/// from before (its key's result kept, or its reply on disk) has no run.
+pub struct TurnHandle {
+    pub answer: RunAnswer,
+    pub run: Option<Arc<RunHandle>>,
+}
+
+impl TurnHandle {
+    /// How the run ended, once it has (`None` without a run here).
+    pub async fn outcome(&self) -> Option<TurnOutcome> {
+        let mut progress = self.run.as_ref()?.progress.subscribe();
+        let ended = progress.wait_for(|p| p.end.is_some()).await.ok()?;
+        ended.end.clone()
+    }
+}
+
 /// Dedupes a turn (in memory, then from the transcript), registers it in its session's queue and
 /// runs it once `acked` fires: the one turn pipeline of the gateway.
 pub async fn start_turn(
     gw: &Arc<Gateway>,
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
-) -> Result<RunAnswer, RpcError> {
+) -> Result<TurnHandle, RpcError> {
     start_turn_in(gw, request, acked, None).await
 }
 
@@ -94,13 +112,16 @@ async fn start_turn_in(
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
     slot: Option<crate::state::TurnSlot>,
-) -> Result<RunAnswer, RpcError> {
+) -> Result<TurnHandle, RpcError> {
     let TurnRequest { session, run_id, text: message, images, regenerate, expected_leaf, graft, model, conn_id } =
         request;
     let dedupe_key = format!("chat:{run_id}");
     match gw.dedupe_begin(&dedupe_key) {
-        Some(Dedupe::InFlight) => return Ok(RunAnswer::new(&run_id, RunStatus::InFlight)),
-        Some(Dedupe::Done(r, _)) => return r,
+        Some(Dedupe::InFlight) => {
+            let run = gw.run(&run_id);
+            return Ok(TurnHandle { answer: RunAnswer::new(&run_id, RunStatus::InFlight), run });
+        }
+        Some(Dedupe::Done(r, _)) => return r.map(|answer| TurnHandle { answer, run: None }),
         None => {}
     }
     // The transcript remembers every key that reached it, across restarts and crashes.
@@ -111,14 +132,14 @@ async fn start_turn_in(
             Some(user)
         }
         Ok(OnDisk::Done(status)) => {
-            let r = Ok(RunAnswer::new(&run_id, status));
-            gw.dedupe_finish(&dedupe_key, r.clone());
-            return r;
+            let answer = RunAnswer::new(&run_id, status);
+            gw.dedupe_finish(&dedupe_key, Ok(answer.clone()));
+            return Ok(TurnHandle { answer, run: None });
         }
         Ok(OnDisk::Interrupted) => {
-            let r = Ok(RunAnswer::new(&run_id, RunStatus::Interrupted));
-            gw.dedupe_finish(&dedupe_key, r.clone());
-            return r;
+            let answer = RunAnswer::new(&run_id, RunStatus::Interrupted);
+            gw.dedupe_finish(&dedupe_key, Ok(answer.clone()));
+            return Ok(TurnHandle { answer, run: None });
         }
         Err(e) => {
             gw.dedupe_forget(&dedupe_key);
@@ -171,6 +192,7 @@ async fn start_turn_in(
             return Err(RpcError::unavailable(format!("cannot queue the message: {}", persist_failure(&e).1)));
         }
     }
+    let handle = TurnHandle { answer: RunAnswer::new(&run_id, RunStatus::Started), run: Some(run.clone()) };
     let turn = Turn {
         gw: gw.clone(),
         session,
@@ -222,7 +244,7 @@ async fn start_turn_in(
             Turn::bare(gw, session, run).crashed(&what).await;
         }
     });
-    Ok(RunAnswer::new(&run_id, RunStatus::Started))
+    Ok(handle)
 }
 
 /// Runs turn `run_id` again for its user row `user`, written before a restart or a replica's death
@@ -276,7 +298,7 @@ async fn start_held(
     };
     let (acked, ack) = tokio::sync::oneshot::channel();
     let _ = acked.send(());
-    start_turn_in(gw, request, ack, Some(slot)).await
+    start_turn_in(gw, request, ack, Some(slot)).await.map(|handle| handle.answer)
 }
 
 /// A session's system prompt: the one a client set ([`SYSTEM_PROMPT_FIELD`]), else the configured one.

@@ -6,8 +6,8 @@
 
 use pincer_engine::config::{self, Overrides};
 use pincer_engine::sessions::SessionRef;
-use pincer_engine::state::{Gateway, RunHandle, TurnOutcome};
-use pincer_engine::turn::{start_turn, TurnRequest};
+use pincer_engine::state::{Gateway, TurnOutcome};
+use pincer_engine::turn::{start_turn, TurnHandle, TurnRequest};
 use pincer_testkit::fake_openai::FakeOpenAi;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -17,8 +17,8 @@ use std::time::Duration;
 struct Engine {
     gw: Arc<Gateway>,
     fake: FakeOpenAi,
-    /// Each run's handle, taken before its ack lets it start (a finished run leaves the registry).
-    runs: Mutex<HashMap<String, Arc<RunHandle>>>,
+    /// The handle of each turn started (a finished run leaves the engine's registry).
+    turns: Mutex<HashMap<String, Arc<TurnHandle>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -32,7 +32,7 @@ impl Engine {
             Overrides { state_dir: Some(dir.path().to_owned()), config: Some(path), ..Overrides::default() };
         let settings = config::load(&overrides).unwrap();
         let gw = Arc::new(Gateway::new(settings).unwrap());
-        Engine { gw, fake, runs: Mutex::default(), _dir: dir }
+        Engine { gw, fake, turns: Mutex::default(), _dir: dir }
     }
 
     async fn session(&self, key: &str) -> SessionRef {
@@ -54,27 +54,26 @@ impl Engine {
             conn_id: 0,
         };
         let (ack, acked) = tokio::sync::oneshot::channel();
-        let answer = start_turn(&self.gw, request, acked).await.unwrap();
-        if let Some(run) = self.gw.run(run_id) {
-            self.runs.lock().unwrap().entry(run_id.to_owned()).or_insert(run);
+        ack.send(()).unwrap();
+        let turn = start_turn(&self.gw, request, acked).await.unwrap();
+        let answer = turn.answer.to_value();
+        if turn.run.is_some() {
+            self.turns.lock().unwrap().entry(run_id.to_owned()).or_insert(Arc::new(turn));
         }
-        let _ = ack.send(()); // a deduped send started no run: nobody waits for its ack
-        answer.to_value()
+        answer
     }
 
-    /// The end of run `run_id`, from its handle (which it keeps until its outcome is set).
+    /// The end of run `run_id`, from the handle its start gave.
     async fn outcome(&self, run_id: &str) -> TurnOutcome {
-        let run = self.runs.lock().unwrap().get(run_id).cloned().expect("the run was started");
-        let mut rx = run.progress.subscribe();
-        let end = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|p| p.end.is_some())).await;
-        let end = end.expect("the run ends").expect("the run's progress is kept").end.clone();
-        end.unwrap()
+        let turn = self.turns.lock().unwrap().get(run_id).cloned().expect("the run was started");
+        let end = tokio::time::timeout(Duration::from_secs(30), turn.outcome()).await;
+        end.expect("the run ends").expect("a run started here has an outcome")
     }
 
     /// Waits until run `run_id` streams some text.
     async fn streaming(&self, run_id: &str) {
-        let run = self.runs.lock().unwrap().get(run_id).cloned().expect("the run was started");
-        let mut rx = run.progress.subscribe();
+        let turn = self.turns.lock().unwrap().get(run_id).cloned().expect("the run was started");
+        let mut rx = turn.run.as_ref().expect("a run").progress.subscribe();
         let seen = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|p| !p.text.is_empty())).await;
         seen.expect("the run streams").expect("the run's progress is kept");
     }

@@ -416,7 +416,7 @@ pub async fn inbound(ch: &Arc<Channels>, policy: &Policy, msg: Inbound) -> Resul
     };
     let (ack, acked) = tokio::sync::oneshot::channel();
     let _ = ack.send(());
-    let answer = crate::turn::start_turn(gw, request, acked).await?;
+    let answer = crate::turn::start_turn(gw, request, acked).await?.answer;
     if answer.status != crate::protocol::RunStatus::Started {
         stats.count(msg.channel, Event::Deduplicated);
         let status = answer.status.as_str();

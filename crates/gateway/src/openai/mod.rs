@@ -810,9 +810,9 @@ async fn answer(gw: &Arc<Gateway>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) 
             ErrorCode::InvalidRequest => ApiError::bad(e.message),
             _ => internal(e),
         })?;
-        let relay = Relay::follow(gw, &session, &run_id, gw.run(&run_id));
+        let relay = Relay::follow(gw, &session, &run_id, started.run);
         let _ = go.send(());
-        let status = started.status;
+        let status = started.answer.status;
         let reply = Reply {
             gw: gw.clone(),
             session_key: Some(session.key.clone()),

@@ -66,17 +66,15 @@ pub async fn agent(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value
         conn_id: ctx.conn_id,
     };
     let started = crate::turn::start_turn(gw, request, acked).await?;
-    // Registered by `start_turn` and not started before `go`: its end cannot be missed.
-    let run = gw.run(&run_id);
     ctx.interim(accepted);
     let _ = go.send(());
-    let outcome = match run {
-        Some(run) if started.status.running() => {
+    let outcome = match &started.run {
+        Some(run) if started.answer.status.running() => {
             run.done.cancelled().await;
             let ended = gw.dedupe_result(&format!("chat:{run_id}"));
             ended.unwrap_or_else(|| Ok(RunAnswer::new(&run_id, RunStatus::Ok)))?.status
         }
-        _ => started.status,
+        _ => started.answer.status,
     };
     final_payload(gw, &session, &run_id, outcome, started_at.elapsed()).await
 }
