@@ -4,26 +4,27 @@
 //! ([`WithMeta`], serialized without a copy).
 
 use crate::hub::{Audience, EventId};
-use crate::protocol::{ChatEvent, ChatFailure, ChatState, ErrorKind};
+use crate::protocol::{AgentUpdate, ChatEvent, ChatFailure, ChatState, ErrorKind};
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, RunHandle};
 use pincer_pi::now_ms;
 use serde_json::{json, Value};
 
-/// An `agent` event of run `run` in `session` on `stream` (a `lifecycle` one also tells session
-/// lists, as `sessions.changed`).
-pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, stream: &str, data: Value) {
+/// An `agent` event of run `run` in `session` (a `lifecycle` one also tells session lists, as
+/// `sessions.changed`).
+pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, update: AgentUpdate) {
     use crate::hub::Audience;
     let key = Some(session.key.as_str());
-    if stream == "lifecycle" && gw.hub.wants("sessions.changed", key, Audience::SessionsWatchers) {
+    let phase = update.lifecycle();
+    if phase.is_some() && gw.hub.wants("sessions.changed", key, Audience::SessionsWatchers) {
         // Session lists follow runs starting and ending. As OpenClaw's gateway does, the event
         // carries the row's run state (and the row): its Control UI shows Stop from it at once,
         // instead of after its next look at the list.
         let runs: Vec<String> = (gw.runs_of(&session.key).into_iter())
-            .filter(|r| data["phase"] == "start" || r.run_id != run.run_id)
+            .filter(|r| phase == Some("start") || r.run_id != run.run_id)
             .map(|r| r.run_id.clone())
             .collect();
-        let status = match (runs.is_empty(), data["phase"].as_str()) {
+        let status = match (runs.is_empty(), phase) {
             (false, _) => "running",
             (true, Some("error")) => "failed",
             (true, _) => "done",
@@ -32,7 +33,7 @@ pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, 
         row["status"] = json!(status);
         row["hasActiveRun"] = json!(!runs.is_empty());
         row["activeRunIds"] = json!(runs);
-        let p = json!({"sessionKey": session.key, "agentId": session.agent_id, "phase": data["phase"],
+        let p = json!({"sessionKey": session.key, "agentId": session.agent_id, "phase": phase,
             "runId": run.run_id, "ts": now_ms(), "sessionId": session.session_id, "status": status,
             "hasActiveRun": !runs.is_empty(), "activeRunIds": runs, "session": row});
         gw.hub.publish("sessions.changed", Some(&session.key), p, true, crate::hub::Audience::SessionsWatchers);
@@ -47,9 +48,9 @@ pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, 
         session_key: &session.key,
         agent_id: Some(&session.agent_id),
         session_id: Some(&session.session_id),
-        stream,
+        stream: update.stream(),
         ts: now_ms(),
-        data: &data,
+        data: &update,
     };
     if let Some(json) = crate::hub::to_json(&p) {
         gw.hub.publish_json("agent", &session.key, json, true, Audience::All, None);

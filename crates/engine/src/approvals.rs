@@ -27,7 +27,7 @@
 use crate::config::approvals::Policy;
 use crate::hub::Audience;
 use crate::pending::{Decided, Pending, REMEMBERED, SLUG_CHARS};
-use crate::protocol::RpcError;
+use crate::protocol::{AgentUpdate, RpcError};
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, RunHandle};
 use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
@@ -519,7 +519,7 @@ async fn wait(
         "title": "Command approval requested", "toolCallId": req["toolCallId"], "approvalId": id,
         "command": req["command"], "cwd": req["cwd"], "name": req["toolName"], "host": "gateway",
         "expiresAtMs": expires_at});
-    crate::announce::publish_agent_event(gw, session, run, "approval", requested);
+    crate::announce::publish_agent_event(gw, session, run, AgentUpdate::Other { stream: "approval", data: &requested });
     // The call's card says what it waits for and how to answer, in OpenClaw's words: a client
     // without an approval view (OpenClaw's TUI) shows it as the running tool's output.
     report(ToolOutput::text(pending_text(&id, req)));
@@ -551,7 +551,7 @@ async fn wait(
     let status = if d.allows() { "approved" } else { "denied" };
     let resolved = json!({"phase": "resolved", "kind": "exec", "status": status, "title": "Command approval resolved",
         "toolCallId": req["toolCallId"], "approvalId": id, "decision": d.decision, "reason": d.reason});
-    crate::announce::publish_agent_event(gw, session, run, "approval", resolved);
+    crate::announce::publish_agent_event(gw, session, run, AgentUpdate::Other { stream: "approval", data: &resolved });
     d
 }
 
@@ -635,9 +635,14 @@ pub async fn resume_call(
     // The call's `start` went out already (the turn announced it before settling the call): its
     // update goes straight to the clients, after it.
     let report = |pending: ToolOutput| {
-        let update = json!({"phase": "update", "name": call["name"], "toolCallId": call["id"],
-            "partialResult": pending.to_value()});
-        crate::announce::publish_agent_event(gw, session, run, "tool", update);
+        let (tool_call_id, name) = (call["id"].as_str().unwrap_or_default(), call["name"].as_str().unwrap_or_default());
+        let partial = pending.to_value();
+        crate::announce::publish_agent_event(
+            gw,
+            session,
+            run,
+            AgentUpdate::ToolUpdated { tool_call_id, name, partial: &partial },
+        );
     };
     let d = wait(gw, session, run, Value::Object(record), &report).await;
     if d.allows() {

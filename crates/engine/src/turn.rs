@@ -11,7 +11,9 @@ use crate::commands::slash_command;
 use crate::durable::OnDisk;
 use crate::error::persist_failure;
 use crate::hook::{self, Decision};
-use crate::protocol::{ChatEvent, ChatFailure, ChatState, ErrorCode, ErrorKind, RpcError, RunAnswer, RunStatus};
+use crate::protocol::{
+    AgentUpdate, ChatEvent, ChatFailure, ChatState, ErrorCode, ErrorKind, RpcError, RunAnswer, RunStatus,
+};
 use crate::sessions::SessionRef;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle, TurnOutcome, MAX_QUEUED_PER_SESSION};
 use pincer_agent::{start_run, RunEvent, RunRequest, SinkError, TranscriptSink};
@@ -455,14 +457,19 @@ impl Turn {
         self.run.progress.send_modify(|p| p.end = Some(outcome));
     }
 
-    fn agent_event(&self, stream: &str, data: Value) {
-        publish_agent_event(&self.gw, &self.session, &self.run, stream, data);
+    fn agent_event(&self, update: AgentUpdate) {
+        publish_agent_event(&self.gw, &self.session, &self.run, update);
+    }
+
+    /// Another stream's `agent` event (usage, a tool's result).
+    fn agent_data(&self, stream: &str, data: &Value) {
+        self.agent_event(AgentUpdate::Other { stream, data });
     }
 
     /// The lifecycle `end`, once: before the final (as OpenClaw orders them), else when the turn is over.
     fn lifecycle_end(&self) {
         if !self.ended.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            self.agent_event("lifecycle", json!({"phase": "end"}));
+            self.agent_event(AgentUpdate::Ended);
         }
     }
 
@@ -531,7 +538,7 @@ impl Turn {
             return;
         }
         let (_running, started) = (crate::metrics::Live::run(), Instant::now());
-        self.agent_event("lifecycle", json!({"phase": "start"}));
+        self.agent_event(AgentUpdate::Started);
         // A stateless client's text is never a command (its history would not say what it did).
         let command = slash_command(&self.text)
             .filter(|_| self.images.is_empty() && self.regenerate.is_none() && self.graft.is_none());
@@ -1073,10 +1080,7 @@ impl Turn {
             let outcome = if let Some(denied) = denied {
                 Err(denied)
             } else if let Some((request, None)) = approval {
-                self.agent_event(
-                    "tool",
-                    json!({"phase": "start", "toolCallId": id, "name": name, "args": call["arguments"]}),
-                );
+                self.agent_event(AgentUpdate::ToolStarted { tool_call_id: id, name, args: &call["arguments"] });
                 tokio::select! {
                     biased;
                     () = self.run.cancel.cancelled() => {
@@ -1086,10 +1090,7 @@ impl Turn {
                     r = crate::approvals::resume_call(&self.gw, &self.session, &self.run, request, &tools, call) => r,
                 }
             } else if tools.is_read_only(name) {
-                self.agent_event(
-                    "tool",
-                    json!({"phase": "start", "toolCallId": id, "name": name, "args": call["arguments"]}),
-                );
+                self.agent_event(AgentUpdate::ToolStarted { tool_call_id: id, name, args: &call["arguments"] });
                 tokio::select! {
                     biased;
                     () = self.run.cancel.cancelled() => {
@@ -1108,7 +1109,7 @@ impl Turn {
             match self.gw.append(&self.session, NewEntry::message(result)).await {
                 Ok(a) => {
                     self.session_message(&a.entry);
-                    self.agent_event("tool", tool_result_data(&a.entry["message"]));
+                    self.agent_data("tool", &tool_result_data(&a.entry["message"]));
                 }
                 Err(e) => {
                     let (kind, message) = persist_failure(&e);
@@ -1138,7 +1139,7 @@ impl Turn {
                 let kind = ErrorKind::Interrupted;
                 self.ended(TurnOutcome::Failed { message: why.to_owned(), kind: kind.as_str().to_owned() });
                 self.chat_event_with(ChatState::Error, &ChatFailure { error_message: why, error_kind: kind }, None);
-                self.agent_event("lifecycle", json!({"phase": "error", "error": why}));
+                self.agent_event(AgentUpdate::Failed { error: why });
                 RunStatus::Interrupted
             }
         };
@@ -1163,7 +1164,7 @@ impl Turn {
         }
         self.ended(TurnOutcome::Failed { message: message.clone(), kind: kind.as_str().to_owned() });
         self.chat_event(ChatState::Error, extra);
-        self.agent_event("lifecycle", json!({"phase": "error", "error": message}));
+        self.agent_event(AgentUpdate::Failed { error: message });
         self.finish(Err(RpcError::unavailable(message.to_owned())
             .with_details(json!({"runId": self.run.run_id, "status": "error", "summary": message}))));
     }
@@ -1201,16 +1202,12 @@ impl Turn {
                 RunEvent::ThinkingDelta { delta } => thinking.push_str(&delta),
                 RunEvent::ToolCallStart { id, name, arguments } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);
-                    self.agent_event(
-                        "tool",
-                        json!({"phase": "start", "toolCallId": id, "name": name, "args": arguments}),
-                    );
+                    self.agent_event(AgentUpdate::ToolStarted { tool_call_id: &id, name: &name, args: &arguments });
                 }
                 // A running tool's output so far (OpenClaw's shape); live only, like OpenClaw's.
-                RunEvent::ToolCallUpdate { id, name, partial } => self.agent_event(
-                    "tool",
-                    json!({"phase": "update", "name": name, "toolCallId": id, "partialResult": partial}),
-                ),
+                RunEvent::ToolCallUpdate { id, name, partial } => {
+                    self.agent_event(AgentUpdate::ToolUpdated { tool_call_id: &id, name: &name, partial: &partial })
+                }
                 RunEvent::Persisted { entry } => {
                     if let Some(usage) =
                         entry["message"].get("usage").filter(|_| entry["message"]["role"] == "assistant")
@@ -1228,7 +1225,7 @@ impl Turn {
                     self.session_message(&entry);
                     if entry["message"]["role"] == "toolResult" {
                         // Announced once the row is on disk, carrying what was written (OpenClaw's shape).
-                        self.agent_event("tool", tool_result_data(&entry["message"]));
+                        self.agent_data("tool", &tool_result_data(&entry["message"]));
                     }
                     if entry["message"]["role"] == "assistant" {
                         // A new assistant message starts from scratch.
@@ -1237,7 +1234,7 @@ impl Turn {
                         may_recover |= entry["message"]["stopReason"] != "error";
                     }
                 }
-                RunEvent::Usage(u) => self.agent_event("usage", u),
+                RunEvent::Usage(u) => self.agent_data("usage", &u),
                 // As OpenClaw tells it: starting the model again, with the count when rate limited.
                 RunEvent::Retrying(r) => {
                     let mut extra = json!({"phase": "starting_model"});
@@ -1333,7 +1330,7 @@ impl Turn {
             match self.gw.append(&self.session, NewEntry::message(result)).await {
                 Ok(a) => {
                     self.session_message(&a.entry);
-                    self.agent_event("tool", tool_result_data(&a.entry["message"]));
+                    self.agent_data("tool", &tool_result_data(&a.entry["message"]));
                 }
                 Err(e) => tracing::warn!(session = %self.session.key, "the denied result was not written: {e}"),
             }

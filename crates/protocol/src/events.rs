@@ -72,7 +72,7 @@ pub struct ChatEnd<'a, M> {
 /// session's compaction (no run: `runId` is `null`, and no `seq`, `agentId` or `sessionId`).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AgentEvent<'a> {
+pub struct AgentEvent<'a, D: Serialize = Value> {
     pub run_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
@@ -83,7 +83,81 @@ pub struct AgentEvent<'a> {
     pub session_id: Option<&'a str>,
     pub stream: &'a str,
     pub ts: u64,
-    pub data: &'a Value,
+    pub data: &'a D,
+}
+
+/// What a run's `agent` event says: its lifecycle, a tool call's start and progress (OpenClaw's
+/// shapes), or another stream's data as it comes (usage, approvals, a tool's result). Serialized
+/// as the event's `data`; [`AgentUpdate::stream`] names its stream.
+#[derive(Debug, Clone, Copy)]
+pub enum AgentUpdate<'a> {
+    /// `lifecycle` `{phase: "start"}`.
+    Started,
+    /// `lifecycle` `{phase: "end"}`.
+    Ended,
+    /// `lifecycle` `{phase: "error", error}`.
+    Failed { error: &'a str },
+    /// `tool` `{phase: "start", toolCallId, name, args}`.
+    ToolStarted { tool_call_id: &'a str, name: &'a str, args: &'a Value },
+    /// `tool` `{phase: "update", name, toolCallId, partialResult}`: a running tool's output so far.
+    ToolUpdated { tool_call_id: &'a str, name: &'a str, partial: &'a Value },
+    /// Any other stream's data, as built by its owner.
+    Other { stream: &'a str, data: &'a Value },
+}
+
+impl AgentUpdate<'_> {
+    /// The event's `stream`.
+    pub fn stream(&self) -> &str {
+        match self {
+            AgentUpdate::Started | AgentUpdate::Ended | AgentUpdate::Failed { .. } => "lifecycle",
+            AgentUpdate::ToolStarted { .. } | AgentUpdate::ToolUpdated { .. } => "tool",
+            AgentUpdate::Other { stream, .. } => stream,
+        }
+    }
+
+    /// A lifecycle update's phase (`start`, `end`, `error`).
+    pub fn lifecycle(&self) -> Option<&'static str> {
+        match self {
+            AgentUpdate::Started => Some("start"),
+            AgentUpdate::Ended => Some("end"),
+            AgentUpdate::Failed { .. } => Some("error"),
+            _ => None,
+        }
+    }
+}
+
+impl Serialize for AgentUpdate<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m;
+        match self {
+            AgentUpdate::Other { data, .. } => return data.serialize(s),
+            AgentUpdate::Started | AgentUpdate::Ended => {
+                m = s.serialize_map(Some(1))?;
+                m.serialize_entry("phase", &self.lifecycle())?;
+            }
+            AgentUpdate::Failed { error } => {
+                m = s.serialize_map(Some(2))?;
+                m.serialize_entry("phase", "error")?;
+                m.serialize_entry("error", error)?;
+            }
+            AgentUpdate::ToolStarted { tool_call_id, name, args } => {
+                m = s.serialize_map(Some(4))?;
+                m.serialize_entry("phase", "start")?;
+                m.serialize_entry("toolCallId", tool_call_id)?;
+                m.serialize_entry("name", name)?;
+                m.serialize_entry("args", args)?;
+            }
+            AgentUpdate::ToolUpdated { tool_call_id, name, partial } => {
+                m = s.serialize_map(Some(4))?;
+                m.serialize_entry("phase", "update")?;
+                m.serialize_entry("name", name)?;
+                m.serialize_entry("toolCallId", tool_call_id)?;
+                m.serialize_entry("partialResult", partial)?;
+            }
+        }
+        m.end()
+    }
 }
 
 /// A `sessions.changed` event: session `sessionKey` was created, patched, reset, deleted,
@@ -143,6 +217,34 @@ mod tests {
             serde_json::to_string(&a).unwrap_or_default(),
             r#"{"runId":null,"sessionKey":"k","stream":"compaction","ts":5,"data":{"phase":"start"}}"#
         );
+    }
+
+    #[test]
+    fn agent_updates_serialize_as_the_data_openclaw_sends() {
+        let args = json!({"path": "a"});
+        let partial = json!({"content": []});
+        let data = json!({"input": 1});
+        let cases = [
+            (AgentUpdate::Started, "lifecycle", json!({"phase": "start"})),
+            (AgentUpdate::Ended, "lifecycle", json!({"phase": "end"})),
+            (AgentUpdate::Failed { error: "boom" }, "lifecycle", json!({"phase": "error", "error": "boom"})),
+            (
+                AgentUpdate::ToolStarted { tool_call_id: "c1", name: "read", args: &args },
+                "tool",
+                json!({"phase": "start", "toolCallId": "c1", "name": "read", "args": {"path": "a"}}),
+            ),
+            (
+                AgentUpdate::ToolUpdated { tool_call_id: "c1", name: "read", partial: &partial },
+                "tool",
+                json!({"phase": "update", "name": "read", "toolCallId": "c1", "partialResult": {"content": []}}),
+            ),
+            (AgentUpdate::Other { stream: "usage", data: &data }, "usage", json!({"input": 1})),
+        ];
+        for (update, stream, want) in cases {
+            assert_eq!(update.stream(), stream);
+            // The text too: the keys in OpenClaw's order.
+            assert_eq!(serde_json::to_string(&update).unwrap_or_default(), want.to_string());
+        }
     }
 }
 
