@@ -12,7 +12,8 @@ use crate::durable::OnDisk;
 use crate::error::persist_failure;
 use crate::hook::{self, Decision};
 use crate::protocol::{
-    AgentUpdate, ChatEvent, ChatFailure, ChatState, ErrorCode, ErrorKind, RpcError, RunAnswer, RunStatus,
+    AgentUpdate, ChatEvent, ChatFailure, ChatState, ChatStatus, ErrorCode, ErrorKind, Retry, RpcError, RunAnswer,
+    RunStatus, StatusPhase,
 };
 use crate::sessions::SessionRef;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle, TurnOutcome, MAX_QUEUED_PER_SESSION};
@@ -424,6 +425,11 @@ impl Turn {
         // An event carrying a persisted entry is that entry's `chat` event, under its durable id.
         let entry_id = extra.get("message").and_then(|m| m.get("__openclaw")).and_then(|o| o.get("id"));
         self.chat_event_with(state, &extra, entry_id.and_then(Value::as_str));
+    }
+
+    /// A `status` `chat` event: what the run does before its first token.
+    fn status(&self, phase: StatusPhase, retry: Option<Retry>) {
+        self.chat_event_with(ChatState::Status, &ChatStatus { phase, retry }, None);
     }
 
     /// [`Turn::chat_event`] with the fields after `state` serialized from `extra` (flattened), and
@@ -886,7 +892,7 @@ impl Turn {
             return;
         }
         // OpenClaw's startup phases, shown by its Control UI while the reply has not begun.
-        self.chat_event(ChatState::Status, json!({"phase": "preparing_context"}));
+        self.status(StatusPhase::PreparingContext, None);
         let mut messages = match self.gw.context(&self.session).await {
             Ok(m) => m,
             Err(e) => {
@@ -907,7 +913,7 @@ impl Turn {
         // fits must not compact forever.
         let (mut may_recover, mut compactions) = (true, 0);
         loop {
-            self.chat_event(ChatState::Status, json!({"phase": "starting_model"}));
+            self.status(StatusPhase::StartingModel, None);
             let rx = start_run(RunRequest {
                 model: model.clone(),
                 system_prompt: self.system_prompt(),
@@ -1237,13 +1243,8 @@ impl Turn {
                 RunEvent::Usage(u) => self.agent_data("usage", &u),
                 // As OpenClaw tells it: starting the model again, with the count when rate limited.
                 RunEvent::Retrying(r) => {
-                    let mut extra = json!({"phase": "starting_model"});
-                    if r.rate_limited {
-                        let n = |v: u32| v.clamp(1, 10); // the schema's bounds
-                        extra["retry"] = json!({"attempt": n(r.attempt), "maxAttempts": n(r.max_retries),
-                            "reason": "rate_limit"});
-                    }
-                    self.chat_event(ChatState::Status, extra);
+                    let retry = r.rate_limited.then(|| Retry::rate_limited(r.attempt, r.max_retries));
+                    self.status(StatusPhase::StartingModel, retry);
                 }
                 RunEvent::Final { entry } => {
                     self.send_delta(&mut pending, &text, &thinking, &mut last_sent);

@@ -160,6 +160,38 @@ impl Serialize for AgentUpdate<'_> {
     }
 }
 
+/// A `chat` event of state `status`: what a run is doing before its first token (OpenClaw's
+/// `phase`), with the count when a rate limit made it start the model again.
+#[derive(Debug, Serialize)]
+pub struct ChatStatus {
+    pub phase: StatusPhase,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Retry>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusPhase {
+    PreparingContext,
+    StartingModel,
+}
+
+/// A rate-limited retry: attempt `attempt` of `maxAttempts` (each 1 to 10, the schema's bounds).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Retry {
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub reason: &'static str,
+}
+
+impl Retry {
+    /// After a rate limit, clamped to the schema's bounds.
+    pub fn rate_limited(attempt: u32, max_attempts: u32) -> Retry {
+        Retry { attempt: attempt.clamp(1, 10), max_attempts: max_attempts.clamp(1, 10), reason: "rate_limit" }
+    }
+}
+
 /// A `sessions.changed` event: session `sessionKey` was created, patched, reset, deleted,
 /// compacted, or an approval of it changed (`reason`).
 #[derive(Debug, Serialize)]
@@ -216,6 +248,17 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&a).unwrap_or_default(),
             r#"{"runId":null,"sessionKey":"k","stream":"compaction","ts":5,"data":{"phase":"start"}}"#
+        );
+    }
+
+    #[test]
+    fn a_status_says_its_phase_and_a_rate_limited_retry_its_count() {
+        let s = ChatStatus { phase: StatusPhase::PreparingContext, retry: None };
+        assert_eq!(serde_json::to_string(&s).unwrap_or_default(), r#"{"phase":"preparing_context"}"#);
+        let s = ChatStatus { phase: StatusPhase::StartingModel, retry: Some(Retry::rate_limited(0, 12)) };
+        assert_eq!(
+            serde_json::to_string(&s).unwrap_or_default(),
+            r#"{"phase":"starting_model","retry":{"attempt":1,"maxAttempts":10,"reason":"rate_limit"}}"#
         );
     }
 
