@@ -5,7 +5,7 @@
 //! their replicas woken (`pg_notify`), which cancel them as their own. Each cancelled run writes
 //! its aborted partial once and announces its end, as a local abort does.
 
-use crate::protocol::RpcError;
+use crate::error::EngineError;
 use crate::state::Gateway;
 
 /// Aborts the runs of session `session_key` (only `run_id` when given), with `origin` recorded on
@@ -16,7 +16,7 @@ pub async fn abort(
     session_key: &str,
     run_id: Option<&str>,
     origin: &'static str,
-) -> Result<Vec<String>, RpcError> {
+) -> Result<Vec<String>, EngineError> {
     let mut ids = Vec::new();
     for r in gw.runs_of(session_key) {
         if run_id.is_none_or(|id| id == r.run_id) && !r.cancel.is_cancelled() {
@@ -29,7 +29,7 @@ pub async fn abort(
         let remote = pg
             .request_abort(session_key.to_owned(), run_id.map(str::to_owned), origin.to_owned())
             .await
-            .map_err(|e| RpcError::unavailable(format!("cannot reach the other replicas' runs: {e}")))?;
+            .map_err(|e| EngineError::Unavailable(format!("cannot reach the other replicas' runs: {e}")))?;
         for id in remote {
             if !ids.contains(&id) {
                 ids.push(id);

@@ -25,9 +25,10 @@
 //! whose decision is on disk from before a crash may have run, and is never run again.
 
 use crate::config::approvals::Policy;
+use crate::error::EngineError;
 use crate::hub::Audience;
 use crate::pending::{Decided, Pending, REMEMBERED, SLUG_CHARS};
-use crate::protocol::{AgentUpdate, RpcError};
+use crate::protocol::AgentUpdate;
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, RunHandle};
 use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
@@ -55,7 +56,7 @@ const REMOTE_POLL: Duration = Duration::from_millis(500);
 /// Records `d` for `p` unless it was decided already: the decision entry first (and for
 /// `allow-always` the allow-list entry before it), then the waiter is woken and
 /// `exec.approval.resolved` announced. `Ok(Err(earlier))`: someone answered first.
-async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Result<Decided, Decided>, RpcError> {
+async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Result<Decided, Decided>, EngineError> {
     let mut slot = p.decided.lock().await;
     if let Some(earlier) = slot.clone() {
         return Ok(Err(earlier));
@@ -74,12 +75,11 @@ async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Resul
     if d.decision == "allow-always" {
         gw.approvals
             .allow_always(&p.record)
-            .map_err(|e| RpcError::unavailable(format!("cannot write the allow-always list: {e}")))?;
+            .map_err(|e| EngineError::Persistence(format!("cannot write the allow-always list: {e}")))?;
     }
     let request = json!({"id": p.id, "runId": p.run_id, "toolCallId": p.tool_call_id});
     if let Err(e) = gw.append(&p.session, decision_entry(&request, &d)).await {
-        let (_, message) = crate::error::persist_failure(&e);
-        return Err(RpcError::unavailable(format!("the decision was not recorded: {message}")));
+        return Err(EngineError::Persistence(format!("the decision was not recorded: {}", EngineError::unsaved(&e))));
     }
     *slot = Some(d.clone());
     drop(slot);
@@ -190,7 +190,11 @@ pub async fn list(gw: &Gateway) -> Vec<Value> {
 /// With replicas: answers request `id`, which waits on another replica (or on none, its replica
 /// dead and its turn not taken over yet), with an answer entry; the first answer in the transcript
 /// wins. `None`: no such request in the database.
-async fn resolve_remote(gw: &Arc<Gateway>, id: &str, d: Decided) -> Option<Result<Result<Decided, Decided>, RpcError>> {
+async fn resolve_remote(
+    gw: &Arc<Gateway>,
+    id: &str,
+    d: Decided,
+) -> Option<Result<Result<Decided, Decided>, EngineError>> {
     let (data, decided) = in_database(gw).await.into_iter().find(|(r, _)| r["id"] == id)?;
     if let Some(earlier) = decided {
         return Some(Ok(Err(decided_of(&earlier))));
@@ -207,8 +211,10 @@ async fn resolve_remote(gw: &Arc<Gateway>, id: &str, d: Decided) -> Option<Resul
     let mut entry = decision_entry(&data, &d);
     entry.payload.insert("customType".into(), json!(ANSWER));
     if let Err(e) = gw.append(&session, entry).await {
-        let (_, message) = crate::error::persist_failure(&e);
-        return Some(Err(RpcError::unavailable(format!("the answer was not recorded: {message}"))));
+        return Some(Err(EngineError::Persistence(format!(
+            "the answer was not recorded: {}",
+            EngineError::unsaved(&e)
+        ))));
     }
     match on_disk_for(gw, &session, id).await {
         Some((first, _)) if first != d => Some(Ok(Err(first))),
@@ -242,14 +248,14 @@ fn decision_entry(request: &Value, d: &Decided) -> NewEntry {
 
 /// `exec.approval.resolve` / `approval.resolve` / `/approve`: decides `id` as `decision` for
 /// `by`. The first answer wins; a later one is refused, saying what was decided.
-pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> Result<Value, RpcError> {
+pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> Result<Value, EngineError> {
     if !DECISIONS.contains(&decision) {
-        return Err(RpcError::invalid(format!("invalid decision {decision:?} (decisions: {})", DECISIONS.join(", "))));
+        return Err(EngineError::invalid(format!(
+            "invalid decision {decision:?} (decisions: {})",
+            DECISIONS.join(", ")
+        )));
     }
-    let already = |d: Decided| {
-        RpcError::invalid(format!("approval already resolved: {id} was already decided ({} by {})", d.decision, d.by))
-            .with_details(json!({"reason": "APPROVAL_ALREADY_RESOLVED", "decision": d.decision}))
-    };
+    let already = |d: Decided| EngineError::ApprovalResolved { id: id.to_owned(), decision: d.decision, by: d.by };
     let d = Decided {
         decision: decision.to_owned(),
         reason: "operator".into(),
@@ -267,10 +273,7 @@ pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> R
             // With replicas, the request may wait on another one.
             None => match resolve_remote(gw, id.trim(), d).await {
                 Some(outcome) => outcome?,
-                None => {
-                    return Err(RpcError::invalid(format!("unknown or expired approval id: {id}"))
-                        .with_details(json!({"reason": "APPROVAL_NOT_FOUND"})))
-                }
+                None => return Err(EngineError::ApprovalNotFound { id }),
             },
         },
     };
@@ -281,11 +284,8 @@ pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> R
 }
 
 /// `exec.approval.get`: one waiting request, as OpenClaw describes it.
-pub fn get(gw: &Gateway, id: &str) -> Result<Value, RpcError> {
-    let p = gw.approvals.get(id).ok_or_else(|| {
-        RpcError::invalid(format!("unknown or expired approval id: {id}"))
-            .with_details(json!({"reason": "APPROVAL_NOT_FOUND"}))
-    })?;
+pub fn get(gw: &Gateway, id: &str) -> Result<Value, EngineError> {
+    let p = gw.approvals.get(id).ok_or_else(|| EngineError::ApprovalNotFound { id: id.to_owned() })?;
     let req = &p.record["request"];
     Ok(json!({
         "id": p.id,
@@ -309,7 +309,7 @@ pub async fn abort_run(gw: &Arc<Gateway>, run_id: &str, by: &str) -> Vec<(String
         match decide(gw, &p, d).await {
             Ok(Ok(d)) => out.push((p.tool_call_id.clone(), p.tool.clone(), d.denied())),
             Ok(Err(_)) => {}
-            Err(e) => tracing::warn!(approval = %p.id, "the abort's denial was not recorded: {}", e.message),
+            Err(e) => tracing::warn!(approval = %p.id, "the abort's denial was not recorded: {e}"),
         }
     }
     out
@@ -430,9 +430,9 @@ impl Gate {
             payload.insert("customType".into(), json!(REQUEST));
             payload.insert("data".into(), Value::Object(data));
             if let Err(e) = t.gw.append(&t.session, NewEntry::of("custom", payload)).await {
-                let (_, message) = crate::error::persist_failure(&e);
                 return Err(ToolError::failed(format!(
-                    "The approval request was not recorded ({message}); it did not run."
+                    "The approval request was not recorded ({}); it did not run.",
+                    EngineError::unsaved(&e)
                 )));
             }
             let d = wait(&t.gw, &t.session, &t.run, record, &|pending| updates.report(pending)).await;
@@ -541,7 +541,7 @@ async fn wait(
             match decide(gw, &p, d.clone()).await {
                 Ok(Ok(d) | Err(d)) => d,
                 Err(e) => {
-                    tracing::warn!(approval = %id, "the expiry was not recorded: {}", e.message);
+                    tracing::warn!(approval = %id, "the expiry was not recorded: {e}");
                     lock(&gw.approvals.pending).remove(&id);
                     d
                 }
@@ -577,7 +577,7 @@ async fn decided_elsewhere(gw: &Arc<Gateway>, p: &Arc<Pending>) -> Decided {
         if let Some((d, _)) = on_disk_for(gw, &p.session, &p.id).await {
             match decide(gw, p, d).await {
                 Ok(Ok(d) | Err(d)) => return d,
-                Err(e) => tracing::warn!(approval = %p.id, "the answer was not recorded: {}", e.message),
+                Err(e) => tracing::warn!(approval = %p.id, "the answer was not recorded: {e}"),
             }
         }
         tokio::time::sleep(REMOTE_POLL).await;

@@ -6,7 +6,7 @@
 //! with an error saying the gateway is busy — ten large answers at once run one after another
 //! instead of each holding its transcript in memory at the same time.
 
-use crate::protocol::RpcError;
+use crate::error::EngineError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -61,13 +61,13 @@ impl Budget {
 
     /// Reserves room for an answer of kind `answer` over a transcript of `transcript_bytes`
     /// (`what` names it in the error).
-    pub async fn reserve(&self, answer: Answer, transcript_bytes: u64, what: &str) -> Result<Held, RpcError> {
+    pub async fn reserve(&self, answer: Answer, transcript_bytes: u64, what: &str) -> Result<Held, EngineError> {
         let bytes = transcript_bytes.saturating_mul(answer.factor());
         let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX).clamp(1, self.units);
         match tokio::time::timeout(WAIT, self.permits.clone().acquire_many_owned(units)).await {
             Ok(Ok(p)) => Ok(Held(p)),
-            Ok(Err(_)) => Err(RpcError::unavailable("the gateway is shutting down")),
-            Err(_) => Err(RpcError::unavailable(format!(
+            Ok(Err(_)) => Err(EngineError::Unavailable("the gateway is shutting down".into())),
+            Err(_) => Err(EngineError::Unavailable(format!(
                 "the gateway is busy with other large answers ({what} needs {} MB of its {} MB for answers); try again shortly",
                 bytes.div_ceil(1024 * 1024),
                 BUDGET_BYTES / (1024 * 1024)

@@ -4,8 +4,8 @@
 //! after a restart; a gap larger than [`REPLAY_BYTES`], an id of another transcript (the session
 //! was reset or deleted) or a position that names no entry gets `reset`: refetch `chat.history`.
 
+use crate::error::EngineError;
 use crate::hub::{BusEvent, EventId};
-use crate::protocol::RpcError;
 use crate::state::Gateway;
 use std::sync::Arc;
 
@@ -25,7 +25,7 @@ pub enum Catchup {
 }
 
 /// The events of session `key` after `after`. An error only when the store cannot be read.
-pub async fn since(gw: &Arc<Gateway>, key: &str, after: &EventId) -> Result<Catchup, RpcError> {
+pub async fn since(gw: &Arc<Gateway>, key: &str, after: &EventId) -> Result<Catchup, EngineError> {
     let Some(session) = gw.session(key, false).await? else {
         return Ok(Catchup::Reset("the session has no transcript any more".into()));
     };
@@ -35,7 +35,8 @@ pub async fn since(gw: &Arc<Gateway>, key: &str, after: &EventId) -> Result<Catc
     let (path, pos) = (session.path.clone(), after.pos);
     let (before, (entries, whole)) = gw
         .blocking(move |gw| {
-            let read = |e: pincer_store::StoreError| RpcError::unavailable(format!("cannot read the transcript: {e}"));
+            let read =
+                |e: pincer_store::StoreError| EngineError::Persistence(format!("cannot read the transcript: {e}"));
             let before =
                 if pos > 0 { gw.store.entries_before(&path, pos, LOOKBACK_BYTES).map_err(read)? } else { vec![] };
             Ok((before, gw.store.entries_at(&path, pos, REPLAY_BYTES).map_err(read)?))

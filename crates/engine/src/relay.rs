@@ -179,7 +179,11 @@ async fn refresh(gw: &Arc<Gateway>, pg: &PgStore, watched: &mut HashMap<String, 
     watched.retain(|k, _| keys.contains(k));
     let gw2 = gw.clone();
     let resolved = gw2
-        .index(move |s| Ok(keys.iter().filter_map(|k| s.resolve(k, false).ok().flatten()).collect::<Vec<_>>()))
+        .index(move |s| {
+            Ok::<_, crate::error::EngineError>(
+                keys.iter().filter_map(|k| s.resolve(k, false).ok().flatten()).collect::<Vec<_>>(),
+            )
+        })
         .await
         .unwrap_or_default();
     let mut fresh = Vec::new();

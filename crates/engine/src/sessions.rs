@@ -9,7 +9,7 @@
 //! on that agent fail instead. Every method but `touch` does file I/O: call them off the async
 //! threads (the engine's `Gateway::index`).
 
-use crate::protocol::RpcError;
+use crate::error::EngineError;
 use pincer_pi::now_ms;
 use pincer_store::{valid_session_id, IndexStamp, Transcripts};
 use serde_json::{json, Map, Value};
@@ -128,7 +128,7 @@ pub struct AgentId(String);
 impl TryFrom<String> for AgentId {
     type Error = String;
     fn try_from(raw: String) -> Result<AgentId, String> {
-        AgentId::parse(&raw).map_err(|e| e.message)
+        AgentId::parse(&raw).map_err(|e| e.to_string())
     }
 }
 
@@ -152,11 +152,11 @@ impl PartialEq<str> for AgentId {
 
 impl AgentId {
     /// The id, or an error naming what is wrong with it.
-    pub fn parse(raw: &str) -> Result<AgentId, RpcError> {
+    pub fn parse(raw: &str) -> Result<AgentId, EngineError> {
         if valid_agent_id(raw) {
             Ok(AgentId(raw.to_owned()))
         } else {
-            Err(RpcError::invalid(format!(
+            Err(EngineError::invalid(format!(
                 "agentId {raw:?} is not an agent id (lowercase letters, digits, '-' and '_', at most 64)"
             )))
         }
@@ -219,9 +219,9 @@ pub fn agent_of(key: &str) -> &str {
 }
 
 /// Whether session `key` (canonical) may be deleted: every one but the main session.
-pub fn deletable(key: &str) -> Result<(), RpcError> {
+pub fn deletable(key: &str) -> Result<(), EngineError> {
     if key == MAIN_KEY {
-        return Err(RpcError::invalid(format!("Cannot delete the main session ({MAIN_KEY}).")));
+        return Err(EngineError::invalid(format!("Cannot delete the main session ({MAIN_KEY}).")));
     }
     Ok(())
 }
@@ -229,41 +229,41 @@ pub fn deletable(key: &str) -> Result<(), RpcError> {
 /// Canonical form of a client's session key, and its agent id. Compatibility forms (fullwidth
 /// letters, ligatures) are folded by NFKC, so `ａｇｅｎｔ:main:x` and `agent:main:x` are one session.
 /// Idempotent: a canonical key (as `sessions.list` returns it) canonicalises to itself.
-pub fn canonical_key(raw: &str) -> Result<(String, AgentId), RpcError> {
+pub fn canonical_key(raw: &str) -> Result<(String, AgentId), EngineError> {
     let (key, agent) = canonical_key_unbounded(raw)?;
     // The limit applies to the canonical form, so a key accepted once is accepted again.
     if key.len() > MAX_KEY_LEN {
-        return Err(RpcError::invalid(format!("sessionKey is longer than {MAX_KEY_LEN} bytes once canonical")));
+        return Err(EngineError::invalid(format!("sessionKey is longer than {MAX_KEY_LEN} bytes once canonical")));
     }
     Ok((key, AgentId(agent)))
 }
 
-fn canonical_key_unbounded(raw: &str) -> Result<(String, String), RpcError> {
+fn canonical_key_unbounded(raw: &str) -> Result<(String, String), EngineError> {
     if let Some(c) = raw.chars().find(|c| invisible(*c)) {
-        return Err(RpcError::invalid(format!(
+        return Err(EngineError::invalid(format!(
             "sessionKey {raw:?} contains the invisible character U+{:04X}, which is not allowed",
             c as u32
         )));
     }
-    let k = fold(raw).ok_or_else(|| RpcError::invalid(format!("sessionKey {raw:?} has no stable normal form")))?;
+    let k = fold(raw).ok_or_else(|| EngineError::invalid(format!("sessionKey {raw:?} has no stable normal form")))?;
     if k.is_empty() {
-        return Err(RpcError::invalid("sessionKey must not be empty"));
+        return Err(EngineError::invalid("sessionKey must not be empty"));
     }
     if k.len() > MAX_KEY_LEN {
-        return Err(RpcError::invalid(format!("sessionKey is longer than {MAX_KEY_LEN} bytes")));
+        return Err(EngineError::invalid(format!("sessionKey is longer than {MAX_KEY_LEN} bytes")));
     }
     if k.chars().any(|c| c.is_control() || c == '/' || c == '\\') {
-        return Err(RpcError::invalid(format!("sessionKey {raw:?} contains characters that are not allowed")));
+        return Err(EngineError::invalid(format!("sessionKey {raw:?} contains characters that are not allowed")));
     }
     if k == "main" {
         return Ok((MAIN_KEY.into(), DEFAULT_AGENT.into()));
     }
     if let Some(rest) = k.strip_prefix("agent:") {
         let Some((agent, tail)) = rest.split_once(':') else {
-            return Err(RpcError::invalid(format!("sessionKey {raw:?} must look like agent:<agentId>:<key>")));
+            return Err(EngineError::invalid(format!("sessionKey {raw:?} must look like agent:<agentId>:<key>")));
         };
         if !valid_agent_id(agent) || tail.is_empty() {
-            return Err(RpcError::invalid(format!("sessionKey {raw:?} must look like agent:<agentId>:<key>")));
+            return Err(EngineError::invalid(format!("sessionKey {raw:?} must look like agent:<agentId>:<key>")));
         }
         return Ok((k.clone(), agent.to_owned()));
     }
@@ -290,19 +290,19 @@ pub struct Sessions {
     configured: Vec<AgentId>,
 }
 
-fn read_index(store: &dyn Transcripts, path: &Path) -> Result<(Map<String, Value>, Option<IndexStamp>), RpcError> {
+fn read_index(store: &dyn Transcripts, path: &Path) -> Result<(Map<String, Value>, Option<IndexStamp>), EngineError> {
     // Stamp first: a change racing the read makes the next check read again.
     let st = store.index_stamp(path);
     match store.read_index(path) {
         Ok(Some(bytes)) => match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(m)) => Ok((m, st)),
-            _ => Err(RpcError::unavailable(format!(
+            _ => Err(EngineError::Persistence(format!(
                 "{} is not a JSON object; fix or move it (it is never overwritten)",
                 path.display()
             ))),
         },
         Ok(None) => Ok((Map::new(), None)),
-        Err(e) => Err(RpcError::unavailable(format!("{}: cannot read: {e}", path.display()))),
+        Err(e) => Err(EngineError::Persistence(format!("{}: cannot read: {e}", path.display()))),
     }
 }
 
@@ -342,10 +342,10 @@ impl Sessions {
         &self,
         agent: &AgentId,
         change: bool,
-        f: impl FnOnce(&mut AgentIndex) -> Result<T, RpcError>,
-    ) -> Result<T, RpcError> {
+        f: impl FnOnce(&mut AgentIndex) -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
         if !self.known_agent(agent) {
-            return Err(RpcError::invalid(format!(
+            return Err(EngineError::NotFound(format!(
                 "unknown agent id {:?}: this gateway serves agent \"{DEFAULT_AGENT}\"",
                 agent.as_str()
             )));
@@ -354,7 +354,7 @@ impl Sessions {
         let path = self.sessions_dir(agent).join("sessions.json");
         let _guard = match change {
             true => {
-                let fail = |e: String| RpcError::unavailable(format!("{}: {e}", path.display()));
+                let fail = |e: String| EngineError::Persistence(format!("{}: {e}", path.display()));
                 pincer_store::files::create_dir_for(&path).map_err(|e| fail(e.to_string()))?;
                 Some(self.store.lock(&path).map_err(|e| fail(e.to_string()))?)
             }
@@ -377,7 +377,7 @@ impl Sessions {
     }
 
     /// Writes the index (with pending activity) atomically. Only under `with_index(_, true, _)`.
-    fn save(&self, idx: &mut AgentIndex) -> Result<(), RpcError> {
+    fn save(&self, idx: &mut AgentIndex) -> Result<(), EngineError> {
         for (k, t) in idx.touched.drain() {
             if let Some(Value::Object(e)) = idx.map.get_mut(&k) {
                 if e.get("updatedAt").and_then(Value::as_u64).is_none_or(|u| u < t) {
@@ -385,18 +385,18 @@ impl Sessions {
                 }
             }
         }
-        let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| RpcError::unavailable(e.to_string()))?;
+        let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| EngineError::Internal(e.to_string()))?;
         self.store
             .write_index(&idx.path, &bytes)
-            .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", idx.path.display())))?;
+            .map_err(|e| EngineError::Persistence(format!("{}: cannot write: {e}", idx.path.display())))?;
         idx.stamp = self.store.index_stamp(&idx.path);
         Ok(())
     }
 
-    fn to_ref(&self, key: &str, agent: &AgentId, entry: &Map<String, Value>) -> Result<SessionRef, RpcError> {
+    fn to_ref(&self, key: &str, agent: &AgentId, entry: &Map<String, Value>) -> Result<SessionRef, EngineError> {
         let session_id = entry.get("sessionId").and_then(Value::as_str).unwrap_or("");
         if !valid_session_id(session_id) {
-            return Err(RpcError::unavailable(format!(
+            return Err(EngineError::Persistence(format!(
                 "session {key} has an invalid sessionId {session_id:?} in sessions.json"
             )));
         }
@@ -437,7 +437,7 @@ impl Sessions {
     }
 
     /// The session of a key; created in the index when `create` and missing.
-    pub fn resolve(&self, raw_key: &str, create: bool) -> Result<Option<SessionRef>, RpcError> {
+    pub fn resolve(&self, raw_key: &str, create: bool) -> Result<Option<SessionRef>, EngineError> {
         self.resolve_for(raw_key, create, &Principal::Operator)
     }
 
@@ -449,7 +449,7 @@ impl Sessions {
         raw_key: &str,
         create: bool,
         principal: &Principal,
-    ) -> Result<Option<SessionRef>, RpcError> {
+    ) -> Result<Option<SessionRef>, EngineError> {
         let (key, agent) = canonical_key(raw_key)?;
         if !create && !self.known_agent(&agent) {
             return Ok(None);
@@ -493,16 +493,16 @@ impl Sessions {
 
     /// Updates fields of a session's row (`null` removes a field). `updatedAt` (the lists' order) moves
     /// only for a change of the session's behaviour: a name, archiving or read marks leave it.
-    pub fn patch(&self, raw_key: &str, fields: &Map<String, Value>) -> Result<SessionRef, RpcError> {
+    pub fn patch(&self, raw_key: &str, fields: &Map<String, Value>) -> Result<SessionRef, EngineError> {
         const QUIET: &[&str] = &["label", "displayName", "archivedAt", "markedUnreadAt", "lastReadAt"];
         let (key, agent) = canonical_key(raw_key)?;
         self.with_index(&agent, true, |idx| {
             let Some(Value::Object(e)) = idx.map.get_mut(&key) else {
-                return Err(RpcError::invalid(format!("session not found: {key}")));
+                return Err(EngineError::NotFound(format!("session not found: {key}")));
             };
             for (k, v) in fields {
                 if matches!(k.as_str(), "sessionId" | "sessionFile") {
-                    return Err(RpcError::invalid(format!("{k} cannot be patched")));
+                    return Err(EngineError::invalid(format!("{k} cannot be patched")));
                 }
                 if v.is_null() {
                     e.remove(k);
@@ -542,13 +542,13 @@ impl Sessions {
             .collect();
         for agent in pending {
             if let Err(e) = self.with_index(&agent, true, |idx| self.save(idx)) {
-                tracing::warn!("cannot write the session index: {}", e.message);
+                tracing::warn!("cannot write the session index: {}", e);
             }
         }
     }
 
     /// Starts a new transcript for a key; the old one is archived as `<file>.<reason>.<ts>`.
-    pub fn reset(&self, raw_key: &str, reason: &str) -> Result<(SessionRef, Option<PathBuf>), RpcError> {
+    pub fn reset(&self, raw_key: &str, reason: &str) -> Result<(SessionRef, Option<PathBuf>), EngineError> {
         let (key, agent) = canonical_key(raw_key)?;
         self.with_index(&agent, true, |idx| {
             let old = match idx.map.get(&key) {
@@ -559,7 +559,7 @@ impl Sessions {
                 Some(o) => self
                     .store
                     .archive_transcript(&o.path, reason)
-                    .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", o.path.display())))?,
+                    .map_err(|e| EngineError::Persistence(format!("cannot archive {}: {e}", o.path.display())))?,
                 None => None,
             };
             let mut e = Self::fresh_entry();
@@ -590,7 +590,7 @@ impl Sessions {
     }
 
     /// Removes a key from the index; its transcript is archived as `<file>.deleted.<ts>`.
-    pub fn delete(&self, raw_key: &str) -> Result<(bool, Vec<PathBuf>), RpcError> {
+    pub fn delete(&self, raw_key: &str) -> Result<(bool, Vec<PathBuf>), EngineError> {
         let (key, agent) = canonical_key(raw_key)?;
         deletable(&key)?;
         self.with_index(&agent, true, |idx| {
@@ -601,7 +601,7 @@ impl Sessions {
             let archived = self
                 .store
                 .archive_transcript(&r.path, "deleted")
-                .map_err(|e| RpcError::unavailable(format!("cannot archive {}: {e}", r.path.display())))?;
+                .map_err(|e| EngineError::Persistence(format!("cannot archive {}: {e}", r.path.display())))?;
             idx.map.remove(&key);
             self.moved.fetch_add(1, Ordering::AcqRel);
             self.save(idx)?;
@@ -614,7 +614,7 @@ impl Sessions {
     /// with a session or file already here (or cannot name a file): then a new one is put in the
     /// header, the only byte that changes. The transcript is written first (never over an
     /// existing file), then the index row, both under the index's lock.
-    pub fn import(&self, prepared: &pincer_export::Prepared) -> Result<SessionRef, RpcError> {
+    pub fn import(&self, prepared: &pincer_export::Prepared) -> Result<SessionRef, EngineError> {
         let agent = &AgentId::main();
         let dir = self.sessions_dir(agent);
         self.with_index(agent, true, |idx| {
@@ -628,7 +628,7 @@ impl Sessions {
                 None => {
                     let id = uuid::Uuid::new_v4().to_string();
                     let b = pincer_export::import::with_session_id(&prepared.bytes, &id)
-                        .map_err(|e| RpcError::invalid(e.to_string()))?;
+                        .map_err(|e| EngineError::invalid(e.to_string()))?;
                     (id, std::borrow::Cow::Owned(b))
                 }
             };
@@ -636,7 +636,7 @@ impl Sessions {
             let path = dir.join(format!("{id}.jsonl"));
             self.store
                 .import_transcript(&path, &bytes)
-                .map_err(|e| RpcError::unavailable(format!("{}: cannot write: {e}", path.display())))?;
+                .map_err(|e| EngineError::Persistence(format!("{}: cannot write: {e}", path.display())))?;
             let now = now_ms();
             let mut e = Map::new();
             e.insert("sessionId".into(), json!(id));
@@ -664,7 +664,7 @@ impl Sessions {
             .collect()
     }
 
-    pub fn list(&self, agent: Option<&AgentId>) -> Result<Vec<SessionRef>, RpcError> {
+    pub fn list(&self, agent: Option<&AgentId>) -> Result<Vec<SessionRef>, EngineError> {
         let agents: Vec<AgentId> = match agent {
             Some(a) => vec![a.clone()],
             None => {
@@ -713,7 +713,7 @@ mod tests {
         // Look-alikes: invisible characters are refused, compatibility forms folded.
         for bad in ["ma\u{200b}in", "main\u{202e}", "\u{feff}main", "a\u{2066}b", "x\u{fe0f}"] {
             let e = canonical_key(bad).expect_err(bad);
-            assert!(e.message.contains("invisible character U+"), "{}", e.message);
+            assert!(e.to_string().contains("invisible character U+"), "{}", e);
         }
         assert_eq!(canonical_key("ａｇｅｎｔ：ｍａｉｎ：ｘ").expect("fullwidth").0, "agent:main:x");
         assert_eq!(canonical_key("ＭＡＩＮ").expect("fullwidth").0, MAIN_KEY);
@@ -735,7 +735,7 @@ mod tests {
                     assert!(key.len() <= MAX_KEY_LEN, "{len}");
                     assert_eq!(canonical_key(&key).expect("canonical key accepted again"), (key, agent));
                 }
-                Err(e) => assert!(e.message.contains("longer than 512 bytes"), "{len}: {}", e.message),
+                Err(e) => assert!(e.to_string().contains("longer than 512 bytes"), "{len}: {}", e),
             }
         }
         assert!(canonical_key(&"k".repeat(MAX_KEY_LEN - "agent:main:".len())).is_ok());
@@ -761,7 +761,7 @@ mod tests {
         assert_eq!(fresh.resolve("main", false).expect("ok").map(|r| r.session_id), Some(b.session_id));
         // Unknown agents: refused for creation, absent for lookups, and no directory appears.
         let e = s.resolve("agent:ghost:x", true).expect_err("unknown agent");
-        assert!(e.message.contains("unknown agent id \"ghost\""), "{}", e.message);
+        assert!(e.to_string().contains("unknown agent id \"ghost\""), "{}", e);
         assert_eq!(s.resolve("agent:ghost:x", false).expect("lookup"), None);
         assert!(!dir.path().join("agents/ghost").exists());
         // Another process's change to sessions.json is seen, not overwritten.

@@ -3,9 +3,10 @@
 //! work off the async threads.
 
 use crate::config::{Settings, StoreSettings};
+use crate::error::EngineError;
 use crate::error::GatewayError;
 use crate::hub::Hub;
-use crate::protocol::{RpcError, RunAnswer};
+use crate::protocol::RunAnswer;
 use crate::sessions::{SessionRef, Sessions};
 use pincer_agent::{CancellationToken, Cancelled, ContextMessage, Messages, SessionGuard, SessionQueue, ToolRegistry};
 use pincer_store::redact::Redactor;
@@ -253,7 +254,7 @@ impl DedupeWindow {
 pub enum Dedupe {
     InFlight,
     /// The answer, and when its run started (ms since the epoch) if one ran here.
-    Done(Result<RunAnswer, RpcError>, Option<u64>),
+    Done(Result<RunAnswer, EngineError>, Option<u64>),
 }
 
 pub struct Gateway {
@@ -718,10 +719,10 @@ impl Gateway {
         self: &Arc<Self>,
         session: &SessionRef,
         cancel: &CancellationToken,
-    ) -> Result<TurnSlot, RpcError> {
-        let slot = self.turn_slot(&session.key, cancel).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
+    ) -> Result<TurnSlot, EngineError> {
+        let slot = self.turn_slot(&session.key, cancel).await.map_err(|e| EngineError::Unavailable(e.to_string()))?;
         if slot.moved(self, session).await {
-            return Err(RpcError::invalid(format!(
+            return Err(EngineError::Conflict(format!(
                 "session {} was reset or deleted meanwhile; nothing was written (reload it)",
                 session.key
             )));
@@ -749,43 +750,41 @@ impl Gateway {
     }
 
     /// The result recorded for an idempotency key, if its run has finished.
-    pub fn dedupe_result(&self, key: &str) -> Option<Result<RunAnswer, RpcError>> {
+    pub fn dedupe_result(&self, key: &str) -> Option<Result<RunAnswer, EngineError>> {
         self.dedupe_done(key).map(|(r, _)| r)
     }
 
     /// The answer of a finished key, with when its run started (if one ran here).
-    pub fn dedupe_done(&self, key: &str) -> Option<(Result<RunAnswer, RpcError>, Option<u64>)> {
+    pub fn dedupe_done(&self, key: &str) -> Option<(Result<RunAnswer, EngineError>, Option<u64>)> {
         match lock(&self.dedupe).keys.get(key) {
             Some((_, Dedupe::Done(r, started))) => Some((r.clone(), *started)),
             _ => None,
         }
     }
 
-    pub fn dedupe_finish(&self, key: &str, result: Result<RunAnswer, RpcError>) {
+    pub fn dedupe_finish(&self, key: &str, result: Result<RunAnswer, EngineError>) {
         self.dedupe_finish_run(key, result, None);
     }
 
     /// [`Gateway::dedupe_finish`] for a run that started at `started_at`.
-    pub fn dedupe_finish_run(&self, key: &str, result: Result<RunAnswer, RpcError>, started_at: Option<u64>) {
+    pub fn dedupe_finish_run(&self, key: &str, result: Result<RunAnswer, EngineError>, started_at: Option<u64>) {
         lock(&self.dedupe).set(key, Instant::now(), Dedupe::Done(result, started_at));
     }
 
     // ---- store work, off the async threads ----
 
     /// Runs `f` on a blocking thread (it reads, locks or writes files).
-    pub async fn blocking<T: Send + 'static>(
+    pub async fn blocking<T: Send + 'static, E: From<EngineError> + Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&Gateway) -> Result<T, RpcError> + Send + 'static,
-    ) -> Result<T, RpcError> {
+        f: impl FnOnce(&Gateway) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
         let gw = self.clone();
-        tokio::task::spawn_blocking(move || f(&gw))
-            .await
-            .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))?
+        tokio::task::spawn_blocking(move || f(&gw)).await.map_err(|e| E::from(EngineError::task(e)))?
     }
 
     /// The session of a key (created in the index when `create` and missing): from memory when it
     /// can be answered there ([`Sessions::resolve_cached`]), else on a blocking thread.
-    pub async fn session(self: &Arc<Self>, key: &str, create: bool) -> Result<Option<SessionRef>, RpcError> {
+    pub async fn session(self: &Arc<Self>, key: &str, create: bool) -> Result<Option<SessionRef>, EngineError> {
         if let Some(s) = self.sessions.resolve_cached(key) {
             return Ok(Some(s));
         }
@@ -794,12 +793,12 @@ impl Gateway {
     }
 
     /// Creates the session's transcript file (its header) if it is not there yet.
-    pub async fn ensure_transcript(self: &Arc<Self>, session: &SessionRef) -> Result<(), RpcError> {
+    pub async fn ensure_transcript(self: &Arc<Self>, session: &SessionRef) -> Result<(), EngineError> {
         let (path, sid) = (session.path.clone(), session.session_id.clone());
         self.blocking(move |gw| {
             gw.store
                 .ensure_created(&path, Some(&sid))
-                .map_err(|e| RpcError::unavailable(format!("cannot create the transcript: {e}")))
+                .map_err(|e| EngineError::Persistence(format!("cannot create the transcript: {e}")))
         })
         .await
     }
@@ -810,7 +809,7 @@ impl Gateway {
         path: &std::path::Path,
         answer: crate::budget::Answer,
         what: &str,
-    ) -> Result<crate::budget::Held, RpcError> {
+    ) -> Result<crate::budget::Held, EngineError> {
         let bytes = self.transcript_bytes(path).await;
         self.answers.reserve(answer, bytes, what).await
     }
@@ -821,10 +820,10 @@ impl Gateway {
         path: &std::path::Path,
         answer: crate::budget::Answer,
         what: &str,
-    ) -> Result<crate::budget::Held, RpcError> {
+    ) -> Result<crate::budget::Held, EngineError> {
         let bytes = self.store.bytes(path).unwrap_or(0);
         let handle = tokio::runtime::Handle::try_current()
-            .map_err(|_| RpcError::unavailable("the answer budget is asked outside the gateway's runtime"))?;
+            .map_err(|_| EngineError::Internal("the answer budget is asked outside the gateway's runtime".into()))?;
         handle.block_on(self.answers.reserve(answer, bytes, what))
     }
 
@@ -835,10 +834,10 @@ impl Gateway {
     }
 
     /// Runs `f` on the session index on a blocking thread.
-    pub async fn index<T: Send + 'static>(
+    pub async fn index<T: Send + 'static, E: From<EngineError> + Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&Sessions) -> Result<T, RpcError> + Send + 'static,
-    ) -> Result<T, RpcError> {
+        f: impl FnOnce(&Sessions) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
         self.blocking(move |gw| f(&gw.sessions)).await
     }
 

@@ -139,7 +139,7 @@ async fn run_queued(gw: Arc<Gateway>, s: SessionRef, queued: Vec<(String, Value)
         let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return };
         tracing::warn!(session = %s.key, run = %run_id, "running a message queued before its gateway stopped");
         if let Err(e) = crate::turn::run_queued(&gw, s.clone(), &run_id, &data, slot).await {
-            tracing::warn!(session = %s.key, run = %run_id, "cannot run a queued message: {}", e.message);
+            tracing::warn!(session = %s.key, run = %run_id, "cannot run a queued message: {e}");
         }
         started(&run_id);
     }
@@ -201,7 +201,7 @@ pub async fn recover(
                 Ok(Recovered::Resumed)
             }
             Err(e) => {
-                tracing::warn!(session = %s.key, run = %run_id, "cannot resume an interrupted turn: {}", e.message);
+                tracing::warn!(session = %s.key, run = %run_id, "cannot resume an interrupted turn: {e}");
                 Err(())
             }
         },

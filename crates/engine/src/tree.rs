@@ -11,7 +11,7 @@
 //! read as the same leaf. Nothing is written when the input is wrong: the errors name the
 //! session or the entry that was not found or not allowed.
 
-use crate::protocol::RpcError;
+use crate::error::EngineError;
 use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_store::history::project_entry;
@@ -85,9 +85,10 @@ fn resolve_controls(
 }
 
 impl Tree {
-    fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, RpcError> {
+    fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, EngineError> {
         let held = gw.reserve_answer_blocking(&s.path, crate::budget::Answer::History, "the session's tree")?;
-        let parsed = gw.store.read_session(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
+        let parsed =
+            gw.store.read_session(&s.path).map_err(|e| EngineError::Persistence(format!("cannot read: {e}")))?;
         let (leaf, parsed) = match parsed {
             Some(p) => (current_leaf(gw, s)?, p),
             None => (None, Session::parse(Vec::new())),
@@ -214,7 +215,7 @@ pub fn leaf_and_entry(
     gw: &Gateway,
     s: &SessionRef,
     id: Option<&str>,
-) -> Result<(Option<String>, Option<Value>), RpcError> {
+) -> Result<(Option<String>, Option<Value>), EngineError> {
     // The leaf alone is the store's (no read of the file); an entry needs the tree.
     let Some(id) = id else { return Ok((current_leaf(gw, s)?, None)) };
     let tree = Tree::load(gw, s)?;
@@ -223,11 +224,11 @@ pub fn leaf_and_entry(
 }
 
 /// The session's active leaf (`None` without a transcript).
-fn current_leaf(gw: &Gateway, s: &SessionRef) -> Result<Option<String>, RpcError> {
+fn current_leaf(gw: &Gateway, s: &SessionRef) -> Result<Option<String>, EngineError> {
     if !gw.store.exists(&s.path) {
         return Ok(None);
     }
-    gw.store.leaf(&s.path).map_err(|e| RpcError::unavailable(format!("cannot read the leaf: {e}")))
+    gw.store.leaf(&s.path).map_err(|e| EngineError::Persistence(format!("cannot read the leaf: {e}")))
 }
 
 fn role(n: &Node) -> Option<&str> {
@@ -309,24 +310,27 @@ pub struct Labelled {
 }
 
 /// The session of `sel` (the agent it names must agree with the key), if it exists.
-fn find_session(gw: &Gateway, sel: &SessionSel) -> Result<Option<SessionRef>, RpcError> {
+fn find_session(gw: &Gateway, sel: &SessionSel) -> Result<Option<SessionRef>, EngineError> {
     let key = &sel.key;
     if let Some(agent) = &sel.agent_id {
         let (_, from_key) = crate::sessions::canonical_key(key)?;
         if from_key != *agent {
-            return Err(RpcError::invalid(format!("agentId {:?} does not match sessionKey {key:?}", agent.as_str())));
+            return Err(EngineError::invalid(format!(
+                "agentId {:?} does not match sessionKey {key:?}",
+                agent.as_str()
+            )));
         }
     }
     gw.sessions.resolve(key, false)
 }
 
 /// The session a tree operation works on; unknown sessions are an error.
-fn session_of(gw: &Gateway, sel: &SessionSel) -> Result<SessionRef, RpcError> {
-    find_session(gw, sel)?.ok_or_else(|| RpcError::invalid(format!("session not found: {}", sel.key)))
+fn session_of(gw: &Gateway, sel: &SessionSel) -> Result<SessionRef, EngineError> {
+    find_session(gw, sel)?.ok_or_else(|| EngineError::NotFound(format!("session not found: {}", sel.key)))
 }
 
 /// The tips of the session's tree (`None`: no such session; OpenClaw answers it with no branches).
-pub async fn branches(gw: &Arc<Gateway>, sel: SessionSel) -> Result<Option<Vec<Branch>>, RpcError> {
+pub async fn branches(gw: &Arc<Gateway>, sel: SessionSel) -> Result<Option<Vec<Branch>>, EngineError> {
     gw.blocking(move |gw| {
         let Some(s) = find_session(gw, &sel)? else { return Ok(None) };
         let tree = Tree::load(gw, &s)?;
@@ -365,7 +369,7 @@ pub async fn branches(gw: &Arc<Gateway>, sel: SessionSel) -> Result<Option<Vec<B
 }
 
 /// Every message with its parent and the newest tip below it.
-pub async fn tree(gw: &Arc<Gateway>, sel: SessionSel) -> Result<TreeView, RpcError> {
+pub async fn tree(gw: &Arc<Gateway>, sel: SessionSel) -> Result<TreeView, EngineError> {
     gw.blocking(move |gw| {
         let s = session_of(gw, &sel)?;
         let tree = Tree::load(gw, &s)?;
@@ -461,15 +465,15 @@ fn announce(gw: &Gateway, s: &SessionRef, reason: &str, leaf: Option<&str>) {
 }
 
 /// Refuses tree changes while a turn of the session runs (OpenClaw's rule).
-fn idle(gw: &Gateway, s: &SessionRef, what: &str) -> Result<(), RpcError> {
+fn idle(gw: &Gateway, s: &SessionRef, what: &str) -> Result<(), EngineError> {
     match gw.runs_of(&s.key).is_empty() {
         true => Ok(()),
-        false => Err(RpcError::unavailable(format!("{what} is unavailable while the agent is working."))),
+        false => Err(EngineError::Busy(format!("{what} is unavailable while the agent is working."))),
     }
 }
 
 /// Moves the active leaf to tip `target`.
-pub async fn switch(gw: &Arc<Gateway>, sel: SessionSel, target: String) -> Result<(), RpcError> {
+pub async fn switch(gw: &Arc<Gateway>, sel: SessionSel, target: String) -> Result<(), EngineError> {
     let t = target.clone();
     let s = gw
         .blocking(move |gw| {
@@ -477,13 +481,13 @@ pub async fn switch(gw: &Arc<Gateway>, sel: SessionSel, target: String) -> Resul
             check_not_archived(&s, "Branch switch")?;
             let tree = Tree::load(gw, &s)?;
             let Some(node) = tree.get(&t) else {
-                return Err(RpcError::invalid(format!("branch entry not found: {t} (not in session {})", s.key)));
+                return Err(EngineError::NotFound(format!("branch entry not found: {t} (not in session {})", s.key)));
             };
             if node.kind == Kind::Leaf || !tree.tips().iter().any(|n| n.id == t) {
-                return Err(RpcError::invalid(format!("entry is not a branch tip: {t}")));
+                return Err(EngineError::invalid(format!("entry is not a branch tip: {t}")));
             }
             if tree.leaf.as_deref() == Some(t.as_str()) {
-                return Err(RpcError::invalid(format!("branch is already active: {t}")));
+                return Err(EngineError::invalid(format!("branch is already active: {t}")));
             }
             Ok(s)
         })
@@ -498,21 +502,21 @@ async fn move_leaf(
     target: Option<&str>,
     what: &str,
     reason: &str,
-) -> Result<(), RpcError> {
+) -> Result<(), EngineError> {
     idle(gw, s, what)?;
     let cancel = gw.stopping();
     let _slot = gw.slot_for(s, &cancel).await?;
     idle(gw, s, what)?;
     gw.append(s, NewEntry::move_leaf(target))
         .await
-        .map_err(|e| RpcError::unavailable(format!("cannot write the branch change: {e}")))?;
+        .map_err(|e| EngineError::Persistence(format!("cannot write the branch change: {e}")))?;
     announce(gw, s, reason, target);
     Ok(())
 }
 
-fn check_not_archived(s: &SessionRef, what: &str) -> Result<(), RpcError> {
+fn check_not_archived(s: &SessionRef, what: &str) -> Result<(), EngineError> {
     match s.entry.contains_key("archivedAt") {
-        true => Err(RpcError::invalid(format!("{what} is unavailable for archived sessions."))),
+        true => Err(EngineError::invalid(format!("{what} is unavailable for archived sessions."))),
         false => Ok(()),
     }
 }
@@ -524,17 +528,17 @@ struct Cut {
     prefix: Vec<Value>,
 }
 
-fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, RpcError> {
+fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, EngineError> {
     let tree = Tree::load(gw, s)?;
     let Some(node) = tree.get(entry_id) else {
-        return Err(RpcError::invalid(format!("message entry not found: {entry_id} (not in session {})", s.key)));
+        return Err(EngineError::NotFound(format!("message entry not found: {entry_id} (not in session {})", s.key)));
     };
     if role(node) != Some("user") {
-        return Err(RpcError::invalid(format!("entry is not a user message: {entry_id}")));
+        return Err(EngineError::invalid(format!("entry is not a user message: {entry_id}")));
     }
     let path = tree.path(tree.leaf.as_deref());
     let Some(at) = path.iter().position(|n| n.id == entry_id) else {
-        return Err(RpcError::invalid(format!("message entry is not on the active path: {entry_id}")));
+        return Err(EngineError::invalid(format!("message entry is not on the active path: {entry_id}")));
     };
     Ok(Cut {
         parent: node.parent.clone(),
@@ -545,7 +549,7 @@ fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, RpcError>
 
 /// Moves the leaf to the parent of user message `entry_id` on the active path: its text, for
 /// editing (`None` when it has none).
-pub async fn rewind(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Result<Option<String>, RpcError> {
+pub async fn rewind(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Result<Option<String>, EngineError> {
     let (s, cut) = gw
         .blocking(move |gw| {
             let s = session_of(gw, &sel)?;
@@ -560,7 +564,11 @@ pub async fn rewind(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Res
 
 /// A new dashboard session holding the active path before user message `entry_id`: its key, and
 /// the message's text for editing (`None` when it has none).
-pub async fn fork(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Result<(String, Option<String>), RpcError> {
+pub async fn fork(
+    gw: &Arc<Gateway>,
+    sel: SessionSel,
+    entry_id: String,
+) -> Result<(String, Option<String>), EngineError> {
     let (source, cut) = gw
         .blocking(move |gw| {
             let s = session_of(gw, &sel)?;
@@ -573,7 +581,8 @@ pub async fn fork(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Resul
     let label = source.entry.get("label").and_then(Value::as_str).map(|l| format!("Fork of {l}"));
     let created = gw
         .blocking(move |gw| {
-            let s = gw.sessions.resolve(&k, true)?.ok_or_else(|| RpcError::unavailable("session not created"))?;
+            let s =
+                gw.sessions.resolve(&k, true)?.ok_or_else(|| EngineError::Internal("session not created".into()))?;
             if let Some(l) = label {
                 let mut f = serde_json::Map::new();
                 f.insert("label".into(), json!(l.chars().take(crate::protocol::MAX_LABEL_CHARS).collect::<String>()));
@@ -599,7 +608,7 @@ pub async fn fork(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Resul
         let a = gw
             .append(&created, NewEntry::of(&kind, payload))
             .await
-            .map_err(|e| RpcError::unavailable(format!("cannot write the forked transcript: {e}")))?;
+            .map_err(|e| EngineError::Persistence(format!("cannot write the forked transcript: {e}")))?;
         if let (Some(old), Some(new)) = (obj.get("id").and_then(Value::as_str), a.id()) {
             ids.insert(old.to_owned(), new.to_owned());
         }
@@ -609,7 +618,7 @@ pub async fn fork(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Resul
 }
 
 /// Entry `id` of the session in full (up to `max_chars` per text).
-pub async fn message(gw: &Arc<Gateway>, sel: SessionSel, id: String, max_chars: usize) -> Result<Message, RpcError> {
+pub async fn message(gw: &Arc<Gateway>, sel: SessionSel, id: String, max_chars: usize) -> Result<Message, EngineError> {
     gw.blocking(move |gw| {
         let Some(s) = find_session(gw, &sel)? else { return Ok(Message::NotFound) };
         let tree = Tree::load(gw, &s)?;
@@ -635,19 +644,19 @@ pub async fn label(
     sel: SessionSel,
     target: String,
     label: Option<String>,
-) -> Result<Labelled, RpcError> {
+) -> Result<Labelled, EngineError> {
     let text = match &label {
         None => String::new(),
         Some(l) if l.chars().count() <= crate::protocol::MAX_LABEL_CHARS => l.trim().to_owned(),
         Some(_) => {
-            return Err(RpcError::invalid(format!(
+            return Err(EngineError::invalid(format!(
                 "label must be a string of at most {} characters",
                 crate::protocol::MAX_LABEL_CHARS
             )))
         }
     };
     if text.chars().any(char::is_control) {
-        return Err(RpcError::invalid("label must not contain control characters"));
+        return Err(EngineError::invalid("label must not contain control characters"));
     }
     let t = target.clone();
     let s = gw
@@ -655,7 +664,7 @@ pub async fn label(
             let s = session_of(gw, &sel)?;
             let tree = Tree::load(gw, &s)?;
             if tree.get(&t).is_none_or(|n| n.kind == Kind::Leaf) {
-                return Err(RpcError::invalid(format!("entry not found: {t} (not in session {})", s.key)));
+                return Err(EngineError::NotFound(format!("entry not found: {t} (not in session {})", s.key)));
             }
             Ok(s)
         })
@@ -671,7 +680,7 @@ pub async fn label(
     let a = gw
         .append(&s, NewEntry::of("label", payload))
         .await
-        .map_err(|e| RpcError::unavailable(format!("cannot write the label: {e}")))?;
+        .map_err(|e| EngineError::Persistence(format!("cannot write the label: {e}")))?;
     announce(gw, &s, "label", a.id());
     Ok(Labelled { entry_id: a.id().map(str::to_owned), target_id: target, label: Some(text).filter(|t| !t.is_empty()) })
 }

@@ -9,11 +9,10 @@
 use crate::announce::{publish_agent_event, publish_session_message, tool_result_data, with_meta, WithMeta};
 use crate::commands::slash_command;
 use crate::durable::OnDisk;
-use crate::error::persist_failure;
+use crate::error::EngineError;
 use crate::hook::{self, Decision};
 use crate::protocol::{
-    AgentUpdate, ChatEvent, ChatFailure, ChatState, ChatStatus, ErrorCode, ErrorKind, Retry, RpcError, RunAnswer,
-    RunStatus, StatusPhase,
+    AgentUpdate, ChatEvent, ChatFailure, ChatState, ChatStatus, ErrorKind, Retry, RunAnswer, RunStatus, StatusPhase,
 };
 use crate::sessions::SessionRef;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle, TurnOutcome, MAX_QUEUED_PER_SESSION};
@@ -104,7 +103,7 @@ pub async fn start_turn(
     gw: &Arc<Gateway>,
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
-) -> Result<TurnHandle, RpcError> {
+) -> Result<TurnHandle, EngineError> {
     start_turn_in(gw, request, acked, None).await
 }
 
@@ -115,7 +114,7 @@ async fn start_turn_in(
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
     slot: Option<crate::state::TurnSlot>,
-) -> Result<TurnHandle, RpcError> {
+) -> Result<TurnHandle, EngineError> {
     let TurnRequest { session, run_id, text: message, images, regenerate, expected_leaf, graft, model, conn_id } =
         request;
     let dedupe_key = format!("chat:{run_id}");
@@ -157,7 +156,7 @@ async fn start_turn_in(
     }
     let Some((run, ahead)) = gw.register_run_bounded(&run_id, &session.key, conn_id, MAX_QUEUED_PER_SESSION) else {
         gw.dedupe_forget(&dedupe_key);
-        return Err(RpcError::unavailable(format!(
+        return Err(EngineError::Busy(format!(
             "session busy: {MAX_QUEUED_PER_SESSION} turns are already running or waiting in {}; send again when one has finished",
             session.key
         )));
@@ -186,13 +185,13 @@ async fn start_turn_in(
                     gw.append(&session, record).await
                 }
                 Ok(None) => Err(pincer_store::StoreError::MovedAside(session.path.display().to_string())),
-                Err(e) => Err(pincer_store::StoreError::Internal(e.message)),
+                Err(e) => Err(pincer_store::StoreError::Internal(e.to_string())),
             };
         }
         if let Err(e) = written {
             gw.finish_run(&run_id);
             gw.dedupe_forget(&dedupe_key);
-            return Err(RpcError::unavailable(format!("cannot queue the message: {}", persist_failure(&e).1)));
+            return Err(EngineError::Persistence(format!("cannot queue the message: {}", EngineError::unsaved(&e))));
         }
     }
     let handle = TurnHandle { answer: RunAnswer::new(&run_id, RunStatus::Started), run: Some(run.clone()) };
@@ -259,7 +258,7 @@ pub async fn resume(
     run_id: &str,
     user: &Value,
     slot: crate::state::TurnSlot,
-) -> Result<RunAnswer, RpcError> {
+) -> Result<RunAnswer, EngineError> {
     // The text tells a slash command (which is not run again) from a message.
     let text = pincer_pi::text_blocks(user["message"].get("content")).join("\n");
     start_held(gw, session, run_id, text, Vec::new(), slot).await
@@ -273,7 +272,7 @@ pub async fn run_queued(
     run_id: &str,
     queued: &Value,
     slot: crate::state::TurnSlot,
-) -> Result<RunAnswer, RpcError> {
+) -> Result<RunAnswer, EngineError> {
     let text = queued["text"].as_str().unwrap_or_default().to_owned();
     let images = queued["images"].as_array().cloned().unwrap_or_default();
     start_held(gw, session, run_id, text, images, slot).await
@@ -287,7 +286,7 @@ async fn start_held(
     text: String,
     images: Vec<Value>,
     slot: crate::state::TurnSlot,
-) -> Result<RunAnswer, RpcError> {
+) -> Result<RunAnswer, EngineError> {
     let request = TurnRequest {
         session,
         run_id: run_id.to_owned(),
@@ -319,7 +318,7 @@ async fn check_branch_point(
     session: &SessionRef,
     expected: Option<&Option<String>>,
     regenerate: Option<&str>,
-) -> Result<(), RpcError> {
+) -> Result<(), EngineError> {
     if expected.is_none() && regenerate.is_none() {
         return Ok(());
     }
@@ -327,7 +326,7 @@ async fn check_branch_point(
     let (leaf, target) = gw.blocking(move |gw| crate::tree::leaf_and_entry(gw, &s2, regen.as_deref())).await?;
     if let Some(want) = expected {
         if want != &leaf {
-            return Err(RpcError::invalid(format!(
+            return Err(EngineError::Conflict(format!(
                 "the active branch of {} moved (its leaf is {}, expectedLeafEntryId is {}); reload and send again",
                 session.key,
                 leaf.as_deref().unwrap_or("null"),
@@ -339,20 +338,20 @@ async fn check_branch_point(
         let role = target.as_ref().and_then(|e| e.get("message")).and_then(|m| m.get("role")).and_then(Value::as_str);
         match (target.is_some(), role) {
             (false, _) => {
-                return Err(RpcError::invalid(format!(
+                return Err(EngineError::NotFound(format!(
                     "regenerateEntryId {id} is not an entry of session {}",
                     session.key
                 )))
             }
             (true, Some("user")) => {}
-            (true, _) => return Err(RpcError::invalid(format!("regenerateEntryId {id} is not a user message"))),
+            (true, _) => return Err(EngineError::Invalid(format!("regenerateEntryId {id} is not a user message"))),
         }
     }
     Ok(())
 }
 
 /// [`crate::durable::on_disk`] off the async threads; errors name the transcript.
-async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Result<OnDisk, RpcError> {
+async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Result<OnDisk, EngineError> {
     if crate::durable::known_new(gw.store.as_ref(), &session.path, run_id) {
         return Ok(OnDisk::New);
     }
@@ -360,8 +359,8 @@ async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Resul
         (gw.store.clone(), session.path.clone(), run_id.to_owned(), gw.settings.resume_attempts);
     tokio::task::spawn_blocking(move || crate::durable::on_disk(&store, &path, &id, attempts))
         .await
-        .map_err(|e| RpcError::unavailable(format!("transcript check failed: {e}")))?
-        .map_err(|e| RpcError::unavailable(format!("cannot read the transcript to check idempotencyKey: {e}")))
+        .map_err(EngineError::task)?
+        .map_err(|e| EngineError::Persistence(format!("cannot read the transcript to check idempotencyKey: {e}")))
 }
 
 /// One `chat.send` from the queue to its last event.
@@ -489,7 +488,7 @@ impl Turn {
         publish_session_message(&self.gw, &self.session, entry, None);
     }
 
-    fn finish(&self, result: Result<RunStatus, RpcError>) {
+    fn finish(&self, result: Result<RunStatus, EngineError>) {
         let status = result.as_ref().map_or("error", |s| s.as_str());
         crate::metrics::turn_finished(status);
         let model = self.session_model();
@@ -554,8 +553,7 @@ impl Turn {
         };
         if let Some(e) = stale {
             // Nothing was written: the client's view of the branch is stale (or could not be checked).
-            let kind = if e.code == ErrorCode::InvalidRequest { ErrorKind::Conflict } else { ErrorKind::Persistence };
-            self.fail(&e.message, kind, None);
+            self.fail_with(&e);
         } else if let (Some(_), Some(_)) = (command, &self.resume) {
             self.reply("This command was interrupted by a restart before it was answered; send it again.").await;
             self.finish(Ok(RunStatus::Interrupted));
@@ -648,8 +646,7 @@ impl Turn {
                 Some(a.entry["message"].clone())
             }
             Err(e) => {
-                let (kind, message) = persist_failure(&e);
-                self.fail(&message, kind, None);
+                self.fail_with(&EngineError::unsaved(&e));
                 None
             }
         }
@@ -737,7 +734,7 @@ impl Turn {
                     self.finish(Ok(RunStatus::Ok));
                     return;
                 }
-                Err(e) => format!("Could not start a new session: {}", e.message),
+                Err(e) => format!("Could not start a new session: {e}"),
             },
             _ => {
                 let focus = self.text.trim().strip_prefix("/compact").map(str::trim).filter(|t| !t.is_empty());
@@ -802,7 +799,7 @@ impl Turn {
             let leaf = match self.gw.blocking(move |gw| crate::tree::leaf_and_entry(gw, &s, None)).await {
                 Ok((leaf, _)) => leaf,
                 Err(e) => {
-                    let why = format!("cannot read the leaf of {}: {}", path.display(), e.message);
+                    let why = format!("cannot read the leaf of {}: {e}", path.display());
                     self.fail(&why, ErrorKind::Persistence, None);
                     return false;
                 }
@@ -817,18 +814,13 @@ impl Turn {
             payload.insert("customType".into(), json!(SYSTEM_PROMPT_CHANGE));
             payload.insert("data".into(), json!({"systemPrompt": prompt, "at": now_ms()}));
             if let Err(e) = self.gw.append(&self.session, NewEntry::of("custom", payload)).await {
-                let (kind, message) = persist_failure(&e);
-                self.fail(&message, kind, None);
+                self.fail_with(&EngineError::unsaved(&e));
                 return false;
             }
             let (key, mut fields) = (self.session.key.clone(), Map::new());
             fields.insert(SYSTEM_PROMPT_FIELD.into(), json!(prompt));
             if let Err(e) = self.gw.index(move |s| s.patch(&key, &fields)).await {
-                self.fail(
-                    &format!("the system prompt could not be saved: {}", e.message),
-                    ErrorKind::Persistence,
-                    None,
-                );
+                self.fail(&format!("the system prompt could not be saved: {e}"), ErrorKind::Persistence, None);
                 return false;
             }
         }
@@ -845,8 +837,7 @@ impl Turn {
                 true
             }
             Err(e) => {
-                let (kind, message) = persist_failure(&e);
-                self.fail(&message, kind, None);
+                self.fail_with(&EngineError::unsaved(&e));
                 false
             }
         }
@@ -856,8 +847,7 @@ impl Turn {
     /// error) when it could not be written.
     async fn move_leaf(&self, target: Option<&str>, reason: &str) -> bool {
         if let Err(e) = self.gw.append(&self.session, NewEntry::move_leaf(target)).await {
-            let (kind, message) = persist_failure(&e);
-            self.fail(&message, kind, None);
+            self.fail_with(&EngineError::unsaved(&e));
             return false;
         }
         self.gw.hub.publish(
@@ -997,8 +987,7 @@ impl Turn {
         let (held, state) = match checked {
             Ok(Ok(checked)) => checked,
             Ok(Err(e)) => {
-                let (kind, message) = persist_failure(&e);
-                self.fail(&message, kind, None);
+                self.fail_with(&EngineError::unsaved(&e));
                 return false;
             }
             Err(e) => {
@@ -1019,8 +1008,7 @@ impl Turn {
         let written = self.gw.append(&self.session, marker).await;
         drop(held);
         if let Err(e) = written {
-            let (kind, message) = persist_failure(&e);
-            self.fail(&message, kind, None);
+            self.fail_with(&EngineError::unsaved(&e));
             return false;
         }
         true
@@ -1069,8 +1057,7 @@ impl Turn {
             match tokio::task::spawn_blocking(move || crate::approvals::on_disk(&*store, &path, &ids)).await {
                 Ok(Ok(asked)) => asked,
                 Ok(Err(e)) => {
-                    let (kind, message) = persist_failure(&e);
-                    self.fail(&message, kind, None);
+                    self.fail_with(&EngineError::unsaved(&e));
                     return false;
                 }
                 Err(e) => {
@@ -1118,8 +1105,7 @@ impl Turn {
                     self.agent_data("tool", &tool_result_data(&a.entry["message"]));
                 }
                 Err(e) => {
-                    let (kind, message) = persist_failure(&e);
-                    self.fail(&message, kind, None);
+                    self.fail_with(&EngineError::unsaved(&e));
                     return false;
                 }
             }
@@ -1171,8 +1157,12 @@ impl Turn {
         self.ended(TurnOutcome::Failed { message: message.clone(), kind: kind.as_str().to_owned() });
         self.chat_event(ChatState::Error, extra);
         self.agent_event(AgentUpdate::Failed { error: message });
-        self.finish(Err(RpcError::unavailable(message.to_owned())
-            .with_details(json!({"runId": self.run.run_id, "status": "error", "summary": message}))));
+        self.finish(Err(EngineError::RunFailed { run_id: self.run.run_id.clone(), summary: message.clone() }));
+    }
+
+    /// [`Turn::fail`] with an engine error: its text and its kind.
+    fn fail_with(&self, e: &EngineError) {
+        self.fail(&e.to_string(), e.kind(), None);
     }
 
     /// Relays the run's events: throttled deltas, persisted rows, the final, errors, aborts. A

@@ -68,7 +68,7 @@ pub async fn admit(gw: &Arc<Gateway>, key: &str, format: &str, frame: bool) -> R
             s.key
         )));
     }
-    gw.reserve_answer(&s.path, crate::budget::Answer::Export(format), "the export").await
+    Ok(gw.reserve_answer(&s.path, crate::budget::Answer::Export(format), "the export").await?)
 }
 
 /// `sessions.export` (Pincer): the export as text in the answer (for large sessions, the HTTP

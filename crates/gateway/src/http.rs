@@ -312,7 +312,7 @@ async fn session_events(
 ) -> Response {
     let key = match crate::sessions::canonical_key(&raw_key) {
         Ok((k, _)) => k,
-        Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.message}))).into_response(),
+        Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"error": e.to_string()}))).into_response(),
     };
     let given = headers
         .get("last-event-id")
@@ -337,7 +337,7 @@ async fn session_events(
         Some(Ok(after)) => match crate::catchup::since(&gw, &key, &after).await {
             Ok(Catchup::Events(evs, last)) => (evs.iter().map(|e| to_sse(e)).collect(), Some(last)),
             Ok(Catchup::Reset(why)) => (vec![reset(&why)], None),
-            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": e.message}))).into_response(),
+            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": e.to_string()}))).into_response(),
         },
     };
     let live = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|ev| (ev, rx)) }).filter_map(move |ev| {

@@ -135,6 +135,6 @@ fn store(c: &mut Checks, settings: &Settings) {
     let sessions = pincer_gateway::sessions::Sessions::new(&settings.state_dir, store);
     match sessions.list(None) {
         Ok(rows) => c.ok("store", format!("{kind}: {} session(s)", rows.len())),
-        Err(e) => c.fail("store", format!("{kind}: cannot list the sessions: {}", e.message)),
+        Err(e) => c.fail("store", format!("{kind}: cannot list the sessions: {e}")),
     }
 }

@@ -132,8 +132,8 @@ pub fn list(args: ListArgs) -> Result<u8, Failure> {
     let store: std::sync::Arc<dyn pincer_store::Transcripts> =
         std::sync::Arc::new(pincer_store::Store::new(Default::default()));
     let sessions = pincer_gateway::sessions::Sessions::new(&dir, store.clone());
-    let agent = args.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| Failure::usage(e.message))?;
-    let rows = sessions.list(agent.as_ref()).map_err(|e| Failure::failed(e.message))?;
+    let agent = args.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| Failure::usage(e.to_string()))?;
+    let rows = sessions.list(agent.as_ref()).map_err(|e| Failure::failed(e.to_string()))?;
     if args.output.json() {
         let v: Vec<serde_json::Value> = rows
             .iter()

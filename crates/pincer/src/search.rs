@@ -50,7 +50,7 @@ fn open(dir: &std::path::Path) -> Result<pincer_search::Index, Failure> {
 
 pub fn search(args: SearchArgs) -> Result<u8, Failure> {
     use pincer_gateway::search::Engine;
-    let agent_id = args.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| Failure::usage(e.message))?;
+    let agent_id = args.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| Failure::usage(e.to_string()))?;
     let params = SearchParams {
         query: args.query,
         agent_id,

@@ -230,16 +230,15 @@ fn locate(target: Target, needs: Needs) -> Result<Located, Failure> {
     .map_err(|e| Failure::usage(e.to_string()))?;
     let store = pincer_gateway::state::open_transcripts(&settings).map_err(|e| Failure::failed(e.to_string()))?;
     let sessions = pincer_gateway::sessions::Sessions::new(&settings.state_dir, store.clone());
-    let s = sessions
-        .resolve(&key, false)
-        .map_err(|e| Failure::usage(format!("--session {key}: {}", e.message)))?
-        .ok_or_else(|| {
+    let s = sessions.resolve(&key, false).map_err(|e| Failure::usage(format!("--session {key}: {e}")))?.ok_or_else(
+        || {
             Failure::usage(format!(
                 "no session {key:?} in {} (`pincer sessions list --state-dir {}` lists the keys)",
                 settings.state_dir.display(),
                 settings.state_dir.display()
             ))
-        })?;
+        },
+    )?;
     Ok(Located {
         path: s.path,
         name: format!("--session {}", s.key),
@@ -525,7 +524,7 @@ fn import(input: &Path, state_dir: Option<PathBuf>) -> Result<u8, Failure> {
     let sessions = pincer_gateway::sessions::Sessions::new(&dir, std::sync::Arc::new(store.clone()));
     let r = sessions.import(&prepared);
     store.close();
-    let s = r.map_err(|e| Failure::failed(e.message))?;
+    let s = r.map_err(|e| Failure::failed(e.to_string()))?;
     print_json(&json!({"sessionKey": s.key, "sessionId": s.session_id, "file": s.path.display().to_string()}))?;
     Ok(0)
 }

@@ -67,7 +67,7 @@ impl Policy {
         bindings: &BTreeMap<String, String>,
     ) -> Result<Policy, String> {
         let agent_id = |a: &str, field: &str| {
-            AgentId::parse(a).map_err(|e| format!("{section}: {field} {a:?} is not an agent id: {}", e.message))
+            AgentId::parse(a).map_err(|e| format!("{section}: {field} {a:?} is not an agent id: {e}"))
         };
         let mut allow = Vec::new();
         for a in allow_from {

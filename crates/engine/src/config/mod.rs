@@ -739,7 +739,7 @@ fn load_settings(o: &Overrides) -> Result<Settings, String> {
     let mut resolved = BTreeMap::new();
     resolved.insert(AgentId::main(), defaults.clone());
     for (id, own) in &file.agents.each {
-        let id = AgentId::parse(id).map_err(|e| format!("{}: [agents.{id}]: {}", config_path.display(), e.message))?;
+        let id = AgentId::parse(id).map_err(|e| format!("{}: [agents.{id}]: {e}", config_path.display()))?;
         resolved.insert(id.clone(), std::sync::Arc::new(agent(id, Some(own))?));
     }
     let agents = Agents {

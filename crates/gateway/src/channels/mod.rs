@@ -462,7 +462,7 @@ async fn label(ch: &Arc<Channels>, session: SessionRef, msg: &Inbound) -> Result
         return Ok(session);
     }
     let key = session.key.clone();
-    gw.index(move |s| s.patch(&key, &fields)).await
+    Ok(gw.index(move |s| s.patch(&key, &fields)).await?)
 }
 
 /// Waits until turn `run_id` is durable: its rows are on disk, or its queued record is, or it ended
@@ -749,7 +749,7 @@ pub async fn deliver(ch: &Arc<Channels>, key: &str, run_id: &str) -> Result<(), 
         if gw.shutdown.is_cancelled() {
             return Ok(());
         }
-        let s = gw.session(key, false).await.map_err(|e| e.message)?.ok_or("the session is gone")?;
+        let s = gw.session(key, false).await.map_err(|e| e.to_string())?.ok_or("the session is gone")?;
         let to = address(&s).ok_or("the session has no deliveryContext")?;
         let out = match ch.outbound(&to.channel) {
             Some(o) => o,

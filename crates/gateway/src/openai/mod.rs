@@ -25,6 +25,7 @@ pub mod responses;
 pub mod wire;
 
 use crate::config::AuthMode;
+use crate::error::EngineError;
 use crate::protocol::{ErrorCode, RunStatus};
 use crate::sessions::{Principal, SessionRef, DEFAULT_AGENT};
 use crate::state::{Gateway, Progress, RunHandle, TurnOutcome};
@@ -379,8 +380,9 @@ fn sync_replicas(idx: &ConversationIndex, pg: &pincer_pg::PgStore) -> Result<(),
     Ok(())
 }
 
-fn internal(e: crate::protocol::RpcError) -> ApiError {
-    ApiError::new(500, "api_error", None, e.message)
+/// An engine failure on the way to a turn (reading the session index, a task): the server's fault.
+fn internal(e: EngineError) -> ApiError {
+    ApiError::new(500, "api_error", None, e.to_string())
 }
 
 /// Where a request's turn goes: after the response it names (`previous_response_id`), or where
@@ -464,7 +466,7 @@ fn place(gw: &Gateway, idx: &ConversationIndex, ask: &Ask, allow_retry: bool) ->
             let s = gw
                 .sessions
                 .resolve_for(k, true, principal)
-                .map_err(|e| ApiError::bad(format!("the session named by the request's headers: {}", e.message)))?
+                .map_err(|e| ApiError::bad(format!("the session named by the request's headers: {e}")))?
                 .filter(|s| principal.reaches(s.owner()))
                 .ok_or_else(|| {
                     ApiError::new(404, "invalid_request_error", None, format!("no session {k} for this API key"))
@@ -735,7 +737,7 @@ async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Resu
     let replies = gw
         .blocking(move |gw| {
             crate::durable::replies(&gw.store, &path, &id)
-                .map_err(|e| crate::protocol::RpcError::unavailable(format!("cannot read the transcript: {e}")))
+                .map_err(|e| EngineError::Persistence(format!("cannot read the transcript: {e}")))
         })
         .await
         .map_err(internal)?;
@@ -803,12 +805,10 @@ async fn answer(gw: &Arc<Gateway>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) 
             model: ask.model.clone(),
             conn_id: 0,
         };
-        let started = start_turn(gw, request, acked).await.map_err(|e| match e.code {
-            ErrorCode::Unavailable if e.message.starts_with("session busy") => {
-                ApiError::new(429, "rate_limit_error", Some("session_busy"), e.message)
-            }
-            ErrorCode::InvalidRequest => ApiError::bad(e.message),
-            _ => internal(e),
+        let started = start_turn(gw, request, acked).await.map_err(|e| match e {
+            EngineError::Busy(m) => ApiError::new(429, "rate_limit_error", Some("session_busy"), m),
+            e if e.code() == ErrorCode::InvalidRequest => ApiError::bad(e.to_string()),
+            e => internal(e),
         })?;
         let relay = Relay::follow(gw, &session, &run_id, started.run);
         let _ = go.send(());

@@ -192,7 +192,7 @@ pub async fn wait(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> 
             let status = if v.status.cut() { "timeout" } else { "ok" };
             Ok(json!({"runId": run_id, "status": status, "startedAt": started_at, "endedAt": pincer_pi::now_ms()}))
         }
-        Some(Err(e)) => Ok(json!({"runId": run_id, "status": "error", "error": e.message,
+        Some(Err(e)) => Ok(json!({"runId": run_id, "status": "error", "error": e.to_string(),
             "startedAt": started_at, "endedAt": pincer_pi::now_ms()})),
         None => Err(RpcError::invalid(format!("agent run was not found: {run_id}"))),
     }

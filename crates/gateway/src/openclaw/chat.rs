@@ -142,7 +142,7 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
         model: None,
         conn_id: ctx.conn_id,
     };
-    start_turn(gw, request, ctx.after_response()).await.map(|turn| turn.answer.to_value())
+    Ok(start_turn(gw, request, ctx.after_response()).await.map(|turn| turn.answer.to_value())?)
 }
 
 /// `chat.abort`.

@@ -4,6 +4,7 @@
 
 use super::chat;
 use super::Ctx;
+use crate::error::EngineError;
 use crate::protocol::{present, Bounded, Method, NonBlank, RpcError, Text, MAX_LABEL_CHARS};
 use crate::sessions::{canonical_key, SessionRef};
 use crate::state::Gateway;
@@ -99,8 +100,8 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
                 .with_details(json!({"reason": "APPROVAL_NOT_FOUND"})));
             }
             match (method, p.decision) {
-                (Method::ExecApprovalGet, _) => crate::approvals::get(gw, &p.id.0),
-                (_, Some(decision)) => crate::approvals::resolve(gw, &p.id.0, &decision, &ctx.client_id).await,
+                (Method::ExecApprovalGet, _) => Ok(crate::approvals::get(gw, &p.id.0)?),
+                (_, Some(decision)) => Ok(crate::approvals::resolve(gw, &p.id.0, &decision, &ctx.client_id).await?),
                 (_, None) => Err(RpcError::invalid("decision is required (allow-once, allow-always or deny)")),
             }
         }
@@ -279,9 +280,9 @@ async fn trim(gw: &Arc<Gateway>, session: SessionRef, max_lines: usize) -> Resul
     let trimmed = gw
         .blocking(move |gw| {
             if !gw.store.exists(&session.path) {
-                return Ok(None);
+                return Ok::<_, EngineError>(None);
             }
-            let t = gw.store.trim(&session.path, max_lines).map_err(|e| RpcError::unavailable(e.to_string()))?;
+            let t = gw.store.trim(&session.path, max_lines).map_err(|e| EngineError::Persistence(e.to_string()))?;
             if t.compacted {
                 gw.replaced(&session);
             }
@@ -393,7 +394,7 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
     let k = key.clone();
     let created = gw
         .index(move |s| match s.resolve(&k, false)? {
-            Some(_) => Err(RpcError::invalid(format!("session already exists: {k}"))),
+            Some(_) => Err(EngineError::invalid(format!("session already exists: {k}"))),
             None => s.resolve(&k, true),
         })
         .await?;
@@ -692,7 +693,7 @@ async fn archives_restore(gw: &Arc<Gateway>, params: &Value) -> Result<Value, Rp
             ))
         })?;
         let prepared = pincer_export::prepare_import(&bytes).map_err(|e| RpcError::invalid(format!("{file}: {e}")))?;
-        gw2.sessions.import(&prepared)
+        Ok(gw2.sessions.import(&prepared)?)
     })
     .await
     .map_err(|e| RpcError::unavailable(format!("task failed: {e}")))??;

@@ -118,7 +118,7 @@ pub async fn subscribe_messages(
         }
         Err(e) => {
             pincer_pi::lock(&ctx.subs.messages).remove(&key);
-            Err(e)
+            Err(e.into())
         }
     };
     // What waited goes out after the answer (and live events after it).
