@@ -8,6 +8,7 @@ use crate::protocol::{AgentUpdate, ChatEvent, ChatFailure, ChatState, ErrorKind}
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, RunHandle};
 use pincer_pi::now_ms;
+use pincer_store::Pos;
 use serde_json::{json, Value};
 
 /// An `agent` event of run `run` in `session` (a `lifecycle` one also tells session lists, as
@@ -137,7 +138,7 @@ pub fn session_message_payload<'a>(
     gw: &Gateway,
     session: &'a SessionRef,
     entry: &'a Value,
-    pos: Option<u64>,
+    pos: Option<Pos>,
 ) -> SessionMessage<'a> {
     // Whether the session still runs: the Control UI takes a row without `hasActiveRun: true` as the
     // end of the run and hides its Stop button while the reply is still streaming.
@@ -148,7 +149,7 @@ pub fn session_message_payload<'a>(
         has_active_run: !active.is_empty(),
         active_run_ids: active,
         message_id: entry.get("id"),
-        message_seq: pos.filter(|p| *p > 0),
+        message_seq: pos.filter(|p| *p > Pos::START),
     }
 }
 
@@ -163,12 +164,12 @@ pub struct SessionMessage<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     message_id: Option<&'a Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    message_seq: Option<u64>,
+    message_seq: Option<Pos>,
 }
 
 /// `session.message` for subscribers of the session, carrying the entry as written, under its
 /// durable id (`pos`: where the store put it; `None`: where this process's append put it).
-pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value, pos: Option<u64>) {
+pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value, pos: Option<Pos>) {
     if !gw.hub.wants("session.message", Some(&session.key), crate::hub::Audience::SessionSubscribers) {
         return;
     }
@@ -182,7 +183,7 @@ pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value
 
 /// Announces the interrupted marker at `pos` this replica wrote (other replicas announce it from
 /// the row, `crate::relay::render`).
-pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str, pos: u64) {
+pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str, pos: Pos) {
     let id = EventId::chat(&s.session_id, pos);
     gw.hub.publish_entry("chat", &s.key, &interrupted(s, run_id, reason), Audience::All, Some(id));
 }

@@ -7,6 +7,7 @@
 use crate::error::EngineError;
 use crate::hub::{BusEvent, EventId};
 use crate::state::Gateway;
+use pincer_store::Pos;
 use std::sync::Arc;
 
 /// The most transcript bytes one catch-up reads; a larger gap gets `reset`.
@@ -37,12 +38,15 @@ pub async fn since(gw: &Arc<Gateway>, key: &str, after: &EventId) -> Result<Catc
         .blocking(move |gw| {
             let read =
                 |e: pincer_store::StoreError| EngineError::Persistence(format!("cannot read the transcript: {e}"));
-            let before =
-                if pos > 0 { gw.store.entries_before(&path, pos, LOOKBACK_BYTES).map_err(read)? } else { vec![] };
+            let before = if pos > Pos::START {
+                gw.store.entries_before(&path, pos, LOOKBACK_BYTES).map_err(read)?
+            } else {
+                vec![]
+            };
             Ok((before, gw.store.entries_at(&path, pos, REPLAY_BYTES).map_err(read)?))
         })
         .await?;
-    if pos > 0 && entries.first().map(|(p, _)| *p) != Some(pos) {
+    if pos > Pos::START && entries.first().map(|(p, _)| *p) != Some(pos) {
         return Ok(Catchup::Reset(format!("{after} names no entry of the session's transcript")));
     }
     if !whole {

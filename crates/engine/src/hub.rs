@@ -6,6 +6,7 @@
 //! that missed events catches up from the store ([`crate::catchup`]), on any replica.
 
 use pincer_pi::lock;
+use pincer_store::Pos;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventId {
     pub session_id: String,
-    pub pos: u64,
+    pub pos: Pos,
     pub part: u8,
 }
 
@@ -28,12 +29,12 @@ const MAX_POS: u64 = i64::MAX as u64;
 
 impl EventId {
     /// `session.message` of the entry at `pos`.
-    pub fn message(session_id: &str, pos: u64) -> EventId {
+    pub fn message(session_id: &str, pos: Pos) -> EventId {
         EventId { session_id: session_id.to_owned(), pos, part: 0 }
     }
 
     /// The `chat` event that carries the entry at `pos`.
-    pub fn chat(session_id: &str, pos: u64) -> EventId {
+    pub fn chat(session_id: &str, pos: Pos) -> EventId {
         EventId { session_id: session_id.to_owned(), pos, part: 1 }
     }
 
@@ -56,7 +57,7 @@ impl EventId {
         if pos > MAX_POS {
             return Err(bad("the position is too large"));
         }
-        Ok(EventId { session_id: sid.to_owned(), pos, part })
+        Ok(EventId { session_id: sid.to_owned(), pos: Pos(pos), part })
     }
 
     /// Whether this id comes after `other` in the same transcript (false for another transcript).
@@ -350,12 +351,13 @@ mod tests {
 
     #[test]
     fn ids_read_back_and_order_within_a_transcript() {
-        for id in [EventId::message("s-1", 0), EventId::chat("s:1", 42), EventId::message("x", MAX_POS)] {
+        for id in [EventId::message("s-1", Pos(0)), EventId::chat("s:1", Pos(42)), EventId::message("x", Pos(MAX_POS))]
+        {
             assert_eq!(EventId::parse(&id.to_string()), Ok(id.clone()), "{id}");
         }
-        let (m, c) = (EventId::message("s", 7), EventId::chat("s", 7));
-        assert!(c.after(&m) && !m.after(&c) && EventId::message("s", 8).after(&c));
-        assert!(!EventId::chat("t", 9).after(&m), "another transcript is not after");
+        let (m, c) = (EventId::message("s", Pos(7)), EventId::chat("s", Pos(7)));
+        assert!(c.after(&m) && !m.after(&c) && EventId::message("s", Pos(8)).after(&c));
+        assert!(!EventId::chat("t", Pos(9)).after(&m), "another transcript is not after");
         for bad in [
             "",
             "17",
@@ -405,10 +407,10 @@ mod tests {
         let hub = Arc::new(Hub::default());
         let c = Arc::new(Collect(Mutex::new(vec![])));
         let sub = hub.subscribe(c.clone());
-        hub.publish_entry("chat", "k", &json!({}), Audience::All, Some(EventId::chat("s", 1)));
+        hub.publish_entry("chat", "k", &json!({}), Audience::All, Some(EventId::chat("s", Pos(1))));
         assert!(lock(&c.0).is_empty(), "a session's events go to the subscribers watching it");
         sub.watch("k");
-        hub.publish_entry("chat", "k", &json!({}), Audience::All, Some(EventId::chat("s", 2)));
+        hub.publish_entry("chat", "k", &json!({}), Audience::All, Some(EventId::chat("s", Pos(2))));
         hub.publish("chat", Some("k"), json!({}), true, Audience::All);
         hub.publish("chat", Some("other"), json!({}), false, Audience::All);
         drop(sub);

@@ -18,6 +18,7 @@ use crate::sessions::SessionRef;
 use crate::state::Gateway;
 use pincer_pg::watch::Wake;
 use pincer_pg::PgStore;
+use pincer_store::Pos;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -207,7 +208,7 @@ async fn refresh(gw: &Arc<Gateway>, pg: &PgStore, watched: &mut HashMap<String, 
         }
         // A catch-up read the rows up to here: what came after must be announced.
         if let Some(seq) = gw.take_relay_from(&s.key) {
-            last_seq = last_seq.min(i64::try_from(seq).unwrap_or(i64::MAX));
+            last_seq = last_seq.min(pincer_pg::seq(seq));
         }
         watched.insert(s.key.clone(), Watched { session: s, file, last_seq, run: None });
     }
@@ -229,7 +230,7 @@ async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
             if pg.take_own(&w.file, seq) {
                 continue;
             }
-            announce(gw, w, seq as u64, &entry);
+            announce(gw, w, pincer_pg::pos(seq), &entry);
         }
         if n < BATCH {
             return;
@@ -238,7 +239,7 @@ async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
 }
 
 /// Publishes one row written by another replica as this replica publishes its own.
-fn announce(gw: &Gateway, w: &mut Watched, pos: u64, entry: &Value) {
+fn announce(gw: &Gateway, w: &mut Watched, pos: Pos, entry: &Value) {
     for ev in render(gw, &w.session, pos, entry, &mut w.run) {
         gw.hub.publish_entry(ev.name, &w.session.key, &ev.payload, ev.audience, Some(ev.id));
     }
@@ -247,7 +248,7 @@ fn announce(gw: &Gateway, w: &mut Watched, pos: u64, entry: &Value) {
 /// OpenClaw's `exec.approval.requested` / `exec.approval.resolved` for an approval request or
 /// decision row ([`crate::approvals::REQUEST`], [`crate::approvals::DECISION`]), as the replica
 /// whose call waits announced them: clients of the other replicas see the wait live too.
-fn approval_event(session: &SessionRef, pos: u64, entry: &Value) -> Option<EntryEvent> {
+fn approval_event(session: &SessionRef, pos: Pos, entry: &Value) -> Option<EntryEvent> {
     let data = &entry["data"];
     let (name, payload) = match entry["customType"].as_str()? {
         crate::approvals::REQUEST => {
@@ -292,7 +293,7 @@ pub struct EntryEvent {
 pub fn render(
     gw: &Gateway,
     session: &SessionRef,
-    pos: u64,
+    pos: Pos,
     entry: &Value,
     run: &mut Option<String>,
 ) -> Vec<EntryEvent> {

@@ -10,7 +10,7 @@ use crate::protocol::RunAnswer;
 use crate::sessions::{SessionRef, Sessions};
 use pincer_agent::{CancellationToken, Cancelled, ContextMessage, Messages, SessionGuard, SessionQueue, ToolRegistry};
 use pincer_store::redact::Redactor;
-use pincer_store::{build_context, Appended, NewEntry, Store, StoreError, StoreOptions, Transcripts};
+use pincer_store::{build_context, Appended, NewEntry, Pos, Store, StoreError, StoreOptions, Transcripts};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -303,7 +303,7 @@ pub struct Gateway {
     lanes: crate::lanes::Lanes,
     /// Sessions the relay should follow from an earlier seq than their end when it starts
     /// watching them (a catch-up read the store up to there): key → (seq, when asked).
-    relay_from: Mutex<HashMap<String, (u64, Instant)>>,
+    relay_from: Mutex<HashMap<String, (Pos, Instant)>>,
     /// Memory that answers built whole may hold at once ([`crate::budget`]).
     pub answers: crate::budget::Budget,
     /// Tool calls waiting for a human, and the allow-always list ([`crate::approvals`]).
@@ -321,14 +321,14 @@ const RELAY_HINT_TTL: Duration = Duration::from_secs(5);
 /// entry is announced right after its append, long before [`Positions::MAX`] newer ones.
 #[derive(Default)]
 struct Positions {
-    map: foldhash::HashMap<(PathBuf, String), u64>,
+    map: foldhash::HashMap<(PathBuf, String), Pos>,
     order: std::collections::VecDeque<(PathBuf, String)>,
 }
 
 impl Positions {
     const MAX: usize = 4096;
 
-    fn insert(&mut self, path: &Path, id: &str, pos: u64) {
+    fn insert(&mut self, path: &Path, id: &str, pos: Pos) {
         let k = (path.to_path_buf(), id.to_owned());
         if self.map.insert(k.clone(), pos).is_none() {
             self.order.push_back(k);
@@ -935,7 +935,7 @@ impl Gateway {
     }
 
     /// Asks the relay to announce session `key`'s rows after `seq` when it starts watching it.
-    pub fn relay_from(&self, key: &str, seq: u64) {
+    pub fn relay_from(&self, key: &str, seq: Pos) {
         let mut hints = lock(&self.relay_from);
         hints.retain(|_, (_, at)| at.elapsed() < RELAY_HINT_TTL);
         let e = hints.entry(key.to_owned()).or_insert((seq, Instant::now()));
@@ -943,7 +943,7 @@ impl Gateway {
     }
 
     /// The seq the relay should follow `key` from (see [`Gateway::relay_from`]), once.
-    pub fn take_relay_from(&self, key: &str) -> Option<u64> {
+    pub fn take_relay_from(&self, key: &str) -> Option<Pos> {
         lock(&self.relay_from).remove(key).filter(|(_, at)| at.elapsed() < RELAY_HINT_TTL).map(|(seq, _)| seq)
     }
 

@@ -34,7 +34,7 @@ use pincer_store::history::{history_of_window, History, HistoryOptions, MAX_WIND
 use pincer_store::redact::Redactor;
 use pincer_store::store::new_header;
 use pincer_store::trim::Trimmed;
-use pincer_store::{Appended, Held, IndexStamp, NewEntry, ParentChoice, Session, StoreError, Transcripts};
+use pincer_store::{Appended, Held, IndexStamp, NewEntry, ParentChoice, Pos, Session, StoreError, Transcripts};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::future::Future;
@@ -51,9 +51,19 @@ pub use tokio_postgres::Config as PgConfig;
 pub struct Changed {
     pub path: PathBuf,
     /// Its [`Transcripts::end`] now.
-    pub end: u64,
+    pub end: Pos,
     /// Its rewrite count now ([`Transcripts::leaf_version`]).
     pub rewrites: u64,
+}
+
+/// The position of the entry whose `seq` is `seq` (seqs start at 1 and grow with each append).
+pub fn pos(seq: i64) -> Pos {
+    Pos(u64::try_from(seq).unwrap_or(0))
+}
+
+/// The `seq` a position names (past every row when it is beyond the column's range).
+pub fn seq(pos: Pos) -> i64 {
+    i64::try_from(pos.0).unwrap_or(i64::MAX)
 }
 
 /// The channel appends are announced on.
@@ -424,7 +434,7 @@ impl PgStore {
             Ok((rows, now))
         })?;
         let changed =
-            rows.into_iter().map(|(f, end, rw)| Changed { path: self.path(&f), end: end as u64, rewrites: rw as u64 });
+            rows.into_iter().map(|(f, end, rw)| Changed { path: self.path(&f), end: pos(end), rewrites: rw as u64 });
         Ok((changed.collect(), now))
     }
 
@@ -605,7 +615,7 @@ impl Inner {
         for entry in entries {
             let a = self.append_in(&tx, file, &mut row, entry).await?;
             if a.appended {
-                written.push(a.pos as i64);
+                written.push(seq(a.pos));
             }
             out.push(a);
         }
@@ -638,7 +648,7 @@ impl Inner {
             if let Some(r) = found {
                 let existing: Value = serde_json::from_str(r.get::<_, &str>(0))
                     .map_err(|e| PgError::Other(format!("{file}: a stored entry is not JSON: {e}")))?;
-                return Ok(Appended { entry: existing, appended: false, pos: r.get::<_, i64>(1) as u64 });
+                return Ok(Appended { entry: existing, appended: false, pos: pos(r.get::<_, i64>(1)) });
             }
         }
         let parent = match &entry.parent {
@@ -672,7 +682,7 @@ impl Inner {
         tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &format!("{file}:{seq}")]).await?;
         row.last_seq = seq;
         row.leaf = r.leaf.clone();
-        Ok(Appended { entry: r.value, appended: true, pos: seq as u64 })
+        Ok(Appended { entry: r.value, appended: true, pos: pos(seq) })
     }
 
     async fn transcript_id(&self, c: &deadpool_postgres::Client, file: &str) -> Result<Option<(i64, String)>, PgError> {
@@ -755,11 +765,11 @@ impl Inner {
         file: &str,
         window: Window,
         max_bytes: u64,
-    ) -> Result<(Vec<(u64, Value)>, bool), PgError> {
+    ) -> Result<(Vec<(Pos, Value)>, bool), PgError> {
         let (rows, whole) = self.window_rows(file, window, max_bytes).await?;
         let entries = rows
             .into_iter()
-            .filter_map(|(seq, l)| Some((seq as u64, serde_json::from_str::<Value>(&l).ok()?)))
+            .filter_map(|(seq, l)| Some((pos(seq), serde_json::from_str::<Value>(&l).ok()?)))
             .filter(|(_, v)| v.is_object())
             .collect();
         Ok((entries, whole))
@@ -1148,13 +1158,13 @@ impl Transcripts for PgStore {
         .unwrap_or(false)
     }
 
-    fn end(&self, path: &Path) -> Option<u64> {
+    fn end(&self, path: &Path) -> Option<Pos> {
         // Positions are seqs (entries_from includes its own): the next entry's seq.
         let f = self.name(path);
         self.block(move |inner| async move {
             let c = inner.pool.get().await?;
             let row = c.query_opt("SELECT last_seq FROM transcripts WHERE file = $1", &[&f]).await?;
-            Ok(row.map(|r| r.get::<_, i64>(0) as u64 + 1))
+            Ok(row.map(|r| pos(r.get::<_, i64>(0) + 1)))
         })
         .ok()
         .flatten()
@@ -1193,7 +1203,7 @@ impl Transcripts for PgStore {
         self.block(move |inner| async move { inner.history(&f, opts).await }).map_err(io)
     }
 
-    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError> {
+    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError> {
         let file = self.name(path);
         let (f, key) = (file.clone(), key.to_owned());
         self.block(move |inner| async move {
@@ -1210,17 +1220,17 @@ impl Transcripts for PgStore {
                 Some(r) => {
                     let v: Value = serde_json::from_str(r.get::<_, &str>(1))
                         .map_err(|e| PgError::Other(format!("{f}: a stored entry is not JSON: {e}")))?;
-                    Some((v, r.get::<_, i64>(0) as u64))
+                    Some((v, pos(r.get::<_, i64>(0))))
                 }
             })
         })
         .map_err(|e| e.into_store(&file))
     }
 
-    fn entries_from(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+    fn entries_from(&self, path: &Path, from: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
         let file = self.name(path);
         let f = file.clone();
-        let from = i64::try_from(pos).unwrap_or(i64::MAX);
+        let from = seq(from);
         self.block(move |inner| async move { inner.window(&f, Window::From(from), max_bytes).await })
             .map_err(|e| e.into_store(&file))
     }
@@ -1232,18 +1242,18 @@ impl Transcripts for PgStore {
             .map_err(|e| e.into_store(&file))
     }
 
-    fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
+    fn entries_at(&self, path: &Path, from: Pos, max_bytes: u64) -> Result<(Vec<(Pos, Value)>, bool), StoreError> {
         let file = self.name(path);
         let f = file.clone();
-        let from = Window::From(i64::try_from(pos).unwrap_or(i64::MAX));
+        let from = Window::From(seq(from));
         self.block(move |inner| async move { inner.positioned(&f, from, max_bytes).await })
             .map_err(|e| e.into_store(&file))
     }
 
-    fn entries_before(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError> {
+    fn entries_before(&self, path: &Path, before: Pos, max_bytes: u64) -> Result<Vec<(Pos, Value)>, StoreError> {
         let file = self.name(path);
         let f = file.clone();
-        let before = Window::Before(i64::try_from(pos).unwrap_or(i64::MAX));
+        let before = Window::Before(seq(before));
         self.block(move |inner| async move { Ok(inner.positioned(&f, before, max_bytes).await?.0) })
             .map_err(|e| e.into_store(&file))
     }

@@ -217,14 +217,14 @@ fn search_finds_appends_at_once_and_a_database_made_before_search_is_indexed_on_
     assert_eq!(pg.psql(&url, "SELECT count(*) FROM transcripts WHERE indexed_seq < last_seq"), "0");
 }
 
-/// Appends a few entries and checks the positions `store` hands out: each entry's, read back by
 /// Appends five entries (a keyed user message, a reply, a label, a message, a long reply) and
 /// returns their positions (how they read back is the store contract's, `tests/contract.rs`).
 fn positions_of_five(s: &dyn Transcripts, f: &Path) -> Vec<u64> {
+    let pos = |a: pincer_store::Appended| a.pos.0;
     let first = s.append_with(f, user("first", Some("p1:user")), Some("pos-1")).expect("append");
     let label = obj(json!({"targetId": first.id(), "label": "l"}));
     let rest = [assistant("one"), NewEntry::of("label", label), user("second", None), assistant(&"long ".repeat(200))];
-    std::iter::once(first.pos).chain(rest.into_iter().map(|e| s.append(f, e).expect("append").pos)).collect()
+    std::iter::once(pos(first)).chain(rest.into_iter().map(|e| pos(s.append(f, e).expect("append")))).collect()
 }
 
 #[test]

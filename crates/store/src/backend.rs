@@ -5,12 +5,7 @@
 //! Transcripts and indexes are named by the paths the JSONL layout gives them
 //! (`<state>/agents/<agent>/sessions/<sessionId>.jsonl`, `.../sessions.json`), whatever the backend:
 //! a backend that keeps no files maps the path to its own key, so the session index, its rules
-//! and every caller stay one piece of code. A "position" ([`Transcripts::find_keyed`],
-//! [`Transcripts::entries_from`], [`Appended::pos`]) is opaque to callers but durable: a byte
-//! offset of the entry's line for files (known on the append path without counting lines, and
-//! unchanged by restarts; only a rewrite of the file — `sessions.compact {maxLines}`, the one-time
-//! migration of a legacy file — moves it), the `seq` column for a database (the same on every
-//! replica).
+//! and every caller stay one piece of code. Entries are found again by their [`Pos`].
 
 use crate::history::{History, HistoryOptions};
 use crate::store::{Appended, NewEntry, Store};
@@ -18,6 +13,30 @@ use crate::trim::Trimmed;
 use crate::{Session, StoreError};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+/// Where an entry sits in its transcript, durably: the same in every process, after a restart and
+/// (PostgreSQL) on every replica, and growing with each append. Callers read from a position and
+/// get each entry's own; beyond order and equality it is opaque to them: for files the byte offset of
+/// the entry's line (known on the append path without counting lines; only a rewrite of the
+/// file — `sessions.compact {maxLines}`, the one-time migration of a legacy file — moves it),
+/// for a database the `seq` column. On the wire it is a plain number (`lastSeq`, the middle of an
+/// event id `<sessionId>:<pos>:<part>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Pos(pub u64);
+
+impl Pos {
+    /// Before every entry: reading from here reads the transcript from its start.
+    pub const START: Pos = Pos(0);
+    /// After every entry: reading before here reads the transcript's end.
+    pub const END: Pos = Pos(u64::MAX);
+}
+
+impl std::fmt::Display for Pos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// A held lock (see [`Transcripts::lock`]); released when dropped.
 pub type Held = Box<dyn Send>;
@@ -90,7 +109,7 @@ pub trait Transcripts: Send + Sync {
 
     /// The position after the transcript's last entry (`None`: it does not exist): where
     /// [`Transcripts::entries_from`] finds the next entry appended; it grows with every append.
-    fn end(&self, path: &Path) -> Option<u64>;
+    fn end(&self, path: &Path) -> Option<Pos>;
 
     /// The whole transcript, read and indexed as Pi reads it (`None`: it does not exist).
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError>;
@@ -107,10 +126,10 @@ pub trait Transcripts: Send + Sync {
     fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History>;
 
     /// The entry whose message carries idempotency key `key`, and its position.
-    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError>;
+    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError>;
 
     /// The entries from position `pos` on (that one included), about `max_bytes` of them at most.
-    fn entries_from(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError>;
+    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError>;
 
     /// The last entries, about `max_bytes` of them at most.
     fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError>;
@@ -119,10 +138,10 @@ pub trait Transcripts: Send + Sync {
     /// each with its position ([`Appended::pos`]), and whether they reach the transcript's end
     /// (false: the limit cut them). Positions are durable: the same in every process, after a
     /// restart and (PostgreSQL) on every replica, and they grow with each append.
-    fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError>;
+    fn entries_at(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<(Vec<(Pos, Value)>, bool), StoreError>;
 
     /// The last entries before position `pos`, about `max_bytes` of them at most, with positions.
-    fn entries_before(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError>;
+    fn entries_before(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<(Pos, Value)>, StoreError>;
 
     /// Holds the transcript's (or index's) cross-process lock; appends of this process still go
     /// through while it is held, those of other processes wait.
@@ -210,8 +229,8 @@ impl Transcripts for Store {
         path.exists()
     }
 
-    fn end(&self, path: &Path) -> Option<u64> {
-        std::fs::metadata(path).ok().map(|m| m.len())
+    fn end(&self, path: &Path) -> Option<Pos> {
+        std::fs::metadata(path).ok().map(|m| Pos(m.len()))
     }
 
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
@@ -246,11 +265,11 @@ impl Transcripts for Store {
         crate::history::read_history(path, opts)
     }
 
-    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError> {
+    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError> {
         Store::find_keyed(self, path, key)
     }
 
-    fn entries_from(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
         Store::entries_from(self, path, pos, max_bytes)
     }
 
@@ -258,11 +277,11 @@ impl Transcripts for Store {
         Store::tail_entries(self, path, max_bytes)
     }
 
-    fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
+    fn entries_at(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<(Vec<(Pos, Value)>, bool), StoreError> {
         Store::entries_at(self, path, pos, max_bytes)
     }
 
-    fn entries_before(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError> {
+    fn entries_before(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<(Pos, Value)>, StoreError> {
         Store::entries_before(self, path, pos, max_bytes)
     }
 
@@ -376,7 +395,7 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn exists(&self, path: &Path) -> bool {
         (**self).exists(path)
     }
-    fn end(&self, path: &Path) -> Option<u64> {
+    fn end(&self, path: &Path) -> Option<Pos> {
         (**self).end(path)
     }
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
@@ -391,19 +410,19 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
         (**self).history(path, opts)
     }
-    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError> {
+    fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError> {
         (**self).find_keyed(path, key)
     }
-    fn entries_from(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
         (**self).entries_from(path, pos, max_bytes)
     }
     fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
         (**self).tail_entries(path, max_bytes)
     }
-    fn entries_at(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
+    fn entries_at(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<(Vec<(Pos, Value)>, bool), StoreError> {
         (**self).entries_at(path, pos, max_bytes)
     }
-    fn entries_before(&self, path: &Path, pos: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError> {
+    fn entries_before(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<(Pos, Value)>, StoreError> {
         (**self).entries_before(path, pos, max_bytes)
     }
     fn lock(&self, path: &Path) -> Result<Held, StoreError> {

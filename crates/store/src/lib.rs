@@ -41,7 +41,7 @@ pub mod store;
 pub mod trim;
 pub mod verify;
 
-pub use backend::{Held, IndexStamp, Transcripts};
+pub use backend::{Held, IndexStamp, Pos, Transcripts};
 pub use lock::{LockError, LockGuard, LockOptions};
 pub use store::{redact_entry, valid_session_id, Appended, NewEntry, ParentChoice, Store, StoreOptions};
 

@@ -21,7 +21,7 @@ use crate::lock::{LockGuard, LockOptions, LockRegistry};
 use crate::parse::{self, LineValue};
 use crate::redact::{Redactor, SecretRedactor};
 use crate::session::Session;
-use crate::StoreError;
+use crate::{Pos, StoreError};
 use pincer_pi::lock;
 use serde_json::{json, Map, Value};
 use std::collections::hash_map::DefaultHasher;
@@ -215,9 +215,8 @@ pub struct Appended {
     pub entry: Value,
     /// False when the idempotency key was already in the file (the existing entry is returned).
     pub appended: bool,
-    /// The entry's durable position in its transcript (see [`crate::backend::Transcripts::entries_at`]):
-    /// the same in every process and after a restart.
-    pub pos: u64,
+    /// The entry's durable position in its transcript.
+    pub pos: Pos,
 }
 
 impl Appended {
@@ -631,7 +630,7 @@ impl Store {
 /// Reading entries back by idempotency key and by position (durable dedupe of turns).
 impl Store {
     /// The entry whose message carries idempotency key `key`, and the byte offset of its line.
-    pub fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, u64)>, StoreError> {
+    pub fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError> {
         let w = self.writer(path);
         let mut st = lock(&w.state);
         st.refresh(&w.path)?;
@@ -643,13 +642,13 @@ impl Store {
         let Some(off) = st.index.as_ref().and_then(|i| i.idem.get(&hash_str(key)).copied()) else { return Ok(None) };
         let entry = st.entry_at(&w.path, off)?;
         let same = entry.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str) == Some(key);
-        Ok(same.then_some((entry, off)))
+        Ok(same.then_some((entry, Pos(off))))
     }
 
     /// The entries whose lines start at or after `offset`, at most `max_bytes` of the file read
     /// (lines that do not parse are skipped; a line cut by the limit is dropped).
-    pub fn entries_from(&self, path: &Path, offset: u64, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        Ok(self.read_entries(path, Window::From(offset), max_bytes)?.0.into_iter().map(|(_, v)| v).collect())
+    pub fn entries_from(&self, path: &Path, offset: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        Ok(self.read_entries(path, Window::From(offset.0), max_bytes)?.0.into_iter().map(|(_, v)| v).collect())
     }
 
     /// The last entries of the file, from a tail window of at most `max_bytes`.
@@ -662,15 +661,15 @@ impl Store {
     pub fn entries_at(
         &self,
         path: &Path,
-        offset: u64,
+        offset: Pos,
         max_bytes: u64,
-    ) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
-        self.read_entries(path, Window::From(offset), max_bytes)
+    ) -> Result<(Vec<(Pos, Value)>, bool), StoreError> {
+        self.read_entries(path, Window::From(offset.0), max_bytes)
     }
 
     /// The last entries whose lines end before `offset`, from at most `max_bytes` before it.
-    pub fn entries_before(&self, path: &Path, offset: u64, max_bytes: u64) -> Result<Vec<(u64, Value)>, StoreError> {
-        Ok(self.read_entries(path, Window::Before(offset), max_bytes)?.0)
+    pub fn entries_before(&self, path: &Path, offset: Pos, max_bytes: u64) -> Result<Vec<(Pos, Value)>, StoreError> {
+        Ok(self.read_entries(path, Window::Before(offset.0), max_bytes)?.0)
     }
 
     /// The entries of a window with their offsets, and whether it reached the end of the file.
@@ -679,7 +678,7 @@ impl Store {
         path: &Path,
         window: Window,
         max_bytes: u64,
-    ) -> Result<(Vec<(u64, Value)>, bool), StoreError> {
+    ) -> Result<(Vec<(Pos, Value)>, bool), StoreError> {
         let w = self.writer(path);
         let mut st = lock(&w.state);
         st.refresh(&w.path)?;
@@ -708,7 +707,7 @@ impl Store {
         let at = start + begin.min(stop) as u64;
         let entries = parse::line_ranges(body)
             .into_iter()
-            .filter_map(|(s, e)| Some((at + s as u64, serde_json::from_slice::<Value>(&body[s..e]).ok()?)))
+            .filter_map(|(s, e)| Some((Pos(at + s as u64), serde_json::from_slice::<Value>(&body[s..e]).ok()?)))
             .filter(|(_, v)| v.is_object())
             .collect();
         Ok((entries, whole || matches!(window, Window::Before(_))))
@@ -1365,7 +1364,7 @@ impl FileWriter {
             if let Some(off) = hit {
                 let existing = st.entry_at(&self.path, off)?;
                 if existing.get("message").and_then(|m| m.get("idempotencyKey")).and_then(Value::as_str) == Some(key) {
-                    return Ok(Appended { entry: existing, appended: false, pos: off });
+                    return Ok(Appended { entry: existing, appended: false, pos: Pos(off) });
                 }
             }
         }
@@ -1402,6 +1401,6 @@ impl FileWriter {
         }
         batch_ids.insert(id);
         st.leaf = leaf;
-        Ok(Appended { entry: value, appended: true, pos: offset })
+        Ok(Appended { entry: value, appended: true, pos: Pos(offset) })
     }
 }

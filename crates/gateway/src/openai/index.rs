@@ -21,7 +21,7 @@
 use super::wire::{chain, message_hash, Hash, ROOT};
 use pincer_pi::lock;
 use pincer_store::session::Kind;
-use pincer_store::Transcripts;
+use pincer_store::{Pos, Transcripts};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -48,8 +48,8 @@ struct Tracked {
     /// Entries a message is the child of (a user row in it has a reply).
     answered: HashSet<Arc<str>>,
     leaf: Option<Arc<str>>,
-    /// The store's position the index has read up to ([`Transcripts::end`]; `u64::MAX`: re-read it).
-    len: u64,
+    /// The store's position the index has read up to ([`Transcripts::end`]; [`Pos::END`]: re-read it).
+    len: Pos,
     /// The transcript's rewrite count when it was read ([`Transcripts::leaf_version`]).
     rewrites: u64,
     /// When it was last changed (the index's own clock).
@@ -94,7 +94,7 @@ struct Inner {
     clock: u64,
     /// Transcripts written by others (another replica) since the last match, with their end and
     /// rewrite count then, to catch up first.
-    touched: HashMap<PathBuf, (u64, u64)>,
+    touched: HashMap<PathBuf, (Pos, u64)>,
 }
 
 /// Where a client's history ends.
@@ -252,7 +252,7 @@ impl Inner {
         match end {
             None => return self.forget(path),
             Some(e) if e == len => return,
-            Some(e) if len == 0 || len == u64::MAX || e < len => return self.index_file(store, &key, path),
+            Some(e) if len == Pos::START || len == Pos::END || e < len => return self.index_file(store, &key, path),
             Some(_) => {}
         }
         let Ok(entries) = store.entries_from(path, len, u64::MAX) else { return self.index_file(store, &key, path) };
@@ -287,7 +287,7 @@ impl Inner {
                     users: HashSet::new(),
                     answered: HashSet::new(),
                     leaf: None,
-                    len: 0,
+                    len: Pos::START,
                     rewrites: 0,
                     touched: now,
                 };
@@ -359,7 +359,7 @@ impl ConversationIndex {
     /// now, rewritten `rewrites` times: it is caught up (read again when rewritten), or indexed
     /// when new here, before the next match. Never blocks on the store; ignored until the index
     /// is built (the build reads everything).
-    pub fn touched(&self, path: &Path, end: u64, rewrites: u64) {
+    pub fn touched(&self, path: &Path, end: Pos, rewrites: u64) {
         let mut inner = lock(&self.inner);
         if inner.built && inner.sessions.get(path).is_none_or(|t| t.len != end || t.rewrites != rewrites) {
             inner.touched.insert(path.to_path_buf(), (end, rewrites));
@@ -371,7 +371,7 @@ impl ConversationIndex {
     /// session key. Blocking.
     pub fn catch_up(&self) -> Vec<PathBuf> {
         let mut inner = lock(&self.inner);
-        let touched: Vec<(PathBuf, (u64, u64))> = inner.touched.drain().collect();
+        let touched: Vec<(PathBuf, (Pos, u64))> = inner.touched.drain().collect();
         let mut unknown = Vec::new();
         for (path, (_, rewrites)) in touched {
             match inner.sessions.get(path.as_path()).map(|t| (t.rewrites == rewrites, t.key.clone())) {
@@ -468,7 +468,7 @@ impl ConversationIndex {
         }
         if !inner.add_entry(key, path, entry) {
             if let Some(t) = inner.sessions.get_mut(path) {
-                t.len = u64::MAX; // its parent is not indexed: re-read the transcript when it matters
+                t.len = Pos::END; // its parent is not indexed: re-read the transcript when it matters
             }
         }
     }

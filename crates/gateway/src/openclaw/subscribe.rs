@@ -6,6 +6,7 @@ use crate::catchup::{covered, since, Catchup};
 use crate::hub::{BusEvent, EventId};
 use crate::protocol::RpcError;
 use crate::state::Gateway;
+use pincer_store::Pos;
 use std::sync::Arc;
 
 /// Live events a connection holds for one session at most while it reads the store.
@@ -80,7 +81,7 @@ pub async fn subscribe_messages(
     }
     let p: SubscribeParams = crate::protocol::params(Method::SessionsMessagesSubscribe, params)?;
     let key = crate::sessions::canonical_key(&p.key)?.0;
-    let Some(after) = p.after_seq.map(|a| a.0) else {
+    let Some(after) = p.after_seq.map(|a| Pos(a.0)) else {
         ctx.subs.add_messages(key.clone())?;
         return Ok(serde_json::json!({"subscribed": true, "key": key}));
     };
@@ -144,12 +145,12 @@ mod tests {
             payload_json: "{}".into(),
             droppable: false,
             audience: Audience::SessionSubscribers,
-            id: Some(EventId { session_id: "s".into(), pos, part }),
+            id: Some(EventId { session_id: "s".into(), pos: Pos(pos), part }),
         })
     }
 
     fn ids(evs: &[Arc<BusEvent>]) -> Vec<u64> {
-        evs.iter().filter_map(|e| e.id.as_ref().map(|i| i.pos)).collect()
+        evs.iter().filter_map(|e| e.id.as_ref().map(|i| i.pos.0)).collect()
     }
 
     #[test]
@@ -159,7 +160,7 @@ mod tests {
         assert!(matches!(c.hold(&ev(5, 0)), Held::Taken));
         assert!(matches!(c.hold(&ev(9, 0)), Held::Taken));
         c.replay = vec![ev(4, 0), ev(5, 0)];
-        c.last = Some(EventId { session_id: "s".into(), pos: 5, part: 1 });
+        c.last = Some(EventId { session_id: "s".into(), pos: Pos(5), part: 1 });
         assert_eq!(ids(&c.release()), vec![4, 5, 9], "the replay, then what is newer, each once");
         // Afterwards: duplicates (a relay announcing rows again) are dropped, the rest passes.
         assert!(matches!(c.hold(&ev(5, 0)), Held::Taken));

@@ -7,7 +7,7 @@
 //! moves. Each case gets a fresh store over a fresh state directory.
 
 use pincer_store::history::HistoryOptions;
-use pincer_store::{NewEntry, ParentChoice, Transcripts};
+use pincer_store::{NewEntry, ParentChoice, Pos, Transcripts};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -65,7 +65,7 @@ fn obj(v: Value) -> Map<String, Value> {
 
 /// The `(id, parentId)` of every entry but the header, in order.
 fn links(s: &dyn Transcripts, f: &Path) -> Vec<(String, Option<String>)> {
-    let (entries, whole) = s.entries_at(f, 0, 1 << 24).expect("entries_at");
+    let (entries, whole) = s.entries_at(f, Pos::START, 1 << 24).expect("entries_at");
     assert!(whole);
     (entries.iter().map(|(_, e)| e).filter(|e| e["type"] != "session"))
         .map(|e| (e["id"].as_str().expect("id").to_owned(), e["parentId"].as_str().map(str::to_owned)))
@@ -164,13 +164,13 @@ pub fn positions_grow_and_read_back_from_any_entry(s: &dyn Transcripts, state: &
     appended.push(s.append(&f, NewEntry::of("label", label)).expect("label"));
     appended.push(s.append(&f, user("second", None)).expect("append"));
     appended.push(s.append(&f, assistant(&"long ".repeat(200))).expect("append"));
-    let pos: Vec<u64> = appended.iter().map(|a| a.pos).collect();
+    let pos: Vec<Pos> = appended.iter().map(|a| a.pos).collect();
     assert!(pos.windows(2).all(|w| w[1] > w[0]), "positions grow: {pos:?}");
     assert!(s.end(&f).is_some_and(|end| end > pos[4]), "the end is after the last entry");
-    let ids = |v: &[(u64, Value)]| {
-        v.iter().map(|(p, e)| (*p, e["id"].as_str().unwrap_or("").to_owned())).collect::<Vec<(u64, String)>>()
+    let ids = |v: &[(Pos, Value)]| {
+        v.iter().map(|(p, e)| (*p, e["id"].as_str().unwrap_or("").to_owned())).collect::<Vec<(Pos, String)>>()
     };
-    let want: Vec<(u64, String)> = appended.iter().map(|a| (a.pos, a.id().expect("id").to_owned())).collect();
+    let want: Vec<(Pos, String)> = appended.iter().map(|a| (a.pos, a.id().expect("id").to_owned())).collect();
     for k in 0..pos.len() {
         let (from, whole) = s.entries_at(&f, pos[k], 1 << 20).expect("entries_at");
         assert!(whole);
@@ -178,7 +178,7 @@ pub fn positions_grow_and_read_back_from_any_entry(s: &dyn Transcripts, state: &
         let plain = s.entries_from(&f, pos[k], 1 << 20).expect("entries_from");
         assert_eq!(plain, from.iter().map(|(_, e)| e.clone()).collect::<Vec<_>>(), "entries_from {k}");
         let before = s.entries_before(&f, pos[k], 1 << 20).expect("entries_before");
-        let before: Vec<(u64, Value)> = before.into_iter().filter(|(_, e)| e["type"] != "session").collect();
+        let before: Vec<(Pos, Value)> = before.into_iter().filter(|(_, e)| e["type"] != "session").collect();
         assert_eq!(ids(&before), want[..k].to_vec(), "before entry {k}");
     }
     // Catch-up from the end: nothing yet; then exactly what was appended since.
