@@ -14,7 +14,6 @@
 //! - [`run`] — [`start_run`]: the model/tool loop, streaming [`RunEvent`]s, appending each
 //!   complete message through a [`TranscriptSink`], abort through a `CancellationToken`.
 //! - [`sink`] — [`TranscriptSink`] and the in-memory [`MemorySink`].
-//! - [`queue`] — [`SessionQueue`]: one run at a time per session, FIFO, cancellable waits.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))] // unit tests write fixtures
 
 pub mod config;
@@ -22,7 +21,6 @@ pub mod context;
 pub mod mcp;
 pub mod message;
 pub mod provider;
-pub mod queue;
 pub mod run;
 pub mod sink;
 pub mod sse;
@@ -35,7 +33,6 @@ pub use provider::echo::ECHO_PREFIX;
 pub use provider::{
     install_crypto_provider, ErrorKind, ModelRequest, ModelStream, ProviderError, StreamDelta, ToolSpec,
 };
-pub use queue::{Cancelled, SessionGuard, SessionQueue};
 pub use run::{start_run, RunEvent, RunRequest, CLIENT_CALLS_FIELD, DEFAULT_MAX_REPLY_BYTES};
 pub use sink::{MemorySink, SinkError, SinkFuture, TranscriptSink};
 pub use tokio_util::sync::CancellationToken;

@@ -10,8 +10,7 @@ mod support;
 use std::sync::Arc;
 
 use pincer_agent::{
-    start_run, CancellationToken, MemorySink, ResolvedModel, RunEvent, SessionQueue, Tool, ToolOutput, ToolRegistry,
-    ECHO_PREFIX,
+    start_run, CancellationToken, MemorySink, ResolvedModel, RunEvent, Tool, ToolOutput, ToolRegistry, ECHO_PREFIX,
 };
 use pretty_assertions::assert_eq;
 use serde_json::{json, Value};
@@ -599,47 +598,4 @@ async fn a_panicking_run_still_ends_with_a_persisted_error() {
             }
         ]
     );
-}
-
-#[tokio::test]
-async fn session_queue_is_fifo_and_waiters_can_be_cancelled() {
-    let q = SessionQueue::new();
-    let never = CancellationToken::new();
-    let first = q.acquire("s", &never).await.unwrap();
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    let cancel_b = CancellationToken::new();
-    for (name, token) in [("a", never.clone()), ("b", cancel_b.clone()), ("c", never.clone())] {
-        let q2 = q.clone();
-        let order = order.clone();
-        waiters.push(tokio::spawn(async move {
-            match q2.acquire("s", &token).await {
-                Ok(g) => {
-                    order.lock().unwrap().push(name);
-                    tokio::task::yield_now().await;
-                    drop(g);
-                }
-                Err(pincer_agent::Cancelled) => order.lock().unwrap().push("b-cancelled"),
-            }
-        }));
-        // Let each waiter enqueue before the next one.
-        while q.users("s") < waiters.len() + 1 {
-            tokio::task::yield_now().await;
-        }
-    }
-    // Another session is independent.
-    let other = q.acquire("t", &never).await.unwrap();
-    cancel_b.cancel();
-    while order.lock().unwrap().is_empty() {
-        tokio::task::yield_now().await;
-    }
-    assert_eq!(*order.lock().unwrap(), vec!["b-cancelled"]);
-    drop(first);
-    for w in waiters {
-        tokio::time::timeout(GUARD, w).await.unwrap().unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), vec!["b-cancelled", "a", "c"]);
-    assert_eq!((q.users("s"), q.busy_sessions()), (0, 1));
-    drop(other);
-    assert_eq!(q.busy_sessions(), 0);
 }

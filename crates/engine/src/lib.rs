@@ -5,7 +5,8 @@
 //! Layout:
 //! - [`config`]: `pincer.toml` + environment → validated settings (token generated on first start);
 //!   [`config::channels`] the messaging channels' sections.
-//! - [`state`]: the engine ([`state::Gateway`]): store, session index, runs, dedupe, queue;
+//! - [`state`]: the engine ([`state::Gateway`]): store, session index, runs, dedupe;
+//!   [`queue`]: the order of each session's turns;
 //!   [`abort`]: stopping a session's runs wherever they run (every entry point).
 //! - [`turn`]: the one turn pipeline, [`announce`] its events, [`commands`] the slash commands,
 //!   [`approvals`] tool calls waiting for a person's decision, [`hook`] the `before_agent_run` hook,
@@ -41,6 +42,7 @@ pub mod logs;
 pub mod metrics;
 pub mod pending;
 pub use pincer_protocol as protocol;
+pub mod queue;
 pub mod relay;
 pub mod sessions;
 pub mod state;

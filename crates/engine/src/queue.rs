@@ -1,6 +1,7 @@
-//! [`SessionQueue`]: one run at a time per session key. Later sends wait in FIFO order (tokio's
-//! mutex is fair), and a waiting send can be cancelled through its token without disturbing
-//! the order of the others. Idle keys are removed, so the map holds only busy sessions.
+//! [`SessionQueue`]: the order of a session's turns in this process, one at a time per session key
+//! ([`crate::state::Gateway::turn_slot`] adds the replicas' lock on top). Later sends wait in FIFO
+//! order (tokio's mutex is fair), and a waiting send can be cancelled through its token without
+//! disturbing the order of the others. Idle keys are removed, so the map holds only busy sessions.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -89,5 +90,53 @@ impl SessionQueue {
     /// Number of sessions with a run active or waiting.
     pub fn busy_sessions(&self) -> usize {
         self.slots.lock().map(|s| s.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn session_queue_is_fifo_and_waiters_can_be_cancelled() {
+        let q = SessionQueue::new();
+        let never = CancellationToken::new();
+        let first = q.acquire("s", &never).await.expect("acquire");
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        let cancel_b = CancellationToken::new();
+        for (name, token) in [("a", never.clone()), ("b", cancel_b.clone()), ("c", never.clone())] {
+            let q2 = q.clone();
+            let order = order.clone();
+            waiters.push(tokio::spawn(async move {
+                match q2.acquire("s", &token).await {
+                    Ok(g) => {
+                        order.lock().expect("order").push(name);
+                        tokio::task::yield_now().await;
+                        drop(g);
+                    }
+                    Err(Cancelled) => order.lock().expect("order").push("b-cancelled"),
+                }
+            }));
+            // Let each waiter enqueue before the next one.
+            while q.users("s") < waiters.len() + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        // Another session is independent.
+        let other = q.acquire("t", &never).await.expect("acquire");
+        cancel_b.cancel();
+        while order.lock().expect("order").is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*order.lock().expect("order"), vec!["b-cancelled"]);
+        drop(first);
+        for w in waiters {
+            tokio::time::timeout(std::time::Duration::from_secs(30), w).await.expect("in time").expect("waiter");
+        }
+        assert_eq!(*order.lock().expect("order"), vec!["b-cancelled", "a", "c"]);
+        assert_eq!((q.users("s"), q.busy_sessions()), (0, 1));
+        drop(other);
+        assert_eq!(q.busy_sessions(), 0);
     }
 }
