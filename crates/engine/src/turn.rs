@@ -12,7 +12,8 @@ use crate::durable::OnDisk;
 use crate::error::EngineError;
 use crate::hook::{self, Decision};
 use crate::protocol::{
-    AgentUpdate, ChatEvent, ChatFailure, ChatState, ChatStatus, ErrorKind, Retry, RunAnswer, RunStatus, StatusPhase,
+    AgentUpdate, ChatEvent, ChatFailure, ChatState, ChatStatus, ErrorKind, Retry, RunAnswer, RunEnded, RunStatus,
+    StatusPhase,
 };
 use crate::sessions::SessionRef;
 use crate::state::{injected_message, Dedupe, Gateway, RunHandle, TurnOutcome, MAX_QUEUED_PER_SESSION};
@@ -416,14 +417,11 @@ impl Turn {
 
     /// A `chat` event. As OpenClaw numbers them, the final repeats the last delta's `seq` (a
     /// final without deltas, an abort or an error takes the next one).
-    fn chat_event(&self, state: ChatState, extra: Value) {
-        let extra = match extra {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        };
+    /// The `chat` event that ends the run (`final`, `aborted`, `error`).
+    fn end_event(&self, state: ChatState, end: &RunEnded<'_>) {
         // An event carrying a persisted entry is that entry's `chat` event, under its durable id.
-        let entry_id = extra.get("message").and_then(|m| m.get("__openclaw")).and_then(|o| o.get("id"));
-        self.chat_event_with(state, &extra, entry_id.and_then(Value::as_str));
+        let entry_id = end.message.and_then(|m| m.get("__openclaw")).and_then(|o| o.get("id"));
+        self.chat_event_with(state, end, entry_id.and_then(Value::as_str));
     }
 
     /// A `status` `chat` event: what the run does before its first token.
@@ -532,7 +530,7 @@ impl Turn {
                 // Aborted while waiting: no row was written.
                 self.drop_queued("aborted while it waited").await;
                 self.ended(TurnOutcome::Aborted(None));
-                self.chat_event(ChatState::Aborted, json!({"stopReason": self.run.origin()}));
+                self.end_event(ChatState::Aborted, &RunEnded::stopped(self.run.origin(), None));
                 self.finish(Ok(RunStatus::Aborted));
                 return;
             }
@@ -689,7 +687,7 @@ impl Turn {
         };
         self.lifecycle_end();
         self.ended(TurnOutcome::Replied(message.clone()));
-        self.chat_event(ChatState::Final, json!({"stopReason": "stop", "message": message}));
+        self.end_event(ChatState::Final, &RunEnded::stopped("stop", Some(&message)));
     }
 
     async fn no_agent(&self, cmd: &str) {
@@ -1124,7 +1122,7 @@ impl Turn {
                 };
                 self.lifecycle_end();
                 self.ended(TurnOutcome::AnsweredBefore);
-                self.chat_event(ChatState::Final, json!({"stopReason": stop}));
+                self.end_event(ChatState::Final, &RunEnded::stopped(stop, None));
                 status
             }
             _ => {
@@ -1150,12 +1148,9 @@ impl Turn {
         let message = &self.gw.redactor.redact_str(message);
         crate::metrics::turn_error(kind.as_str());
         tracing::warn!(session = %self.session.key, run = %self.run.run_id, "run failed ({}): {message}", kind.as_str());
-        let mut extra = json!({"errorMessage": message, "errorKind": kind, "stopReason": "error"});
-        if let Some(e) = entry {
-            extra["message"] = with_meta(e, &self.run.run_id);
-        }
+        let written = entry.map(|e| with_meta(e, &self.run.run_id));
         self.ended(TurnOutcome::Failed { message: message.clone(), kind: kind.as_str().to_owned() });
-        self.chat_event(ChatState::Error, extra);
+        self.end_event(ChatState::Error, &RunEnded::failed(message, kind, written.as_ref()));
         self.agent_event(AgentUpdate::Failed { error: message });
         self.finish(Err(EngineError::RunFailed { run_id: self.run.run_id.clone(), summary: message.clone() }));
     }
@@ -1326,26 +1321,26 @@ impl Turn {
                 Err(e) => tracing::warn!(session = %self.session.key, "the denied result was not written: {e}"),
             }
         }
-        let mut extra = json!({"stopReason": origin});
+        let mut written = None;
         if !partial.trim().is_empty() {
             let key = crate::durable::reply_key(&self.run.run_id);
             let meta = json!({"aborted": true, "origin": origin, "runId": self.run.run_id});
             let msg = injected_message(partial, Some(&key), Some(meta));
-            match self.gw.append(&self.session, NewEntry::message(msg.clone())).await {
+            written = Some(match self.gw.append(&self.session, NewEntry::message(msg.clone())).await {
                 Ok(a) => {
                     if a.appended {
                         self.session_message(&a.entry);
                     }
-                    extra["message"] = with_meta(&a.entry, &self.run.run_id);
+                    with_meta(&a.entry, &self.run.run_id)
                 }
                 Err(e) => {
                     tracing::warn!(session = %self.session.key, "chat.abort transcript append failed: {e}");
-                    extra["message"] = msg;
+                    msg
                 }
-            }
+            });
         }
-        self.ended(TurnOutcome::Aborted(extra.get("message").cloned()));
-        self.chat_event(ChatState::Aborted, extra);
+        self.ended(TurnOutcome::Aborted(written.clone()));
+        self.end_event(ChatState::Aborted, &RunEnded::stopped(origin, written.as_ref()));
         // The lifecycle `end` goes out before the run lets go of its key: whoever waits for the
         // run (`agent.wait`) has heard every event of it once it returns.
         self.lifecycle_end();

@@ -53,6 +53,33 @@ pub struct ChatFailure<'a> {
     pub error_kind: ErrorKind<'a>,
 }
 
+/// The end of a run as the process that ran it announces it: `final` or `aborted` (`stopReason`:
+/// `stop`, the abort's origin, or what a resend found on disk), or `error` (with its message and
+/// kind); with the reply or partial it wrote, when there is one.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunEnded<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<ErrorKind<'a>>,
+    pub stop_reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<&'a Value>,
+}
+
+impl<'a> RunEnded<'a> {
+    /// A `final` or `aborted` end for `stop_reason`, with the row written for it, if any.
+    pub fn stopped(stop_reason: &'a str, message: Option<&'a Value>) -> RunEnded<'a> {
+        RunEnded { error_message: None, error_kind: None, stop_reason, message }
+    }
+
+    /// An `error` end.
+    pub fn failed(error_message: &'a str, error_kind: ErrorKind<'a>, message: Option<&'a Value>) -> RunEnded<'a> {
+        RunEnded { error_message: Some(error_message), error_kind: Some(error_kind), stop_reason: "error", message }
+    }
+}
+
 /// The end of a run announced from its written reply (by a replica that did not run it, or a
 /// catch-up): `final`, `aborted` (its `stopReason` is the abort's origin) or `error`.
 #[derive(Debug, Serialize)]
