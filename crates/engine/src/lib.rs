@@ -18,7 +18,7 @@
 //! - [`hub`]: the one in-process event bus, events of persisted entries under durable ids;
 //!   [`relay`]: other replicas' appends onto it (the PostgreSQL store); [`catchup`]: what a
 //!   reconnecting client missed, replayed from the store on any replica.
-//! - [`lanes`]: the transcript writer threads; [`budget`]: the memory budget of answers built whole
+//! - [`budget`]: the memory budget of answers built whole
 //!   (history, exports); [`usage`]: token usage from the transcripts.
 //! - [`logs`]: the bounded, redacted ring of recent log lines; [`metrics`]: Prometheus counters;
 //!   [`board`]: what each messaging channel reports; [`error`]: start-up errors.
@@ -37,7 +37,6 @@ pub mod durable;
 pub mod error;
 pub mod hook;
 pub mod hub;
-pub mod lanes;
 pub mod logs;
 pub mod metrics;
 pub mod pending;

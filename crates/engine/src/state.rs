@@ -301,7 +301,6 @@ pub struct Gateway {
     /// Where this process's latest appends landed, for the events that announce them.
     positions: Mutex<Positions>,
     /// The threads appends run on.
-    lanes: crate::lanes::Lanes,
     /// Sessions the relay should follow from an earlier seq than their end when it starts
     /// watching them (a catch-up read the store up to there): key → (seq, when asked).
     relay_from: Mutex<HashMap<String, (Pos, Instant)>>,
@@ -569,7 +568,6 @@ impl Gateway {
             indexer,
             pg,
             positions: Mutex::default(),
-            lanes: crate::lanes::Lanes::default(),
             relay_from: Mutex::default(),
             answers: crate::budget::Budget::default(),
             approvals,
@@ -857,33 +855,23 @@ impl Gateway {
         session: &SessionRef,
         entries: Vec<NewEntry>,
     ) -> Result<Vec<Appended>, StoreError> {
-        let held = self.hold_transcript(&session.path).await?;
+        let held = self.store.clone().lock_for_append(session.path.clone()).await?;
         // The lock may have been waited for long (another process held it): the session may have
         // been reset meanwhile. (A reset between this look and the write below is not excluded:
         // the session's owner will order them once it is the only writer of its transcript.)
         if session.moved != self.sessions.moved() && !self.maps_to(session).await {
             return Err(StoreError::MovedAside(session.path.display().to_string()));
         }
-        let store = self.store.clone();
-        let path = session.path.clone();
-        let sid = session.session_id.clone();
-        let (observers, key) = (self.observers(), session.key.clone());
-        let r = self
-            .lanes
-            .run(&session.path, move || {
-                let r = store.append_all(&path, entries, Some(&sid));
-                drop(held);
-                if let Ok(all) = &r {
-                    for a in all.iter().filter(|a| a.appended) {
-                        for o in &observers {
-                            o.appended(&key, &path, &a.entry);
-                        }
-                    }
+        let (observers, key, path) = (self.observers(), session.key.clone(), session.path.clone());
+        let after: pincer_store::AfterCommit = Box::new(move |all| {
+            for a in all.iter().filter(|a| a.appended) {
+                for o in &observers {
+                    o.appended(&key, &path, &a.entry);
                 }
-                r
-            })
-            .await
-            .unwrap_or_else(|_| Err(StoreError::Internal("the append failed (its writer thread panicked)".into())));
+            }
+        });
+        let (path, sid) = (session.path.clone(), Some(session.session_id.clone()));
+        let r = self.store.clone().append_held(held, path, entries, sid, after).await;
         match &r {
             Ok(all) => {
                 let mut positions = lock(&self.positions);
@@ -910,22 +898,6 @@ impl Gateway {
     /// Whether `session`'s key still names the transcript it was read with.
     async fn maps_to(self: &Arc<Self>, session: &SessionRef) -> bool {
         matches!(self.session(&session.key, false).await, Ok(Some(now)) if now.path == session.path)
-    }
-
-    /// The transcript's cross-process lock, taken before its append enters a writer lane. While
-    /// another process (OpenClaw, Pi, a second gateway) holds it, the append waits here, on this
-    /// task: not in the lane, whose thread also writes other sessions' transcripts, and not holding
-    /// the file's state, which this file's readers need.
-    async fn hold_transcript(&self, path: &std::path::Path) -> Result<pincer_store::backend::Held, StoreError> {
-        let since = Instant::now();
-        let mut pause = Duration::from_millis(1);
-        loop {
-            if let Some(held) = self.store.try_lock(path, since)? {
-                return Ok(held);
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(50));
-        }
     }
 
     /// The durable id of an event announcing entry `id` (`part` 0: its `session.message`, 1: the

@@ -1115,6 +1115,32 @@ impl Transcripts for PgStore {
         r
     }
 
+    fn append_held(
+        self: Arc<Self>,
+        held: Held,
+        path: PathBuf,
+        entries: Vec<NewEntry>,
+        session_id: Option<String>,
+        after: pincer_store::AfterCommit,
+    ) -> pincer_store::StoreFuture<Vec<Appended>> {
+        // On the pool's runtime, awaited here: no thread waits for the database.
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let file = self.name(&path);
+            let f = file.clone();
+            let r = self
+                .run(move |inner| async move { inner.append_all(&f, entries, session_id).await })
+                .await
+                .map_err(|e| e.into_store(&file));
+            metrics_record(started);
+            drop(held);
+            if let Ok(all) = &r {
+                after(all);
+            }
+            r
+        })
+    }
+
     fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
         let file = self.name(path);
         let (f, sid) = (file.clone(), session_id.map(str::to_owned));

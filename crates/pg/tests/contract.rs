@@ -12,7 +12,7 @@ use pincer_testkit::postgres::Postgres;
 use std::path::Path;
 use std::sync::Arc;
 
-fn database(case: &str, state: &Path) -> Box<dyn Transcripts> {
+fn database(case: &str, state: &Path) -> Arc<dyn Transcripts> {
     let url = Postgres::shared().database(&case.replace('_', "").chars().take(20).collect::<String>());
     let store = PgStore::connect(PgOptions {
         url,
@@ -22,7 +22,7 @@ fn database(case: &str, state: &Path) -> Box<dyn Transcripts> {
         cwd: "/work".into(),
     })
     .expect("connect");
-    Box::new(store)
+    Arc::new(store)
 }
 
 contract_tests!(database);

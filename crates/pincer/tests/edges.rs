@@ -309,8 +309,8 @@ async fn t01d_a_transcript_another_process_holds_stalls_only_its_own_session() {
     assert_eq!(send(&mut c, key, "hello", "H-first").await.expect("send")["status"], "started");
     assert_eq!(c.chat_end("H-first").await["payload"]["state"], "final");
     let file = probe::transcript_path(&e.gw.state_dir, key).expect("transcript");
-    let lanes = pincer_gateway::lanes::lane_count();
-    let lane = pincer_gateway::lanes::lane_index(&file, lanes);
+    let lanes = pincer_store::lanes::lane_count();
+    let lane = pincer_store::lanes::lane_index(&file, lanes);
     // Sessions until two share the held one's lane (and some that do not).
     let mut same_lane = Vec::new();
     let mut others = Vec::new();
@@ -323,7 +323,7 @@ async fn t01d_a_transcript_another_process_holds_stalls_only_its_own_session() {
         assert_eq!(send(&mut c, &k, "hello", &run).await.expect("send")["status"], "started");
         assert_eq!(c.chat_end(&run).await["payload"]["state"], "final");
         let f = probe::transcript_path(&e.gw.state_dir, &k).expect("transcript");
-        match pincer_gateway::lanes::lane_index(&f, lanes) == lane {
+        match pincer_store::lanes::lane_index(&f, lanes) == lane {
             true => same_lane.push(k),
             false => others.push(k),
         }

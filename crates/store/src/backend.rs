@@ -41,6 +41,15 @@ impl std::fmt::Display for Pos {
 /// A held lock (see [`Transcripts::lock`]); released when dropped.
 pub type Held = Box<dyn Send>;
 
+/// The future of an async store call ([`Transcripts::lock_for_append`],
+/// [`Transcripts::append_held`]): polled on the caller's runtime, never blocking its thread.
+pub type StoreFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StoreError>> + Send>>;
+
+/// Run by the writer right after an append commits, before its caller hears of it (the entries as
+/// written, `appended: false` for a key already there); on the file store, in the order the
+/// transcript's appends commit.
+pub type AfterCommit = Box<dyn FnOnce(&[Appended]) + Send>;
+
 /// What identifies one version of a session index: for files `(dev, ino, len, mtime ns)`; a
 /// backend without files uses what changes on every write.
 pub type IndexStamp = (u64, u64, u64, i64);
@@ -147,13 +156,27 @@ pub trait Transcripts: Send + Sync {
     /// through while it is held, those of other processes wait.
     fn lock(&self, path: &Path) -> Result<Held, StoreError>;
 
-    /// [`Transcripts::lock`] if that can be done at once, `None` while another process holds it
-    /// (an error once `waiting_since` is older than the lock timeout): a caller that must not block
-    /// a shared thread waits itself and asks again. A backend whose appends never wait for another
-    /// process's file lock holds nothing (the default).
-    fn try_lock(&self, _path: &Path, _waiting_since: std::time::Instant) -> Result<Option<Held>, StoreError> {
-        Ok(Some(Box::new(())))
+    /// Waits, without blocking the thread, for the transcript's cross-process lock for an append
+    /// ([`Transcripts::append_held`]): while another process (OpenClaw, Pi, a second gateway)
+    /// holds it, the caller's task waits, not a writer thread other transcripts share; an error
+    /// once the lock timeout has passed. A backend whose appends never wait for another process's
+    /// file lock holds nothing (the default).
+    fn lock_for_append(self: std::sync::Arc<Self>, _path: PathBuf) -> StoreFuture<Held> {
+        Box::pin(std::future::ready(Ok(Box::new(()) as Held)))
     }
+
+    /// [`Transcripts::append_all`] without blocking the caller's thread: the file store writes on
+    /// its writer lanes (a transcript always on the same thread, [`crate::lanes`]), PostgreSQL
+    /// on its connection pool. `held` ([`Transcripts::lock_for_append`]) is released once the
+    /// entries are written; `after` runs then, before the caller hears of it.
+    fn append_held(
+        self: std::sync::Arc<Self>,
+        held: Held,
+        path: PathBuf,
+        entries: Vec<NewEntry>,
+        session_id: Option<String>,
+        after: AfterCommit,
+    ) -> StoreFuture<Vec<Appended>>;
 
     /// `sessions.compact {maxLines}`: the transcript keeps its last lines.
     fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError>;
@@ -289,8 +312,19 @@ impl Transcripts for Store {
         Ok(Box::new(Store::lock(self, path)?))
     }
 
-    fn try_lock(&self, path: &Path, waiting_since: std::time::Instant) -> Result<Option<Held>, StoreError> {
-        Ok(Store::try_lock(self, path, waiting_since)?.map(|g| Box::new(g) as Held))
+    fn lock_for_append(self: std::sync::Arc<Self>, path: PathBuf) -> StoreFuture<Held> {
+        Box::pin(async move { Ok(Box::new(self.lock_async(&path).await?) as Held) })
+    }
+
+    fn append_held(
+        self: std::sync::Arc<Self>,
+        held: Held,
+        path: PathBuf,
+        entries: Vec<NewEntry>,
+        session_id: Option<String>,
+        after: AfterCommit,
+    ) -> StoreFuture<Vec<Appended>> {
+        Box::pin(async move { self.append_on_lane(held, path, entries, session_id, after).await })
     }
 
     fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError> {
@@ -428,8 +462,19 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn lock(&self, path: &Path) -> Result<Held, StoreError> {
         (**self).lock(path)
     }
-    fn try_lock(&self, path: &Path, waiting_since: std::time::Instant) -> Result<Option<Held>, StoreError> {
-        (**self).try_lock(path, waiting_since)
+    fn lock_for_append(self: std::sync::Arc<Self>, path: PathBuf) -> StoreFuture<Held> {
+        T::lock_for_append(std::sync::Arc::clone(&*self), path)
+    }
+
+    fn append_held(
+        self: std::sync::Arc<Self>,
+        held: Held,
+        path: PathBuf,
+        entries: Vec<NewEntry>,
+        session_id: Option<String>,
+        after: AfterCommit,
+    ) -> StoreFuture<Vec<Appended>> {
+        T::append_held(std::sync::Arc::clone(&*self), held, path, entries, session_id, after)
     }
     fn trim(&self, path: &Path, max_lines: usize) -> Result<Trimmed, StoreError> {
         (**self).trim(path, max_lines)

@@ -31,6 +31,7 @@ pub mod files;
 mod fsutil;
 pub mod history;
 pub mod ids;
+pub mod lanes;
 mod lock;
 pub mod mapped;
 pub mod parse;
@@ -41,7 +42,7 @@ pub mod store;
 pub mod trim;
 pub mod verify;
 
-pub use backend::{Held, IndexStamp, Pos, Transcripts};
+pub use backend::{AfterCommit, Held, IndexStamp, Pos, StoreFuture, Transcripts};
 pub use lock::{LockError, LockGuard, LockOptions};
 pub use store::{redact_entry, valid_session_id, Appended, NewEntry, ParentChoice, Store, StoreOptions};
 

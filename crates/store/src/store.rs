@@ -251,6 +251,8 @@ struct Inner {
     handles: Mutex<Handles>,
     /// `opts.max_open_files`, limited by the process's open-file limit.
     max_open: usize,
+    /// The threads async appends are written on (started on first use).
+    lanes: crate::lanes::Lanes,
 }
 
 /// Writers whose file is open, least recently used first.
@@ -281,6 +283,7 @@ impl Store {
                 aliases: Mutex::default(),
                 handles: Mutex::new(Handles::default()),
                 max_open,
+                lanes: crate::lanes::Lanes::default(),
             }),
         }
     }
@@ -559,6 +562,48 @@ impl Store {
     pub fn try_lock(&self, path: &Path, waiting_since: std::time::Instant) -> Result<Option<LockGuard>, StoreError> {
         let key = self.normalized(path);
         in_dir(&key, || self.inner.locks.try_acquire(&key, &self.inner.opts.lock, waiting_since))
+    }
+
+    /// [`Store::try_lock`] waited for on the caller's task: while another process holds the lock,
+    /// the task sleeps (1 ms, doubling up to 50 ms) instead of a thread blocking; an error once the
+    /// lock timeout has passed.
+    pub async fn lock_async(&self, path: &Path) -> Result<LockGuard, StoreError> {
+        let since = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            if let Some(held) = self.try_lock(path, since)? {
+                return Ok(held);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// [`Store::append_all`] on the transcript's writer lane ([`crate::lanes`]), awaited without
+    /// blocking the caller's thread; `held` is released and `after` called on the lane once the
+    /// entries are written.
+    pub async fn append_on_lane(
+        &self,
+        held: crate::Held,
+        path: PathBuf,
+        entries: Vec<NewEntry>,
+        session_id: Option<String>,
+        after: crate::AfterCommit,
+    ) -> Result<Vec<Appended>, StoreError> {
+        let store = self.clone();
+        let lane = path.clone();
+        self.inner
+            .lanes
+            .run(&lane, move || {
+                let r = store.append_all(&path, entries, session_id.as_deref());
+                drop(held);
+                if let Ok(all) = &r {
+                    after(all);
+                }
+                r
+            })
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Internal("the append failed (its writer thread panicked)".into())))
     }
 
     /// [`Store::lock`] for an append of the writer at `path` (normalized).

@@ -8,9 +8,10 @@ mod cases;
 
 use pincer_store::{Store, StoreOptions, Transcripts};
 use std::path::Path;
+use std::sync::Arc;
 
-fn files(_case: &str, _state: &Path) -> Box<dyn Transcripts> {
-    Box::new(Store::new(StoreOptions::default()))
+fn files(_case: &str, _state: &Path) -> Arc<dyn Transcripts> {
+    Arc::new(Store::new(StoreOptions::default()))
 }
 
 contract_tests!(files);

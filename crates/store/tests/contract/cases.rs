@@ -7,9 +7,10 @@
 //! moves. Each case gets a fresh store over a fresh state directory.
 
 use pincer_store::history::HistoryOptions;
-use pincer_store::{NewEntry, ParentChoice, Pos, Transcripts};
+use pincer_store::{AfterCommit, NewEntry, ParentChoice, Pos, Transcripts};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// One `#[test]` per case, each over the store `$make(case_name, state_dir)` returns.
 #[macro_export]
@@ -24,6 +25,12 @@ macro_rules! contract_tests {
             transcripts_are_archived_and_imported_whole,
             the_session_index_round_trips_with_a_stamp_that_moves,
         );
+        #[test]
+        fn async_appends_chain_run_their_hook_first_and_write_a_key_once() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let store = $make("async_appends", dir.path());
+            cases::async_appends_chain_run_their_hook_first_and_write_a_key_once(store, dir.path());
+        }
     };
     (@cases $make:expr; $($case:ident,)*) => {
         $(
@@ -70,6 +77,37 @@ fn links(s: &dyn Transcripts, f: &Path) -> Vec<(String, Option<String>)> {
     (entries.iter().map(|(_, e)| e).filter(|e| e["type"] != "session"))
         .map(|e| (e["id"].as_str().expect("id").to_owned(), e["parentId"].as_str().map(str::to_owned)))
         .collect()
+}
+
+/// The async append ([`Transcripts::lock_for_append`], [`Transcripts::append_held`]), as the
+/// gateway writes every turn: entries chain to the leaf, the hook runs with the entries as written
+/// before the caller hears of them, a resent key comes back as the entry already there (not
+/// written again), and the lock is let go (the next append takes it).
+pub fn async_appends_chain_run_their_hook_first_and_write_a_key_once(s: Arc<dyn Transcripts>, state: &Path) {
+    let f = transcript(state, "held");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let written: Vec<(String, bool)> = rt.block_on(async {
+        let mut out = Vec::new();
+        for entry in [user("hello", Some("h1:user")), assistant("hi"), user("hello", Some("h1:user"))] {
+            let held = s.clone().lock_for_append(f.clone()).await.expect("lock");
+            let log = seen.clone();
+            let after: AfterCommit = Box::new(move |all| {
+                let mut log = log.lock().expect("log");
+                log.extend(all.iter().map(|a| (a.id().expect("id").to_owned(), a.appended)));
+            });
+            let all =
+                s.clone().append_held(held, f.clone(), vec![entry], Some("held".into()), after).await.expect("append");
+            let a = (all[0].id().expect("id").to_owned(), all[0].appended);
+            assert_eq!(seen.lock().expect("log").last(), Some(&a), "the hook ran before the append returned");
+            out.push(a);
+        }
+        out
+    });
+    let (first, reply) = (written[0].0.clone(), written[1].0.clone());
+    assert_eq!(written[2], (first.clone(), false), "a resent key is the entry already there");
+    assert_eq!(links(&*s, &f), [(first.clone(), None), (reply, Some(first))]);
+    assert_eq!(seen.lock().expect("log").len(), 3);
 }
 
 pub fn appends_chain_to_the_leaf_and_a_key_is_written_once(s: &dyn Transcripts, state: &Path) {

@@ -1,4 +1,5 @@
-//! The threads that write transcripts. An append blocks for its fdatasync, so it cannot run on an
+//! The threads that write transcript files (the store's async appends, [`crate::Transcripts::append_held`]).
+//! An append blocks for its fdatasync, so it cannot run on an
 //! async thread; tokio's blocking pool would take it, but every hand-off there goes through one
 //! mutex and condvar shared by all of the pool's threads, and at a few thousand appends a second
 //! that lock is contended (threads spin, yield and park on it: a tenth of the gateway's CPU at 100
