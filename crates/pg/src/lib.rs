@@ -754,11 +754,6 @@ impl Inner {
         }
     }
 
-    /// The entries of a window, oldest first, up to `max_bytes`.
-    async fn window(&self, file: &str, window: Window, max_bytes: u64) -> Result<Vec<Value>, PgError> {
-        Ok(self.positioned(file, window, max_bytes).await?.0.into_iter().map(|(_, v)| v).collect())
-    }
-
     /// Entries of a window with their seqs, and whether they reach the last row.
     async fn positioned(
         &self,
@@ -775,7 +770,7 @@ impl Inner {
         Ok((entries, whole))
     }
 
-    /// The lines of [`Inner::window`], oldest first.
+    /// The lines of a window ([`Inner::window_rows`]), oldest first.
     async fn window_lines(&self, file: &str, window: Window, max_bytes: u64) -> Result<Vec<String>, PgError> {
         Ok(self.window_rows(file, window, max_bytes).await?.0.into_iter().map(|(_, l)| l).collect())
     }
@@ -1251,21 +1246,6 @@ impl Transcripts for PgStore {
             })
         })
         .map_err(|e| e.into_store(&file))
-    }
-
-    fn entries_from(&self, path: &Path, from: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        let file = self.name(path);
-        let f = file.clone();
-        let from = seq(from);
-        self.block(move |inner| async move { inner.window(&f, Window::From(from), max_bytes).await })
-            .map_err(|e| e.into_store(&file))
-    }
-
-    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        let file = self.name(path);
-        let f = file.clone();
-        self.block(move |inner| async move { inner.window(&f, Window::Before(i64::MAX), max_bytes).await })
-            .map_err(|e| e.into_store(&file))
     }
 
     fn entries_at(&self, path: &Path, from: Pos, max_bytes: u64) -> Result<(Vec<(Pos, Value)>, bool), StoreError> {

@@ -138,10 +138,14 @@ pub trait Transcripts: Send + Sync {
     fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError>;
 
     /// The entries from position `pos` on (that one included), about `max_bytes` of them at most.
-    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError>;
+    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        Ok(self.entries_at(path, pos, max_bytes)?.0.into_iter().map(|(_, e)| e).collect())
+    }
 
     /// The last entries, about `max_bytes` of them at most.
-    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError>;
+    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        Ok(self.entries_before(path, Pos::END, max_bytes)?.into_iter().map(|(_, e)| e).collect())
+    }
 
     /// The entries from position `pos` on (that one included), about `max_bytes` of them at most,
     /// each with its position ([`Appended::pos`]), and whether they reach the transcript's end
@@ -292,14 +296,6 @@ impl Transcripts for Store {
         Store::find_keyed(self, path, key)
     }
 
-    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        Store::entries_from(self, path, pos, max_bytes)
-    }
-
-    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        Store::tail_entries(self, path, max_bytes)
-    }
-
     fn entries_at(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<(Vec<(Pos, Value)>, bool), StoreError> {
         Store::entries_at(self, path, pos, max_bytes)
     }
@@ -446,12 +442,6 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     }
     fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError> {
         (**self).find_keyed(path, key)
-    }
-    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        (**self).entries_from(path, pos, max_bytes)
-    }
-    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        (**self).tail_entries(path, max_bytes)
     }
     fn entries_at(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<(Vec<(Pos, Value)>, bool), StoreError> {
         (**self).entries_at(path, pos, max_bytes)
