@@ -589,11 +589,6 @@ impl Inner {
             .is_some())
     }
 
-    async fn append(&self, file: &str, entry: NewEntry, sid: Option<String>) -> Result<Appended, PgError> {
-        let mut all = self.append_all(file, vec![entry], sid).await?;
-        all.pop().ok_or_else(|| PgError::Other(format!("{file}: the append returned nothing")))
-    }
-
     /// Appends entries in order, each chained to the one before (or as it says), in one
     /// transaction: all of them are durable, or none.
     async fn append_all(
@@ -1082,16 +1077,6 @@ impl Transcripts for PgStore {
         })
         .ok()
         .flatten()
-    }
-
-    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
-        let started = std::time::Instant::now();
-        let file = self.name(path);
-        let (f, sid) = (file.clone(), session_id.map(str::to_owned));
-        let r =
-            self.block(move |inner| async move { inner.append(&f, entry, sid).await }).map_err(|e| e.into_store(&file));
-        metrics_record(started);
-        r
     }
 
     fn append_all(

@@ -61,7 +61,10 @@ pub trait Transcripts: Send + Sync {
     /// once it is durable. An entry whose idempotency key is already in the transcript is not
     /// written again: the existing one is returned with `appended: false`. `session_id` names the
     /// header if the transcript has to be created.
-    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError>;
+    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
+        let mut all = self.append_all(path, vec![entry], session_id)?;
+        all.pop().ok_or_else(|| StoreError::Internal("the append returned nothing".into()))
+    }
 
     /// [`Transcripts::append_with`] without a session id.
     fn append(&self, path: &Path, entry: NewEntry) -> Result<Appended, StoreError> {
@@ -217,10 +220,6 @@ pub trait Transcripts: Send + Sync {
 impl Transcripts for Store {
     fn bytes(&self, path: &Path) -> Option<u64> {
         std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len())
-    }
-
-    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
-        Store::append_with(self, path, entry, session_id)
     }
 
     fn append_all(
@@ -392,9 +391,6 @@ impl Transcripts for Store {
 impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn bytes(&self, path: &Path) -> Option<u64> {
         (**self).bytes(path)
-    }
-    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
-        (**self).append_with(path, entry, session_id)
     }
     fn append_all(
         &self,
