@@ -28,7 +28,7 @@ use crate::config::approvals::Policy;
 use crate::error::EngineError;
 use crate::hub::Audience;
 use crate::pending::{Decided, Pending, REMEMBERED, SLUG_CHARS};
-use crate::protocol::AgentUpdate;
+use crate::protocol::{AgentUpdate, ApprovalUpdate};
 use crate::sessions::SessionRef;
 use crate::state::{Gateway, RunHandle};
 use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
@@ -515,11 +515,8 @@ async fn wait(
     gw.hub.publish("exec.approval.requested", None, record.clone(), false, Audience::All);
     // Its row says `waiting` now (and again `running` once decided: [`settled`]).
     gw.hub.sessions_changed(&session.key, "approval");
-    let requested = json!({"phase": "requested", "kind": "exec", "status": "pending",
-        "title": "Command approval requested", "toolCallId": req["toolCallId"], "approvalId": id,
-        "command": req["command"], "cwd": req["cwd"], "name": req["toolName"], "host": "gateway",
-        "expiresAtMs": expires_at});
-    crate::announce::publish_agent_event(gw, session, run, AgentUpdate::Other { stream: "approval", data: &requested });
+    let requested = ApprovalUpdate::requested(&id, req, expires_at);
+    crate::announce::publish_agent_event(gw, session, run, AgentUpdate::Approval(&requested));
     // The call's card says what it waits for and how to answer, in OpenClaw's words: a client
     // without an approval view (OpenClaw's TUI) shows it as the running tool's output.
     report(ToolOutput::text(pending_text(&id, req)));
@@ -548,10 +545,8 @@ async fn wait(
             }
         }
     };
-    let status = if d.allows() { "approved" } else { "denied" };
-    let resolved = json!({"phase": "resolved", "kind": "exec", "status": status, "title": "Command approval resolved",
-        "toolCallId": req["toolCallId"], "approvalId": id, "decision": d.decision, "reason": d.reason});
-    crate::announce::publish_agent_event(gw, session, run, AgentUpdate::Other { stream: "approval", data: &resolved });
+    let resolved = ApprovalUpdate::resolved(&id, req, d.allows(), &d.decision, &d.reason);
+    crate::announce::publish_agent_event(gw, session, run, AgentUpdate::Approval(&resolved));
     d
 }
 

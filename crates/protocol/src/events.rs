@@ -128,8 +128,83 @@ pub enum AgentUpdate<'a> {
     ToolStarted { tool_call_id: &'a str, name: &'a str, args: &'a Value },
     /// `tool` `{phase: "update", name, toolCallId, partialResult}`: a running tool's output so far.
     ToolUpdated { tool_call_id: &'a str, name: &'a str, partial: &'a Value },
+    /// `approval`: a tool call waiting for a person's decision, then the decision.
+    Approval(&'a ApprovalUpdate<'a>),
     /// Any other stream's data, as built by its owner.
     Other { stream: &'a str, data: &'a Value },
+}
+
+/// A run's `approval` stream in OpenClaw's shape: `requested` (what waits, where, until when), then
+/// `resolved` (the decision and why).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalUpdate<'a> {
+    phase: &'static str,
+    kind: &'static str,
+    status: &'a str,
+    title: &'static str,
+    tool_call_id: &'a Value,
+    approval_id: &'a str,
+    #[serde(flatten)]
+    detail: ApprovalDetail<'a>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ApprovalDetail<'a> {
+    #[serde(rename_all = "camelCase")]
+    Requested {
+        command: &'a Value,
+        cwd: &'a Value,
+        name: &'a Value,
+        host: &'static str,
+        expires_at_ms: u64,
+    },
+    Resolved {
+        decision: &'a str,
+        reason: &'a str,
+    },
+}
+
+impl<'a> ApprovalUpdate<'a> {
+    /// An exec approval requested for tool call `tool_call_id` (`request`: its record's `request`:
+    /// `command`, `cwd`, `toolName`), waiting until `expires_at_ms`.
+    pub fn requested(approval_id: &'a str, request: &'a Value, expires_at_ms: u64) -> ApprovalUpdate<'a> {
+        ApprovalUpdate {
+            phase: "requested",
+            kind: "exec",
+            status: "pending",
+            title: "Command approval requested",
+            tool_call_id: &request["toolCallId"],
+            approval_id,
+            detail: ApprovalDetail::Requested {
+                command: &request["command"],
+                cwd: &request["cwd"],
+                name: &request["toolName"],
+                host: "gateway",
+                expires_at_ms,
+            },
+        }
+    }
+
+    /// The decision on it (`approved` when `allowed`, else `denied`).
+    pub fn resolved(
+        approval_id: &'a str,
+        request: &'a Value,
+        allowed: bool,
+        decision: &'a str,
+        reason: &'a str,
+    ) -> ApprovalUpdate<'a> {
+        ApprovalUpdate {
+            phase: "resolved",
+            kind: "exec",
+            status: if allowed { "approved" } else { "denied" },
+            title: "Command approval resolved",
+            tool_call_id: &request["toolCallId"],
+            approval_id,
+            detail: ApprovalDetail::Resolved { decision, reason },
+        }
+    }
 }
 
 impl AgentUpdate<'_> {
@@ -138,6 +213,7 @@ impl AgentUpdate<'_> {
         match self {
             AgentUpdate::Started | AgentUpdate::Ended | AgentUpdate::Failed { .. } => "lifecycle",
             AgentUpdate::ToolStarted { .. } | AgentUpdate::ToolUpdated { .. } => "tool",
+            AgentUpdate::Approval(_) => "approval",
             AgentUpdate::Other { stream, .. } => stream,
         }
     }
@@ -159,6 +235,7 @@ impl Serialize for AgentUpdate<'_> {
         let mut m;
         match self {
             AgentUpdate::Other { data, .. } => return data.serialize(s),
+            AgentUpdate::Approval(a) => return a.serialize(s),
             AgentUpdate::Started | AgentUpdate::Ended => {
                 m = s.serialize_map(Some(1))?;
                 m.serialize_entry("phase", &self.lifecycle())?;
@@ -237,6 +314,24 @@ pub struct SessionsChanged<'a> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn approval_updates_have_openclaws_fields_in_its_order() {
+        let req = json!({"toolCallId": "call_1", "command": "ls -l", "cwd": "/w", "toolName": "bash"});
+        let ser = |u: &ApprovalUpdate| serde_json::to_string(&AgentUpdate::Approval(u)).unwrap_or_default();
+        assert_eq!(
+            ser(&ApprovalUpdate::requested("a1", &req, 5)),
+            r#"{"phase":"requested","kind":"exec","status":"pending","title":"Command approval requested","toolCallId":"call_1","approvalId":"a1","command":"ls -l","cwd":"/w","name":"bash","host":"gateway","expiresAtMs":5}"#
+        );
+        assert_eq!(
+            ser(&ApprovalUpdate::resolved("a1", &req, false, "deny", "timeout")),
+            r#"{"phase":"resolved","kind":"exec","status":"denied","title":"Command approval resolved","toolCallId":"call_1","approvalId":"a1","decision":"deny","reason":"timeout"}"#
+        );
+        assert_eq!(
+            AgentUpdate::Approval(&ApprovalUpdate::resolved("a1", &req, true, "allow-once", "operator")).stream(),
+            "approval"
+        );
+    }
 
     #[test]
     fn events_keep_their_field_order() {
