@@ -3,8 +3,7 @@
 //! work off the async threads.
 
 use crate::config::{Settings, StoreSettings};
-use crate::error::EngineError;
-use crate::error::GatewayError;
+use crate::error::{EngineError, GatewayError};
 use crate::hub::Hub;
 use crate::protocol::RunAnswer;
 use crate::queue::{Cancelled, SessionGuard, SessionQueue};
@@ -300,7 +299,6 @@ pub struct Gateway {
     pub pg: Option<pincer_pg::PgStore>,
     /// Where this process's latest appends landed, for the events that announce them.
     positions: Mutex<Positions>,
-    /// The threads appends run on.
     /// Sessions the relay should follow from an earlier seq than their end when it starts
     /// watching them (a catch-up read the store up to there): key → (seq, when asked).
     relay_from: Mutex<HashMap<String, (Pos, Instant)>>,

@@ -54,8 +54,9 @@ pub type AfterCommit = Box<dyn FnOnce(&[Appended]) + Send>;
 /// backend without files uses what changes on every write.
 pub type IndexStamp = (u64, u64, u64, i64);
 
-/// A store of transcripts (Pi v3 entries chained by `parentId`) and session indexes. Every method
-/// may block on I/O: call them off the async threads.
+/// A store of transcripts (Pi v3 entries chained by `parentId`) and session indexes. The async
+/// append ([`Transcripts::lock_for_append`], [`Transcripts::append_held`]) never blocks the thread
+/// polling it; every other method may block on I/O: call them off the async threads.
 pub trait Transcripts: Send + Sync {
     /// Appends one entry (chained to the leaf, a root or a chosen parent); returns it as written
     /// once it is durable. An entry whose idempotency key is already in the transcript is not
