@@ -449,33 +449,10 @@ impl Gate {
     async fn call_id(&self, arguments: &Value) -> String {
         let t = &self.turn;
         let Ok(messages) = t.gw.context(&t.session).await else { return String::new() };
-        let mut answered = HashSet::new();
-        let mut calls = Vec::new();
-        for m in messages.iter().rev() {
-            let v = m.value();
-            match v["role"].as_str() {
-                Some("toolResult") => {
-                    answered.insert(v["toolCallId"].as_str().unwrap_or_default().to_owned());
-                }
-                Some("assistant") => {
-                    calls = v["content"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter(|b| b["type"] == "toolCall")
-                        .cloned()
-                        .collect();
-                    break;
-                }
-                _ => break,
-            }
-        }
+        let calls = crate::durable::unanswered_calls(&messages, false);
         let mut claimed = lock(&t.claimed);
         let name = self.inner.name();
-        let open = |b: &&Value| {
-            let id = b["id"].as_str().unwrap_or_default();
-            b["name"] == name && !answered.contains(id) && !claimed.contains(id)
-        };
+        let open = |b: &&Value| b["name"] == name && !claimed.contains(b["id"].as_str().unwrap_or_default());
         let same =
             |b: &&Value| b["arguments"] == *arguments || self.inner.prepare(b["arguments"].clone()) == *arguments;
         let found = calls.iter().filter(open).find(same).or_else(|| calls.iter().find(open));

@@ -232,6 +232,30 @@ pub fn unanswered_at_leaf(store: &dyn Transcripts, path: &Path) -> Result<Option
     }
 }
 
+/// The tool calls of the context's last assistant message that have no result after it, in the
+/// message's order (none when the context ends otherwise; with `tool_use_only`, also when that
+/// message did not stop for its tools).
+pub fn unanswered_calls(messages: &pincer_agent::Messages, tool_use_only: bool) -> Vec<Value> {
+    let mut answered = HashSet::new();
+    for m in messages.iter().rev() {
+        let v = m.value();
+        match v["role"].as_str() {
+            Some("toolResult") => {
+                answered.insert(v["toolCallId"].as_str().unwrap_or_default().to_owned());
+            }
+            Some("assistant") if !tool_use_only || v["stopReason"] == "toolUse" => {
+                let blocks = v["content"].as_array().into_iter().flatten();
+                return blocks
+                    .filter(|b| b["type"] == "toolCall" && !answered.contains(b["id"].as_str().unwrap_or_default()))
+                    .cloned()
+                    .collect();
+            }
+            _ => break,
+        }
+    }
+    Vec::new()
+}
+
 /// A marker custom entry for turn `run_id`.
 pub fn marker(custom_type: &str, run_id: &str, reason: &str) -> NewEntry {
     let mut payload = Map::new();

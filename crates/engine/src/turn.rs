@@ -982,17 +982,7 @@ impl Turn {
             crate::durable::on_disk(&store, &path, &id, attempts).map(|state| (held, state))
         })
         .await;
-        let (held, state) = match checked {
-            Ok(Ok(checked)) => checked,
-            Ok(Err(e)) => {
-                self.fail_with(&EngineError::unsaved(&e));
-                return false;
-            }
-            Err(e) => {
-                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
-                return false;
-            }
-        };
+        let Some((held, state)) = self.read_or_fail(checked) else { return false };
         if !matches!(state, OnDisk::Resume(_)) {
             drop(held);
             tracing::warn!(session = %self.session.key, run = %self.run.run_id, "not resumed: {state:?} by now");
@@ -1025,25 +1015,9 @@ impl Turn {
                 return false;
             }
         };
-        let mut answered = std::collections::HashSet::new();
-        let mut calls = Vec::new();
-        for m in messages.iter().rev() {
-            let v = m.value();
-            match v["role"].as_str() {
-                Some("toolResult") => {
-                    answered.insert(v["toolCallId"].as_str().unwrap_or_default().to_owned());
-                }
-                Some("assistant") if v["stopReason"] == "toolUse" => {
-                    let blocks = v["content"].as_array().into_iter().flatten();
-                    calls = blocks.filter(|b| b["type"] == "toolCall").cloned().collect();
-                    break;
-                }
-                _ => break,
-            }
-        }
+        let calls = crate::durable::unanswered_calls(&messages, true);
         let tools = self.gw.tools(&self.session.agent_id);
-        let cut: Vec<&Value> =
-            calls.iter().filter(|c| !answered.contains(c["id"].as_str().unwrap_or_default())).collect();
+        let cut: Vec<&Value> = calls.iter().collect();
         // A call that was waiting for its approval (its request on disk, no decision) never ran:
         // it waits again and runs once allowed.
         let ids: std::collections::HashSet<String> =
@@ -1052,17 +1026,9 @@ impl Turn {
         let asked = if ids.is_empty() {
             Default::default()
         } else {
-            match tokio::task::spawn_blocking(move || crate::approvals::on_disk(&*store, &path, &ids)).await {
-                Ok(Ok(asked)) => asked,
-                Ok(Err(e)) => {
-                    self.fail_with(&EngineError::unsaved(&e));
-                    return false;
-                }
-                Err(e) => {
-                    self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
-                    return false;
-                }
-            }
+            let read = tokio::task::spawn_blocking(move || crate::approvals::on_disk(&*store, &path, &ids)).await;
+            let Some(asked) = self.read_or_fail(read) else { return false };
+            asked
         };
         for call in cut {
             let (id, name) = (call["id"].as_str().unwrap_or_default(), call["name"].as_str().unwrap_or_default());
@@ -1158,6 +1124,22 @@ impl Turn {
     /// [`Turn::fail`] with an engine error: its text and its kind.
     fn fail_with(&self, e: &EngineError) {
         self.fail(&e.to_string(), e.kind(), None);
+    }
+
+    /// What a blocking read of the transcript gave; `None` (the run failed, announced) when it
+    /// could not be read.
+    fn read_or_fail<T>(&self, read: Result<Result<T, pincer_store::StoreError>, tokio::task::JoinError>) -> Option<T> {
+        match read {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(e)) => {
+                self.fail_with(&EngineError::unsaved(&e));
+                None
+            }
+            Err(e) => {
+                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
+                None
+            }
+        }
     }
 
     /// Relays the run's events: throttled deltas, persisted rows, the final, errors, aborts. A
