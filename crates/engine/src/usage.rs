@@ -3,7 +3,7 @@
 //! (provider quota windows: Pincer tracks none), and the last turn's usage and context tokens
 //! that session rows show.
 
-use crate::protocol::{Method, RpcError};
+use crate::error::EngineError;
 use crate::sessions::SessionRef;
 use crate::state::{is_injected, Gateway};
 use pincer_store::Transcripts;
@@ -130,22 +130,18 @@ pub fn row_fields(gw: &Gateway, s: &SessionRef, u: &Usage) -> Value {
         "contextTokens": window})
 }
 
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct UsageParams {
-    key: Option<crate::protocol::NonBlank>,
-    agent_id: Option<crate::sessions::AgentId>,
-    limit: Option<u32>,
-}
-
-/// `sessions.usage {key?, agentId?, limit?}`: per-session usage, totals and aggregates.
-pub fn sessions_usage(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
-    let p: UsageParams = crate::protocol::params(Method::SessionsUsage, params)?;
-    let list = match &p.key {
+/// `sessions.usage`: per-session usage (of session `key`, else of every session of `agent`, else of
+/// all; at most `limit` rows), totals and aggregates.
+pub fn sessions_usage(
+    gw: &Gateway,
+    key: Option<&str>,
+    agent: Option<&crate::sessions::AgentId>,
+    limit: usize,
+) -> Result<Value, EngineError> {
+    let list = match key {
         Some(k) => gw.sessions.resolve(k, false)?.into_iter().collect(),
-        None => gw.sessions.list(p.agent_id.as_ref())?,
+        None => gw.sessions.list(agent)?,
     };
-    let limit = p.limit.unwrap_or(1000).min(1000) as usize;
     let mut total = Usage::default();
     let mut rows = Vec::new();
     for s in list.iter() {

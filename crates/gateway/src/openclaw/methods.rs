@@ -55,7 +55,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
         | Method::ConfigGet
         | Method::ThemesList
         | Method::UpdateStatus => crate::openclaw::status::dispatch(gw, method, params).await,
-        Method::SessionsUsage => blocking(gw, params, crate::usage::sessions_usage).await,
+        Method::SessionsUsage => blocking(gw, params, sessions_usage).await,
         Method::UsageStatus => Ok(crate::usage::usage_status()),
         Method::CronList
         | Method::CronStatus
@@ -319,6 +319,20 @@ async fn blocking(
 ) -> Result<Value, RpcError> {
     let params = params.clone();
     gw.blocking(move |gw| f(gw, &params)).await
+}
+
+/// `sessions.usage {key?, agentId?, limit? (at most 1000)}`.
+fn sessions_usage(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct UsageParams {
+        key: Option<NonBlank>,
+        agent_id: Option<crate::sessions::AgentId>,
+        limit: Option<u32>,
+    }
+    let p: UsageParams = crate::protocol::params(Method::SessionsUsage, params)?;
+    let limit = p.limit.unwrap_or(1000).min(1000) as usize;
+    Ok(crate::usage::sessions_usage(gw, p.key.as_ref().map(|k| k.0.as_str()), p.agent_id.as_ref(), limit)?)
 }
 
 fn existing(gw: &Gateway, key: &str) -> Result<SessionRef, RpcError> {

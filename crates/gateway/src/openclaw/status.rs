@@ -170,7 +170,28 @@ pub async fn dispatch(gw: &Arc<Gateway>, method: Method, params: &Value) -> Resu
         Method::ConfigGet => Ok(config_get(gw)),
         Method::ThemesList => Ok(themes()),
         Method::UpdateStatus => Ok(update_status()),
-        Method::LogsTail => crate::logs::tail(gw.redactor.as_ref(), &params),
+        Method::LogsTail => logs_tail(gw, &params),
         _ => Err(RpcError::invalid(format!("unknown method: {}", method.name()))),
     }
+}
+
+/// `logs.tail {cursor?, limit? (1–5000, 200), maxBytes? (1–1e6, 250,000)}`.
+fn logs_tail(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct TailParams {
+        cursor: Option<u64>,
+        limit: Option<u32>,
+        max_bytes: Option<u32>,
+    }
+    let p: TailParams = crate::protocol::params(Method::LogsTail, params)?;
+    let limit = p.limit.unwrap_or(200) as usize;
+    let max_bytes = p.max_bytes.unwrap_or(250_000) as usize;
+    if !(1..=5000).contains(&limit) {
+        return Err(RpcError::invalid("invalid logs.tail params: at /limit: must be from 1 to 5000"));
+    }
+    if !(1..=1_000_000).contains(&max_bytes) {
+        return Err(RpcError::invalid("invalid logs.tail params: at /maxBytes: must be from 1 to 1000000"));
+    }
+    Ok(crate::logs::tail(gw.redactor.as_ref(), p.cursor, limit, max_bytes))
 }
