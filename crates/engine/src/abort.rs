@@ -6,13 +6,13 @@
 //! its aborted partial once and announces its end, as a local abort does.
 
 use crate::error::EngineError;
-use crate::state::Gateway;
+use crate::state::Engine;
 
 /// Aborts the runs of session `session_key` (only `run_id` when given), with `origin` recorded on
 /// the local ones' partials; returns the ids of the runs found running, here or on another replica.
 /// Fails only when the other replicas' runs could not be reached.
 pub async fn abort(
-    gw: &Gateway,
+    gw: &Engine,
     session_key: &str,
     run_id: Option<&str>,
     origin: &'static str,

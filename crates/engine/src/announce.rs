@@ -6,14 +6,14 @@
 use crate::hub::{Audience, EventId};
 use crate::protocol::{AgentUpdate, ChatEvent, ChatFailure, ChatState, ErrorKind};
 use crate::sessions::SessionRef;
-use crate::state::{Gateway, RunHandle};
+use crate::state::{Engine, RunHandle};
 use pincer_pi::now_ms;
 use pincer_store::Pos;
 use serde_json::{json, Value};
 
 /// An `agent` event of run `run` in `session` (a `lifecycle` one also tells session lists, as
 /// `sessions.changed`).
-pub fn publish_agent_event(gw: &Gateway, session: &SessionRef, run: &RunHandle, update: AgentUpdate) {
+pub fn publish_agent_event(gw: &Engine, session: &SessionRef, run: &RunHandle, update: AgentUpdate) {
     use crate::hub::Audience;
     let key = Some(session.key.as_str());
     let phase = update.lifecycle();
@@ -135,7 +135,7 @@ pub(crate) fn tool_result_data(msg: &Value) -> Value {
 /// `session.message`'s payload for an entry as written, with its durable position as OpenClaw's
 /// `messageSeq` (ascending with the transcript, the same on every replica; not a count).
 pub fn session_message_payload<'a>(
-    gw: &Gateway,
+    gw: &Engine,
     session: &'a SessionRef,
     entry: &'a Value,
     pos: Option<Pos>,
@@ -169,7 +169,7 @@ pub struct SessionMessage<'a> {
 
 /// `session.message` for subscribers of the session, carrying the entry as written, under its
 /// durable id (`pos`: where the store put it; `None`: where this process's append put it).
-pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value, pos: Option<Pos>) {
+pub fn publish_session_message(gw: &Engine, session: &SessionRef, entry: &Value, pos: Option<Pos>) {
     if !gw.hub.wants("session.message", Some(&session.key), crate::hub::Audience::SessionSubscribers) {
         return;
     }
@@ -183,7 +183,7 @@ pub fn publish_session_message(gw: &Gateway, session: &SessionRef, entry: &Value
 
 /// Announces the interrupted marker at `pos` this replica wrote (other replicas announce it from
 /// the row, `crate::relay::render`).
-pub fn publish_interrupted(gw: &Gateway, s: &SessionRef, run_id: &str, reason: &str, pos: Pos) {
+pub fn publish_interrupted(gw: &Engine, s: &SessionRef, run_id: &str, reason: &str, pos: Pos) {
     let id = EventId::chat(&s.session_id, pos);
     gw.hub.publish_entry("chat", &s.key, &interrupted(s, run_id, reason), Audience::All, Some(id));
 }

@@ -30,7 +30,7 @@ use crate::hub::Audience;
 use crate::pending::{Decided, Pending, REMEMBERED, SLUG_CHARS};
 use crate::protocol::{AgentUpdate, ApprovalUpdate};
 use crate::sessions::SessionRef;
-use crate::state::{Gateway, RunHandle};
+use crate::state::{Engine, RunHandle};
 use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
 use pincer_pi::lock;
 use pincer_store::NewEntry;
@@ -56,7 +56,7 @@ const REMOTE_POLL: Duration = Duration::from_millis(500);
 /// Records `d` for `p` unless it was decided already: the decision entry first (and for
 /// `allow-always` the allow-list entry before it), then the waiter is woken and
 /// `exec.approval.resolved` announced. `Ok(Err(earlier))`: someone answered first.
-async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Result<Decided, Decided>, EngineError> {
+async fn decide(gw: &Arc<Engine>, p: &Arc<Pending>, d: Decided) -> Result<Result<Decided, Decided>, EngineError> {
     let mut slot = p.decided.lock().await;
     if let Some(earlier) = slot.clone() {
         return Ok(Err(earlier));
@@ -89,7 +89,7 @@ async fn decide(gw: &Arc<Gateway>, p: &Arc<Pending>, d: Decided) -> Result<Resul
 
 /// After `p` was decided `d` (its entry written): no longer waiting, remembered, its waiter
 /// woken, `exec.approval.resolved` announced.
-fn settled(gw: &Gateway, p: &Pending, d: &Decided) {
+fn settled(gw: &Engine, p: &Pending, d: &Decided) {
     lock(&gw.approvals.pending).remove(&p.id);
     remember(gw, &p.id, d);
     p.tx.send_replace(Some(d.clone()));
@@ -97,7 +97,7 @@ fn settled(gw: &Gateway, p: &Pending, d: &Decided) {
     gw.hub.sessions_changed(&p.session.key, "approval");
 }
 
-fn remember(gw: &Gateway, id: &str, d: &Decided) {
+fn remember(gw: &Engine, id: &str, d: &Decided) {
     let mut decided = lock(&gw.approvals.decided);
     decided.push_back((id.to_owned(), d.clone()));
     while decided.len() > REMEMBERED {
@@ -105,7 +105,7 @@ fn remember(gw: &Gateway, id: &str, d: &Decided) {
     }
 }
 
-fn announce_resolved(gw: &Gateway, id: &str, request: &Value, d: &Decided) {
+fn announce_resolved(gw: &Engine, id: &str, request: &Value, d: &Decided) {
     let event = json!({"id": id, "decision": d.decision, "resolvedBy": d.by, "ts": d.ts, "request": request,
         "reason": d.reason});
     gw.hub.publish("exec.approval.resolved", None, event, false, Audience::All);
@@ -124,7 +124,7 @@ fn decided_of(data: &Value) -> Decided {
 
 /// With replicas (PostgreSQL): the decision (`true`) or else the first answer (`false`) on disk
 /// for request `id` of `session`.
-async fn on_disk_for(gw: &Arc<Gateway>, session: &SessionRef, id: &str) -> Option<(Decided, bool)> {
+async fn on_disk_for(gw: &Arc<Engine>, session: &SessionRef, id: &str) -> Option<(Decided, bool)> {
     gw.pg.as_ref()?;
     let (store, path) = (gw.store.clone(), session.path.clone());
     let tail = tokio::task::spawn_blocking(move || store.tail_entries(&path, 1024 * 1024)).await.ok()?.ok()?;
@@ -135,7 +135,7 @@ async fn on_disk_for(gw: &Arc<Gateway>, session: &SessionRef, id: &str) -> Optio
 
 /// With replicas (PostgreSQL): every request in the database, with its decision or first answer
 /// if it has one, in the transcripts' order.
-async fn in_database(gw: &Gateway) -> Vec<(Value, Option<Value>)> {
+async fn in_database(gw: &Engine) -> Vec<(Value, Option<Value>)> {
     let Some(pg) = &gw.pg else { return vec![] };
     let rows = match pg.custom_rows(vec![REQUEST.to_owned(), DECISION.to_owned(), ANSWER.to_owned()]).await {
         Ok(rows) => rows,
@@ -169,7 +169,7 @@ fn record_of(data: &Value) -> Value {
 }
 
 /// `exec.approval.list`: the requests waiting here and, with replicas, on the others, oldest first.
-pub async fn list(gw: &Gateway) -> Vec<Value> {
+pub async fn list(gw: &Engine) -> Vec<Value> {
     let mut all = gw.approvals.local();
     let now = pincer_pi::now_ms();
     for (data, decided) in in_database(gw).await {
@@ -191,7 +191,7 @@ pub async fn list(gw: &Gateway) -> Vec<Value> {
 /// dead and its turn not taken over yet), with an answer entry; the first answer in the transcript
 /// wins. `None`: no such request in the database.
 async fn resolve_remote(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     id: &str,
     d: Decided,
 ) -> Option<Result<Result<Decided, Decided>, EngineError>> {
@@ -248,7 +248,7 @@ fn decision_entry(request: &Value, d: &Decided) -> NewEntry {
 
 /// `exec.approval.resolve` / `approval.resolve` / `/approve`: decides `id` as `decision` for
 /// `by`. The first answer wins; a later one is refused, saying what was decided.
-pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> Result<Value, EngineError> {
+pub async fn resolve(gw: &Arc<Engine>, id: &str, decision: &str, by: &str) -> Result<Value, EngineError> {
     if !DECISIONS.contains(&decision) {
         return Err(EngineError::invalid(format!(
             "invalid decision {decision:?} (decisions: {})",
@@ -284,7 +284,7 @@ pub async fn resolve(gw: &Arc<Gateway>, id: &str, decision: &str, by: &str) -> R
 }
 
 /// `exec.approval.get`: one waiting request, as OpenClaw describes it.
-pub fn get(gw: &Gateway, id: &str) -> Result<Value, EngineError> {
+pub fn get(gw: &Engine, id: &str) -> Result<Value, EngineError> {
     let p = gw.approvals.get(id).ok_or_else(|| EngineError::ApprovalNotFound { id: id.to_owned() })?;
     let req = &p.record["request"];
     Ok(json!({
@@ -301,7 +301,7 @@ pub fn get(gw: &Gateway, id: &str) -> Result<Value, EngineError> {
 
 /// Ends the waits of run `run_id` (aborted): each is decided `deny` (reason `aborted`). Returns
 /// the calls denied here, `(toolCallId, tool, error)`, for their results to be written.
-pub async fn abort_run(gw: &Arc<Gateway>, run_id: &str, by: &str) -> Vec<(String, String, ToolError)> {
+pub async fn abort_run(gw: &Arc<Engine>, run_id: &str, by: &str) -> Vec<(String, String, ToolError)> {
     let mut out = Vec::new();
     for p in gw.approvals.of_run(run_id) {
         let d =
@@ -327,7 +327,7 @@ fn describe(tool: &str, args: &Value) -> String {
 
 /// The turn a [`Gate`] belongs to.
 pub struct TurnGates {
-    gw: Arc<Gateway>,
+    gw: Arc<Engine>,
     session: SessionRef,
     run: Arc<RunHandle>,
     /// Tool calls of the turn already asked about (two identical calls get a request each).
@@ -343,7 +343,7 @@ pub struct Gate {
 
 /// The agent's tools for one turn of `session`, each behind its approval policy (the specs are
 /// the agent's, shared).
-pub fn gated(gw: &Arc<Gateway>, session: &SessionRef, run: &Arc<RunHandle>) -> pincer_agent::ToolRegistry {
+pub fn gated(gw: &Arc<Engine>, session: &SessionRef, run: &Arc<RunHandle>) -> pincer_agent::ToolRegistry {
     let tools = gw.tools(&session.agent_id);
     let approvals = &gw.settings.agents.get(&session.agent_id).approvals;
     let turn =
@@ -467,7 +467,7 @@ impl Gate {
 /// wait's text in OpenClaw's words ([`pending_text`]). An abort drops this future; the turn then
 /// denies the wait ([`abort_run`]).
 async fn wait(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     session: &SessionRef,
     run: &Arc<RunHandle>,
     record: Value,
@@ -541,7 +541,7 @@ fn pending_text(id: &str, req: &Value) -> String {
 
 /// With replicas: an answer another replica wrote for `p` (looked for now and every
 /// [`REMOTE_POLL`]), recorded here as the decision; without replicas, never.
-async fn decided_elsewhere(gw: &Arc<Gateway>, p: &Arc<Pending>) -> Decided {
+async fn decided_elsewhere(gw: &Arc<Engine>, p: &Arc<Pending>) -> Decided {
     if gw.pg.is_none() {
         return std::future::pending().await;
     }
@@ -593,7 +593,7 @@ pub fn on_disk(
 /// A call cut by a restart while it waited (its request on disk, no decision): waits again under
 /// the same id and expiry, then runs it through `tools` once allowed, else a denied result.
 pub async fn resume_call(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     session: &SessionRef,
     run: &Arc<RunHandle>,
     request: &Value,

@@ -6,7 +6,7 @@
 
 use crate::error::EngineError;
 use crate::hub::{BusEvent, EventId};
-use crate::state::Gateway;
+use crate::state::Engine;
 use pincer_store::Pos;
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ pub enum Catchup {
 }
 
 /// The events of session `key` after `after`. An error only when the store cannot be read.
-pub async fn since(gw: &Arc<Gateway>, key: &str, after: &EventId) -> Result<Catchup, EngineError> {
+pub async fn since(gw: &Arc<Engine>, key: &str, after: &EventId) -> Result<Catchup, EngineError> {
     let Some(session) = gw.session(key, false).await? else {
         return Ok(Catchup::Reset("the session has no transcript any more".into()));
     };

@@ -5,7 +5,7 @@
 
 use crate::hub::Audience;
 use crate::sessions::SessionRef;
-use crate::state::Gateway;
+use crate::state::Engine;
 use pincer_agent::CancellationToken;
 use pincer_compaction::{
     assistant_usage, calculate_context_tokens, estimate_context_tokens, CompactionOutcome, CompactionReason,
@@ -13,7 +13,7 @@ use pincer_compaction::{
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-fn event(gw: &Gateway, session: &SessionRef, data: Value) {
+fn event(gw: &Engine, session: &SessionRef, data: Value) {
     let p = crate::protocol::AgentEvent {
         run_id: None,
         seq: None,
@@ -28,13 +28,13 @@ fn event(gw: &Gateway, session: &SessionRef, data: Value) {
 }
 
 /// The model a session's compaction uses.
-fn model_spec(gw: &Gateway, session: &SessionRef) -> String {
+fn model_spec(gw: &Engine, session: &SessionRef) -> String {
     gw.settings.compaction.model.clone().unwrap_or_else(|| gw.session_model(session))
 }
 
 /// Compacts one session now. The caller holds the session's queue slot.
 pub async fn run(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     session: &SessionRef,
     reason: CompactionReason,
     instructions: Option<String>,
@@ -75,7 +75,7 @@ pub async fn run(
 /// Whether a session's context is over the threshold after a turn: tokens from the provider's
 /// reported usage of the last assistant message when there is one, else Pi's estimate of the
 /// session's context (the cached one, which the turn's appends extended).
-pub async fn over_threshold(gw: &Gateway, session: &SessionRef, last_usage: Option<&Value>) -> bool {
+pub async fn over_threshold(gw: &Engine, session: &SessionRef, last_usage: Option<&Value>) -> bool {
     let Ok(model) = gw.settings.providers.resolve(&model_spec(gw, session)) else { return false };
     let Some(window) = model.model.context_window else { return false };
     let reported = last_usage.map(calculate_context_tokens).unwrap_or(0);

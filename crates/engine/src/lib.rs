@@ -5,7 +5,7 @@
 //! Layout:
 //! - [`config`]: `pincer.toml` + environment → validated settings (token generated on first start);
 //!   [`config::channels`] the messaging channels' sections.
-//! - [`state`]: the engine ([`state::Gateway`]): store, session index, runs, dedupe;
+//! - [`state`]: the engine ([`state::Engine`]): store, session index, runs, dedupe;
 //!   [`queue`]: the order of each session's turns;
 //!   [`abort`]: stopping a session's runs wherever they run (every entry point).
 //! - [`turn`]: the one turn pipeline, [`announce`] its events, [`commands`] the slash commands,

@@ -1,4 +1,4 @@
-//! The approvals the engine holds ([`crate::state::Gateway::approvals`]): the requests waiting
+//! The approvals the engine holds ([`crate::state::Engine::approvals`]): the requests waiting
 //! for a decision here, the ones decided lately (to answer a late `resolve` with "already
 //! decided") and the allow-always list (`<state>/approvals.json`). The gate that fills it and
 //! decides is [`crate::approvals`].

@@ -1,5 +1,5 @@
 //! [`SessionQueue`]: the order of a session's turns in this process, one at a time per session key
-//! ([`crate::state::Gateway::turn_slot`] adds the replicas' lock on top). Later sends wait in FIFO
+//! ([`crate::state::Engine::turn_slot`] adds the replicas' lock on top). Later sends wait in FIFO
 //! order (tokio's mutex is fair), and a waiting send can be cancelled through its token without
 //! disturbing the order of the others. Idle keys are removed, so the map holds only busy sessions.
 

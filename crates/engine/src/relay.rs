@@ -15,7 +15,7 @@
 use crate::hub::{Audience, EventId};
 use crate::protocol::{ChatEnd, ChatEvent, ChatState};
 use crate::sessions::SessionRef;
-use crate::state::Gateway;
+use crate::state::Engine;
 use pincer_pg::watch::Wake;
 use pincer_pg::PgStore;
 use pincer_store::Pos;
@@ -40,7 +40,7 @@ struct Watched {
 }
 
 /// Starts the relay when the store is PostgreSQL; it stops with the gateway.
-pub fn start(gw: &Arc<Gateway>) {
+pub fn start(gw: &Arc<Engine>) {
     let Some(pg) = gw.pg.clone() else { return };
     start_heartbeat(gw, pg.clone());
     let stop = gw.shutdown.clone();
@@ -92,7 +92,7 @@ pub const STALE_AFTER: Duration = Duration::from_millis(2500);
 
 /// Beats for this replica's runs, aborts those other replicas asked to, and marks the turns of
 /// runs whose replica stopped beating as interrupted (persisted, chained, announced), once each.
-fn start_heartbeat(gw: &Arc<Gateway>, pg: PgStore) {
+fn start_heartbeat(gw: &Arc<Engine>, pg: PgStore) {
     let Some(replica) = gw.replica_id().map(str::to_owned) else { return };
     let gw = gw.clone();
     let stop = gw.shutdown.clone();
@@ -148,7 +148,7 @@ type Claimed = Arc<std::sync::Mutex<HashMap<String, (String, bool)>>>;
 /// resumed while it has attempts left, else marked interrupted; then the queued ones, in order);
 /// each is let go of once started here or found to need nothing (the next heartbeat drops its
 /// row). When the store failed, the runs not yet taken are tried again.
-async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: Claimed) {
+async fn take_over(gw: &Arc<Engine>, key: &str, ids: HashSet<String>, claimed: Claimed) {
     let taken = match gw.session(key, false).await {
         Ok(Some(s)) => {
             let claimed = claimed.clone();
@@ -175,7 +175,7 @@ async fn take_over(gw: &Arc<Gateway>, key: &str, ids: HashSet<String>, claimed: 
 
 /// Follows the sessions local clients watch now: a new one from its current end on, or from just
 /// before the row `woke` names (the wake-up that made it look).
-async fn refresh(gw: &Arc<Gateway>, pg: &PgStore, watched: &mut HashMap<String, Watched>, woke: Option<(&str, i64)>) {
+async fn refresh(gw: &Arc<Engine>, pg: &PgStore, watched: &mut HashMap<String, Watched>, woke: Option<(&str, i64)>) {
     let keys = gw.hub.watched_sessions();
     watched.retain(|k, _| keys.contains(k));
     let gw2 = gw.clone();
@@ -215,7 +215,7 @@ async fn refresh(gw: &Arc<Gateway>, pg: &PgStore, watched: &mut HashMap<String, 
 }
 
 /// Announces the rows of one session after its last seen seq.
-async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
+async fn catch_up(gw: &Arc<Engine>, pg: &PgStore, w: &mut Watched) {
     loop {
         let rows = match pg.entries_after_async(w.file.clone(), w.last_seq, BATCH).await {
             Ok(r) => r,
@@ -239,7 +239,7 @@ async fn catch_up(gw: &Arc<Gateway>, pg: &PgStore, w: &mut Watched) {
 }
 
 /// Publishes one row written by another replica as this replica publishes its own.
-fn announce(gw: &Gateway, w: &mut Watched, pos: Pos, entry: &Value) {
+fn announce(gw: &Engine, w: &mut Watched, pos: Pos, entry: &Value) {
     for ev in render(gw, &w.session, pos, entry, &mut w.run) {
         gw.hub.publish_entry(ev.name, &w.session.key, &ev.payload, ev.audience, Some(ev.id));
     }
@@ -290,13 +290,7 @@ pub struct EntryEvent {
 /// `inject-<id>` for a `chat.inject` row, else the last user row's, `run`; `aborted` for an
 /// aborted reply's partial, `error` for a failed run's row), the `chat` error of an interrupted marker,
 /// the `exec.approval.*` events of approval rows.
-pub fn render(
-    gw: &Gateway,
-    session: &SessionRef,
-    pos: Pos,
-    entry: &Value,
-    run: &mut Option<String>,
-) -> Vec<EntryEvent> {
+pub fn render(gw: &Engine, session: &SessionRef, pos: Pos, entry: &Value, run: &mut Option<String>) -> Vec<EntryEvent> {
     let kind = entry.get("type").and_then(Value::as_str);
     if kind == Some("custom") && entry["customType"] == crate::durable::INTERRUPTED {
         let Some(run) = entry["data"]["runId"].as_str() else { return vec![] };

@@ -7,7 +7,7 @@
 //! rewritten atomically (temp + fsync + rename). Activity timestamps are kept in memory and merged
 //! into the file every few seconds. An index that cannot be parsed is never overwritten: operations
 //! on that agent fail instead. Every method but `touch` does file I/O: call them off the async
-//! threads (the engine's `Gateway::index`).
+//! threads (`Engine::index`).
 
 use crate::error::EngineError;
 use pincer_pi::now_ms;

@@ -1,6 +1,7 @@
-//! The gateway's shared state: settings, the store, the session index, the event hub, active runs,
-//! the `chat.send` dedupe window and the per-session run queue, plus small helpers that move store
-//! work off the async threads.
+//! The engine ([`Engine`]): settings, the store, the session index, the event hub, active runs, the
+//! `chat.send` dedupe window and the per-session run queue, plus small helpers that move store work
+//! off the async threads. Every adapter (the WebSocket protocol, the OpenAI endpoint, SSE, the
+//! channels) holds an `Arc<Engine>`.
 
 use crate::config::{Settings, StoreSettings};
 use crate::error::{EngineError, GatewayError};
@@ -126,7 +127,7 @@ const DEDUPE_MAX: usize = 1000;
 
 /// Told of every entry this gateway appends (in its transcript's writer lane, in order) and of
 /// every transcript replaced in place: an index an adapter keeps over the transcripts (the OpenAI
-/// endpoint's conversation index) registers itself with [`Gateway::observe`].
+/// endpoint's conversation index) registers itself with [`Engine::observe`].
 pub trait TranscriptObserver: Send + Sync {
     /// `entry` was appended to `path`, the transcript of session `key`.
     fn appended(&self, key: &str, path: &std::path::Path, entry: &Value);
@@ -257,21 +258,21 @@ pub enum Dedupe {
     Done(Result<RunAnswer, EngineError>, Option<u64>),
 }
 
-pub struct Gateway {
+pub struct Engine {
     pub settings: Settings,
     /// The transcript store (JSONL files, or PostgreSQL): the only writer of transcripts.
     pub store: Arc<dyn Transcripts>,
     pub sessions: Sessions,
     pub hub: Arc<Hub>,
     pub queue: SessionQueue,
-    /// The tools of `main` and of each configured agent ([`Gateway::tools`]).
+    /// The tools of `main` and of each configured agent ([`Engine::tools`]).
     tools: std::collections::BTreeMap<crate::sessions::AgentId, Arc<ToolRegistry>>,
     /// The MCP servers (started by the gateway's `serve`, stopped with it).
     pub mcp: Arc<pincer_agent::mcp::Manager>,
     /// Per agent: its built-ins with its MCP servers' tools, as of [`pincer_agent::mcp::Manager::version`].
     mcp_tools: Mutex<HashMap<String, (u64, Arc<ToolRegistry>)>>,
     /// Held (written) by the startup recovery while it takes up the turns the last stop cut, so
-    /// that no new turn of a session comes before its resumed one ([`Gateway::recovered`]).
+    /// that no new turn of a session comes before its resumed one ([`Engine::recovered`]).
     pub recovering: Arc<tokio::sync::RwLock<()>>,
     pub redactor: Arc<dyn Redactor>,
     /// Where stateless clients' histories end in the session trees (the OpenAI endpoint).
@@ -310,12 +311,12 @@ pub struct Gateway {
     pub channels: crate::board::Board,
 }
 
-/// How long a [`Gateway::relay_from`] hint waits for the relay to start watching its session.
+/// How long a [`Engine::relay_from`] hint waits for the relay to start watching its session.
 const RELAY_HINT_TTL: Duration = Duration::from_secs(5);
 
 /// The durable positions of the entries this process appended lately, by (transcript, entry id):
 /// the events announcing an entry are built from the entry alone (the agent's sink hands back the
-/// entry, not where it went), so [`Gateway::event_id`] looks its position up here. Bounded: an
+/// entry, not where it went), so [`Engine::event_id`] looks its position up here. Bounded: an
 /// entry is announced right after its append, long before [`Positions::MAX`] newer ones.
 #[derive(Default)]
 struct Positions {
@@ -359,7 +360,7 @@ pub fn open_configured(
     }
 }
 
-/// Why [`Gateway::turn_slot`] gave no slot.
+/// Why [`Engine::turn_slot`] gave no slot.
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
     /// Cancelled while waiting (an abort, or the gateway stopping).
@@ -370,7 +371,7 @@ pub enum SlotError {
     Unavailable(String),
 }
 
-/// A session's turn, held (see [`Gateway::turn_slot`]).
+/// A session's turn, held (see [`Engine::turn_slot`]).
 pub struct TurnSlot {
     _local: SessionGuard,
     _shared: Option<pincer_store::Held>,
@@ -386,7 +387,7 @@ impl TurnSlot {
     /// [`crate::sessions::Sessions::moved`] counter says some transcript was moved aside since).
     /// Its transcript may be archived then: nothing is to be written under its old name.
     /// (The future holds no borrow of the slot, which is not `Sync`.)
-    pub fn moved(&self, gw: &Arc<Gateway>, session: &SessionRef) -> impl std::future::Future<Output = bool> + Send {
+    pub fn moved(&self, gw: &Arc<Engine>, session: &SessionRef) -> impl std::future::Future<Output = bool> + Send {
         let by_replica = self.row.as_ref().is_some_and(|now| now.as_deref() != Some(session.session_id.as_str()));
         let look = (!by_replica && session.moved != gw.sessions.moved())
             .then(|| (gw.clone(), session.key.clone(), session.path.clone()));
@@ -467,10 +468,10 @@ fn agent_tools(a: &crate::config::AgentSettings) -> Result<Arc<ToolRegistry>, Ga
     registry(&Arc::new(bash))
 }
 
-impl Gateway {
+impl Engine {
     /// Agent `agent`'s tools; an agent known only from its sessions on disk gets the defaults'
     /// tools over its own workspace.
-    /// Waits until the turns cut by the last stop have been taken up ([`Gateway::recovering`]).
+    /// Waits until the turns cut by the last stop have been taken up ([`Engine::recovering`]).
     pub async fn recovered(&self) {
         drop(self.recovering.read().await);
     }
@@ -521,7 +522,7 @@ impl Gateway {
         s.model().unwrap_or_else(|| self.settings.agents.get(&s.agent_id).model.clone())
     }
 
-    pub fn new(settings: Settings) -> Result<Gateway, GatewayError> {
+    pub fn new(settings: Settings) -> Result<Engine, GatewayError> {
         let redactor = settings.redactor().map_err(GatewayError::Config)?;
         crate::logs::set_redactor(redactor.clone());
         let (store, pg, indexer) = open_store(&settings, &redactor)?;
@@ -540,7 +541,7 @@ impl Gateway {
                 None
             }
         });
-        Ok(Gateway {
+        Ok(Engine {
             sessions: Sessions::new(&settings.state_dir, store.clone())
                 .with_agents(settings.agents.configured().map(|a| a.id.clone())),
             settings,
@@ -690,7 +691,7 @@ impl Gateway {
     /// and, on the PostgreSQL store, the session's turn lock shared by every replica (so turns of
     /// one session run one at a time whichever replica runs them, as they do in one process).
     /// Fails when `cancel` fires first, or when the database cannot be asked. A caller holding a
-    /// [`SessionRef`] read before asks [`TurnSlot::moved`] (or takes [`Gateway::slot_for`]).
+    /// [`SessionRef`] read before asks [`TurnSlot::moved`] (or takes [`Engine::slot_for`]).
     pub async fn turn_slot(&self, session_key: &str, cancel: &CancellationToken) -> Result<TurnSlot, SlotError> {
         let local = self.queue.acquire(session_key, cancel).await.map_err(|Cancelled| SlotError::Cancelled)?;
         let Some(pg) = &self.pg else { return Ok(TurnSlot { _local: local, _shared: None, row: None }) };
@@ -709,7 +710,7 @@ impl Gateway {
         }
     }
 
-    /// [`Gateway::turn_slot`] for work on `session` that must not follow it elsewhere (a branch
+    /// [`Engine::turn_slot`] for work on `session` that must not follow it elsewhere (a branch
     /// move, a label, a compaction): an error naming the session when it was reset or deleted
     /// while this waited (nothing is written then).
     pub async fn slot_for(
@@ -763,7 +764,7 @@ impl Gateway {
         self.dedupe_finish_run(key, result, None);
     }
 
-    /// [`Gateway::dedupe_finish`] for a run that started at `started_at`.
+    /// [`Engine::dedupe_finish`] for a run that started at `started_at`.
     pub fn dedupe_finish_run(&self, key: &str, result: Result<RunAnswer, EngineError>, started_at: Option<u64>) {
         lock(&self.dedupe).set(key, Instant::now(), Dedupe::Done(result, started_at));
     }
@@ -773,7 +774,7 @@ impl Gateway {
     /// Runs `f` on a blocking thread (it reads, locks or writes files).
     pub async fn blocking<T: Send + 'static, E: From<EngineError> + Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&Gateway) -> Result<T, E> + Send + 'static,
+        f: impl FnOnce(&Engine) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
         let gw = self.clone();
         tokio::task::spawn_blocking(move || f(&gw)).await.map_err(|e| E::from(EngineError::task(e)))?
@@ -811,7 +812,7 @@ impl Gateway {
         self.answers.reserve(answer, bytes, what).await
     }
 
-    /// [`Gateway::reserve_answer`] from a blocking thread (one that runs store work).
+    /// [`Engine::reserve_answer`] from a blocking thread (one that runs store work).
     pub fn reserve_answer_blocking(
         &self,
         path: &std::path::Path,
@@ -913,7 +914,7 @@ impl Gateway {
         *e = (e.0.min(seq), Instant::now());
     }
 
-    /// The seq the relay should follow `key` from (see [`Gateway::relay_from`]), once.
+    /// The seq the relay should follow `key` from (see [`Engine::relay_from`]), once.
     pub fn take_relay_from(&self, key: &str) -> Option<Pos> {
         lock(&self.relay_from).remove(key).filter(|(_, at)| at.elapsed() < RELAY_HINT_TTL).map(|(seq, _)| seq)
     }

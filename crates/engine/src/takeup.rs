@@ -5,14 +5,14 @@
 
 use crate::durable::{marker, on_disk, queued_unstarted, unanswered_at_leaf, OnDisk, INTERRUPTED};
 use crate::sessions::SessionRef;
-use crate::state::{Gateway, TurnSlot};
+use crate::state::{Engine, TurnSlot};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::Arc;
 
 /// In the background after startup: takes up this replica's turns of every session
 /// ([`take_up`]). Each session is looked at in its queue, so a turn resumed meanwhile is left alone.
-pub fn recover_interrupted(gw: &Arc<Gateway>) {
+pub fn recover_interrupted(gw: &Arc<Engine>) {
     let gw = gw.clone();
     // Taken now, before the first connection is served; new turns wait for it to end.
     let recovering = gw.recovering.clone().try_write_owned();
@@ -51,7 +51,7 @@ pub enum Whose<'a> {
 }
 
 impl Whose<'_> {
-    async fn take(&self, gw: &Arc<Gateway>, s: &SessionRef, run_id: &str) -> bool {
+    async fn take(&self, gw: &Arc<Engine>, s: &SessionRef, run_id: &str) -> bool {
         match self {
             Whose::Mine => mine(gw, s, run_id).await,
             Whose::Claimed(runs) => runs.contains(run_id),
@@ -82,7 +82,7 @@ pub struct TakenUp {
 /// is told each queued run once it was started (or could not be). `Err`: the store could not be
 /// read now.
 pub async fn take_up(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     s: SessionRef,
     whose: Whose<'_>,
     started: impl Fn(&str) + Send + 'static,
@@ -118,7 +118,7 @@ pub async fn take_up(
 /// With replicas, whether turn `run_id` is this replica's to take up at startup: a run another
 /// replica recorded is that replica's, live or not (if it died, a survivor takes the run over);
 /// this scan is for turns of this replica's own previous life, and of runs no replica recorded.
-async fn mine(gw: &Arc<Gateway>, s: &SessionRef, run_id: &str) -> bool {
+async fn mine(gw: &Arc<Engine>, s: &SessionRef, run_id: &str) -> bool {
     let (Some(pg), Some(me)) = (&gw.pg, gw.replica_id()) else { return true };
     match pg.run_replica(run_id.to_owned()).await {
         Ok(Some(owner)) => owner == me,
@@ -133,7 +133,7 @@ async fn mine(gw: &Arc<Gateway>, s: &SessionRef, run_id: &str) -> bool {
 /// Runs the turns queued in session `s` before a restart or a replica's death
 /// ([`queued_unstarted`]), one after the other in their order: each waits for the session's queue
 /// (behind a turn resumed there first); `started` is told each one once it was started.
-async fn run_queued(gw: Arc<Gateway>, s: SessionRef, queued: Vec<(String, Value)>, started: impl Fn(&str)) {
+async fn run_queued(gw: Arc<Engine>, s: SessionRef, queued: Vec<(String, Value)>, started: impl Fn(&str)) {
     let cancel = gw.stopping();
     for (run_id, data) in queued {
         let Ok(slot) = gw.turn_slot(&s.key, &cancel).await else { return };
@@ -148,7 +148,7 @@ async fn run_queued(gw: Arc<Gateway>, s: SessionRef, queued: Vec<(String, Value)
 /// The run id of the unanswered turn at session `s`'s leaf, read in its queue, with the queue slot
 /// still held (for [`recover`]); `None` when there is none, or when the session was reset or deleted
 /// meanwhile; `Err` when it could not be read now.
-pub async fn unanswered(gw: &Arc<Gateway>, s: &SessionRef) -> Result<Option<(String, TurnSlot)>, ()> {
+pub async fn unanswered(gw: &Arc<Engine>, s: &SessionRef) -> Result<Option<(String, TurnSlot)>, ()> {
     let cancel = gw.stopping();
     let slot = gw.turn_slot(&s.key, &cancel).await.map_err(drop)?;
     if slot.moved(gw, s).await {
@@ -178,7 +178,7 @@ pub enum Recovered {
 /// interrupted (a chained marker, then a `chat` error). `Err`: the store could not be asked; try
 /// again later.
 pub async fn recover(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     s: &SessionRef,
     run_id: &str,
     slot: TurnSlot,

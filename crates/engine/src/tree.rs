@@ -13,7 +13,7 @@
 
 use crate::error::EngineError;
 use crate::sessions::SessionRef;
-use crate::state::Gateway;
+use crate::state::Engine;
 use pincer_store::history::project_entry;
 use pincer_store::session::{Kind, Session};
 use pincer_store::NewEntry;
@@ -85,7 +85,7 @@ fn resolve_controls(
 }
 
 impl Tree {
-    fn load(gw: &Gateway, s: &SessionRef) -> Result<Tree, EngineError> {
+    fn load(gw: &Engine, s: &SessionRef) -> Result<Tree, EngineError> {
         let held = gw.reserve_answer_blocking(&s.path, crate::budget::Answer::History, "the session's tree")?;
         let parsed =
             gw.store.read_session(&s.path).map_err(|e| EngineError::Persistence(format!("cannot read: {e}")))?;
@@ -212,7 +212,7 @@ impl Tree {
 
 /// The leaf the store appends to, and the entry `id` (if given) as it is on disk.
 pub fn leaf_and_entry(
-    gw: &Gateway,
+    gw: &Engine,
     s: &SessionRef,
     id: Option<&str>,
 ) -> Result<(Option<String>, Option<Value>), EngineError> {
@@ -224,7 +224,7 @@ pub fn leaf_and_entry(
 }
 
 /// The session's active leaf (`None` without a transcript).
-fn current_leaf(gw: &Gateway, s: &SessionRef) -> Result<Option<String>, EngineError> {
+fn current_leaf(gw: &Engine, s: &SessionRef) -> Result<Option<String>, EngineError> {
     if !gw.store.exists(&s.path) {
         return Ok(None);
     }
@@ -310,7 +310,7 @@ pub struct Labelled {
 }
 
 /// The session of `sel` (the agent it names must agree with the key), if it exists.
-fn find_session(gw: &Gateway, sel: &SessionSel) -> Result<Option<SessionRef>, EngineError> {
+fn find_session(gw: &Engine, sel: &SessionSel) -> Result<Option<SessionRef>, EngineError> {
     let key = &sel.key;
     if let Some(agent) = &sel.agent_id {
         let (_, from_key) = crate::sessions::canonical_key(key)?;
@@ -325,12 +325,12 @@ fn find_session(gw: &Gateway, sel: &SessionSel) -> Result<Option<SessionRef>, En
 }
 
 /// The session a tree operation works on; unknown sessions are an error.
-fn session_of(gw: &Gateway, sel: &SessionSel) -> Result<SessionRef, EngineError> {
+fn session_of(gw: &Engine, sel: &SessionSel) -> Result<SessionRef, EngineError> {
     find_session(gw, sel)?.ok_or_else(|| EngineError::NotFound(format!("session not found: {}", sel.key)))
 }
 
 /// The tips of the session's tree (`None`: no such session; OpenClaw answers it with no branches).
-pub async fn branches(gw: &Arc<Gateway>, sel: SessionSel) -> Result<Option<Vec<Branch>>, EngineError> {
+pub async fn branches(gw: &Arc<Engine>, sel: SessionSel) -> Result<Option<Vec<Branch>>, EngineError> {
     gw.blocking(move |gw| {
         let Some(s) = find_session(gw, &sel)? else { return Ok(None) };
         let tree = Tree::load(gw, &s)?;
@@ -369,7 +369,7 @@ pub async fn branches(gw: &Arc<Gateway>, sel: SessionSel) -> Result<Option<Vec<B
 }
 
 /// Every message with its parent and the newest tip below it.
-pub async fn tree(gw: &Arc<Gateway>, sel: SessionSel) -> Result<TreeView, EngineError> {
+pub async fn tree(gw: &Arc<Engine>, sel: SessionSel) -> Result<TreeView, EngineError> {
     gw.blocking(move |gw| {
         let s = session_of(gw, &sel)?;
         let tree = Tree::load(gw, &s)?;
@@ -460,12 +460,12 @@ fn labels(tree: &Tree) -> Vec<(String, String)> {
 }
 
 /// Tells every page of the session that its active branch changed.
-fn announce(gw: &Gateway, s: &SessionRef, reason: &str, leaf: Option<&str>) {
+fn announce(gw: &Engine, s: &SessionRef, reason: &str, leaf: Option<&str>) {
     gw.hub.sessions_changed_at(&s.key, reason, leaf);
 }
 
 /// Refuses tree changes while a turn of the session runs (OpenClaw's rule).
-fn idle(gw: &Gateway, s: &SessionRef, what: &str) -> Result<(), EngineError> {
+fn idle(gw: &Engine, s: &SessionRef, what: &str) -> Result<(), EngineError> {
     match gw.runs_of(&s.key).is_empty() {
         true => Ok(()),
         false => Err(EngineError::Busy(format!("{what} is unavailable while the agent is working."))),
@@ -473,7 +473,7 @@ fn idle(gw: &Gateway, s: &SessionRef, what: &str) -> Result<(), EngineError> {
 }
 
 /// Moves the active leaf to tip `target`.
-pub async fn switch(gw: &Arc<Gateway>, sel: SessionSel, target: String) -> Result<(), EngineError> {
+pub async fn switch(gw: &Arc<Engine>, sel: SessionSel, target: String) -> Result<(), EngineError> {
     let t = target.clone();
     let s = gw
         .blocking(move |gw| {
@@ -497,7 +497,7 @@ pub async fn switch(gw: &Arc<Gateway>, sel: SessionSel, target: String) -> Resul
 
 /// Appends the leaf move in the session's queue (never beside a turn being written).
 async fn move_leaf(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     s: &SessionRef,
     target: Option<&str>,
     what: &str,
@@ -528,7 +528,7 @@ struct Cut {
     prefix: Vec<Value>,
 }
 
-fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, EngineError> {
+fn cut_at(gw: &Engine, s: &SessionRef, entry_id: &str) -> Result<Cut, EngineError> {
     let tree = Tree::load(gw, s)?;
     let Some(node) = tree.get(entry_id) else {
         return Err(EngineError::NotFound(format!("message entry not found: {entry_id} (not in session {})", s.key)));
@@ -549,7 +549,7 @@ fn cut_at(gw: &Gateway, s: &SessionRef, entry_id: &str) -> Result<Cut, EngineErr
 
 /// Moves the leaf to the parent of user message `entry_id` on the active path: its text, for
 /// editing (`None` when it has none).
-pub async fn rewind(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Result<Option<String>, EngineError> {
+pub async fn rewind(gw: &Arc<Engine>, sel: SessionSel, entry_id: String) -> Result<Option<String>, EngineError> {
     let (s, cut) = gw
         .blocking(move |gw| {
             let s = session_of(gw, &sel)?;
@@ -565,7 +565,7 @@ pub async fn rewind(gw: &Arc<Gateway>, sel: SessionSel, entry_id: String) -> Res
 /// A new dashboard session holding the active path before user message `entry_id`: its key, and
 /// the message's text for editing (`None` when it has none).
 pub async fn fork(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     sel: SessionSel,
     entry_id: String,
 ) -> Result<(String, Option<String>), EngineError> {
@@ -618,7 +618,7 @@ pub async fn fork(
 }
 
 /// Entry `id` of the session in full (up to `max_chars` per text).
-pub async fn message(gw: &Arc<Gateway>, sel: SessionSel, id: String, max_chars: usize) -> Result<Message, EngineError> {
+pub async fn message(gw: &Arc<Engine>, sel: SessionSel, id: String, max_chars: usize) -> Result<Message, EngineError> {
     gw.blocking(move |gw| {
         let Some(s) = find_session(gw, &sel)? else { return Ok(Message::NotFound) };
         let tree = Tree::load(gw, &s)?;
@@ -640,7 +640,7 @@ pub async fn message(gw: &Arc<Gateway>, sel: SessionSel, id: String, max_chars: 
 
 /// Sets (or, with no text, clears) a Pi `label` on entry `target` of the session.
 pub async fn label(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     sel: SessionSel,
     target: String,
     label: Option<String>,

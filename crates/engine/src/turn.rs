@@ -16,7 +16,7 @@ use crate::protocol::{
     StatusPhase,
 };
 use crate::sessions::SessionRef;
-use crate::state::{injected_message, Dedupe, Gateway, RunHandle, TurnOutcome, MAX_QUEUED_PER_SESSION};
+use crate::state::{injected_message, Dedupe, Engine, RunHandle, TurnOutcome, MAX_QUEUED_PER_SESSION};
 use pincer_agent::{start_run, RunEvent, RunRequest, SinkError, TranscriptSink};
 use pincer_pi::now_ms;
 use pincer_store::NewEntry;
@@ -101,7 +101,7 @@ impl TurnHandle {
 /// Dedupes a turn (in memory, then from the transcript), registers it in its session's queue and
 /// runs it once `acked` fires: the one turn pipeline of the gateway.
 pub async fn start_turn(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<TurnHandle, EngineError> {
@@ -111,7 +111,7 @@ pub async fn start_turn(
 /// [`start_turn`], in the session's queue slot `slot` when the caller holds it already (a resumed
 /// turn keeps the place the recovery took, so no other turn comes between).
 async fn start_turn_in(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     request: TurnRequest,
     acked: tokio::sync::oneshot::Receiver<()>,
     slot: Option<crate::state::TurnSlot>,
@@ -254,7 +254,7 @@ async fn start_turn_in(
 /// without its reply ([`crate::takeup::recover`]): as if its client had sent the key again, with
 /// no client waiting (the session's watchers see it). A resend of the key meanwhile joins it.
 pub async fn resume(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     session: SessionRef,
     run_id: &str,
     user: &Value,
@@ -268,7 +268,7 @@ pub async fn resume(
 /// Runs turn `run_id`, acknowledged while another turn ran and never started before a restart,
 /// from its record `queued` ([`crate::durable::queued_unstarted`]), in the session's queue `slot`.
 pub async fn run_queued(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     session: SessionRef,
     run_id: &str,
     queued: &Value,
@@ -281,7 +281,7 @@ pub async fn run_queued(
 
 /// A turn the gateway takes up by itself (no client waits for its ack), in a queue slot it holds.
 async fn start_held(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     session: SessionRef,
     run_id: &str,
     text: String,
@@ -305,7 +305,7 @@ async fn start_held(
 }
 
 /// A session's system prompt: the one a client set ([`SYSTEM_PROMPT_FIELD`]), else the configured one.
-pub fn session_system_prompt(gw: &Gateway, session: &SessionRef) -> Option<String> {
+pub fn session_system_prompt(gw: &Engine, session: &SessionRef) -> Option<String> {
     match session.entry.get(SYSTEM_PROMPT_FIELD) {
         Some(Value::String(p)) => Some(p.clone()),
         _ => gw.settings.agents.get(&session.agent_id).system_prompt.clone(),
@@ -315,7 +315,7 @@ pub fn session_system_prompt(gw: &Gateway, session: &SessionRef) -> Option<Strin
 /// `expectedLeafEntryId` must be the session's leaf now; `regenerateEntryId` must be a user message
 /// of this session. Nothing is written when either is wrong.
 async fn check_branch_point(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     session: &SessionRef,
     expected: Option<&Option<String>>,
     regenerate: Option<&str>,
@@ -352,7 +352,7 @@ async fn check_branch_point(
 }
 
 /// [`crate::durable::on_disk`] off the async threads; errors name the transcript.
-async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Result<OnDisk, EngineError> {
+async fn turn_on_disk(gw: &Engine, session: &SessionRef, run_id: &str) -> Result<OnDisk, EngineError> {
     if crate::durable::known_new(gw.store.as_ref(), &session.path, run_id) {
         return Ok(OnDisk::New);
     }
@@ -366,7 +366,7 @@ async fn turn_on_disk(gw: &Gateway, session: &SessionRef, run_id: &str) -> Resul
 
 /// One `chat.send` from the queue to its last event.
 struct Turn {
-    gw: Arc<Gateway>,
+    gw: Arc<Engine>,
     session: SessionRef,
     run: Arc<RunHandle>,
     text: String,
@@ -396,7 +396,7 @@ struct Turn {
 
 impl Turn {
     /// A turn with nothing to write (for gateway replies and crash records).
-    fn bare(gw: Arc<Gateway>, session: SessionRef, run: Arc<RunHandle>) -> Turn {
+    fn bare(gw: Arc<Engine>, session: SessionRef, run: Arc<RunHandle>) -> Turn {
         Turn {
             gw,
             session,
@@ -1353,7 +1353,7 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// Appends a run's assistant and toolResult messages through the store.
 struct StoreSink {
-    gw: Arc<Gateway>,
+    gw: Arc<Engine>,
     session: SessionRef,
 }
 

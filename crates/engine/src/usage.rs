@@ -5,7 +5,7 @@
 
 use crate::error::EngineError;
 use crate::sessions::SessionRef;
-use crate::state::{is_injected, Gateway};
+use crate::state::{is_injected, Engine};
 use pincer_store::Transcripts;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -120,7 +120,7 @@ fn scan(bytes: &[u8]) -> Usage {
 }
 
 /// The token fields of a session row: the last turn's usage and the context against the window.
-pub fn row_fields(gw: &Gateway, s: &SessionRef, u: &Usage) -> Value {
+pub fn row_fields(gw: &Engine, s: &SessionRef, u: &Usage) -> Value {
     let model = gw.session_model(s);
     let window = gw.settings.providers.resolve(&model).ok().and_then(|m| m.model.context_window);
     let last = u.last.as_ref();
@@ -133,7 +133,7 @@ pub fn row_fields(gw: &Gateway, s: &SessionRef, u: &Usage) -> Value {
 /// `sessions.usage`: per-session usage (of session `key`, else of every session of `agent`, else of
 /// all; at most `limit` rows), totals and aggregates.
 pub fn sessions_usage(
-    gw: &Gateway,
+    gw: &Engine,
     key: Option<&str>,
     agent: Option<&crate::sessions::AgentId>,
     limit: usize,

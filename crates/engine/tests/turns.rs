@@ -6,7 +6,7 @@
 
 use pincer_engine::config::{self, Overrides};
 use pincer_engine::sessions::SessionRef;
-use pincer_engine::state::{Gateway, TurnOutcome};
+use pincer_engine::state::{Engine, TurnOutcome};
 use pincer_engine::turn::{start_turn, TurnHandle, TurnRequest};
 use pincer_testkit::fake_openai::FakeOpenAi;
 use serde_json::Value;
@@ -14,16 +14,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-struct Engine {
-    gw: Arc<Gateway>,
+struct Harness {
+    gw: Arc<Engine>,
     fake: FakeOpenAi,
     /// The handle of each turn started (a finished run leaves the engine's registry).
     turns: Mutex<HashMap<String, Arc<TurnHandle>>>,
     _dir: tempfile::TempDir,
 }
 
-impl Engine {
-    async fn start() -> Engine {
+impl Harness {
+    async fn start() -> Harness {
         let fake = FakeOpenAi::start().await;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pincer.toml");
@@ -31,8 +31,8 @@ impl Engine {
         let overrides =
             Overrides { state_dir: Some(dir.path().to_owned()), config: Some(path), ..Overrides::default() };
         let settings = config::load(&overrides).unwrap();
-        let gw = Arc::new(Gateway::new(settings).unwrap());
-        Engine { gw, fake, turns: Mutex::default(), _dir: dir }
+        let gw = Arc::new(Engine::new(settings).unwrap());
+        Harness { gw, fake, turns: Mutex::default(), _dir: dir }
     }
 
     async fn session(&self, key: &str) -> SessionRef {
@@ -106,7 +106,7 @@ fn text(e: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_writes_its_user_row_then_one_reply_chained_to_it() {
-    let e = Engine::start().await;
+    let e = Harness::start().await;
     let answer = e.send("main", "run-1", "hello engine").await;
     assert_eq!(answer["runId"], "run-1", "{answer}");
     let TurnOutcome::Replied(reply) = e.outcome("run-1").await else { panic!("not replied") };
@@ -120,7 +120,7 @@ async fn a_turn_writes_its_user_row_then_one_reply_chained_to_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_run_id_again_is_answered_from_what_was_written_not_run_twice() {
-    let e = Engine::start().await;
+    let e = Harness::start().await;
     e.send("main", "run-1", "once only").await;
     e.outcome("run-1").await;
     let again = e.send("main", "run-1", "once only").await;
@@ -131,7 +131,7 @@ async fn the_same_run_id_again_is_answered_from_what_was_written_not_run_twice()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_sent_together_are_answered_in_order_each_after_the_last() {
-    let e = Engine::start().await;
+    let e = Harness::start().await;
     for i in 1..=3 {
         e.send("main", &format!("q-{i}"), &format!("question {i}")).await;
     }
@@ -157,7 +157,7 @@ async fn turns_sent_together_are_answered_in_order_each_after_the_last() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abort_ends_a_streaming_run_with_one_partial_that_says_who_stopped_it() {
-    let e = Engine::start().await;
+    let e = Harness::start().await;
     e.send("main", "slow-1", "[slow] take your time").await;
     e.streaming("slow-1").await;
     let stopped = pincer_engine::abort::abort(&e.gw, "agent:main:main", Some("slow-1"), "stop-command").await.unwrap();

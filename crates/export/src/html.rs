@@ -6,7 +6,7 @@
 //! DOMPurify; a "user messages only" filter; deep links `#entry=<id>`.
 
 use crate::import::EMBED_ID;
-use base64::Engine;
+use base64::Engine as _;
 use pincer_store::session::Session;
 use sha2::{Digest, Sha256};
 

@@ -4,7 +4,7 @@
 //! the header line rewritten, and nothing else.
 
 use crate::ExportError;
-use base64::Engine;
+use base64::Engine as _;
 use pincer_store::session::{Problem, Session};
 use serde_json::Value;
 

@@ -5,7 +5,7 @@
 //! export`.
 
 use crate::protocol::{Method, NonBlank, RpcError};
-use crate::state::Gateway;
+use crate::state::Engine;
 use pincer_export::Format;
 use pincer_store::{LeafArg, Session};
 use serde::Deserialize;
@@ -20,7 +20,7 @@ pub struct Exported {
 }
 
 /// The export of the session `key` (`format`: `html`, `md` or `jsonl`; `leaf`: an entry id).
-pub fn export(gw: &Gateway, key: &str, format: &str, leaf: Option<&str>) -> Result<Exported, RpcError> {
+pub fn export(gw: &Engine, key: &str, format: &str, leaf: Option<&str>) -> Result<Exported, RpcError> {
     let format = Format::parse(format)
         .ok_or_else(|| RpcError::invalid(format!("format {format:?} is not one of html, md, jsonl")))?;
     let s = gw.sessions.resolve(key, false)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))?;
@@ -57,7 +57,7 @@ struct ExportParams {
 
 /// Before an export is built: the transcript read whole must fit one frame when the answer goes
 /// in one (`frame`), and room for it is reserved in the answer budget (held until it is sent).
-pub async fn admit(gw: &Arc<Gateway>, key: &str, format: &str, frame: bool) -> Result<crate::budget::Held, RpcError> {
+pub async fn admit(gw: &Arc<Engine>, key: &str, format: &str, frame: bool) -> Result<crate::budget::Held, RpcError> {
     let format = Format::parse(format)
         .ok_or_else(|| RpcError::invalid(format!("format {format:?} is not one of html, md, jsonl")))?;
     let s = gw.session(key, false).await?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))?;
@@ -73,7 +73,7 @@ pub async fn admit(gw: &Arc<Gateway>, key: &str, format: &str, frame: bool) -> R
 
 /// `sessions.export` (Pincer): the export as text in the answer (for large sessions, the HTTP
 /// endpoint streams no frame limit).
-pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+pub async fn rpc(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError> {
     let p: ExportParams = crate::protocol::params(Method::SessionsExport, params)?;
     let format = p.format.as_deref().unwrap_or("html");
     let _held = admit(gw, &p.session_key, format, true).await?;

@@ -17,7 +17,7 @@
 
 use crate::config::Settings;
 use crate::conn::Conn;
-use crate::state::Gateway;
+use crate::state::Engine;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
@@ -118,7 +118,7 @@ pub fn peer(req_conn: Option<&Arc<Conn>>) -> IpAddr {
 
 /// The middleware: Host, Origin, body type, CORS, and the login throttle, before any handler.
 pub async fn layer(
-    State(gw): State<Arc<Gateway>>,
+    State(gw): State<Arc<Engine>>,
     State(logins): State<Arc<Logins>>,
     req: Request,
     next: Next,

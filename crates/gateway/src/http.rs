@@ -11,7 +11,7 @@ use crate::catchup::Catchup;
 use crate::config::AuthMode;
 use crate::conn::Conn;
 use crate::hub::{BusEvent, EventId, Subscriber};
-use crate::state::Gateway;
+use crate::state::Engine;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::{Extension, FromRef, Path, Query, State, WebSocketUpgrade};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
@@ -30,14 +30,14 @@ use std::sync::Arc;
 /// appends as a [`crate::state::TranscriptObserver`]). Handlers take the part they need.
 #[derive(Clone)]
 pub struct AppState {
-    pub gw: Arc<Gateway>,
+    pub gw: Arc<Engine>,
     pub logins: Arc<crate::guard::Logins>,
     pub conversations: Arc<crate::openai::index::ConversationIndex>,
     /// The messaging channels (their webhooks).
     pub channels: Arc<crate::channels::Channels>,
 }
 
-impl FromRef<AppState> for Arc<Gateway> {
+impl FromRef<AppState> for Arc<Engine> {
     fn from_ref(s: &AppState) -> Self {
         s.gw.clone()
     }
@@ -82,7 +82,7 @@ pub fn router(channels: Arc<crate::channels::Channels>) -> Router {
         .with_state(state)
 }
 
-async fn healthz(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+async fn healthz(State(gw): State<Arc<Engine>>) -> Json<serde_json::Value> {
     Json(json!({"ok": true, "uptimeMs": gw.uptime_ms(), "version": env!("CARGO_PKG_VERSION")}))
 }
 
@@ -113,7 +113,7 @@ pub fn webchat_url(addr: std::net::SocketAddr, auth: &AuthMode) -> String {
 }
 
 async fn root(
-    State(gw): State<Arc<Gateway>>,
+    State(gw): State<Arc<Engine>>,
     State(logins): State<Arc<crate::guard::Logins>>,
     conn: Option<Extension<Arc<Conn>>>,
     headers: HeaderMap,
@@ -194,15 +194,15 @@ async fn metrics(_: Authorized) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], crate::metrics::render()).into_response()
 }
 
-/// `GET /api/mcp`: the MCP servers' states and each agent's MCP tools ([`Gateway::mcp_status`];
+/// `GET /api/mcp`: the MCP servers' states and each agent's MCP tools ([`Engine::mcp_status`];
 /// `pincer mcp list` reads it), behind the gateway token.
-async fn mcp(_: Authorized, State(gw): State<Arc<Gateway>>) -> Response {
+async fn mcp(_: Authorized, State(gw): State<Arc<Engine>>) -> Response {
     Json(gw.mcp_status()).into_response()
 }
 
 /// `GET /api/channels`: each messaging channel's state and counters ([`crate::channels::Registry::status`];
 /// `pincer channels status` reads it), behind the gateway token.
-async fn channel_status(_: Authorized, State(gw): State<Arc<Gateway>>) -> Response {
+async fn channel_status(_: Authorized, State(gw): State<Arc<Engine>>) -> Response {
     Json(json!({"channels": gw.channels.status()})).into_response()
 }
 
@@ -233,12 +233,12 @@ pub struct Authorized;
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Authorized
 where
-    Arc<Gateway>: FromRef<S>,
+    Arc<Engine>: FromRef<S>,
 {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Response> {
-        let gw = Arc::<Gateway>::from_ref(state);
+        let gw = Arc::<Engine>::from_ref(state);
         let AuthMode::Token(token) = &gw.settings.auth else { return Ok(Authorized) };
         let bearer = parts
             .headers
@@ -264,7 +264,7 @@ where
 /// origin: even opened here, its page can reach nothing of the gateway's).
 async fn session_export(
     _: Authorized,
-    State(gw): State<Arc<Gateway>>,
+    State(gw): State<Arc<Engine>>,
     Path(raw_key): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
@@ -304,7 +304,7 @@ fn export_refused(e: crate::protocol::RpcError) -> Response {
 
 async fn session_events(
     _: Authorized,
-    State(gw): State<Arc<Gateway>>,
+    State(gw): State<Arc<Engine>>,
     conn: Option<Extension<Arc<Conn>>>,
     Path(raw_key): Path<String>,
     Query(query): Query<HashMap<String, String>>,

@@ -9,7 +9,7 @@
 
 use crate::protocol::{Method, RpcError};
 use crate::sessions::{canonical_key, Sessions};
-use crate::state::Gateway;
+use crate::state::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -41,29 +41,29 @@ pub struct SearchParams {
 /// Where hits come from: the SQLite index of a state directory (the JSONL store) or the PostgreSQL
 /// store's own search (rows written with each append, seen by every replica).
 #[derive(Clone, Copy)]
-pub enum Engine<'a> {
+pub enum SearchIndex<'a> {
     Sqlite(&'a pincer_search::Index),
     Postgres(&'a pincer_pg::PgStore),
 }
 
-impl Engine<'_> {
+impl SearchIndex<'_> {
     fn hits(&self, query: &str, files: &[String], limit: usize) -> Result<Vec<pincer_search::Hit>, String> {
         match self {
-            Engine::Sqlite(i) => i.search(query, Some(files), limit).map_err(|e| e.to_string()),
-            Engine::Postgres(pg) => pg.search(query, Some(files), limit).map_err(|e| e.to_string()),
+            SearchIndex::Sqlite(i) => i.search(query, Some(files), limit).map_err(|e| e.to_string()),
+            SearchIndex::Postgres(pg) => pg.search(query, Some(files), limit).map_err(|e| e.to_string()),
         }
     }
 
     fn title(&self, file: &str) -> Option<String> {
         match self {
-            Engine::Sqlite(i) => i.title(file).ok().flatten(),
-            Engine::Postgres(pg) => pg.search_title(file).ok().flatten(),
+            SearchIndex::Sqlite(i) => i.title(file).ok().flatten(),
+            SearchIndex::Postgres(pg) => pg.search_title(file).ok().flatten(),
         }
     }
 }
 
 /// Runs a search over `index` and describes each hit with its session.
-pub fn search(sessions: &Sessions, index: Engine<'_>, p: &SearchParams) -> Result<Value, RpcError> {
+pub fn search(sessions: &Sessions, index: SearchIndex<'_>, p: &SearchParams) -> Result<Value, RpcError> {
     let query = p.query.trim();
     if query.is_empty() {
         return Err(RpcError::invalid("query must not be empty"));
@@ -113,12 +113,12 @@ pub fn search(sessions: &Sessions, index: Engine<'_>, p: &SearchParams) -> Resul
 }
 
 /// `sessions.search`: waits for the indexer to take in what was appended, then searches.
-pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+pub async fn rpc(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError> {
     let p: SearchParams = crate::protocol::params(Method::SessionsSearch, params)?;
     gw.blocking(move |gw| {
         if let Some(pg) = &gw.pg {
             // Indexed in the transaction of each append: nothing to wait for, on any replica.
-            return search(&gw.sessions, Engine::Postgres(pg), &p);
+            return search(&gw.sessions, SearchIndex::Postgres(pg), &p);
         }
         let Some(indexer) = gw.indexer.as_ref() else {
             return Err(RpcError::unavailable("the search index could not be opened; see the gateway's log"));
@@ -129,7 +129,7 @@ pub async fn rpc(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
         // A connection of its own: a slow search never makes another wait.
         let readers = gw.search_readers.as_ref().ok_or_else(|| RpcError::unavailable("search index not open"))?;
         let index = readers.take().map_err(|e| RpcError::unavailable(e.to_string()))?;
-        let mut found = search(&gw.sessions, Engine::Sqlite(&index), &p)?;
+        let mut found = search(&gw.sessions, SearchIndex::Sqlite(&index), &p)?;
         if indexing {
             found["indexing"] = json!(true);
         }

@@ -14,7 +14,7 @@
 use crate::config::Settings;
 use crate::conn::{ConnTable, Metered};
 use crate::error::GatewayError;
-use crate::state::Gateway;
+use crate::state::Engine;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use tower::ServiceExt;
 /// A started gateway (for tests and the binary).
 pub struct Listening {
     pub addr: SocketAddr,
-    pub gateway: Arc<Gateway>,
+    pub gateway: Arc<Engine>,
 }
 
 /// The listen backlog asked for; the kernel caps it at `net.core.somaxconn` (4096 by default).
@@ -79,7 +79,7 @@ pub async fn serve(
         tracing::info!("removed {}: a temp file an interrupted write left", stale.display());
     }
     crate::metrics::install();
-    let gw = Arc::new(Gateway::new(settings)?);
+    let gw = Arc::new(Engine::new(settings)?);
     let models = gw.settings.providers.configured();
     crate::metrics::register_models(
         models.iter().map(String::as_str).chain([gw.settings.model.as_str()]).filter(|m| !m.contains('<')),
@@ -182,7 +182,7 @@ pub async fn serve(
 
 /// Publishes `mcp.server` (the server's status, as `status` has it) to every client whenever an MCP
 /// server's state, reason or number of tools changes: a client can show a server that failed.
-fn announce_mcp(gw: &Arc<Gateway>) {
+fn announce_mcp(gw: &Arc<Engine>) {
     for server in gw.mcp.servers() {
         let (gw, server) = (gw.clone(), server.clone());
         let mut changes = server.watch();

@@ -8,7 +8,7 @@
 use axum::body::Body;
 use axum::http::{header, Request, Response, StatusCode};
 use pincer_gateway::config::{AuthMode, Overrides};
-use pincer_gateway::state::Gateway;
+use pincer_gateway::state::Engine;
 use std::sync::Arc;
 use tower::ServiceExt;
 
@@ -26,7 +26,7 @@ fn router() -> (axum::Router, tempfile::TempDir) {
     })
     .unwrap();
     settings.auth = AuthMode::Token(TOKEN.into());
-    let gw = Arc::new(Gateway::new(settings).unwrap());
+    let gw = Arc::new(Engine::new(settings).unwrap());
     (pincer_gateway::http::router(pincer_gateway::channels::start(&gw)), dir)
 }
 

@@ -49,7 +49,7 @@ fn open(dir: &std::path::Path) -> Result<pincer_search::Index, Failure> {
 }
 
 pub fn search(args: SearchArgs) -> Result<u8, Failure> {
-    use pincer_gateway::search::Engine;
+    use pincer_gateway::search::SearchIndex;
     let agent_id = args.agent.as_deref().map(AgentId::parse).transpose().map_err(|e| Failure::usage(e.to_string()))?;
     let params = SearchParams {
         query: args.query,
@@ -81,11 +81,11 @@ pub fn search(args: SearchArgs) -> Result<u8, Failure> {
     };
     let sessions = pincer_gateway::sessions::Sessions::new(&dir, store);
     let found = match &pg {
-        Some(pg) => pincer_gateway::search::search(&sessions, Engine::Postgres(pg), &params),
+        Some(pg) => pincer_gateway::search::search(&sessions, SearchIndex::Postgres(pg), &params),
         None => {
             let mut index = open(&dir)?;
             index.sync_all().map_err(|e| Failure::failed(e.to_string()))?;
-            pincer_gateway::search::search(&sessions, Engine::Sqlite(&index), &params)
+            pincer_gateway::search::search(&sessions, SearchIndex::Sqlite(&index), &params)
         }
     }
     .map_err(|e| Failure::usage(e.message))?;

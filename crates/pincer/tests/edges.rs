@@ -1186,7 +1186,7 @@ async fn t10b_a_100_mb_provider_stream_is_cut_at_the_reply_cap_and_memory_stays_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t11_frames_over_max_payload_are_refused_and_big_attachments_under_it_pass() {
-    use base64::Engine;
+    use base64::Engine as _;
     let e = start("", StartOptions::default());
     let c = Client::connect(&e.gw.addr).await;
     let max_payload = c.hello["policy"]["maxPayload"].as_u64().expect("policy.maxPayload") as usize;

@@ -28,7 +28,7 @@
 //!   plain `m.notice` explains it in the room, the log says so, and the bot leaves.
 
 use super::{Accepted, Address, BoxFuture, Channels, ChatKind, Event, Inbound, Outbound, SendError};
-use crate::state::Gateway;
+use crate::state::Engine;
 pub use pincer_engine::config::channels::{MatrixSection, MatrixSettings, MATRIX_TOKEN_ENV as DEFAULT_TOKEN_ENV};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -745,7 +745,7 @@ pub fn start(ch: &Arc<Channels>, settings: MatrixSettings) {
 }
 
 /// Waits `d`, or less when the gateway stops; false when it stops.
-async fn pause(gw: &Gateway, d: Duration) -> bool {
+async fn pause(gw: &Engine, d: Duration) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(d) => true,
         _ = gw.shutdown.cancelled() => false,

@@ -49,7 +49,7 @@ use crate::board::{ChannelStats, Event};
 use crate::durable::OnDisk;
 use crate::protocol::RpcError;
 use crate::sessions::{AgentId, SessionRef};
-use crate::state::Gateway;
+use crate::state::Engine;
 use crate::turn::TurnRequest;
 pub use pincer_engine::config::channels::{ChannelSettings, ChannelsSection, Policy};
 use pincer_pi::lock;
@@ -256,7 +256,7 @@ impl std::fmt::Display for SendError {
 /// webhooks and running deliveries (what each channel reports is the engine's
 /// [`crate::board::Board`]).
 pub struct Channels {
-    pub gw: Arc<Gateway>,
+    pub gw: Arc<Engine>,
     outbound: Mutex<HashMap<&'static str, Arc<dyn Outbound>>>,
     /// Runs a deliverer of this process is delivering now.
     delivering: Mutex<HashSet<String>>,
@@ -293,7 +293,7 @@ impl Channels {
 
 /// Starts the configured channels (the server calls it once, after launching the turn recovery);
 /// what the HTTP routes need of them (webhooks).
-pub fn start(gw: &Arc<Gateway>) -> Arc<Channels> {
+pub fn start(gw: &Arc<Engine>) -> Arc<Channels> {
     let ch = Arc::new(Channels {
         gw: gw.clone(),
         outbound: Mutex::default(),
@@ -354,7 +354,7 @@ pub async fn lease(ch: &Arc<Channels>, stats: &ChannelStats, name: &str) -> Resu
 }
 
 /// A message from a sender not on the allowlist: no turn; logged (without its text) and counted.
-pub fn refused(gw: &Gateway, channel: &'static str, sender: &str, sender_name: Option<&str>, chat: &str) {
+pub fn refused(gw: &Engine, channel: &'static str, sender: &str, sender_name: Option<&str>, chat: &str) {
     tracing::warn!(
         channel,
         sender,
@@ -554,7 +554,7 @@ fn cursor_name(channel: &str, account: &str) -> String {
     format!("{channel}-{safe}")
 }
 
-fn cursor_path(gw: &Gateway, name: &str) -> std::path::PathBuf {
+fn cursor_path(gw: &Engine, name: &str) -> std::path::PathBuf {
     gw.settings.state_dir.join("channels").join(format!("{name}.json"))
 }
 
@@ -696,7 +696,7 @@ fn address(s: &SessionRef) -> Option<Address> {
 
 /// The turn's final text from the transcript: the last reply's text (an error or an abort said so);
 /// `None` while it has no reply.
-fn final_text(gw: &Gateway, s: &SessionRef, run_id: &str) -> Result<Option<String>, pincer_store::StoreError> {
+fn final_text(gw: &Engine, s: &SessionRef, run_id: &str) -> Result<Option<String>, pincer_store::StoreError> {
     let replies = crate::durable::replies(gw.store.as_ref(), &s.path, run_id)?;
     let Some(last) = replies.last() else { return Ok(None) };
     let text: String = replies
@@ -843,7 +843,7 @@ pub async fn deliver(ch: &Arc<Channels>, key: &str, run_id: &str) -> Result<(), 
 
 /// Waits before [`deliver`] looks again: for a run of this process, until it ends (or its handle
 /// goes) or, while it streams, until its next edit is due (`next_edit`); for any other, [`POLL`].
-async fn wait_for_run(gw: &Gateway, run_id: &str, next_edit: Option<Instant>) {
+async fn wait_for_run(gw: &Engine, run_id: &str, next_edit: Option<Instant>) {
     let Some(mut progress) = gw.run(run_id).map(|r| r.progress.subscribe()) else {
         tokio::time::sleep(POLL).await;
         return;

@@ -14,8 +14,8 @@
 
 use super::media::OutImage;
 use super::{Accepted, Address, BoxFuture, Channels, ChatKind, Event, Inbound, Outbound, SendError};
-use crate::state::Gateway;
-use base64::Engine;
+use crate::state::Engine;
+use base64::Engine as _;
 pub use pincer_engine::config::channels::{
     TelegramSection, TelegramSettings, TELEGRAM_DEFAULT_API as DEFAULT_API, TELEGRAM_TOKEN_ENV as DEFAULT_TOKEN_ENV,
 };
@@ -53,7 +53,7 @@ pub struct Bot {
     pub id: i64,
     /// Its `@username`, without the `@` (mentions in groups).
     pub username: String,
-    gw: std::sync::Weak<Gateway>,
+    gw: std::sync::Weak<Engine>,
 }
 
 /// A Bot API call that failed.
@@ -76,7 +76,7 @@ impl std::fmt::Display for CallError {
 
 impl Bot {
     /// A client of the Bot API at `api` with `token` (not yet asked who it is: [`Bot::get_me`]).
-    pub fn new(gw: &Arc<Gateway>, api: &str, token: &str) -> Result<Bot, String> {
+    pub fn new(gw: &Arc<Engine>, api: &str, token: &str) -> Result<Bot, String> {
         pincer_agent::provider::install_crypto_provider();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -334,7 +334,7 @@ pub fn start(ch: &Arc<Channels>, settings: TelegramSettings) {
 }
 
 /// Waits `d`, or less when the gateway stops; false when it stops.
-async fn pause(gw: &Gateway, d: Duration) -> bool {
+async fn pause(gw: &Engine, d: Duration) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(d) => true,
         _ = gw.shutdown.cancelled() => false,

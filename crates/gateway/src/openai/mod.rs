@@ -28,7 +28,7 @@ use crate::config::AuthMode;
 use crate::error::EngineError;
 use crate::protocol::{ErrorCode, RunStatus};
 use crate::sessions::{Principal, SessionRef, DEFAULT_AGENT};
-use crate::state::{Gateway, Progress, RunHandle, TurnOutcome};
+use crate::state::{Engine, Progress, RunHandle, TurnOutcome};
 use crate::turn::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -60,7 +60,7 @@ const MAX_REQUEST_ID: usize = 200;
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
-    Arc<Gateway>: axum::extract::FromRef<S>,
+    Arc<Engine>: axum::extract::FromRef<S>,
     Arc<ConversationIndex>: axum::extract::FromRef<S>,
 {
     Router::new()
@@ -87,7 +87,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// The endpoint is on, and the request carries the gateway token (the operator) or a configured
 /// key (that key's principal).
-pub(crate) fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, ApiError> {
+pub(crate) fn authorize(gw: &Engine, headers: &HeaderMap) -> Result<Principal, ApiError> {
     let Some(api) = &gw.settings.openai_api else {
         return Err(ApiError::new(
             404,
@@ -126,7 +126,7 @@ pub(crate) fn authorize(gw: &Gateway, headers: &HeaderMap) -> Result<Principal, 
 }
 
 /// The names `model` may take: `pincer`, the agent ids, and every configured `provider/model`.
-fn model_names(gw: &Gateway) -> Vec<(String, &'static str)> {
+fn model_names(gw: &Engine) -> Vec<(String, &'static str)> {
     let mut out = vec![("pincer".to_string(), "pincer"), (DEFAULT_AGENT.to_string(), "pincer")];
     let mut configured = gw.settings.providers.configured();
     if !configured.contains(&gw.settings.model) {
@@ -140,12 +140,12 @@ fn model_object(id: &str, owner: &str, created: u64) -> Value {
     json!({"id": id, "object": "model", "created": created, "owned_by": owner})
 }
 
-fn started_secs(gw: &Gateway) -> u64 {
+fn started_secs(gw: &Engine) -> u64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     now.saturating_sub(gw.started.elapsed().as_secs())
 }
 
-async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+async fn models(State(gw): State<Arc<Engine>>, headers: HeaderMap) -> Response {
     if let Err(e) = authorize(&gw, &headers) {
         return e.into_response();
     }
@@ -154,7 +154,7 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
-async fn model(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn model(State(gw): State<Arc<Engine>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     if let Err(e) = authorize(&gw, &headers) {
         return e.into_response();
     }
@@ -174,7 +174,7 @@ fn unknown_model(name: &str) -> ApiError {
 }
 
 /// The agent and the model override a request's `model` names.
-fn resolve_model(gw: &Gateway, name: &str) -> Result<(String, Option<String>), ApiError> {
+fn resolve_model(gw: &Engine, name: &str) -> Result<(String, Option<String>), ApiError> {
     let lowered = name.trim().to_ascii_lowercase();
     if lowered.is_empty() || lowered == "pincer" || lowered == "pincer/default" || lowered == DEFAULT_AGENT {
         return Ok((DEFAULT_AGENT.into(), None));
@@ -252,7 +252,7 @@ fn check_message_count(body: &[u8]) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn parse(gw: &Gateway, headers: &HeaderMap, body: &[u8], principal: Principal) -> Result<Ask, ApiError> {
+fn parse(gw: &Engine, headers: &HeaderMap, body: &[u8], principal: Principal) -> Result<Ask, ApiError> {
     check_message_count(body)?;
     parse_request(gw, headers, &json_object(body)?, body, principal, None)
 }
@@ -270,7 +270,7 @@ fn json_object(body: &[u8]) -> Result<Value, ApiError> {
 /// A Chat Completions request (or a Responses request put in its shape, with what it adds in
 /// `responses`), validated. `body`: the bytes it came as (its idempotency key hashes them).
 fn parse_request(
-    gw: &Gateway,
+    gw: &Engine,
     headers: &HeaderMap,
     req: &Value,
     body: &[u8],
@@ -389,7 +389,7 @@ fn internal(e: EngineError) -> ApiError {
 /// its history leads ([`place`]). A Responses turn that goes on after client tools marks its first
 /// result ([`crate::durable::results_key`]), so its reply is found from the transcript as a user
 /// row's is.
-fn placement(gw: &Gateway, idx: &ConversationIndex, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
+fn placement(gw: &Engine, idx: &ConversationIndex, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
     let mut placed = match ask.responses.as_ref().and_then(|r| r.previous.as_ref()) {
         Some(prev) => place_after(ask, prev, allow_retry),
         None => place(gw, idx, ask, allow_retry)?,
@@ -434,7 +434,7 @@ fn system_change(s: &SessionRef, conv: &Conversation) -> Option<Option<String>> 
 }
 
 /// Finds (or makes) the session and the point of its tree the request continues. Blocking.
-fn place(gw: &Gateway, idx: &ConversationIndex, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
+fn place(gw: &Engine, idx: &ConversationIndex, ask: &Ask, allow_retry: bool) -> Result<Placement, ApiError> {
     if let Some(pg) = &gw.pg {
         sync_replicas(idx, pg)?;
     }
@@ -614,7 +614,7 @@ enum Step {
 /// Without the run's handle (it ended before this request looked: a retry racing its original),
 /// or when its key had been answered before, the end is read from the transcript.
 struct Relay {
-    gw: Arc<Gateway>,
+    gw: Arc<Engine>,
     /// The run's progress; `None`: read the end from the transcript.
     progress: Option<tokio::sync::watch::Receiver<Progress>>,
     session: SessionRef,
@@ -627,7 +627,7 @@ struct Relay {
 }
 
 impl Relay {
-    fn follow(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str, run: Option<Arc<RunHandle>>) -> Relay {
+    fn follow(gw: &Arc<Engine>, session: &SessionRef, run_id: &str, run: Option<Arc<RunHandle>>) -> Relay {
         Relay {
             gw: gw.clone(),
             progress: run.map(|r| r.progress.subscribe()),
@@ -732,7 +732,7 @@ struct Finished {
     calls: Vec<Value>,
 }
 
-async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Result<Finished, ApiError> {
+async fn finished(gw: &Arc<Engine>, session: &SessionRef, run_id: &str) -> Result<Finished, ApiError> {
     let (path, id) = (session.path.clone(), run_id.to_owned());
     let replies = gw
         .blocking(move |gw| {
@@ -757,7 +757,7 @@ async fn finished(gw: &Arc<Gateway>, session: &SessionRef, run_id: &str) -> Resu
 }
 
 async fn completions(
-    State(gw): State<Arc<Gateway>>,
+    State(gw): State<Arc<Engine>>,
     State(idx): State<Arc<ConversationIndex>>,
     headers: HeaderMap,
     body: Bytes,
@@ -769,7 +769,7 @@ async fn completions(
 }
 
 async fn complete(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     idx: &Arc<ConversationIndex>,
     headers: &HeaderMap,
     body: Bytes,
@@ -782,7 +782,7 @@ async fn complete(
 
 /// Runs a validated request as a session turn (or, a background one, outside any session) and
 /// answers it in its endpoint's shape.
-async fn answer(gw: &Arc<Gateway>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) -> Result<Response, ApiError> {
+async fn answer(gw: &Arc<Engine>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) -> Result<Response, ApiError> {
     if ask.background {
         return background_reply(gw, ask).await;
     }
@@ -838,7 +838,7 @@ async fn answer(gw: &Arc<Gateway>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) 
 
 /// Answers a background request ([`background`]) with one model call outside any session: no
 /// transcript, no session, no events to watchers; counted in the turn metrics like a turn.
-async fn background_reply(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, ApiError> {
+async fn background_reply(gw: &Arc<Engine>, ask: Arc<Ask>) -> Result<Response, ApiError> {
     use futures::StreamExt;
     let spec = ask.model.clone().unwrap_or_else(|| gw.settings.agents.get(&ask.agent).model.clone());
     let model = gw.settings.providers.resolve(&spec).map_err(|e| ApiError::bad(e.to_string()))?;
@@ -924,7 +924,7 @@ async fn background_reply(gw: &Arc<Gateway>, ask: Arc<Ask>) -> Result<Response, 
 
 /// Writes the answer of one turn.
 struct Reply {
-    gw: Arc<Gateway>,
+    gw: Arc<Engine>,
     /// The session it went to (none for a background request), by key and by id.
     session_key: Option<String>,
     session_id: Option<String>,

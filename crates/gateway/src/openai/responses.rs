@@ -14,7 +14,7 @@
 use super::wire::{self, ApiError};
 use super::{authorize, internal, Reply, Step};
 use crate::sessions::{Principal, SessionRef};
-use crate::state::Gateway;
+use crate::state::Engine;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -79,7 +79,7 @@ fn not_found(id: &str, field: Option<&str>) -> ApiError {
 /// A stored response: its session and its turn's assistant entries (the last is the response).
 /// Blocking.
 fn find(
-    gw: &Gateway,
+    gw: &Engine,
     principal: &Principal,
     id: &str,
     field: Option<&str>,
@@ -104,7 +104,7 @@ fn now_secs() -> u64 {
 
 /// `POST /v1/responses`.
 pub async fn create(
-    State(gw): State<Arc<Gateway>>,
+    State(gw): State<Arc<Engine>>,
     State(idx): State<Arc<super::index::ConversationIndex>>,
     headers: HeaderMap,
     body: Bytes,
@@ -116,7 +116,7 @@ pub async fn create(
 }
 
 async fn respond(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     idx: &Arc<super::index::ConversationIndex>,
     headers: &HeaderMap,
     body: Bytes,
@@ -631,7 +631,7 @@ pub(super) fn sse(reply: &Reply, steps: futures::stream::BoxStream<'static, Opti
 }
 
 /// `GET /v1/responses/{id}`: a stored response, read from its session's transcript.
-pub async fn retrieve(State(gw): State<Arc<Gateway>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+pub async fn retrieve(State(gw): State<Arc<Engine>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     let principal = match authorize(&gw, &headers) {
         Ok(p) => p,
         Err(e) => return e.into_response(),

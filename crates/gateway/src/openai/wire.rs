@@ -206,7 +206,7 @@ fn data_url_image(url: &str, at: &str) -> Result<Value, Bad> {
     if !mime.starts_with("image/") {
         return Err(format!("{at}: {mime:?} is not an image type"));
     }
-    use base64::Engine;
+    use base64::Engine as _;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(data.trim())
         .map_err(|e| format!("{at}: the image is not base64: {e}"))?;

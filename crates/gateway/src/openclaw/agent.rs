@@ -9,7 +9,7 @@ use super::chat;
 use super::Ctx;
 use crate::protocol::{Method, NonBlank, RpcError, RunAnswer, RunStatus};
 use crate::sessions::SessionRef;
-use crate::state::Gateway;
+use crate::state::Engine;
 use crate::turn::TurnRequest;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -35,7 +35,7 @@ struct AgentParams {
 }
 
 /// `agent`.
-pub async fn agent(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
+pub async fn agent(gw: &Arc<Engine>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
     let p: AgentParams = crate::protocol::params(Method::Agent, params)?;
     let run_id = chat::check_idempotency_key(&p.idempotency_key)?;
     let message = chat::sanitize_message(&p.message)?;
@@ -80,7 +80,7 @@ pub async fn agent(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value
 }
 
 /// A turn's own model (`--model`), checked against the configured providers.
-fn turn_model(gw: &Gateway, model: Option<&str>, provider: Option<&str>) -> Result<Option<String>, RpcError> {
+fn turn_model(gw: &Engine, model: Option<&str>, provider: Option<&str>) -> Result<Option<String>, RpcError> {
     let Some(model) = model.map(str::trim).filter(|m| !m.is_empty()) else { return Ok(None) };
     let spec = match provider.map(str::trim).filter(|p| !p.is_empty()) {
         Some(p) if !model.starts_with(&format!("{p}/")) => format!("{p}/{model}"),
@@ -96,7 +96,7 @@ fn turn_model(gw: &Gateway, model: Option<&str>, provider: Option<&str>) -> Resu
 /// The session of an `agent` call: `sessionKey`, else the session whose id is `sessionId`, else
 /// the main session of `agentId` (default `main`). A key is created on first use, as `chat.send` does.
 async fn pick_session(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     agent_id: Option<crate::sessions::AgentId>,
     session_key: Option<&str>,
     session_id: Option<&str>,
@@ -121,7 +121,7 @@ async fn pick_session(
 
 /// OpenClaw's final answer of a finished turn: its replies (from the transcript) as payloads.
 async fn final_payload(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     session: &SessionRef,
     run_id: &str,
     outcome: RunStatus,
@@ -175,7 +175,7 @@ const MAX_WAIT_MS: u64 = 10 * 60 * 1000;
 const DEFAULT_WAIT_MS: u64 = 30_000;
 
 /// `agent.wait`: `{runId, status: ok|error|timeout, startedAt?, endedAt?, error?}`.
-pub async fn wait(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+pub async fn wait(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError> {
     let p: WaitParams = crate::protocol::params(Method::AgentWait, params)?;
     let run_id = p.run_id.0;
     if let Some(run) = gw.run(&run_id) {

@@ -8,9 +8,9 @@ use super::Ctx;
 use crate::announce::{publish_session_message, with_meta};
 use crate::commands::{approve_command, is_stop};
 use crate::protocol::{Bounded, Method, NonBlank, RpcError};
-use crate::state::{injected_message, Gateway};
+use crate::state::{injected_message, Engine};
 use crate::turn::{start_turn, TurnRequest};
-use base64::Engine;
+use base64::Engine as _;
 use pincer_store::history::{HistoryOptions, DEFAULT_MAX_CHARS, MAX_LIMIT};
 use pincer_store::NewEntry;
 use serde_json::{json, Value};
@@ -101,7 +101,7 @@ pub(crate) fn parse_attachments(list: &[Value]) -> Result<Vec<Value>, RpcError> 
 }
 
 /// `chat.send`.
-pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
+pub async fn send(gw: &Arc<Engine>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
     let p: SendParams = crate::protocol::params(Method::ChatSend, params)?;
     let raw_key = &*p.session_key;
     let run_id = check_idempotency_key(&p.idempotency_key)?;
@@ -146,7 +146,7 @@ pub async fn send(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value,
 }
 
 /// `chat.abort`.
-pub async fn abort(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+pub async fn abort(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct AbortParams {
@@ -168,7 +168,7 @@ pub async fn abort(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError>
 }
 
 /// `chat.inject`: a gateway-injected assistant row, announced as a `final`.
-pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+pub async fn inject(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct InjectParams {
@@ -209,7 +209,7 @@ pub async fn inject(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError
 }
 
 /// `chat.history` and `chat.startup`.
-pub async fn history(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+pub async fn history(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct HistoryParams {

@@ -3,7 +3,7 @@
 //! or the older v2 without the last two fields), the device id must be the SHA-256 of the public key,
 //! and the nonce must be the one this connection's challenge carried.
 
-use base64::Engine;
+use base64::Engine as _;
 use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use serde_json::Value;
 use sha2::{Digest, Sha256};

@@ -7,13 +7,13 @@ use super::Ctx;
 use crate::error::EngineError;
 use crate::protocol::{present, Bounded, Method, NonBlank, RpcError, Text, MAX_LABEL_CHARS};
 use crate::sessions::{canonical_key, SessionRef};
-use crate::state::Gateway;
+use crate::state::Engine;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value) -> Result<Value, RpcError> {
+pub async fn dispatch(gw: &Arc<Engine>, ctx: &Ctx, method: &str, params: &Value) -> Result<Value, RpcError> {
     let params = if params.is_null() { &Value::Object(Map::new()) } else { params };
     if !params.is_object() {
         return Err(RpcError::invalid("params must be an object"));
@@ -228,7 +228,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, ctx: &Ctx, method: &str, params: &Value
 /// `tools.effective {agentId?, sessionKey?}`: the agent's tools in OpenClaw's inventory shape (one
 /// group of built-in tools, each with a label and the first sentence of its description), so the
 /// Control UI and the TUI show what the model is offered.
-fn tools_effective(gw: &Arc<Gateway>, method: Method, params: &Value) -> Result<Value, RpcError> {
+fn tools_effective(gw: &Arc<Engine>, method: Method, params: &Value) -> Result<Value, RpcError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct EffectiveParams {
@@ -275,7 +275,7 @@ fn tools_effective(gw: &Arc<Gateway>, method: Method, params: &Value) -> Result<
 
 /// `sessions.compact {maxLines}`: the transcript keeps its last lines (the whole old file stays
 /// beside it), in OpenClaw's answer shape.
-async fn trim(gw: &Arc<Gateway>, session: SessionRef, max_lines: usize) -> Result<Value, RpcError> {
+async fn trim(gw: &Arc<Engine>, session: SessionRef, max_lines: usize) -> Result<Value, RpcError> {
     let key = session.key.clone();
     let trimmed = gw
         .blocking(move |gw| {
@@ -313,16 +313,16 @@ fn session_key(method: Method, params: &Value) -> Result<String, RpcError> {
 
 /// Runs a method that works on the session index on a blocking thread.
 async fn blocking(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     params: &Value,
-    f: fn(&Gateway, &Value) -> Result<Value, RpcError>,
+    f: fn(&Engine, &Value) -> Result<Value, RpcError>,
 ) -> Result<Value, RpcError> {
     let params = params.clone();
     gw.blocking(move |gw| f(gw, &params)).await
 }
 
 /// `sessions.usage {key?, agentId?, limit? (at most 1000)}`.
-fn sessions_usage(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+fn sessions_usage(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct UsageParams {
@@ -335,14 +335,14 @@ fn sessions_usage(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     Ok(crate::usage::sessions_usage(gw, p.key.as_ref().map(|k| k.0.as_str()), p.agent_id.as_ref(), limit)?)
 }
 
-fn existing(gw: &Gateway, key: &str) -> Result<SessionRef, RpcError> {
+fn existing(gw: &Engine, key: &str) -> Result<SessionRef, RpcError> {
     gw.sessions.resolve(key, false)?.ok_or_else(|| RpcError::invalid(format!("session not found: {key}")))
 }
 
 /// Most rows `sessions.list` returns at once.
 const MAX_LIST_ROWS: u64 = 1000;
 
-fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+fn sessions_list(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct ListParams {
@@ -386,7 +386,7 @@ fn sessions_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
         "defaults": {"model": gw.settings.model, "mainSessionKey": crate::sessions::MAIN_KEY}}))
 }
 
-async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
+async fn sessions_create(gw: &Arc<Engine>, ctx: &Ctx, params: &Value) -> Result<Value, RpcError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct CreateParams {
@@ -437,7 +437,7 @@ async fn sessions_create(gw: &Arc<Gateway>, ctx: &Ctx, params: &Value) -> Result
     Ok(out)
 }
 
-fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+fn sessions_patch(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     /// A field that is left alone when absent, removed when `null`, set otherwise.
     type Change<T> = Option<Option<T>>;
     /// The fields Pincer keeps; the many others the Control UI sends are accepted and ignored.
@@ -525,7 +525,7 @@ fn sessions_patch(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 /// `waitingForApproval` while a run waits for a human — OpenClaw's clients take any other status
 /// than `running` for a session without a run, and would hide its Stop) and
 /// its token counts from the transcript's tail (last turn's usage, context tokens vs the model's window).
-pub fn session_row(gw: &Gateway, s: &SessionRef) -> Value {
+pub fn session_row(gw: &Engine, s: &SessionRef) -> Value {
     let mut row = s.row();
     let usage = crate::usage::of_tail(gw.store.as_ref(), &s.path);
     let running = !gw.runs_of(&s.key).is_empty();
@@ -568,7 +568,7 @@ struct ResetParams {
     _reason: Option<ResetReason>,
 }
 
-fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+fn sessions_reset(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     let key = session_key(Method::SessionsReset, params)?;
     let _: ResetParams = crate::protocol::params(Method::SessionsReset, params)?;
     let reason = "reset";
@@ -581,7 +581,7 @@ fn sessions_reset(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
     Ok(json!({"ok": true, "key": s.key, "entry": s.row(), "archived": archived.map(|p| p.display().to_string())}))
 }
 
-fn sessions_delete(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+fn sessions_delete(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     let key = session_key(Method::SessionsDelete, params)?;
     let old = gw.sessions.resolve(&key, false)?;
     let (deleted, archived) = gw.sessions.delete(&key)?;
@@ -625,7 +625,7 @@ pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::pat
 /// Transcripts moved aside by `/new`, `sessions.reset` and `sessions.delete` (`<file>.<reason>.<ts>`),
 /// newest first, with when each was archived (ms), from whichever store holds them.
 fn archive_files(
-    gw: &Gateway,
+    gw: &Engine,
     agent: &crate::sessions::AgentId,
 ) -> Vec<(String, String, std::path::PathBuf, Option<u64>)> {
     let dir = gw.sessions.sessions_dir(agent);
@@ -655,7 +655,7 @@ struct ArchivesParams {
     before_entry_id: Option<NonBlank>,
 }
 
-fn archives_list(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+fn archives_list(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesList, params)?;
     let agent = &p.agent_id.unwrap_or_else(crate::sessions::AgentId::main);
     if !gw.sessions.known_agent(agent) {
@@ -684,7 +684,7 @@ const MAX_RESTORE_BYTES: u64 = 64 * 1024 * 1024;
 /// back as a chat of its own: a new session of the default agent, made as `pincer transcript
 /// import` makes one (checked first; nothing is written when it is refused). The archived file
 /// stays where it is.
-async fn archives_restore(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+async fn archives_restore(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError> {
     let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesRestore, params)?;
     let Some(NonBlank(file)) = p.file else {
         return Err(RpcError::invalid("invalid sessions.archives.restore params: missing field `file`"));
@@ -716,7 +716,7 @@ async fn archives_restore(gw: &Arc<Gateway>, params: &Value) -> Result<Value, Rp
 }
 
 /// `sessions.archives.get` (Pincer): the messages of one archived transcript, read-only.
-async fn archives_get(gw: &Arc<Gateway>, params: &Value) -> Result<Value, RpcError> {
+async fn archives_get(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError> {
     let p: ArchivesParams = crate::protocol::params(Method::SessionsArchivesGet, params)?;
     let Some(NonBlank(file)) = p.file else {
         return Err(RpcError::invalid("invalid sessions.archives.get params: missing field `file`"));

@@ -4,7 +4,7 @@
 //! `config.get` (a redacted view of Pincer's settings), `themes.list`, `update.status`, `logs.tail`.
 
 use crate::protocol::{Method, NonBlank, RpcError};
-use crate::state::Gateway;
+use crate::state::Engine;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ fn host() -> String {
 }
 
 /// The model catalog (`models.list`, `chat.metadata`): OpenClaw's entries, `provider` and `id` apart.
-pub fn models(gw: &Gateway) -> Vec<Value> {
+pub fn models(gw: &Engine) -> Vec<Value> {
     (gw.settings.providers.configured().iter())
         .filter_map(|spec| spec.split_once('/').filter(|(_, id)| !id.starts_with('<')))
         .map(|(provider, id)| {
@@ -27,7 +27,7 @@ pub fn models(gw: &Gateway) -> Vec<Value> {
 }
 
 /// `status`: the gateway, its runs and sessions (`openclaw gateway call status`, the debug view).
-pub fn status(gw: &Gateway) -> Result<Value, RpcError> {
+pub fn status(gw: &Engine) -> Result<Value, RpcError> {
     let sessions = gw.sessions.list(None)?;
     let runs = gw.all_runs();
     let (provider, model) = gw.settings.model.split_once('/').unwrap_or(("", gw.settings.model.as_str()));
@@ -71,7 +71,7 @@ struct DescribeParams {
 }
 
 /// `sessions.describe {key}` → `{key, session}`: one session's row (as `sessions.list` has it).
-pub fn describe(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+pub fn describe(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     let p: DescribeParams = crate::protocol::params(Method::SessionsDescribe, params)?;
     let Some(s) = gw.sessions.resolve(&p.key, false)? else {
         // A key no turn has used yet (the UI describes `agent:main:main` before the first message):
@@ -108,7 +108,7 @@ pub fn commands() -> Value {
 }
 
 /// `chat.metadata`: what the chat view's model picker and composer need.
-pub fn chat_metadata(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+pub fn chat_metadata(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct MetadataParams {
@@ -123,7 +123,7 @@ pub fn chat_metadata(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
 
 /// `models.authStatus`: each configured provider, with whether Pincer holds a credential for it
 /// (never the credential).
-pub fn auth_status(gw: &Gateway) -> Value {
+pub fn auth_status(gw: &Engine) -> Value {
     let configured = gw.settings.providers.configured();
     let mut providers: Vec<&str> = configured.iter().filter_map(|s| s.split_once('/').map(|(p, _)| p)).collect();
     providers.dedup();
@@ -133,7 +133,7 @@ pub fn auth_status(gw: &Gateway) -> Value {
 
 /// `config.get`: a redacted view of Pincer's settings in the snapshot shape OpenClaw's settings
 /// views read (no secret, no token: only where they come from).
-pub fn config_get(gw: &Gateway) -> Value {
+pub fn config_get(gw: &Engine) -> Value {
     let s = &gw.settings;
     let path = s.state_dir.join("pincer.toml");
     let config = json!({
@@ -158,7 +158,7 @@ pub fn update_status() -> Value {
 }
 
 /// Dispatches this module's methods.
-pub async fn dispatch(gw: &Arc<Gateway>, method: Method, params: &Value) -> Result<Value, RpcError> {
+pub async fn dispatch(gw: &Arc<Engine>, method: Method, params: &Value) -> Result<Value, RpcError> {
     let params = params.clone();
     match method {
         Method::Status => gw.blocking(status).await,
@@ -176,7 +176,7 @@ pub async fn dispatch(gw: &Arc<Gateway>, method: Method, params: &Value) -> Resu
 }
 
 /// `logs.tail {cursor?, limit? (1–5000, 200), maxBytes? (1–1e6, 250,000)}`.
-fn logs_tail(gw: &Gateway, params: &Value) -> Result<Value, RpcError> {
+fn logs_tail(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     #[derive(serde::Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct TailParams {

@@ -5,7 +5,7 @@
 use crate::catchup::{covered, since, Catchup};
 use crate::hub::{BusEvent, EventId};
 use crate::protocol::RpcError;
-use crate::state::Gateway;
+use crate::state::Engine;
 use pincer_store::Pos;
 use std::sync::Arc;
 
@@ -67,7 +67,7 @@ impl CatchingUp {
 /// after the answer. The answer says how many were replayed, or `reset` (refetch `chat.history`)
 /// when they cannot be (see the module doc).
 pub async fn subscribe_messages(
-    gw: &Arc<Gateway>,
+    gw: &Arc<Engine>,
     ctx: &super::Ctx,
     params: &serde_json::Value,
 ) -> Result<serde_json::Value, RpcError> {

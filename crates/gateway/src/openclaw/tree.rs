@@ -5,7 +5,7 @@
 //! the errors name the session or the entry that was not found or not allowed.
 
 use crate::protocol::{params, Bounded, Method, NonBlank, RpcError};
-use crate::state::Gateway;
+use crate::state::Engine;
 use crate::tree::{self, Message, SessionSel};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -70,7 +70,7 @@ struct LabelParams {
 }
 
 /// `sessions.branches.list`: the tips one can switch to (none for an unknown session).
-pub async fn branches_list(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+pub async fn branches_list(gw: &Arc<Engine>, raw: &Value) -> Result<Value, RpcError> {
     let p: SessionParams = params(Method::SessionsBranchesList, raw)?;
     let branches = tree::branches(gw, p.sel()).await?.unwrap_or_default();
     let branches: Vec<Value> = (branches.into_iter())
@@ -91,7 +91,7 @@ pub async fn branches_list(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcE
 }
 
 /// `sessions.tree` (Pincer): every message with its parent and the newest tip below it.
-pub async fn tree(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+pub async fn tree(gw: &Arc<Engine>, raw: &Value) -> Result<Value, RpcError> {
     let p: SessionParams = params(Method::SessionsTree, raw)?;
     let t = tree::tree(gw, p.sel()).await?;
     let nodes: Vec<Value> = (t.nodes.into_iter())
@@ -111,14 +111,14 @@ pub async fn tree(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
 }
 
 /// `sessions.branches.switch`.
-pub async fn branches_switch(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+pub async fn branches_switch(gw: &Arc<Engine>, raw: &Value) -> Result<Value, RpcError> {
     let p: SwitchParams = params(Method::SessionsBranchesSwitch, raw)?;
     tree::switch(gw, p.session.sel(), p.leaf_entry_id.0).await?;
     Ok(json!({}))
 }
 
 /// `sessions.rewind`: the leaf goes to the parent of a user message; its text comes back.
-pub async fn rewind(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+pub async fn rewind(gw: &Arc<Engine>, raw: &Value) -> Result<Value, RpcError> {
     let p: EntryParams = params(Method::SessionsRewind, raw)?;
     Ok(match tree::rewind(gw, p.session.sel(), p.entry_id.0).await? {
         Some(text) => json!({"editorText": text}),
@@ -127,7 +127,7 @@ pub async fn rewind(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
 }
 
 /// `sessions.fork`: a new dashboard session holding the active path before a user message.
-pub async fn fork(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+pub async fn fork(gw: &Arc<Engine>, raw: &Value) -> Result<Value, RpcError> {
     let p: EntryParams = params(Method::SessionsFork, raw)?;
     let (key, text) = tree::fork(gw, p.session.sel(), p.entry_id.0).await?;
     let mut out = json!({"sessionKey": key});
@@ -138,7 +138,7 @@ pub async fn fork(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
 }
 
 /// `chat.message.get`: one entry of the session in full (up to `maxChars` per text).
-pub async fn message_get(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+pub async fn message_get(gw: &Arc<Engine>, raw: &Value) -> Result<Value, RpcError> {
     let p: MessageGetParams = params(Method::ChatMessageGet, raw)?;
     let max_chars = p.max_chars.map_or(MESSAGE_DEFAULT_CHARS, |m| m.0 as usize);
     Ok(match tree::message(gw, p.session.sel(), p.message_id.0, max_chars).await? {
@@ -149,7 +149,7 @@ pub async fn message_get(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcErr
 }
 
 /// `sessions.label` (Pincer): sets or clears a Pi `label` on an entry of the session.
-pub async fn label(gw: &Arc<Gateway>, raw: &Value) -> Result<Value, RpcError> {
+pub async fn label(gw: &Arc<Engine>, raw: &Value) -> Result<Value, RpcError> {
     let p: LabelParams = params(Method::SessionsLabel, raw)?;
     let l = tree::label(gw, p.session.sel(), p.entry_id.0, p.label).await?;
     Ok(json!({"ok": true, "entryId": l.entry_id, "targetId": l.target_id, "label": l.label}))

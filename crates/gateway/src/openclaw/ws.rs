@@ -12,7 +12,7 @@ use crate::config::AuthMode;
 use crate::conn::Conn;
 use crate::hub::{Audience, BusEvent};
 use crate::protocol::{self, RpcError};
-use crate::state::Gateway;
+use crate::state::Engine;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
@@ -395,7 +395,7 @@ fn boot_id() -> &'static str {
     ID.get_or_init(|| uuid::Uuid::new_v4().to_string())
 }
 
-fn hello(gw: &Gateway, protocol: u64, conn_id: u64, params: &Value) -> Value {
+fn hello(gw: &Engine, protocol: u64, conn_id: u64, params: &Value) -> Value {
     let scopes = protocol::granted_scopes(params);
     let auth_method = match gw.settings.auth {
         AuthMode::Token(_) => "token",
@@ -432,7 +432,7 @@ enum Refused {
 /// Reads and checks the `connect` frame.
 async fn handshake(
     stream: &mut SplitStream<WebSocket>,
-    gw: &Gateway,
+    gw: &Engine,
     logins: &crate::guard::Logins,
     peer: std::net::IpAddr,
     nonce: &str,
@@ -485,7 +485,7 @@ fn is_too_long(e: &axum::Error) -> bool {
 }
 
 /// Serves one upgraded socket until it closes or the gateway shuts down.
-pub async fn serve(socket: WebSocket, gw: Arc<Gateway>, logins: Arc<crate::guard::Logins>, conn: Arc<Conn>) {
+pub async fn serve(socket: WebSocket, gw: Arc<Engine>, logins: Arc<crate::guard::Logins>, conn: Arc<Conn>) {
     let (sink, mut stream) = socket.split();
     let (outbox, rx) = Outbox::new(protocol::MAX_BUFFERED_BYTES);
     let writer = tokio::spawn(write_loop(sink, rx, outbox.clone()));
@@ -524,7 +524,7 @@ struct Hello {
 /// The challenge, the `connect` frame and its checks, and `hello-ok`.
 async fn greet(
     stream: &mut SplitStream<WebSocket>,
-    gw: &Gateway,
+    gw: &Engine,
     logins: &crate::guard::Logins,
     conn: &Conn,
     outbox: &Arc<Outbox>,
@@ -562,7 +562,7 @@ async fn greet(
 
 /// The connected loop: requests (at most [`MAX_IN_FLIGHT`] at once), events through the hub,
 /// ticks, and the goodbye at shutdown.
-async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Gateway>, outbox: &Arc<Outbox>, who: Hello) -> Close {
+async fn session(stream: &mut SplitStream<WebSocket>, gw: &Arc<Engine>, outbox: &Arc<Outbox>, who: Hello) -> Close {
     let Hello { conn_id, client_id, can_write, can_approve } = who;
     let subs = Arc::new(Subs::default());
     let seq = Arc::new(AtomicU64::new(0));
