@@ -1017,11 +1017,10 @@ impl Turn {
         };
         let calls = crate::durable::unanswered_calls(&messages, true);
         let tools = self.gw.tools(&self.session.agent_id);
-        let cut: Vec<&Value> = calls.iter().collect();
         // A call that was waiting for its approval (its request on disk, no decision) never ran:
         // it waits again and runs once allowed.
         let ids: std::collections::HashSet<String> =
-            cut.iter().filter_map(|c| c["id"].as_str()).map(str::to_owned).collect();
+            calls.iter().filter_map(|c| c["id"].as_str()).map(str::to_owned).collect();
         let (store, path) = (self.gw.store.clone(), self.session.path.clone());
         let asked = if ids.is_empty() {
             Default::default()
@@ -1030,7 +1029,7 @@ impl Turn {
             let Some(asked) = self.read_or_fail(read) else { return false };
             asked
         };
-        for call in cut {
+        for call in &calls {
             let (id, name) = (call["id"].as_str().unwrap_or_default(), call["name"].as_str().unwrap_or_default());
             let approval = asked.get(id);
             let denied = approval.and_then(|(_, d)| d.as_ref()).and_then(crate::approvals::denied_on_disk);

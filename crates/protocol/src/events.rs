@@ -167,8 +167,8 @@ enum ApprovalDetail<'a> {
 }
 
 impl<'a> ApprovalUpdate<'a> {
-    /// An exec approval requested for tool call `tool_call_id` (`request`: its record's `request`:
-    /// `command`, `cwd`, `toolName`), waiting until `expires_at_ms`.
+    /// An exec approval requested (`request`: its record's `request`, which names the tool call,
+    /// the command, its `cwd` and the tool), waiting until `expires_at_ms`.
     pub fn requested(approval_id: &'a str, request: &'a Value, expires_at_ms: u64) -> ApprovalUpdate<'a> {
         ApprovalUpdate {
             phase: "requested",

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 /// get each entry's own; beyond order and equality it is opaque to them: for files the byte offset of
 /// the entry's line (known on the append path without counting lines; only a rewrite of the
 /// file — `sessions.compact {maxLines}`, the one-time migration of a legacy file — moves it),
-/// for a database the `seq` column. On the wire it is a plain number (`lastSeq`, the middle of an
-/// event id `<sessionId>:<pos>:<part>`).
+/// for a database the `seq` column. On the wire it is a plain number (`messageSeq`, `afterSeq`, and
+/// the middle of an event id: `<sessionId>:<pos>`, `<sessionId>:<pos>.1`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
 pub struct Pos(pub u64);

@@ -690,18 +690,9 @@ impl Store {
         Ok(same.then_some((entry, Pos(off))))
     }
 
-    /// The entries whose lines start at or after `offset`, at most `max_bytes` of the file read
-    /// (lines that do not parse are skipped; a line cut by the limit is dropped).
-    pub fn entries_from(&self, path: &Path, offset: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        Ok(self.read_entries(path, Window::From(offset.0), max_bytes)?.0.into_iter().map(|(_, v)| v).collect())
-    }
-
-    /// The last entries of the file, from a tail window of at most `max_bytes`.
-    pub fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        Ok(self.read_entries(path, Window::Before(u64::MAX), max_bytes)?.0.into_iter().map(|(_, v)| v).collect())
-    }
-
-    /// [`Store::entries_from`] with each entry's position (its line's byte offset), and whether
+    /// The entries whose lines start at or after `offset`, each with its position (its line's
+    /// byte offset), at most `max_bytes` of the file read (lines that do not parse are skipped; a
+    /// line cut by the limit is dropped), and whether
     /// the read reached the end of the file (false: `max_bytes` cut it).
     pub fn entries_at(
         &self,
