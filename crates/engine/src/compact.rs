@@ -75,7 +75,7 @@ pub async fn run(
 /// Whether a session's context is over the threshold after a turn: tokens from the provider's
 /// reported usage of the last assistant message when there is one, else Pi's estimate of the
 /// session's context (the cached one, which the turn's appends extended).
-pub async fn over_threshold(gw: &Engine, session: &SessionRef, last_usage: Option<&Value>) -> bool {
+pub async fn over_threshold(gw: &Arc<Engine>, session: &SessionRef, last_usage: Option<&Value>) -> bool {
     let Ok(model) = gw.settings.providers.resolve(&model_spec(gw, session)) else { return false };
     let Some(window) = model.model.context_window else { return false };
     let reported = last_usage.map(calculate_context_tokens).unwrap_or(0);

@@ -6,7 +6,7 @@
 //! - [`config`]: `pincer.toml` + environment → validated settings (token generated on first start);
 //!   [`config::channels`] the messaging channels' sections.
 //! - [`state`]: the engine ([`state::Engine`]): store, session index, runs, dedupe;
-//!   [`queue`]: the order of each session's turns;
+//!   [`owner`]: one task per session in use, which orders its turns and makes its appends;
 //!   [`abort`]: stopping a session's runs wherever they run (every entry point).
 //! - [`turn`]: the one turn pipeline, [`announce`] its events, [`commands`] the slash commands,
 //!   [`approvals`] tool calls waiting for a person's decision, [`hook`] the `before_agent_run` hook,
@@ -39,9 +39,9 @@ pub mod hook;
 pub mod hub;
 pub mod logs;
 pub mod metrics;
+pub mod owner;
 pub mod pending;
 pub use pincer_protocol as protocol;
-pub mod queue;
 pub mod relay;
 pub mod sessions;
 pub mod state;

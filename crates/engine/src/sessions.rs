@@ -475,6 +475,16 @@ impl Sessions {
         })
     }
 
+    /// The session of a key (created in the index when `create` and missing): from memory when it
+    /// can be answered there ([`Sessions::resolve_cached`]), else on a blocking thread.
+    pub async fn session(self: Arc<Self>, key: &str, create: bool) -> Result<Option<SessionRef>, EngineError> {
+        if let Some(s) = self.resolve_cached(key) {
+            return Ok(Some(s));
+        }
+        let k = key.to_owned();
+        tokio::task::spawn_blocking(move || self.resolve(&k, create)).await.map_err(EngineError::task)?
+    }
+
     /// [`Sessions::resolve`] of an existing session from memory, without blocking (safe on async
     /// threads): `None` when the index is busy, not read yet, changed on disk (a `stat`, where the
     /// store answers that without blocking) or without the key; then ask [`Sessions::resolve`].

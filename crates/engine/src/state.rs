@@ -1,139 +1,27 @@
 //! The engine ([`Engine`]): settings, the store, the session index, the event hub, active runs, the
-//! `chat.send` dedupe window and the per-session run queue, plus small helpers that move store work
-//! off the async threads. Every adapter (the WebSocket protocol, the OpenAI endpoint, SSE, the
+//! `chat.send` dedupe window and the sessions' owners ([`crate::owner`]: each session's turn order,
+//! appends and context), plus small helpers that move store work off the async threads. Every adapter (the WebSocket protocol, the OpenAI endpoint, SSE, the
 //! channels) holds an `Arc<Engine>`.
 
 use crate::config::{Settings, StoreSettings};
 use crate::error::{EngineError, GatewayError};
 use crate::hub::Hub;
+pub use crate::owner::TranscriptObserver;
 use crate::protocol::RunAnswer;
-use crate::queue::{Cancelled, SessionGuard, SessionQueue};
 use crate::sessions::{SessionRef, Sessions};
-use pincer_agent::{CancellationToken, ContextMessage, Messages, ToolRegistry};
+use pincer_agent::{CancellationToken, Messages, ToolRegistry};
 use pincer_store::redact::Redactor;
-use pincer_store::{build_context, Appended, NewEntry, Pos, Store, StoreError, StoreOptions, Transcripts};
+use pincer_store::{Appended, NewEntry, Pos, Store, StoreError, StoreOptions, Transcripts};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::task::TaskTracker;
 
-use crate::config::CONTEXT_CACHE_BYTES;
-/// What a context costs beyond its messages' JSON (its map entry, path, leaf and message list).
-const CONTEXT_OVERHEAD: usize = 1024;
-/// Only contexts unused this long make room for another: when the busy ones fill the budget, a
-/// newcomer is not kept (rather than all of them taking turns at being evicted and rebuilt).
-const CONTEXT_CACHE_IDLE: Duration = Duration::from_secs(30);
-
-/// A session's context as of `leaf`. Messages are shared with the runs that use them: a turn
-/// copies pointers, never the history.
-struct CachedContext {
-    leaf: String,
-    /// The transcript's rewrite count it was built at ([`Transcripts::leaf_version`]).
-    version: u64,
-    messages: Messages,
-    /// JSON bytes of the messages, and the context's overhead.
-    bytes: usize,
-    /// When it was last used.
-    used: Instant,
-}
-
-/// The contexts kept in memory (see [`CONTEXT_CACHE_BYTES`]).
-struct ContextCache {
-    map: foldhash::HashMap<std::path::PathBuf, CachedContext>,
-    bytes: usize,
-    /// Message JSON bytes held at most.
-    budget: usize,
-}
-
-impl Default for ContextCache {
-    fn default() -> ContextCache {
-        ContextCache::with_budget(CONTEXT_CACHE_BYTES)
-    }
-}
-
-impl ContextCache {
-    fn with_budget(budget: usize) -> ContextCache {
-        ContextCache { map: foldhash::HashMap::default(), bytes: 0, budget }
-    }
-
-    /// The context of `path` if it was built at `leaf` of the transcript's `version`.
-    fn get(&mut self, path: &std::path::Path, leaf: &str, version: u64) -> Option<Messages> {
-        let c = self.map.get_mut(path).filter(|c| c.leaf == leaf && c.version == version)?;
-        c.used = Instant::now();
-        Some(c.messages.clone())
-    }
-
-    /// Extends the context of `path` by a message entry `id` whose parent is `parent`; forgets the
-    /// context when the entry does not continue it.
-    fn extend(&mut self, path: &std::path::Path, parent: Option<&str>, id: Option<&str>, message: Option<&Value>) {
-        let continued = self.map.get_mut(path).filter(|c| Some(c.leaf.as_str()) == parent);
-        let (Some(c), Some(id), Some(m)) = (continued, id, message) else {
-            return self.remove(path);
-        };
-        // Wire forms are built now for the APIs the context already goes out in.
-        let m = ContextMessage::shared_like(m, c.messages.last().map(|l| &**l));
-        let n = m.json().len();
-        c.leaf = id.to_owned();
-        c.used = Instant::now(); // a long tool loop extends its context without reading it
-        c.messages.push(m);
-        c.bytes += n;
-        self.bytes += n;
-        if !self.make_room(0) {
-            self.remove(path);
-        }
-    }
-
-    fn remove(&mut self, path: &std::path::Path) {
-        if let Some(c) = self.map.remove(path) {
-            self.bytes -= c.bytes;
-        }
-    }
-
-    fn insert(&mut self, path: std::path::PathBuf, (leaf, version): (String, u64), messages: Messages, json: usize) {
-        self.remove(&path);
-        let bytes = json + CONTEXT_OVERHEAD;
-        if !self.make_room(bytes) {
-            return;
-        }
-        self.bytes += bytes;
-        self.map.insert(path, CachedContext { leaf, version, messages, bytes, used: Instant::now() });
-    }
-
-    /// Drops idle contexts, least recently used first, until `room` more bytes fit; false when
-    /// they cannot.
-    fn make_room(&mut self, room: usize) -> bool {
-        while self.bytes + room > self.budget {
-            let idle = self
-                .map
-                .iter()
-                .filter(|(_, c)| c.used.elapsed() >= CONTEXT_CACHE_IDLE)
-                .min_by_key(|(_, c)| c.used)
-                .map(|(p, _)| p.clone());
-            match idle {
-                Some(p) => self.remove(&p),
-                None => return false,
-            }
-        }
-        true
-    }
-}
-
 /// `chat.send` dedupe window (OpenClaw: 5 min, 1000 entries).
 const DEDUPE_TTL: Duration = Duration::from_secs(300);
 const DEDUPE_MAX: usize = 1000;
-
-/// Told of every entry this gateway appends (in its transcript's writer lane, in order) and of
-/// every transcript replaced in place: an index an adapter keeps over the transcripts (the OpenAI
-/// endpoint's conversation index) registers itself with [`Engine::observe`].
-pub trait TranscriptObserver: Send + Sync {
-    /// `entry` was appended to `path`, the transcript of session `key`.
-    fn appended(&self, key: &str, path: &std::path::Path, entry: &Value);
-    /// The transcript of session `key` at `path` was replaced (trimmed): read it anew.
-    fn replaced(&self, key: &str, path: &std::path::Path);
-}
 
 /// One run, active or waiting in its session's queue.
 pub struct RunHandle {
@@ -262,9 +150,10 @@ pub struct Engine {
     pub settings: Settings,
     /// The transcript store (JSONL files, or PostgreSQL): the only writer of transcripts.
     pub store: Arc<dyn Transcripts>,
-    pub sessions: Sessions,
+    pub sessions: Arc<Sessions>,
     pub hub: Arc<Hub>,
-    pub queue: SessionQueue,
+    /// The owner of each session in use: its turn order, its appends, its context ([`crate::owner`]).
+    pub owners: Arc<crate::owner::Owners>,
     /// The tools of `main` and of each configured agent ([`Engine::tools`]).
     tools: std::collections::BTreeMap<crate::sessions::AgentId, Arc<ToolRegistry>>,
     /// The MCP servers (started by the gateway's `serve`, stopped with it).
@@ -275,9 +164,6 @@ pub struct Engine {
     /// that no new turn of a session comes before its resumed one ([`Engine::recovered`]).
     pub recovering: Arc<tokio::sync::RwLock<()>>,
     pub redactor: Arc<dyn Redactor>,
-    /// Where stateless clients' histories end in the session trees (the OpenAI endpoint).
-    /// Told of every append and replaced transcript ([`TranscriptObserver`]).
-    observers: std::sync::RwLock<Vec<Arc<dyn TranscriptObserver>>>,
     pub started: Instant,
     /// Fired on SIGINT/SIGTERM once runs have ended: connections say goodbye.
     pub shutdown: CancellationToken,
@@ -289,7 +175,6 @@ pub struct Engine {
     pub sockets: TaskTracker,
     runs: Mutex<HashMap<String, Arc<RunHandle>>>,
     dedupe: Mutex<DedupeWindow>,
-    contexts: Mutex<ContextCache>,
     next_conn: AtomicU64,
     /// The search index kept up to date from the store's commits (`None`: it could not be opened).
     pub indexer: Option<Arc<pincer_search::Indexer>>,
@@ -298,8 +183,6 @@ pub struct Engine {
     pub search_readers: Option<pincer_search::Readers>,
     /// The PostgreSQL store when `[store] backend = "postgres"` (also in `store`): replicas.
     pub pg: Option<pincer_pg::PgStore>,
-    /// Where this process's latest appends landed, for the events that announce them.
-    positions: Mutex<Positions>,
     /// Sessions the relay should follow from an earlier seq than their end when it starts
     /// watching them (a catch-up read the store up to there): key → (seq, when asked).
     relay_from: Mutex<HashMap<String, (Pos, Instant)>>,
@@ -313,32 +196,6 @@ pub struct Engine {
 
 /// How long a [`Engine::relay_from`] hint waits for the relay to start watching its session.
 const RELAY_HINT_TTL: Duration = Duration::from_secs(5);
-
-/// The durable positions of the entries this process appended lately, by (transcript, entry id):
-/// the events announcing an entry are built from the entry alone (the agent's sink hands back the
-/// entry, not where it went), so [`Engine::event_id`] looks its position up here. Bounded: an
-/// entry is announced right after its append, long before [`Positions::MAX`] newer ones.
-#[derive(Default)]
-struct Positions {
-    map: foldhash::HashMap<(PathBuf, String), Pos>,
-    order: std::collections::VecDeque<(PathBuf, String)>,
-}
-
-impl Positions {
-    const MAX: usize = 4096;
-
-    fn insert(&mut self, path: &Path, id: &str, pos: Pos) {
-        let k = (path.to_path_buf(), id.to_owned());
-        if self.map.insert(k.clone(), pos).is_none() {
-            self.order.push_back(k);
-        }
-        while self.order.len() > Self::MAX {
-            if let Some(old) = self.order.pop_front() {
-                self.map.remove(&old);
-            }
-        }
-    }
-}
 
 /// The store the settings name, for one-off commands (`pincer transcript export --session`).
 pub fn open_transcripts(settings: &Settings) -> Result<Arc<dyn Transcripts>, GatewayError> {
@@ -373,7 +230,7 @@ pub enum SlotError {
 
 /// A session's turn, held (see [`Engine::turn_slot`]).
 pub struct TurnSlot {
-    _local: SessionGuard,
+    _local: crate::owner::Permit,
     _shared: Option<pincer_store::Held>,
     /// On PostgreSQL: the session id the key's index row named when the slot was taken (`None`:
     /// no row), as every replica sees it.
@@ -531,9 +388,9 @@ impl Engine {
             .configured()
             .map(|a| Ok((a.id.clone(), agent_tools(a)?)))
             .collect::<Result<_, GatewayError>>()?;
+        let context_budget = settings.context_cache_bytes;
         let approvals = crate::pending::Approvals::load(&settings.state_dir).map_err(GatewayError::Config)?;
         let mcp = Arc::new(pincer_agent::mcp::Manager::new(settings.mcp_servers.clone()));
-        let contexts = ContextCache::with_budget(settings.context_cache_bytes);
         let search_readers = indexer.as_ref().and_then(|_| match pincer_search::Readers::new(&settings.state_dir) {
             Ok(r) => Some(r),
             Err(e) => {
@@ -541,18 +398,20 @@ impl Engine {
                 None
             }
         });
-        Ok(Engine {
-            sessions: Sessions::new(&settings.state_dir, store.clone())
+        let sessions = Arc::new(
+            Sessions::new(&settings.state_dir, store.clone())
                 .with_agents(settings.agents.configured().map(|a| a.id.clone())),
+        );
+        Ok(Engine {
+            owners: Arc::new(crate::owner::Owners::new(store.clone(), sessions.clone(), context_budget)),
+            sessions,
             settings,
             store,
             hub: Arc::new(Hub::default()),
-            queue: SessionQueue::new(),
             tools,
             mcp,
             mcp_tools: Mutex::default(),
             redactor,
-            observers: Default::default(),
             started: Instant::now(),
             shutdown: CancellationToken::new(),
             stopping_runs: CancellationToken::new(),
@@ -561,12 +420,10 @@ impl Engine {
             sockets: TaskTracker::new(),
             runs: Mutex::new(HashMap::new()),
             dedupe: Mutex::new(DedupeWindow::default()),
-            contexts: Mutex::new(contexts),
             next_conn: AtomicU64::new(1),
             search_readers,
             indexer,
             pg,
-            positions: Mutex::default(),
             relay_from: Mutex::default(),
             answers: crate::budget::Budget::default(),
             approvals,
@@ -576,13 +433,7 @@ impl Engine {
 
     /// Tells `observer` of every append and replaced transcript from now on.
     pub fn observe(&self, observer: Arc<dyn TranscriptObserver>) {
-        if let Ok(mut all) = self.observers.write() {
-            all.push(observer);
-        }
-    }
-
-    fn observers(&self) -> Vec<Arc<dyn TranscriptObserver>> {
-        self.observers.read().map(|all| all.clone()).unwrap_or_default()
+        self.owners.observe(observer);
     }
 
     pub fn next_conn_id(&self) -> u64 {
@@ -687,13 +538,20 @@ impl Engine {
         self.stopping_runs.child_token()
     }
 
-    /// Waits for the session's turn (`session_key`: canonical): its slot in this process's queue
+    /// Waits for the session's turn (`session_key`: canonical): its turn from the session's owner
     /// and, on the PostgreSQL store, the session's turn lock shared by every replica (so turns of
     /// one session run one at a time whichever replica runs them, as they do in one process).
     /// Fails when `cancel` fires first, or when the database cannot be asked. A caller holding a
     /// [`SessionRef`] read before asks [`TurnSlot::moved`] (or takes [`Engine::slot_for`]).
-    pub async fn turn_slot(&self, session_key: &str, cancel: &CancellationToken) -> Result<TurnSlot, SlotError> {
-        let local = self.queue.acquire(session_key, cancel).await.map_err(|Cancelled| SlotError::Cancelled)?;
+    pub async fn turn_slot(
+        self: &Arc<Self>,
+        session_key: &str,
+        cancel: &CancellationToken,
+    ) -> Result<TurnSlot, SlotError> {
+        let local = self.owners.turn(session_key, cancel).await.map_err(|e| match e {
+            crate::owner::TurnError::Cancelled => SlotError::Cancelled,
+            crate::owner::TurnError::Gone => SlotError::Unavailable(e.to_string()),
+        })?;
         let Some(pg) = &self.pg else { return Ok(TurnSlot { _local: local, _shared: None, row: None }) };
         let agent = crate::sessions::agent_of(session_key);
         loop {
@@ -783,11 +641,7 @@ impl Engine {
     /// The session of a key (created in the index when `create` and missing): from memory when it
     /// can be answered there ([`Sessions::resolve_cached`]), else on a blocking thread.
     pub async fn session(self: &Arc<Self>, key: &str, create: bool) -> Result<Option<SessionRef>, EngineError> {
-        if let Some(s) = self.sessions.resolve_cached(key) {
-            return Ok(Some(s));
-        }
-        let k = key.to_owned();
-        self.index(move |s| s.resolve(&k, create)).await
+        self.sessions.clone().session(key, create).await
     }
 
     /// Creates the session's transcript file (its header) if it is not there yet.
@@ -854,55 +708,24 @@ impl Engine {
         session: &SessionRef,
         entries: Vec<NewEntry>,
     ) -> Result<Vec<Appended>, StoreError> {
-        let held = self.store.clone().lock_for_append(session.path.clone()).await?;
-        // The lock may have been waited for long (another process held it): the session may have
-        // been reset meanwhile. (A reset between this look and the write below is not excluded:
-        // the session's owner will order them once it is the only writer of its transcript.)
-        if session.moved != self.sessions.moved() && !self.maps_to(session).await {
-            return Err(StoreError::MovedAside(session.path.display().to_string()));
-        }
-        let (observers, key, path) = (self.observers(), session.key.clone(), session.path.clone());
-        let after: pincer_store::AfterCommit = Box::new(move |all| {
-            for a in all.iter().filter(|a| a.appended) {
-                for o in &observers {
-                    o.appended(&key, &path, &a.entry);
-                }
-            }
-        });
-        let (path, sid) = (session.path.clone(), Some(session.session_id.clone()));
-        let r = self.store.clone().append_held(held, path, entries, sid, after).await;
-        match &r {
-            Ok(all) => {
-                let mut positions = lock(&self.positions);
-                for a in all {
-                    if let Some(id) = a.id() {
-                        positions.insert(&session.path, id, a.pos);
-                    }
-                }
-                drop(positions);
-                // Keep the cached context in step with what was written.
-                let mut contexts = lock(&self.contexts);
-                for a in all.iter().filter(|a| a.appended) {
-                    let parent = a.entry.get("parentId").and_then(Value::as_str);
-                    let is_message = a.entry.get("type").and_then(Value::as_str) == Some("message");
-                    let message = a.entry.get("message").filter(|_| is_message);
-                    contexts.extend(&session.path, parent, a.id(), message);
-                }
-            }
-            Err(_) => lock(&self.contexts).remove(&session.path),
-        }
-        r
+        self.owners.append(session, entries).await
     }
 
-    /// Whether `session`'s key still names the transcript it was read with.
-    async fn maps_to(self: &Arc<Self>, session: &SessionRef) -> bool {
-        matches!(self.session(&session.key, false).await, Ok(Some(now)) if now.path == session.path)
+    /// Runs `work` in the order of session `key`'s appends, none overlapping it: work that moves
+    /// the transcript aside or rewrites it (a reset, a delete, a trim). `work` must not wait for
+    /// the session's own appends, context or turn (it would wait for itself).
+    pub async fn with_transcript<T: Send + 'static>(
+        self: &Arc<Self>,
+        key: &str,
+        work: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        self.owners.exclusive(key, work).await
     }
 
     /// The durable id of an event announcing entry `id` (`part` 0: its `session.message`, 1: the
     /// `chat` event carrying it), when this process appended it lately (see [`Positions`]).
     pub fn event_id(&self, session: &SessionRef, id: &str, part: u8) -> Option<crate::hub::EventId> {
-        let pos = *lock(&self.positions).map.get(&(session.path.clone(), id.to_owned()))?;
+        let pos = self.owners.position(&session.path, id)?;
         Some(crate::hub::EventId { session_id: session.session_id.clone(), pos, part })
     }
 
@@ -919,52 +742,16 @@ impl Engine {
         lock(&self.relay_from).remove(key).filter(|(_, at)| at.elapsed() < RELAY_HINT_TTL).map(|(seq, _)| seq)
     }
 
-    /// Drops what is cached about a session whose transcript was replaced (trimmed by
-    /// `sessions.compact {maxLines}`): the next turn and the OpenAI index read the file anew. Blocking.
+    /// Drops what is kept about a session whose transcript was replaced in place (trimmed by
+    /// `sessions.compact {maxLines}`): the next turn and the OpenAI index read it anew.
     pub fn replaced(&self, session: &SessionRef) {
-        lock(&self.contexts).remove(&session.path);
-        for o in self.observers() {
-            o.replaced(&session.key, &session.path);
-        }
+        self.owners.replaced(session);
     }
 
-    /// The LLM context of a session's active branch (empty for a missing file). Served from memory
-    /// while the file's leaf (and rewrite count, [`Transcripts::leaf_version`]) is the one the
-    /// cache was built at (every append of this gateway keeps
-    /// the cache in step), so a turn does not re-read a long transcript; rebuilt from the file when
-    /// anything else moved the leaf (another process, a compaction, a branch).
-    pub async fn context(&self, session: &SessionRef) -> Result<Messages, GatewayError> {
-        let path = session.path.clone();
-        let store = self.store.clone();
-        let task = |source| GatewayError::Task { what: "context", source };
-        let (leaf, version) = match store.peek_leaf_version(&path) {
-            Some(known) => known,
-            None => {
-                let (store, path) = (store.clone(), path.clone());
-                tokio::task::spawn_blocking(move || store.leaf_version(&path)).await.map_err(task)??
-            }
-        };
-        if let Some(m) = leaf.as_deref().and_then(|l| lock(&self.contexts).get(&path, l, version)) {
-            return Ok(m);
-        }
-        let (messages, bytes, read_at) = tokio::task::spawn_blocking(move || match store.read_session(&path) {
-            Ok(Some(s)) => {
-                let c = build_context(&s, &s.leaf);
-                let size = c.messages.iter().map(|m| m.len()).sum::<usize>();
-                let messages = c.messages.iter().map(|m| Arc::new(ContextMessage::from_json(m))).collect::<Messages>();
-                Ok((messages, size, s.leaf_id().map(str::to_owned)))
-            }
-            Ok(None) => Ok((Messages::new(), 0, None)),
-            Err(e) => Err(GatewayError::Store(e)),
-        })
-        .await
-        .map_err(task)??;
-        // Kept only as the context at `leaf` when the file read was still there (another process
-        // may have moved the leaf in between).
-        if let Some(leaf) = leaf.filter(|l| read_at.as_deref() == Some(l.as_str())) {
-            lock(&self.contexts).insert(session.path.clone(), (leaf, version), messages.clone(), bytes);
-        }
-        Ok(messages)
+    /// The LLM context of a session's active branch (empty for a missing file), from its owner
+    /// (served from memory while its leaf is where the owner's last append left it).
+    pub async fn context(self: &Arc<Self>, session: &SessionRef) -> Result<Messages, GatewayError> {
+        self.owners.context(session).await
     }
 }
 
@@ -1002,76 +789,4 @@ pub fn injected_message(text: &str, idempotency_key: Option<&str>, abort: Option
 /// its (zero) usage says nothing about the context.
 pub fn is_injected(m: &Value) -> bool {
     m["provider"] == "openclaw" && m["model"] == "gateway-injected"
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::{Path, PathBuf};
-
-    fn msgs(n: usize) -> Messages {
-        (0..n).map(|i| ContextMessage::shared(json!({"role": "user", "content": format!("m{i}")}))).collect()
-    }
-
-    #[test]
-    fn the_context_cache_keeps_within_its_byte_budget_and_busy_contexts_stay() {
-        let mut c = ContextCache::default();
-        let third = CONTEXT_CACHE_BYTES / 3 - CONTEXT_OVERHEAD;
-        for name in ["a", "b", "c"] {
-            c.insert(PathBuf::from(name), ("leaf".into(), 0), msgs(1), third);
-        }
-        c.insert(PathBuf::from("d"), ("leaf".into(), 0), msgs(1), third);
-        assert!(
-            c.get(Path::new("d"), "leaf", 0).is_none(),
-            "no room while the others are busy: the newcomer is not kept"
-        );
-        assert_eq!(c.map.len(), 3);
-        // b and c have been idle long enough to make room; a was just used.
-        let long_ago = Instant::now().checked_sub(CONTEXT_CACHE_IDLE * 2).expect("an instant in the past");
-        for name in ["b", "c"] {
-            c.map.get_mut(Path::new(name)).expect("cached").used = long_ago;
-        }
-        c.map.get_mut(Path::new("c")).expect("cached").used = long_ago + Duration::from_secs(1);
-        c.insert(PathBuf::from("d"), ("leaf".into(), 0), msgs(1), third);
-        assert!(c.get(Path::new("b"), "leaf", 0).is_none(), "the least recently used idle context went");
-        assert!(c.get(Path::new("c"), "leaf", 0).is_some() && c.get(Path::new("d"), "leaf", 0).is_some());
-        assert!(c.bytes <= CONTEXT_CACHE_BYTES, "{} bytes", c.bytes);
-        assert!(c.get(Path::new("a"), "other-leaf", 0).is_none(), "a context is served only at its leaf");
-        assert!(c.get(Path::new("a"), "leaf", 1).is_none(), "nor after the transcript was rewritten");
-        c.insert(PathBuf::from("huge"), ("leaf".into(), 0), msgs(1), CONTEXT_CACHE_BYTES + 1);
-        assert!(c.get(Path::new("huge"), "leaf", 0).is_none(), "a context larger than the budget is not kept");
-        let mut off = ContextCache::with_budget(0);
-        off.insert(PathBuf::from("s"), ("leaf".into(), 0), msgs(1), 1);
-        assert!(off.get(Path::new("s"), "leaf", 0).is_none() && off.bytes == 0, "a budget of 0 keeps nothing");
-
-        // Many short sessions fit as well as a few long ones: the budget alone bounds the cache.
-        let mut c = ContextCache::default();
-        for i in 0..2000 {
-            c.insert(PathBuf::from(format!("short-{i}")), ("leaf".into(), 0), msgs(2), 100);
-        }
-        assert_eq!(c.map.len(), 2000, "2,000 busy short sessions are all kept");
-        let mut c = ContextCache::with_budget(10 * (100 + CONTEXT_OVERHEAD));
-        for i in 0..20 {
-            c.insert(PathBuf::from(format!("short-{i}")), ("leaf".into(), 0), msgs(2), 100);
-        }
-        assert_eq!(c.map.len(), 10, "each context is charged its overhead");
-
-        let mut c = ContextCache::default();
-        c.insert(PathBuf::from("s"), ("l1".into(), 0), msgs(2), 10);
-        c.extend(Path::new("s"), Some("l1"), Some("l2"), Some(&json!({"role": "assistant", "content": []})));
-        assert_eq!(
-            c.get(Path::new("s"), "l2", 0).map(|m| m.len()),
-            Some(3),
-            "an append continuing the leaf extends it"
-        );
-        assert!(c.bytes > 10 + CONTEXT_OVERHEAD);
-        // A context a long tool loop keeps extending is in use, even if nobody read it for a while.
-        let long_ago = Instant::now().checked_sub(CONTEXT_CACHE_IDLE * 2).expect("an instant in the past");
-        c.map.get_mut(Path::new("s")).expect("cached").used = long_ago;
-        c.extend(Path::new("s"), Some("l2"), Some("l2b"), Some(&json!({"role": "user", "content": "x"})));
-        assert!(c.map.get(Path::new("s")).is_some_and(|s| s.used > long_ago), "an extension marks it used");
-        c.extend(Path::new("s"), Some("elsewhere"), Some("l3"), Some(&json!({})));
-        assert!(c.get(Path::new("s"), "l3", 0).is_none() && c.map.is_empty(), "a branch forgets it");
-        assert_eq!(c.bytes, 0);
-    }
 }

@@ -690,6 +690,13 @@ impl Turn {
         self.end_event(ChatState::Final, &RunEnded::stopped("stop", Some(&message)));
     }
 
+    /// `/new`: the session starts over (its transcript moved aside, in its owner's order).
+    async fn new_session(&self) -> Result<(SessionRef, Option<std::path::PathBuf>), EngineError> {
+        let (gw, k) = (self.gw.clone(), self.session.key.clone());
+        let reset = async move { gw.index(move |s| s.reset(&k, "reset")).await };
+        self.gw.with_transcript(&self.session.key, reset).await?
+    }
+
     async fn no_agent(&self, cmd: &str) {
         if self.write_user(&self.text, None).await.is_none() {
             return;
@@ -709,12 +716,7 @@ impl Turn {
             "help" => "Commands: /status — this session and model; /new — start a new session (the old transcript is archived); \
                        /compact — summarise older turns; /stop — stop the running reply; /help — this list."
                 .to_string(),
-            "new" => match self.gw.index({
-                let k = self.session.key.clone();
-                move |s| s.reset(&k, "reset")
-            })
-            .await
-            {
+            "new" => match self.new_session().await {
                 Ok((fresh, archived)) => {
                     let text = match archived {
                         Some(p) => format!("Started a new session. The previous transcript was kept as {}.", p.display()),

@@ -136,7 +136,9 @@ pub async fn dispatch(gw: &Arc<Engine>, ctx: &Ctx, method: &str, params: &Value)
             crate::abort::abort(gw, &key, None, "rpc").await?;
             let _slot = gw.turn_slot(&key, &gw.stopping()).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
             let f = if method == Method::SessionsReset { sessions_reset } else { sessions_delete };
-            blocking(gw, params, f).await
+            // Between two of the session's appends, never during one (its owner's order).
+            let (g, params) = (gw.clone(), params.clone());
+            gw.with_transcript(&key, async move { blocking(&g, &params, f).await }).await?
         }
         Method::SessionsCompact => {
             #[derive(Deserialize)]
@@ -277,8 +279,9 @@ fn tools_effective(gw: &Arc<Engine>, method: Method, params: &Value) -> Result<V
 /// beside it), in OpenClaw's answer shape.
 async fn trim(gw: &Arc<Engine>, session: SessionRef, max_lines: usize) -> Result<Value, RpcError> {
     let key = session.key.clone();
-    let trimmed = gw
-        .blocking(move |gw| {
+    let g = gw.clone();
+    let rewrite = async move {
+        g.blocking(move |gw| {
             if !gw.store.exists(&session.path) {
                 return Ok::<_, EngineError>(None);
             }
@@ -288,7 +291,10 @@ async fn trim(gw: &Arc<Engine>, session: SessionRef, max_lines: usize) -> Result
             }
             Ok(Some(t))
         })
-        .await?;
+        .await
+    };
+    // In the session's owner's order: no append lands in the file being rewritten.
+    let trimmed = gw.with_transcript(&key, rewrite).await??;
     Ok(match trimmed {
         None => json!({"ok": true, "key": key, "compacted": false, "reason": "no transcript"}),
         Some(t) => {
