@@ -97,6 +97,11 @@ impl RunHandle {
         self.abort_origin.lock().ok().and_then(|o| *o).unwrap_or("rpc")
     }
 
+    /// Whether the run has ended (its end is announced, or about to be): [`Progress::end`].
+    pub fn ended(&self) -> bool {
+        self.progress.borrow().end.is_some()
+    }
+
     /// The text of the message the run streams now ([`Progress::text`]).
     pub fn streamed(&self) -> String {
         self.progress.borrow().text.clone()

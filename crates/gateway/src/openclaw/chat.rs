@@ -239,7 +239,8 @@ pub async fn history(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcError
             (json!(s.session_id), h.messages, h.thinking_level, h.has_older)
         }
     };
-    let mut runs = gw.runs_of(&key);
+    // A run whose end was announced is over for the client, though it may not have let go yet.
+    let mut runs: Vec<_> = gw.runs_of(&key).into_iter().filter(|r| !r.ended()).collect();
     runs.sort_by_key(|r| r.started_at);
     let active: Vec<String> = runs.iter().map(|r| r.run_id.clone()).collect();
     // The run that streams now (the session's oldest: the others wait behind it), as OpenClaw's
