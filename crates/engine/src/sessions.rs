@@ -302,7 +302,7 @@ fn read_index(store: &dyn Transcripts, path: &Path) -> Result<(Map<String, Value
             ))),
         },
         Ok(None) => Ok((Map::new(), None)),
-        Err(e) => Err(EngineError::Persistence(format!("{}: cannot read: {e}", path.display()))),
+        Err(e) => Err(EngineError::Persistence(format!("cannot read the session index: {e}"))),
     }
 }
 
@@ -388,7 +388,7 @@ impl Sessions {
         let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| EngineError::Internal(e.to_string()))?;
         self.store
             .write_index(&idx.path, &bytes)
-            .map_err(|e| EngineError::Persistence(format!("{}: cannot write: {e}", idx.path.display())))?;
+            .map_err(|e| EngineError::Persistence(format!("cannot write the session index: {e}")))?;
         idx.stamp = self.store.index_stamp(&idx.path);
         Ok(())
     }
@@ -569,7 +569,7 @@ impl Sessions {
                 Some(o) => self
                     .store
                     .archive_transcript(&o.path, reason)
-                    .map_err(|e| EngineError::Persistence(format!("cannot archive {}: {e}", o.path.display())))?,
+                    .map_err(|e| EngineError::Persistence(format!("cannot archive the transcript: {e}")))?,
                 None => None,
             };
             let mut e = Self::fresh_entry();
@@ -611,7 +611,7 @@ impl Sessions {
             let archived = self
                 .store
                 .archive_transcript(&r.path, "deleted")
-                .map_err(|e| EngineError::Persistence(format!("cannot archive {}: {e}", r.path.display())))?;
+                .map_err(|e| EngineError::Persistence(format!("cannot archive the transcript: {e}")))?;
             idx.map.remove(&key);
             self.moved.fetch_add(1, Ordering::AcqRel);
             self.save(idx)?;
@@ -646,7 +646,7 @@ impl Sessions {
             let path = dir.join(format!("{id}.jsonl"));
             self.store
                 .import_transcript(&path, &bytes)
-                .map_err(|e| EngineError::Persistence(format!("{}: cannot write: {e}", path.display())))?;
+                .map_err(|e| EngineError::Persistence(format!("cannot write the transcript: {e}")))?;
             let now = now_ms();
             let mut e = Map::new();
             e.insert("sessionId".into(), json!(id));

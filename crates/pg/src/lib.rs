@@ -133,10 +133,6 @@ impl PgError {
     }
 }
 
-fn io(e: PgError) -> std::io::Error {
-    std::io::Error::other(e.to_string())
-}
-
 /// The PostgreSQL store. Cheap to clone.
 #[derive(Clone)]
 pub struct PgStore {
@@ -1204,9 +1200,10 @@ impl Transcripts for PgStore {
         .ok()
     }
 
-    fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
+    fn history(&self, path: &Path, opts: HistoryOptions) -> Result<History, StoreError> {
         let f = self.name(path);
-        self.block(move |inner| async move { inner.history(&f, opts).await }).map_err(io)
+        let file = f.clone();
+        self.block(move |inner| async move { inner.history(&f, opts).await }).map_err(|e| e.into_store(&file))
     }
 
     fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError> {
@@ -1289,9 +1286,10 @@ impl Transcripts for PgStore {
         .flatten()
     }
 
-    fn read_index(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    fn read_index(&self, path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
         let name = self.name(path);
         let Some(agent) = agent_of(&name).map(str::to_owned) else { return Ok(None) };
+        let file = name.clone();
         self.block(move |inner| async move {
             let c = inner.pool.get().await?;
             if c.query_opt("SELECT 1 FROM session_indexes WHERE agent = $1", &[&agent]).await?.is_none() {
@@ -1306,16 +1304,16 @@ impl Transcripts for PgStore {
             }
             Ok(Some(serde_json::to_vec(&map).map_err(|e| PgError::Other(e.to_string()))?))
         })
-        .map_err(io)
+        .map_err(|e| e.into_store(&file))
     }
 
-    fn write_index(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    fn write_index(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         let name = self.name(path);
         let Some(agent) = agent_of(&name).map(str::to_owned) else {
-            return Err(std::io::Error::other(format!("{name} is not a session index")));
+            return Err(StoreError::Internal(format!("{name} is not a session index")));
         };
         let bytes = bytes.to_vec();
-        self.block(move |inner| async move { inner.write_index(&agent, &bytes).await }).map_err(io)
+        self.block(move |inner| async move { inner.write_index(&agent, &bytes).await }).map_err(|e| e.into_store(&name))
     }
 
     fn agents(&self, _state_dir: &Path) -> Vec<String> {
@@ -1330,16 +1328,17 @@ impl Transcripts for PgStore {
         .unwrap_or_default()
     }
 
-    fn archive_transcript(&self, path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {
+    fn archive_transcript(&self, path: &Path, reason: &str) -> Result<Option<PathBuf>, StoreError> {
         let target = pincer_store::files::archive_path(path, reason);
         let (from, to) = (self.name(path), self.name(&target));
+        let file = from.clone();
         let moved = self
             .block(move |inner| async move {
                 let c = inner.pool.get().await?;
                 Ok(c.execute("UPDATE transcripts SET file = $2, updated_at = now() WHERE file = $1", &[&from, &to])
                     .await?)
             })
-            .map_err(io)?;
+            .map_err(|e| e.into_store(&file))?;
         Ok((moved > 0).then_some(target))
     }
 
@@ -1366,13 +1365,14 @@ impl Transcripts for PgStore {
         }
     }
 
-    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         match self.import_bytes(path, bytes) {
             Ok(true) => Ok(()),
-            Ok(false) => {
-                Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} exists", self.name(path))))
-            }
-            Err(e) => Err(std::io::Error::other(e.to_string())),
+            Ok(false) => Err(StoreError::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} exists", self.name(path))),
+            )),
+            Err(e) => Err(e),
         }
     }
 }

@@ -216,7 +216,7 @@ fn write_agent(
             continue;
         }
         if let Err(e) = store.import_transcript(&path, &s.bytes) {
-            report.problems.push(format!("session {:?}: {}: cannot write: {e}", s.key, path.display()));
+            report.problems.push(format!("session {:?}: cannot write: {e}", s.key));
             continue;
         }
         map.insert(s.key.clone(), Value::Object(s.row));

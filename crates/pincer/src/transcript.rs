@@ -393,9 +393,9 @@ pub fn run(cmd: TranscriptCmd) -> Result<u8, Failure> {
             let located = locate(target, Needs::Store)?;
             let opts = HistoryOptions { limit, max_chars, before: None };
             let h = match &located.configured {
-                Some((db, _)) if located.in_database() => db.history(&located.path, opts),
+                Some((db, _)) if located.in_database() => db.history(&located.path, opts).map_err(|e| e.to_string()),
                 _ if !located.path.exists() => return Err(located.missing()),
-                _ => read_history(&located.path, opts),
+                _ => read_history(&located.path, opts).map_err(|e| e.to_string()),
             }
             .map_err(|e| Failure::usage(format!("cannot read {}: {e}", located.name)))?;
             if output.json() {

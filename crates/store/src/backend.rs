@@ -136,7 +136,7 @@ pub trait Transcripts: Send + Sync {
     fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>>;
 
     /// `chat.history` of the transcript, from a bounded tail.
-    fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History>;
+    fn history(&self, path: &Path, opts: HistoryOptions) -> Result<History, StoreError>;
 
     /// The entry whose message carries idempotency key `key`, and its position.
     fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError>;
@@ -199,19 +199,19 @@ pub trait Transcripts: Send + Sync {
     fn index_stamp(&self, path: &Path) -> Option<IndexStamp>;
 
     /// The session index at `path` as JSON bytes (`None`: there is none).
-    fn read_index(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>>;
+    fn read_index(&self, path: &Path) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Replaces the session index at `path` with `bytes` (a JSON object), atomically.
-    fn write_index(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+    fn write_index(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError>;
 
     /// The agents under `<state>/agents` that may have an index.
     fn agents(&self, state_dir: &Path) -> Vec<String>;
 
     /// Moves a transcript aside as `<path>.<reason>.<timestamp>`; `None` when there was none.
-    fn archive_transcript(&self, path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>>;
+    fn archive_transcript(&self, path: &Path, reason: &str) -> Result<Option<PathBuf>, StoreError>;
 
     /// Stores an imported transcript (`bytes`: a whole Pi v3 file) at `path`, which must not exist.
-    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
+    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError>;
 
     /// The transcripts moved aside in the sessions directory `dir` (names `<file>.jsonl.<suffix>`:
     /// archived, trimmed backups, …), each with when it was last written (ms since the epoch).
@@ -288,8 +288,8 @@ impl Transcripts for Store {
         Some(bytes)
     }
 
-    fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
-        crate::history::read_history(path, opts)
+    fn history(&self, path: &Path, opts: HistoryOptions) -> Result<History, StoreError> {
+        crate::history::read_history(path, opts).map_err(|e| StoreError::io(path, e))
     }
 
     fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError> {
@@ -341,16 +341,16 @@ impl Transcripts for Store {
         Some((m.dev(), m.ino(), m.len(), m.mtime() * 1_000_000_000 + m.mtime_nsec()))
     }
 
-    fn read_index(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    fn read_index(&self, path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
         match std::fs::read(path) {
             Ok(b) => Ok(Some(b)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+            Err(e) => Err(StoreError::io(path, e)),
         }
     }
 
-    fn write_index(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        crate::files::write_session_index(path, bytes)
+    fn write_index(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        crate::files::write_session_index(path, bytes).map_err(|e| StoreError::io(path, e))
     }
 
     fn agents(&self, state_dir: &Path) -> Vec<String> {
@@ -359,12 +359,12 @@ impl Transcripts for Store {
             .unwrap_or_default()
     }
 
-    fn archive_transcript(&self, path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {
-        crate::files::archive_transcript(path, reason)
+    fn archive_transcript(&self, path: &Path, reason: &str) -> Result<Option<PathBuf>, StoreError> {
+        crate::files::archive_transcript(path, reason).map_err(|e| StoreError::io(path, e))
     }
 
-    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        crate::files::import_transcript(path, bytes)
+    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        crate::files::import_transcript(path, bytes).map_err(|e| StoreError::io(path, e))
     }
 
     fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)> {
@@ -434,7 +434,7 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
         (**self).read_tail(path, max_bytes)
     }
-    fn history(&self, path: &Path, opts: HistoryOptions) -> std::io::Result<History> {
+    fn history(&self, path: &Path, opts: HistoryOptions) -> Result<History, StoreError> {
         (**self).history(path, opts)
     }
     fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError> {
@@ -475,19 +475,19 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn index_stamp(&self, path: &Path) -> Option<IndexStamp> {
         (**self).index_stamp(path)
     }
-    fn read_index(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    fn read_index(&self, path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
         (**self).read_index(path)
     }
-    fn write_index(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    fn write_index(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         (**self).write_index(path, bytes)
     }
     fn agents(&self, state_dir: &Path) -> Vec<String> {
         (**self).agents(state_dir)
     }
-    fn archive_transcript(&self, path: &Path, reason: &str) -> std::io::Result<Option<PathBuf>> {
+    fn archive_transcript(&self, path: &Path, reason: &str) -> Result<Option<PathBuf>, StoreError> {
         (**self).archive_transcript(path, reason)
     }
-    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    fn import_transcript(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
         (**self).import_transcript(path, bytes)
     }
     fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)> {

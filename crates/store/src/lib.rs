@@ -187,6 +187,11 @@ impl From<lock::LockError> for StoreError {
 }
 
 impl StoreError {
+    /// An I/O error on `path`.
+    pub fn io(path: &std::path::Path, source: std::io::Error) -> StoreError {
+        StoreError::Io { path: path.display().to_string(), source }
+    }
+
     /// A copy for each waiter of a failed group commit (io errors keep their kind and message).
     pub fn duplicate(&self) -> StoreError {
         match self {

@@ -672,7 +672,7 @@ fn archives_list(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
         let h = gw
             .store
             .history(&path, pincer_store::history::HistoryOptions { limit: 1000, max_chars: 200, before: None })
-            .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+            .map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
         let count = h.messages.iter().filter(|m| matches!(m["role"].as_str(), Some("user" | "assistant"))).count();
         let title = h.messages.iter().find(|m| m["role"] == "user").map(crate::tree::display_text).unwrap_or_default();
         rows.push(
@@ -749,10 +749,7 @@ async fn archives_get(gw: &Arc<Engine>, params: &Value) -> Result<Value, RpcErro
     let _held = gw.reserve_answer(&path, crate::budget::Answer::History, "the archived transcript").await?;
     let gw2 = gw.clone();
     tokio::task::spawn_blocking(move || {
-        let h = gw2
-            .store
-            .history(&path, opts)
-            .map_err(|e| RpcError::unavailable(format!("cannot read {}: {e}", path.display())))?;
+        let h = gw2.store.history(&path, opts).map_err(|e| RpcError::unavailable(format!("cannot read: {e}")))?;
         Ok(json!({"file": file, "messages": h.messages, "hasOlder": h.has_older}))
     })
     .await

@@ -290,7 +290,14 @@ pub fn transcripts_are_archived_and_imported_whole(s: &dyn Transcripts, state: &
     let g = transcript(state, "imported");
     s.import_transcript(&g, &bytes).expect("import");
     assert_eq!(s.read_bytes(&g, 1 << 20).as_deref(), Some(&bytes[..]));
-    assert!(s.import_transcript(&g, &bytes).is_err(), "an existing transcript is not replaced");
+    // An existing transcript is not replaced: the store's one error type says what and where.
+    match s.import_transcript(&g, &bytes) {
+        Err(pincer_store::StoreError::Io { path, source }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::AlreadyExists, "{source}");
+            assert!(path.ends_with("imported.jsonl"), "the error names the transcript: {path}");
+        }
+        other => panic!("an existing transcript is not replaced: {other:?}"),
+    }
     assert!(s.find_keyed(&g, "k:user").expect("find").is_some());
     let leaf = s.leaf(&g).expect("leaf");
     assert_eq!(leaf.as_deref(), links(s, &g).last().map(|(id, _)| id.as_str()));
