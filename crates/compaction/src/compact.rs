@@ -12,7 +12,7 @@ use crate::serialize::{convert_to_llm, serialize_conversation, FileLists};
 use crate::settings::{CompactionSettings, Mode};
 use pincer_agent::{CancellationToken, ResolvedModel};
 use pincer_pi::js::utf16_len;
-use pincer_store::{Kind, Leaf, NewEntry, Session, StoreError, Transcripts};
+use pincer_store::{Appended, Kind, Leaf, NewEntry, Session, StoreError, Transcripts};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -162,10 +162,66 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.map_err(|e| CompactionError::Internal(format!("worker task failed: {e}")))?
 }
 
-/// Compacts the transcript at `file` with `model`; see the module docs.
+/// Where a compaction's entry goes: appended to the transcript only while its leaf is still
+/// `leaf` (the one the summary was made from; else [`StoreError::LeafMoved`], and nothing is
+/// written). The gateway writes through the session's owner; [`StoreWriter`] writes straight to a
+/// store (the CLI).
+pub trait CompactionWriter: Send + Sync {
+    fn append_at_leaf(
+        &self,
+        entry: NewEntry,
+        leaf: Option<String>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Appended, StoreError>> + Send + '_>>;
+}
+
+/// A [`CompactionWriter`] over a store: the transcript's lock, its leaf checked, the append.
+pub struct StoreWriter<S> {
+    pub store: S,
+    pub path: PathBuf,
+}
+
+impl<S: Transcripts + Clone + 'static> CompactionWriter for StoreWriter<S> {
+    fn append_at_leaf(
+        &self,
+        entry: NewEntry,
+        leaf: Option<String>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Appended, StoreError>> + Send + '_>> {
+        let (store, path) = (self.store.clone(), self.path.clone());
+        Box::pin(async move {
+            let write = move || {
+                let _guard = store.lock(&path)?;
+                let now = store.leaf(&path)?;
+                if now != leaf {
+                    return Err(StoreError::LeafMoved { expected: leaf, now });
+                }
+                store.append(&path, entry)
+            };
+            tokio::task::spawn_blocking(write)
+                .await
+                .map_err(|e| StoreError::Internal(format!("worker task failed: {e}")))?
+        })
+    }
+}
+
+/// Compacts the transcript at `file` with `model`, its entry written straight to `store`; see the
+/// module docs.
 pub async fn compact<S: Transcripts + Clone + 'static>(
     file: &Path,
     store: &S,
+    model: &ResolvedModel,
+    settings: &CompactionSettings,
+    reason: CompactionReason,
+    cancel: CancellationToken,
+) -> Result<CompactionOutcome, CompactionError> {
+    let writer = StoreWriter { store: store.clone(), path: file.to_owned() };
+    compact_with(file, store, &writer, model, settings, reason, cancel).await
+}
+
+/// [`compact`], its entry written by `writer`.
+pub async fn compact_with<S: Transcripts + Clone + 'static>(
+    file: &Path,
+    store: &S,
+    writer: &dyn CompactionWriter,
     model: &ResolvedModel,
     settings: &CompactionSettings,
     reason: CompactionReason,
@@ -205,20 +261,17 @@ pub async fn compact<S: Transcripts + Clone + 'static>(
     payload.insert("details".into(), json!({"readFiles": details.read_files, "modifiedFiles": details.modified_files}));
     payload.insert("fromHook".into(), Value::Bool(false));
 
-    let (store2, path2, cancel2) = (store.clone(), file.to_owned(), cancel.clone());
-    let appended = blocking(move || {
-        // Last chance to stop; after this the entry is written.
-        if cancel2.is_cancelled() {
-            return Err(CompactionError::Aborted);
+    // Last chance to stop; after this the entry is written.
+    if cancel.is_cancelled() {
+        return Err(CompactionError::Aborted);
+    }
+    let appended = match writer.append_at_leaf(NewEntry::of("compaction", payload), leaf_before).await {
+        Ok(a) => a,
+        Err(StoreError::LeafMoved { expected, now }) => {
+            return Err(CompactionError::TranscriptChanged { before: expected, now })
         }
-        let _guard = store2.lock(&path2)?;
-        let now = store2.leaf(&path2)?;
-        if now != leaf_before {
-            return Err(CompactionError::TranscriptChanged { before: leaf_before, now });
-        }
-        Ok(store2.append(&path2, NewEntry::of("compaction", payload))?)
-    })
-    .await?;
+        Err(e) => return Err(e.into()),
+    };
 
     Ok(CompactionOutcome {
         entry: appended.entry,

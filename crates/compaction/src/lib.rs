@@ -26,8 +26,8 @@ pub mod settings;
 pub mod tokens;
 
 pub use compact::{
-    already_compacted, compact, load_compaction_path, load_path, plan_history_stages, summarize, CompactionError,
-    CompactionOutcome, CompactionReason, LoadedPath,
+    already_compacted, compact, compact_with, load_compaction_path, load_path, plan_history_stages, summarize,
+    CompactionError, CompactionOutcome, CompactionReason, CompactionWriter, LoadedPath, StoreWriter,
 };
 pub use prepare::{
     entry_tokens, find_cut_point, find_turn_start_index, path_context_messages, prepare_compaction, CutPoint,

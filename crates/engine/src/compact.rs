@@ -4,16 +4,17 @@
 //! `compaction` (start, end, error) and `sessions.changed`; a failed compaction writes nothing.
 
 use crate::hub::Audience;
+use crate::protocol::CompactionUpdate;
 use crate::sessions::SessionRef;
 use crate::state::Engine;
 use pincer_agent::CancellationToken;
 use pincer_compaction::{
     assistant_usage, calculate_context_tokens, estimate_context_tokens, CompactionOutcome, CompactionReason,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::Arc;
 
-fn event(gw: &Engine, session: &SessionRef, data: Value) {
+fn event(gw: &Engine, session: &SessionRef, data: CompactionUpdate<'_>) {
     let p = crate::protocol::AgentEvent {
         run_id: None,
         seq: None,
@@ -25,6 +26,24 @@ fn event(gw: &Engine, session: &SessionRef, data: Value) {
         data: &data,
     };
     gw.hub.publish("agent", Some(&session.key), serde_json::to_value(p).unwrap_or_default(), false, Audience::All);
+}
+
+/// Writes a compaction's entry through the session's owner, like every append of the engine.
+struct Writer {
+    gw: Arc<Engine>,
+    session: SessionRef,
+}
+
+impl pincer_compaction::CompactionWriter for Writer {
+    fn append_at_leaf(
+        &self,
+        entry: pincer_store::NewEntry,
+        leaf: Option<String>,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<pincer_store::Appended, pincer_store::StoreError>> + Send + '_>,
+    > {
+        Box::pin(self.gw.owners.append_at_leaf(&self.session, entry, leaf))
+    }
 }
 
 /// The model a session's compaction uses.
@@ -45,28 +64,24 @@ pub async fn run(
     if instructions.is_some() {
         settings.custom_instructions = instructions;
     }
-    event(gw, session, json!({"phase": "start", "reason": reason.as_str()}));
-    match pincer_compaction::compact(&session.path, &gw.store, &model, &settings, reason, cancel).await {
+    event(gw, session, CompactionUpdate::Start { reason: reason.as_str() });
+    let writer = Writer { gw: gw.clone(), session: session.clone() };
+    match pincer_compaction::compact_with(&session.path, &gw.store, &writer, &model, &settings, reason, cancel).await {
         Ok(o) => {
-            event(
-                gw,
-                session,
-                json!({"phase": "end", "reason": reason.as_str(), "tokensBefore": o.tokens_before,
-                "firstKeptEntryId": o.first_kept_entry_id, "entryId": o.entry.get("id")}),
-            );
-            gw.hub.publish(
-                "sessions.changed",
-                Some(&session.key),
-                json!({"sessionKey": session.key, "reason": "compaction", "ts": pincer_pi::now_ms()}),
-                true,
-                Audience::SessionsWatchers,
-            );
+            let end = CompactionUpdate::End {
+                reason: reason.as_str(),
+                tokens_before: o.tokens_before,
+                first_kept_entry_id: &o.first_kept_entry_id,
+                entry_id: o.entry.get("id"),
+            };
+            event(gw, session, end);
+            gw.hub.sessions_changed(&session.key, "compaction");
             Ok(o)
         }
         Err(e) => {
             let msg = e.to_string();
             tracing::warn!(session = %session.key, "compaction ({}) did not run: {msg}", reason.as_str());
-            event(gw, session, json!({"phase": "error", "reason": reason.as_str(), "error": msg}));
+            event(gw, session, CompactionUpdate::Error { reason: reason.as_str(), error: &msg });
             Err(msg)
         }
     }

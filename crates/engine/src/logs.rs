@@ -5,8 +5,8 @@
 //! ring is a virtual log file: a line's cursor is the byte offset after it, so OpenClaw's
 //! `{cursor, size, reset}` follow-up reads work unchanged.
 
+use crate::protocol::LogsTail;
 use pincer_store::redact::Redactor;
-use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -96,7 +96,7 @@ where
 /// `logs.tail` → `{file, cursor, size, lines, truncated, reset}`: the lines after `cursor` (the
 /// newest `limit`, within `max_bytes`), or the newest ones without a cursor; `reset` when the
 /// cursor is older than the ring or past its end.
-pub fn tail(redactor: &dyn Redactor, cursor: Option<u64>, limit: usize, max_bytes: usize) -> Value {
+pub fn tail(redactor: &dyn Redactor, cursor: Option<u64>, limit: usize, max_bytes: usize) -> LogsTail {
     let ring = pincer_pi::lock(&RING);
     let first = ring.lines.front().map(|(end, l)| end - l.len() as u64 - 1).unwrap_or(ring.written);
     let (after, reset) = match cursor {
@@ -116,12 +116,7 @@ pub fn tail(redactor: &dyn Redactor, cursor: Option<u64>, limit: usize, max_byte
     }
     let truncated = picked.len() < newer.len();
     picked.reverse();
-    let mut out = json!({"file": RING_NAME, "cursor": ring.written, "size": ring.written, "lines": picked,
-        "truncated": truncated});
-    if reset {
-        out["reset"] = json!(true);
-    }
-    out
+    LogsTail { file: RING_NAME, cursor: ring.written, size: ring.written, lines: picked, truncated, reset }
 }
 
 #[cfg(test)]
@@ -135,14 +130,16 @@ mod tests {
         push("first line");
         push("my key is sk-abcdefghijklmnopqrstuvwxyz0123456789");
         let all = tail(&NoRedaction, None, 200, 250_000);
-        let lines: Vec<String> = serde_json::from_value(all["lines"].clone()).expect("lines");
+        let lines = &all.lines;
         let at = lines.iter().position(|l| l == "first line").expect("first line");
         assert!(!lines[at + 1].contains("sk-abcdefghijklmnopqrstuvwxyz0123456789"), "{}", lines[at + 1]);
-        let cursor = all["cursor"].as_u64().expect("cursor");
+        assert!(!all.reset);
         push("third");
-        let next = tail(&NoRedaction, Some(cursor), 200, 250_000);
-        assert_eq!(next["lines"], json!(["third"]));
-        assert_eq!(tail(&NoRedaction, Some(cursor + 10_000), 200, 250_000)["reset"], true);
+        let next = tail(&NoRedaction, Some(all.cursor), 200, 250_000);
+        assert_eq!(next.lines, ["third"]);
+        let past = serde_json::to_value(tail(&NoRedaction, Some(all.cursor + 10_000), 200, 250_000)).expect("json");
+        assert_eq!(past["reset"], true, "{past}");
+        assert!(serde_json::to_value(&next).expect("json").get("reset").is_none(), "reset only when it is");
         for i in 0..(MAX_LINES + 10) {
             push(&format!("line {i} {}", "x".repeat(MAX_LINE_BYTES * 2)));
         }

@@ -48,8 +48,8 @@ enum Cmd {
     Turn(Ack<Permit>),
     /// The turn was let go (its [`Permit`] dropped).
     Release,
-    /// Entries to append in one durable commit.
-    Append { session: SessionRef, entries: Vec<NewEntry>, ack: Ack<Result<Vec<Appended>, StoreError>> },
+    /// Entries to append in one durable commit (only while the leaf is `at_leaf`, when given).
+    Append(Pending),
     /// The LLM context of the session's active branch.
     Context { session: SessionRef, ack: Ack<Result<Messages, GatewayError>> },
     /// Work no append may overlap.
@@ -176,8 +176,29 @@ impl Owners {
         session: &SessionRef,
         entries: Vec<NewEntry>,
     ) -> Result<Vec<Appended>, StoreError> {
+        self.append_where(session, entries, None).await
+    }
+
+    /// Appends `entry` to `session`'s transcript only while its leaf is `leaf` (a compaction,
+    /// summarised from the branch as it was): [`StoreError::LeafMoved`] else, nothing written.
+    pub async fn append_at_leaf(
+        self: &Arc<Self>,
+        session: &SessionRef,
+        entry: NewEntry,
+        leaf: Option<String>,
+    ) -> Result<Appended, StoreError> {
+        let mut all = self.append_where(session, vec![entry], Some(leaf)).await?;
+        all.pop().ok_or_else(|| StoreError::Internal("the append returned nothing".into()))
+    }
+
+    async fn append_where(
+        self: &Arc<Self>,
+        session: &SessionRef,
+        entries: Vec<NewEntry>,
+        at_leaf: Option<Option<String>>,
+    ) -> Result<Vec<Appended>, StoreError> {
         let (ack, done) = oneshot::channel();
-        self.send(&session.key, Cmd::Append { session: session.clone(), entries, ack });
+        self.send(&session.key, Cmd::Append(Pending { session: session.clone(), entries, at_leaf, ack }));
         done.await.map_err(|_| StoreError::Internal("the session's owner stopped before the append".into()))?
     }
 
@@ -225,6 +246,8 @@ impl Owners {
 struct Pending {
     session: SessionRef,
     entries: Vec<NewEntry>,
+    /// Written only while the transcript's leaf is this one ([`StoreError::LeafMoved`] else).
+    at_leaf: Option<Option<String>>,
     ack: Ack<Result<Vec<Appended>, StoreError>>,
 }
 
@@ -270,7 +293,7 @@ async fn run(owners: Arc<Owners>, key: String, tx: mpsc::UnboundedSender<Cmd>, m
             Wake::Cmd(Some(cmd)) => match cmd {
                 Cmd::Turn(ack) => waiting.push_back(ack),
                 Cmd::Release => held = false,
-                Cmd::Append { session, entries, ack } => appends.push_back(Pending { session, entries, ack }),
+                Cmd::Append(pending) => appends.push_back(pending),
                 Cmd::Context { session, ack } => {
                     let _ = ack.send(owners.build_context(&session).await);
                 }
@@ -278,9 +301,9 @@ async fn run(owners: Arc<Owners>, key: String, tx: mpsc::UnboundedSender<Cmd>, m
             },
             Wake::Locked(lock) => {
                 locking = None;
-                if let Some(Pending { session, entries, ack }) = appends.pop_front() {
+                if let Some(Pending { session, entries, at_leaf, ack }) = appends.pop_front() {
                     let written = match lock {
-                        Ok(lock) => owners.write(lock, &session, entries).await,
+                        Ok(lock) => owners.write(lock, &session, entries, at_leaf).await,
                         Err(e) => Err(e),
                     };
                     let _ = ack.send(written);
@@ -304,17 +327,28 @@ impl Owners {
     /// the transcript was moved aside (a reset, a delete) before the write: nothing is ever written
     /// under an archived name. (A reset of this process runs in the owner's order, so it comes wholly
     /// before or after the write; another process's is seen by the look below.) `held`: the
-    /// transcript's lock, released once the entries are written.
+    /// transcript's lock, released once the entries are written; `at_leaf`: the leaf the
+    /// transcript must still have (read under the lock), else nothing is written.
     async fn write(
         &self,
         held: pincer_store::Held,
         session: &SessionRef,
         entries: Vec<NewEntry>,
+        at_leaf: Option<Option<String>>,
     ) -> Result<Vec<Appended>, StoreError> {
         if session.moved != self.sessions.moved()
             && !matches!(self.sessions.clone().session(&session.key, false).await, Ok(Some(now)) if now.path == session.path)
         {
             return Err(StoreError::MovedAside(session.path.display().to_string()));
+        }
+        if let Some(expected) = at_leaf {
+            let (store, path) = (self.store.clone(), session.path.clone());
+            let now = tokio::task::spawn_blocking(move || store.leaf(&path))
+                .await
+                .map_err(|e| StoreError::Internal(format!("the leaf's task failed: {e}")))??;
+            if now != expected {
+                return Err(StoreError::LeafMoved { expected, now });
+            }
         }
         let (observers, key, path) = (self.observers(), session.key.clone(), session.path.clone());
         let after: pincer_store::AfterCommit = Box::new(move |all| {
@@ -636,6 +670,27 @@ mod tests {
         assert_ne!(fresh.path, s.path);
         let now = std::fs::read_to_string(&fresh.path).unwrap_or_default();
         assert!(!now.contains("sent during the reset"), "nothing written under a name it was not sent for: {now}");
+    }
+
+    #[tokio::test]
+    async fn an_append_at_a_leaf_is_written_only_while_the_leaf_is_that_one() {
+        let (owners, _dir) = owners();
+        let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
+        let message = |text: &str| NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}));
+        let first = owners.append(&s, vec![message("one")]).await.expect("an append").remove(0);
+        let first_id = first.id().map(str::to_owned);
+        let second = owners.append_at_leaf(&s, message("two"), first_id.clone()).await.expect("at its leaf");
+        assert_eq!(second.entry["parentId"].as_str(), first_id.as_deref());
+        // The leaf is `two` now: an entry made for `one`'s branch is refused, and nothing written.
+        let stale = owners.append_at_leaf(&s, message("three"), first_id.clone()).await;
+        match stale {
+            Err(StoreError::LeafMoved { expected, now }) => {
+                assert_eq!((expected, now.as_deref()), (first_id, second.id()));
+            }
+            other => panic!("a moved leaf refuses the append: {other:?}"),
+        }
+        let file = std::fs::read_to_string(&s.path).expect("the transcript");
+        assert!(file.contains("two") && !file.contains("three"), "{file}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -650,14 +650,18 @@ impl Engine {
     }
 
     /// Creates the session's transcript file (its header) if it is not there yet.
+    /// (In the session's owner's order, as every write of its transcript.)
     pub async fn ensure_transcript(self: &Arc<Self>, session: &SessionRef) -> Result<(), EngineError> {
-        let (path, sid) = (session.path.clone(), session.session_id.clone());
-        self.blocking(move |gw| {
-            gw.store
-                .ensure_created(&path, Some(&sid))
-                .map_err(|e| EngineError::Persistence(format!("cannot create the transcript: {e}")))
-        })
-        .await
+        let (path, sid, gw) = (session.path.clone(), session.session_id.clone(), self.clone());
+        let create = async move {
+            gw.blocking(move |gw| {
+                gw.store
+                    .ensure_created(&path, Some(&sid))
+                    .map_err(|e| EngineError::Persistence(format!("cannot create the transcript: {e}")))
+            })
+            .await
+        };
+        self.with_transcript(&session.key, create).await?
     }
 
     /// Reserves room in the answer budget for an answer over `path`'s transcript ([`crate::budget`]).

@@ -723,13 +723,7 @@ impl Turn {
                         None => "Started a new session.".into(),
                     };
                     let turn = Turn::bare(self.gw.clone(), fresh, self.run.clone());
-                    self.gw.hub.publish(
-                        "sessions.changed",
-                        Some(&self.session.key),
-                        json!({"sessionKey": self.session.key, "reason": "reset"}),
-                        true,
-                        crate::hub::Audience::SessionsWatchers,
-                    );
+                    self.gw.hub.sessions_changed(&self.session.key, "reset");
                     turn.reply(&text).await;
                     self.finish(Ok(RunStatus::Ok));
                     return;
@@ -850,13 +844,7 @@ impl Turn {
             self.fail_with(&EngineError::unsaved(&e));
             return false;
         }
-        self.gw.hub.publish(
-            "sessions.changed",
-            Some(&self.session.key),
-            json!({"sessionKey": self.session.key, "reason": reason, "leafEntryId": target, "ts": now_ms()}),
-            true,
-            crate::hub::Audience::SessionsWatchers,
-        );
+        self.gw.hub.sessions_changed_at(&self.session.key, reason, target);
         true
     }
 

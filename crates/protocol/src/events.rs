@@ -296,6 +296,41 @@ impl Retry {
     }
 }
 
+/// A session's compaction as its `agent` events on stream `compaction` tell it: `start`, then `end`
+/// (what it summarised, and the entry it wrote) or `error` (why nothing was written).
+#[derive(Debug, Serialize)]
+#[serde(tag = "phase", rename_all = "camelCase")]
+pub enum CompactionUpdate<'a> {
+    Start {
+        reason: &'a str,
+    },
+    #[serde(rename_all = "camelCase")]
+    End {
+        reason: &'a str,
+        tokens_before: u64,
+        first_kept_entry_id: &'a str,
+        entry_id: Option<&'a Value>,
+    },
+    Error {
+        reason: &'a str,
+        error: &'a str,
+    },
+}
+
+/// `logs.tail`'s answer: the lines after the cursor asked for (or the newest), the cursor to ask
+/// from next, and whether the cursor was older than the log or past its end (`reset`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogsTail {
+    pub file: &'static str,
+    pub cursor: u64,
+    pub size: u64,
+    pub lines: Vec<String>,
+    pub truncated: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reset: bool,
+}
+
 /// A `sessions.changed` event: session `sessionKey` was created, patched, reset, deleted,
 /// compacted, or an approval of it changed (`reason`).
 #[derive(Debug, Serialize)]
@@ -314,6 +349,27 @@ pub struct SessionsChanged<'a> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn compaction_updates_keep_the_fields_and_order_they_had() {
+        let ser = |u: &CompactionUpdate| serde_json::to_string(u).unwrap_or_default();
+        assert_eq!(ser(&CompactionUpdate::Start { reason: "manual" }), r#"{"phase":"start","reason":"manual"}"#);
+        let id = json!("e9");
+        let end = CompactionUpdate::End {
+            reason: "threshold",
+            tokens_before: 1200,
+            first_kept_entry_id: "e5",
+            entry_id: Some(&id),
+        };
+        assert_eq!(
+            ser(&end),
+            r#"{"phase":"end","reason":"threshold","tokensBefore":1200,"firstKeptEntryId":"e5","entryId":"e9"}"#
+        );
+        assert_eq!(
+            ser(&CompactionUpdate::Error { reason: "overflow", error: "nothing to compact" }),
+            r#"{"phase":"error","reason":"overflow","error":"nothing to compact"}"#
+        );
+    }
 
     #[test]
     fn approval_updates_have_openclaws_fields_in_its_order() {

@@ -173,6 +173,10 @@ pub enum StoreError {
     /// made: nothing was written, and no file was created under its old name.
     #[error("{0} was moved aside (its session was reset or deleted); nothing was written")]
     MovedAside(String),
+    /// An append made only at a given leaf found the transcript's leaf elsewhere: nothing was
+    /// written.
+    #[error("the transcript's leaf moved ({expected:?} → {now:?}); nothing was written")]
+    LeafMoved { expected: Option<String>, now: Option<String> },
 }
 
 /// A lock file that cannot be created is an I/O error like any other (a full disk, no write
@@ -212,6 +216,9 @@ impl StoreError {
             StoreError::InvalidEntry(s) => StoreError::InvalidEntry(s.clone()),
             StoreError::Internal(s) => StoreError::Internal(s.clone()),
             StoreError::MovedAside(s) => StoreError::MovedAside(s.clone()),
+            StoreError::LeafMoved { expected, now } => {
+                StoreError::LeafMoved { expected: expected.clone(), now: now.clone() }
+            }
         }
     }
 }

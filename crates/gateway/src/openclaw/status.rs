@@ -193,5 +193,5 @@ fn logs_tail(gw: &Engine, params: &Value) -> Result<Value, RpcError> {
     if !(1..=1_000_000).contains(&max_bytes) {
         return Err(RpcError::invalid("invalid logs.tail params: at /maxBytes: must be from 1 to 1000000"));
     }
-    Ok(crate::logs::tail(gw.redactor.as_ref(), p.cursor, limit, max_bytes))
+    Ok(serde_json::to_value(crate::logs::tail(gw.redactor.as_ref(), p.cursor, limit, max_bytes)).unwrap_or_default())
 }
