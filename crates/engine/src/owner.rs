@@ -202,8 +202,12 @@ impl Owners {
         done.await.map_err(|_| StoreError::Internal("the session's owner stopped before the append".into()))?
     }
 
-    /// The context of `session`'s active branch, from its owner.
+    /// The context of `session`'s active branch: from memory when it is there at the transcript's
+    /// leaf (only owners write it, so reading it here is safe), else built by its owner.
     pub async fn context(self: &Arc<Self>, session: &SessionRef) -> Result<Messages, GatewayError> {
+        if let Some(m) = self.cached_context(session) {
+            return Ok(m);
+        }
         let (ack, done) = oneshot::channel();
         self.send(&session.key, Cmd::Context { session: session.clone(), ack });
         done.await.map_err(|_| GatewayError::Store(StoreError::Internal("the session's owner stopped".into())))?
@@ -225,6 +229,13 @@ impl Owners {
             })),
         );
         done.await.map_err(|_| EngineError::Internal("the session's owner stopped".into()))
+    }
+
+    /// The context kept for `session` if it was built at the leaf its transcript has now (known
+    /// without reading the file).
+    fn cached_context(&self, session: &SessionRef) -> Option<Messages> {
+        let (leaf, version) = self.store.peek_leaf_version(&session.path)?;
+        lock(&self.contexts).get(&session.path, leaf.as_deref()?, version)
     }
 
     /// Where entry `id` of `path` landed, when an owner appended it lately.
@@ -269,6 +280,11 @@ async fn run(owners: Arc<Owners>, key: String, tx: mpsc::UnboundedSender<Cmd>, m
     let mut held = false;
     let mut appends: VecDeque<Pending> = VecDeque::new();
     let mut locking: Option<pincer_store::StoreFuture<pincer_store::Held>> = None;
+    // Idleness is looked at on a tick (one timer for the owner's life, not one per idle spell).
+    let linger = owners.linger();
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + linger, linger);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut active = tokio::time::Instant::now();
     loop {
         if locking.is_none() {
             locking = appends.front().map(|a| owners.store.clone().lock_for_append(a.session.path.clone()));
@@ -283,22 +299,25 @@ async fn run(owners: Arc<Owners>, key: String, tx: mpsc::UnboundedSender<Cmd>, m
                     None => std::future::pending().await,
                 }
             } => Wake::Locked(lock),
-            () = tokio::time::sleep(owners.linger()), if idle => Wake::Idle,
+            _ = tick.tick(), if idle => Wake::Idle,
         };
         match wake {
-            Wake::Idle if owners.retire(&key, &rx) => return,
-            Wake::Idle => {}
+            Wake::Idle if active.elapsed() >= linger && owners.retire(&key, &rx) => return,
+            Wake::Idle => continue,
             // (Never `None`: the owner holds a sender itself.)
             Wake::Cmd(None) => return,
-            Wake::Cmd(Some(cmd)) => match cmd {
-                Cmd::Turn(ack) => waiting.push_back(ack),
-                Cmd::Release => held = false,
-                Cmd::Append(pending) => appends.push_back(pending),
-                Cmd::Context { session, ack } => {
-                    let _ = ack.send(owners.build_context(&session).await);
+            Wake::Cmd(Some(cmd)) => {
+                active = tokio::time::Instant::now();
+                match cmd {
+                    Cmd::Turn(ack) => waiting.push_back(ack),
+                    Cmd::Release => held = false,
+                    Cmd::Append(pending) => appends.push_back(pending),
+                    Cmd::Context { session, ack } => {
+                        let _ = ack.send(owners.build_context(&session).await);
+                    }
+                    Cmd::Exclusive(work) => work.await,
                 }
-                Cmd::Exclusive(work) => work.await,
-            },
+            }
             Wake::Locked(lock) => {
                 locking = None;
                 if let Some(Pending { session, entries, at_leaf, ack }) = appends.pop_front() {
