@@ -28,7 +28,7 @@ use crate::config::approvals::Policy;
 use crate::error::EngineError;
 use crate::hub::Audience;
 use crate::pending::{Decided, Pending, REMEMBERED, SLUG_CHARS};
-use crate::protocol::{AgentUpdate, ApprovalUpdate};
+use crate::protocol::{AgentUpdate, ApprovalRecord, ApprovalRequest, ApprovalResolved, ApprovalUpdate};
 use crate::sessions::SessionRef;
 use crate::state::{Engine, RunHandle};
 use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
@@ -106,9 +106,15 @@ fn remember(gw: &Engine, id: &str, d: &Decided) {
 }
 
 fn announce_resolved(gw: &Engine, id: &str, request: &Value, d: &Decided) {
-    let event = json!({"id": id, "decision": d.decision, "resolvedBy": d.by, "ts": d.ts, "request": request,
-        "reason": d.reason});
-    gw.hub.publish("exec.approval.resolved", None, event, false, Audience::All);
+    let event =
+        ApprovalResolved { id, decision: &d.decision, resolved_by: &d.by, ts: d.ts, request, reason: &d.reason };
+    gw.hub.publish(
+        "exec.approval.resolved",
+        None,
+        serde_json::to_value(event).unwrap_or_default(),
+        false,
+        Audience::All,
+    );
 }
 
 /// The decision entry fields of `data` as a [`Decided`].
@@ -403,26 +409,27 @@ impl Gate {
             let now = pincer_pi::now_ms();
             let expires = now + agent.approvals.timeout.as_millis() as u64;
             let id = uuid::Uuid::new_v4().to_string();
-            let record = json!({
-                "id": id,
-                "request": {
-                    "command": command,
-                    "cwd": cwd,
-                    "host": "gateway",
-                    "security": null,
-                    "ask": "on-miss",
-                    "agentId": t.session.agent_id,
-                    "resolvedPath": null,
-                    "sessionKey": t.session.key,
-                    "runId": t.run.run_id,
-                    "toolCallId": call_id,
-                    "toolName": name,
-                    "reason": format!("{name} needs approval under this agent's policy"),
-                    "allowedDecisions": DECISIONS,
+            let record = serde_json::to_value(ApprovalRecord {
+                id: &id,
+                request: ApprovalRequest {
+                    command: &command,
+                    cwd: &cwd,
+                    host: "gateway",
+                    security: None,
+                    ask: "on-miss",
+                    agent_id: &t.session.agent_id,
+                    resolved_path: None,
+                    session_key: &t.session.key,
+                    run_id: &t.run.run_id,
+                    tool_call_id: &call_id,
+                    tool_name: name,
+                    reason: format!("{name} needs approval under this agent's policy"),
+                    allowed_decisions: DECISIONS,
                 },
-                "createdAtMs": now,
-                "expiresAtMs": expires,
-            });
+                created_at_ms: now,
+                expires_at_ms: expires,
+            })
+            .map_err(|e| ToolError::failed(format!("The approval request could not be made ({e}); it did not run.")))?;
             let mut data = record.as_object().cloned().unwrap_or_default();
             data.insert("runId".into(), json!(t.run.run_id));
             data.insert("toolCallId".into(), json!(call_id));

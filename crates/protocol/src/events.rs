@@ -331,6 +331,49 @@ pub struct LogsTail {
     pub reset: bool,
 }
 
+/// An exec approval request, as OpenClaw's `exec.approval.requested` event carries it and as the
+/// transcript's request entry keeps it (with the run and the tool call beside it).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalRecord<'a> {
+    pub id: &'a str,
+    pub request: ApprovalRequest<'a>,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// What an [`ApprovalRecord`] asks: a command the gateway would run (OpenClaw's exec request; the
+/// fields Pincer has no use for are `null`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalRequest<'a> {
+    pub command: &'a str,
+    pub cwd: &'a str,
+    pub host: &'static str,
+    pub security: Option<&'a str>,
+    pub ask: &'static str,
+    pub agent_id: &'a str,
+    pub resolved_path: Option<&'a str>,
+    pub session_key: &'a str,
+    pub run_id: &'a str,
+    pub tool_call_id: &'a str,
+    pub tool_name: &'a str,
+    pub reason: String,
+    pub allowed_decisions: &'a [&'a str],
+}
+
+/// `exec.approval.resolved`: request `id` was decided (`request`: the request as recorded).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalResolved<'a> {
+    pub id: &'a str,
+    pub decision: &'a str,
+    pub resolved_by: &'a str,
+    pub ts: u64,
+    pub request: &'a Value,
+    pub reason: &'a str,
+}
+
 /// A `sessions.changed` event: session `sessionKey` was created, patched, reset, deleted,
 /// compacted, or an approval of it changed (`reason`).
 #[derive(Debug, Serialize)]
@@ -349,6 +392,49 @@ pub struct SessionsChanged<'a> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn approval_records_and_resolutions_keep_the_fields_and_order_they_had() {
+        let record = ApprovalRecord {
+            id: "a1",
+            request: ApprovalRequest {
+                command: "ls -l",
+                cwd: "/w",
+                host: "gateway",
+                security: None,
+                ask: "on-miss",
+                agent_id: "main",
+                resolved_path: None,
+                session_key: "agent:main:main",
+                run_id: "r1",
+                tool_call_id: "call_1",
+                tool_name: "bash",
+                reason: "bash needs approval under this agent's policy".into(),
+                allowed_decisions: &["allow-once", "allow-always", "deny"],
+            },
+            created_at_ms: 1,
+            expires_at_ms: 2,
+        };
+        let was = json!({
+            "id": "a1",
+            "request": {
+                "command": "ls -l", "cwd": "/w", "host": "gateway", "security": null, "ask": "on-miss",
+                "agentId": "main", "resolvedPath": null, "sessionKey": "agent:main:main", "runId": "r1",
+                "toolCallId": "call_1", "toolName": "bash",
+                "reason": "bash needs approval under this agent's policy",
+                "allowedDecisions": ["allow-once", "allow-always", "deny"],
+            },
+            "createdAtMs": 1,
+            "expiresAtMs": 2,
+        });
+        assert_eq!(serde_json::to_string(&record).unwrap_or_default(), was.to_string());
+        let request = &was["request"];
+        let resolved =
+            ApprovalResolved { id: "a1", decision: "deny", resolved_by: "operator", ts: 3, request, reason: "timeout" };
+        let was = json!({"id": "a1", "decision": "deny", "resolvedBy": "operator", "ts": 3, "request": request,
+            "reason": "timeout"});
+        assert_eq!(serde_json::to_string(&resolved).unwrap_or_default(), was.to_string());
+    }
 
     #[test]
     fn compaction_updates_keep_the_fields_and_order_they_had() {
