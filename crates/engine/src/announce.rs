@@ -34,9 +34,19 @@ pub fn publish_agent_event(gw: &Engine, session: &SessionRef, run: &RunHandle, u
         row["status"] = json!(status);
         row["hasActiveRun"] = json!(!runs.is_empty());
         row["activeRunIds"] = json!(runs);
-        let p = json!({"sessionKey": session.key, "agentId": session.agent_id, "phase": phase,
-            "runId": run.run_id, "ts": now_ms(), "sessionId": session.session_id, "status": status,
-            "hasActiveRun": !runs.is_empty(), "activeRunIds": runs, "session": row});
+        let p = crate::protocol::RunStateChanged {
+            session_key: &session.key,
+            agent_id: &session.agent_id,
+            phase,
+            run_id: &run.run_id,
+            ts: now_ms(),
+            session_id: &session.session_id,
+            status,
+            has_active_run: !runs.is_empty(),
+            active_run_ids: &runs,
+            session: &row,
+        };
+        let p = serde_json::to_value(p).unwrap_or_default();
         gw.hub.publish("sessions.changed", Some(&session.key), p, true, crate::hub::Audience::SessionsWatchers);
     }
     let seq = run.next_agent_seq();
@@ -114,22 +124,6 @@ impl serde::Serialize for WithMeta<'_> {
 /// [`WithMeta::run`] as a value.
 pub fn with_meta(entry: &Value, run_id: &str) -> Value {
     serde_json::to_value(WithMeta::run(entry, run_id)).unwrap_or(Value::Null)
-}
-
-/// The `tool` stream's `result` phase for a persisted toolResult message, as OpenClaw 2026.9.6 sends
-/// it: `name`, `toolCallId`, `isError`, and `result` (`{content, details}`) as written.
-pub(crate) fn tool_result_data(msg: &Value) -> Value {
-    let mut result = json!({"content": msg["content"]});
-    if let Some(details) = msg.get("details") {
-        result["details"] = details.clone();
-    }
-    json!({
-        "phase": "result",
-        "name": msg["toolName"],
-        "toolCallId": msg["toolCallId"],
-        "isError": msg["isError"].as_bool().unwrap_or(false),
-        "result": result,
-    })
 }
 
 /// `session.message`'s payload for an entry as written, with its durable position as OpenClaw's

@@ -6,7 +6,7 @@
 //! before tools and the final) and the persisted final. Aborts persist the partial exactly once;
 //! slash commands are answered without a model; a context overflow compacts and retries.
 
-use crate::announce::{publish_agent_event, publish_session_message, tool_result_data, with_meta, WithMeta};
+use crate::announce::{publish_agent_event, publish_session_message, with_meta, WithMeta};
 use crate::commands::slash_command;
 use crate::durable::OnDisk;
 use crate::error::EngineError;
@@ -1055,7 +1055,7 @@ impl Turn {
             match self.gw.append(&self.session, NewEntry::message(result)).await {
                 Ok(a) => {
                     self.session_message(&a.entry);
-                    self.agent_data("tool", &tool_result_data(&a.entry["message"]));
+                    self.agent_event(AgentUpdate::ToolResult { message: &a.entry["message"] });
                 }
                 Err(e) => {
                     self.fail_with(&EngineError::unsaved(&e));
@@ -1187,7 +1187,7 @@ impl Turn {
                     self.session_message(&entry);
                     if entry["message"]["role"] == "toolResult" {
                         // Announced once the row is on disk, carrying what was written (OpenClaw's shape).
-                        self.agent_data("tool", &tool_result_data(&entry["message"]));
+                        self.agent_event(AgentUpdate::ToolResult { message: &entry["message"] });
                     }
                     if entry["message"]["role"] == "assistant" {
                         // A new assistant message starts from scratch.
@@ -1287,7 +1287,7 @@ impl Turn {
             match self.gw.append(&self.session, NewEntry::message(result)).await {
                 Ok(a) => {
                     self.session_message(&a.entry);
-                    self.agent_data("tool", &tool_result_data(&a.entry["message"]));
+                    self.agent_event(AgentUpdate::ToolResult { message: &a.entry["message"] });
                 }
                 Err(e) => tracing::warn!(session = %self.session.key, "the denied result was not written: {e}"),
             }

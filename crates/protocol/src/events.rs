@@ -128,6 +128,9 @@ pub enum AgentUpdate<'a> {
     ToolStarted { tool_call_id: &'a str, name: &'a str, args: &'a Value },
     /// `tool` `{phase: "update", name, toolCallId, partialResult}`: a running tool's output so far.
     ToolUpdated { tool_call_id: &'a str, name: &'a str, partial: &'a Value },
+    /// `tool` `{phase: "result", name, toolCallId, isError, result: {content, details?}}`: a tool's
+    /// result as written (`message`: the toolResult message), as OpenClaw 2026.9.6 sends it.
+    ToolResult { message: &'a Value },
     /// `approval`: a tool call waiting for a person's decision, then the decision.
     Approval(&'a ApprovalUpdate<'a>),
     /// Any other stream's data, as built by its owner.
@@ -212,7 +215,9 @@ impl AgentUpdate<'_> {
     pub fn stream(&self) -> &str {
         match self {
             AgentUpdate::Started | AgentUpdate::Ended | AgentUpdate::Failed { .. } => "lifecycle",
-            AgentUpdate::ToolStarted { .. } | AgentUpdate::ToolUpdated { .. } => "tool",
+            AgentUpdate::ToolStarted { .. } | AgentUpdate::ToolUpdated { .. } | AgentUpdate::ToolResult { .. } => {
+                "tool"
+            }
             AgentUpdate::Approval(_) => "approval",
             AgentUpdate::Other { stream, .. } => stream,
         }
@@ -258,6 +263,20 @@ impl Serialize for AgentUpdate<'_> {
                 m.serialize_entry("name", name)?;
                 m.serialize_entry("toolCallId", tool_call_id)?;
                 m.serialize_entry("partialResult", partial)?;
+            }
+            AgentUpdate::ToolResult { message } => {
+                #[derive(Serialize)]
+                struct Result<'a> {
+                    content: &'a Value,
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    details: Option<&'a Value>,
+                }
+                m = s.serialize_map(Some(5))?;
+                m.serialize_entry("phase", "result")?;
+                m.serialize_entry("name", &message["toolName"])?;
+                m.serialize_entry("toolCallId", &message["toolCallId"])?;
+                m.serialize_entry("isError", &message["isError"].as_bool().unwrap_or(false))?;
+                m.serialize_entry("result", &Result { content: &message["content"], details: message.get("details") })?;
             }
         }
         m.end()
@@ -374,6 +393,23 @@ pub struct ApprovalResolved<'a> {
     pub reason: &'a str,
 }
 
+/// `sessions.changed` for a run starting or ending, as OpenClaw's gateway sends it: the run, the
+/// session's run state and its row (with that state in it).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunStateChanged<'a> {
+    pub session_key: &'a str,
+    pub agent_id: &'a str,
+    pub phase: Option<&'a str>,
+    pub run_id: &'a str,
+    pub ts: u64,
+    pub session_id: &'a str,
+    pub status: &'a str,
+    pub has_active_run: bool,
+    pub active_run_ids: &'a [String],
+    pub session: &'a Value,
+}
+
 /// A `sessions.changed` event: session `sessionKey` was created, patched, reset, deleted,
 /// compacted, or an approval of it changed (`reason`).
 #[derive(Debug, Serialize)]
@@ -434,6 +470,40 @@ mod tests {
         let was = json!({"id": "a1", "decision": "deny", "resolvedBy": "operator", "ts": 3, "request": request,
             "reason": "timeout"});
         assert_eq!(serde_json::to_string(&resolved).unwrap_or_default(), was.to_string());
+    }
+
+    #[test]
+    fn a_tool_result_and_a_run_state_change_keep_the_fields_and_order_they_had() {
+        let msg = json!({"role": "toolResult", "toolCallId": "c1", "toolName": "read", "isError": true,
+            "content": [{"type": "text", "text": "no"}], "details": {"path": "/x"}});
+        let was = json!({"phase": "result", "name": "read", "toolCallId": "c1", "isError": true,
+            "result": {"content": [{"type": "text", "text": "no"}], "details": {"path": "/x"}}});
+        assert_eq!(
+            serde_json::to_string(&AgentUpdate::ToolResult { message: &msg }).unwrap_or_default(),
+            was.to_string()
+        );
+        let bare = json!({"toolCallId": "c2", "toolName": "ls", "content": []});
+        assert_eq!(
+            serde_json::to_string(&AgentUpdate::ToolResult { message: &bare }).unwrap_or_default(),
+            r#"{"phase":"result","name":"ls","toolCallId":"c2","isError":false,"result":{"content":[]}}"#
+        );
+        let runs = vec!["r1".to_owned()];
+        let row = json!({"key": "agent:main:main", "status": "running"});
+        let change = RunStateChanged {
+            session_key: "agent:main:main",
+            agent_id: "main",
+            phase: Some("start"),
+            run_id: "r1",
+            ts: 5,
+            session_id: "s1",
+            status: "running",
+            has_active_run: true,
+            active_run_ids: &runs,
+            session: &row,
+        };
+        let was = json!({"sessionKey": "agent:main:main", "agentId": "main", "phase": "start", "runId": "r1", "ts": 5,
+            "sessionId": "s1", "status": "running", "hasActiveRun": true, "activeRunIds": ["r1"], "session": row});
+        assert_eq!(serde_json::to_string(&change).unwrap_or_default(), was.to_string());
     }
 
     #[test]
