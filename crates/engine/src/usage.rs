@@ -4,6 +4,7 @@
 //! that session rows show.
 
 use crate::error::EngineError;
+use crate::protocol::{MessageCounts, SessionUsage, SessionUsageDetail, SessionsUsage, UsageAggregates, UsageTotals};
 use crate::sessions::SessionRef;
 use crate::state::{is_injected, Engine};
 use pincer_store::Transcripts;
@@ -53,10 +54,27 @@ impl Usage {
     }
 
     /// OpenClaw's totals object.
-    pub fn totals(&self) -> Value {
-        json!({"input": self.input, "output": self.output, "cacheRead": self.cache_read,
-            "cacheWrite": self.cache_write, "totalTokens": self.total_tokens, "totalCost": self.total_cost,
-            "inputCost": 0, "outputCost": 0, "cacheReadCost": 0, "cacheWriteCost": 0, "missingCostEntries": 0})
+    pub fn totals(&self) -> UsageTotals {
+        UsageTotals {
+            input: self.input,
+            output: self.output,
+            cache_read: self.cache_read,
+            cache_write: self.cache_write,
+            total_tokens: self.total_tokens,
+            total_cost: self.total_cost,
+            ..UsageTotals::default()
+        }
+    }
+
+    /// Its messages by role.
+    fn counts(&self) -> MessageCounts {
+        MessageCounts {
+            total: self.messages,
+            user: self.user_messages,
+            assistant: self.assistant_messages,
+            errors: self.errors,
+            ..MessageCounts::default()
+        }
     }
 }
 
@@ -148,27 +166,44 @@ pub fn sessions_usage(
         let u = of_transcript(gw.store.as_ref(), &s.path);
         total.add(&u);
         if rows.len() < limit {
-            let (provider, model) = match s.model() {
-                Some(m) => m.split_once('/').map(|(p, m)| (json!(p), json!(m))).unwrap_or((Value::Null, json!(m))),
-                None => (Value::Null, Value::Null),
-            };
-            let mut usage = u.totals();
-            usage["messageCounts"] = json!({"total": u.messages, "user": u.user_messages,
-                "assistant": u.assistant_messages, "toolCalls": 0, "toolResults": 0, "errors": u.errors});
-            usage["lastActivity"] = json!(u.last_at);
-            rows.push(json!({"key": s.key, "label": s.entry.get("label"), "sessionId": s.session_id,
-                "updatedAt": s.entry.get("updatedAt"), "agentId": s.agent_id, "chatType": "direct",
-                "modelProvider": provider, "model": model, "usage": usage, "hasContextWeight": false}));
+            rows.push((s, u, s.model()));
         }
     }
     let today = chrono_free_date(pincer_pi::now_ms());
-    Ok(json!({"updatedAt": pincer_pi::now_ms(), "startDate": today, "endDate": today, "sessions": rows,
-        "totals": total.totals(),
-        "aggregates": {"messages": {"total": total.messages, "user": total.user_messages,
-            "assistant": total.assistant_messages, "toolCalls": 0, "toolResults": 0, "errors": total.errors},
-            "tools": {"totalCalls": 0, "uniqueTools": 0, "tools": []},
-            "byModel": [], "byProvider": [], "byAgent": [], "byChannel": [], "daily": []},
-        "creatorOptions": []}))
+    let sessions = rows
+        .iter()
+        .map(|(s, u, m)| {
+            let (model_provider, model) = match m.as_deref() {
+                Some(m) => match m.split_once('/') {
+                    Some((p, m)) => (Some(p), Some(m)),
+                    None => (None, Some(m)),
+                },
+                None => (None, None),
+            };
+            SessionUsage {
+                key: &s.key,
+                label: s.entry.get("label"),
+                session_id: &s.session_id,
+                updated_at: s.entry.get("updatedAt"),
+                agent_id: &s.agent_id,
+                chat_type: "direct",
+                model_provider,
+                model,
+                usage: SessionUsageDetail { totals: u.totals(), message_counts: u.counts(), last_activity: u.last_at },
+                has_context_weight: false,
+            }
+        })
+        .collect();
+    let answer = SessionsUsage {
+        updated_at: pincer_pi::now_ms(),
+        start_date: &today,
+        end_date: &today,
+        sessions,
+        totals: total.totals(),
+        aggregates: UsageAggregates { messages: total.counts(), ..UsageAggregates::default() },
+        creator_options: [],
+    };
+    serde_json::to_value(answer).map_err(|e| EngineError::Internal(format!("the usage answer: {e}")))
 }
 
 /// `YYYY-MM-DD` (UTC) of a time in ms since the epoch.

@@ -410,6 +410,96 @@ pub struct RunStateChanged<'a> {
     pub session: &'a Value,
 }
 
+/// `sessions.usage`'s answer in OpenClaw's shape (the breakdowns Pincer does not keep are empty).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionsUsage<'a> {
+    pub updated_at: u64,
+    pub start_date: &'a str,
+    pub end_date: &'a str,
+    pub sessions: Vec<SessionUsage<'a>>,
+    pub totals: UsageTotals,
+    pub aggregates: UsageAggregates,
+    pub creator_options: [(); 0],
+}
+
+/// One session's row of [`SessionsUsage`].
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionUsage<'a> {
+    pub key: &'a str,
+    pub label: Option<&'a Value>,
+    pub session_id: &'a str,
+    pub updated_at: Option<&'a Value>,
+    pub agent_id: &'a str,
+    pub chat_type: &'static str,
+    pub model_provider: Option<&'a str>,
+    pub model: Option<&'a str>,
+    pub usage: SessionUsageDetail,
+    pub has_context_weight: bool,
+}
+
+/// A session's usage: its totals, its message counts and when it was last active.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionUsageDetail {
+    #[serde(flatten)]
+    pub totals: UsageTotals,
+    pub message_counts: MessageCounts,
+    pub last_activity: Option<u64>,
+}
+
+/// Token and cost totals (OpenClaw's; costs per kind are not kept: 0).
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageTotals {
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    pub total_tokens: u64,
+    pub total_cost: f64,
+    pub input_cost: u8,
+    pub output_cost: u8,
+    pub cache_read_cost: u8,
+    pub cache_write_cost: u8,
+    pub missing_cost_entries: u8,
+}
+
+/// Messages by role (tool calls and results are not counted: 0).
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageCounts {
+    pub total: u64,
+    pub user: u64,
+    pub assistant: u64,
+    pub tool_calls: u8,
+    pub tool_results: u8,
+    pub errors: u64,
+}
+
+/// [`SessionsUsage`]'s aggregates: the message counts; the other breakdowns empty.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageAggregates {
+    pub messages: MessageCounts,
+    pub tools: ToolUsage,
+    pub by_model: [(); 0],
+    pub by_provider: [(); 0],
+    pub by_agent: [(); 0],
+    pub by_channel: [(); 0],
+    pub daily: [(); 0],
+}
+
+/// Tool calls (not counted).
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolUsage {
+    pub total_calls: u8,
+    pub unique_tools: u8,
+    pub tools: [(); 0],
+}
+
 /// A `sessions.changed` event: session `sessionKey` was created, patched, reset, deleted,
 /// compacted, or an approval of it changed (`reason`).
 #[derive(Debug, Serialize)]
