@@ -200,6 +200,7 @@ describe("WebChat: a newcomer's first hour", () => {
     assert.match(await shown.textContent(), /message 10 mentions the zebraquartz/);
     assert.ok(await shown.isVisible(), "scrolled into view");
     assert.equal(await page.locator('[data-testid="error"]').isVisible(), false, "no error");
+
     assert.deepEqual(errors, []);
   });
 
@@ -364,6 +365,18 @@ describe("WebChat: a newcomer's first hour", () => {
     } finally {
       await other.close();
     }
+    assert.deepEqual(errors, []);
+  });
+
+  test("Ctrl+K pressed while a clicked chat still loads keeps the search focused", async () => {
+    await row("c247").locator(".open").click();
+    await waitFor("chat 247", async () => (await title()) === "Chat 247");
+    // The 2,500-message chat takes a moment to load: the search asked for meanwhile keeps the focus.
+    await row("long").locator(".open").click();
+    await page.keyboard.press("Control+k");
+    await waitFor("the long chat", async () => (await page.locator('[data-testid="message"]').last().textContent()).includes("message 2499"));
+    await page.waitForTimeout(300);
+    assert.equal(await page.evaluate(() => document.activeElement.id), "search-input", "the search keeps the focus");
     assert.deepEqual(errors, []);
   });
 });

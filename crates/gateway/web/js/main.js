@@ -160,8 +160,15 @@ const sidebar = new Sidebar({
   list: $("session-list"), archivedList: $("archived-list"), archiveFiles: $("archive-files"),
   fetchPage: (params) => gw.request("sessions.list", { includeDerivedTitles: true, ...params }),
   actions: {
-    // A click goes on to the message box; Enter on a row leaves the focus in the list.
-    open: (key, keyboard) => { drawer(false); selectSession(key).then(() => { if (!keyboard) composer.focus(); }); },
+    // A click goes on to the message box (unless the focus went somewhere else meanwhile: Ctrl+K
+    // pressed while the chat loads keeps the search); Enter on a row leaves the focus in the list.
+    open: (key, keyboard) => {
+      drawer(false);
+      const at = document.activeElement;
+      selectSession(key).then(() => {
+        if (!keyboard && (document.activeElement === at || document.activeElement === document.body)) composer.focus();
+      });
+    },
     rename: (key, label) => attempt("Renaming failed", async () => { await gw.request("sessions.patch", { key, label: label || null }); await loadSessions(); }),
     exportAs: (key, format) => attempt("Exporting failed", () => download(key, format)),
     archive: (key, on) => attempt(on ? "Archiving failed" : "Restoring failed", async () => {
