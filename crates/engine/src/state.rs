@@ -732,7 +732,7 @@ impl Engine {
     }
 
     /// The durable id of an event announcing entry `id` (`part` 0: its `session.message`, 1: the
-    /// `chat` event carrying it), when this process appended it lately (see [`Positions`]).
+    /// `chat` event carrying it), when this process appended it lately (the owners keep where).
     pub fn event_id(&self, session: &SessionRef, id: &str, part: u8) -> Option<crate::hub::EventId> {
         let pos = self.owners.position(&session.path, id)?;
         Some(crate::hub::EventId { session_id: session.session_id.clone(), pos, part })
