@@ -4,7 +4,9 @@
 //! that session rows show.
 
 use crate::error::EngineError;
-use crate::protocol::{MessageCounts, SessionUsage, SessionUsageDetail, SessionsUsage, UsageAggregates, UsageTotals};
+use crate::protocol::{
+    MessageCounts, SessionUsage, SessionUsageDetail, SessionsUsage, UsageAggregates, UsageStatus, UsageTotals,
+};
 use crate::sessions::SessionRef;
 use crate::state::{is_injected, Engine};
 use pincer_store::Transcripts;
@@ -14,19 +16,12 @@ use std::path::Path;
 /// Largest transcript read for usage.
 const MAX_BYTES: u64 = 16 * 1024 * 1024;
 
-/// The usage of one transcript's assistant messages.
+/// The usage of one transcript's assistant messages: the tokens and cost they report, the messages
+/// by role, and the last turn's.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Usage {
-    pub input: u64,
-    pub output: u64,
-    pub cache_read: u64,
-    pub cache_write: u64,
-    pub total_tokens: u64,
-    pub total_cost: f64,
-    pub messages: u64,
-    pub user_messages: u64,
-    pub assistant_messages: u64,
-    pub errors: u64,
+    pub totals: UsageTotals,
+    pub counts: MessageCounts,
     /// The last assistant message's usage: what the context held at the last turn.
     pub last: Option<Value>,
     pub last_at: Option<u64>,
@@ -41,40 +36,18 @@ impl Usage {
     }
 
     fn add(&mut self, other: &Usage) {
-        self.input += other.input;
-        self.output += other.output;
-        self.cache_read += other.cache_read;
-        self.cache_write += other.cache_write;
-        self.total_tokens += other.total_tokens;
-        self.total_cost += other.total_cost;
-        self.messages += other.messages;
-        self.user_messages += other.user_messages;
-        self.assistant_messages += other.assistant_messages;
-        self.errors += other.errors;
-    }
-
-    /// OpenClaw's totals object.
-    pub fn totals(&self) -> UsageTotals {
-        UsageTotals {
-            input: self.input,
-            output: self.output,
-            cache_read: self.cache_read,
-            cache_write: self.cache_write,
-            total_tokens: self.total_tokens,
-            total_cost: self.total_cost,
-            ..UsageTotals::default()
-        }
-    }
-
-    /// Its messages by role.
-    fn counts(&self) -> MessageCounts {
-        MessageCounts {
-            total: self.messages,
-            user: self.user_messages,
-            assistant: self.assistant_messages,
-            errors: self.errors,
-            ..MessageCounts::default()
-        }
+        let (t, o) = (&mut self.totals, &other.totals);
+        t.input += o.input;
+        t.output += o.output;
+        t.cache_read += o.cache_read;
+        t.cache_write += o.cache_write;
+        t.total_tokens += o.total_tokens;
+        t.total_cost += o.total_cost;
+        let (c, o) = (&mut self.counts, &other.counts);
+        c.total += o.total;
+        c.user += o.user;
+        c.assistant += o.assistant;
+        c.errors += o.errors;
     }
 }
 
@@ -103,24 +76,25 @@ fn scan(bytes: &[u8]) -> Usage {
         let m = &entry["message"];
         match m["role"].as_str() {
             Some("user") => {
-                u.user_messages += 1;
-                u.messages += 1;
+                u.counts.user += 1;
+                u.counts.total += 1;
             }
             Some("assistant") => {
-                u.assistant_messages += 1;
-                u.messages += 1;
+                u.counts.assistant += 1;
+                u.counts.total += 1;
                 if m["stopReason"] == "error" {
-                    u.errors += 1;
+                    u.counts.errors += 1;
                 }
                 let usage = &m["usage"];
                 if usage.is_object() {
                     let n = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
-                    u.input += n("input");
-                    u.output += n("output");
-                    u.cache_read += n("cacheRead");
-                    u.cache_write += n("cacheWrite");
-                    u.total_tokens += n("totalTokens");
-                    u.total_cost += usage["cost"]["total"].as_f64().unwrap_or(0.0);
+                    let t = &mut u.totals;
+                    t.input += n("input");
+                    t.output += n("output");
+                    t.cache_read += n("cacheRead");
+                    t.cache_write += n("cacheWrite");
+                    t.total_tokens += n("totalTokens");
+                    t.total_cost += usage["cost"]["total"].as_f64().unwrap_or(0.0);
                 }
                 // What the context held: an aborted or failed reply's usage does not say (as Pi's
                 // `getLastAssistantUsage`), nor does an injected note or an abort's kept partial, so
@@ -189,7 +163,11 @@ pub fn sessions_usage(
                 chat_type: "direct",
                 model_provider,
                 model,
-                usage: SessionUsageDetail { totals: u.totals(), message_counts: u.counts(), last_activity: u.last_at },
+                usage: SessionUsageDetail {
+                    totals: u.totals.clone(),
+                    message_counts: u.counts.clone(),
+                    last_activity: u.last_at,
+                },
                 has_context_weight: false,
             }
         })
@@ -199,8 +177,8 @@ pub fn sessions_usage(
         start_date: &today,
         end_date: &today,
         sessions,
-        totals: total.totals(),
-        aggregates: UsageAggregates { messages: total.counts(), ..UsageAggregates::default() },
+        totals: total.totals,
+        aggregates: UsageAggregates { messages: total.counts, ..UsageAggregates::default() },
         creator_options: [],
     };
     serde_json::to_value(answer).map_err(|e| EngineError::Internal(format!("the usage answer: {e}")))
@@ -223,7 +201,7 @@ fn chrono_free_date(ms: u64) -> String {
 
 /// `usage.status`: provider quota windows (Pincer tracks none).
 pub fn usage_status() -> Value {
-    json!({"updatedAt": pincer_pi::now_ms(), "providers": []})
+    serde_json::to_value(UsageStatus { updated_at: pincer_pi::now_ms(), providers: [] }).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -247,7 +225,7 @@ mod tests {
         .to_string();
         let lines = [row("stop", 180, 1), row("aborted", 0, 2), row("error", 0, 3), partial].join("\n");
         let u = super::scan(lines.as_bytes());
-        assert_eq!((u.assistant_messages, u.errors, u.input, u.output), (4, 1, 180, 3));
+        assert_eq!((u.counts.assistant, u.counts.errors, u.totals.input, u.totals.output), (4, 1, 180, 3));
         assert_eq!((u.last.as_ref().map(|l| l["input"].clone()), u.last_at), (Some(180.into()), Some(1)));
     }
 }

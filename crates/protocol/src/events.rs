@@ -450,7 +450,7 @@ pub struct SessionUsageDetail {
 }
 
 /// Token and cost totals (OpenClaw's; costs per kind are not kept: 0).
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageTotals {
     pub input: u64,
@@ -467,7 +467,7 @@ pub struct UsageTotals {
 }
 
 /// Messages by role (tool calls and results are not counted: 0).
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MessageCounts {
     pub total: u64,
@@ -489,6 +489,14 @@ pub struct UsageAggregates {
     pub by_agent: [(); 0],
     pub by_channel: [(); 0],
     pub daily: [(); 0],
+}
+
+/// `usage.status`: provider quota windows (Pincer tracks none).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageStatus {
+    pub updated_at: u64,
+    pub providers: [(); 0],
 }
 
 /// Tool calls (not counted).

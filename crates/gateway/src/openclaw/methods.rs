@@ -536,7 +536,7 @@ pub fn session_row(gw: &Engine, s: &SessionRef) -> Value {
     let usage = crate::usage::of_tail(gw.store.as_ref(), &s.path);
     let running = !gw.runs_of(&s.key).is_empty();
     let waiting = running && gw.approvals.waiting_in(&s.key);
-    row["status"] = json!(match (running, usage.assistant_messages) {
+    row["status"] = json!(match (running, usage.counts.assistant) {
         (true, _) => "running",
         (false, 0) => "idle",
         (false, _) => "done",
