@@ -34,7 +34,8 @@ pub trait TranscriptObserver: Send + Sync {
     fn replaced(&self, key: &str, path: &std::path::Path);
 }
 
-/// How long an owner with no turn held or waiting and no command stays before it retires.
+/// How long an owner with no turn held or waiting and no command stays at least before it retires
+/// (idleness is looked at every `LINGER`, so it goes within twice that).
 const LINGER: Duration = Duration::from_secs(30);
 
 type Ack<T> = oneshot::Sender<T>;
@@ -228,7 +229,7 @@ impl Owners {
                 let _ = ack.send(work.await);
             })),
         );
-        done.await.map_err(|_| EngineError::Internal("the session's owner stopped".into()))
+        done.await.map_err(|_| EngineError::Internal("the session's work stopped before it answered".into()))
     }
 
     /// The context kept for `session` if it was built at the leaf its transcript has now (known
@@ -247,6 +248,8 @@ impl Owners {
     /// `sessions.compact {maxLines}`): its context, and the observers read it anew.
     pub fn replaced(&self, session: &SessionRef) {
         lock(&self.contexts).remove(&session.path);
+        // A rewrite moves byte offsets: the positions noted before it are not where the entries are.
+        lock(&self.positions).forget(&session.path);
         for o in self.observers() {
             o.replaced(&session.key, &session.path);
         }
@@ -290,15 +293,17 @@ async fn run(owners: Arc<Owners>, key: String, tx: mpsc::UnboundedSender<Cmd>, m
             locking = appends.front().map(|a| owners.store.clone().lock_for_append(a.session.path.clone()));
         }
         let idle = !held && waiting.is_empty() && appends.is_empty();
+        // A free lock is taken before the next command: only an append that really waits (another
+        // program holds the lock) lets later commands go first.
         let wake = tokio::select! {
             biased;
-            cmd = rx.recv() => Wake::Cmd(cmd),
             lock = async {
                 match locking.as_mut() {
                     Some(l) => l.await,
                     None => std::future::pending().await,
                 }
             } => Wake::Locked(lock),
+            cmd = rx.recv() => Wake::Cmd(cmd),
             _ = tick.tick(), if idle => Wake::Idle,
         };
         match wake {
@@ -313,16 +318,29 @@ async fn run(owners: Arc<Owners>, key: String, tx: mpsc::UnboundedSender<Cmd>, m
                     Cmd::Release => held = false,
                     Cmd::Append(pending) => appends.push_back(pending),
                     Cmd::Context { session, ack } => {
-                        let _ = ack.send(owners.build_context(&session).await);
+                        let built = unwound(owners.build_context(&session)).await;
+                        let _ = ack.send(built.unwrap_or_else(|what| {
+                            Err(GatewayError::Store(StoreError::Internal(format!("building the context {what}"))))
+                        }));
                     }
-                    Cmd::Exclusive(work) => work.await,
+                    Cmd::Exclusive(work) => {
+                        // (A panic drops the work's answer: its caller hears the owner stopped.)
+                        let _ = unwound(work).await;
+                        // Appends that waited for another program's lock may be for a transcript the
+                        // work moved aside: refused now, so they hold up nothing behind them.
+                        if owners.refuse_moved(&mut appends).await {
+                            locking = None;
+                        }
+                    }
                 }
             }
             Wake::Locked(lock) => {
                 locking = None;
                 if let Some(Pending { session, entries, at_leaf, ack }) = appends.pop_front() {
                     let written = match lock {
-                        Ok(lock) => owners.write(lock, &session, entries, at_leaf).await,
+                        Ok(lock) => unwound(owners.write(lock, &session, entries, at_leaf))
+                            .await
+                            .unwrap_or_else(|what| Err(StoreError::Internal(format!("the append {what}")))),
                         Err(e) => Err(e),
                     };
                     let _ = ack.send(written);
@@ -340,14 +358,42 @@ async fn run(owners: Arc<Owners>, key: String, tx: mpsc::UnboundedSender<Cmd>, m
     }
 }
 
+/// `f`, its panic caught: a command that panics must not take the owner (and the turn it has handed
+/// out) with it. `Err`: "panicked", for the caller's message.
+async fn unwound<T>(f: impl Future<Output = T>) -> Result<T, &'static str> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(f).catch_unwind().await.map_err(|_| "panicked")
+}
+
 impl Owners {
+    /// Refuses the waiting appends whose transcript was moved aside (`MovedAside`, nothing
+    /// written); true when the first of them was one (its lock wait is then dropped).
+    async fn refuse_moved(&self, appends: &mut VecDeque<Pending>) -> bool {
+        let moved = self.sessions.moved();
+        let mut first = false;
+        let mut kept = VecDeque::with_capacity(appends.len());
+        for (i, p) in std::mem::take(appends).into_iter().enumerate() {
+            let gone = p.session.moved != moved
+                && !matches!(self.sessions.clone().session(&p.session.key, false).await, Ok(Some(now)) if now.path == p.session.path);
+            if gone {
+                first |= i == 0;
+                let _ = p.ack.send(Err(StoreError::MovedAside(p.session.path.display().to_string())));
+            } else {
+                kept.push_back(p);
+            }
+        }
+        *appends = kept;
+        first
+    }
+
     /// Appends entries to a session's transcript in order, in one durable commit; keeps the session's
     /// context and positions in step with what was written. Fails with [`StoreError::MovedAside`] when
     /// the transcript was moved aside (a reset, a delete) before the write: nothing is ever written
     /// under an archived name. (A reset of this process runs in the owner's order, so it comes wholly
-    /// before or after the write; another process's is seen by the look below.) `held`: the
+    /// before or after the write; a reset by another process is not looked for here.) `held`: the
     /// transcript's lock, released once the entries are written; `at_leaf`: the leaf the
-    /// transcript must still have (read under the lock), else nothing is written.
+    /// transcript must still have, read under the transcript's lock (taken for it: on PostgreSQL
+    /// `held` holds nothing), else nothing is written.
     async fn write(
         &self,
         held: pincer_store::Held,
@@ -360,14 +406,19 @@ impl Owners {
         {
             return Err(StoreError::MovedAside(session.path.display().to_string()));
         }
+        let mut leaf_lock = None;
         if let Some(expected) = at_leaf {
             let (store, path) = (self.store.clone(), session.path.clone());
-            let now = tokio::task::spawn_blocking(move || store.leaf(&path))
-                .await
-                .map_err(|e| StoreError::Internal(format!("the leaf's task failed: {e}")))??;
+            let (lock, now) = tokio::task::spawn_blocking(move || {
+                let lock = store.lock(&path)?;
+                Ok::<_, StoreError>((lock, store.leaf(&path)?))
+            })
+            .await
+            .map_err(|e| StoreError::Internal(format!("the leaf's task failed: {e}")))??;
             if now != expected {
                 return Err(StoreError::LeafMoved { expected, now });
             }
+            leaf_lock = Some(lock);
         }
         let (observers, key, path) = (self.observers(), session.key.clone(), session.path.clone());
         let after: pincer_store::AfterCommit = Box::new(move |all| {
@@ -379,6 +430,7 @@ impl Owners {
         });
         let (path, sid) = (session.path.clone(), Some(session.session_id.clone()));
         let r = self.store.clone().append_held(held, path, entries, sid, after).await;
+        drop(leaf_lock);
         match &r {
             Ok(all) => {
                 let mut positions = lock(&self.positions);
@@ -554,6 +606,12 @@ struct Positions {
 impl Positions {
     const MAX: usize = 4096;
 
+    /// Forgets the positions noted in `path`.
+    fn forget(&mut self, path: &Path) {
+        self.map.retain(|(p, _), _| p != path);
+        self.order.retain(|(p, _)| p != path);
+    }
+
     fn insert(&mut self, path: &Path, id: &str, pos: Pos) {
         let k = (path.to_path_buf(), id.to_owned());
         if self.map.insert(k.clone(), pos).is_none() {
@@ -718,9 +776,29 @@ mod tests {
         let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
         let message = |text: &str| vec![NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}))];
         owners.append(&s, message("before")).await.expect("an append");
-        // Another program holds the transcript's lock: its file, under an `flock` (taken once this
-        // process's own lock on it has lingered out).
-        let lock_path = PathBuf::from(format!("{}.lock", s.path.display()));
+        let (other, lock_path) = lock_as_another_program(&s.path).await;
+        let (o, s2) = (owners.clone(), s.clone());
+        let append = started(async move { o.append(&s2, message("waits for the lock")).await }).await;
+        let sessions = owners.sessions.clone();
+        let reset = owners.exclusive(&s.key, async move {
+            tokio::task::spawn_blocking(move || sessions.reset("main", "reset")).await.expect("the reset's thread")
+        });
+        let reset = tokio::time::timeout(Duration::from_secs(20), reset).await;
+        let (_, archived) = reset.expect("the reset is not held up").expect("its owner").expect("the reset");
+        // The append waited for the old transcript: refused once it is moved aside, before the
+        // other program lets go of its lock.
+        let written = tokio::time::timeout(Duration::from_secs(20), append).await.expect("in time").expect("its task");
+        drop(other);
+        let _ = std::fs::remove_file(&lock_path);
+        assert!(matches!(written, Err(StoreError::MovedAside(_))), "{written:?}");
+        let old = std::fs::read_to_string(archived.expect("archived")).expect("the archive");
+        assert!(old.contains("before") && !old.contains("waits for the lock"), "{old}");
+    }
+
+    /// Takes `transcript`'s lock as another program would: its file, under an `flock` (once this
+    /// process's own lock on it has lingered out).
+    async fn lock_as_another_program(transcript: &Path) -> (std::fs::File, PathBuf) {
+        let lock_path = PathBuf::from(format!("{}.lock", transcript.display()));
         let deadline = Instant::now() + Duration::from_secs(10);
         let other = loop {
             assert!(Instant::now() < deadline, "the lock stayed held");
@@ -732,28 +810,82 @@ mod tests {
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         };
-        std::fs::write(
-            &lock_path,
-            json!({"pid": std::process::id(), "createdAt": "2026-01-01T00:00:00.000Z"}).to_string(),
-        )
-        .expect("the lock's body");
+        let body = json!({"pid": std::process::id(), "createdAt": "2026-01-01T00:00:00.000Z"}).to_string();
+        std::fs::write(&lock_path, body).expect("the lock's body");
         other.lock().expect("flock");
+        (other, lock_path)
+    }
+
+    #[tokio::test]
+    async fn an_append_sent_before_a_reset_is_written_before_it() {
+        let (owners, _dir) = owners();
+        let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
+        let message = |text: &str| vec![NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}))];
+        owners.append(&s, message("first")).await.expect("an append");
+        // The owner is busy (work held on a gate) while an append and then a reset are sent.
+        let (go, gate) = oneshot::channel::<()>();
+        let (o, key) = (owners.clone(), s.key.clone());
+        let busy = started(async move {
+            o.exclusive(&key, async move {
+                let _ = gate.await;
+            })
+            .await
+        })
+        .await;
         let (o, s2) = (owners.clone(), s.clone());
-        let append = started(async move { o.append(&s2, message("waits for the lock")).await }).await;
+        let append = started(async move { o.append(&s2, message("sent before the reset")).await }).await;
+        let (o, key, sessions) = (owners.clone(), s.key.clone(), owners.sessions.clone());
+        let reset = started(async move {
+            let work = async move {
+                tokio::task::spawn_blocking(move || sessions.reset("main", "reset")).await.expect("the reset's thread")
+            };
+            o.exclusive(&key, work).await
+        })
+        .await;
+        let _ = go.send(());
+        busy.await.expect("its task").expect("its owner");
+        let (_, archived) = reset.await.expect("its task").expect("its owner").expect("the reset");
+        let written = append.await.expect("its task");
+        assert!(written.is_ok(), "the append sent before the reset is written: {written:?}");
+        let old = std::fs::read_to_string(archived.expect("archived")).expect("the archive");
+        assert!(old.contains("sent before the reset"), "it is in the transcript the reset archived: {old}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_reset_the_new_transcript_does_not_wait_for_the_old_ones_lock() {
+        let (owners, _dir) = owners();
+        let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
+        let message = |text: &str| vec![NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}))];
+        owners.append(&s, message("before")).await.expect("an append");
+        let (other, lock_path) = lock_as_another_program(&s.path).await;
+        let (o, s2) = (owners.clone(), s.clone());
+        let waiting = started(async move { o.append(&s2, message("waits for the old lock")).await }).await;
         let sessions = owners.sessions.clone();
         let reset = owners.exclusive(&s.key, async move {
             tokio::task::spawn_blocking(move || sessions.reset("main", "reset")).await.expect("the reset's thread")
         });
-        let reset = tokio::time::timeout(Duration::from_secs(20), reset).await;
-        let (_, archived) = reset.expect("the reset is not held up").expect("its owner").expect("the reset");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(!append.is_finished(), "the append still waits for the lock");
+        let (fresh, _) = reset.await.expect("its owner").expect("the reset");
+        let to_fresh =
+            tokio::time::timeout(Duration::from_secs(20), owners.append(&fresh, message("to the new one"))).await;
         drop(other);
         let _ = std::fs::remove_file(&lock_path);
-        let written = tokio::time::timeout(Duration::from_secs(20), append).await.expect("in time").expect("its task");
-        assert!(matches!(written, Err(StoreError::MovedAside(_))), "{written:?}");
-        let old = std::fs::read_to_string(archived.expect("archived")).expect("the archive");
-        assert!(old.contains("before") && !old.contains("waits for the lock"), "{old}");
+        assert!(to_fresh.is_ok_and(|r| r.is_ok()), "the new transcript's append is not held up by the old one's lock");
+        let refused = waiting.await.expect("its task");
+        assert!(matches!(refused, Err(StoreError::MovedAside(_))), "{refused:?}");
+    }
+
+    #[tokio::test]
+    async fn a_command_that_panics_leaves_the_owner_and_its_turn_in_place() {
+        let (owners, _dir) = owners();
+        let never = CancellationToken::new();
+        let first = owners.turn("s", &never).await.expect("the first turn");
+        let failed = owners.exclusive("s", async { panic!("the work panicked") }).await;
+        assert!(failed.is_err(), "the work's caller hears it failed");
+        let second = tokio::time::timeout(Duration::from_millis(500), owners.turn("s", &never)).await;
+        assert!(second.is_err(), "no second turn while the first is held");
+        drop(first);
+        let again = tokio::time::timeout(Duration::from_secs(20), owners.turn("s", &never)).await;
+        assert!(again.is_ok_and(|t| t.is_ok()), "the turn comes once the first is let go");
     }
 
     fn msgs(n: usize) -> Messages {
