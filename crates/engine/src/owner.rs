@@ -369,13 +369,10 @@ impl Owners {
     /// Refuses the waiting appends whose transcript was moved aside (`MovedAside`, nothing
     /// written); true when the first of them was one (its lock wait is then dropped).
     async fn refuse_moved(&self, appends: &mut VecDeque<Pending>) -> bool {
-        let moved = self.sessions.moved();
         let mut first = false;
         let mut kept = VecDeque::with_capacity(appends.len());
         for (i, p) in std::mem::take(appends).into_iter().enumerate() {
-            let gone = p.session.moved != moved
-                && !matches!(self.sessions.clone().session(&p.session.key, false).await, Ok(Some(now)) if now.path == p.session.path);
-            if gone {
+            if self.sessions.moved_aside(&p.session).await {
                 first |= i == 0;
                 let _ = p.ack.send(Err(StoreError::MovedAside(p.session.path.display().to_string())));
             } else {
@@ -401,9 +398,7 @@ impl Owners {
         entries: Vec<NewEntry>,
         at_leaf: Option<Option<String>>,
     ) -> Result<Vec<Appended>, StoreError> {
-        if session.moved != self.sessions.moved()
-            && !matches!(self.sessions.clone().session(&session.key, false).await, Ok(Some(now)) if now.path == session.path)
-        {
+        if self.sessions.moved_aside(session).await {
             return Err(StoreError::MovedAside(session.path.display().to_string()));
         }
         let mut leaf_lock = None;
@@ -630,6 +625,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A user message entry with `text`.
+    fn user_entry(text: &str) -> NewEntry {
+        NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}))
+    }
+
+    /// [`user_entry`] as one append.
+    fn user(text: &str) -> Vec<NewEntry> {
+        vec![user_entry(text)]
+    }
+
     /// Owners over a file store and session index in a temporary state directory.
     fn owners() -> (Arc<Owners>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("a temp dir");
@@ -716,8 +721,7 @@ mod tests {
     async fn a_reset_in_the_owners_order_comes_wholly_before_an_append_sent_after_it() {
         let (owners, _dir) = owners();
         let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
-        let message = |text: &str| vec![NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}))];
-        owners.append(&s, message("before the reset")).await.expect("an append");
+        owners.append(&s, user("before the reset")).await.expect("an append");
         // The reset holds the owner until told to go on.
         let (go, gate) = oneshot::channel::<()>();
         let (o, key) = (owners.clone(), s.key.clone());
@@ -731,7 +735,7 @@ mod tests {
         })
         .await;
         let (o, s2) = (owners.clone(), s.clone());
-        let append = started(async move { o.append(&s2, message("sent during the reset")).await }).await;
+        let append = started(async move { o.append(&s2, user("sent during the reset")).await }).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(!append.is_finished(), "the append waits for the reset in progress");
         let _ = go.send(());
@@ -753,13 +757,12 @@ mod tests {
     async fn an_append_at_a_leaf_is_written_only_while_the_leaf_is_that_one() {
         let (owners, _dir) = owners();
         let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
-        let message = |text: &str| NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}));
-        let first = owners.append(&s, vec![message("one")]).await.expect("an append").remove(0);
+        let first = owners.append(&s, user("one")).await.expect("an append").remove(0);
         let first_id = first.id().map(str::to_owned);
-        let second = owners.append_at_leaf(&s, message("two"), first_id.clone()).await.expect("at its leaf");
+        let second = owners.append_at_leaf(&s, user_entry("two"), first_id.clone()).await.expect("at its leaf");
         assert_eq!(second.entry["parentId"].as_str(), first_id.as_deref());
         // The leaf is `two` now: an entry made for `one`'s branch is refused, and nothing written.
-        let stale = owners.append_at_leaf(&s, message("three"), first_id.clone()).await;
+        let stale = owners.append_at_leaf(&s, user_entry("three"), first_id.clone()).await;
         match stale {
             Err(StoreError::LeafMoved { expected, now }) => {
                 assert_eq!((expected, now.as_deref()), (first_id, second.id()));
@@ -771,26 +774,28 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_append_waiting_for_another_programs_lock_does_not_hold_up_a_reset() {
+    async fn an_append_waiting_for_another_programs_lock_holds_up_neither_a_reset_nor_the_new_transcript() {
         let (owners, _dir) = owners();
         let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
-        let message = |text: &str| vec![NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}))];
-        owners.append(&s, message("before")).await.expect("an append");
+        owners.append(&s, user("before")).await.expect("an append");
         let (other, lock_path) = lock_as_another_program(&s.path).await;
         let (o, s2) = (owners.clone(), s.clone());
-        let append = started(async move { o.append(&s2, message("waits for the lock")).await }).await;
+        let append = started(async move { o.append(&s2, user("waits for the lock")).await }).await;
         let sessions = owners.sessions.clone();
         let reset = owners.exclusive(&s.key, async move {
             tokio::task::spawn_blocking(move || sessions.reset("main", "reset")).await.expect("the reset's thread")
         });
         let reset = tokio::time::timeout(Duration::from_secs(20), reset).await;
-        let (_, archived) = reset.expect("the reset is not held up").expect("its owner").expect("the reset");
+        let (fresh, archived) = reset.expect("the reset is not held up").expect("its owner").expect("the reset");
         // The append waited for the old transcript: refused once it is moved aside, before the
-        // other program lets go of its lock.
+        // other program lets go of its lock; the new transcript's appends do not queue behind it.
         let written = tokio::time::timeout(Duration::from_secs(20), append).await.expect("in time").expect("its task");
+        let to_fresh =
+            tokio::time::timeout(Duration::from_secs(20), owners.append(&fresh, user("to the new one"))).await;
         drop(other);
         let _ = std::fs::remove_file(&lock_path);
         assert!(matches!(written, Err(StoreError::MovedAside(_))), "{written:?}");
+        assert!(to_fresh.is_ok_and(|r| r.is_ok()), "the new transcript's append is not held up by the old one's lock");
         let old = std::fs::read_to_string(archived.expect("archived")).expect("the archive");
         assert!(old.contains("before") && !old.contains("waits for the lock"), "{old}");
     }
@@ -820,8 +825,7 @@ mod tests {
     async fn an_append_sent_before_a_reset_is_written_before_it() {
         let (owners, _dir) = owners();
         let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
-        let message = |text: &str| vec![NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}))];
-        owners.append(&s, message("first")).await.expect("an append");
+        owners.append(&s, user("first")).await.expect("an append");
         // The owner is busy (work held on a gate) while an append and then a reset are sent.
         let (go, gate) = oneshot::channel::<()>();
         let (o, key) = (owners.clone(), s.key.clone());
@@ -833,7 +837,7 @@ mod tests {
         })
         .await;
         let (o, s2) = (owners.clone(), s.clone());
-        let append = started(async move { o.append(&s2, message("sent before the reset")).await }).await;
+        let append = started(async move { o.append(&s2, user("sent before the reset")).await }).await;
         let (o, key, sessions) = (owners.clone(), s.key.clone(), owners.sessions.clone());
         let reset = started(async move {
             let work = async move {
@@ -849,29 +853,6 @@ mod tests {
         assert!(written.is_ok(), "the append sent before the reset is written: {written:?}");
         let old = std::fs::read_to_string(archived.expect("archived")).expect("the archive");
         assert!(old.contains("sent before the reset"), "it is in the transcript the reset archived: {old}");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn after_a_reset_the_new_transcript_does_not_wait_for_the_old_ones_lock() {
-        let (owners, _dir) = owners();
-        let s = owners.sessions.clone().session("main", true).await.expect("the index").expect("a session");
-        let message = |text: &str| vec![NewEntry::message(json!({"role": "user", "content": text, "timestamp": 1}))];
-        owners.append(&s, message("before")).await.expect("an append");
-        let (other, lock_path) = lock_as_another_program(&s.path).await;
-        let (o, s2) = (owners.clone(), s.clone());
-        let waiting = started(async move { o.append(&s2, message("waits for the old lock")).await }).await;
-        let sessions = owners.sessions.clone();
-        let reset = owners.exclusive(&s.key, async move {
-            tokio::task::spawn_blocking(move || sessions.reset("main", "reset")).await.expect("the reset's thread")
-        });
-        let (fresh, _) = reset.await.expect("its owner").expect("the reset");
-        let to_fresh =
-            tokio::time::timeout(Duration::from_secs(20), owners.append(&fresh, message("to the new one"))).await;
-        drop(other);
-        let _ = std::fs::remove_file(&lock_path);
-        assert!(to_fresh.is_ok_and(|r| r.is_ok()), "the new transcript's append is not held up by the old one's lock");
-        let refused = waiting.await.expect("its task");
-        assert!(matches!(refused, Err(StoreError::MovedAside(_))), "{refused:?}");
     }
 
     #[tokio::test]

@@ -485,6 +485,14 @@ impl Sessions {
         tokio::task::spawn_blocking(move || self.resolve(&k, create)).await.map_err(EngineError::task)?
     }
 
+    /// Whether `session` (read before) no longer names its key's transcript: reset or deleted by
+    /// this process since (looked up only when [`Sessions::moved`] says some transcript was moved
+    /// aside meanwhile).
+    pub async fn moved_aside(self: &Arc<Self>, session: &SessionRef) -> bool {
+        session.moved != self.moved()
+            && !matches!(self.clone().session(&session.key, false).await, Ok(Some(now)) if now.path == session.path)
+    }
+
     /// [`Sessions::resolve`] of an existing session from memory, without blocking (safe on async
     /// threads): `None` when the index is busy, not read yet, changed on disk (a `stat`, where the
     /// store answers that without blocking) or without the key; then ask [`Sessions::resolve`].

@@ -251,14 +251,8 @@ impl TurnSlot {
     /// (The future holds no borrow of the slot, which is not `Sync`.)
     pub fn moved(&self, gw: &Arc<Engine>, session: &SessionRef) -> impl std::future::Future<Output = bool> + Send {
         let by_replica = self.row.as_ref().is_some_and(|now| now.as_deref() != Some(session.session_id.as_str()));
-        let look = (!by_replica && session.moved != gw.sessions.moved())
-            .then(|| (gw.clone(), session.key.clone(), session.path.clone()));
-        async move {
-            match look {
-                Some((gw, key, path)) => !matches!(gw.session(&key, false).await, Ok(Some(now)) if now.path == path),
-                None => by_replica,
-            }
-        }
+        let (sessions, session) = (gw.sessions.clone(), session.clone());
+        async move { by_replica || sessions.moved_aside(&session).await }
     }
 }
 
