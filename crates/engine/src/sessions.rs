@@ -283,11 +283,29 @@ struct AgentIndex {
 pub struct Sessions {
     state_dir: PathBuf,
     store: Arc<dyn Transcripts>,
+    /// The indexes read, by agent. Held across the store's calls (reading, locking, writing an
+    /// index), so never waited for on an async thread: see [`Sessions::touch`].
     agents: Mutex<HashMap<AgentId, AgentIndex>>,
+    /// Activity marked while `agents` was busy (agent, key, when), merged in by the next holder.
+    /// Held only to push or drain.
+    touches: Mutex<Vec<(AgentId, String, u64)>>,
     /// How many transcripts this process moved aside (resets, deletes); see [`Sessions::moved`].
     moved: AtomicU64,
     /// Agents the config names.
     configured: Vec<AgentId>,
+}
+
+/// Notes activity on a session's row (see [`Sessions::touch`]).
+fn mark_touched(agents: &mut HashMap<AgentId, AgentIndex>, (agent, key, now): (AgentId, String, u64)) {
+    if let Some(idx) = agents.get_mut(&agent) {
+        if let Some(Value::Object(e)) = idx.map.get_mut(&key) {
+            if e.get("updatedAt").and_then(Value::as_u64).is_none_or(|u| u < now) {
+                e.insert("updatedAt".into(), json!(now));
+            }
+        }
+        let t = idx.touched.entry(key).or_insert(now);
+        *t = (*t).max(now);
+    }
 }
 
 fn read_index(store: &dyn Transcripts, path: &Path) -> Result<(Map<String, Value>, Option<IndexStamp>), EngineError> {
@@ -312,6 +330,7 @@ impl Sessions {
             state_dir: state_dir.to_path_buf(),
             store,
             agents: Mutex::new(HashMap::new()),
+            touches: Mutex::new(Vec::new()),
             moved: AtomicU64::new(0),
             configured: Vec::new(),
         }
@@ -351,6 +370,7 @@ impl Sessions {
             )));
         }
         let mut agents = pincer_pi::lock(&self.agents);
+        self.merge_touches(&mut agents);
         let path = self.sessions_dir(agent).join("sessions.json");
         let _guard = match change {
             true => {
@@ -538,26 +558,37 @@ impl Sessions {
     }
 
     /// Marks activity on a session. Only `updatedAt` changes, so it is kept in memory (no file
-    /// I/O: safe on async threads) and merged into the file by [`Sessions::flush`] (every few
-    /// seconds and at shutdown), not with an fsync on every turn.
+    /// I/O) and merged into the file by [`Sessions::flush`] (every few seconds and at shutdown), not
+    /// with an fsync on every turn. Never waits (safe on async threads): while the indexes are busy
+    /// (another thread reads or writes one, which on PostgreSQL waits for the runtime's tasks) the
+    /// mark waits in `touches` for the next holder.
     pub fn touch(&self, s: &SessionRef) {
-        let mut agents = pincer_pi::lock(&self.agents);
-        if let Some(idx) = agents.get_mut(&AgentId(s.agent_id.clone())) {
-            let now = now_ms();
-            if let Some(Value::Object(e)) = idx.map.get_mut(&s.key) {
-                e.insert("updatedAt".into(), json!(now));
+        let mark = (AgentId(s.agent_id.clone()), s.key.clone(), now_ms());
+        match self.agents.try_lock() {
+            Ok(mut agents) => {
+                self.merge_touches(&mut agents);
+                mark_touched(&mut agents, mark);
             }
-            idx.touched.insert(s.key.clone(), now);
+            Err(std::sync::TryLockError::Poisoned(p)) => mark_touched(&mut p.into_inner(), mark),
+            Err(std::sync::TryLockError::WouldBlock) => pincer_pi::lock(&self.touches).push(mark),
+        }
+    }
+
+    /// Applies the marks [`Sessions::touch`] left while the indexes were busy.
+    fn merge_touches(&self, agents: &mut HashMap<AgentId, AgentIndex>) {
+        let marks = std::mem::take(&mut *pincer_pi::lock(&self.touches));
+        for mark in marks {
+            mark_touched(agents, mark);
         }
     }
 
     /// Merges pending activity into every index file that has some.
     pub fn flush(&self) {
-        let pending: Vec<AgentId> = pincer_pi::lock(&self.agents)
-            .iter()
-            .filter(|(_, i)| !i.touched.is_empty())
-            .map(|(a, _)| a.clone())
-            .collect();
+        let pending: Vec<AgentId> = {
+            let mut agents = pincer_pi::lock(&self.agents);
+            self.merge_touches(&mut agents);
+            agents.iter().filter(|(_, i)| !i.touched.is_empty()).map(|(a, _)| a.clone()).collect()
+        };
         for agent in pending {
             if let Err(e) = self.with_index(&agent, true, |idx| self.save(idx)) {
                 tracing::warn!("cannot write the session index: {}", e);

@@ -174,8 +174,13 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(1), connections.wait()).await;
     // MCP servers after the runs: a run's last call may still have needed one.
     let _ = tokio::time::timeout(Duration::from_secs(10), gw.mcp.shutdown()).await;
-    gw.sessions.flush();
-    gw.store.close();
+    // Off the async threads: the flush waits for the index, whose holder may wait for this runtime.
+    let last = gw.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        last.sessions.flush();
+        last.store.close();
+    })
+    .await;
     tracing::info!("stopped");
     Ok(())
 }

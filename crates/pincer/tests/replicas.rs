@@ -176,6 +176,40 @@ async fn three_replicas_sending_to_one_session_at_once_make_one_chain_with_every
     }
 }
 
+/// Many sessions at once on one replica, every turn answered. Nothing on an async thread may wait for
+/// a lock held across a database call: the session index's was waited for by every turn's last step
+/// (`Sessions::touch`), and with the store's tasks on the gateway's own runtime (tried, and measured
+/// slower) every async thread waited there while the holder waited for them, and no turn ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_sessions_at_once_on_one_replica_all_get_their_answers() {
+    let c = cluster(1);
+    let mut tasks = Vec::new();
+    for n in 0..30 {
+        let addr = c.replicas[0].addr.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = Client::connect(&addr).await;
+            for i in 0..5 {
+                let run = format!("s{n}-t{i}");
+                let ack = client
+                    .request(
+                        "chat.send",
+                        json!({"sessionKey": format!("s{n}"), "message": "hi", "idempotencyKey": run}),
+                    )
+                    .await
+                    .expect("chat.send");
+                assert_eq!(ack["status"], "started", "{ack}");
+                let fin = client.chat_end(&run).await;
+                assert_eq!(fin["payload"]["state"], "final", "{fin}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client");
+    }
+    let counts = c.sql("SELECT count(*), count(DISTINCT transcript) FROM entries WHERE type = 'message'");
+    assert_eq!(counts, "300|30", "every turn's message and reply, in 30 transcripts");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jsonl_state_dir_moves_into_postgres_and_reads_the_same() {
     let fake = FakeOpenAi::start_in_thread();
