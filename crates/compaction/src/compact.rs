@@ -12,7 +12,7 @@ use crate::serialize::{convert_to_llm, serialize_conversation, FileLists};
 use crate::settings::{CompactionSettings, Mode};
 use pincer_agent::{CancellationToken, ResolvedModel};
 use pincer_pi::js::utf16_len;
-use pincer_store::{Appended, Kind, Leaf, NewEntry, Session, StoreError, Transcripts};
+use pincer_store::{Appended, Kind, Leaf, NewEntry, Session, StoreError, Transcripts, TranscriptsExt};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

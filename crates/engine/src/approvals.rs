@@ -33,7 +33,7 @@ use crate::sessions::SessionRef;
 use crate::state::{Engine, RunHandle};
 use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
 use pincer_pi::lock;
-use pincer_store::NewEntry;
+use pincer_store::{NewEntry, TranscriptsExt};
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

@@ -19,7 +19,7 @@
 //! running): after a restart, the ones that never started run in order, behind the resumed turn.
 
 use crate::protocol::RunStatus;
-use pincer_store::{NewEntry, StoreError, Transcripts};
+use pincer_store::{NewEntry, StoreError, Transcripts, TranscriptsExt};
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
 use std::path::Path;

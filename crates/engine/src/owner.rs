@@ -14,7 +14,7 @@ use crate::error::{EngineError, GatewayError};
 use crate::sessions::{SessionRef, Sessions};
 use pincer_agent::{CancellationToken, ContextMessage, Messages};
 use pincer_pi::lock;
-use pincer_store::{build_context, Appended, NewEntry, Pos, StoreError, Transcripts};
+use pincer_store::{build_context, Appended, NewEntry, Pos, StoreError, Transcripts, TranscriptsExt};
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::future::Future;

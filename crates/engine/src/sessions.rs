@@ -11,7 +11,7 @@
 
 use crate::error::EngineError;
 use pincer_pi::now_ms;
-use pincer_store::{valid_session_id, IndexStamp, Transcripts};
+use pincer_store::{valid_session_id, IndexStamp, Transcripts, TranscriptsExt};
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -667,8 +667,9 @@ impl Sessions {
         let agent = &AgentId::main();
         let dir = self.sessions_dir(agent);
         self.with_index(agent, true, |idx| {
+            // (A store that cannot say whether the file exists counts it taken: a fresh id is used.)
             let taken = |id: &str| {
-                self.store.exists(&dir.join(format!("{id}.jsonl")))
+                self.store.exists(&dir.join(format!("{id}.jsonl"))).unwrap_or(true)
                     || idx.map.values().any(|v| v.get("sessionId").and_then(Value::as_str) == Some(id))
                     || idx.map.contains_key(&format!("agent:{agent}:import:{id}"))
             };

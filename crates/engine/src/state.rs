@@ -676,7 +676,8 @@ impl Engine {
         answer: crate::budget::Answer,
         what: &str,
     ) -> Result<crate::budget::Held, EngineError> {
-        let bytes = self.store.bytes(path).unwrap_or(0);
+        // (A size the store cannot tell now reserves nothing beyond the answer.)
+        let bytes = self.store.bytes(path).ok().flatten().unwrap_or(0);
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| EngineError::Internal("the answer budget is asked outside the gateway's runtime".into()))?;
         handle.block_on(self.answers.reserve(answer, bytes, what))
@@ -685,7 +686,8 @@ impl Engine {
     /// The size of `path`'s transcript in bytes (0 when it has none).
     pub async fn transcript_bytes(self: &Arc<Self>, path: &std::path::Path) -> u64 {
         let (store, p) = (self.store.clone(), path.to_owned());
-        tokio::task::spawn_blocking(move || store.bytes(&p)).await.ok().flatten().unwrap_or(0)
+        let read = tokio::task::spawn_blocking(move || store.bytes(&p)).await;
+        read.ok().and_then(Result::ok).flatten().unwrap_or(0)
     }
 
     /// Runs `f` on the session index on a blocking thread.

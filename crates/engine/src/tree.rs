@@ -16,7 +16,7 @@ use crate::sessions::SessionRef;
 use crate::state::Engine;
 use pincer_store::history::project_entry;
 use pincer_store::session::{Kind, Session};
-use pincer_store::NewEntry;
+use pincer_store::{NewEntry, TranscriptsExt};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -225,10 +225,8 @@ pub fn leaf_and_entry(
 
 /// The session's active leaf (`None` without a transcript).
 fn current_leaf(gw: &Engine, s: &SessionRef) -> Result<Option<String>, EngineError> {
-    if !gw.store.exists(&s.path) {
-        return Ok(None);
-    }
-    gw.store.leaf(&s.path).map_err(|e| EngineError::Persistence(format!("cannot read the leaf: {e}")))
+    let read = || Ok(if gw.store.exists(&s.path)? { gw.store.leaf(&s.path)? } else { None });
+    read().map_err(|e: pincer_store::StoreError| EngineError::Persistence(format!("cannot read the leaf: {e}")))
 }
 
 fn role(n: &Node) -> Option<&str> {

@@ -53,7 +53,7 @@ impl Usage {
 
 /// Reads a transcript's usage (a transcript too large to read, or unreadable, counts nothing).
 pub fn of_transcript(store: &dyn Transcripts, path: &Path) -> Usage {
-    store.read_bytes(path, MAX_BYTES).map(|b| scan(&b)).unwrap_or_default()
+    store.read_bytes(path, MAX_BYTES).ok().flatten().map(|b| scan(&b)).unwrap_or_default()
 }
 
 /// Bytes read from a transcript's end for a session row's last-turn usage.
@@ -62,7 +62,7 @@ const TAIL_BYTES: u64 = 256 * 1024;
 /// The usage of a transcript's last [`TAIL_BYTES`] (cheap for every row of `sessions.list`):
 /// `last` is the last turn's usage; the counts cover the tail only.
 pub fn of_tail(store: &dyn Transcripts, path: &Path) -> Usage {
-    store.read_tail(path, TAIL_BYTES).map(|b| scan(&b)).unwrap_or_default()
+    store.read_tail(path, TAIL_BYTES).ok().flatten().map(|b| scan(&b)).unwrap_or_default()
 }
 
 fn scan(bytes: &[u8]) -> Usage {

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // a measuring tool
 
 use pincer_pg::{PgOptions, PgStore};
-use pincer_store::{NewEntry, Store, StoreOptions, Transcripts};
+use pincer_store::{NewEntry, Store, StoreOptions, Transcripts, TranscriptsExt};
 use pincer_testkit::postgres::Postgres;
 use serde_json::json;
 use std::sync::Arc;

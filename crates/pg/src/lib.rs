@@ -1058,8 +1058,9 @@ impl Drop for TurnLock {
 }
 
 impl Transcripts for PgStore {
-    fn bytes(&self, path: &Path) -> Option<u64> {
-        let file = self.name(path);
+    fn bytes(&self, path: &Path) -> Result<Option<u64>, StoreError> {
+        let name = self.name(path);
+        let file = name.clone();
         self.block(move |inner| async move {
             let c = inner.pool.get().await?;
             let row = c
@@ -1071,8 +1072,7 @@ impl Transcripts for PgStore {
                 .await?;
             Ok(row.map(|r| r.get::<_, i64>(0) as u64))
         })
-        .ok()
-        .flatten()
+        .map_err(|e| e.into_store(&name))
     }
 
     fn append_all(
@@ -1130,16 +1130,6 @@ impl Transcripts for PgStore {
         .map_err(|e| e.into_store(&file))
     }
 
-    fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
-        let file = self.name(path);
-        let f = file.clone();
-        self.block(move |inner| async move {
-            let c = inner.pool.get().await?;
-            Ok(c.query_opt("SELECT leaf FROM transcripts WHERE file = $1", &[&f]).await?.and_then(|r| r.get(0)))
-        })
-        .map_err(|e| e.into_store(&file))
-    }
-
     fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError> {
         let file = self.name(path);
         let f = file.clone();
@@ -1151,53 +1141,49 @@ impl Transcripts for PgStore {
         .map_err(|e| e.into_store(&file))
     }
 
-    fn exists(&self, path: &Path) -> bool {
-        let f = self.name(path);
-        self.block(move |inner| async move {
-            let c = inner.pool.get().await?;
-            Ok(c.query_opt("SELECT 1 FROM transcripts WHERE file = $1", &[&f]).await?.is_some())
-        })
-        .unwrap_or(false)
-    }
-
-    fn end(&self, path: &Path) -> Option<Pos> {
-        // Positions are seqs (entries_from includes its own): the next entry's seq.
-        let f = self.name(path);
+    fn end(&self, path: &Path) -> Result<Option<Pos>, StoreError> {
+        // Positions are seqs (entries_at includes its own): the next entry's seq.
+        let file = self.name(path);
+        let f = file.clone();
         self.block(move |inner| async move {
             let c = inner.pool.get().await?;
             let row = c.query_opt("SELECT last_seq FROM transcripts WHERE file = $1", &[&f]).await?;
             Ok(row.map(|r| pos(r.get::<_, i64>(0) + 1)))
         })
-        .ok()
-        .flatten()
+        .map_err(|e| e.into_store(&file))
     }
 
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
         Ok(self.export(path)?.map(Session::parse))
     }
 
-    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError> {
         // As the file store checks the file's length first: a transcript too large is not read.
-        let f = self.name(path);
-        let size = self.block(move |inner| async move { inner.size(&f).await }).ok().flatten()?;
-        if size > max_bytes {
-            return None;
+        let file = self.name(path);
+        let f = file.clone();
+        let size = self.block(move |inner| async move { inner.size(&f).await }).map_err(|e| e.into_store(&file))?;
+        if size.is_none_or(|size| size > max_bytes) {
+            return Ok(None);
         }
-        self.export(path).ok().flatten().filter(|b| b.len() as u64 <= max_bytes)
+        Ok(self.export(path)?.filter(|b| b.len() as u64 <= max_bytes))
     }
 
-    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
-        let f = self.name(path);
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let file = self.name(path);
+        let f = file.clone();
         self.block(move |inner| async move {
             let lines = inner.window_lines(&f, Window::Before(i64::MAX), max_bytes).await?;
+            if lines.is_empty() && inner.size(&f).await?.is_none() {
+                return Ok(None);
+            }
             let mut out = Vec::new();
             for l in lines {
                 out.extend_from_slice(l.as_bytes());
                 out.push(b'\n');
             }
-            Ok(out)
+            Ok(Some(out))
         })
-        .ok()
+        .map_err(|e| e.into_store(&file))
     }
 
     fn history(&self, path: &Path, opts: HistoryOptions) -> Result<History, StoreError> {

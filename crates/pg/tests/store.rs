@@ -7,7 +7,9 @@
 
 use pincer_pg::{PgOptions, PgStore};
 use pincer_store::history::HistoryOptions;
-use pincer_store::{context_report, LeafArg, NewEntry, ParentChoice, Session, Store, StoreOptions, Transcripts};
+use pincer_store::{
+    context_report, LeafArg, NewEntry, ParentChoice, Session, Store, StoreOptions, Transcripts, TranscriptsExt,
+};
 use pincer_testkit::postgres::Postgres;
 use pincer_testkit::{comparable, oracle_context};
 use serde_json::{json, Map, Value};
@@ -88,9 +90,13 @@ fn an_imported_file_reads_back_byte_for_byte_with_the_same_context_and_history()
     let n = bytes.len() as u64;
     let files = Store::new(StoreOptions::default());
     for max in [n, n - 1] {
-        assert_eq!(pg.read_bytes(&file, max), files.read_bytes(&file, max), "read_bytes({max}) of {n} bytes");
+        assert_eq!(
+            pg.read_bytes(&file, max).expect("pg"),
+            files.read_bytes(&file, max).expect("files"),
+            "read_bytes({max}) of {n} bytes"
+        );
     }
-    assert_eq!(pg.read_bytes(&file, n).as_deref(), Some(&bytes[..]));
+    assert_eq!(pg.read_bytes(&file, n).expect("read").as_deref(), Some(&bytes[..]));
     let from_db = pg.read_session(&file).expect("read").expect("exists");
     let from_file = Session::read(&file).expect("read").expect("exists");
     let ctx = |s: &Session| context_report(s, &LeafArg::Default).expect("context").to_value();

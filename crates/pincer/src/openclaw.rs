@@ -12,7 +12,7 @@
 
 use crate::Failure;
 use pincer_store::redact::Redactor;
-use pincer_store::Transcripts;
+use pincer_store::{Transcripts, TranscriptsExt};
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -211,9 +211,18 @@ fn write_agent(
             report.skipped.push(json!({"key": s.key, "reason": why}));
             continue;
         }
-        if store.exists(&path) {
-            report.skipped.push(json!({"key": s.key, "reason": format!("{} is already here (kept)", path.display())}));
-            continue;
+        match store.exists(&path) {
+            Ok(false) => {}
+            Ok(true) => {
+                report
+                    .skipped
+                    .push(json!({"key": s.key, "reason": format!("{} is already here (kept)", path.display())}));
+                continue;
+            }
+            Err(e) => {
+                report.problems.push(format!("session {:?}: {e}", s.key));
+                continue;
+            }
         }
         if let Err(e) = store.import_transcript(&path, &s.bytes) {
             report.problems.push(format!("session {:?}: cannot write: {e}", s.key));

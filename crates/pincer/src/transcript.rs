@@ -5,7 +5,9 @@ use crate::Failure;
 use clap::{Args, Subcommand};
 use pincer_gateway::config::{Overrides, Settings, StoreSettings};
 use pincer_store::history::{read_history, HistoryOptions, DEFAULT_LIMIT, DEFAULT_MAX_CHARS, MAX_LIMIT};
-use pincer_store::{context_report, LeafArg, NewEntry, Session, Store, StoreError, StoreOptions, Transcripts};
+use pincer_store::{
+    context_report, LeafArg, NewEntry, Session, Store, StoreError, StoreOptions, Transcripts, TranscriptsExt,
+};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -58,20 +58,6 @@ pub type IndexStamp = (u64, u64, u64, i64);
 /// append ([`Transcripts::lock_for_append`], [`Transcripts::append_held`]) never blocks the thread
 /// polling it; every other method may block on I/O: call them off the async threads.
 pub trait Transcripts: Send + Sync {
-    /// Appends one entry (chained to the leaf, a root or a chosen parent); returns it as written
-    /// once it is durable. An entry whose idempotency key is already in the transcript is not
-    /// written again: the existing one is returned with `appended: false`. `session_id` names the
-    /// header if the transcript has to be created.
-    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
-        let mut all = self.append_all(path, vec![entry], session_id)?;
-        all.pop().ok_or_else(|| StoreError::Internal("the append returned nothing".into()))
-    }
-
-    /// [`Transcripts::append_with`] without a session id.
-    fn append(&self, path: &Path, entry: NewEntry) -> Result<Appended, StoreError> {
-        self.append_with(path, entry, None)
-    }
-
     /// Appends entries in order (each chained to the one before, unless it names its parent) in one
     /// durable commit: all of them are written, or none is acknowledged. Returns them as written.
     fn append_all(
@@ -84,16 +70,11 @@ pub trait Transcripts: Send + Sync {
     /// Creates the transcript with its header if it does not exist yet.
     fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError>;
 
-    /// The id new entries would be chained to (`None`: they would be roots).
-    fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError>;
-
-    /// [`Transcripts::leaf`], and how many times the transcript was rewritten in place (cut by
-    /// `sessions.compact {maxLines}`) on a store several processes share: what another process
-    /// cached of it is stale when this count moved, though the leaf is the same. The file store
-    /// answers 0 (its rewrites tell the gateway directly).
-    fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError> {
-        Ok((self.leaf(path)?, 0))
-    }
+    /// The id new entries would be chained to (`None`: they would be roots), and how many times the
+    /// transcript was rewritten in place (cut by `sessions.compact {maxLines}`) on a store several
+    /// processes share: what another process cached of it is stale when this count moved, though the
+    /// leaf is the same. The file store answers 0 (its rewrites tell the gateway directly).
+    fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError>;
 
     /// [`Transcripts::leaf_version`] when the store knows it without blocking (from memory and
     /// at most a `stat`), so async threads can ask; `None`: ask the blocking way.
@@ -113,43 +94,29 @@ pub trait Transcripts: Send + Sync {
         None
     }
 
-    /// Whether the transcript exists.
-    fn exists(&self, path: &Path) -> bool;
-
     /// The transcript's size in bytes as a file (the lines' length), `None` when it does not exist:
     /// what reading it whole costs.
-    fn bytes(&self, path: &Path) -> Option<u64>;
+    fn bytes(&self, path: &Path) -> Result<Option<u64>, StoreError>;
 
     /// The position after the transcript's last entry (`None`: it does not exist): where
-    /// [`Transcripts::entries_from`] finds the next entry appended; it grows with every append.
-    fn end(&self, path: &Path) -> Option<Pos>;
+    /// [`Transcripts::entries_at`] finds the next entry appended; it grows with every append.
+    fn end(&self, path: &Path) -> Result<Option<Pos>, StoreError>;
 
     /// The whole transcript, read and indexed as Pi reads it (`None`: it does not exist).
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError>;
 
     /// The whole transcript as the bytes of its JSONL file, when it has at most `max_bytes`
-    /// (`None`: missing, unreadable or larger).
-    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>>;
+    /// (`None`: missing or larger).
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError>;
 
-    /// The transcript's last whole lines, about `max_bytes` of them at most (`None`: missing or
-    /// unreadable).
-    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>>;
+    /// The transcript's last whole lines, about `max_bytes` of them at most (`None`: missing).
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// `chat.history` of the transcript, from a bounded tail.
     fn history(&self, path: &Path, opts: HistoryOptions) -> Result<History, StoreError>;
 
     /// The entry whose message carries idempotency key `key`, and its position.
     fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, StoreError>;
-
-    /// The entries from position `pos` on (that one included), about `max_bytes` of them at most.
-    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        Ok(self.entries_at(path, pos, max_bytes)?.0.into_iter().map(|(_, e)| e).collect())
-    }
-
-    /// The last entries, about `max_bytes` of them at most.
-    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
-        Ok(self.entries_before(path, Pos::END, max_bytes)?.into_iter().map(|(_, e)| e).collect())
-    }
 
     /// The entries from position `pos` on (that one included), about `max_bytes` of them at most,
     /// each with its position ([`Appended::pos`]), and whether they reach the transcript's end
@@ -218,9 +185,53 @@ pub trait Transcripts: Send + Sync {
     fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)>;
 }
 
+/// What every store answers through [`Transcripts`], said shorter: not part of the seam (a backend
+/// implements none of it), in scope with `use pincer_store::TranscriptsExt`.
+pub trait TranscriptsExt: Transcripts {
+    /// Appends one entry (chained to the leaf, a root or a chosen parent); returns it as written
+    /// once it is durable. An entry whose idempotency key is already in the transcript is not
+    /// written again: the existing one is returned with `appended: false`. `session_id` names the
+    /// header if the transcript has to be created.
+    fn append_with(&self, path: &Path, entry: NewEntry, session_id: Option<&str>) -> Result<Appended, StoreError> {
+        let mut all = self.append_all(path, vec![entry], session_id)?;
+        all.pop().ok_or_else(|| StoreError::Internal("the append returned nothing".into()))
+    }
+
+    /// [`TranscriptsExt::append_with`] without a session id.
+    fn append(&self, path: &Path, entry: NewEntry) -> Result<Appended, StoreError> {
+        self.append_with(path, entry, None)
+    }
+
+    /// The id new entries would be chained to (`None`: they would be roots).
+    fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
+        Ok(self.leaf_version(path)?.0)
+    }
+
+    /// Whether the transcript exists.
+    fn exists(&self, path: &Path) -> Result<bool, StoreError> {
+        Ok(self.end(path)?.is_some())
+    }
+
+    /// The entries from position `pos` on (that one included), about `max_bytes` of them at most.
+    fn entries_from(&self, path: &Path, pos: Pos, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        Ok(self.entries_at(path, pos, max_bytes)?.0.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// The last entries, about `max_bytes` of them at most.
+    fn tail_entries(&self, path: &Path, max_bytes: u64) -> Result<Vec<Value>, StoreError> {
+        Ok(self.entries_before(path, Pos::END, max_bytes)?.into_iter().map(|(_, e)| e).collect())
+    }
+}
+
+impl<T: Transcripts + ?Sized> TranscriptsExt for T {}
+
 impl Transcripts for Store {
-    fn bytes(&self, path: &Path) -> Option<u64> {
-        std::fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.len())
+    fn bytes(&self, path: &Path) -> Result<Option<u64>, StoreError> {
+        match std::fs::metadata(path) {
+            Ok(m) => Ok(m.is_file().then_some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io(path, e)),
+        }
     }
 
     fn append_all(
@@ -236,8 +247,8 @@ impl Transcripts for Store {
         Store::ensure_created(self, path, session_id)
     }
 
-    fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
-        Store::leaf(self, path)
+    fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError> {
+        Ok((Store::leaf(self, path)?, 0))
     }
 
     fn peek_leaf_version(&self, path: &Path) -> Option<(Option<String>, u64)> {
@@ -252,40 +263,44 @@ impl Transcripts for Store {
         Some(Transcripts::index_stamp(self, path))
     }
 
-    fn exists(&self, path: &Path) -> bool {
-        path.exists()
-    }
-
-    fn end(&self, path: &Path) -> Option<Pos> {
-        std::fs::metadata(path).ok().map(|m| Pos(m.len()))
+    fn end(&self, path: &Path) -> Result<Option<Pos>, StoreError> {
+        Ok(Transcripts::bytes(self, path)?.map(Pos))
     }
 
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
         Session::read(path)
     }
 
-    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
-        let too_big = std::fs::metadata(path).map(|m| m.len() > max_bytes).unwrap_or(true);
-        if too_big {
-            return None;
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        match Transcripts::bytes(self, path)? {
+            Some(len) if len <= max_bytes => match std::fs::read(path) {
+                Ok(b) => Ok(Some(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(StoreError::io(path, e)),
+            },
+            _ => Ok(None),
         }
-        std::fs::read(path).ok()
     }
 
-    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError> {
         use std::io::{Read, Seek, SeekFrom};
-        let mut f = std::fs::File::open(path).ok()?;
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut f = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::io(path, e)),
+        };
+        let io = |e| StoreError::io(path, e);
+        let len = f.metadata().map_err(io)?.len();
         let from = len.saturating_sub(max_bytes);
         let mut bytes = Vec::new();
-        f.seek(SeekFrom::Start(from)).ok()?;
-        f.take(max_bytes).read_to_end(&mut bytes).ok()?;
+        f.seek(SeekFrom::Start(from)).map_err(io)?;
+        f.take(max_bytes).read_to_end(&mut bytes).map_err(io)?;
         if from > 0 {
             // The first line is cut: it starts before the tail.
             let cut = bytes.iter().position(|b| *b == b'\n').map_or(bytes.len(), |i| i + 1);
             bytes.drain(..cut);
         }
-        Some(bytes)
+        Ok(Some(bytes))
     }
 
     fn history(&self, path: &Path, opts: HistoryOptions) -> Result<History, StoreError> {
@@ -390,7 +405,7 @@ impl Transcripts for Store {
 
 /// A shared store is a store (so `Arc<dyn Transcripts>` goes wherever a store is asked for).
 impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
-    fn bytes(&self, path: &Path) -> Option<u64> {
+    fn bytes(&self, path: &Path) -> Result<Option<u64>, StoreError> {
         (**self).bytes(path)
     }
     fn append_all(
@@ -404,9 +419,6 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), StoreError> {
         (**self).ensure_created(path, session_id)
     }
-    fn leaf(&self, path: &Path) -> Result<Option<String>, StoreError> {
-        (**self).leaf(path)
-    }
     fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), StoreError> {
         (**self).leaf_version(path)
     }
@@ -419,19 +431,16 @@ impl<T: Transcripts + ?Sized> Transcripts for std::sync::Arc<T> {
     fn peek_index_stamp(&self, path: &Path) -> Option<Option<IndexStamp>> {
         (**self).peek_index_stamp(path)
     }
-    fn exists(&self, path: &Path) -> bool {
-        (**self).exists(path)
-    }
-    fn end(&self, path: &Path) -> Option<Pos> {
+    fn end(&self, path: &Path) -> Result<Option<Pos>, StoreError> {
         (**self).end(path)
     }
     fn read_session(&self, path: &Path) -> Result<Option<Session>, StoreError> {
         (**self).read_session(path)
     }
-    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+    fn read_bytes(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError> {
         (**self).read_bytes(path, max_bytes)
     }
-    fn read_tail(&self, path: &Path, max_bytes: u64) -> Option<Vec<u8>> {
+    fn read_tail(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError> {
         (**self).read_tail(path, max_bytes)
     }
     fn history(&self, path: &Path, opts: HistoryOptions) -> Result<History, StoreError> {

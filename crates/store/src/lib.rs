@@ -42,7 +42,7 @@ pub mod store;
 pub mod trim;
 pub mod verify;
 
-pub use backend::{AfterCommit, Held, IndexStamp, Pos, StoreFuture, Transcripts};
+pub use backend::{AfterCommit, Held, IndexStamp, Pos, StoreFuture, Transcripts, TranscriptsExt};
 pub use lock::{LockError, LockGuard, LockOptions};
 pub use store::{redact_entry, valid_session_id, Appended, NewEntry, ParentChoice, Store, StoreOptions};
 

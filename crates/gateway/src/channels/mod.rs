@@ -53,7 +53,7 @@ use crate::state::Engine;
 use crate::turn::TurnRequest;
 pub use pincer_engine::config::channels::{ChannelSettings, ChannelsSection, Policy};
 use pincer_pi::lock;
-use pincer_store::NewEntry;
+use pincer_store::{NewEntry, TranscriptsExt};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;

@@ -21,7 +21,7 @@
 use super::wire::{chain, message_hash, Hash, ROOT};
 use pincer_pi::lock;
 use pincer_store::session::Kind;
-use pincer_store::{Pos, Transcripts};
+use pincer_store::{Pos, Transcripts, TranscriptsExt};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -174,7 +174,7 @@ impl Inner {
     fn index_file(&mut self, store: &dyn Transcripts, key: &str, path: &Path) {
         self.forget(path);
         // The position first: what is appended meanwhile is read again, never missed.
-        let Some(len) = store.end(path) else { return };
+        let Ok(Some(len)) = store.end(path) else { return };
         let rewrites = store.leaf_version(path).map_or(0, |(_, r)| r);
         let Ok(Some(s)) = store.read_session(path) else { return };
         let n = s.entries.len();
@@ -248,7 +248,8 @@ impl Inner {
     /// shrank, is gone, or an entry's parent is unknown.
     fn catch_up(&mut self, store: &dyn Transcripts, path: &Path) {
         let Some((key, len)) = self.sessions.get(path).map(|t| (t.key.clone(), t.len)) else { return };
-        let end = store.end(path);
+        // (A store that cannot answer now is asked again at the next catch-up.)
+        let Ok(end) = store.end(path) else { return };
         match end {
             None => return self.forget(path),
             Some(e) if e == len => return,
@@ -326,6 +327,12 @@ impl Inner {
 }
 
 /// The run id and timestamp of a user row written by the OpenAI endpoint.
+/// Whether the transcript at `path` no longer ends where the index read it to (also when the store
+/// cannot say: the catch-up then asks again).
+fn stale(store: &dyn Transcripts, path: &Path, len: Pos) -> bool {
+    !matches!(store.end(path), Ok(Some(end)) if end == len)
+}
+
 fn keyed(message: &Value) -> Option<(Arc<str>, u64)> {
     if message.get("role")?.as_str()? != "user" {
         return None;
@@ -421,7 +428,7 @@ impl ConversationIndex {
         let mut inner = lock(&self.inner);
         let store = self.store.as_ref();
         let stale: Vec<PathBuf> =
-            inner.sessions.iter().filter(|(p, t)| Some(t.len) != store.end(p)).map(|(p, _)| p.to_path_buf()).collect();
+            inner.sessions.iter().filter(|(p, t)| stale(store, p, t.len)).map(|(p, _)| p.to_path_buf()).collect();
         for p in stale {
             inner.catch_up(store, &p);
         }
@@ -508,7 +515,7 @@ impl ConversationIndex {
             let stale: Vec<Arc<Path>> = spots
                 .iter()
                 .filter_map(|(p, _)| inner.sessions.get(&**p).map(|t| (p, t)))
-                .filter(|(p, t)| Some(t.len) != store.end(p))
+                .filter(|(p, t)| stale(store, p, t.len))
                 .map(|(p, _)| p.clone())
                 .collect();
             if !stale.is_empty() {
@@ -582,7 +589,7 @@ impl ConversationIndex {
         let store = self.store.as_ref();
         let stale: Vec<Arc<Path>> = spots(&inner, reaches)
             .iter()
-            .filter(|(p, _)| inner.sessions.get(&**p).is_some_and(|t| Some(t.len) != store.end(p)))
+            .filter(|(p, _)| inner.sessions.get(&**p).is_some_and(|t| stale(store, p, t.len)))
             .map(|(p, _)| p.clone())
             .collect();
         for p in stale {
@@ -685,5 +692,29 @@ mod tests {
         store.append(&path, NewEntry::message(a1.clone())).expect("append"); // not through the index
         let m = idx.deepest(&chains_of(&[u1, a1]), None, &mut |_| true).expect("found after a re-read");
         assert_eq!(m.depth, 2);
+    }
+
+    /// A store that cannot answer for a moment (a database outage; here a symlink loop where the
+    /// file was) is not a transcript that is gone: the session stays indexed, and a client's next
+    /// request still continues it.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test moves the transcript aside and back itself
+    fn a_transcript_the_store_cannot_read_for_a_moment_stays_indexed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.jsonl");
+        let store = Store::new(StoreOptions::default());
+        let u1 = json!({"role": "user", "content": "one"});
+        store.append(&path, NewEntry::message(u1.clone())).expect("append");
+        let idx = ConversationIndex::default();
+        idx.build([("agent:main:a".to_string(), path.clone())]);
+        let aside = dir.path().join("aside");
+        std::fs::rename(&path, &aside).expect("move aside");
+        std::os::unix::fs::symlink(&path, &path).expect("a link to itself");
+        assert!(store.end(&path).is_err(), "the store cannot say where it ends");
+        idx.catch_up_all();
+        std::fs::remove_file(&path).expect("unlink");
+        std::fs::rename(&aside, &path).expect("move back");
+        let m = idx.deepest(&chains_of(&[u1]), None, &mut |_| true).expect("still indexed");
+        assert_eq!(m.depth, 1);
     }
 }

@@ -8,6 +8,7 @@ use crate::error::EngineError;
 use crate::protocol::{present, Bounded, Method, NonBlank, RpcError, Text, MAX_LABEL_CHARS};
 use crate::sessions::{canonical_key, SessionRef};
 use crate::state::Engine;
+use pincer_store::TranscriptsExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
@@ -282,7 +283,7 @@ async fn trim(gw: &Arc<Engine>, session: SessionRef, max_lines: usize) -> Result
     let g = gw.clone();
     let rewrite = async move {
         g.blocking(move |gw| {
-            if !gw.store.exists(&session.path) {
+            if !gw.store.exists(&session.path).map_err(|e| EngineError::Persistence(e.to_string()))? {
                 return Ok::<_, EngineError>(None);
             }
             let t = gw.store.trim(&session.path, max_lines).map_err(|e| EngineError::Persistence(e.to_string()))?;
@@ -604,7 +605,7 @@ const SUMMARY_MAX_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The first user message (one line, shortened) and the number of user and assistant messages.
 pub fn transcript_summary(store: &dyn pincer_store::Transcripts, path: &std::path::Path) -> (Option<String>, usize) {
-    let Some(bytes) = store.read_bytes(path, SUMMARY_MAX_BYTES) else { return (None, 0) };
+    let Ok(Some(bytes)) = store.read_bytes(path, SUMMARY_MAX_BYTES) else { return (None, 0) };
     let (mut title, mut count) = (None, 0);
     for line in bytes.split(|b| *b == b'\n') {
         let has = |needle: &[u8]| line.windows(needle.len()).any(|w| w == needle);
@@ -706,9 +707,10 @@ async fn archives_restore(gw: &Arc<Engine>, params: &Value) -> Result<Value, Rpc
         else {
             return Err(RpcError::invalid(format!("archived transcript not found: {file}")));
         };
-        let bytes = gw2.store.read_bytes(&path, MAX_RESTORE_BYTES).ok_or_else(|| {
+        let read = gw2.store.read_bytes(&path, MAX_RESTORE_BYTES);
+        let bytes = read.map_err(|e| RpcError::unavailable(format!("{file}: {e}")))?.ok_or_else(|| {
             RpcError::unavailable(format!(
-                "{file} cannot be read here (over {} MiB?): restore it with `pincer transcript import`",
+                "{file} is over {} MiB: restore it with `pincer transcript import`",
                 MAX_RESTORE_BYTES >> 20
             ))
         })?;

@@ -7,7 +7,7 @@
 //! moves. Each case gets a fresh store over a fresh state directory.
 
 use pincer_store::history::HistoryOptions;
-use pincer_store::{AfterCommit, NewEntry, ParentChoice, Pos, Transcripts};
+use pincer_store::{AfterCommit, NewEntry, ParentChoice, Pos, Transcripts, TranscriptsExt};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -112,10 +112,10 @@ pub fn async_appends_chain_run_their_hook_first_and_write_a_key_once(s: Arc<dyn 
 
 pub fn appends_chain_to_the_leaf_and_a_key_is_written_once(s: &dyn Transcripts, state: &Path) {
     let f = transcript(state, "chain");
-    assert!(!s.exists(&f) && s.end(&f).is_none() && s.leaf(&f).expect("leaf").is_none());
+    assert!(!s.exists(&f).expect("exists") && s.end(&f).expect("end").is_none() && s.leaf(&f).expect("leaf").is_none());
     let u = s.append_with(&f, user("hi", Some("r1:user")), Some("chain")).expect("user");
     let a = s.append(&f, assistant("hello")).expect("assistant");
-    assert!(u.appended && a.appended && s.exists(&f));
+    assert!(u.appended && a.appended && s.exists(&f).expect("exists"));
     assert_eq!(u.entry["parentId"], Value::Null, "the first entry is a root");
     assert_eq!(a.entry["parentId"].as_str(), u.id(), "the next one chains to the leaf");
     assert_eq!(s.leaf(&f).expect("leaf").as_deref(), a.id());
@@ -123,10 +123,10 @@ pub fn appends_chain_to_the_leaf_and_a_key_is_written_once(s: &dyn Transcripts, 
     let (hit, pos) = s.find_keyed(&f, "r1:user").expect("find").expect("found");
     assert_eq!((&hit, pos), (&u.entry, u.pos));
     // A resend of the key returns the first entry, writes nothing and moves nothing.
-    let end = s.end(&f);
+    let end = s.end(&f).expect("end");
     let again = s.append(&f, user("hi, again", Some("r1:user"))).expect("resend");
     assert_eq!((again.appended, &again.entry, again.pos), (false, &u.entry, u.pos));
-    assert_eq!(s.end(&f), end, "nothing written");
+    assert_eq!(s.end(&f).expect("end"), end, "nothing written");
     assert_eq!(s.leaf(&f).expect("leaf").as_deref(), a.id(), "the leaf did not move");
     assert_eq!(s.find_keyed(&f, "r9:user").expect("find"), None);
     // The header names the session; unknown fields of an entry are kept.
@@ -162,10 +162,10 @@ pub fn leaf_moves_and_chosen_parents_branch(s: &dyn Transcripts, state: &Path) {
     root.parent = ParentChoice::Root;
     assert_eq!(s.append(&f, root).expect("root").entry["parentId"], Value::Null);
     // A move to an entry that does not exist is refused, naming it, and writes nothing.
-    let end = s.end(&f);
+    let end = s.end(&f).expect("end");
     let e = s.append(&f, NewEntry::move_leaf(Some("no-such-entry"))).expect_err("unknown target");
     assert!(e.to_string().contains("no-such-entry"), "{e}");
-    assert_eq!(s.end(&f), end);
+    assert_eq!(s.end(&f).expect("end"), end);
     // The active branch is the leaf's: the history shows the root alone.
     let h = s.history(&f, HistoryOptions { limit: 200, max_chars: 100_000, before: None }).expect("history");
     let texts: Vec<&Value> = h.messages.iter().map(|m| &m["content"]).collect();
@@ -204,7 +204,7 @@ pub fn positions_grow_and_read_back_from_any_entry(s: &dyn Transcripts, state: &
     appended.push(s.append(&f, assistant(&"long ".repeat(200))).expect("append"));
     let pos: Vec<Pos> = appended.iter().map(|a| a.pos).collect();
     assert!(pos.windows(2).all(|w| w[1] > w[0]), "positions grow: {pos:?}");
-    assert!(s.end(&f).is_some_and(|end| end > pos[4]), "the end is after the last entry");
+    assert!(s.end(&f).expect("end").is_some_and(|end| end > pos[4]), "the end is after the last entry");
     let ids = |v: &[(Pos, Value)]| {
         v.iter().map(|(p, e)| (*p, e["id"].as_str().unwrap_or("").to_owned())).collect::<Vec<(Pos, String)>>()
     };
@@ -220,7 +220,7 @@ pub fn positions_grow_and_read_back_from_any_entry(s: &dyn Transcripts, state: &
         assert_eq!(ids(&before), want[..k].to_vec(), "before entry {k}");
     }
     // Catch-up from the end: nothing yet; then exactly what was appended since.
-    let end = s.end(&f).expect("end");
+    let end = s.end(&f).expect("end").expect("it exists");
     assert!(s.entries_at(&f, end, 1 << 20).expect("entries_at").0.is_empty());
     let next = s.append(&f, user("third", None)).expect("append");
     assert_eq!(
@@ -240,7 +240,7 @@ pub fn positions_grow_and_read_back_from_any_entry(s: &dyn Transcripts, state: &
 pub fn history_windows_page_the_active_branch(s: &dyn Transcripts, state: &Path) {
     let f = transcript(state, "history");
     s.ensure_created(&f, Some("history")).expect("create");
-    assert!(s.exists(&f) && s.leaf(&f).expect("leaf").is_none());
+    assert!(s.exists(&f).expect("exists") && s.leaf(&f).expect("leaf").is_none());
     for i in 0..12 {
         s.append(&f, user(&format!("q{i}"), None)).expect("user");
         s.append(&f, assistant(&format!("a{i}"))).expect("assistant");
@@ -276,12 +276,12 @@ pub fn transcripts_are_archived_and_imported_whole(s: &dyn Transcripts, state: &
     let f = transcript(state, "archive");
     s.append_with(&f, user("keep me", Some("k:user")), Some("archive")).expect("user");
     s.append(&f, assistant("kept")).expect("assistant");
-    let bytes = s.read_bytes(&f, 1 << 20).expect("bytes");
-    assert_eq!(s.bytes(&f), Some(bytes.len() as u64));
-    assert!(s.read_bytes(&f, bytes.len() as u64 - 1).is_none(), "too large for the limit: nothing");
+    let bytes = s.read_bytes(&f, 1 << 20).expect("read").expect("bytes");
+    assert_eq!(s.bytes(&f).expect("size"), Some(bytes.len() as u64));
+    assert!(s.read_bytes(&f, bytes.len() as u64 - 1).expect("read").is_none(), "too large for the limit: nothing");
     let moved = s.archive_transcript(&f, "reset").expect("archive").expect("moved");
     assert!(moved.to_string_lossy().contains(".jsonl.reset."), "{}", moved.display());
-    assert!(!s.exists(&f) && s.read_bytes(&f, 1 << 20).is_none());
+    assert!(!s.exists(&f).expect("exists") && s.read_bytes(&f, 1 << 20).expect("read").is_none());
     s.forget(&f);
     let aside = s.set_aside(f.parent().expect("dir"));
     assert_eq!(aside.iter().map(|(p, _)| p).collect::<Vec<_>>(), [&moved]);
@@ -289,7 +289,7 @@ pub fn transcripts_are_archived_and_imported_whole(s: &dyn Transcripts, state: &
     // Imported whole, it reads back byte for byte, with its keys known.
     let g = transcript(state, "imported");
     s.import_transcript(&g, &bytes).expect("import");
-    assert_eq!(s.read_bytes(&g, 1 << 20).as_deref(), Some(&bytes[..]));
+    assert_eq!(s.read_bytes(&g, 1 << 20).expect("read").as_deref(), Some(&bytes[..]));
     // An existing transcript is not replaced: the store's one error type says what and where.
     match s.import_transcript(&g, &bytes) {
         Err(pincer_store::StoreError::Io { path, source }) => {
