@@ -28,7 +28,9 @@ use crate::config::approvals::Policy;
 use crate::error::EngineError;
 use crate::hub::Audience;
 use crate::pending::{Decided, Pending, REMEMBERED, SLUG_CHARS};
-use crate::protocol::{AgentUpdate, ApprovalRecord, ApprovalRequest, ApprovalResolved, ApprovalUpdate};
+use crate::protocol::{
+    AgentUpdate, ApprovalDecided, ApprovalRecord, ApprovalRequest, ApprovalResolved, ApprovalUpdate, ApprovalView,
+};
 use crate::sessions::SessionRef;
 use crate::state::{Engine, RunHandle};
 use pincer_agent::tools::{Tool, ToolError, ToolFuture, ToolOutput, ToolUpdates};
@@ -284,7 +286,9 @@ pub async fn resolve(gw: &Arc<Engine>, id: &str, decision: &str, by: &str) -> Re
         },
     };
     match outcome {
-        Ok(d) => Ok(json!({"ok": true, "id": id, "decision": d.decision})),
+        Ok(d) => {
+            Ok(serde_json::to_value(ApprovalDecided { ok: true, id: &id, decision: &d.decision }).unwrap_or_default())
+        }
         Err(earlier) => Err(already(earlier)),
     }
 }
@@ -293,16 +297,17 @@ pub async fn resolve(gw: &Arc<Engine>, id: &str, decision: &str, by: &str) -> Re
 pub fn get(gw: &Engine, id: &str) -> Result<Value, EngineError> {
     let p = gw.approvals.get(id).ok_or_else(|| EngineError::ApprovalNotFound { id: id.to_owned() })?;
     let req = &p.record["request"];
-    Ok(json!({
-        "id": p.id,
-        "commandText": req["command"],
-        "commandPreview": null,
-        "allowedDecisions": DECISIONS,
-        "host": req["host"],
-        "nodeId": null,
-        "agentId": req["agentId"],
-        "expiresAtMs": p.expires_at,
-    }))
+    let view = ApprovalView {
+        id: &p.id,
+        command_text: &req["command"],
+        command_preview: None,
+        allowed_decisions: DECISIONS,
+        host: &req["host"],
+        node_id: None,
+        agent_id: &req["agentId"],
+        expires_at_ms: p.expires_at,
+    };
+    Ok(serde_json::to_value(view).unwrap_or_default())
 }
 
 /// Ends the waits of run `run_id` (aborted): each is decided `deny` (reason `aborted`). Returns

@@ -2,8 +2,9 @@
 //! `pincer channels status`: its state, its account and its counters (with the Prometheus
 //! counters). The adapters (`pincer_gateway::channels`) write it; nothing here talks to a platform.
 
+use crate::protocol::ChannelStatus;
 use pincer_pi::lock;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -92,17 +93,23 @@ impl Board {
     /// `[{id, state, account, received, deduplicated, refused, sent, failed}]`, one per started channel
     /// (the `status` RPC's `channels`).
     pub fn status(&self) -> Value {
-        let mut out = Vec::new();
-        for (name, s) in lock(&self.stats).iter() {
-            let mut row = Map::new();
-            row.insert("id".into(), json!(name));
-            row.insert("state".into(), json!(*lock(&s.state)));
-            row.insert("account".into(), json!(*lock(&s.account)));
-            for e in EVENTS {
-                row.insert(e.as_str().into(), json!(s.counts[e as usize].load(Ordering::Relaxed)));
-            }
-            out.push(Value::Object(row));
-        }
-        Value::Array(out)
+        let stats = lock(&self.stats);
+        let rows: Vec<ChannelStatus> = stats
+            .iter()
+            .map(|(name, s)| {
+                let n = |e: Event| s.counts[e as usize].load(Ordering::Relaxed);
+                ChannelStatus {
+                    id: name,
+                    state: lock(&s.state).clone(),
+                    account: lock(&s.account).clone(),
+                    received: n(Event::Received),
+                    deduplicated: n(Event::Deduplicated),
+                    refused: n(Event::Refused),
+                    sent: n(Event::Sent),
+                    failed: n(Event::Failed),
+                }
+            })
+            .collect();
+        serde_json::to_value(rows).unwrap_or_default()
     }
 }

@@ -3,7 +3,6 @@
 //! latter to the wire.
 
 use crate::protocol::{ErrorCode, ErrorKind, RpcError};
-use serde_json::json;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -122,17 +121,21 @@ impl EngineError {
 
 impl From<EngineError> for RpcError {
     fn from(e: EngineError) -> RpcError {
+        use crate::protocol::ErrorDetails;
         let details = match &e {
             EngineError::ApprovalResolved { decision, .. } => {
-                Some(json!({"reason": "APPROVAL_ALREADY_RESOLVED", "decision": decision}))
+                Some(ErrorDetails::Approval { reason: "APPROVAL_ALREADY_RESOLVED", decision: Some(decision) })
             }
-            EngineError::ApprovalNotFound { .. } => Some(json!({"reason": "APPROVAL_NOT_FOUND"})),
+            EngineError::ApprovalNotFound { .. } => {
+                Some(ErrorDetails::Approval { reason: "APPROVAL_NOT_FOUND", decision: None })
+            }
             EngineError::RunFailed { run_id, summary } => {
-                Some(json!({"runId": run_id, "status": "error", "summary": summary}))
+                Some(ErrorDetails::RunFailed { run_id, status: "error", summary })
             }
             _ => None,
         };
-        RpcError { code: e.code(), message: e.to_string(), details: details.map(Box::new) }
+        let details = details.map(|d| Box::new(serde_json::to_value(d).unwrap_or_default()));
+        RpcError { code: e.code(), message: e.to_string(), details }
     }
 }
 
@@ -153,6 +156,7 @@ fn store_cause(e: &pincer_store::StoreError) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn wire(e: EngineError) -> serde_json::Value {
         RpcError::from(e).to_json()

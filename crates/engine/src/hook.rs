@@ -13,7 +13,7 @@
 //! the message (`/bin/echo …`) is allowed to, and that is logged.
 
 use crate::config::HookConfig;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -71,6 +71,14 @@ fn kill_group(pid: Option<u32>) {
     let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
 }
 
+/// What a hook reads on its stdin: one JSON object.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HookInput<'a> {
+    session_key: &'a str,
+    message: &'a str,
+}
+
 pub async fn decide(h: &HookConfig, session_key: &str, message: &str) -> Decision {
     let Some((program, args)) = h.command.split_first() else {
         return failed("the hook command is empty".into());
@@ -89,7 +97,7 @@ pub async fn decide(h: &HookConfig, session_key: &str, message: &str) -> Decisio
         Err(e) => return failed(format!("the hook {program} could not start: {e}")),
     };
     let pid = child.id();
-    let input = json!({"sessionKey": session_key, "message": message}).to_string();
+    let input = serde_json::to_string(&HookInput { session_key, message }).unwrap_or_default();
     let (stdin, stdout) = (child.stdin.take(), child.stdout.take());
     let write = async move {
         let Some(mut stdin) = stdin else { return };

@@ -360,7 +360,7 @@ impl Engine {
     /// (`status`, `GET /api/mcp`, `pincer mcp list`).
     pub fn mcp_status(&self) -> Value {
         let servers: Vec<Value> = self.mcp.servers().map(|s| s.status()).collect();
-        let mut agents = serde_json::Map::new();
+        let mut agents = Vec::new();
         for a in self.settings.agents.configured() {
             let tools: Vec<String> = self
                 .tools(a.id.as_str())
@@ -368,9 +368,9 @@ impl Engine {
                 .into_iter()
                 .filter(|n| n.starts_with(pincer_agent::mcp::PREFIX))
                 .collect();
-            agents.insert(a.id.to_string(), json!({"servers": a.mcp_servers, "tools": tools}));
+            agents.push((a.id.as_str(), crate::protocol::AgentMcp { servers: &a.mcp_servers, tools }));
         }
-        json!({"servers": servers, "agents": agents})
+        serde_json::to_value(crate::protocol::McpStatus { servers, agents }).unwrap_or_default()
     }
 
     /// A session's model: the one it chose, else its agent's.

@@ -1,6 +1,7 @@
 //! The error of a request in OpenClaw's shape (`{code, message, details?}`), its code as an enum,
 //! and the `errorKind` a failed run's `chat` error carries: the one place that names them.
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 /// An error response's `code`.
@@ -54,6 +55,27 @@ impl RpcError {
         }
         e
     }
+}
+
+/// The `details` of the errors that carry some.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum ErrorDetails<'a> {
+    /// An approval that was decided before (`APPROVAL_ALREADY_RESOLVED`, with that decision) or is
+    /// not known (`APPROVAL_NOT_FOUND`).
+    Approval {
+        reason: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        decision: Option<&'a str>,
+    },
+    /// A run that ended in an error (`agent.wait`).
+    RunFailed {
+        #[serde(rename = "runId")]
+        run_id: &'a str,
+        /// Always `error`.
+        status: &'static str,
+        summary: &'a str,
+    },
 }
 
 /// Why a run failed, as its `chat` error's `errorKind` (and the `kind` label of

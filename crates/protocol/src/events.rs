@@ -393,6 +393,65 @@ pub struct ApprovalResolved<'a> {
     pub reason: &'a str,
 }
 
+/// `exec.approval.resolve`'s answer: request `id` is decided.
+#[derive(Debug, Serialize)]
+pub struct ApprovalDecided<'a> {
+    pub ok: bool,
+    pub id: &'a str,
+    pub decision: &'a str,
+}
+
+/// `exec.approval.get`: a waiting request as OpenClaw describes it (what Pincer has no notion of,
+/// a preview and a node, is `null`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApprovalView<'a> {
+    pub id: &'a str,
+    pub command_text: &'a Value,
+    pub command_preview: Option<&'a str>,
+    pub allowed_decisions: &'a [&'a str],
+    pub host: &'a Value,
+    pub node_id: Option<&'a str>,
+    pub agent_id: &'a Value,
+    pub expires_at_ms: u64,
+}
+
+/// The MCP servers and each agent's tools from them (`status`'s `mcp`, `GET /api/mcp`,
+/// `pincer mcp list`).
+#[derive(Debug, Serialize)]
+pub struct McpStatus<'a> {
+    /// Each server's own status.
+    pub servers: Vec<Value>,
+    /// By agent id, in the config's order.
+    #[serde(serialize_with = "as_map")]
+    pub agents: Vec<(&'a str, AgentMcp<'a>)>,
+}
+
+/// Pairs as a JSON object, in their order.
+fn as_map<S: serde::Serializer, K: Serialize, V: Serialize>(pairs: &[(K, V)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+}
+
+/// An agent's MCP servers and the tools it has from them.
+#[derive(Debug, Serialize)]
+pub struct AgentMcp<'a> {
+    pub servers: &'a [String],
+    pub tools: Vec<String>,
+}
+
+/// A started messaging channel and what it did (the `status` RPC's `channels`).
+#[derive(Debug, Serialize)]
+pub struct ChannelStatus<'a> {
+    pub id: &'a str,
+    pub state: String,
+    pub account: String,
+    pub received: u64,
+    pub deduplicated: u64,
+    pub refused: u64,
+    pub sent: u64,
+    pub failed: u64,
+}
+
 /// `sessions.changed` for a run starting or ending, as OpenClaw's gateway sends it: the run, the
 /// session's run state and its row (with that state in it).
 #[derive(Debug, Serialize)]
@@ -681,6 +740,53 @@ mod tests {
             serde_json::to_string(&a).unwrap_or_default(),
             r#"{"runId":null,"sessionKey":"k","stream":"compaction","ts":5,"data":{"phase":"start"}}"#
         );
+    }
+
+    #[test]
+    fn rpc_results_keep_the_fields_and_order_their_json_had() {
+        fn text(v: &impl Serialize) -> String {
+            serde_json::to_string(v).unwrap_or_default()
+        }
+        let decided = ApprovalDecided { ok: true, id: "a1", decision: "deny" };
+        assert_eq!(text(&decided), json!({"ok": true, "id": "a1", "decision": "deny"}).to_string());
+        let (cmd, host, agent) = (json!("ls"), json!("gateway"), json!("main"));
+        let view = ApprovalView {
+            id: "a1",
+            command_text: &cmd,
+            command_preview: None,
+            allowed_decisions: &["allow-once", "deny"],
+            host: &host,
+            node_id: None,
+            agent_id: &agent,
+            expires_at_ms: 9,
+        };
+        let want = json!({"id": "a1", "commandText": "ls", "commandPreview": null, "allowedDecisions": ["allow-once", "deny"],
+            "host": "gateway", "nodeId": null, "agentId": "main", "expiresAtMs": 9});
+        assert_eq!(text(&view), want.to_string());
+        let servers = vec!["fs".to_string()];
+        let mcp = McpStatus {
+            servers: vec![json!({"id": "fs"})],
+            agents: vec![
+                ("main", AgentMcp { servers: &servers, tools: vec!["mcp__fs__read".into()] }),
+                ("alpha", AgentMcp { servers: &[], tools: vec![] }),
+            ],
+        };
+        let want = json!({"servers": [{"id": "fs"}], "agents": {"main": {"servers": ["fs"], "tools": ["mcp__fs__read"]},
+            "alpha": {"servers": [], "tools": []}}});
+        assert_eq!(text(&mcp), want.to_string(), "agents in the config's order");
+        let ch = ChannelStatus {
+            id: "telegram",
+            state: "running".into(),
+            account: "@bot".into(),
+            received: 1,
+            deduplicated: 2,
+            refused: 3,
+            sent: 4,
+            failed: 5,
+        };
+        let want = json!({"id": "telegram", "state": "running", "account": "@bot", "received": 1, "deduplicated": 2,
+            "refused": 3, "sent": 4, "failed": 5});
+        assert_eq!(text(&ch), want.to_string());
     }
 
     #[test]
