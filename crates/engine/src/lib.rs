@@ -8,7 +8,8 @@
 //! - [`state`]: the engine ([`state::Engine`]): store, session index, runs, dedupe;
 //!   [`owner`]: one task per session in use, which orders its turns and makes its appends;
 //!   [`abort`]: stopping a session's runs wherever they run (every entry point).
-//! - [`turn`]: the one turn pipeline, [`announce`] its events, [`commands`] the slash commands,
+//! - [`turn`]: the one turn pipeline, [`announce`] its events, [`follow`] a turn followed to its end
+//!   (typed: its text, then how it ended), [`commands`] the slash commands,
 //!   [`approvals`] tool calls waiting for a person's decision, [`hook`] the `before_agent_run` hook,
 //!   [`compact`] compaction.
 //! - [`durable`]: what the transcript says about a turn (durable dedupe, queued and interrupted
@@ -35,6 +36,7 @@ pub mod compact;
 pub mod config;
 pub mod durable;
 pub mod error;
+pub mod follow;
 pub mod hook;
 pub mod hub;
 pub mod logs;

@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods, clippy::unwrap_used, clippy::expect_used)] // a fixture file; tests fail loudly
 
 use pincer_engine::config::{self, Overrides};
+use pincer_engine::follow::{TurnEvent, TurnStream};
 use pincer_engine::sessions::SessionRef;
 use pincer_engine::state::{Engine, TurnOutcome};
 use pincer_engine::turn::{start_turn, TurnHandle, TurnRequest};
@@ -171,4 +172,40 @@ async fn an_abort_ends_a_streaming_run_with_one_partial_that_says_who_stopped_it
     assert_eq!(partial["openclawAbort"]["runId"], "slow-1");
     assert_eq!(written["content"], partial["content"], "the outcome carries the partial as written");
     assert!(!text(&rows[1]).is_empty(), "the partial keeps what streamed");
+}
+
+/// Everything a followed turn says, to its end.
+async fn follow_to_the_end(mut stream: TurnStream) -> Vec<TurnEvent> {
+    let mut events = Vec::new();
+    while let Some(e) = tokio::time::timeout(Duration::from_secs(30), stream.next()).await.expect("the turn ends") {
+        events.push(e);
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_turn_gives_its_text_then_its_reply_and_once_over_the_transcript_says_the_same() {
+    let e = Harness::start().await;
+    let session = e.session("main").await;
+    e.send("main", "run-f", "hello follow").await;
+    let turn = e.turns.lock().unwrap().get("run-f").cloned().expect("started");
+    let live = follow_to_the_end(turn.follow(&e.gw, &session, "run-f")).await;
+    let rows = e.rows("main").await;
+    let reply = &rows[1];
+    let (last, pieces) = live.split_last().expect("some events");
+    let TurnEvent::Ended(written) = last else { panic!("the end comes last: {live:?}") };
+    assert_eq!(written["content"], reply["message"]["content"], "the end carries the reply as written");
+    let streamed: String = pieces
+        .iter()
+        .map(|p| match p {
+            TurnEvent::Text(t) => t.as_str(),
+            other => panic!("only text before the end: {other:?}"),
+        })
+        .collect();
+    assert_eq!(streamed, text(reply), "the pieces make the reply's text");
+    // Over (no handle: a retry after the run, a key answered before): read from the transcript.
+    let over = follow_to_the_end(TurnStream::over(&e.gw, &session, "run-f")).await;
+    assert_eq!(over, [TurnEvent::Text(text(reply)), TurnEvent::Ended(reply["message"].clone())]);
+    let never = follow_to_the_end(TurnStream::over(&e.gw, &session, "no-such-run")).await;
+    assert!(matches!(never.as_slice(), [TurnEvent::Unknown(why)] if why.contains("no-such-run")), "{never:?}");
 }

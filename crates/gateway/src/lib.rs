@@ -14,8 +14,8 @@
 
 // The engine's modules, under the names the adapters have always used.
 pub use pincer_engine::{
-    abort, announce, approvals, board, budget, catchup, commands, compact, config, durable, error, hook, hub, logs,
-    metrics, pending, protocol, relay, sessions, state, takeup, tree, turn, usage,
+    abort, announce, approvals, board, budget, catchup, commands, compact, config, durable, error, follow, hook, hub,
+    logs, metrics, pending, protocol, relay, sessions, state, takeup, tree, turn, usage,
 };
 
 pub mod assets;

@@ -26,9 +26,10 @@ pub mod wire;
 
 use crate::config::AuthMode;
 use crate::error::EngineError;
+use crate::follow::{TurnEvent, TurnStream};
 use crate::protocol::{ErrorCode, RunStatus};
 use crate::sessions::{Principal, SessionRef, DEFAULT_AGENT};
-use crate::state::{Engine, Progress, RunHandle, TurnOutcome};
+use crate::state::Engine;
 use crate::turn::{start_turn, Graft, TurnRequest, SYSTEM_PROMPT_FIELD};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -610,150 +611,36 @@ enum Step {
     Failed(ApiError),
 }
 
-/// Turns a run's progress ([`crate::state::RunHandle::progress`]) into text pieces and its end.
-/// Without the run's handle (it ended before this request looked: a retry racing its original),
-/// or when its key had been answered before, the end is read from the transcript.
-struct Relay {
-    gw: Arc<Engine>,
-    /// The run's progress; `None`: read the end from the transcript.
-    progress: Option<tokio::sync::watch::Receiver<Progress>>,
-    session: SessionRef,
-    run_id: String,
-    /// Text of the current assistant message already relayed.
-    current: String,
-    /// Steps ready to go out.
-    queue: std::collections::VecDeque<Step>,
-    ended: bool,
-}
+/// A turn's events ([`TurnStream`]) as the endpoint relays them.
+struct Relay(TurnStream);
 
 impl Relay {
-    fn follow(gw: &Arc<Engine>, session: &SessionRef, run_id: &str, run: Option<Arc<RunHandle>>) -> Relay {
-        Relay {
-            gw: gw.clone(),
-            progress: run.map(|r| r.progress.subscribe()),
-            session: session.clone(),
-            run_id: run_id.to_owned(),
-            current: String::new(),
-            queue: Default::default(),
-            ended: false,
-        }
-    }
-
-    /// Queues the new text of an assistant message whose text so far is `text`.
-    fn piece(&mut self, text: &str) {
-        let new = match text.strip_prefix(self.current.as_str()) {
-            Some(rest) => rest.to_owned(),
-            None => text.to_owned(), // the next assistant message of the run (after a tool step)
-        };
-        self.current = text.to_owned();
-        if !new.is_empty() {
-            self.queue.push_back(Step::Text(new));
-        }
-    }
-
     /// The next piece of text, or the end (once).
     async fn next(&mut self) -> Option<Step> {
-        loop {
-            if let Some(step) = self.queue.pop_front() {
-                return Some(step);
-            }
-            if self.ended {
-                return None;
-            }
-            let Some(rx) = self.progress.as_mut() else {
-                self.read_end().await;
-                continue;
-            };
-            let (text, end) = {
-                let p = rx.borrow_and_update();
-                (p.text.clone(), p.end.clone())
-            };
-            match end {
-                Some(TurnOutcome::AnsweredBefore) => self.progress = None,
-                Some(end) => self.finish(end),
-                None => {
-                    // Empty between messages (a row was just written): not a new message yet, or
-                    // the next piece would repeat the whole text.
-                    if !text.is_empty() {
-                        self.piece(&text);
-                    }
-                    // A run sets its end before its handle goes; should the handle go without
-                    // one (a panic), the transcript tells the end.
-                    if let Some(rx) = self.progress.as_mut().filter(|_| self.queue.is_empty()) {
-                        if rx.changed().await.is_err() {
-                            self.progress = None;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The end of a run that is over, read from its transcript.
-    async fn read_end(&mut self) {
-        self.ended = true;
-        match finished(&self.gw, &self.session, &self.run_id).await {
-            Ok(f) => {
-                let rest = f.text.strip_prefix(self.current.as_str()).unwrap_or(&f.text).to_owned();
-                if !rest.is_empty() {
-                    self.queue.push_back(Step::Text(rest));
-                }
-                self.queue.push_back(Step::Done { finish: f.finish, usage: f.usage, calls: f.calls });
-            }
-            Err(e) => self.queue.push_back(Step::Failed(e)),
-        }
-    }
-
-    fn finish(&mut self, end: TurnOutcome) {
-        self.ended = true;
-        let msg = match end {
-            TurnOutcome::Failed { message, kind } => {
-                self.queue.push_back(Step::Failed(ApiError::from_run(&message, &kind)));
-                return;
-            }
-            TurnOutcome::Replied(msg) | TurnOutcome::Aborted(Some(msg)) => msg,
-            TurnOutcome::Aborted(None) | TurnOutcome::AnsweredBefore => Value::Null,
-        };
-        self.piece(&wire::assistant_text(&msg));
-        let finish = wire::finish_reason(&msg);
-        self.queue.push_back(Step::Done {
-            finish,
-            usage: wire::usage(msg.get("usage")),
-            calls: wire::client_calls(&msg),
-        });
-    }
-}
-
-/// A finished turn read back from its transcript.
-struct Finished {
-    text: String,
-    finish: &'static str,
-    usage: Value,
-    calls: Vec<Value>,
-}
-
-async fn finished(gw: &Arc<Engine>, session: &SessionRef, run_id: &str) -> Result<Finished, ApiError> {
-    let (path, id) = (session.path.clone(), run_id.to_owned());
-    let replies = gw
-        .blocking(move |gw| {
-            crate::durable::replies(&gw.store, &path, &id)
-                .map_err(|e| EngineError::Persistence(format!("cannot read the transcript: {e}")))
+        Some(match self.0.next().await? {
+            TurnEvent::Text(t) => Step::Text(t),
+            TurnEvent::Ended(msg) => Step::Done {
+                finish: wire::finish_reason(&msg),
+                usage: wire::usage(msg.get("usage")),
+                calls: wire::client_calls(&msg),
+            },
+            TurnEvent::Failed { message, kind } => Step::Failed(ApiError::from_run(&message, &kind)),
+            TurnEvent::Unknown(why) => Step::Failed(ApiError::new(500, "api_error", None, why)),
         })
-        .await
-        .map_err(internal)?;
-    let Some(last) = replies.last().cloned() else {
-        return Err(ApiError::new(500, "api_error", None, format!("the turn {run_id} has no reply in its transcript")));
-    };
-    if last.get("stopReason").and_then(Value::as_str) == Some("error") {
-        let message = last.get("errorMessage").and_then(Value::as_str).unwrap_or("the run failed");
-        return Err(ApiError::from_run(message, "unknown"));
     }
-    Ok(Finished {
-        text: replies.iter().map(wire::assistant_text).collect(),
-        finish: wire::finish_reason(&last),
-        usage: wire::usage(last.get("usage")),
-        calls: wire::client_calls(&last),
-    })
+
+    /// All that is left: the text, then the end's reason, usage and client tool calls.
+    async fn whole(&mut self) -> Result<(String, &'static str, Value, Vec<Value>), ApiError> {
+        let mut text = String::new();
+        while let Some(step) = self.next().await {
+            match step {
+                Step::Text(t) => text.push_str(&t),
+                Step::Done { finish, usage, calls } => return Ok((text, finish, usage, calls)),
+                Step::Failed(e) => return Err(e),
+            }
+        }
+        Err(ApiError::new(500, "api_error", None, "the run ended without a result"))
+    }
 }
 
 async fn completions(
@@ -810,7 +697,7 @@ async fn answer(gw: &Arc<Engine>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) -
             e if e.code() == ErrorCode::InvalidRequest => ApiError::bad(e.to_string()),
             e => internal(e),
         })?;
-        let relay = Relay::follow(gw, &session, &run_id, started.run);
+        let relay = Relay(started.follow(gw, &session, &run_id));
         let _ = go.send(());
         let status = started.answer.status;
         let reply = Reply {
@@ -823,8 +710,8 @@ async fn answer(gw: &Arc<Engine>, idx: &Arc<ConversationIndex>, ask: Arc<Ask>) -
         return match status {
             RunStatus::Started | RunStatus::InFlight => reply.relay(relay).await,
             RunStatus::Ok | RunStatus::Aborted | RunStatus::Blocked => {
-                let f = finished(gw, &session, &reply.run_id).await?;
-                Ok(reply.whole(f.text, f.finish, f.usage, f.calls))
+                let (text, finish, usage, calls) = Relay(TurnStream::over(gw, &session, &reply.run_id)).whole().await?;
+                Ok(reply.whole(text, finish, usage, calls))
             }
             // A retry of a turn that failed or was cut off runs anew (as a sibling of it).
             _ if allow_retry => {
@@ -984,15 +871,8 @@ impl Reply {
 
     async fn relay(self, mut relay: Relay) -> Result<Response, ApiError> {
         if !self.ask.stream {
-            let mut text = String::new();
-            while let Some(step) = relay.next().await {
-                match step {
-                    Step::Text(t) => text.push_str(&t),
-                    Step::Done { finish, usage, calls } => return Ok(self.whole(text, finish, usage, calls)),
-                    Step::Failed(e) => return Err(e),
-                }
-            }
-            return Err(ApiError::new(500, "api_error", None, "the run ended without a result"));
+            let (text, finish, usage, calls) = relay.whole().await?;
+            return Ok(self.whole(text, finish, usage, calls));
         }
         // The status line waits for the first event, so a run that fails at once gets its status.
         let first = relay.next().await;

@@ -49,9 +49,7 @@ fn text_blocks<'a>(content: Option<&'a Value>, sep: &str) -> String {
 }
 
 /// The text an OpenAI client sees of an assistant message (its text blocks, joined).
-pub fn assistant_text(message: &Value) -> String {
-    text_blocks(message.get("content"), "")
-}
+pub use crate::follow::reply_text as assistant_text;
 
 fn field(h: &mut Sha256, tag: &[u8], value: &[u8]) {
     h.update(tag);
