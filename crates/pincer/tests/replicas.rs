@@ -94,6 +94,20 @@ fn key_of(v: &Value) -> Option<&str> {
     v["message"]["idempotencyKey"].as_str()
 }
 
+/// Sends turns `runs` to session `key` over one connection, each answered (`final`) before the next.
+async fn turns_in_a_row(addr: &str, key: &str, runs: &[String], text: impl Fn(&str) -> String) {
+    let mut client = Client::connect(addr).await;
+    for run in runs {
+        let ack = client
+            .request("chat.send", json!({"sessionKey": key, "message": text(run), "idempotencyKey": run}))
+            .await
+            .expect("chat.send");
+        assert_eq!(ack["status"], "started", "{ack}");
+        let fin = client.chat_end(run).await;
+        assert_eq!(fin["payload"]["state"], "final", "{fin}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_sending_to_one_session_at_once_make_one_chain_with_every_turn_once() {
     let c = cluster(3);
@@ -101,20 +115,8 @@ async fn three_replicas_sending_to_one_session_at_once_make_one_chain_with_every
     for (n, r) in c.replicas.iter().enumerate() {
         let addr = r.addr.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = Client::connect(&addr).await;
-            for i in 0..4 {
-                let run = format!("r{n}-t{i}");
-                let ack = client
-                    .request(
-                        "chat.send",
-                        json!({"sessionKey": "main", "message": format!("{run} says hi"), "idempotencyKey": run}),
-                    )
-                    .await
-                    .expect("chat.send");
-                assert_eq!(ack["status"], "started", "{ack}");
-                let fin = client.chat_end(&run).await;
-                assert_eq!(fin["payload"]["state"], "final", "{fin}");
-            }
+            let runs: Vec<String> = (0..4).map(|i| format!("r{n}-t{i}")).collect();
+            turns_in_a_row(&addr, "main", &runs, |run| format!("{run} says hi")).await;
         }));
     }
     for t in tasks {
@@ -187,20 +189,8 @@ async fn thirty_sessions_at_once_on_one_replica_all_get_their_answers() {
     for n in 0..30 {
         let addr = c.replicas[0].addr.clone();
         tasks.push(tokio::spawn(async move {
-            let mut client = Client::connect(&addr).await;
-            for i in 0..5 {
-                let run = format!("s{n}-t{i}");
-                let ack = client
-                    .request(
-                        "chat.send",
-                        json!({"sessionKey": format!("s{n}"), "message": "hi", "idempotencyKey": run}),
-                    )
-                    .await
-                    .expect("chat.send");
-                assert_eq!(ack["status"], "started", "{ack}");
-                let fin = client.chat_end(&run).await;
-                assert_eq!(fin["payload"]["state"], "final", "{fin}");
-            }
+            let runs: Vec<String> = (0..5).map(|i| format!("s{n}-t{i}")).collect();
+            turns_in_a_row(&addr, &format!("s{n}"), &runs, |_| "hi".into()).await;
         }));
     }
     for t in tasks {

@@ -679,15 +679,21 @@ mod tests {
         assert!(e_u1["id"].is_string());
     }
 
-    #[test]
-    fn a_file_grown_behind_the_index_is_read_again() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("s.jsonl");
+    /// A transcript of one user message `u1`, and an index built over it.
+    fn one_message_indexed(dir: &Path) -> (Store, PathBuf, Value, ConversationIndex) {
+        let path = dir.join("s.jsonl");
         let store = Store::new(StoreOptions::default());
         let u1 = json!({"role": "user", "content": "one"});
         store.append(&path, NewEntry::message(u1.clone())).expect("append");
         let idx = ConversationIndex::default();
         idx.build([("agent:main:a".to_string(), path.clone())]);
+        (store, path, u1, idx)
+    }
+
+    #[test]
+    fn a_file_grown_behind_the_index_is_read_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, path, u1, idx) = one_message_indexed(dir.path());
         let a1 = json!({"role": "assistant", "content": [{"type": "text", "text": "r"}]});
         store.append(&path, NewEntry::message(a1.clone())).expect("append"); // not through the index
         let m = idx.deepest(&chains_of(&[u1, a1]), None, &mut |_| true).expect("found after a re-read");
@@ -701,12 +707,7 @@ mod tests {
     #[allow(clippy::disallowed_methods)] // the test moves the transcript aside and back itself
     fn a_transcript_the_store_cannot_read_for_a_moment_stays_indexed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("s.jsonl");
-        let store = Store::new(StoreOptions::default());
-        let u1 = json!({"role": "user", "content": "one"});
-        store.append(&path, NewEntry::message(u1.clone())).expect("append");
-        let idx = ConversationIndex::default();
-        idx.build([("agent:main:a".to_string(), path.clone())]);
+        let (store, path, u1, idx) = one_message_indexed(dir.path());
         let aside = dir.path().join("aside");
         std::fs::rename(&path, &aside).expect("move aside");
         std::os::unix::fs::symlink(&path, &path).expect("a link to itself");
