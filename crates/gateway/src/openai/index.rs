@@ -170,13 +170,23 @@ impl Inner {
         self.clock
     }
 
-    /// Reads a transcript into the index (replacing what it had of it).
+    /// Reads a transcript into the index (replacing what it had of it). A store that cannot answer
+    /// now leaves what the index has (asked again at the next catch-up); a transcript that is gone
+    /// is forgotten.
     fn index_file(&mut self, store: &dyn Transcripts, key: &str, path: &Path) {
-        self.forget(path);
         // The position first: what is appended meanwhile is read again, never missed.
-        let Ok(Some(len)) = store.end(path) else { return };
+        let len = match store.end(path) {
+            Ok(Some(len)) => len,
+            Ok(None) => return self.forget(path),
+            Err(_) => return,
+        };
         let rewrites = store.leaf_version(path).map_or(0, |(_, r)| r);
-        let Ok(Some(s)) = store.read_session(path) else { return };
+        let s = match store.read_session(path) {
+            Ok(Some(s)) => s,
+            Ok(None) => return self.forget(path),
+            Err(_) => return,
+        };
+        self.forget(path);
         let n = s.entries.len();
         let mut memo: Vec<Option<Hash>> = vec![None; n];
         let mut own: Vec<Option<Option<Hash>>> = vec![None; n];
@@ -326,13 +336,13 @@ impl Inner {
     }
 }
 
-/// The run id and timestamp of a user row written by the OpenAI endpoint.
 /// Whether the transcript at `path` no longer ends where the index read it to (also when the store
 /// cannot say: the catch-up then asks again).
 fn stale(store: &dyn Transcripts, path: &Path, len: Pos) -> bool {
     !matches!(store.end(path), Ok(Some(end)) if end == len)
 }
 
+/// The run id and timestamp of a user row written by the OpenAI endpoint.
 fn keyed(message: &Value) -> Option<(Arc<str>, u64)> {
     if message.get("role")?.as_str()? != "user" {
         return None;
@@ -424,11 +434,19 @@ impl ConversationIndex {
     /// Catches up every indexed session whose transcript grew or shrank behind the index (one
     /// `stat` each): for a history that matched nowhere in full, which another process may have
     /// written. Blocking.
+    /// A store that cannot answer (a database outage) ends the pass at its first failure: asking
+    /// every session in turn, each up to the store's timeout, would hold every request behind it.
     pub fn catch_up_all(&self) {
         let mut inner = lock(&self.inner);
         let store = self.store.as_ref();
-        let stale: Vec<PathBuf> =
-            inner.sessions.iter().filter(|(p, t)| stale(store, p, t.len)).map(|(p, _)| p.to_path_buf()).collect();
+        let mut stale = Vec::new();
+        for (p, t) in &inner.sessions {
+            match store.end(p) {
+                Ok(Some(end)) if end == t.len => {}
+                Ok(_) => stale.push(p.to_path_buf()),
+                Err(_) => return,
+            }
+        }
         for p in stale {
             inner.catch_up(store, &p);
         }

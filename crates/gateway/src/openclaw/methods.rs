@@ -710,7 +710,7 @@ async fn archives_restore(gw: &Arc<Engine>, params: &Value) -> Result<Value, Rpc
         let read = gw2.store.read_bytes(&path, MAX_RESTORE_BYTES);
         let bytes = read.map_err(|e| RpcError::unavailable(format!("{file}: {e}")))?.ok_or_else(|| {
             RpcError::unavailable(format!(
-                "{file} is over {} MiB: restore it with `pincer transcript import`",
+                "{file} cannot be read here (gone, or over {} MiB): restore it with `pincer transcript import`",
                 MAX_RESTORE_BYTES >> 20
             ))
         })?;
