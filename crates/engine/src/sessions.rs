@@ -295,13 +295,18 @@ pub struct Sessions {
     configured: Vec<AgentId>,
 }
 
+/// Moves a row's `updatedAt` to `t`, never back.
+fn updated_at(row: &mut Map<String, Value>, t: u64) {
+    if row.get("updatedAt").and_then(Value::as_u64).is_none_or(|u| u < t) {
+        row.insert("updatedAt".into(), json!(t));
+    }
+}
+
 /// Notes activity on a session's row (see [`Sessions::touch`]).
 fn mark_touched(agents: &mut HashMap<AgentId, AgentIndex>, (agent, key, now): (AgentId, String, u64)) {
     if let Some(idx) = agents.get_mut(&agent) {
         if let Some(Value::Object(e)) = idx.map.get_mut(&key) {
-            if e.get("updatedAt").and_then(Value::as_u64).is_none_or(|u| u < now) {
-                e.insert("updatedAt".into(), json!(now));
-            }
+            updated_at(e, now);
         }
         let t = idx.touched.entry(key).or_insert(now);
         *t = (*t).max(now);
@@ -400,9 +405,7 @@ impl Sessions {
     fn save(&self, idx: &mut AgentIndex) -> Result<(), EngineError> {
         for (k, t) in idx.touched.drain() {
             if let Some(Value::Object(e)) = idx.map.get_mut(&k) {
-                if e.get("updatedAt").and_then(Value::as_u64).is_none_or(|u| u < t) {
-                    e.insert("updatedAt".into(), json!(t));
-                }
+                updated_at(e, t);
             }
         }
         let bytes = serde_json::to_vec_pretty(&idx.map).map_err(|e| EngineError::Internal(e.to_string()))?;
@@ -564,14 +567,13 @@ impl Sessions {
     /// mark waits in `touches` for the next holder.
     pub fn touch(&self, s: &SessionRef) {
         let mark = (AgentId(s.agent_id.clone()), s.key.clone(), now_ms());
-        match self.agents.try_lock() {
-            Ok(mut agents) => {
-                self.merge_touches(&mut agents);
-                mark_touched(&mut agents, mark);
-            }
-            Err(std::sync::TryLockError::Poisoned(p)) => mark_touched(&mut p.into_inner(), mark),
-            Err(std::sync::TryLockError::WouldBlock) => pincer_pi::lock(&self.touches).push(mark),
-        }
+        let mut agents = match self.agents.try_lock() {
+            Ok(agents) => agents,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return pincer_pi::lock(&self.touches).push(mark),
+        };
+        self.merge_touches(&mut agents);
+        mark_touched(&mut agents, mark);
     }
 
     /// Applies the marks [`Sessions::touch`] left while the indexes were busy.

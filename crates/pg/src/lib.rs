@@ -1059,20 +1059,9 @@ impl Drop for TurnLock {
 
 impl Transcripts for PgStore {
     fn bytes(&self, path: &Path) -> Result<Option<u64>, StoreError> {
-        let name = self.name(path);
-        let file = name.clone();
-        self.block(move |inner| async move {
-            let c = inner.pool.get().await?;
-            let row = c
-                .query_opt(
-                    "SELECT (octet_length(t.header) + 1 + coalesce((SELECT sum(octet_length(e.line) + 1) \
-                     FROM entries e WHERE e.transcript = t.id), 0))::bigint FROM transcripts t WHERE t.file = $1",
-                    &[&file],
-                )
-                .await?;
-            Ok(row.map(|r| r.get::<_, i64>(0) as u64))
-        })
-        .map_err(|e| e.into_store(&name))
+        let file = self.name(path);
+        let f = file.clone();
+        self.block(move |inner| async move { inner.size(&f).await }).map_err(|e| e.into_store(&file))
     }
 
     fn append_all(

@@ -697,144 +697,6 @@ mod tests {
         assert!(e_u1["id"].is_string());
     }
 
-    /// The file store, its reads failing while `down` is set (as a database's during an outage).
-    struct Flaky {
-        files: Store,
-        down: std::sync::atomic::AtomicBool,
-    }
-
-    impl Flaky {
-        fn check(&self) -> Result<(), pincer_store::StoreError> {
-            match self.down.load(std::sync::atomic::Ordering::Relaxed) {
-                true => Err(pincer_store::StoreError::Internal("the database is unreachable".into())),
-                false => Ok(()),
-            }
-        }
-    }
-
-    impl Transcripts for Flaky {
-        fn append_all(
-            &self,
-            path: &Path,
-            entries: Vec<NewEntry>,
-            session_id: Option<&str>,
-        ) -> Result<Vec<pincer_store::Appended>, pincer_store::StoreError> {
-            self.files.append_all(path, entries, session_id)
-        }
-        fn ensure_created(&self, path: &Path, session_id: Option<&str>) -> Result<(), pincer_store::StoreError> {
-            self.files.ensure_created(path, session_id)
-        }
-        fn leaf_version(&self, path: &Path) -> Result<(Option<String>, u64), pincer_store::StoreError> {
-            Transcripts::leaf_version(&self.files, path)
-        }
-        fn bytes(&self, path: &Path) -> Result<Option<u64>, pincer_store::StoreError> {
-            Transcripts::bytes(&self.files, path)
-        }
-        fn end(&self, path: &Path) -> Result<Option<Pos>, pincer_store::StoreError> {
-            Transcripts::end(&self.files, path)
-        }
-        fn read_session(&self, path: &Path) -> Result<Option<pincer_store::Session>, pincer_store::StoreError> {
-            self.check()?;
-            Transcripts::read_session(&self.files, path)
-        }
-        fn read_bytes(&self, path: &Path, max: u64) -> Result<Option<Vec<u8>>, pincer_store::StoreError> {
-            Transcripts::read_bytes(&self.files, path, max)
-        }
-        fn read_tail(&self, path: &Path, max: u64) -> Result<Option<Vec<u8>>, pincer_store::StoreError> {
-            Transcripts::read_tail(&self.files, path, max)
-        }
-        fn history(
-            &self,
-            path: &Path,
-            opts: pincer_store::history::HistoryOptions,
-        ) -> Result<pincer_store::history::History, pincer_store::StoreError> {
-            Transcripts::history(&self.files, path, opts)
-        }
-        fn find_keyed(&self, path: &Path, key: &str) -> Result<Option<(Value, Pos)>, pincer_store::StoreError> {
-            self.files.find_keyed(path, key)
-        }
-        fn entries_at(
-            &self,
-            path: &Path,
-            pos: Pos,
-            max: u64,
-        ) -> Result<(Vec<(Pos, Value)>, bool), pincer_store::StoreError> {
-            self.check()?;
-            self.files.entries_at(path, pos, max)
-        }
-        fn entries_before(
-            &self,
-            path: &Path,
-            pos: Pos,
-            max: u64,
-        ) -> Result<Vec<(Pos, Value)>, pincer_store::StoreError> {
-            self.files.entries_before(path, pos, max)
-        }
-        fn lock(&self, path: &Path) -> Result<pincer_store::Held, pincer_store::StoreError> {
-            Transcripts::lock(&self.files, path)
-        }
-        fn append_held(
-            self: Arc<Self>,
-            held: pincer_store::Held,
-            path: PathBuf,
-            entries: Vec<NewEntry>,
-            session_id: Option<String>,
-            after: pincer_store::AfterCommit,
-        ) -> pincer_store::StoreFuture<Vec<pincer_store::Appended>> {
-            Arc::new(self.files.clone()).append_held(held, path, entries, session_id, after)
-        }
-        fn trim(&self, path: &Path, max_lines: usize) -> Result<pincer_store::trim::Trimmed, pincer_store::StoreError> {
-            self.files.trim(path, max_lines)
-        }
-        fn forget(&self, path: &Path) {
-            self.files.forget(path)
-        }
-        fn close(&self) {
-            self.files.close()
-        }
-        fn index_stamp(&self, path: &Path) -> Option<pincer_store::IndexStamp> {
-            Transcripts::index_stamp(&self.files, path)
-        }
-        fn read_index(&self, path: &Path) -> Result<Option<Vec<u8>>, pincer_store::StoreError> {
-            Transcripts::read_index(&self.files, path)
-        }
-        fn write_index(&self, path: &Path, bytes: &[u8]) -> Result<(), pincer_store::StoreError> {
-            Transcripts::write_index(&self.files, path, bytes)
-        }
-        fn agents(&self, state_dir: &Path) -> Vec<String> {
-            Transcripts::agents(&self.files, state_dir)
-        }
-        fn archive_transcript(&self, path: &Path, reason: &str) -> Result<Option<PathBuf>, pincer_store::StoreError> {
-            Transcripts::archive_transcript(&self.files, path, reason)
-        }
-        fn import_transcript(&self, path: &Path, bytes: &[u8]) -> Result<(), pincer_store::StoreError> {
-            Transcripts::import_transcript(&self.files, path, bytes)
-        }
-        fn set_aside(&self, dir: &Path) -> Vec<(PathBuf, Option<u64>)> {
-            Transcripts::set_aside(&self.files, dir)
-        }
-    }
-
-    /// A transcript that grew behind the index while the store's reads fail (its end still
-    /// answered): the session stays, and is read again once the store answers.
-    #[test]
-    fn a_transcript_read_again_while_the_store_fails_stays_indexed() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("s.jsonl");
-        let store = Arc::new(Flaky { files: Store::new(StoreOptions::default()), down: false.into() });
-        let u1 = json!({"role": "user", "content": "one"});
-        store.files.append(&path, NewEntry::message(u1.clone())).expect("append");
-        let idx = ConversationIndex::new(store.clone());
-        idx.build([("agent:main:a".to_string(), path.clone())]);
-        let a1 = json!({"role": "assistant", "content": [{"type": "text", "text": "r"}]});
-        store.files.append(&path, NewEntry::message(a1.clone())).expect("append"); // not through the index
-        store.down.store(true, std::sync::atomic::Ordering::Relaxed);
-        idx.catch_up_all();
-        store.down.store(false, std::sync::atomic::Ordering::Relaxed);
-        let m = idx.deepest(&chains_of(&[u1, a1]), None, &mut |_| true).expect("still indexed, and read again");
-        assert_eq!(m.depth, 2);
-    }
-
     /// A transcript of one user message `u1`, and an index built over it.
     fn one_message_indexed(dir: &Path) -> (Store, PathBuf, Value, ConversationIndex) {
         let path = dir.join("s.jsonl");
@@ -853,6 +715,28 @@ mod tests {
         let a1 = json!({"role": "assistant", "content": [{"type": "text", "text": "r"}]});
         store.append(&path, NewEntry::message(a1.clone())).expect("append"); // not through the index
         let m = idx.deepest(&chains_of(&[u1, a1]), None, &mut |_| true).expect("found after a re-read");
+        assert_eq!(m.depth, 2);
+    }
+
+    /// A transcript whose read fails after its end answered (a database's pool timing out between the
+    /// two; here a link to `/proc/self/mem`, a file whose length reads 0 and whose bytes cannot be
+    /// read): the session stays, and is read again once the store answers.
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the test moves the transcript aside and back itself
+    fn a_transcript_read_again_while_the_store_fails_stays_indexed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, path, u1, idx) = one_message_indexed(dir.path());
+        let aside = dir.path().join("aside");
+        std::fs::rename(&path, &aside).expect("move aside");
+        std::os::unix::fs::symlink("/proc/self/mem", &path).expect("a link");
+        assert!(store.end(&path).is_ok_and(|e| e.is_some()), "its end answers");
+        assert!(store.read_session(&path).is_err(), "its read fails");
+        idx.catch_up_all();
+        std::fs::remove_file(&path).expect("unlink");
+        std::fs::rename(&aside, &path).expect("move back");
+        let a1 = json!({"role": "assistant", "content": [{"type": "text", "text": "r"}]});
+        store.append(&path, NewEntry::message(a1.clone())).expect("append"); // not through the index
+        let m = idx.deepest(&chains_of(&[u1, a1]), None, &mut |_| true).expect("still indexed, and read again");
         assert_eq!(m.depth, 2);
     }
 
