@@ -225,13 +225,18 @@ pub trait TranscriptsExt: Transcripts {
 
 impl<T: Transcripts + ?Sized> TranscriptsExt for T {}
 
+/// `r`, with a file that is not there as `None` (any other failure an error naming `path`).
+fn unless_missing<T>(path: &Path, r: std::io::Result<T>) -> Result<Option<T>, StoreError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::io(path, e)),
+    }
+}
+
 impl Transcripts for Store {
     fn bytes(&self, path: &Path) -> Result<Option<u64>, StoreError> {
-        match std::fs::metadata(path) {
-            Ok(m) => Ok(m.is_file().then_some(m.len())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(StoreError::io(path, e)),
-        }
+        Ok(unless_missing(path, std::fs::metadata(path))?.filter(|m| m.is_file()).map(|m| m.len()))
     }
 
     fn append_all(
@@ -273,22 +278,14 @@ impl Transcripts for Store {
 
     fn read_bytes(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError> {
         match Transcripts::bytes(self, path)? {
-            Some(len) if len <= max_bytes => match std::fs::read(path) {
-                Ok(b) => Ok(Some(b)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(StoreError::io(path, e)),
-            },
+            Some(len) if len <= max_bytes => unless_missing(path, std::fs::read(path)),
             _ => Ok(None),
         }
     }
 
     fn read_tail(&self, path: &Path, max_bytes: u64) -> Result<Option<Vec<u8>>, StoreError> {
         use std::io::{Read, Seek, SeekFrom};
-        let mut f = match std::fs::File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(StoreError::io(path, e)),
-        };
+        let Some(mut f) = unless_missing(path, std::fs::File::open(path))? else { return Ok(None) };
         let io = |e| StoreError::io(path, e);
         let len = f.metadata().map_err(io)?.len();
         let from = len.saturating_sub(max_bytes);
@@ -357,11 +354,7 @@ impl Transcripts for Store {
     }
 
     fn read_index(&self, path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
-        match std::fs::read(path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(StoreError::io(path, e)),
-        }
+        unless_missing(path, std::fs::read(path))
     }
 
     fn write_index(&self, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
