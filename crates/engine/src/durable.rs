@@ -37,6 +37,9 @@ pub const QUEUED: &str = "pincer.turn-queued";
 pub const DROPPED: &str = "pincer.turn-dropped";
 /// Most of the file read after a turn's user row to find its reply.
 const TURN_WINDOW: u64 = 64 * 1024 * 1024;
+/// How many times [`on_disk`] reads a turn that grows while it reads before it answers from the
+/// last read.
+const MOVING_READS: usize = 8;
 /// Tail read at startup to find an unanswered turn at the leaf: first this much, at most the second.
 const FIRST_TAIL: u64 = 16 * 1024;
 const TAIL_WINDOW: u64 = 1024 * 1024;
@@ -121,28 +124,39 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
     if message(&user).is_some_and(|m| m.contains_key("openclawHookBlock")) {
         return Ok(OnDisk::Done(RunStatus::Blocked));
     }
-    let mut turn: Vec<String> = vec![user_id.to_owned()];
-    let mut resumed = 0;
-    for e in store.entries_from(path, offset, TURN_WINDOW)?.iter().skip(1) {
-        let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
-        if !turn.iter().any(|t| t == parent) {
+    // The leaf and the entries are read as of one moment: an entry appended between the two reads
+    // (another message's queued record, say) would put the leaf outside the turn read, and a turn
+    // still at the leaf would read as moved past. Read again while the transcript's end moved.
+    let mut tries = 0;
+    loop {
+        let before = store.end(path)?;
+        let leaf = store.leaf(path)?;
+        let (mut turn, mut resumed) = (vec![user_id.to_owned()], 0);
+        for e in store.entries_from(path, offset, TURN_WINDOW)?.iter().skip(1) {
+            let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
+            if !turn.iter().any(|t| t == parent) {
+                continue;
+            }
+            if let Some(m) = message(e) {
+                if m.get("role").and_then(Value::as_str) == Some("user") {
+                    break; // the next turn
+                }
+                if let Some(status) = reply_status(m) {
+                    return Ok(OnDisk::Done(status));
+                }
+            }
+            resumed += usize::from(custom_of(e, RESUMED) == Some(run_id));
+            if let Some(id) = e.get("id").and_then(Value::as_str) {
+                turn.push(id.to_owned());
+            }
+        }
+        tries += 1;
+        if store.end(path)? != before && tries < MOVING_READS {
             continue;
         }
-        if let Some(m) = message(e) {
-            if m.get("role").and_then(Value::as_str) == Some("user") {
-                break; // the next turn
-            }
-            if let Some(status) = reply_status(m) {
-                return Ok(OnDisk::Done(status));
-            }
-        }
-        resumed += usize::from(custom_of(e, RESUMED) == Some(run_id));
-        if let Some(id) = e.get("id").and_then(Value::as_str) {
-            turn.push(id.to_owned());
-        }
+        let at_leaf = leaf.is_some_and(|l| turn.last() == Some(&l));
+        return Ok(if at_leaf && resumed < attempts { OnDisk::Resume(user) } else { OnDisk::Interrupted });
     }
-    let at_leaf = store.leaf(path)?.is_some_and(|l| turn.last() == Some(&l));
-    Ok(if at_leaf && resumed < attempts { OnDisk::Resume(user) } else { OnDisk::Interrupted })
 }
 
 /// The idempotency key of the first client tool result a stateless client's turn writes when it
@@ -325,6 +339,37 @@ mod tests {
             m["stopReason"] = json!(s);
         }
         NewEntry::message(m)
+    }
+
+    /// Entries chained to a turn while it is read (records of messages queued behind it, appended
+    /// by this very process: the transcript's lock does not keep them out) leave it at the leaf:
+    /// the read never answers with a leaf newer than the entries it walked.
+    #[test]
+    fn a_turn_read_while_entries_are_chained_to_it_stays_resumable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.jsonl");
+        let store = Store::new(StoreOptions::default());
+        store.append(&path, msg("user", Some("k1:user"), None)).expect("append");
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let misread = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for n in 0..500 {
+                    store
+                        .append(&path, marker("test.note", &format!("n{n}"), "chained below the turn"))
+                        .expect("append");
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            });
+            let mut misread = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                if !matches!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Resume(_)) {
+                    misread += 1;
+                }
+            }
+            misread
+        });
+        assert_eq!(misread, 0, "reads that took the turn for one the session moved past");
     }
 
     #[test]

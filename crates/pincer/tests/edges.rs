@@ -1337,6 +1337,16 @@ async fn t12b_a_crash_storm_without_resends_still_answers_every_message_once() {
     crash_storm(10, false).await;
 }
 
+/// The lines of each gateway process's log (`logs`, oldest first) that name one of `runs`.
+fn said_of(logs: &[String], runs: &[String]) -> String {
+    let said: Vec<String> = (logs.iter().enumerate())
+        .flat_map(|(n, l)| {
+            l.lines().filter(|l| runs.iter().any(|r| l.contains(r.as_str()))).map(move |l| format!("process {n}: {l}"))
+        })
+        .collect();
+    said.join("\n")
+}
+
 async fn crash_storm(kills: usize, resend: bool) {
     const CLIENTS: usize = 4;
     // Kills every 0.3–1.5 s can cut one turn's resumed runs again and again (more so on a loaded
@@ -1394,18 +1404,19 @@ async fn crash_storm(kills: usize, resend: bool) {
         })
         .await;
         if all_answered.is_none() {
-            let open: Vec<String> = (0..CLIENTS)
-                .filter_map(|i| probe::transcript_path(&state, &format!("agent:main:storm{i}")))
-                .flat_map(|file| {
-                    let rows = probe::read_rows(&file);
-                    let open: Vec<String> =
-                        written(&rows).into_iter().filter(|r| replies(&rows, r).is_empty()).collect();
-                    open.into_iter().map(move |run| outline(&rows, &run))
-                })
-                .collect();
+            let (mut open, mut runs) = (Vec::new(), Vec::new());
+            for file in (0..CLIENTS).filter_map(|i| probe::transcript_path(&state, &format!("agent:main:storm{i}"))) {
+                let rows = probe::read_rows(&file);
+                for run in written(&rows).into_iter().filter(|r| replies(&rows, r).is_empty()) {
+                    open.push(outline(&rows, &run));
+                    runs.push(run);
+                }
+            }
+            logs.lock().expect("logs").push(gw.log_text());
             panic!(
-                "messages never answered without a resend:\n{}\nthe gateway said:\n{}",
+                "messages never answered without a resend:\n{}\nthe gateways said of them:\n{}\nthe last gateway said:\n{}",
                 open.join("\n"),
+                said_of(&logs.lock().expect("logs"), &runs),
                 gw.log_text()
             );
         }
@@ -1427,19 +1438,11 @@ async fn crash_storm(kills: usize, resend: bool) {
             assert!(resend || r.len() == 1, "{key}: {run} has {} replies without a resend", r.len());
             if r.len() > 1 {
                 logs.lock().expect("logs").push(gw.log_text());
-                let logs = logs.lock().expect("logs");
-                let said: Vec<_> = logs
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(n, l)| {
-                        l.lines().filter(|l| l.contains(run.as_str())).map(move |l| format!("process {n}: {l}"))
-                    })
-                    .collect();
                 panic!(
                     "{key}: {} replies for {run}:\n{}\nthe gateways said:\n{}",
                     r.len(),
                     outline(&rows, run),
-                    said.join("\n")
+                    said_of(&logs.lock().expect("logs"), std::slice::from_ref(run))
                 );
             }
         }
