@@ -25,6 +25,8 @@
 //! with the reason) in [`Manager::status`], and a tool left out (its name unusable, filtered by the
 //! config) is listed there with why.
 
+mod http;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -49,6 +51,9 @@ pub const PREFIX: &str = "mcp__";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest a connection (process start, handshake, first tool list) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection over HTTP waits for the server to answer its standalone event stream
+/// before it counts as up anyway ([`http::Client::standalone_answered`]).
+const STANDALONE_WAIT: Duration = Duration::from_secs(5);
 /// First wait before a failed server is started again; doubled after each failure.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest wait between two starts.
@@ -787,7 +792,8 @@ async fn connect(
             if let Some(token) = bearer_token {
                 config = config.auth_header(token.clone());
             }
-            let transport = rmcp::transport::StreamableHttpClientTransport::with_client(client, config);
+            let client = http::Client::new(client);
+            let transport = rmcp::transport::StreamableHttpClientTransport::with_client(client.clone(), config);
             let service = tokio::time::timeout(
                 CONNECT_TIMEOUT,
                 rmcp::service::serve_client_with_lifecycle_and_ct(handler, transport, lifecycle(legacy), ct),
@@ -798,6 +804,7 @@ async fn connect(
                 reason: format!("the MCP handshake with {url} failed: {e}"),
                 try_legacy: !legacy && misunderstood(&e),
             })?;
+            client.standalone_answered(STANDALONE_WAIT).await;
             Ok(Connection { service, child: None })
         }
     }
@@ -1012,6 +1019,66 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use pretty_assertions::assert_eq;
+
+    /// A server over HTTP that answers its session's standalone event stream 300 ms late: the
+    /// connection is up, and its tools are listed, only once that stream was answered (before, a
+    /// response or list change the server sent there could be taken before it had the stream).
+    #[tokio::test]
+    async fn an_http_connection_is_up_once_its_standalone_stream_was_answered() {
+        use axum::http::{header, StatusCode};
+        use axum::response::IntoResponse;
+        let said = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (post_said, get_said) = (said.clone(), said.clone());
+        let rpc = move |body: axum::Json<Value>| {
+            let said = post_said.clone();
+            async move {
+                let method = body["method"].as_str().unwrap_or_default().to_owned();
+                said.lock().unwrap().push(method.clone());
+                let result = match method.as_str() {
+                    _ if body.get("id").is_none() => return StatusCode::ACCEPTED.into_response(),
+                    "initialize" => json!({"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "late", "version": "1"}}),
+                    "tools/list" => json!({"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}),
+                    _ => json!({}),
+                };
+                let reply = json!({"jsonrpc": "2.0", "id": body["id"], "result": result});
+                ([("mcp-session-id", "s1")], axum::Json(reply)).into_response()
+            }
+        };
+        let stream = move || {
+            let said = get_said.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                said.lock().unwrap().push("standalone stream answered".into());
+                use futures::StreamExt as _;
+                let events = futures::stream::once(async { Ok::<_, std::io::Error>(": primed\n\n") })
+                    .chain(futures::stream::pending());
+                ([(header::CONTENT_TYPE, "text/event-stream")], axum::body::Body::from_stream(events))
+            }
+        };
+        let app = axum::Router::new().route("/mcp", axum::routing::post(rpc).get(stream).delete(|| async { "" }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let spec = ServerSpec {
+            name: "late".into(),
+            id: "late".into(),
+            transport: Transport::Http { url, headers: Default::default(), bearer_token: None },
+            timeout: DEFAULT_TIMEOUT,
+            include: None,
+            exclude: Vec::new(),
+        };
+        let manager = Manager::new([spec]);
+        manager.start();
+        manager.started().await;
+        let tools = manager.servers().next().map(|s| s.tools().len());
+        manager.shutdown().await;
+        let said = said.lock().unwrap().clone();
+        assert_eq!(tools, Some(1), "{said:?}");
+        let answered = said.iter().position(|m| m == "standalone stream answered");
+        let listed = said.iter().position(|m| m == "tools/list");
+        assert!(answered.is_some() && answered < listed, "what the server was asked, in order: {said:?}");
+    }
 
     #[test]
     fn results_map_onto_pi_blocks() {
