@@ -37,8 +37,8 @@ pub const QUEUED: &str = "pincer.turn-queued";
 pub const DROPPED: &str = "pincer.turn-dropped";
 /// Most of the file read after a turn's user row to find its reply.
 const TURN_WINDOW: u64 = 64 * 1024 * 1024;
-/// How many times [`on_disk`] reads a turn that grows while it reads before it answers from the
-/// last read.
+/// How many times [`on_disk`] reads a turn whose place moves while it is read (a rewrite) before
+/// it gives up.
 const MOVING_READS: usize = 8;
 /// Tail read at startup to find an unanswered turn at the leaf: first this much, at most the second.
 const FIRST_TAIL: u64 = 16 * 1024;
@@ -119,20 +119,23 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
     if let Some((e, _)) = store.find_keyed(path, &reply_key(run_id))? {
         return Ok(OnDisk::Done(message(&e).and_then(reply_status).unwrap_or(RunStatus::Ok)));
     }
-    let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok(OnDisk::New) };
-    let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(OnDisk::Interrupted) };
-    if message(&user).is_some_and(|m| m.contains_key("openclawHookBlock")) {
-        return Ok(OnDisk::Done(RunStatus::Blocked));
-    }
-    // The leaf and the entries are read as of one moment: an entry appended between the two reads
-    // (another message's queued record, say) would put the leaf outside the turn read, and a turn
-    // still at the leaf would read as moved past. Read again while the transcript's end moved.
-    let mut tries = 0;
-    loop {
-        let before = store.end(path)?;
+    // The leaf is read first, then the turn: entries appended meanwhile (another message's queued
+    // record, by this very process: the transcript's lock keeps out other processes only) come
+    // after it, so the turn was at the leaf when the leaf is one of its entries. A rewrite
+    // (`sessions.compact {maxLines}`) moves the user row: read again when it is not where it was.
+    for _ in 0..MOVING_READS {
         let leaf = store.leaf(path)?;
+        let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok(OnDisk::New) };
+        let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(OnDisk::Interrupted) };
+        if message(&user).is_some_and(|m| m.contains_key("openclawHookBlock")) {
+            return Ok(OnDisk::Done(RunStatus::Blocked));
+        }
+        let entries = store.entries_from(path, offset, TURN_WINDOW)?;
+        if entries.first().and_then(|e| e.get("id")).and_then(Value::as_str) != Some(user_id) {
+            continue;
+        }
         let (mut turn, mut resumed) = (vec![user_id.to_owned()], 0);
-        for e in store.entries_from(path, offset, TURN_WINDOW)?.iter().skip(1) {
+        for e in entries.iter().skip(1) {
             let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
             if !turn.iter().any(|t| t == parent) {
                 continue;
@@ -150,13 +153,13 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
                 turn.push(id.to_owned());
             }
         }
-        tries += 1;
-        if store.end(path)? != before && tries < MOVING_READS {
-            continue;
-        }
-        let at_leaf = leaf.is_some_and(|l| turn.last() == Some(&l));
+        let at_leaf = leaf.is_some_and(|l| turn.contains(&l));
         return Ok(if at_leaf && resumed < attempts { OnDisk::Resume(user) } else { OnDisk::Interrupted });
     }
+    Err(StoreError::Internal(format!(
+        "{}: the transcript was rewritten while turn {run_id} was read; try again",
+        path.display()
+    )))
 }
 
 /// The idempotency key of the first client tool result a stateless client's turn writes when it

@@ -150,6 +150,14 @@ async fn start_turn_in(
         }
     };
     if resume.is_none() {
+        // A message for a model no provider has is refused before anything is written (its
+        // queued record included); a command needs no model (`/new` gets such a session going).
+        let command = slash_command(&message).filter(|_| images.is_empty() && regenerate.is_none() && graft.is_none());
+        let spec = model.clone().unwrap_or_else(|| gw.session_model(&session));
+        if let (None, Err(e)) = (command, gw.settings.providers.resolve(&spec)) {
+            gw.dedupe_forget(&dedupe_key);
+            return Err(EngineError::Invalid(e.to_string()));
+        }
         if let Err(e) = check_branch_point(gw, &session, expected_leaf.as_ref(), regenerate.as_deref()).await {
             gw.dedupe_forget(&dedupe_key);
             return Err(e);
@@ -210,6 +218,7 @@ async fn start_turn_in(
         queued,
         slot: std::sync::Mutex::new(slot),
         ended: Default::default(),
+        user_on_disk: Default::default(),
         tokens: Default::default(),
     };
     gw.tasks.spawn(async move {
@@ -390,6 +399,9 @@ struct Turn {
     queued: bool,
     /// The lifecycle `end` went out (it comes before the final, once).
     ended: std::sync::atomic::AtomicBool,
+    /// The turn's user row is on disk: written by this turn, or the row a resumed turn answers
+    /// (once claimed). From then on a failure is written too ([`Turn::fail`]).
+    user_on_disk: std::sync::atomic::AtomicBool,
     /// Tokens in and out of the replies written so far (their `usage`).
     tokens: [std::sync::atomic::AtomicU64; 2],
 }
@@ -411,6 +423,7 @@ impl Turn {
             queued: false,
             slot: Default::default(),
             ended: Default::default(),
+            user_on_disk: Default::default(),
             tokens: Default::default(),
         }
     }
@@ -523,7 +536,7 @@ impl Turn {
             Ok(g) => g,
             Err(crate::state::SlotError::Unavailable(e)) => {
                 // The database cannot be asked: nothing was written, nothing runs.
-                self.fail(&e, ErrorKind::Persistence, None);
+                self.fail(&e, ErrorKind::Persistence, None).await;
                 return;
             }
             Err(crate::state::SlotError::Cancelled) => {
@@ -551,7 +564,7 @@ impl Turn {
         };
         if let Some(e) = stale {
             // Nothing was written: the client's view of the branch is stale (or could not be checked).
-            self.fail_with(&e);
+            self.fail_with(&e).await;
         } else if let (Some(_), Some(_)) = (command, &self.resume) {
             self.reply("This command was interrupted by a restart before it was answered; send it again.").await;
             self.finish(Ok(RunStatus::Interrupted));
@@ -585,7 +598,7 @@ impl Turn {
                 "session {} was reset or deleted while this turn waited; nothing was written, send it again",
                 self.session.key
             );
-            self.fail(&why, ErrorKind::Conflict, None);
+            self.fail(&why, ErrorKind::Conflict, None).await;
             return false;
         }
         self.session = now;
@@ -640,11 +653,12 @@ impl Turn {
                 None
             }
             Ok(a) => {
+                self.user_on_disk.store(true, std::sync::atomic::Ordering::Relaxed);
                 self.session_message(&a.entry);
                 Some(a.entry["message"].clone())
             }
             Err(e) => {
-                self.fail_with(&EngineError::unsaved(&e));
+                self.fail_with(&EngineError::unsaved(&e)).await;
                 None
             }
         }
@@ -654,21 +668,29 @@ impl Turn {
     /// a `chat` error.
     async fn crashed(&self, what: &str) {
         let text = format!("internal error: the run stopped unexpectedly ({what})");
-        let mut msg = injected_message(&text, Some(&crate::durable::reply_key(&self.run.run_id)), None);
+        let entry = self.record_error(&text).await;
+        self.fail(&text, ErrorKind::Internal, entry.as_ref()).await;
+        self.lifecycle_end();
+    }
+
+    /// Writes `text` as the turn's error reply (keyed `<runId>:assistant`, so a resend or a
+    /// restart finds the turn answered) and announces the row; `None` when it could not be written.
+    async fn record_error(&self, text: &str) -> Option<Value> {
+        let mut msg = injected_message(text, Some(&crate::durable::reply_key(&self.run.run_id)), None);
         msg["stopReason"] = json!("error");
         msg["errorMessage"] = json!(text);
-        let entry = match self.gw.append(&self.session, NewEntry::message(msg)).await {
+        match self.gw.append(&self.session, NewEntry::message(msg)).await {
             Ok(a) => {
-                self.session_message(&a.entry);
+                if a.appended {
+                    self.session_message(&a.entry);
+                }
                 Some(a.entry)
             }
             Err(e) => {
-                tracing::warn!(session = %self.session.key, "cannot record the crashed run: {e}");
+                tracing::warn!(session = %self.session.key, run = %self.run.run_id, "cannot record the failed run: {e}");
                 None
             }
-        };
-        self.fail(&text, ErrorKind::Internal, entry.as_ref());
-        self.lifecycle_end();
+        }
     }
 
     /// Appends a gateway-injected assistant row and sends it as the final.
@@ -761,7 +783,7 @@ impl Turn {
                     let message = format!(
                         "the before_agent_run hook could not decide ({why}); the message was not sent and nothing was saved: send it again once the hook works"
                     );
-                    self.fail(&message, ErrorKind::Hook, None);
+                    self.fail(&message, ErrorKind::Hook, None).await;
                     self.gw.dedupe_forget(&format!("chat:{}", self.run.run_id));
                     return false;
                 }
@@ -794,7 +816,7 @@ impl Turn {
                 Ok((leaf, _)) => leaf,
                 Err(e) => {
                     let why = format!("cannot read the leaf of {}: {e}", path.display());
-                    self.fail(&why, ErrorKind::Persistence, None);
+                    self.fail(&why, ErrorKind::Persistence, None).await;
                     return false;
                 }
             };
@@ -808,13 +830,13 @@ impl Turn {
             payload.insert("customType".into(), json!(SYSTEM_PROMPT_CHANGE));
             payload.insert("data".into(), json!({"systemPrompt": prompt, "at": now_ms()}));
             if let Err(e) = self.gw.append(&self.session, NewEntry::of("custom", payload)).await {
-                self.fail_with(&EngineError::unsaved(&e));
+                self.fail_with(&EngineError::unsaved(&e)).await;
                 return false;
             }
             let (key, mut fields) = (self.session.key.clone(), Map::new());
             fields.insert(SYSTEM_PROMPT_FIELD.into(), json!(prompt));
             if let Err(e) = self.gw.index(move |s| s.patch(&key, &fields)).await {
-                self.fail(&format!("the system prompt could not be saved: {e}"), ErrorKind::Persistence, None);
+                self.fail(&format!("the system prompt could not be saved: {e}"), ErrorKind::Persistence, None).await;
                 return false;
             }
         }
@@ -831,7 +853,7 @@ impl Turn {
                 true
             }
             Err(e) => {
-                self.fail_with(&EngineError::unsaved(&e));
+                self.fail_with(&EngineError::unsaved(&e)).await;
                 false
             }
         }
@@ -841,7 +863,7 @@ impl Turn {
     /// error) when it could not be written.
     async fn move_leaf(&self, target: Option<&str>, reason: &str) -> bool {
         if let Err(e) = self.gw.append(&self.session, NewEntry::move_leaf(target)).await {
-            self.fail_with(&EngineError::unsaved(&e));
+            self.fail_with(&EngineError::unsaved(&e)).await;
             return false;
         }
         self.gw.hub.sessions_changed_at(&self.session.key, reason, target);
@@ -857,6 +879,13 @@ impl Turn {
     }
 
     async fn agent_turn(&self) {
+        // The model is known before anything is written: a turn for a model no provider has
+        // writes nothing (a resumed one, its user row on disk, answers with the error once claimed).
+        let model = self.gw.settings.providers.resolve(&self.session_model());
+        if let (Err(e), None) = (&model, &self.resume) {
+            self.fail(&format!("{e}"), ErrorKind::Provider("unknown"), None).await;
+            return;
+        }
         if let Some(target) = &self.regenerate {
             // A sibling reply: the leaf moves to the user row, the run answers from there.
             if !self.move_leaf(Some(target), "regenerate").await {
@@ -874,14 +903,14 @@ impl Turn {
         let mut messages = match self.gw.context(&self.session).await {
             Ok(m) => m,
             Err(e) => {
-                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
+                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None).await;
                 return;
             }
         };
-        let model = match self.gw.settings.providers.resolve(&self.session_model()) {
+        let model = match model {
             Ok(m) => m,
             Err(e) => {
-                self.fail(&format!("{e}"), ErrorKind::Provider("unknown"), None);
+                self.fail(&format!("{e}"), ErrorKind::Provider("unknown"), None).await;
                 return;
             }
         };
@@ -911,7 +940,7 @@ impl Turn {
                          message alone may not fit the model's context window: use a model with a larger \
                          window or ask for less)"
                     );
-                    self.fail(&message, ErrorKind::Provider("context_length"), entry.as_deref());
+                    self.fail(&message, ErrorKind::Provider("context_length"), entry.as_deref()).await;
                     return;
                 }
                 StreamEnd::Overflow { message, entry, .. } if compactions == MAX_OVERFLOW_COMPACTIONS => {
@@ -919,7 +948,7 @@ impl Turn {
                         "{message} (the context overflowed again after {compactions} compactions in this turn; \
                          send another message to go on)"
                     );
-                    self.fail(&message, ErrorKind::Provider("context_length"), entry.as_deref());
+                    self.fail(&message, ErrorKind::Provider("context_length"), entry.as_deref()).await;
                     return;
                 }
                 StreamEnd::Overflow { message, entry, may_recover: true } => {
@@ -932,7 +961,8 @@ impl Turn {
                         Ok(_) => match self.gw.context(&self.session).await {
                             Ok(m) => messages = m,
                             Err(e) => {
-                                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
+                                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None)
+                                    .await;
                                 return;
                             }
                         },
@@ -941,7 +971,8 @@ impl Turn {
                                 &format!("{message} (compacting to make room failed: {e})"),
                                 ErrorKind::Provider("context_length"),
                                 entry.as_deref(),
-                            );
+                            )
+                            .await;
                             return;
                         }
                     }
@@ -972,7 +1003,7 @@ impl Turn {
             crate::durable::on_disk(&store, &path, &id, attempts).map(|state| (held, state))
         })
         .await;
-        let Some((held, state)) = self.read_or_fail(checked) else { return false };
+        let Some((held, state)) = self.read_or_fail(checked).await else { return false };
         if !matches!(state, OnDisk::Resume(_)) {
             drop(held);
             tracing::warn!(session = %self.session.key, run = %self.run.run_id, "not resumed: {state:?} by now");
@@ -986,9 +1017,10 @@ impl Turn {
         let written = self.gw.append(&self.session, marker).await;
         drop(held);
         if let Err(e) = written {
-            self.fail_with(&EngineError::unsaved(&e));
+            self.fail_with(&EngineError::unsaved(&e)).await;
             return false;
         }
+        self.user_on_disk.store(true, std::sync::atomic::Ordering::Relaxed);
         true
     }
 
@@ -1001,7 +1033,7 @@ impl Turn {
         let messages = match self.gw.context(&self.session).await {
             Ok(m) => m,
             Err(e) => {
-                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
+                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None).await;
                 return false;
             }
         };
@@ -1016,7 +1048,7 @@ impl Turn {
             Default::default()
         } else {
             let read = tokio::task::spawn_blocking(move || crate::approvals::on_disk(&*store, &path, &ids)).await;
-            let Some(asked) = self.read_or_fail(read) else { return false };
+            let Some(asked) = self.read_or_fail(read).await else { return false };
             asked
         };
         for call in &calls {
@@ -1058,7 +1090,7 @@ impl Turn {
                     self.agent_event(AgentUpdate::ToolResult { message: &a.entry["message"] });
                 }
                 Err(e) => {
-                    self.fail_with(&EngineError::unsaved(&e));
+                    self.fail_with(&EngineError::unsaved(&e)).await;
                     return false;
                 }
             }
@@ -1098,12 +1130,19 @@ impl Turn {
         self.gw.session_model(&self.session)
     }
 
-    fn fail(&self, message: &str, kind: ErrorKind<'_>, entry: Option<&Value>) {
+    /// Ends the run with an error: announced, and — once the turn's user row is on disk — written,
+    /// unless `entry` is the row that says it already: a message whose turn failed is answered by
+    /// its error on disk, so no restart runs it again and no later turn leaves it unanswered.
+    async fn fail(&self, message: &str, kind: ErrorKind<'_>, entry: Option<&Value>) {
         // Provider errors can echo credentials back: redact before anything leaves the process.
         let message = &self.gw.redactor.redact_str(message);
         crate::metrics::turn_error(kind.as_str());
         tracing::warn!(session = %self.session.key, run = %self.run.run_id, "run failed ({}): {message}", kind.as_str());
-        let written = entry.map(|e| with_meta(e, &self.run.run_id));
+        let recorded = match entry {
+            None if self.user_on_disk.load(std::sync::atomic::Ordering::Relaxed) => self.record_error(message).await,
+            _ => None,
+        };
+        let written = entry.or(recorded.as_ref()).map(|e| with_meta(e, &self.run.run_id));
         self.ended(TurnOutcome::Failed { message: message.clone(), kind: kind.as_str().to_owned() });
         self.end_event(ChatState::Error, &RunEnded::failed(message, kind, written.as_ref()));
         self.agent_event(AgentUpdate::Failed { error: message });
@@ -1111,21 +1150,24 @@ impl Turn {
     }
 
     /// [`Turn::fail`] with an engine error: its text and its kind.
-    fn fail_with(&self, e: &EngineError) {
-        self.fail(&e.to_string(), e.kind(), None);
+    async fn fail_with(&self, e: &EngineError) {
+        self.fail(&e.to_string(), e.kind(), None).await;
     }
 
     /// What a blocking read of the transcript gave; `None` (the run failed, announced) when it
     /// could not be read.
-    fn read_or_fail<T>(&self, read: Result<Result<T, pincer_store::StoreError>, tokio::task::JoinError>) -> Option<T> {
+    async fn read_or_fail<T>(
+        &self,
+        read: Result<Result<T, pincer_store::StoreError>, tokio::task::JoinError>,
+    ) -> Option<T> {
         match read {
             Ok(Ok(v)) => Some(v),
             Ok(Err(e)) => {
-                self.fail_with(&EngineError::unsaved(&e));
+                self.fail_with(&EngineError::unsaved(&e)).await;
                 None
             }
             Err(e) => {
-                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None);
+                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None).await;
                 None
             }
         }
@@ -1150,7 +1192,7 @@ impl Turn {
                 }
             };
             let Some(ev) = ev else {
-                self.fail("the run ended without a result", ErrorKind::Provider("unknown"), None);
+                self.fail("the run ended without a result", ErrorKind::Provider("unknown"), None).await;
                 return StreamEnd::Other;
             };
             match ev {
@@ -1229,7 +1271,7 @@ impl Turn {
                     if kind == pincer_agent::ErrorKind::ContextLength {
                         return StreamEnd::Overflow { message, entry, may_recover };
                     }
-                    self.fail(&message, ErrorKind::Provider(kind.as_str()), entry.as_deref());
+                    self.fail(&message, ErrorKind::Provider(kind.as_str()), entry.as_deref()).await;
                     return StreamEnd::Other;
                 }
                 RunEvent::Aborted { partial_text, .. } => {

@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods, clippy::unwrap_used, clippy::expect_used)] // a fixture file; tests fail loudly
 
 use pincer_engine::config::{self, Overrides};
+use pincer_engine::error::EngineError;
 use pincer_engine::follow::{TurnEvent, TurnStream};
 use pincer_engine::sessions::SessionRef;
 use pincer_engine::state::{Engine, TurnOutcome};
@@ -17,10 +18,13 @@ use std::time::Duration;
 
 struct Harness {
     gw: Arc<Engine>,
+    /// What the engine was started with (for a second one on the same state directory).
+    overrides: Overrides,
     fake: FakeOpenAi,
     /// The handle of each turn started (a finished run leaves the engine's registry).
     turns: Mutex<HashMap<String, Arc<TurnHandle>>>,
-    _dir: tempfile::TempDir,
+    /// The state directory, owned by the harness that made it.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Harness {
@@ -33,7 +37,13 @@ impl Harness {
             Overrides { state_dir: Some(dir.path().to_owned()), config: Some(path), ..Overrides::default() };
         let settings = config::load(&overrides).unwrap();
         let gw = Arc::new(Engine::new(settings).unwrap());
-        Harness { gw, fake, turns: Mutex::default(), _dir: dir }
+        Harness { gw, overrides, fake, turns: Mutex::default(), _dir: Some(dir) }
+    }
+
+    /// Another engine on the same state directory, as after a restart (nothing kept in memory).
+    fn restarted(&self) -> Harness {
+        let gw = Arc::new(Engine::new(config::load(&self.overrides).unwrap()).unwrap());
+        Harness { gw, overrides: self.overrides.clone(), fake: self.fake.clone(), turns: Mutex::default(), _dir: None }
     }
 
     async fn session(&self, key: &str) -> SessionRef {
@@ -42,6 +52,22 @@ impl Harness {
 
     /// Starts a turn and lets it run (its ack given at once): the method's answer.
     async fn send(&self, key: &str, run_id: &str, text: &str) -> Value {
+        self.send_to(key, run_id, text, None).await
+    }
+
+    /// [`Harness::send`] with the turn's own model, if given.
+    async fn send_to(&self, key: &str, run_id: &str, text: &str, model: Option<&str>) -> Value {
+        self.try_send_to(key, run_id, text, model).await.unwrap()
+    }
+
+    /// [`Harness::send_to`], its refusal kept.
+    async fn try_send_to(
+        &self,
+        key: &str,
+        run_id: &str,
+        text: &str,
+        model: Option<&str>,
+    ) -> Result<Value, EngineError> {
         let session = self.session(key).await;
         let request = TurnRequest {
             session,
@@ -51,17 +77,17 @@ impl Harness {
             regenerate: None,
             expected_leaf: None,
             graft: None,
-            model: None,
+            model: model.map(str::to_owned),
             conn_id: 0,
         };
         let (ack, acked) = tokio::sync::oneshot::channel();
         ack.send(()).unwrap();
-        let turn = start_turn(&self.gw, request, acked).await.unwrap();
+        let turn = start_turn(&self.gw, request, acked).await?;
         let answer = turn.answer.to_value();
         if turn.run.is_some() {
             self.turns.lock().unwrap().entry(run_id.to_owned()).or_insert(Arc::new(turn));
         }
-        answer
+        Ok(answer)
     }
 
     /// The end of run `run_id`, from the handle its start gave.
@@ -208,4 +234,44 @@ async fn a_followed_turn_gives_its_text_then_its_reply_and_once_over_the_transcr
     assert_eq!(over, [TurnEvent::Text(text(reply)), TurnEvent::Ended(reply["message"].clone())]);
     let never = follow_to_the_end(TurnStream::over(&e.gw, &session, "no-such-run")).await;
     assert!(matches!(never.as_slice(), [TurnEvent::Unknown(why)] if why.contains("no-such-run")), "{never:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_for_a_model_no_provider_has_writes_nothing_and_says_which() {
+    let e = Harness::start().await;
+    e.send("main", "run-0", "a first turn").await;
+    e.outcome("run-0").await;
+    let before = e.entries("main").await;
+    let refused = e.try_send_to("main", "run-1", "hello", Some("nowhere/no-model")).await;
+    let Err(EngineError::Invalid(message)) = refused else { panic!("not refused: {refused:?}") };
+    assert!(message.contains("nowhere"), "the error names the model: {message}");
+    assert_eq!(e.entries("main").await, before, "nothing written, no queued record either");
+    // A command needs no model: it runs.
+    e.send_to("main", "run-2", "/status", Some("nowhere/no-model")).await;
+    assert!(matches!(e.outcome("run-2").await, TurnOutcome::Replied(_)));
+    assert_eq!(e.fake.requests().len(), 1, "the model was not asked");
+}
+
+/// A turn whose user row is on disk from before a restart, resumed for a model no provider has
+/// any more: the failure is written as its reply (keyed), so the message is answered and the same
+/// key asked again runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_that_fails_before_its_reply_is_answered_by_its_error_on_disk() {
+    let e = Harness::start().await;
+    let session = e.session("main").await;
+    let user = serde_json::json!({"role": "user", "content": "cut by a crash", "timestamp": 1,
+        "idempotencyKey": "run-1:user"});
+    e.gw.append(&session, pincer_store::NewEntry::message(user)).await.unwrap();
+    let answer = e.send_to("main", "run-1", "cut by a crash", Some("nowhere/no-model")).await;
+    assert_eq!(answer["status"], "started", "the turn is resumed: {answer}");
+    let TurnOutcome::Failed { message, .. } = e.outcome("run-1").await else { panic!("not failed") };
+    let rows = e.rows("main").await;
+    assert_eq!(rows.iter().map(role).collect::<Vec<_>>(), ["user", "assistant"], "{rows:#?}");
+    assert_eq!(rows[1]["message"]["idempotencyKey"], "run-1:assistant");
+    assert_eq!(rows[1]["message"]["stopReason"], "error");
+    assert_eq!(text(&rows[1]), message, "the row says what the client was told");
+    let again = e.restarted().send("main", "run-1", "cut by a crash").await;
+    assert_eq!(again["status"], "error", "answered from the transcript after a restart: {again}");
+    assert_eq!(e.rows("main").await.len(), 2, "nothing more written");
+    assert_eq!(e.fake.requests().len(), 0, "the model was never asked");
 }
