@@ -170,17 +170,22 @@ async fn start_turn_in(
             session.key
         )));
     };
-    // A message acknowledged while another turn of its session runs is on disk before its ack
-    // (its user row is written only when its turn comes): a crash meanwhile does not lose it, the
-    // next start runs it ([`crate::takeup::recover_interrupted`]). A turn tied to the tree as it is
-    // now (a regenerate, a leaf guard, a stateless client's history) is not kept: its client
-    // sends it again.
-    let queued = ahead > 0
+    // A message acknowledged while it has to wait — another turn of its session is ahead, or the
+    // turns the last stop cut are being taken up (not registered runs yet; new turns wait for
+    // them) — is on disk before its ack (its user row is written only when its turn comes): a
+    // crash meanwhile does not lose it, the next start runs it
+    // ([`crate::takeup::recover_interrupted`]). A turn tied to the tree as it is now (a
+    // regenerate, a leaf guard, a stateless client's history) is not kept: its client sends it
+    // again.
+    let waits = ahead > 0 || gw.recovering.try_read().is_err();
+    let queued = waits
         && slot.is_none()
         && resume.is_none()
         && regenerate.is_none()
         && expected_leaf.is_none()
         && graft.is_none();
+    // A turn taken up from its record after a restart ([`run_queued`]) has one on disk already.
+    let recorded = slot.is_some() && resume.is_none();
     let mut session = session;
     if queued {
         let record = crate::durable::queued_marker(&run_id, &message, &images);
@@ -215,7 +220,7 @@ async fn start_turn_in(
         regenerate,
         graft,
         model,
-        queued,
+        queued: queued || recorded,
         slot: std::sync::Mutex::new(slot),
         ended: Default::default(),
         user_on_disk: Default::default(),
@@ -395,7 +400,8 @@ struct Turn {
     /// The model of this turn instead of the session's.
     model: Option<String>,
     /// Its record was written when it was acknowledged behind another turn
-    /// ([`crate::durable::QUEUED`]): ending without running says so ([`Turn::drop_queued`]).
+    /// ([`crate::durable::QUEUED`]; or it runs from such a record after a restart): ending
+    /// without running says so ([`Turn::drop_queued`]).
     queued: bool,
     /// The lifecycle `end` went out (it comes before the final, once).
     ended: std::sync::atomic::AtomicBool,
@@ -994,7 +1000,9 @@ impl Turn {
     /// check in [`start_turn`] was made before the turn waited for its queue, and another gateway
     /// process may share the state dir: the turn is read again here, in the queue and under the
     /// transcript's lock, and the marker is written under that lock. A turn answered or resumed
-    /// meanwhile does not run (false; it is settled as the transcript has it).
+    /// meanwhile does not run (false; it is settled as the transcript has it); one the session
+    /// moved past meanwhile, or out of attempts, is marked interrupted on disk (its message is not
+    /// left without an answer there) and settled so.
     async fn claim_resume(&self) -> bool {
         let (store, path, id) = (self.gw.store.clone(), self.session.path.clone(), self.run.run_id.clone());
         let attempts = self.gw.settings.resume_attempts;
@@ -1005,10 +1013,16 @@ impl Turn {
         .await;
         let Some((held, state)) = self.read_or_fail(checked).await else { return false };
         if !matches!(state, OnDisk::Resume(_)) {
-            drop(held);
             tracing::warn!(session = %self.session.key, run = %self.run.run_id, "not resumed: {state:?} by now");
             let why = "this turn was interrupted by a restart and is out of resume attempts (or the session moved \
                        on); send it again with a new idempotencyKey";
+            if state == OnDisk::Interrupted {
+                let marker = crate::durable::marker(crate::durable::INTERRUPTED, &self.run.run_id, why);
+                if let Err(e) = self.gw.append(&self.session, marker).await {
+                    tracing::warn!(session = %self.session.key, run = %self.run.run_id, "cannot mark an interrupted turn: {e}");
+                }
+            }
+            drop(held);
             self.settle(state, why);
             return false;
         }
@@ -1140,7 +1154,12 @@ impl Turn {
         tracing::warn!(session = %self.session.key, run = %self.run.run_id, "run failed ({}): {message}", kind.as_str());
         let recorded = match entry {
             None if self.user_on_disk.load(std::sync::atomic::Ordering::Relaxed) => self.record_error(message).await,
-            _ => None,
+            None => {
+                // Its record, if it waited behind another turn, must not run it after a restart.
+                self.drop_queued(&format!("it failed before it ran: {message}")).await;
+                None
+            }
+            Some(_) => None,
         };
         let written = entry.or(recorded.as_ref()).map(|e| with_meta(e, &self.run.run_id));
         self.ended(TurnOutcome::Failed { message: message.clone(), kind: kind.as_str().to_owned() });

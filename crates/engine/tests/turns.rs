@@ -29,10 +29,15 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Harness {
+        Harness::start_with("").await
+    }
+
+    /// [`Harness::start`] with more of the config file.
+    async fn start_with(more: &str) -> Harness {
         let fake = FakeOpenAi::start().await;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pincer.toml");
-        std::fs::write(&path, fake.gateway_toml()).unwrap();
+        std::fs::write(&path, format!("{}\n{more}", fake.gateway_toml())).unwrap();
         let overrides =
             Overrides { state_dir: Some(dir.path().to_owned()), config: Some(path), ..Overrides::default() };
         let settings = config::load(&overrides).unwrap();
@@ -274,4 +279,72 @@ async fn a_resumed_turn_that_fails_before_its_reply_is_answered_by_its_error_on_
     assert_eq!(again["status"], "error", "answered from the transcript after a restart: {again}");
     assert_eq!(e.rows("main").await.len(), 2, "nothing more written");
     assert_eq!(e.fake.requests().len(), 0, "the model was never asked");
+}
+
+/// A turn resumed for its user row, which the session moved past while the turn waited for its
+/// queue (another turn's user row chained after it): it does not run, and its message is marked
+/// interrupted on disk, not left without an answer there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_the_session_moved_past_while_it_waited_is_marked_interrupted() {
+    let e = Harness::start().await;
+    let session = e.session("main").await;
+    let user = |key: &str| {
+        pincer_store::NewEntry::message(serde_json::json!({"role": "user", "content": "cut by a crash",
+            "timestamp": 1, "idempotencyKey": format!("{key}:user")}))
+    };
+    e.gw.append(&session, user("run-1")).await.unwrap();
+    let slot = e.gw.turn_slot(&session.key, &e.gw.stopping()).await.unwrap();
+    let answer = e.send("main", "run-1", "cut by a crash").await;
+    assert_eq!(answer["status"], "started", "the turn is resumed: {answer}");
+    e.gw.append(&session, user("run-2")).await.unwrap();
+    drop(slot);
+    let TurnOutcome::Failed { kind, .. } = e.outcome("run-1").await else { panic!("not failed") };
+    assert_eq!(kind, "interrupted");
+    let marked: Vec<Value> = (e.entries("main").await.into_iter())
+        .filter(|x| x["customType"] == "pincer.turn-interrupted" && x["data"]["runId"] == "run-1")
+        .collect();
+    assert_eq!(marked.len(), 1, "one interrupted marker for run-1: {marked:#?}");
+    assert_eq!(e.fake.requests().len(), 0, "the model was never asked");
+}
+
+/// A message acknowledged behind a running turn (its record written) that then fails before its
+/// user row — here its hook cannot decide — is recorded as dropped: no restart runs it later,
+/// after its client was told to send it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_message_that_fails_before_it_runs_is_recorded_as_dropped() {
+    let hook = "[hooks.before_agent_run]\ncommand = [\"sh\", \"-c\", \"if grep -q no-hook; then exit 3; fi; \
+                echo '{\\\"outcome\\\":\\\"allow\\\"}'\"]\n";
+    let e = Harness::start_with(hook).await;
+    e.send("main", "slow-1", "[slow] take your time").await;
+    e.streaming("slow-1").await;
+    let answer = e.send("main", "q-1", "no-hook for this one").await;
+    assert_eq!(answer["status"], "started", "{answer}");
+    let queued = |entries: &[Value], kind: &str| {
+        entries.iter().filter(|x| x["customType"] == kind && x["data"]["runId"] == "q-1").count()
+    };
+    assert_eq!(queued(&e.entries("main").await, "pincer.turn-queued"), 1, "recorded before its ack");
+    pincer_engine::abort::abort(&e.gw, "agent:main:main", Some("slow-1"), "stop-command").await.unwrap();
+    let TurnOutcome::Failed { kind, .. } = e.outcome("q-1").await else { panic!("not failed") };
+    assert_eq!(kind, "hook");
+    let entries = e.entries("main").await;
+    assert_eq!(queued(&entries, "pincer.turn-dropped"), 1, "{entries:#?}");
+    assert!(!entries.iter().any(|x| x["message"]["idempotencyKey"] == "q-1:user"), "no user row");
+}
+
+/// A message acknowledged while the startup take-up runs waits for it; it is on disk (its record)
+/// before its ack, so a crash meanwhile does not lose it, and it runs once the take-up is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_acknowledged_during_the_startup_take_up_is_on_disk_before_its_ack() {
+    let e = Harness::start().await;
+    let recovering = e.gw.recovering.clone().write_owned().await;
+    let answer = e.send("main", "run-1", "sent while the gateway takes up its turns").await;
+    assert_eq!(answer["status"], "started", "{answer}");
+    let entries = e.entries("main").await;
+    let recorded: Vec<&Value> = entries.iter().filter(|x| x["customType"] == "pincer.turn-queued").collect();
+    assert_eq!(recorded.len(), 1, "its record is written before the ack: {entries:#?}");
+    assert_eq!(recorded[0]["data"]["runId"], "run-1");
+    assert!(e.rows("main").await.is_empty(), "it has not run yet");
+    drop(recovering);
+    assert!(matches!(e.outcome("run-1").await, TurnOutcome::Replied(_)));
+    assert_eq!(e.rows("main").await.iter().map(role).collect::<Vec<_>>(), ["user", "assistant"]);
 }
