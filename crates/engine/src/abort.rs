@@ -39,6 +39,16 @@ pub async fn abort(
     Ok(ids)
 }
 
+/// [`abort`] of every run of session `session_key` before its transcript is moved aside
+/// (`sessions.reset`, `sessions.delete`): their partials are written, as any abort's, but a run
+/// stopped before any reply marks nothing there ([`crate::state::RunHandle::moving_aside`]).
+pub async fn abort_to_move(gw: &Engine, session_key: &str) -> Result<Vec<String>, EngineError> {
+    for r in gw.runs_of(session_key) {
+        r.moving_aside.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    abort(gw, session_key, None, "rpc").await
+}
+
 /// Why runs are stopped: the `origin` of an aborted partial and the `stopReason` of its event.
 pub const ORIGINS: [&str; 3] = ["rpc", "stop-command", "shutdown"];
 

@@ -7,7 +7,8 @@
 //! - the user row (and maybe tool steps) with no reply, still at the leaf, resumed fewer than the
 //!   allowed attempts (`resume_attempts`, 3 by default) → the run is resumed for that same row,
 //!   each attempt recorded by a chained `pincer.turn-resumed` custom entry;
-//! - otherwise it stays interrupted.
+//! - otherwise it stays interrupted (as it does once marked so: out of attempts, or stopped before
+//!   any reply was written).
 //!
 //! The gateway resumes such turns by itself (`crate::takeup`): at startup, every session whose leaf is
 //! an unanswered turn; with replicas, a dead replica's turns on a survivor. A turn out of attempts
@@ -134,7 +135,7 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
         if entries.first().and_then(|e| e.get("id")).and_then(Value::as_str) != Some(user_id) {
             continue;
         }
-        let (mut turn, mut resumed) = (vec![user_id.to_owned()], 0);
+        let (mut turn, mut resumed, mut marked) = (vec![user_id.to_owned()], 0, false);
         for e in entries.iter().skip(1) {
             let Some(parent) = e.get("parentId").and_then(Value::as_str) else { continue };
             if !turn.iter().any(|t| t == parent) {
@@ -149,12 +150,13 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
                 }
             }
             resumed += usize::from(custom_of(e, RESUMED) == Some(run_id));
+            marked |= custom_of(e, INTERRUPTED) == Some(run_id);
             if let Some(id) = e.get("id").and_then(Value::as_str) {
                 turn.push(id.to_owned());
             }
         }
         let at_leaf = leaf.is_some_and(|l| turn.contains(&l));
-        return Ok(if at_leaf && resumed < attempts { OnDisk::Resume(user) } else { OnDisk::Interrupted });
+        return Ok(if at_leaf && resumed < attempts && !marked { OnDisk::Resume(user) } else { OnDisk::Interrupted });
     }
     Err(StoreError::Internal(format!(
         "{}: the transcript was rewritten while turn {run_id} was read; try again",
@@ -389,14 +391,17 @@ mod tests {
         add(msg("assistant", None, Some("toolUse")));
         add(msg("toolResult", None, None));
         assert!(matches!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Resume(_)));
-        add(marker(INTERRUPTED, "k1", "test"));
-        assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None, "marked once");
         add(marker(RESUMED, "k1", "test"));
         assert!(matches!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Resume(_)), "one attempt left");
         add(marker(RESUMED, "k1", "test"));
         assert_eq!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Interrupted, "out of attempts");
         add(msg("assistant", None, Some("stop")));
         assert_eq!(on_disk(&store, &path, "k1", 2).expect("read"), OnDisk::Done(RunStatus::Ok));
+        // A turn marked interrupted is neither taken up nor run again for its key.
+        add(msg("user", Some("k0:user"), None));
+        add(marker(INTERRUPTED, "k0", "test"));
+        assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None, "marked once");
+        assert_eq!(on_disk(&store, &path, "k0", 2).expect("read"), OnDisk::Interrupted, "marked");
         assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None);
         // A turn the session moved past stays interrupted; an abort partial answers it.
         add(msg("user", Some("k2:user"), None));

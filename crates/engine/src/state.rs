@@ -31,6 +31,9 @@ pub struct RunHandle {
     pub owner_conn: u64,
     /// Set by whoever aborts: `rpc`, `stop-command` or `shutdown`.
     pub abort_origin: Mutex<Option<&'static str>>,
+    /// Aborted because its session's transcript is about to be moved aside (a reset or delete,
+    /// [`crate::abort::abort_to_move`]): nothing is to be marked there that only a restart reads.
+    pub moving_aside: std::sync::atomic::AtomicBool,
     /// Per-run `seq` of `chat` events.
     pub seq: AtomicU64,
     /// Per-run `seq` of `agent` events.
@@ -488,6 +491,7 @@ impl Engine {
             cancel: self.stopping_runs.child_token(),
             owner_conn,
             abort_origin: Mutex::new(None),
+            moving_aside: Default::default(),
             seq: AtomicU64::new(0),
             agent_seq: AtomicU64::new(0),
             done: CancellationToken::new(),

@@ -1371,6 +1371,20 @@ impl Turn {
                 }
             });
         }
+        let marks = written.is_none()
+            && origin != "shutdown"
+            && self.user_on_disk.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.run.moving_aside.load(std::sync::atomic::Ordering::Relaxed);
+        if marks {
+            // Stopped before any reply was written: marked on disk, so that no restart runs again
+            // what its user stopped (a shutdown's turn is resumed: nobody asked it to stop; a
+            // reset's or delete's transcript goes aside, where no restart looks).
+            let why = format!("stopped ({origin}) before any reply was written");
+            let marker = crate::durable::marker(crate::durable::INTERRUPTED, &self.run.run_id, &why);
+            if let Err(e) = self.gw.append(&self.session, marker).await {
+                tracing::warn!(session = %self.session.key, run = %self.run.run_id, "cannot mark a stopped turn: {e}");
+            }
+        }
         self.ended(TurnOutcome::Aborted(written.clone()));
         self.end_event(ChatState::Aborted, &RunEnded::stopped(origin, written.as_ref()));
         // The lifecycle `end` goes out before the run lets go of its key: whoever waits for the

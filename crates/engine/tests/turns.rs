@@ -348,3 +348,31 @@ async fn a_message_acknowledged_during_the_startup_take_up_is_on_disk_before_its
     assert!(matches!(e.outcome("run-1").await, TurnOutcome::Replied(_)));
     assert_eq!(e.rows("main").await.iter().map(role).collect::<Vec<_>>(), ["user", "assistant"]);
 }
+
+/// A turn stopped before any reply was written (the model had not answered yet): marked on disk,
+/// so a restart does not run again what its user stopped, nor does its key asked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_stopped_before_any_reply_is_not_run_again_after_a_restart() {
+    let e = Harness::start().await;
+    let pacing = pincer_testkit::fake_openai::Pacing { first: Duration::from_secs(5), ..Default::default() };
+    e.fake.set_pacing(pacing);
+    e.send("main", "run-1", "answer slowly").await;
+    for _ in 0..500 {
+        if !e.fake.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(e.fake.requests().len(), 1, "the model was asked");
+    let stopped = pincer_engine::abort::abort(&e.gw, "agent:main:main", Some("run-1"), "stop-command").await.unwrap();
+    assert_eq!(stopped, ["run-1"]);
+    assert!(matches!(e.outcome("run-1").await, TurnOutcome::Aborted(None)), "no partial");
+    e.fake.set_pacing(Default::default());
+    let again = e.restarted();
+    pincer_engine::takeup::recover_interrupted(&again.gw);
+    again.gw.recovered().await;
+    let answer = again.send("main", "run-1", "answer slowly").await;
+    assert_eq!(answer["status"], "interrupted", "{answer}");
+    assert_eq!(e.fake.requests().len(), 1, "the model was not asked again");
+    assert_eq!(e.rows("main").await.iter().map(role).collect::<Vec<_>>(), ["user"], "no reply written");
+}

@@ -134,7 +134,7 @@ pub async fn dispatch(gw: &Arc<Engine>, ctx: &Ctx, method: &str, params: &Value)
             } else {
                 crate::sessions::deletable(&key)?;
             }
-            crate::abort::abort(gw, &key, None, "rpc").await?;
+            crate::abort::abort_to_move(gw, &key).await?;
             let _slot = gw.turn_slot(&key, &gw.stopping()).await.map_err(|e| RpcError::unavailable(e.to_string()))?;
             let f = if method == Method::SessionsReset { sessions_reset } else { sessions_delete };
             // Between two of the session's appends, never during one (its owner's order).
