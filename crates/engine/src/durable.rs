@@ -117,8 +117,20 @@ pub fn known_new(store: &dyn Transcripts, path: &Path, run_id: &str) -> bool {
 /// Reads the state of turn `run_id` from the transcript; `attempts`: how many times a turn may be
 /// resumed.
 pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usize) -> Result<OnDisk, StoreError> {
+    on_disk_at(store, path, run_id, attempts).map(|(state, _)| state)
+}
+
+/// [`on_disk`], and whether the turn still ends the session's branch (false for a turn the
+/// session moved past; true for one resumable, or interrupted at the leaf: out of attempts, or
+/// marked).
+pub fn on_disk_at(
+    store: &dyn Transcripts,
+    path: &Path,
+    run_id: &str,
+    attempts: usize,
+) -> Result<(OnDisk, bool), StoreError> {
     if let Some((e, _)) = store.find_keyed(path, &reply_key(run_id))? {
-        return Ok(OnDisk::Done(message(&e).and_then(reply_status).unwrap_or(RunStatus::Ok)));
+        return Ok((OnDisk::Done(message(&e).and_then(reply_status).unwrap_or(RunStatus::Ok)), false));
     }
     // The leaf is read first, then the turn: entries appended meanwhile (another message's queued
     // record, by this very process: the transcript's lock keeps out other processes only) come
@@ -126,10 +138,10 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
     // (`sessions.compact {maxLines}`) moves the user row: read again when it is not where it was.
     for _ in 0..MOVING_READS {
         let leaf = store.leaf(path)?;
-        let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok(OnDisk::New) };
-        let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok(OnDisk::Interrupted) };
+        let Some((user, offset)) = store.find_keyed(path, &user_key(run_id))? else { return Ok((OnDisk::New, false)) };
+        let Some(user_id) = user.get("id").and_then(Value::as_str) else { return Ok((OnDisk::Interrupted, false)) };
         if message(&user).is_some_and(|m| m.contains_key("openclawHookBlock")) {
-            return Ok(OnDisk::Done(RunStatus::Blocked));
+            return Ok((OnDisk::Done(RunStatus::Blocked), false));
         }
         let entries = store.entries_from(path, offset, TURN_WINDOW)?;
         if entries.first().and_then(|e| e.get("id")).and_then(Value::as_str) != Some(user_id) {
@@ -146,7 +158,7 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
                     break; // the next turn
                 }
                 if let Some(status) = reply_status(m) {
-                    return Ok(OnDisk::Done(status));
+                    return Ok((OnDisk::Done(status), false));
                 }
             }
             resumed += usize::from(custom_of(e, RESUMED) == Some(run_id));
@@ -156,7 +168,8 @@ pub fn on_disk(store: &dyn Transcripts, path: &Path, run_id: &str, attempts: usi
             }
         }
         let at_leaf = leaf.is_some_and(|l| turn.contains(&l));
-        return Ok(if at_leaf && resumed < attempts && !marked { OnDisk::Resume(user) } else { OnDisk::Interrupted });
+        let resumable = at_leaf && resumed < attempts && !marked;
+        return Ok((if resumable { OnDisk::Resume(user) } else { OnDisk::Interrupted }, at_leaf));
     }
     Err(StoreError::Internal(format!(
         "{}: the transcript was rewritten while turn {run_id} was read; try again",
@@ -229,17 +242,18 @@ pub fn unanswered_at_leaf(store: &dyn Transcripts, path: &Path) -> Result<Option
         let tail = store.tail_entries(path, window)?;
         let by_id = |id: &str| tail.iter().rev().find(|e| e.get("id").and_then(Value::as_str) == Some(id));
         let mut at = by_id(&leaf);
+        // Interrupted markers on the way up: a turn marked so is not taken up (a marker for another
+        // turn, chained here when that turn was found moved past, says nothing of this one).
+        let mut marked = HashSet::new();
         while let Some(e) = at {
-            if custom_of(e, INTERRUPTED).is_some() {
-                return Ok(None); // marked already
-            }
+            marked.extend(custom_of(e, INTERRUPTED));
             if let Some(m) = message(e) {
                 if reply_status(m).is_some() {
                     return Ok(None);
                 }
                 if m.get("role").and_then(Value::as_str) == Some("user") {
                     let key = m.get("idempotencyKey").and_then(Value::as_str).unwrap_or("");
-                    return Ok(run_of_user_key(key).map(str::to_owned));
+                    return Ok(run_of_user_key(key).filter(|run| !marked.contains(run)).map(str::to_owned));
                 }
             }
             at = e.get("parentId").and_then(Value::as_str).and_then(by_id);
@@ -313,19 +327,22 @@ pub fn queued_unstarted(store: &dyn Transcripts, path: &Path) -> Result<Vec<(Str
         }
         window *= 4;
     };
-    let dropped: HashSet<&str> = tail.iter().filter_map(|e| custom_of(e, DROPPED)).collect();
     // A turn's rows (user row, or a gateway reply) come after its record, so they are in the tail.
     let started: HashSet<&str> = (tail.iter().filter_map(message))
         .filter_map(|m| m.get("idempotencyKey")?.as_str())
         .filter_map(|k| run_of_user_key(k).or_else(|| run_of_reply_key(k)))
         .collect();
+    // In the file's order: a drop cancels the records of its run before it, not a record of the
+    // same key sent again after it (its client was told to send it again).
     let mut out: Vec<(String, Value)> = Vec::new();
     for e in &tail {
-        let Some(run_id) = custom_of(e, QUEUED) else { continue };
-        if dropped.contains(run_id) || started.contains(run_id) || out.iter().any(|(r, _)| r == run_id) {
-            continue;
+        if let Some(run_id) = custom_of(e, DROPPED) {
+            out.retain(|(r, _)| r != run_id);
+        } else if let Some(run_id) = custom_of(e, QUEUED).filter(|r| !started.contains(r)) {
+            if !out.iter().any(|(r, _)| r == run_id) {
+                out.push((run_id.to_owned(), e["data"].clone()));
+            }
         }
-        out.push((run_id.to_owned(), e["data"].clone()));
     }
     Ok(out)
 }
@@ -375,6 +392,42 @@ mod tests {
             misread
         });
         assert_eq!(misread, 0, "reads that took the turn for one the session moved past");
+    }
+
+    /// A drop cancels the records of its run before it only: the same key queued again after it
+    /// (its client was told to send it again) runs after a restart.
+    #[test]
+    fn a_message_queued_again_after_its_drop_is_still_taken_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.jsonl");
+        let store = Store::new(StoreOptions::default());
+        let add = |e: NewEntry| store.append(&path, e).expect("append");
+        add(msg("user", Some("k1:user"), None));
+        add(queued_marker("q", "first try", &[]));
+        add(marker(DROPPED, "q", "its hook could not decide"));
+        assert_eq!(queued_unstarted(&store, &path).expect("read"), vec![], "dropped");
+        add(queued_marker("q", "second try", &[]));
+        let queued = queued_unstarted(&store, &path).expect("read");
+        assert_eq!(
+            queued.iter().map(|(r, d)| (r.as_str(), d["text"].clone())).collect::<Vec<_>>(),
+            [("q", json!("second try"))]
+        );
+    }
+
+    /// A marker for a turn found moved past is chained where the session stands, below a later
+    /// turn: it says nothing of that turn, which is still taken up.
+    #[test]
+    fn a_marker_for_another_turn_does_not_hide_the_unanswered_one_at_the_leaf() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.jsonl");
+        let store = Store::new(StoreOptions::default());
+        let add = |e: NewEntry| store.append(&path, e).expect("append");
+        add(msg("user", Some("x:user"), None));
+        add(msg("user", Some("y:user"), None));
+        add(marker(INTERRUPTED, "x", "moved past"));
+        assert_eq!(unanswered_at_leaf(&store, &path).expect("read").as_deref(), Some("y"));
+        add(marker(INTERRUPTED, "y", "out of attempts"));
+        assert_eq!(unanswered_at_leaf(&store, &path).expect("read"), None, "its own marker");
     }
 
     #[test]

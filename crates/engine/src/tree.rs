@@ -406,17 +406,29 @@ pub async fn tree(gw: &Arc<Engine>, sel: SessionSel) -> Result<TreeView, EngineE
 /// by the id of the turn's user message.
 fn turn_marks(tree: &Tree) -> Vec<(String, TurnMark)> {
     let mut out: Vec<(String, TurnMark)> = Vec::new();
+    // The user rows by their turn's run id (a marker names its run; one may be chained below a
+    // later turn, when its own was found moved past).
+    let users: HashMap<&str, &Node> = (tree.nodes.iter().filter(|n| n.role.as_deref() == Some("user")))
+        .filter_map(|n| {
+            let key = tree.value(n).get("message")?.get("idempotencyKey")?.as_str()?;
+            Some((crate::durable::run_of_user_key(key)?, n))
+        })
+        .collect();
     for n in tree.nodes.iter().filter(|n| n.kind == Kind::Custom) {
         let v = tree.value(n);
         let ty = v.get("customType").and_then(Value::as_str);
         if ty != Some(crate::durable::RESUMED) && ty != Some(crate::durable::INTERRUPTED) {
             continue;
         }
-        // The turn's user message: the first user message up the marker's chain.
-        let mut seen = HashSet::new();
-        let mut cur = n.parent.as_deref().and_then(|p| tree.get(p));
-        while let Some(c) = cur.filter(|c| c.role.as_deref() != Some("user") && seen.insert(c.id.as_str())) {
-            cur = c.parent.as_deref().and_then(|p| tree.get(p));
+        let run = v.get("data").and_then(|d| d.get("runId")).and_then(Value::as_str);
+        // The turn's user message: its run's, else the first user message up the marker's chain.
+        let mut cur = run.and_then(|r| users.get(r).copied());
+        if cur.is_none() {
+            let mut seen = HashSet::new();
+            cur = n.parent.as_deref().and_then(|p| tree.get(p));
+            while let Some(c) = cur.filter(|c| c.role.as_deref() != Some("user") && seen.insert(c.id.as_str())) {
+                cur = c.parent.as_deref().and_then(|p| tree.get(p));
+            }
         }
         let Some(user) = cur.filter(|c| c.role.as_deref() == Some("user")) else { continue };
         let at = match out.iter().position(|(id, _)| *id == user.id) {

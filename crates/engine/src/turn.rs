@@ -149,15 +149,18 @@ async fn start_turn_in(
             return Err(e);
         }
     };
-    if resume.is_none() {
+    if resume.is_none() && slot.is_none() {
         // A message for a model no provider has is refused before anything is written (its
         // queued record included); a command needs no model (`/new` gets such a session going).
+        // (One taken up from its record after a restart fails in its turn, recording the drop.)
         let command = slash_command(&message).filter(|_| images.is_empty() && regenerate.is_none() && graft.is_none());
         let spec = model.clone().unwrap_or_else(|| gw.session_model(&session));
         if let (None, Err(e)) = (command, gw.settings.providers.resolve(&spec)) {
             gw.dedupe_forget(&dedupe_key);
             return Err(EngineError::Invalid(e.to_string()));
         }
+    }
+    if resume.is_none() {
         if let Err(e) = check_branch_point(gw, &session, expected_leaf.as_ref(), regenerate.as_deref()).await {
             gw.dedupe_forget(&dedupe_key);
             return Err(e);
@@ -967,8 +970,8 @@ impl Turn {
                         Ok(_) => match self.gw.context(&self.session).await {
                             Ok(m) => messages = m,
                             Err(e) => {
-                                self.fail(&format!("cannot read the transcript: {e}"), ErrorKind::Persistence, None)
-                                    .await;
+                                let why = format!("cannot read the transcript: {e}");
+                                self.fail(&why, ErrorKind::Persistence, entry.as_deref()).await;
                                 return;
                             }
                         },
@@ -1008,15 +1011,17 @@ impl Turn {
         let attempts = self.gw.settings.resume_attempts;
         let checked = tokio::task::spawn_blocking(move || {
             let held = store.lock(&path)?;
-            crate::durable::on_disk(&store, &path, &id, attempts).map(|state| (held, state))
+            crate::durable::on_disk_at(&store, &path, &id, attempts).map(|state| (held, state))
         })
         .await;
-        let Some((held, state)) = self.read_or_fail(checked).await else { return false };
+        let Some((held, (state, at_leaf))) = self.read_or_fail(checked).await else { return false };
         if !matches!(state, OnDisk::Resume(_)) {
             tracing::warn!(session = %self.session.key, run = %self.run.run_id, "not resumed: {state:?} by now");
             let why = "this turn was interrupted by a restart and is out of resume attempts (or the session moved \
                        on); send it again with a new idempotencyKey";
-            if state == OnDisk::Interrupted {
+            // Marked only when moved past: at the leaf out of attempts, another process's claim
+            // just took the last one and answers it (a restart marks it if that one is cut too).
+            if state == OnDisk::Interrupted && !at_leaf {
                 let marker = crate::durable::marker(crate::durable::INTERRUPTED, &self.run.run_id, why);
                 if let Err(e) = self.gw.append(&self.session, marker).await {
                     tracing::warn!(session = %self.session.key, run = %self.run.run_id, "cannot mark an interrupted turn: {e}");
@@ -1374,7 +1379,8 @@ impl Turn {
         let marks = written.is_none()
             && origin != "shutdown"
             && self.user_on_disk.load(std::sync::atomic::Ordering::Relaxed)
-            && !self.run.moving_aside.load(std::sync::atomic::Ordering::Relaxed);
+            && !self.run.moving_aside.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.gw.stopping().is_cancelled();
         if marks {
             // Stopped before any reply was written: marked on disk, so that no restart runs again
             // what its user stopped (a shutdown's turn is resumed: nobody asked it to stop; a

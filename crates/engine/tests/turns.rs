@@ -376,3 +376,81 @@ async fn a_turn_stopped_before_any_reply_is_not_run_again_after_a_restart() {
     assert_eq!(e.fake.requests().len(), 1, "the model was not asked again");
     assert_eq!(e.rows("main").await.iter().map(role).collect::<Vec<_>>(), ["user"], "no reply written");
 }
+
+/// A turn out of attempts when it claims its resume, still at the leaf, was just claimed by
+/// another process (which answers it): it does not run and marks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_another_process_claimed_last_is_not_marked() {
+    let e = Harness::start().await;
+    let session = e.session("main").await;
+    let user = serde_json::json!({"role": "user", "content": "cut by a crash", "timestamp": 1,
+        "idempotencyKey": "run-1:user"});
+    e.gw.append(&session, pincer_store::NewEntry::message(user)).await.unwrap();
+    let slot = e.gw.turn_slot(&session.key, &e.gw.stopping()).await.unwrap();
+    assert_eq!(e.send("main", "run-1", "cut by a crash").await["status"], "started");
+    for _ in 0..e.gw.settings.resume_attempts {
+        let claimed = pincer_engine::durable::marker(pincer_engine::durable::RESUMED, "run-1", "another process");
+        e.gw.append(&session, claimed).await.unwrap();
+    }
+    drop(slot);
+    let TurnOutcome::Failed { kind, .. } = e.outcome("run-1").await else { panic!("not failed") };
+    assert_eq!(kind, "interrupted");
+    let entries = e.entries("main").await;
+    assert!(!entries.iter().any(|x| x["customType"] == "pincer.turn-interrupted"), "{entries:#?}");
+    assert_eq!(e.fake.requests().len(), 0, "the model was never asked");
+}
+
+/// A turn the gateway's stop cut before any reply is not taken for one its user stopped: the next
+/// start resumes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_cut_by_the_gateways_stop_before_any_reply_is_resumed_after_the_restart() {
+    let e = Harness::start().await;
+    let pacing = pincer_testkit::fake_openai::Pacing { first: Duration::from_secs(5), ..Default::default() };
+    e.fake.set_pacing(pacing);
+    e.send("main", "run-1", "answer slowly").await;
+    for _ in 0..500 {
+        if !e.fake.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Cancelled the way a run registered after the stop's roll call is: by the stopping token only.
+    e.gw.stop_runs();
+    e.turns.lock().unwrap().get("run-1").unwrap().run.as_ref().unwrap().abort_origin.lock().unwrap().take();
+    assert!(matches!(e.outcome("run-1").await, TurnOutcome::Aborted(None)), "no partial");
+    let entries = e.entries("main").await;
+    assert!(!entries.iter().any(|x| x["customType"] == "pincer.turn-interrupted"), "{entries:#?}");
+    e.fake.set_pacing(Default::default());
+    let again = e.restarted();
+    pincer_engine::takeup::recover_interrupted(&again.gw);
+    again.gw.recovered().await;
+    let answer = again.send("main", "run-1", "answer slowly").await;
+    assert_eq!(answer["status"], "in_flight", "resumed at the start: {answer}");
+}
+
+/// A message queued before a restart, taken up after it for a model no provider has any more:
+/// its turn fails and records the drop (no restart runs it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_message_taken_up_for_a_model_gone_is_recorded_as_dropped() {
+    let e = Harness::start().await;
+    let session = e.session("main").await;
+    e.gw.append(&session, pincer_engine::durable::queued_marker("q-1", "waited", &[])).await.unwrap();
+    let mut fields = serde_json::Map::new();
+    fields.insert("model".into(), serde_json::json!("nowhere/no-model"));
+    let key = session.key.clone();
+    e.gw.index(move |s| s.patch(&key, &fields)).await.unwrap();
+    let again = e.restarted();
+    pincer_engine::takeup::recover_interrupted(&again.gw);
+    again.gw.recovered().await;
+    let dropped = |entries: &[Value]| {
+        entries.iter().any(|x| x["customType"] == "pincer.turn-dropped" && x["data"]["runId"] == "q-1")
+    };
+    for _ in 0..500 {
+        if dropped(&e.entries("main").await) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(dropped(&e.entries("main").await), "{:#?}", e.entries("main").await);
+    assert!(e.rows("main").await.is_empty(), "no user row");
+}

@@ -793,7 +793,7 @@ pub async fn deliver(ch: &Arc<Channels>, key: &str, run_id: &str) -> Result<(), 
             (OnDisk::Interrupted, None)
                 if ledger.interrupted || orphan_since.is_some_and(|t| t.elapsed() > ORPHAN_WAIT) =>
             {
-                let text = "⚠️ The gateway stopped before this reply was finished; send the message again.";
+                let text = "⚠️ This reply was not finished (stopped, or cut by a restart); send the message again.";
                 return send_final(ch, &s, out.as_ref(), &to, run_id, &ledger, text).await;
             }
             // A command is answered whole; a turn waiting behind another one of its session gets
