@@ -45,6 +45,32 @@ impl Harness {
         Harness { gw, overrides, fake, turns: Mutex::default(), _dir: Some(dir) }
     }
 
+    /// Writes the user row of turn `run_id` in session `key` as a crash leaves it: no reply after it.
+    async fn cut(&self, key: &str, run_id: &str) {
+        let user = serde_json::json!({"role": "user", "content": "cut by a crash", "timestamp": 1,
+            "idempotencyKey": format!("{run_id}:user")});
+        let session = self.session(key).await;
+        self.gw.append(&session, pincer_store::NewEntry::message(user)).await.unwrap();
+    }
+
+    /// Waits until `done` holds (10 s at most).
+    async fn until(&self, done: impl AsyncFn() -> bool) {
+        for _ in 0..1000 {
+            if done().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// [`Harness::restarted`], once its startup has taken up the turns the last stop cut.
+    async fn restarted_and_taken_up(&self) -> Harness {
+        let again = self.restarted();
+        pincer_engine::takeup::recover_interrupted(&again.gw);
+        again.gw.recovered().await;
+        again
+    }
+
     /// Another engine on the same state directory, as after a restart (nothing kept in memory).
     fn restarted(&self) -> Harness {
         let gw = Arc::new(Engine::new(config::load(&self.overrides).unwrap()).unwrap());
@@ -263,10 +289,7 @@ async fn a_turn_for_a_model_no_provider_has_writes_nothing_and_says_which() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_turn_that_fails_before_its_reply_is_answered_by_its_error_on_disk() {
     let e = Harness::start().await;
-    let session = e.session("main").await;
-    let user = serde_json::json!({"role": "user", "content": "cut by a crash", "timestamp": 1,
-        "idempotencyKey": "run-1:user"});
-    e.gw.append(&session, pincer_store::NewEntry::message(user)).await.unwrap();
+    e.cut("main", "run-1").await;
     let answer = e.send_to("main", "run-1", "cut by a crash", Some("nowhere/no-model")).await;
     assert_eq!(answer["status"], "started", "the turn is resumed: {answer}");
     let TurnOutcome::Failed { message, .. } = e.outcome("run-1").await else { panic!("not failed") };
@@ -287,16 +310,12 @@ async fn a_resumed_turn_that_fails_before_its_reply_is_answered_by_its_error_on_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_turn_the_session_moved_past_while_it_waited_is_marked_interrupted() {
     let e = Harness::start().await;
+    e.cut("main", "run-1").await;
     let session = e.session("main").await;
-    let user = |key: &str| {
-        pincer_store::NewEntry::message(serde_json::json!({"role": "user", "content": "cut by a crash",
-            "timestamp": 1, "idempotencyKey": format!("{key}:user")}))
-    };
-    e.gw.append(&session, user("run-1")).await.unwrap();
     let slot = e.gw.turn_slot(&session.key, &e.gw.stopping()).await.unwrap();
     let answer = e.send("main", "run-1", "cut by a crash").await;
     assert_eq!(answer["status"], "started", "the turn is resumed: {answer}");
-    e.gw.append(&session, user("run-2")).await.unwrap();
+    e.cut("main", "run-2").await;
     drop(slot);
     let TurnOutcome::Failed { kind, .. } = e.outcome("run-1").await else { panic!("not failed") };
     assert_eq!(kind, "interrupted");
@@ -357,20 +376,13 @@ async fn a_turn_stopped_before_any_reply_is_not_run_again_after_a_restart() {
     let pacing = pincer_testkit::fake_openai::Pacing { first: Duration::from_secs(5), ..Default::default() };
     e.fake.set_pacing(pacing);
     e.send("main", "run-1", "answer slowly").await;
-    for _ in 0..500 {
-        if !e.fake.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    e.until(async || !e.fake.requests().is_empty()).await;
     assert_eq!(e.fake.requests().len(), 1, "the model was asked");
     let stopped = pincer_engine::abort::abort(&e.gw, "agent:main:main", Some("run-1"), "stop-command").await.unwrap();
     assert_eq!(stopped, ["run-1"]);
     assert!(matches!(e.outcome("run-1").await, TurnOutcome::Aborted(None)), "no partial");
     e.fake.set_pacing(Default::default());
-    let again = e.restarted();
-    pincer_engine::takeup::recover_interrupted(&again.gw);
-    again.gw.recovered().await;
+    let again = e.restarted_and_taken_up().await;
     let answer = again.send("main", "run-1", "answer slowly").await;
     assert_eq!(answer["status"], "interrupted", "{answer}");
     assert_eq!(e.fake.requests().len(), 1, "the model was not asked again");
@@ -382,10 +394,8 @@ async fn a_turn_stopped_before_any_reply_is_not_run_again_after_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_turn_another_process_claimed_last_is_not_marked() {
     let e = Harness::start().await;
+    e.cut("main", "run-1").await;
     let session = e.session("main").await;
-    let user = serde_json::json!({"role": "user", "content": "cut by a crash", "timestamp": 1,
-        "idempotencyKey": "run-1:user"});
-    e.gw.append(&session, pincer_store::NewEntry::message(user)).await.unwrap();
     let slot = e.gw.turn_slot(&session.key, &e.gw.stopping()).await.unwrap();
     assert_eq!(e.send("main", "run-1", "cut by a crash").await["status"], "started");
     for _ in 0..e.gw.settings.resume_attempts {
@@ -408,12 +418,7 @@ async fn a_turn_cut_by_the_gateways_stop_before_any_reply_is_resumed_after_the_r
     let pacing = pincer_testkit::fake_openai::Pacing { first: Duration::from_secs(5), ..Default::default() };
     e.fake.set_pacing(pacing);
     e.send("main", "run-1", "answer slowly").await;
-    for _ in 0..500 {
-        if !e.fake.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    e.until(async || !e.fake.requests().is_empty()).await;
     // Cancelled the way a run registered after the stop's roll call is: by the stopping token only.
     e.gw.stop_runs();
     e.turns.lock().unwrap().get("run-1").unwrap().run.as_ref().unwrap().abort_origin.lock().unwrap().take();
@@ -421,9 +426,7 @@ async fn a_turn_cut_by_the_gateways_stop_before_any_reply_is_resumed_after_the_r
     let entries = e.entries("main").await;
     assert!(!entries.iter().any(|x| x["customType"] == "pincer.turn-interrupted"), "{entries:#?}");
     e.fake.set_pacing(Default::default());
-    let again = e.restarted();
-    pincer_engine::takeup::recover_interrupted(&again.gw);
-    again.gw.recovered().await;
+    let again = e.restarted_and_taken_up().await;
     let answer = again.send("main", "run-1", "answer slowly").await;
     assert_eq!(answer["status"], "in_flight", "resumed at the start: {answer}");
 }
@@ -439,18 +442,11 @@ async fn a_queued_message_taken_up_for_a_model_gone_is_recorded_as_dropped() {
     fields.insert("model".into(), serde_json::json!("nowhere/no-model"));
     let key = session.key.clone();
     e.gw.index(move |s| s.patch(&key, &fields)).await.unwrap();
-    let again = e.restarted();
-    pincer_engine::takeup::recover_interrupted(&again.gw);
-    again.gw.recovered().await;
+    let _restarted = e.restarted_and_taken_up().await; // kept while its take-up runs
     let dropped = |entries: &[Value]| {
         entries.iter().any(|x| x["customType"] == "pincer.turn-dropped" && x["data"]["runId"] == "q-1")
     };
-    for _ in 0..500 {
-        if dropped(&e.entries("main").await) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    e.until(async || dropped(&e.entries("main").await)).await;
     assert!(dropped(&e.entries("main").await), "{:#?}", e.entries("main").await);
     assert!(e.rows("main").await.is_empty(), "no user row");
 }
