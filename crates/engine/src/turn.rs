@@ -1004,8 +1004,8 @@ impl Turn {
     /// process may share the state dir: the turn is read again here, in the queue and under the
     /// transcript's lock, and the marker is written under that lock. A turn answered or resumed
     /// meanwhile does not run (false; it is settled as the transcript has it); one the session
-    /// moved past meanwhile, or out of attempts, is marked interrupted on disk (its message is not
-    /// left without an answer there) and settled so.
+    /// moved past meanwhile is marked interrupted on disk (its message is not left without an
+    /// answer there) and settled so.
     async fn claim_resume(&self) -> bool {
         let (store, path, id) = (self.gw.store.clone(), self.session.path.clone(), self.run.run_id.clone());
         let attempts = self.gw.settings.resume_attempts;
