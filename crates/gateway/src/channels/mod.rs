@@ -661,10 +661,7 @@ fn ledger_entry_with(
     if let Some(d) = data.as_object_mut() {
         d.extend(more);
     }
-    let mut payload = Map::new();
-    payload.insert("customType".into(), json!(DELIVERY));
-    payload.insert("data".into(), data);
-    NewEntry::of("custom", payload)
+    NewEntry::custom(DELIVERY, data)
 }
 
 // ---------------------------------------------------------------------------------------------
