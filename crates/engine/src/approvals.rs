@@ -80,7 +80,7 @@ async fn decide(gw: &Arc<Engine>, p: &Arc<Pending>, d: Decided) -> Result<Result
             .map_err(|e| EngineError::Persistence(format!("cannot write the allow-always list: {e}")))?;
     }
     let request = json!({"id": p.id, "runId": p.run_id, "toolCallId": p.tool_call_id});
-    if let Err(e) = gw.append(&p.session, decision_entry(DECISION, &request, &d)).await {
+    if let Err(e) = gw.append(&p.session, decision_entry(&request, &d)).await {
         return Err(EngineError::Persistence(format!("the decision was not recorded: {}", EngineError::unsaved(&e))));
     }
     *slot = Some(d.clone());
@@ -216,7 +216,9 @@ async fn resolve_remote(
         Ok(None) => return None,
         Err(e) => return Some(Err(e)),
     };
-    if let Err(e) = gw.append(&session, decision_entry(ANSWER, &data, &d)).await {
+    let mut entry = decision_entry(&data, &d);
+    entry.payload.insert("customType".into(), json!(ANSWER));
+    if let Err(e) = gw.append(&session, entry).await {
         return Some(Err(EngineError::Persistence(format!(
             "the answer was not recorded: {}",
             EngineError::unsaved(&e)
@@ -232,9 +234,8 @@ async fn resolve_remote(
     }
 }
 
-/// The entry of type `custom_type` ([`DECISION`], or [`ANSWER`]) deciding request `request` (its
-/// entry's data).
-fn decision_entry(custom_type: &str, request: &Value, d: &Decided) -> NewEntry {
+/// The decision entry of request `data` (its entry's data).
+fn decision_entry(request: &Value, d: &Decided) -> NewEntry {
     let mut data = Map::new();
     for (k, v) in [
         ("id", request["id"].clone()),
@@ -247,7 +248,10 @@ fn decision_entry(custom_type: &str, request: &Value, d: &Decided) -> NewEntry {
     ] {
         data.insert(k.into(), v);
     }
-    NewEntry::custom(custom_type, Value::Object(data))
+    let mut payload = Map::new();
+    payload.insert("customType".into(), json!(DECISION));
+    payload.insert("data".into(), Value::Object(data));
+    NewEntry::of("custom", payload)
 }
 
 /// `exec.approval.resolve` / `approval.resolve` / `/approve`: decides `id` as `decision` for
@@ -434,7 +438,10 @@ impl Gate {
             let mut data = record.as_object().cloned().unwrap_or_default();
             data.insert("runId".into(), json!(t.run.run_id));
             data.insert("toolCallId".into(), json!(call_id));
-            if let Err(e) = t.gw.append(&t.session, NewEntry::custom(REQUEST, Value::Object(data))).await {
+            let mut payload = Map::new();
+            payload.insert("customType".into(), json!(REQUEST));
+            payload.insert("data".into(), Value::Object(data));
+            if let Err(e) = t.gw.append(&t.session, NewEntry::of("custom", payload)).await {
                 return Err(ToolError::failed(format!(
                     "The approval request was not recorded ({}); it did not run.",
                     EngineError::unsaved(&e)

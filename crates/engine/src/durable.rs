@@ -291,16 +291,22 @@ pub fn unanswered_calls(messages: &pincer_agent::Messages, tool_use_only: bool) 
 
 /// A marker custom entry for turn `run_id`.
 pub fn marker(custom_type: &str, run_id: &str, reason: &str) -> NewEntry {
-    NewEntry::custom(custom_type, json!({"runId": run_id, "reason": reason, "at": pincer_pi::now_ms()}))
+    let mut payload = Map::new();
+    payload.insert("customType".into(), json!(custom_type));
+    payload.insert("data".into(), json!({"runId": run_id, "reason": reason, "at": pincer_pi::now_ms()}));
+    NewEntry::of("custom", payload)
 }
 
 /// The record of turn `run_id`, queued with `text` and `images` ([`QUEUED`]).
 pub fn queued_marker(run_id: &str, text: &str, images: &[Value]) -> NewEntry {
+    let mut payload = Map::new();
+    payload.insert("customType".into(), json!(QUEUED));
     let mut data = json!({"runId": run_id, "text": text, "at": pincer_pi::now_ms()});
     if !images.is_empty() {
         data["images"] = json!(images);
     }
-    NewEntry::custom(QUEUED, data)
+    payload.insert("data".into(), data);
+    NewEntry::of("custom", payload)
 }
 
 /// The turns queued in the transcript's tail ([`QUEUED`]) that never started (no row of their key

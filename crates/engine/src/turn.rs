@@ -835,8 +835,10 @@ impl Turn {
             }
         }
         if let Some(prompt) = &g.system_prompt {
-            let change = NewEntry::custom(SYSTEM_PROMPT_CHANGE, json!({"systemPrompt": prompt, "at": now_ms()}));
-            if let Err(e) = self.gw.append(&self.session, change).await {
+            let mut payload = Map::new();
+            payload.insert("customType".into(), json!(SYSTEM_PROMPT_CHANGE));
+            payload.insert("data".into(), json!({"systemPrompt": prompt, "at": now_ms()}));
+            if let Err(e) = self.gw.append(&self.session, NewEntry::of("custom", payload)).await {
                 self.fail_with(&EngineError::unsaved(&e)).await;
                 return false;
             }

@@ -103,15 +103,6 @@ impl NewEntry {
         NewEntry { kind: "message".into(), payload, parent: ParentChoice::Leaf }
     }
 
-    /// Pi's `custom` entry chained to the leaf: `customType`, then its `data` (not part of the
-    /// model's context).
-    pub fn custom(custom_type: &str, data: Value) -> NewEntry {
-        let mut payload = Map::new();
-        payload.insert("customType".into(), Value::from(custom_type));
-        payload.insert("data".into(), data);
-        NewEntry::of("custom", payload)
-    }
-
     /// Any entry type chained to the leaf.
     pub fn of(kind: &str, payload: Map<String, Value>) -> NewEntry {
         NewEntry { kind: kind.into(), payload, parent: ParentChoice::Leaf }

@@ -661,7 +661,10 @@ fn ledger_entry_with(
     if let Some(d) = data.as_object_mut() {
         d.extend(more);
     }
-    NewEntry::custom(DELIVERY, data)
+    let mut payload = Map::new();
+    payload.insert("customType".into(), json!(DELIVERY));
+    payload.insert("data".into(), data);
+    NewEntry::of("custom", payload)
 }
 
 // ---------------------------------------------------------------------------------------------
