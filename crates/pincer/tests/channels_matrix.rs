@@ -681,7 +681,19 @@ async fn with_two_replicas_one_syncs_and_a_survivor_takes_over_when_it_is_killed
             .iter()
             .map(|m| (replied(m).map(str::to_owned), m.final_body.clone()))
             .collect();
-        panic!("not every message was answered: sent {sent:?}\ngot {got:?}\nsurvivor's log:\n{}", survivor.log_text());
+        // What was written (the entries' types, keys and custom records) and what both replicas said.
+        let rows = pg.psql(
+            &url,
+            "SELECT seq || ' ' || type || ' ' || coalesce(idempotency_key, '') || ' ' || \
+             coalesce(substring(line from '\"customType\":\"[a-z.-]*\",\"data\":\\{\"runId\":\"[^\"]*'), '') \
+             FROM entries ORDER BY transcript, seq",
+        );
+        panic!(
+            "not every message was answered: sent {sent:?}\ngot {got:?}\nentries:\n{rows}\nthe killed replica's log:\n{}\n\
+             survivor's log:\n{}",
+            replicas[active].log_text(),
+            survivor.log_text()
+        );
     }
     assert!(survivor.log_text().contains("matrix: syncing"), "the survivor took over");
     let mine = bot_messages(&alice, &dm, &bot.user_id).await;
