@@ -47,17 +47,13 @@ impl Client {
         let mut answered = self.seen.standalone.subscribe();
         let _ = tokio::time::timeout(within, answered.wait_for(|a| *a)).await;
     }
-
-    fn saw(&self, r: &Result<StreamableHttpPostResponse, Failed>) {
-        if let Ok(StreamableHttpPostResponse::Json(_, Some(_)) | StreamableHttpPostResponse::Sse(_, Some(_))) = r {
-            self.seen.session.store(true, Ordering::Release);
-        }
-    }
 }
 
 impl StreamableHttpClient for Client {
     type Error = reqwest::Error;
 
+    // As in rmcp's own reqwest client, the plain methods are the limited ones with the default
+    // limits: every post and stream goes through the two that are watched.
     async fn post_message(
         &self,
         uri: Arc<str>,
@@ -66,9 +62,8 @@ impl StreamableHttpClient for Client {
         auth_header: Option<String>,
         custom_headers: Headers,
     ) -> Result<StreamableHttpPostResponse, Failed> {
-        let r = self.http.post_message(uri, message, session_id, auth_header, custom_headers).await;
-        self.saw(&r);
-        r
+        let limits = StreamableHttpResponseLimits::default();
+        self.post_message_with_response_limits(uri, message, session_id, auth_header, custom_headers, limits).await
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -80,18 +75,9 @@ impl StreamableHttpClient for Client {
         custom_headers: Headers,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, Failed> {
-        let r = (self.http)
-            .post_message_with_max_sse_event_size(
-                uri,
-                message,
-                session_id,
-                auth_header,
-                custom_headers,
-                max_sse_event_size,
-            )
-            .await;
-        self.saw(&r);
-        r
+        let mut limits = StreamableHttpResponseLimits::default();
+        limits.max_sse_event_size = max_sse_event_size;
+        self.post_message_with_response_limits(uri, message, session_id, auth_header, custom_headers, limits).await
     }
 
     async fn post_message_with_response_limits(
@@ -106,7 +92,9 @@ impl StreamableHttpClient for Client {
         let r = (self.http)
             .post_message_with_response_limits(uri, message, session_id, auth_header, custom_headers, limits)
             .await;
-        self.saw(&r);
+        if let Ok(StreamableHttpPostResponse::Json(_, Some(_)) | StreamableHttpPostResponse::Sse(_, Some(_))) = &r {
+            self.seen.session.store(true, Ordering::Release);
+        }
         r
     }
 
@@ -128,12 +116,8 @@ impl StreamableHttpClient for Client {
         auth_header: Option<String>,
         custom_headers: Headers,
     ) -> Result<BoxStream<'static, Result<sse_stream::Sse, SseError>>, Failed> {
-        let standalone = session_id.is_some() && last_event_id.is_none();
-        let r = self.http.get_stream(uri, session_id, last_event_id, auth_header, custom_headers).await;
-        if standalone {
-            self.seen.standalone.send_replace(true);
-        }
-        r
+        let size = StreamableHttpResponseLimits::default().max_sse_event_size;
+        self.get_stream_with_max_sse_event_size(uri, session_id, last_event_id, auth_header, custom_headers, size).await
     }
 
     async fn get_stream_with_max_sse_event_size(
